@@ -1,0 +1,1 @@
+"""Astraeus: runs GPU jobs and accounts for every GPU-hour they hold."""

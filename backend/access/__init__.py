@@ -1,0 +1,1 @@
+"""Who is asking: bearer tokens, workspaces and organisation admins."""

@@ -1,0 +1,105 @@
+"""The access domain's entry point: authenticate a bearer token, create users and tokens."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.access import repository
+from backend.access.rules import TOKEN_PREFIX, Principal, hash_token, looks_like_token
+from backend.clock import Clock
+from backend.errors import Unauthenticated
+from backend.models import ApiToken, Membership, User
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    secret: str
+    token_id: int
+
+
+async def authenticate(session: AsyncSession, secret: str | None) -> Principal:
+    """The principal behind ``Authorization: Bearer <secret>``; refuses anything else."""
+    if not secret:
+        raise Unauthenticated("An API token is required: send 'Authorization: Bearer <token>'.")
+    if not looks_like_token(secret):
+        raise Unauthenticated("The API token is malformed.")
+    token = await repository.find_token(session, hash_token(secret))
+    if token is None or token.kind != "user" or token.user_id is None:
+        raise Unauthenticated("The API token is unknown or revoked.")
+    user = await repository.get_user(session, token.user_id)
+    if user is None:
+        raise Unauthenticated("The API token's user no longer exists.")
+    admin = await repository.is_org_admin(session, user.id, token.organization_id)
+    org_name, ws_name = await repository.get_names(
+        session, token.organization_id, token.workspace_id
+    )
+    return Principal(
+        token_id=token.id,
+        user_id=user.id,
+        user_name=user.name,
+        organization_id=token.organization_id,
+        organization_name=org_name,
+        workspace_id=token.workspace_id,
+        workspace_name=ws_name,
+        is_org_admin=admin,
+    )
+
+
+async def ensure_user(
+    session: AsyncSession,
+    clock: Clock,
+    *,
+    name: str,
+    organization_id: int,
+    workspace_id: int | None,
+    org_admin: bool,
+) -> User:
+    """The user called ``name``, created if new, with the membership asked for."""
+    user = await repository.get_user_by_name(session, name)
+    if user is None:
+        user = User(name=name, created_at=clock.now())
+        repository.add(session, user)
+        await session.flush()
+    member_of = None if org_admin else workspace_id
+    if await repository.find_membership(session, user.id, organization_id, member_of) is None:
+        repository.add(
+            session,
+            Membership(
+                user_id=user.id,
+                organization_id=organization_id,
+                workspace_id=member_of,
+                role="org_admin" if org_admin else "member",
+                created_at=clock.now(),
+            ),
+        )
+        await session.flush()
+    return user
+
+
+async def issue_user_token(
+    session: AsyncSession,
+    clock: Clock,
+    *,
+    user: User,
+    organization_id: int,
+    workspace_id: int,
+    name: str = "",
+) -> IssuedToken:
+    """A new token for ``user`` acting in a workspace. The secret is returned once, never stored."""
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken(
+        token_hash=hash_token(secret),
+        prefix=secret[:12],
+        name=name,
+        kind="user",
+        user_id=user.id,
+        organization_id=organization_id,
+        workspace_id=workspace_id,
+        created_at=clock.now(),
+    )
+    repository.add(session, token)
+    await session.flush()
+    return IssuedToken(secret=secret, token_id=token.id)

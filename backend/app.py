@@ -1,0 +1,102 @@
+"""The Starlette application: GraphQL at /graphql, the REST shim at /v1, the console at /."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
+from strawberry.asgi import GraphQL
+
+from backend import migrations
+from backend.clock import Clock, SystemClock
+from backend.config import Settings, get_settings
+from backend.db import Database
+from backend.rest import jobs
+from backend.resolvers.context import Context, build_context
+from backend.schema.schema import schema
+
+log = logging.getLogger(__name__)
+
+
+class AstraeusGraphQL(GraphQL[Context, None]):
+    async def get_context(self, request: object, response: object) -> Context:
+        app = request.scope["app"]  # type: ignore[attr-defined]
+        authorization = request.headers.get("authorization")  # type: ignore[attr-defined]
+        return await build_context(app.state.db, app.state.clock, authorization)
+
+
+class ConsoleFiles(StaticFiles):
+    """The built console; any path that is not a file is a client route, served index.html."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        try:
+            return await super().get_response(path, scope)
+        except HTTPException as exc:
+            if exc.status_code != 404:
+                raise
+            return await super().get_response("index.html", scope)
+
+
+NO_CONSOLE = """<!doctype html><meta charset="utf-8"><title>Astraeus</title>
+<h1>Astraeus</h1><p>The API is up: GraphQL at <a href="/graphql">/graphql</a>,
+REST at <code>/v1</code>. The console has not been built here; <code>make up</code> builds it.</p>
+"""
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def no_console(request: Request) -> Response:
+    return HTMLResponse(NO_CONSOLE)
+
+
+def _console_routes(console_dir: Path) -> list[BaseRoute]:
+    if (console_dir / "index.html").is_file():
+        return [Mount("/", app=ConsoleFiles(directory=console_dir, html=True), name="console")]
+    return [Route("/", no_console)]
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    clock: Clock | None = None,
+    database: Database | None = None,
+) -> Starlette:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if settings.should_migrate_on_start:
+            await asyncio.to_thread(migrations.upgrade, settings.resolved_database_url)
+        owned = database is None
+        app.state.db = database or Database.from_url(
+            settings.resolved_database_url,
+            pool_size=settings.db_pool_size,
+            echo=settings.db_echo,
+        )
+        app.state.clock = clock or SystemClock()
+        app.state.settings = settings
+        try:
+            yield
+        finally:
+            if owned:
+                await app.state.db.dispose()
+
+    routes: list[BaseRoute] = [
+        Route("/healthz", healthz),
+        Route("/graphql", AstraeusGraphQL(schema), methods=["GET", "POST"]),
+        Mount("/v1", routes=jobs.routes),
+        *_console_routes(settings.resolved_console_dir),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

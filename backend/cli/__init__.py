@@ -1,0 +1,1 @@
+"""Command lines: ``astraeus`` (server side) and ``astra`` (the user's CLI)."""

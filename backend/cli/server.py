@@ -1,0 +1,222 @@
+"""``astraeus``: run and administer an Astraeus server.
+
+    astraeus up                 embedded: SQLite in the data folder, migrations, first-run set-up
+    astraeus serve              the API server (a deployment runs ``db upgrade`` first)
+    astraeus db upgrade         apply the migrations
+    astraeus bootstrap          create the first organisation, cluster, workspace and admin token
+    astraeus workspace create   add a workspace to an organisation
+    astraeus token create       a token for a user acting in a workspace
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from backend import migrations
+from backend.access import service as access
+from backend.clock import SystemClock
+from backend.config import Settings, get_settings
+from backend.db import Database
+from backend.errors import AstraeusError
+from backend.organizations import service as organizations
+
+T = TypeVar("T")
+
+
+def _in_transaction(settings: Settings, work: Callable[..., Awaitable[T]]) -> T:
+    async def go() -> T:
+        db = Database.from_url(settings.resolved_database_url)
+        try:
+            async with db.transaction() as session:
+                return await work(session)
+        finally:
+            await db.dispose()
+
+    return asyncio.run(go())
+
+
+def token_file(settings: Settings) -> Path:
+    return settings.data_dir / "admin-token"
+
+
+def cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
+    result = _in_transaction(
+        settings,
+        lambda s: organizations.bootstrap(
+            s,
+            SystemClock(),
+            organization=args.organization,
+            cluster=args.cluster,
+            workspace=args.workspace,
+            admin=args.admin,
+        ),
+    )
+    if result is None:
+        print("Astraeus is already set up; `astraeus token create` makes more tokens.")
+        return 0
+    if settings.is_embedded:
+        path = token_file(settings)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(result.token + "\n")
+        path.chmod(0o600)
+    print(f"organization: {result.organization}")
+    print(f"cluster:      {result.cluster}")
+    print(f"workspace:    {result.workspace}")
+    print(f"admin user:   {result.user} (organisation admin)")
+    print(f"token:        {result.token}")
+    return 0
+
+
+def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
+    migrations.upgrade(settings.resolved_database_url, args.revision)
+    print(f"database at revision {migrations.current(settings.resolved_database_url)}")
+    return 0
+
+
+def cmd_workspace_create(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(session: object) -> str:
+        org = await organizations.organization_by_name(session, args.organization)  # type: ignore[arg-type]
+        ws = await organizations.create_workspace(
+            session, SystemClock(), organization_id=org.id, name=args.name  # type: ignore[arg-type]
+        )
+        return ws.name
+
+    print(f"workspace {_in_transaction(settings, work)} created")
+    return 0
+
+
+def cmd_token_create(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(session: object) -> str:
+        clock = SystemClock()
+        org = await organizations.organization_by_name(session, args.organization)  # type: ignore[arg-type]
+        ws = await organizations.workspace_by_name(session, org.id, args.workspace)  # type: ignore[arg-type]
+        user = await access.ensure_user(
+            session,  # type: ignore[arg-type]
+            clock,
+            name=args.user,
+            organization_id=org.id,
+            workspace_id=ws.id,
+            org_admin=args.admin,
+        )
+        issued = await access.issue_user_token(
+            session, clock, user=user, organization_id=org.id, workspace_id=ws.id,  # type: ignore[arg-type]
+            name=args.name,
+        )
+        return issued.secret
+
+    print(_in_transaction(settings, work))
+    return 0
+
+
+def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from backend.app import create_app
+
+    if args.host:
+        settings.host = args.host
+    if args.port:
+        settings.port = args.port
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        proxy_headers=True,
+    )
+    return 0
+
+
+def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
+    """Everything on one machine: migrations, first-run set-up, then the server."""
+    migrations.upgrade(settings.resolved_database_url)
+    bootstrap_args = argparse.Namespace(
+        organization="default", cluster="local", workspace="default", admin="admin"
+    )
+    cmd_bootstrap(settings, bootstrap_args)
+    if args.host:
+        settings.host = args.host
+    if args.port:
+        settings.port = args.port
+    token = token_file(settings)
+    print()
+    print(f"Astraeus is starting at {settings.api_url}/")
+    print(f"  export API={settings.api_url}/v1 ASTRALYX_API={settings.api_url}/v1")
+    if token.exists():
+        print(f"  export ASTRA_TOKEN=$(cat {token}) ASTRALYX_TOKEN=$(cat {token})")
+    print(f"  data: {settings.data_dir}", flush=True)
+    settings.migrate_on_start = False
+    return cmd_serve(settings, argparse.Namespace(host=None, port=None))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="astraeus", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run everything embedded (SQLite, migrations, set-up)")
+    up.add_argument("--host")
+    up.add_argument("--port", type=int)
+    up.set_defaults(func=cmd_up)
+
+    serve = sub.add_parser("serve", help="run the API server")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.set_defaults(func=cmd_serve)
+
+    db = sub.add_parser("db", help="database administration").add_subparsers(
+        dest="db_command", required=True
+    )
+    upgrade = db.add_parser("upgrade", help="apply the migrations")
+    upgrade.add_argument("revision", nargs="?", default="head")
+    upgrade.set_defaults(func=cmd_db_upgrade)
+
+    boot = sub.add_parser("bootstrap", help="first-run set-up; prints the admin token once")
+    boot.add_argument("--organization", default="default")
+    boot.add_argument("--cluster", default="local")
+    boot.add_argument("--workspace", default="default")
+    boot.add_argument("--admin", default="admin")
+    boot.set_defaults(func=cmd_bootstrap)
+
+    ws = sub.add_parser("workspace", help="workspaces").add_subparsers(
+        dest="ws_command", required=True
+    )
+    ws_create = ws.add_parser("create", help="add a workspace")
+    ws_create.add_argument("name")
+    ws_create.add_argument("--organization", default="default")
+    ws_create.set_defaults(func=cmd_workspace_create)
+
+    token = sub.add_parser("token", help="API tokens").add_subparsers(
+        dest="token_command", required=True
+    )
+    create = token.add_parser("create", help="print a new token (shown once)")
+    create.add_argument("--workspace", required=True)
+    create.add_argument("--user", required=True)
+    create.add_argument("--organization", default="default")
+    create.add_argument("--admin", action="store_true", help="make the user an organisation admin")
+    create.add_argument("--name", default="", help="a label to tell the token apart")
+    create.set_defaults(func=cmd_token_create)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = get_settings()
+    try:
+        return int(args.func(settings, args))
+    except AstraeusError as error:
+        print(f"astraeus: {error.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

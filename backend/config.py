@@ -1,0 +1,113 @@
+"""One settings object; every setting is an ``ASTRAEUS_*`` environment variable."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_DURATION_PART = re.compile(r"(\d+)(d|h|m|s)")
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(value: object) -> timedelta:
+    """Read ``90``, ``"90s"``, ``"15m"``, ``"1h30m"`` or ``"2d"`` as a duration."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise ValueError("must be a duration such as 30s, 15m, 12h or 1h30m")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
+        text = value.strip().lower()
+        if text.startswith("-"):
+            raise ValueError("must not be negative")
+        if text.isdigit():
+            seconds = float(text)
+        else:
+            parts = _DURATION_PART.findall(text)
+            if "".join(n + u for n, u in parts) != text:
+                raise ValueError("must be a duration such as 30s, 15m, 12h or 1h30m")
+            seconds = float(sum(int(n) * _UNIT_SECONDS[u] for n, u in parts))
+    else:
+        raise ValueError("must be a duration such as 30s, 15m, 12h or 1h30m")
+    if seconds < 0:
+        raise ValueError("must not be negative")
+    return timedelta(seconds=seconds)
+
+
+def format_duration(value: timedelta) -> str:
+    """The shortest form people write: ``12h``, ``1h30m``, ``45s``."""
+    seconds = int(value.total_seconds())
+    if seconds == 0:
+        return "0s"
+    out = []
+    for unit in ("d", "h", "m", "s"):
+        count, seconds = divmod(seconds, _UNIT_SECONDS[unit])
+        if count:
+            out.append(f"{count}{unit}")
+    return "".join(out)
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".local" / "share" / "astraeus"
+
+
+class Settings(BaseSettings):
+    """Astraeus' settings. Each field is read from ``ASTRAEUS_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix="ASTRAEUS_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    database_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    public_url: str | None = None
+    console_dir: Path | None = None
+    broker: Literal["embedded", "redis"] = "embedded"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    migrate_on_start: bool | None = None
+    log_level: str = "info"
+    db_pool_size: int = 10
+    db_echo: bool = False
+    lease_time: Duration = timedelta(seconds=60)
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.data_dir / 'astraeus.db'}"
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.resolved_database_url.startswith("sqlite")
+
+    @property
+    def should_migrate_on_start(self) -> bool:
+        """Migrations run on start in the embedded mode; a server deployment upgrades explicitly."""
+        if self.migrate_on_start is not None:
+            return self.migrate_on_start
+        return self.is_embedded
+
+    @property
+    def resolved_console_dir(self) -> Path:
+        if self.console_dir is not None:
+            return self.console_dir
+        return Path(__file__).resolve().parent.parent / "frontend" / "dist"
+
+    @property
+    def api_url(self) -> str:
+        return self.public_url or f"http://{self.host}:{self.port}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

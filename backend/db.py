@@ -1,0 +1,125 @@
+"""Engines, sessions and the column types that behave the same on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Integer, MetaData, event
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect, Engine, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.pool import NullPool
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+# An autoincrementing 64-bit key on PostgreSQL; SQLite only autoincrements INTEGER PRIMARY KEY.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+# JSONB on PostgreSQL (indexable, compact), JSON text elsewhere.
+PortableJSON = JSON().with_variant(JSONB(), "postgresql")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that is always UTC and always timezone-aware in Python.
+
+    SQLite keeps no zone, so values are stored as naive UTC and made aware again on load.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given; Astraeus stores UTC times only")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def sync_url(url: str) -> str:
+    """The URL for a blocking driver (migrations, admin commands)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.set(drivername="sqlite").render_as_string(hide_password=False)
+    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def async_url(url: str) -> str:
+    """The URL for the asyncio driver the server uses."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False)
+    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+def install_sqlite_pragmas(engine: Engine) -> None:
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+
+
+def create_engine_for(url: str, *, pool_size: int = 10, echo: bool = False) -> AsyncEngine:
+    target = async_url(url)
+    if make_url(target).get_backend_name() == "sqlite":
+        engine = create_async_engine(target, echo=echo, poolclass=NullPool)
+    else:
+        engine = create_async_engine(
+            target, echo=echo, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+        )
+    install_sqlite_pragmas(engine.sync_engine)
+    return engine
+
+
+class Database:
+    """The server's handle on its database: one engine, sessions made from it."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._sessions = async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
+
+    @classmethod
+    def from_url(cls, url: str, *, pool_size: int = 10, echo: bool = False) -> Database:
+        return cls(create_engine_for(url, pool_size=pool_size, echo=echo))
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """A session whose work is committed on success and rolled back on any error."""
+        async with self._sessions() as session, session.begin():
+            yield session
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncSession]:
+        """A session for reading; closing it rolls back, and what it loaded stays readable."""
+        async with self._sessions() as session:
+            yield session
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()

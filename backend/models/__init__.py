@@ -1,0 +1,30 @@
+"""Every table of Astraeus, one module each, re-exported here for Alembic and the services."""
+
+from backend.models.base import Base
+from backend.models.cluster import Cluster, Pool
+from backend.models.history import Event, StateTransition
+from backend.models.machine import Gpu, Machine
+from backend.models.organization import Organization
+from backend.models.run import Run
+from backend.models.user import ApiToken, Membership, User
+from backend.models.worker import Attempt, Worker
+from backend.models.workspace import Workspace, WorkspaceQuota
+
+__all__ = [
+    "ApiToken",
+    "Attempt",
+    "Base",
+    "Cluster",
+    "Event",
+    "Gpu",
+    "Machine",
+    "Membership",
+    "Organization",
+    "Pool",
+    "Run",
+    "StateTransition",
+    "User",
+    "Worker",
+    "Workspace",
+    "WorkspaceQuota",
+]

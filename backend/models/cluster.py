@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from sqlalchemy import ForeignKey, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from backend.db import BigId
+from backend.models.base import Base, HasCreatedAt, HasId
+
+
+class Cluster(HasId, HasCreatedAt, Base):
+    """A set of machines run by one organisation; quotas and thresholds are per cluster."""
+
+    __tablename__ = "clusters"
+    __table_args__ = (UniqueConstraint("organization_id", "name"),)
+
+    organization_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("organizations.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(63))
+
+
+class Pool(HasId, HasCreatedAt, Base):
+    """A named group of a cluster's machines (for example by GPU model)."""
+
+    __tablename__ = "pools"
+    __table_args__ = (UniqueConstraint("cluster_id", "name"),)
+
+    cluster_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("clusters.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(63))
+
+

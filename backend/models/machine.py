@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from backend.db import BigId, PortableJSON
+from backend.models.base import Base, HasCreatedAt, HasId
+
+
+class Machine(HasId, HasCreatedAt, Base):
+    """A GPU machine whose agent connects out to Astraeus and holds a lease."""
+
+    __tablename__ = "machines"
+    __table_args__ = (UniqueConstraint("cluster_id", "name"),)
+
+    cluster_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("clusters.id", ondelete="CASCADE"), index=True
+    )
+    pool_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("pools.id", ondelete="SET NULL"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(253))
+    cpu_cores: Mapped[float] = mapped_column(Float, default=0.0)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # ready | draining | lost | removed
+    state: Mapped[str] = mapped_column(String(16), default="ready")
+    reason: Mapped[str] = mapped_column(String(500), default="")
+    labels: Mapped[dict[str, Any]] = mapped_column(PortableJSON, default=dict)
+    lease_expires_at: Mapped[datetime | None]
+    last_seen_at: Mapped[datetime | None]
+
+
+class Gpu(HasId, Base):
+    """One GPU of a machine, as the agent reported it (NVML, or a simulated one)."""
+
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("machine_id", "index"),)
+
+    machine_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("machines.id", ondelete="CASCADE"), index=True
+    )
+    index: Mapped[int] = mapped_column(Integer)
+    uuid: Mapped[str] = mapped_column(String(96))
+    model: Mapped[str] = mapped_column(String(128))
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # ok | unhealthy
+    health: Mapped[str] = mapped_column(String(16), default="ok")
+    health_reason: Mapped[str] = mapped_column(String(500), default="")

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from backend.db import BigId, PortableJSON
+from backend.models.base import Base, HasCreatedAt, HasId
+
+
+class Worker(HasId, HasCreatedAt, Base):
+    """One rank of a run, named ``<run>-<rank>``; a *task* in the REST shim."""
+
+    __tablename__ = "workers"
+    __table_args__ = (UniqueConstraint("run_id", "rank"),)
+
+    run_id: Mapped[int] = mapped_column(BigId, ForeignKey("runs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(80), index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(1000))
+    state_since: Mapped[datetime]
+    machine_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("machines.id", ondelete="SET NULL"), index=True
+    )
+    # Indexes of the machine's GPUs this worker holds while placed.
+    gpu_ids: Mapped[list[int]] = mapped_column(PortableJSON, default=list)
+    gpus: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    restart_at: Mapped[datetime | None]
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    # {reason, failed_at, exit_code, log_tail}: the last failure snapshot, kept across restarts.
+    last_failure: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
+
+
+class Attempt(HasId, Base):
+    """One placement of a worker: a container (or process) from start to end."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("worker_id", "number"),)
+
+    worker_id: Mapped[int] = mapped_column(BigId, ForeignKey("workers.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    machine_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("machines.id", ondelete="SET NULL"), index=True
+    )
+    gpu_ids: Mapped[list[int]] = mapped_column(PortableJSON, default=list)
+    placed_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(1000), default="")

@@ -1,0 +1,1 @@
+"""Organisations, their clusters and pools, and their workspaces."""

@@ -1,0 +1,47 @@
+"""All SQL of the organisations domain."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.models import Cluster, Organization, Pool, Workspace
+
+
+async def count_organizations(session: AsyncSession) -> int:
+    return int(await session.scalar(select(func.count()).select_from(Organization)) or 0)
+
+
+async def get_organization_by_name(session: AsyncSession, name: str) -> Organization | None:
+    return await session.scalar(select(Organization).where(Organization.name == name))
+
+
+async def get_workspace_by_name(
+    session: AsyncSession, organization_id: int, name: str
+) -> Workspace | None:
+    return await session.scalar(
+        select(Workspace).where(
+            Workspace.organization_id == organization_id, Workspace.name == name
+        )
+    )
+
+
+async def get_workspace(session: AsyncSession, workspace_id: int) -> Workspace | None:
+    return await session.get(Workspace, workspace_id)
+
+
+async def list_clusters(session: AsyncSession, organization_id: int) -> list[Cluster]:
+    rows = await session.scalars(
+        select(Cluster).where(Cluster.organization_id == organization_id).order_by(Cluster.name)
+    )
+    return list(rows)
+
+
+async def get_pool_by_name(session: AsyncSession, cluster_id: int, name: str) -> Pool | None:
+    return await session.scalar(
+        select(Pool).where(Pool.cluster_id == cluster_id, Pool.name == name)
+    )
+
+
+def add(session: AsyncSession, *rows: object) -> None:
+    session.add_all(rows)

@@ -1,0 +1,113 @@
+"""The organisations domain's entry point: first-run set-up, workspaces, where a run goes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.access import service as access
+from backend.clock import Clock
+from backend.errors import Conflict, FieldError, InvalidInput, NotFound
+from backend.models import Cluster, Organization, Pool, Workspace
+from backend.organizations import repository
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    organization: str
+    cluster: str
+    workspace: str
+    user: str
+    token: str
+
+
+async def bootstrap(
+    session: AsyncSession,
+    clock: Clock,
+    *,
+    organization: str = "default",
+    cluster: str = "local",
+    workspace: str = "default",
+    admin: str = "admin",
+) -> Bootstrap | None:
+    """On a database with no organisation yet, create the first one with an admin token.
+
+    Returns None when the database was already set up, so a restart never makes a second admin.
+    """
+    if await repository.count_organizations(session) > 0:
+        return None
+    now = clock.now()
+    org = Organization(name=organization, created_at=now)
+    repository.add(session, org)
+    await session.flush()
+    repository.add(session, Cluster(organization_id=org.id, name=cluster, created_at=now))
+    ws = await create_workspace(session, clock, organization_id=org.id, name=workspace)
+    user = await access.ensure_user(
+        session, clock, name=admin, organization_id=org.id, workspace_id=ws.id, org_admin=True
+    )
+    issued = await access.issue_user_token(
+        session, clock, user=user, organization_id=org.id, workspace_id=ws.id, name="bootstrap"
+    )
+    return Bootstrap(organization, cluster, workspace, admin, issued.secret)
+
+
+async def create_workspace(
+    session: AsyncSession, clock: Clock, *, organization_id: int, name: str
+) -> Workspace:
+    if await repository.get_workspace_by_name(session, organization_id, name) is not None:
+        raise Conflict(
+            "WORKSPACE_EXISTS",
+            f"A workspace named '{name}' already exists.",
+            [FieldError("name", "is taken by another workspace of the organisation")],
+        )
+    ws = Workspace(organization_id=organization_id, name=name, created_at=clock.now())
+    repository.add(session, ws)
+    await session.flush()
+    return ws
+
+
+async def organization_by_name(session: AsyncSession, name: str) -> Organization:
+    org = await repository.get_organization_by_name(session, name)
+    if org is None:
+        raise NotFound("ORGANIZATION_NOT_FOUND", f"No organisation named '{name}'.")
+    return org
+
+
+async def workspace_by_name(session: AsyncSession, organization_id: int, name: str) -> Workspace:
+    ws = await repository.get_workspace_by_name(session, organization_id, name)
+    if ws is None:
+        raise NotFound("WORKSPACE_NOT_FOUND", f"No workspace named '{name}'.")
+    return ws
+
+
+async def placement_target(
+    session: AsyncSession, organization_id: int, cluster: str | None, pool: str | None
+) -> tuple[Cluster, Pool | None]:
+    """The cluster (and pool) a run specification names, or the organisation's only cluster."""
+    clusters = await repository.list_clusters(session, organization_id)
+    if cluster is None:
+        if len(clusters) != 1:
+            names = ", ".join(c.name for c in clusters) or "none"
+            raise InvalidInput(
+                "INVALID_SPEC",
+                [FieldError("cluster", f"is required: the organisation has {len(clusters)} "
+                                       f"clusters ({names})")],
+            )
+        chosen = clusters[0]
+    else:
+        found = [c for c in clusters if c.name == cluster]
+        if not found:
+            raise InvalidInput(
+                "INVALID_SPEC", [FieldError("cluster", f"no cluster named '{cluster}'")]
+            )
+        chosen = found[0]
+    if pool is None:
+        return chosen, None
+    found_pool = await repository.get_pool_by_name(session, chosen.id, pool)
+    if found_pool is None:
+        raise InvalidInput(
+            "INVALID_SPEC",
+            [FieldError("pool", f"no pool named '{pool}' in cluster '{chosen.name}'")],
+        )
+    return chosen, found_pool

@@ -1,0 +1,1 @@
+"""Thin GraphQL resolvers: decode input, check permission, call one service, map to a type."""

@@ -1,0 +1,45 @@
+"""DataLoaders, built per request, so that no relation is ever loaded one row at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from strawberry.dataloader import DataLoader
+
+from backend.db import Database
+from backend.models import StateTransition, Worker
+from backend.runs import service as runs
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _grouped(
+    db: Database,
+    fetch: Callable[[AsyncSession, Sequence[int]], Awaitable[dict[int, V]]],
+    default: Callable[[], V],
+) -> DataLoader[int, V]:
+    async def load(keys: list[int]) -> list[V]:
+        async with db.read() as session:
+            found = await fetch(session, keys)
+        return [found.get(key, default()) for key in keys]
+
+    return DataLoader(load_fn=load)
+
+
+@dataclass
+class Loaders:
+    workers_by_run: DataLoader[int, list[Worker]]
+    history_by_run: DataLoader[int, list[StateTransition]]
+    user_name: DataLoader[int, str]
+
+    @classmethod
+    def build(cls, db: Database) -> Loaders:
+        return cls(
+            workers_by_run=_grouped(db, runs.workers_by_run, list),
+            history_by_run=_grouped(db, runs.history_by_run, list),
+            user_name=_grouped(db, runs.user_names, str),
+        )

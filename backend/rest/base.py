@@ -1,0 +1,70 @@
+"""What every REST route shares: the bearer token, a session, errors as JSON."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from backend.access import service as access
+from backend.access.rules import Principal
+from backend.clock import Clock
+from backend.db import Database
+from backend.errors import AstraeusError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Call:
+    """One REST call: the request, who made it, and a session for its work."""
+
+    request: Request
+    principal: Principal
+    session: AsyncSession
+    clock: Clock
+
+
+def error_response(error: AstraeusError) -> JSONResponse:
+    body: dict[str, Any] = {"code": error.code, "message": error.message}
+    if error.fields:
+        body["errors"] = [{"field": f.field, "reason": f.reason} for f in error.fields]
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return JSONResponse(body, status_code=error.status, headers=headers)
+
+
+def bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip()
+    return None
+
+
+def endpoint(
+    handler: Callable[[Call], Awaitable[Response]], *, write: bool = False
+) -> Callable[[Request], Awaitable[Response]]:
+    """Wrap a route: authenticate, own the transaction, turn expected errors into JSON."""
+
+    async def route(request: Request) -> Response:
+        db: Database = request.app.state.db
+        clock: Clock = request.app.state.clock
+        scope = db.transaction() if write else db.read()
+        try:
+            async with scope as session:
+                principal = await access.authenticate(session, bearer(request))
+                return await handler(Call(request, principal, session, clock))
+        except AstraeusError as error:
+            return error_response(error)
+        except Exception:
+            log.exception("unexpected error in %s %s", request.method, request.url.path)
+            return JSONResponse(
+                {"code": "INTERNAL", "message": "Unexpected error; it has been logged."},
+                status_code=500,
+            )
+
+    return route

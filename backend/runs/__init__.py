@@ -1,0 +1,1 @@
+"""Runs and their workers: specification, creation, reading, history."""

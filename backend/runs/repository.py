@@ -1,0 +1,62 @@
+"""All SQL of the runs domain."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.models import Event, Run, StateTransition, User, Worker
+from backend.runs.rules import ENDED_RUN_STATES
+
+
+async def get_live_run_by_name(session: AsyncSession, workspace_id: int, name: str) -> Run | None:
+    return await session.scalar(
+        select(Run).where(
+            Run.workspace_id == workspace_id, Run.name == name, Run.deleted_at.is_(None)
+        )
+    )
+
+
+async def list_runs(session: AsyncSession, workspace_id: int, *, include_ended: bool) -> list[Run]:
+    query = select(Run).where(Run.workspace_id == workspace_id)
+    if not include_ended:
+        query = query.where(Run.state.not_in([s.value for s in ENDED_RUN_STATES]))
+    rows = await session.scalars(query.order_by(Run.created_at.desc(), Run.id.desc()))
+    return list(rows)
+
+
+async def workers_by_run(session: AsyncSession, run_ids: Sequence[int]) -> dict[int, list[Worker]]:
+    rows = await session.scalars(
+        select(Worker).where(Worker.run_id.in_(run_ids)).order_by(Worker.run_id, Worker.rank)
+    )
+    grouped: dict[int, list[Worker]] = defaultdict(list)
+    for worker in rows:
+        grouped[worker.run_id].append(worker)
+    return grouped
+
+
+async def run_history(
+    session: AsyncSession, run_ids: Sequence[int]
+) -> dict[int, list[StateTransition]]:
+    """The runs' own transitions (not their workers'), oldest first."""
+    rows = await session.scalars(
+        select(StateTransition)
+        .where(StateTransition.run_id.in_(run_ids), StateTransition.worker_id.is_(None))
+        .order_by(StateTransition.run_id, StateTransition.transition_at, StateTransition.id)
+    )
+    grouped: dict[int, list[StateTransition]] = defaultdict(list)
+    for row in rows:
+        grouped[row.run_id].append(row)
+    return grouped
+
+
+async def user_names(session: AsyncSession, user_ids: Sequence[int]) -> dict[int, str]:
+    rows = await session.execute(select(User.id, User.name).where(User.id.in_(user_ids)))
+    return {row.id: row.name for row in rows}
+
+
+def add(session: AsyncSession, *rows: Run | Worker | StateTransition | Event) -> None:
+    session.add_all(rows)

@@ -1,0 +1,183 @@
+"""The runs domain's entry point: submit a run, read runs, their workers and history."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.access.rules import Principal
+from backend.clock import Clock
+from backend.errors import Conflict, FieldError, NotFound
+from backend.models import Event, Run, StateTransition, Worker, Workspace
+from backend.organizations import repository as orgs_repository
+from backend.organizations import service as organizations
+from backend.runs import repository
+from backend.runs.rules import WORKER_CREATED, WorkerState, plan_new_run
+from backend.runs.spec import parse_spec
+
+
+async def workspace_for(
+    session: AsyncSession, principal: Principal, name: str | None = None
+) -> Workspace:
+    """The workspace a request acts in: the token's own, or (for an org admin) one it names.
+
+    A workspace the principal may not see is reported as absent, never as forbidden.
+    """
+    if name is None or name == principal.workspace_name:
+        if principal.workspace_id is None:
+            raise NotFound("WORKSPACE_NOT_FOUND", "This token acts in no workspace.")
+        found = await orgs_repository.get_workspace(session, principal.workspace_id)
+    else:
+        found = await orgs_repository.get_workspace_by_name(
+            session, principal.organization_id, name
+        )
+    if found is None or not principal.can_see_workspace(found.id, found.organization_id):
+        raise NotFound("WORKSPACE_NOT_FOUND", f"No workspace named '{name}'.")
+    return found
+
+
+async def create_run(
+    session: AsyncSession,
+    clock: Clock,
+    principal: Principal,
+    raw_spec: Any,
+    *,
+    workspace: str | None = None,
+) -> Run:
+    """Validate a specification and record the run Pending with its workers.
+
+    A refused specification writes nothing: every check comes before the first insert.
+    """
+    spec = parse_spec(raw_spec)
+    ws = await workspace_for(session, principal, workspace)
+    cluster, pool = await organizations.placement_target(
+        session, ws.organization_id, spec.cluster, spec.pool
+    )
+    if await repository.get_live_run_by_name(session, ws.id, spec.name) is not None:
+        raise _name_taken(spec.name)
+    plan = plan_new_run(spec, clock.now())
+    stored_spec = spec.to_json() | {"cluster": cluster.name, "pool": pool.name if pool else None}
+    run = Run(
+        workspace_id=ws.id,
+        cluster_id=cluster.id,
+        name=plan.name,
+        spec=stored_spec,
+        priority=plan.priority,
+        worker_count=plan.worker_count,
+        gpus_per_worker=plan.gpus_per_worker,
+        created_by_id=principal.user_id,
+        state=plan.state.value,
+        reason=plan.reason,
+        state_since=plan.created_at,
+        created_at=plan.created_at,
+    )
+    repository.add(session, run)
+    try:
+        await session.flush()
+    except IntegrityError:
+        raise _name_taken(spec.name) from None
+    workers = [
+        Worker(
+            run_id=run.id,
+            rank=w.rank,
+            name=w.name,
+            state=WorkerState.PENDING.value,
+            reason=WORKER_CREATED,
+            state_since=plan.created_at,
+            gpus=w.gpus,
+            gpu_ids=[],
+            attempt=0,
+            restarts=0,
+            created_at=plan.created_at,
+        )
+        for w in plan.workers
+    ]
+    repository.add(session, *workers)
+    await session.flush()
+    record_transition(session, ws, run, None, run.state, run.reason, plan.created_at)
+    for worker in workers:
+        record_transition(session, ws, run, worker, worker.state, worker.reason, plan.created_at)
+    await session.flush()
+    return run
+
+
+def _name_taken(name: str) -> Conflict:
+    return Conflict(
+        "RUN_EXISTS",
+        f"A run named '{name}' already exists in this workspace.",
+        [FieldError("name", "is taken by a run of this workspace that has not been deleted")],
+    )
+
+
+def record_transition(
+    session: AsyncSession,
+    workspace: Workspace,
+    run: Run,
+    worker: Worker | None,
+    state: str,
+    reason: str,
+    at: datetime,
+) -> None:
+    """Keep a state change in history and publish it as an event of the workspace."""
+    repository.add(
+        session,
+        StateTransition(
+            run_id=run.id,
+            worker_id=worker.id if worker else None,
+            transition_at=at,
+            state=state,
+            reason=reason,
+        ),
+        Event(
+            organization_id=workspace.organization_id,
+            workspace_id=workspace.id,
+            run_id=run.id,
+            run_name=run.name,
+            worker_name=worker.name if worker else None,
+            kind="worker.state" if worker else "run.state",
+            state=state,
+            reason=reason,
+            data={},
+            created_at=at,
+        ),
+    )
+
+
+async def get_run(
+    session: AsyncSession, principal: Principal, name: str, *, workspace: str | None = None
+) -> Run:
+    """A live run of the workspace; a run of another workspace is reported as absent."""
+    ws = await workspace_for(session, principal, workspace)
+    run = await repository.get_live_run_by_name(session, ws.id, name)
+    if run is None:
+        raise NotFound("JOB_NOT_FOUND", f"No run named '{name}' in workspace '{ws.name}'.")
+    return run
+
+
+async def list_runs(
+    session: AsyncSession,
+    principal: Principal,
+    *,
+    include_ended: bool = False,
+    workspace: str | None = None,
+) -> list[Run]:
+    ws = await workspace_for(session, principal, workspace)
+    return await repository.list_runs(session, ws.id, include_ended=include_ended)
+
+
+async def workers_by_run(session: AsyncSession, run_ids: Sequence[int]) -> dict[int, list[Worker]]:
+    return await repository.workers_by_run(session, run_ids)
+
+
+async def history_by_run(
+    session: AsyncSession, run_ids: Sequence[int]
+) -> dict[int, list[StateTransition]]:
+    return await repository.run_history(session, run_ids)
+
+
+async def user_names(session: AsyncSession, user_ids: Sequence[int]) -> dict[int, str]:
+    return await repository.user_names(session, user_ids)

@@ -1,0 +1,1 @@
+"""Strawberry types per domain; ``schema.py`` builds the root."""

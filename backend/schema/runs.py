@@ -1,0 +1,122 @@
+"""GraphQL types of runs, their workers and their history."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import strawberry
+from strawberry.scalars import JSON
+
+from backend import models
+from backend.resolvers.context import Info
+from backend.runs.rules import task_counts
+from backend.schema.common import UserError
+
+
+@strawberry.type(description="One state change, with the sentence that explains it.")
+class HistoryEntry:
+    transition_at: datetime
+    state: str
+    reason: str
+
+    @classmethod
+    def from_model(cls, row: models.StateTransition) -> HistoryEntry:
+        return cls(transition_at=row.transition_at, state=row.state, reason=row.reason)
+
+
+@strawberry.type(description="How many of a run's workers are in one state.")
+class StateCount:
+    state: str
+    count: int
+
+
+@strawberry.type(description="One rank of a run, named <run>-<rank>.")
+class Worker:
+    id: strawberry.ID
+    name: str
+    rank: int
+    state: str
+    reason: str
+    state_since: datetime
+    gpus: int = strawberry.field(description="GPUs it asks for.")
+    gpu_ids: list[int] = strawberry.field(description="Indexes of the GPUs it holds now.")
+    restarts: int
+    restart_at: datetime | None
+    exit_code: int | None
+    last_failure: JSON | None = strawberry.field(
+        description="The last failure snapshot: reason, failed_at, exit_code, log_tail."
+    )
+
+    @classmethod
+    def from_model(cls, row: models.Worker) -> Worker:
+        return cls(
+            id=strawberry.ID(str(row.id)),
+            name=row.name,
+            rank=row.rank,
+            state=row.state,
+            reason=row.reason,
+            state_since=row.state_since,
+            gpus=row.gpus,
+            gpu_ids=list(row.gpu_ids or []),
+            restarts=row.restarts,
+            restart_at=row.restart_at,
+            exit_code=row.exit_code,
+            last_failure=row.last_failure,
+        )
+
+
+@strawberry.type(description="A job of one or more workers that start together.")
+class Run:
+    id: strawberry.ID
+    name: str
+    state: str
+    reason: str = strawberry.field(description="One sentence: why the run is in its state.")
+    priority: int
+    created_at: datetime
+    state_since: datetime
+    ended_at: datetime | None
+    spec: JSON = strawberry.field(description="The specification, as Run again opens it.")
+    _created_by_id: strawberry.Private[int | None]
+
+    @classmethod
+    def from_model(cls, row: models.Run) -> Run:
+        return cls(
+            id=strawberry.ID(str(row.id)),
+            name=row.name,
+            state=row.state,
+            reason=row.reason,
+            priority=row.priority,
+            created_at=row.created_at,
+            state_since=row.state_since,
+            ended_at=row.ended_at,
+            spec=row.spec,
+            _created_by_id=row.created_by_id,
+        )
+
+    @strawberry.field(description="Who submitted it.")
+    async def created_by(self, info: Info) -> str | None:
+        if self._created_by_id is None:
+            return None
+        return await info.context.loaders.user_name.load(self._created_by_id)
+
+    @strawberry.field
+    async def workers(self, info: Info) -> list[Worker]:
+        rows = await info.context.loaders.workers_by_run.load(int(self.id))
+        return [Worker.from_model(w) for w in rows]
+
+    @strawberry.field(description="Every state change of the run, oldest first.")
+    async def history(self, info: Info) -> list[HistoryEntry]:
+        rows = await info.context.loaders.history_by_run.load(int(self.id))
+        return [HistoryEntry.from_model(r) for r in rows]
+
+    @strawberry.field
+    async def task_counts(self, info: Info) -> list[StateCount]:
+        rows = await info.context.loaders.workers_by_run.load(int(self.id))
+        counts = task_counts(w.state for w in rows)
+        return [StateCount(state=s, count=n) for s, n in counts.items()]
+
+
+@strawberry.type
+class CreateRunPayload:
+    run: Run | None
+    errors: list[UserError]

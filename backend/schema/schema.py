@@ -1,0 +1,75 @@
+"""The root of the GraphQL schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import strawberry
+from graphql import GraphQLError
+from strawberry.extensions import MaskErrors, ParserCache, ValidationCache
+from strawberry.permission import PermissionExtension
+
+from backend.errors import AstraeusError
+from backend.resolvers import runs as run_resolvers
+from backend.resolvers.context import Info
+from backend.resolvers.permissions import IsAuthenticated
+from backend.schema.runs import CreateRunPayload, Run
+from backend.schema.viewer import Viewer
+
+SDL_PATH = Path(__file__).resolve().parents[2] / "schema.graphql"
+
+
+def _authenticated() -> list[PermissionExtension]:
+    return [PermissionExtension(permissions=[IsAuthenticated()])]
+
+
+@strawberry.type
+class Query:
+    @strawberry.field(extensions=_authenticated())
+    def viewer(self, info: Info) -> Viewer:
+        return Viewer.from_principal(info.context.require_principal())
+
+    run: Run | None = strawberry.field(
+        resolver=run_resolvers.run,
+        extensions=_authenticated(),
+        description="A run of the workspace (org admins may name another workspace).",
+    )
+    runs: list[Run] = strawberry.field(
+        resolver=run_resolvers.list_runs,
+        extensions=_authenticated(),
+        description="The workspace's runs that have not ended; all: true adds ended and deleted.",
+    )
+
+
+@strawberry.type
+class Mutation:
+    create_run: CreateRunPayload = strawberry.mutation(
+        resolver=run_resolvers.create_run,
+        extensions=_authenticated(),
+        description="Submit a run from its specification (JSON).",
+    )
+
+
+def _should_mask(error: GraphQLError) -> bool:
+    """Errors the caller can act on are shown; anything unexpected is masked."""
+    original = error.original_error
+    if original is None:
+        return False  # syntax and validation errors
+    if isinstance(original, AstraeusError):
+        return False
+    return not (isinstance(original, GraphQLError) and (error.extensions or {}).get("code"))
+
+
+schema = strawberry.Schema(
+    query=Query,
+    mutation=Mutation,
+    extensions=[
+        MaskErrors(should_mask_error=_should_mask),
+        ParserCache(maxsize=256),
+        ValidationCache(maxsize=256),
+    ],
+)
+
+
+def sdl() -> str:
+    return schema.as_str() + "\n"
