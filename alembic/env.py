@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from alembic import context
 from sqlalchemy import create_engine, pool
 
+from alembic import context
 from backend.config import get_settings
 from backend.db import install_sqlite_pragmas, sync_url
 from backend.models import Base
@@ -19,8 +19,9 @@ def _url() -> str:
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=_url(), target_metadata=target_metadata, literal_binds=True,
-                      render_as_batch=True)
+    context.configure(
+        url=_url(), target_metadata=target_metadata, literal_binds=True, render_as_batch=True
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -39,8 +40,12 @@ def run_migrations_online() -> None:
 
 def _run(connection: object) -> None:
     # Batch mode lets ALTERs run on SQLite, which rebuilds the table instead.
-    context.configure(connection=connection, target_metadata=target_metadata,
-                      render_as_batch=True, compare_type=True)
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=True,
+        compare_type=True,
+    )
     with context.begin_transaction():
         context.run_migrations()
 

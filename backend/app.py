@@ -21,8 +21,8 @@ from backend import migrations
 from backend.clock import Clock, SystemClock
 from backend.config import Settings, get_settings
 from backend.db import Database
-from backend.rest import jobs
 from backend.resolvers.context import Context, build_context
+from backend.rest import jobs
 from backend.schema.schema import schema
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,12 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, Integer, MetaData, event
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect, Engine, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 from sqlalchemy.pool import NullPool
 from sqlalchemy.types import TypeDecorator
 

@@ -1,11 +1,11 @@
 """``astraeus``: run and administer an Astraeus server.
 
-    astraeus up                 embedded: SQLite in the data folder, migrations, first-run set-up
-    astraeus serve              the API server (a deployment runs ``db upgrade`` first)
-    astraeus db upgrade         apply the migrations
-    astraeus bootstrap          create the first organisation, cluster, workspace and admin token
-    astraeus workspace create   add a workspace to an organisation
-    astraeus token create       a token for a user acting in a workspace
+astraeus up                 embedded: SQLite in the data folder, migrations, first-run set-up
+astraeus serve              the API server (a deployment runs ``db upgrade`` first)
+astraeus db upgrade         apply the migrations
+astraeus bootstrap          create the first organisation, cluster, workspace and admin token
+astraeus workspace create   add a workspace to an organisation
+astraeus token create       a token for a user acting in a workspace
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend import migrations
 from backend.access import service as access
@@ -80,10 +82,13 @@ def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_workspace_create(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(session: object) -> str:
-        org = await organizations.organization_by_name(session, args.organization)  # type: ignore[arg-type]
+    async def work(session: AsyncSession) -> str:
+        org = await organizations.organization_by_name(session, args.organization)
         ws = await organizations.create_workspace(
-            session, SystemClock(), organization_id=org.id, name=args.name  # type: ignore[arg-type]
+            session,
+            SystemClock(),
+            organization_id=org.id,
+            name=args.name,
         )
         return ws.name
 
@@ -92,12 +97,12 @@ def cmd_workspace_create(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_token_create(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(session: object) -> str:
+    async def work(session: AsyncSession) -> str:
         clock = SystemClock()
-        org = await organizations.organization_by_name(session, args.organization)  # type: ignore[arg-type]
-        ws = await organizations.workspace_by_name(session, org.id, args.workspace)  # type: ignore[arg-type]
+        org = await organizations.organization_by_name(session, args.organization)
+        ws = await organizations.workspace_by_name(session, org.id, args.workspace)
         user = await access.ensure_user(
-            session,  # type: ignore[arg-type]
+            session,
             clock,
             name=args.user,
             organization_id=org.id,
@@ -105,7 +110,11 @@ def cmd_token_create(settings: Settings, args: argparse.Namespace) -> int:
             org_admin=args.admin,
         )
         issued = await access.issue_user_token(
-            session, clock, user=user, organization_id=org.id, workspace_id=ws.id,  # type: ignore[arg-type]
+            session,
+            clock,
+            user=user,
+            organization_id=org.id,
+            workspace_id=ws.id,
             name=args.name,
         )
         return issued.secret
@@ -156,8 +165,9 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="astraeus", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="astraeus", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run everything embedded (SQLite, migrations, set-up)")

@@ -29,5 +29,3 @@ class Pool(HasId, HasCreatedAt, Base):
         BigId, ForeignKey("clusters.id", ondelete="CASCADE"), index=True
     )
     name: Mapped[str] = mapped_column(String(63))
-
-

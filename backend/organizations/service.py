@@ -91,8 +91,12 @@ async def placement_target(
             names = ", ".join(c.name for c in clusters) or "none"
             raise InvalidInput(
                 "INVALID_SPEC",
-                [FieldError("cluster", f"is required: the organisation has {len(clusters)} "
-                                       f"clusters ({names})")],
+                [
+                    FieldError(
+                        "cluster",
+                        f"is required: the organisation has {len(clusters)} clusters ({names})",
+                    )
+                ],
             )
         chosen = clusters[0]
     else:

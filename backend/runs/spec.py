@@ -112,8 +112,9 @@ class RunSpec(_Strict):
         if self.image is None and self.command is None:
             problems.append("command: is required when no image is given")
         if self.memory_bytes is not None and self.per_gpu and self.per_gpu.memory_bytes:
-            problems.append("per_gpu.memory_bytes: give memory_bytes or per_gpu.memory_bytes, "
-                            "not both")
+            problems.append(
+                "per_gpu.memory_bytes: give memory_bytes or per_gpu.memory_bytes, not both"
+            )
         if self.per_gpu and self.per_gpu.memory_bytes and self.gpus == 0:
             problems.append("per_gpu.memory_bytes: the worker asks for no GPUs")
         paths = [m.path for m in self.mounts]
@@ -152,12 +153,16 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return out or "spec"
 
 
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
 _MESSAGES = {
     "missing": lambda ctx: "is required",
     "extra_forbidden": lambda ctx: "is not a field of a run specification",
-    "greater_than_equal": lambda ctx: f"must be at least {ctx['ge']}",
-    "greater_than": lambda ctx: f"must be more than {ctx['gt']}",
-    "less_than_equal": lambda ctx: f"must be at most {ctx['le']}",
+    "greater_than_equal": lambda ctx: f"must be at least {_number(ctx['ge'])}",
+    "greater_than": lambda ctx: f"must be more than {_number(ctx['gt'])}",
+    "less_than_equal": lambda ctx: f"must be at most {_number(ctx['le'])}",
     "int_type": lambda ctx: "must be a whole number",
     "int_parsing": lambda ctx: "must be a whole number",
     "int_from_float": lambda ctx: "must be a whole number",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import cast
 
 import strawberry
 from strawberry.scalars import JSON
@@ -61,7 +62,7 @@ class Worker:
             restarts=row.restarts,
             restart_at=row.restart_at,
             exit_code=row.exit_code,
-            last_failure=row.last_failure,
+            last_failure=cast(JSON, row.last_failure),
         )
 
 
@@ -89,7 +90,7 @@ class Run:
             created_at=row.created_at,
             state_since=row.state_since,
             ended_at=row.ended_at,
-            spec=row.spec,
+            spec=cast(JSON, row.spec),
             _created_by_id=row.created_by_id,
         )
 

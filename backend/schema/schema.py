@@ -7,6 +7,7 @@ from pathlib import Path
 import strawberry
 from graphql import GraphQLError
 from strawberry.extensions import MaskErrors, ParserCache, ValidationCache
+from strawberry.extensions.field_extension import FieldExtension
 from strawberry.permission import PermissionExtension
 
 from backend.errors import AstraeusError
@@ -19,7 +20,7 @@ from backend.schema.viewer import Viewer
 SDL_PATH = Path(__file__).resolve().parents[2] / "schema.graphql"
 
 
-def _authenticated() -> list[PermissionExtension]:
+def _authenticated() -> list[FieldExtension]:
     return [PermissionExtension(permissions=[IsAuthenticated()])]
 
 
@@ -64,9 +65,9 @@ schema = strawberry.Schema(
     query=Query,
     mutation=Mutation,
     extensions=[
-        MaskErrors(should_mask_error=_should_mask),
-        ParserCache(maxsize=256),
-        ValidationCache(maxsize=256),
+        lambda: MaskErrors(should_mask_error=_should_mask),
+        lambda: ParserCache(maxsize=256),
+        lambda: ValidationCache(maxsize=256),
     ],
 )
 

@@ -1,0 +1,107 @@
+"""Test helpers: a fake clock and plain factory functions with keyword defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.access import service as access
+from backend.db import Database
+from backend.models import Base
+from backend.organizations import service as organizations
+
+SEED_TIME = datetime(2026, 10, 1, 1, 2, 11, 402117, tzinfo=UTC)
+
+
+class FakeClock:
+    """A clock that moves only when a test moves it."""
+
+    def __init__(self, start: datetime = SEED_TIME) -> None:
+        self.moment = start
+
+    def now(self) -> datetime:
+        return self.moment
+
+    def advance(self, **delta: float) -> datetime:
+        self.moment += timedelta(**delta)
+        return self.moment
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """Two workspaces of one organisation, and a third organisation, each with a token."""
+
+    admin_token: str  # org admin of 'default', acting in workspace 'default'
+    member_token: str  # a member of workspace 'default'
+    other_token: str  # a member of workspace 'team-b' of the same organisation
+    foreign_token: str  # a member of workspace 'default' of organisation 'other-org'
+
+
+async def make_tenancy(db: Database, clock: FakeClock) -> Tenancy:
+    async with db.transaction() as session:
+        boot = await organizations.bootstrap(session, clock)
+        assert boot is not None
+        org = await organizations.organization_by_name(session, "default")
+        ws_a = await organizations.workspace_by_name(session, org.id, "default")
+        ws_b = await organizations.create_workspace(
+            session, clock, organization_id=org.id, name="team-b"
+        )
+        member = await _token(session, clock, "alice", org.id, ws_a.id)
+        other = await _token(session, clock, "bob", org.id, ws_b.id)
+    async with db.transaction() as session:
+        foreign_org = await _organization(session, clock, "other-org")
+        foreign = await _token(session, clock, "carol", foreign_org[0], foreign_org[1])
+    return Tenancy(boot.token, member, other, foreign)
+
+
+async def _token(
+    session: AsyncSession, clock: FakeClock, user: str, org_id: int, ws_id: int
+) -> str:
+    row = await access.ensure_user(
+        session, clock, name=user, organization_id=org_id, workspace_id=ws_id, org_admin=False
+    )
+    issued = await access.issue_user_token(
+        session, clock, user=row, organization_id=org_id, workspace_id=ws_id
+    )
+    return issued.secret
+
+
+async def _organization(session: AsyncSession, clock: FakeClock, name: str) -> tuple[int, int]:
+    from backend.models import Cluster, Organization
+
+    org = Organization(name=name, created_at=clock.now())
+    session.add(org)
+    await session.flush()
+    session.add(Cluster(organization_id=org.id, name="local", created_at=clock.now()))
+    ws = await organizations.create_workspace(
+        session, clock, organization_id=org.id, name="default"
+    )
+    return org.id, ws.id
+
+
+def run_spec(**overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": "llama-sft",
+        "workers": 2,
+        "gpus": 1,
+        "cpu": 4,
+        "memory_bytes": 16 * 2**30,
+        "command": ["python", "train.py"],
+    }
+    spec.update(overrides)
+    return spec
+
+
+async def row_counts(db: Database) -> dict[str, int]:
+    """How many rows each table holds: to assert that a refused request changed nothing."""
+    counts = {}
+    async with db.read() as session:
+        for table in Base.metadata.sorted_tables:
+            counts[table.name] = int(
+                await session.scalar(select(func.count()).select_from(table)) or 0
+            )
+    return counts
