@@ -1,0 +1,51 @@
+# Astraeus — `make help` lists the targets.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help setup up serve test test-fast lint typecheck schema schema-check services clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP) ## create .venv and install Astraeus with its development tools
+
+up: setup ## run Astraeus embedded: SQLite in ~/.local/share/astraeus, prints the URL and token
+	$(BIN)/astraeus up
+
+serve: setup ## run the API server only (set ASTRAEUS_DATABASE_URL; run `astraeus db upgrade` first)
+	$(BIN)/astraeus serve
+
+services: ## start PostgreSQL and Redis if they are down (this machine kind's commands)
+	bash scripts/services.sh
+
+lint: setup ## ruff: lint and format check
+	$(BIN)/ruff check backend tests alembic/env.py
+	$(BIN)/ruff format --check backend tests alembic/env.py
+
+typecheck: setup ## mypy over backend/
+	$(BIN)/mypy
+
+schema: setup ## export the GraphQL SDL to schema.graphql
+	$(BIN)/python -c "from backend.schema.schema import sdl, SDL_PATH; SDL_PATH.write_text(sdl())"
+
+schema-check: setup ## fail when schema.graphql is stale
+	$(BIN)/python -c "from backend.schema.schema import sdl, SDL_PATH; import sys; \
+	sys.exit(0 if SDL_PATH.read_text() == sdl() else 'schema.graphql is stale: run make schema')"
+
+test: setup services lint typecheck schema-check ## every check and every test, SQLite and PostgreSQL
+	$(BIN)/pytest
+
+test-fast: setup ## the tests only
+	$(BIN)/pytest -x -q
+
+clean: ## remove the virtual environment and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
