@@ -35,6 +35,7 @@ class Loaders:
     workers_by_run: DataLoader[int, list[Worker]]
     history_by_run: DataLoader[int, list[StateTransition]]
     user_name: DataLoader[int, str]
+    machine_name: DataLoader[int, str]
 
     @classmethod
     def build(cls, db: Database) -> Loaders:
@@ -42,4 +43,5 @@ class Loaders:
             workers_by_run=_grouped(db, runs.workers_by_run, list),
             history_by_run=_grouped(db, runs.history_by_run, list),
             user_name=_grouped(db, runs.user_names, str),
+            machine_name=_grouped(db, runs.machine_names, str),
         )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.models import Event, Run, StateTransition, User, Worker
+from backend.models import Event, Machine, Run, StateTransition, User, Worker
 from backend.runs.rules import ENDED_RUN_STATES
 
 
@@ -55,6 +55,13 @@ async def run_history(
 
 async def user_names(session: AsyncSession, user_ids: Sequence[int]) -> dict[int, str]:
     rows = await session.execute(select(User.id, User.name).where(User.id.in_(user_ids)))
+    return {row.id: row.name for row in rows}
+
+
+async def machine_names(session: AsyncSession, machine_ids: Sequence[int]) -> dict[int, str]:
+    rows = await session.execute(
+        select(Machine.id, Machine.name).where(Machine.id.in_(machine_ids))
+    )
     return {row.id: row.name for row in rows}
 
 

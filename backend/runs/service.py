@@ -181,3 +181,7 @@ async def history_by_run(
 
 async def user_names(session: AsyncSession, user_ids: Sequence[int]) -> dict[int, str]:
     return await repository.user_names(session, user_ids)
+
+
+async def machine_names(session: AsyncSession, machine_ids: Sequence[int]) -> dict[int, str]:
+    return await repository.machine_names(session, machine_ids)

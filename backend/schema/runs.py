@@ -47,6 +47,7 @@ class Worker:
     last_failure: JSON | None = strawberry.field(
         description="The last failure snapshot: reason, failed_at, exit_code, log_tail."
     )
+    _machine_id: strawberry.Private[int | None]
 
     @classmethod
     def from_model(cls, row: models.Worker) -> Worker:
@@ -63,7 +64,14 @@ class Worker:
             restart_at=row.restart_at,
             exit_code=row.exit_code,
             last_failure=cast(JSON, row.last_failure),
+            _machine_id=row.machine_id,
         )
+
+    @strawberry.field(description="The machine it is placed on, while placed.")
+    async def machine(self, info: Info) -> str | None:
+        if self._machine_id is None:
+            return None
+        return await info.context.loaders.machine_name.load(self._machine_id)
 
 
 @strawberry.type(description="A job of one or more workers that start together.")

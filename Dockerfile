@@ -1,0 +1,14 @@
+# The Astraeus server: API (and, with later issues, the Dramatiq workers) from one image.
+FROM python:3.11-slim AS server
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+WORKDIR /opt/astraeus
+COPY pyproject.toml README.md alembic.ini schema.graphql ./
+COPY backend ./backend
+COPY alembic ./alembic
+RUN pip install --no-cache-dir -e . && useradd --system --home /var/lib/astraeus astraeus \
+    && mkdir -p /var/lib/astraeus && chown astraeus /var/lib/astraeus
+USER astraeus
+ENV ASTRAEUS_DATA_DIR=/var/lib/astraeus ASTRAEUS_HOST=0.0.0.0 ASTRAEUS_PORT=8080
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=3s CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz')"
+CMD ["astraeus", "serve"]

@@ -1,0 +1,94 @@
+"""Where the API is and how to call it: settings from the environment or a config file."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from backend.config import default_data_dir
+
+# Exit codes scripts can rely on.
+EXIT_OK = 0
+EXIT_FAILED = 1  # the thing asked about failed (a run, a followed worker)
+EXIT_USAGE = 2  # bad arguments or no token
+EXIT_UNREACHABLE = 3  # the server did not answer
+EXIT_NOT_FOUND = 4
+EXIT_REFUSED = 5  # the server refused the request (validation, permission)
+
+CONFIG_PATH = Path.home() / ".config" / "astraeus" / "cli.json"
+EMBEDDED_API = "http://127.0.0.1:8080/v1"
+
+
+class CliError(Exception):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class Target:
+    api: str  # the REST base, ending in /v1, as the seeds' $API
+    token: str
+
+    @property
+    def graphql_url(self) -> str:
+        return self.api.rstrip("/").removesuffix("/v1") + "/graphql"
+
+
+def resolve_target(env: dict[str, str] | None = None) -> Target:
+    """The API and token: $ASTRALYX_API/$API and $ASTRALYX_TOKEN/$ASTRA_TOKEN, then the config
+    file, then the embedded server's own admin token on this machine."""
+    env = dict(os.environ if env is None else env)
+    config: dict[str, str] = {}
+    if CONFIG_PATH.is_file():
+        config = json.loads(CONFIG_PATH.read_text())
+    api = env.get("ASTRALYX_API") or env.get("API") or config.get("api") or EMBEDDED_API
+    token = env.get("ASTRALYX_TOKEN") or env.get("ASTRA_TOKEN") or config.get("token")
+    if not token:
+        data_dir = Path(env.get("ASTRAEUS_DATA_DIR") or default_data_dir())
+        local = data_dir / "admin-token"
+        if local.is_file():
+            token = local.read_text().strip()
+    if not token:
+        raise CliError(
+            "astra: no API token: set ASTRA_TOKEN (or ASTRALYX_TOKEN), or write "
+            f'{{"api": …, "token": …}} to {CONFIG_PATH}',
+            EXIT_USAGE,
+        )
+    return Target(api=api.rstrip("/"), token=token)
+
+
+class Api:
+    def __init__(self, target: Target, timeout: float = 30.0) -> None:
+        self.target = target
+        self.http = httpx.Client(
+            headers={"Authorization": f"Bearer {target.token}"}, timeout=timeout
+        )
+
+    def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
+        try:
+            answer = self.http.post(
+                self.target.graphql_url, json={"query": query, "variables": variables}
+            )
+        except httpx.TransportError as exc:
+            raise CliError(
+                f"astra: cannot reach Astraeus at {self.target.graphql_url}: {exc}",
+                EXIT_UNREACHABLE,
+            ) from None
+        if answer.status_code != 200:
+            raise CliError(
+                f"astra: the server answered {answer.status_code}: {answer.text[:200]}",
+                EXIT_UNREACHABLE if answer.status_code >= 500 else EXIT_REFUSED,
+            )
+        body = answer.json()
+        if body.get("errors"):
+            error = body["errors"][0]
+            code = (error.get("extensions") or {}).get("code")
+            exit_code = EXIT_USAGE if code == "UNAUTHENTICATED" else EXIT_REFUSED
+            raise CliError(f"astra: {error['message']}", exit_code)
+        return dict(body["data"])

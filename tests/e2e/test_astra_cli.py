@@ -1,0 +1,106 @@
+"""`astra astraeus` against a live server: the seed's output shapes and exit codes (L-29..L-31)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backend.cli.astra.client import EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
+from tests.e2e.live import Server, free_port
+
+ASTRA = str(Path(sys.executable).parent / "astra")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+    server = Server(tmp_path_factory.mktemp("astra") / "data", free_port())
+    printed = server.start()
+    token = re.search(r"token:\s+(astx_\S+)", printed)
+    assert token, printed
+    try:
+        yield server, token.group(1)
+    finally:
+        server.stop()
+
+
+def astra(
+    live: tuple[Server, str], *args: str, stdin: str | None = None, token: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    server, admin = live
+    env = server.env_for(admin if token is None else token)
+    env["HOME"] = str(server.log.parent)  # no config file of the developer's
+    return subprocess.run(
+        [ASTRA, "astraeus", *args], env=env, input=stdin, capture_output=True, text=True
+    )
+
+
+def test_submit_status_workers_runs(live: tuple[Server, str], tmp_path: Path) -> None:
+    spec = tmp_path / "llama-sft.json"
+    spec.write_text(
+        json.dumps(
+            {"name": "llama-sft", "workers": 2, "gpus": 1, "command": ["python", "train.py"]}
+        )
+    )
+    submitted = astra(live, "submit", str(spec))
+    assert submitted.returncode == 0, submitted.stderr
+    assert submitted.stdout == "llama-sft: Pending — Run created\n"
+
+    # seed L-29: `<run>: <State> — <reason>`, then name, state, machine, reason per worker
+    status = astra(live, "status", "llama-sft")
+    assert status.stdout.splitlines() == [
+        "llama-sft: Pending — Run created",
+        "  llama-sft-0  Pending  -  Waiting to be placed with its gang",
+        "  llama-sft-1  Pending  -  Waiting to be placed with its gang",
+    ]
+    # seed L-30: the WORKER RANK STATE MACHINE REASON table, the seed's column widths
+    workers = astra(live, "workers", "llama-sft")
+    assert workers.stdout.splitlines() == [
+        "WORKER                        RANK   STATE       MACHINE               REASON",
+        "llama-sft-0                   0      Pending     -                     "
+        "Waiting to be placed with its gang",
+        "llama-sft-1                   1      Pending     -                     "
+        "Waiting to be placed with its gang",
+    ]
+    # seed L-31: runs that have not ended
+    runs = astra(live, "runs")
+    header, *rows = runs.stdout.splitlines()
+    assert header.split() == ["RUN", "STATE", "WORKERS", "GPUS", "CREATED", "REASON"]
+    assert [r.split()[:4] for r in rows] == [["llama-sft", "Pending", "2", "2"]]
+    as_json = json.loads(astra(live, "workers", "llama-sft", "--json").stdout)
+    assert [w["name"] for w in as_json] == ["llama-sft-0", "llama-sft-1"]
+
+
+def test_errors_have_exit_codes_scripts_can_rely_on(live: tuple[Server, str]) -> None:
+    missing = astra(live, "status", "no-such-run")
+    assert missing.returncode == EXIT_NOT_FOUND
+    assert missing.stderr == "astra: no run named 'no-such-run' in this workspace\n"
+
+    refused = astra(live, "submit", "-", stdin=json.dumps({"name": "bad", "workers": 0}))
+    assert refused.returncode == EXIT_REFUSED
+    assert refused.stderr.splitlines() == [
+        "astra: the run was refused:",
+        "  workers: must be at least 1",
+    ]
+
+    unknown = astra(live, "runs", token="astx_" + "9" * 40)
+    assert unknown.returncode == EXIT_USAGE
+    assert "A valid API token is required" in unknown.stderr
+
+    server, admin = live
+    env = {**server.env_for(admin), "API": f"http://127.0.0.1:{free_port()}/v1"}
+    down = subprocess.run([ASTRA, "astraeus", "runs"], env=env, capture_output=True, text=True)
+    assert down.returncode == EXIT_UNREACHABLE
+    assert down.stderr.startswith("astra: cannot reach Astraeus at http://127.0.0.1:")
+
+
+def test_no_token_anywhere_is_a_usage_error(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "ASTRAEUS_DATA_DIR": str(tmp_path)}
+    done = subprocess.run([ASTRA, "astraeus", "runs"], env=env, capture_output=True, text=True)
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr.startswith("astra: no API token: set ASTRA_TOKEN")
