@@ -26,25 +26,18 @@ async def authenticate(session: AsyncSession, secret: str | None) -> Principal:
         raise Unauthenticated("An API token is required: send 'Authorization: Bearer <token>'.")
     if not looks_like_token(secret):
         raise Unauthenticated("The API token is malformed.")
-    token = await repository.find_token(session, hash_token(secret))
-    if token is None or token.kind != "user" or token.user_id is None:
+    holder = await repository.find_user_token(session, hash_token(secret))
+    if holder is None:
         raise Unauthenticated("The API token is unknown or revoked.")
-    user = await repository.get_user(session, token.user_id)
-    if user is None:
-        raise Unauthenticated("The API token's user no longer exists.")
-    admin = await repository.is_org_admin(session, user.id, token.organization_id)
-    org_name, ws_name = await repository.get_names(
-        session, token.organization_id, token.workspace_id
-    )
     return Principal(
-        token_id=token.id,
-        user_id=user.id,
-        user_name=user.name,
-        organization_id=token.organization_id,
-        organization_name=org_name,
-        workspace_id=token.workspace_id,
-        workspace_name=ws_name,
-        is_org_admin=admin,
+        token_id=holder.token_id,
+        user_id=holder.user_id,
+        user_name=holder.user_name,
+        organization_id=holder.organization_id,
+        organization_name=holder.organization_name,
+        workspace_id=holder.workspace_id,
+        workspace_name=holder.workspace_name,
+        is_org_admin=holder.is_org_admin,
     )
 
 
