@@ -2,6 +2,7 @@
 
 from backend.models.base import Base
 from backend.models.cluster import Cluster, Pool
+from backend.models.command import AgentCommand
 from backend.models.history import Event, StateTransition
 from backend.models.machine import Gpu, Machine
 from backend.models.organization import Organization
@@ -11,6 +12,7 @@ from backend.models.worker import Attempt, Worker
 from backend.models.workspace import Workspace, WorkspaceQuota
 
 __all__ = [
+    "AgentCommand",
     "ApiToken",
     "Attempt",
     "Base",

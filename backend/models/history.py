@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, String
+from sqlalchemy import ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import BigId, PortableJSON, UTCDateTime
@@ -26,6 +26,13 @@ class StateTransition(HasId, Base):
     transition_at: Mapped[datetime] = mapped_column(UTCDateTime())
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(String(1000))
+    # For a worker: the accounting phase that starts here, the GPUs it holds from here, where.
+    phase: Mapped[str | None] = mapped_column(String(32))
+    held_gpus: Mapped[int] = mapped_column(Integer, default=0)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    machine_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("machines.id", ondelete="SET NULL")
+    )
 
 
 class Event(HasId, Base):

@@ -25,6 +25,7 @@ class Run(HasId, HasCreatedAt, Base):
             postgresql_where=text("deleted_at IS NULL"),
         ),
         Index("ix_runs_workspace_id_state", "workspace_id", "state"),
+        Index("ix_runs_cluster_id_state", "cluster_id", "state"),
     )
 
     workspace_id: Mapped[int] = mapped_column(
@@ -45,6 +46,25 @@ class Run(HasId, HasCreatedAt, Base):
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(String(1000))
     state_since: Mapped[datetime]
+    # When it first ran with every worker running; its time limit counts from here.
     started_at: Mapped[datetime | None]
+    # Since when every worker of the current attempt has been running.
+    running_since: Mapped[datetime | None]
+    # When the current attempt was placed; the gang barrier counts from here.
+    placed_at: Mapped[datetime | None]
     ended_at: Mapped[datetime | None]
     deleted_at: Mapped[datetime | None]
+    # How many times the gang was placed.
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Restarts after failures in a row; 10 minutes running resets it.
+    failures_in_row: Mapped[int] = mapped_column(Integer, default=0)
+    # Not placed again before this time (the restart backoff).
+    restart_at: Mapped[datetime | None]
+    # Why the gang is being stopped: owner, time_limit, preemption, stall, failure, barrier.
+    stop_cause: Mapped[str | None] = mapped_column(String(16))
+    # Who asked, for an owner's stop; which run, for a preemption.
+    stop_by: Mapped[str | None] = mapped_column(String(128))
+    # The port rank 0 listens on for the gang (MASTER_PORT), chosen free per machine.
+    master_port: Mapped[int | None] = mapped_column(Integer)
+    # The first failure of the current attempt: {worker, machine, reason, at}.
+    first_failure: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import Boolean, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import BigId, PortableJSON
@@ -34,6 +34,16 @@ class Worker(HasId, HasCreatedAt, Base):
     exit_code: Mapped[int | None] = mapped_column(Integer)
     # {reason, failed_at, exit_code, log_tail}: the last failure snapshot, kept across restarts.
     last_failure: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
+    # At the gang barrier: prepared and pulled, waiting for the others.
+    ready: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Why it is being stopped, while it still holds its GPUs (see Run.stop_cause).
+    stop_cause: Mapped[str | None] = mapped_column(String(16))
+    # The accounting phase it is in now; each transition records the phase it starts.
+    phase: Mapped[str] = mapped_column(String(32), default="waiting")
+    # The last sign of progress (a progress report or a new log line) while running.
+    progress_at: Mapped[datetime | None]
+    # Set while it is stalled: from when it stopped making progress.
+    stalled_since: Mapped[datetime | None]
 
 
 class Attempt(HasId, Base):

@@ -92,6 +92,8 @@ async def create_run(
             gpu_ids=[],
             attempt=0,
             restarts=0,
+            phase="waiting",
+            ready=False,
             created_at=plan.created_at,
         )
         for w in plan.workers
@@ -100,7 +102,9 @@ async def create_run(
     await session.flush()
     record_transition(session, ws, run, None, run.state, run.reason, plan.created_at)
     for worker in workers:
-        record_transition(session, ws, run, worker, worker.state, worker.reason, plan.created_at)
+        record_transition(
+            session, ws, run, worker, worker.state, worker.reason, plan.created_at, phase="waiting"
+        )
     await session.flush()
     return run
 
@@ -121,6 +125,8 @@ def record_transition(
     state: str,
     reason: str,
     at: datetime,
+    *,
+    phase: str | None = None,
 ) -> None:
     """Keep a state change in history and publish it as an event of the workspace."""
     repository.add(
@@ -131,6 +137,9 @@ def record_transition(
             transition_at=at,
             state=state,
             reason=reason,
+            phase=phase,
+            held_gpus=0,
+            gpus=worker.gpus if worker else 0,
         ),
         Event(
             organization_id=workspace.organization_id,

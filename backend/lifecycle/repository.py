@@ -1,0 +1,87 @@
+"""All SQL of the lifecycle domain."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.models import (
+    AgentCommand,
+    Event,
+    Machine,
+    Run,
+    StateTransition,
+    Worker,
+    Workspace,
+)
+from backend.runs.rules import ENDED_RUN_STATES
+
+
+async def runs_by_id(session: AsyncSession, run_ids: Sequence[int], *, lock: bool) -> list[Run]:
+    query = select(Run).where(Run.id.in_(run_ids)).order_by(Run.id)
+    if lock:
+        query = query.with_for_update()
+    return list(await session.scalars(query))
+
+
+async def workers_of(session: AsyncSession, run_ids: Sequence[int]) -> dict[int, list[Worker]]:
+    rows = await session.scalars(
+        select(Worker).where(Worker.run_id.in_(run_ids)).order_by(Worker.run_id, Worker.rank)
+    )
+    grouped: dict[int, list[Worker]] = defaultdict(list)
+    for w in rows:
+        grouped[w.run_id].append(w)
+    return grouped
+
+
+async def workspaces(session: AsyncSession, ids: Sequence[int]) -> dict[int, Workspace]:
+    rows = await session.scalars(select(Workspace).where(Workspace.id.in_(ids)))
+    return {w.id: w for w in rows}
+
+
+async def machine_names(session: AsyncSession, ids: Sequence[int]) -> dict[int, str]:
+    rows = await session.execute(select(Machine.id, Machine.name).where(Machine.id.in_(ids)))
+    return {r.id: r.name for r in rows}
+
+
+async def live_run_ids(session: AsyncSession) -> list[int]:
+    rows = await session.scalars(
+        select(Run.id).where(Run.state.not_in([s.value for s in ENDED_RUN_STATES]))
+    )
+    return list(rows)
+
+
+async def run_ids_on_machine(session: AsyncSession, machine_id: int) -> list[int]:
+    rows = await session.scalars(
+        select(Worker.run_id).where(Worker.machine_id == machine_id).distinct()
+    )
+    return list(rows)
+
+
+async def worker_by_name(session: AsyncSession, machine_id: int, name: str) -> Worker | None:
+    return await session.scalar(
+        select(Worker).where(Worker.machine_id == machine_id, Worker.name == name)
+    )
+
+
+async def machines_that_ran(session: AsyncSession, run_id: int) -> set[int]:
+    """Every machine a worker of the run was placed on: each keeps logs of it."""
+    rows = await session.scalars(
+        select(StateTransition.machine_id)
+        .where(StateTransition.run_id == run_id, StateTransition.machine_id.is_not(None))
+        .distinct()
+    )
+    return {m for m in rows if m is not None}
+
+
+async def delete_workers(session: AsyncSession, run_id: int) -> None:
+    await session.execute(delete(Worker).where(Worker.run_id == run_id))
+
+
+def add(
+    session: AsyncSession, *rows: StateTransition | Event | AgentCommand | Run | Worker
+) -> None:
+    session.add_all(rows)

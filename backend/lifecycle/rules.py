@@ -1,0 +1,788 @@
+"""How a run and its workers move through their lives, and the sentence that explains each step.
+
+Pure: plain dataclasses in, the same dataclasses changed and a list of effects out. No database,
+no clock: every function is told the time. The service loads the views, calls a rule, and
+writes back what changed together with the transitions and agent commands recorded here.
+
+A run is a gang: its workers are placed together, start together at a barrier, and when one
+fails for good the others are stopped ("the gang does not run without it").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from backend.config import format_duration
+
+RESTART_BASE = timedelta(seconds=10)
+RESTART_CAP = timedelta(minutes=5)
+RESTART_COUNT_RESET = timedelta(minutes=10)
+BARRIER_TIMEOUT = timedelta(minutes=15)
+
+
+class Phase(StrEnum):
+    """Where a worker's GPU time goes now; goodput accounting reads the phases' intervals."""
+
+    WAITING = "waiting"  # waiting for its first placement
+    STARTING = "starting"  # placed, not yet running, first attempt
+    RESTART = "restart"  # the same on a later attempt
+    RUNNING = "running"  # productive or idle, by its GPUs' utilisation
+    STALLED = "stalled"  # running while stalled, from its last progress
+    STOPPING_OWNER = "stopping:owner"  # winding down when its owner asked
+    STOPPING_TIME_LIMIT = "stopping:time_limit"  # winding down at its time limit
+    STOPPING_PREEMPTION = "stopping:preemption"
+    STOPPING_STALL = "stopping:stall"
+    STOPPING_FAILURE = "stopping:failure"  # torn down with its gang after a failure
+    REQUEUED_FAILURE = "requeued:failure"  # waiting to be placed again after a failure
+    REQUEUED_PREEMPTION = "requeued:preemption"
+    REQUEUED_STALL = "requeued:stall"
+    ENDED = "ended"
+
+
+HELD_PHASES = frozenset(
+    {
+        Phase.STARTING,
+        Phase.RESTART,
+        Phase.RUNNING,
+        Phase.STALLED,
+        Phase.STOPPING_OWNER,
+        Phase.STOPPING_TIME_LIMIT,
+        Phase.STOPPING_PREEMPTION,
+        Phase.STOPPING_STALL,
+        Phase.STOPPING_FAILURE,
+    }
+)
+
+
+class Cause(StrEnum):
+    """Why a gang is being stopped."""
+
+    OWNER = "owner"
+    TIME_LIMIT = "time_limit"
+    PREEMPTION = "preemption"
+    STALL = "stall"
+    FAILURE = "failure"
+    BARRIER = "barrier"
+
+
+_STOPPING_PHASE = {
+    Cause.OWNER: Phase.STOPPING_OWNER,
+    Cause.TIME_LIMIT: Phase.STOPPING_TIME_LIMIT,
+    Cause.PREEMPTION: Phase.STOPPING_PREEMPTION,
+    Cause.STALL: Phase.STOPPING_STALL,
+    Cause.FAILURE: Phase.STOPPING_FAILURE,
+    Cause.BARRIER: Phase.STOPPING_FAILURE,
+}
+
+_REQUEUED_PHASE = {
+    Cause.PREEMPTION: Phase.REQUEUED_PREEMPTION,
+    Cause.STALL: Phase.REQUEUED_STALL,
+    Cause.FAILURE: Phase.REQUEUED_FAILURE,
+    Cause.BARRIER: Phase.REQUEUED_FAILURE,
+}
+
+# Worker states. A run's states are the same but Stopping, plus Deleted.
+PENDING = "Pending"
+PREPARING = "Preparing"
+PULLING = "Pulling"
+STARTING = "Starting"
+RUNNING = "Running"
+STOPPING = "Stopping"
+COMPLETED = "Completed"
+FAILED = "Failed"
+STOPPED = "Stopped"
+DELETED = "Deleted"
+
+PLACED_STATES = frozenset({PREPARING, PULLING, STARTING, RUNNING, STOPPING})
+ENDED_STATES = frozenset({COMPLETED, FAILED, STOPPED, DELETED})
+
+# The seed's sentences.
+OOM_KILLED = "OOMKilled: the container exceeded its memory limit"
+MACHINE_LOST = "Machine lost: its lease expired"
+CONTAINER_RUNNING = "Container running"
+WAITING_FOR_ROOM = "Waiting for room for all its workers at once"
+
+
+def exited_with(code: int) -> str:
+    return f"Exited with code {code}"
+
+
+def starting_together(ready: int, total: int) -> str:
+    return f"Starting together: {ready} of {total} ready"
+
+
+def workers_running(running: int, total: int) -> str:
+    return f"{running} of {total} workers running"
+
+
+def worker_failed_sentence(worker: str, machine: str | None, reason: str) -> str:
+    where = f" on {machine}" if machine else ""
+    return f"Worker {worker} failed{where}: {reason}; the gang does not run without it"
+
+
+def preempted_sentence(by_run: str) -> str:
+    return f"Preempted by higher-priority work ({by_run})"
+
+
+def time_limit_sentence(limit: timedelta) -> str:
+    return f"Exceeded its time limit of {format_duration(limit)}"
+
+
+def budget_exhausted_sentence(max_restarts: int) -> str:
+    return f"Retry budget exhausted after {max_restarts}/{max_restarts} restarts"
+
+
+def restart_backoff(failures_in_row: int) -> timedelta:
+    """Each failure doubles the wait, from 10 seconds up to 5 minutes."""
+    wait = RESTART_BASE * (2 ** max(failures_in_row - 1, 0))
+    return min(wait, RESTART_CAP)
+
+
+@dataclass
+class WorkerView:
+    id: int
+    rank: int
+    name: str
+    gpus: int
+    state: str
+    reason: str
+    phase: str
+    machine_id: int | None = None
+    machine_name: str | None = None
+    gpu_ids: list[int] = field(default_factory=list)
+    ready: bool = False
+    stop_cause: str | None = None
+    exit_code: int | None = None
+    restarts: int = 0
+    restart_at: datetime | None = None
+    last_failure: dict[str, Any] | None = None
+    progress_at: datetime | None = None
+    stalled_since: datetime | None = None
+    attempt: int = 0
+
+    @property
+    def placed(self) -> bool:
+        return self.machine_id is not None
+
+    @property
+    def alive(self) -> bool:
+        """Placed and not yet reported gone: it still holds its GPUs."""
+        return self.placed and self.state in PLACED_STATES
+
+    @property
+    def held_gpus(self) -> int:
+        return self.gpus if self.phase in HELD_PHASES else 0
+
+
+@dataclass
+class RunPolicy:
+    """What the specification says about how the run starts, fails and ends."""
+
+    restart_policy: str = "on_failure"
+    max_restarts: int = 10
+    time_limit: timedelta | None = None
+    stall_timeout: timedelta | None = None
+    on_stall: str = "restart"
+
+
+@dataclass
+class RunView:
+    id: int
+    name: str
+    state: str
+    reason: str
+    policy: RunPolicy
+    workers: list[WorkerView]
+    attempt: int = 0
+    failures_in_row: int = 0
+    restart_at: datetime | None = None
+    started_at: datetime | None = None
+    running_since: datetime | None = None
+    placed_at: datetime | None = None
+    ended_at: datetime | None = None
+    stop_cause: str | None = None
+    stop_by: str | None = None
+    first_failure: dict[str, Any] | None = None
+    master_port: int | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_STATES
+
+    @property
+    def placed(self) -> bool:
+        return any(w.placed for w in self.workers)
+
+    def worker(self, name: str) -> WorkerView:
+        for w in self.workers:
+            if w.name == name:
+                return w
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One recorded change: a run's (worker_id None) or a worker's state and phase."""
+
+    run_id: int
+    worker_id: int | None
+    at: datetime
+    state: str
+    reason: str
+    phase: str | None = None
+    held_gpus: int = 0
+    gpus: int = 0
+    machine_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Command:
+    """What a machine's agent must do for one worker."""
+
+    machine_id: int
+    worker_id: int | None
+    worker_name: str
+    kind: str  # start | release | stop | delete
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Effects:
+    transitions: list[Transition] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+    # Runs that gave room back: the scheduler should look again.
+    freed: bool = False
+
+
+@dataclass(frozen=True)
+class Placement:
+    machine_id: int
+    machine_name: str
+    gpu_ids: tuple[int, ...]
+
+
+# -- recording ---------------------------------------------------------------------------------
+
+
+def _set_worker(
+    fx: Effects,
+    run: RunView,
+    w: WorkerView,
+    state: str,
+    reason: str,
+    phase: Phase | str,
+    at: datetime,
+) -> None:
+    changed = (w.state, w.phase) != (state, str(phase))
+    w.state, w.reason, w.phase = state, reason, str(phase)
+    if changed:
+        fx.transitions.append(
+            Transition(
+                run_id=run.id,
+                worker_id=w.id,
+                at=at,
+                state=state,
+                reason=reason,
+                phase=str(phase),
+                held_gpus=w.held_gpus,
+                gpus=w.gpus,
+                machine_id=w.machine_id,
+            )
+        )
+
+
+def _set_run(fx: Effects, run: RunView, state: str, reason: str, at: datetime) -> None:
+    changed = run.state != state
+    run.state, run.reason = state, reason
+    if changed:
+        fx.transitions.append(
+            Transition(run_id=run.id, worker_id=None, at=at, state=state, reason=reason)
+        )
+
+
+def _release_room(w: WorkerView) -> None:
+    w.machine_id, w.machine_name, w.gpu_ids, w.ready = None, None, [], False
+
+
+# -- placing and starting ----------------------------------------------------------------------
+
+
+def place(
+    run: RunView,
+    placements: list[Placement],
+    at: datetime,
+    fx: Effects,
+    *,
+    master_port: int,
+    start_payload: dict[str, Any],
+) -> None:
+    """Put every worker of the gang on its machine at once and tell the agents to start them."""
+    assert len(placements) == len(run.workers), "a gang is placed whole or not at all"
+    run.attempt += 1
+    run.placed_at = at
+    run.restart_at = None
+    run.first_failure = None
+    run.stop_cause = run.stop_by = None
+    run.running_since = None
+    run.master_port = master_port
+    phase = Phase.STARTING if run.attempt == 1 else Phase.RESTART
+    master_addr = placements[0].machine_name
+    for w, p in zip(sorted(run.workers, key=lambda w: w.rank), placements, strict=True):
+        w.machine_id, w.machine_name, w.gpu_ids = p.machine_id, p.machine_name, list(p.gpu_ids)
+        w.ready, w.exit_code, w.stop_cause, w.restart_at = False, None, None, None
+        w.stalled_since, w.progress_at = None, None
+        w.attempt = run.attempt
+        if run.attempt > 1:
+            w.restarts += 1
+        _set_worker(fx, run, w, STARTING, f"Placed on {p.machine_name}; starting", phase, at)
+        environment = {
+            "RANK": str(w.rank),
+            "WORLD_SIZE": str(len(run.workers)),
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in p.gpu_ids),
+            "ASTRAEUS_RUN": run.name,
+            "ASTRAEUS_WORKER": w.name,
+        }
+        fx.commands.append(
+            Command(
+                machine_id=p.machine_id,
+                worker_id=w.id,
+                worker_name=w.name,
+                kind="start",
+                payload={
+                    **start_payload,
+                    "run": run.name,
+                    "rank": w.rank,
+                    "attempt": run.attempt,
+                    "gpu_ids": list(p.gpu_ids),
+                    "astraeus_environment": environment,
+                },
+            )
+        )
+    _set_run(fx, run, STARTING, starting_together(0, len(run.workers)), at)
+
+
+def _refresh_run(run: RunView, at: datetime, fx: Effects) -> None:
+    """A placed gang's state follows its slowest worker; all running makes the run Running."""
+    if run.stop_cause is not None or run.ended:
+        return
+    workers = run.workers
+    total = len(workers)
+    running = sum(1 for w in workers if w.state == RUNNING)
+    if running == total:
+        if run.running_since is None:
+            run.running_since = at
+        if run.started_at is None:
+            run.started_at = at
+        _set_run(fx, run, RUNNING, workers_running(running, total), at)
+        return
+    for state in (PREPARING, PULLING):
+        slow = next((w for w in workers if w.state == state), None)
+        if slow is not None:
+            _set_run(fx, run, state, slow.reason, at)
+            return
+    if running and run.state == RUNNING:
+        _set_run(fx, run, RUNNING, workers_running(running, total), at)
+        return
+    ready = sum(1 for w in workers if w.ready or w.state == RUNNING)
+    _set_run(fx, run, STARTING, starting_together(ready, total), at)
+
+
+def _current(run: RunView, w: WorkerView, attempt: int | None) -> bool:
+    """A report about an earlier attempt, or a worker no longer placed, changes nothing."""
+    return w.alive and (attempt is None or attempt == run.attempt)
+
+
+def worker_preparing(
+    run: RunView,
+    w: WorkerView,
+    state: str,
+    reason: str,
+    at: datetime,
+    fx: Effects,
+    *,
+    attempt: int | None = None,
+) -> None:
+    """The agent is preparing (credentials, drives) or pulling the image; the reason says what."""
+    assert state in (PREPARING, PULLING, STARTING)
+    if not _current(run, w, attempt) or w.stop_cause:
+        return
+    _set_worker(fx, run, w, state, reason, w.phase, at)
+    _refresh_run(run, at, fx)
+
+
+def worker_ready(
+    run: RunView, w: WorkerView, at: datetime, fx: Effects, *, attempt: int | None = None
+) -> None:
+    """Prepared and pulled: at the gang barrier. When all are, every agent is told to go."""
+    if not _current(run, w, attempt) or w.stop_cause or w.ready:
+        return
+    w.ready = True
+    _set_worker(fx, run, w, STARTING, "Ready; waiting for the rest of its gang", w.phase, at)
+    if all(x.ready for x in run.workers):
+        for x in run.workers:
+            assert x.machine_id is not None
+            fx.commands.append(
+                Command(x.machine_id, x.id, x.name, "release", {"attempt": run.attempt})
+            )
+    _refresh_run(run, at, fx)
+
+
+def worker_running(
+    run: RunView, w: WorkerView, at: datetime, fx: Effects, *, attempt: int | None = None
+) -> None:
+    if not _current(run, w, attempt) or w.stop_cause:
+        return
+    w.ready = True
+    w.progress_at = at
+    _set_worker(fx, run, w, RUNNING, CONTAINER_RUNNING, Phase.RUNNING, at)
+    _refresh_run(run, at, fx)
+
+
+def worker_progress(run: RunView, w: WorkerView, at: datetime, fx: Effects) -> None:
+    """A progress report or a new log line: not stalled (any more)."""
+    if w.state != RUNNING or w.stop_cause:
+        return
+    if w.progress_at is None or at > w.progress_at:
+        w.progress_at = at
+    if w.stalled_since is not None:
+        w.stalled_since = None
+        _set_worker(fx, run, w, RUNNING, CONTAINER_RUNNING, Phase.RUNNING, at)
+
+
+# -- endings -----------------------------------------------------------------------------------
+
+
+def worker_exited(
+    run: RunView,
+    w: WorkerView,
+    at: datetime,
+    fx: Effects,
+    *,
+    exit_code: int | None,
+    reason: str | None = None,
+    log_tail: str = "",
+    attempt: int | None = None,
+) -> None:
+    """The agent saw the worker's container end (or the machine was lost)."""
+    if not _current(run, w, attempt):
+        return
+    reason = reason or exited_with(exit_code if exit_code is not None else -1)
+    w.exit_code = exit_code
+    fx.freed = True
+    if w.stop_cause is not None and not _failed_first(run, w, exit_code, at):
+        cause = Cause(w.stop_cause)
+        _release_room(w)
+        phase = _after_stop_phase(run, cause, at)
+        _set_worker(fx, run, w, STOPPED, _stopped_sentence(cause, run), phase, at)
+    elif exit_code == 0 and run.stop_cause is None:
+        _release_room(w)
+        _set_worker(fx, run, w, COMPLETED, reason, Phase.ENDED, at)
+    else:
+        w.last_failure = {
+            "reason": reason,
+            "failed_at": at,
+            "exit_code": exit_code,
+            "log_tail": log_tail,
+        }
+        machine = w.machine_name
+        _release_room(w)
+        _gang_failed(run, w, machine, reason, at, fx)
+    _conclude_if_done(run, at, fx)
+
+
+def _failed_first(run: RunView, w: WorkerView, exit_code: int | None, at: datetime) -> bool:
+    """A worker torn down after another's failure may have failed earlier itself: the rank
+    that crashed first is often reported last, after the others died of its absence."""
+    first = run.first_failure
+    return (
+        w.stop_cause == Cause.FAILURE and exit_code != 0 and first is not None and at < first["at"]
+    )
+
+
+def _gang_failed(
+    run: RunView, w: WorkerView, machine: str | None, reason: str, at: datetime, fx: Effects
+) -> None:
+    earliest = run.first_failure is None or at < run.first_failure["at"]
+    if earliest:
+        run.first_failure = {"worker": w.name, "machine": machine, "reason": reason, "at": at}
+    if run.stop_cause is None:
+        run.stop_cause = Cause.FAILURE
+        for other in run.workers:
+            if other is not w and other.alive and other.stop_cause is None:
+                _ask_to_stop(run, other, Cause.FAILURE, f"Stopping: worker {w.name} failed", at, fx)
+    failure = run.first_failure
+    assert failure is not None
+    _set_worker(fx, run, w, FAILED, reason, _after_stop_phase(run, Cause(run.stop_cause), at), at)
+    if run.stop_cause == Cause.FAILURE:
+        sentence = worker_failed_sentence(failure["worker"], failure["machine"], failure["reason"])
+        run.reason = sentence
+
+
+def _ask_to_stop(
+    run: RunView, w: WorkerView, cause: Cause, reason: str, at: datetime, fx: Effects
+) -> None:
+    w.stop_cause = cause
+    assert w.machine_id is not None
+    fx.commands.append(Command(w.machine_id, w.id, w.name, "stop", {"cause": str(cause)}))
+    _set_worker(fx, run, w, STOPPING, reason, _STOPPING_PHASE[cause], at)
+
+
+def _stopped_sentence(cause: Cause, run: RunView) -> str:
+    return {
+        Cause.OWNER: f"Stopped by {run.stop_by}",
+        Cause.TIME_LIMIT: "Stopped at its time limit",
+        Cause.PREEMPTION: f"Stopped: {preempted_sentence(run.stop_by or '…')}",
+        Cause.STALL: "Stopped: it stalled",
+        Cause.FAILURE: "Stopped: its gang failed",
+        Cause.BARRIER: "Stopped: its gang did not start together",
+    }[cause]
+
+
+def _will_restart(run: RunView, cause: Cause, at: datetime) -> bool:
+    if cause in (Cause.PREEMPTION, Cause.BARRIER):
+        return True
+    if cause in (Cause.OWNER, Cause.TIME_LIMIT):
+        return False
+    if run.policy.restart_policy == "never":
+        return False
+    return _failures_counted(run, at) < run.policy.max_restarts
+
+
+def _failures_counted(run: RunView, at: datetime) -> int:
+    """Restarts in a row; ten minutes of running with every worker up resets the count."""
+    if run.running_since is not None and at - run.running_since >= RESTART_COUNT_RESET:
+        return 0
+    return run.failures_in_row
+
+
+def _after_stop_phase(run: RunView, cause: Cause, at: datetime) -> Phase:
+    """A worker that stopped waits to be placed again (not held) or has ended."""
+    return _REQUEUED_PHASE[cause] if _will_restart(run, cause, at) else Phase.ENDED
+
+
+def _conclude_if_done(run: RunView, at: datetime, fx: Effects) -> None:
+    if any(w.alive for w in run.workers):
+        if run.stop_cause is None:
+            _refresh_run(run, at, fx)
+        return
+    if run.stop_cause is None:
+        if all(w.state == COMPLETED for w in run.workers):
+            run.ended_at = at
+            n = len(run.workers)
+            _set_run(fx, run, COMPLETED, f"{n} of {n} workers completed", at)
+        return
+    cause = Cause(run.stop_cause)
+    if cause == Cause.OWNER:
+        _end(run, STOPPED, f"Stopped by {run.stop_by}", at, fx)
+    elif cause == Cause.TIME_LIMIT:
+        assert run.policy.time_limit is not None
+        _end(run, FAILED, time_limit_sentence(run.policy.time_limit), at, fx)
+    elif cause in (Cause.PREEMPTION, Cause.BARRIER):
+        _requeue(run, cause, run.reason, None, at, fx)
+    else:
+        _restart_or_fail(run, cause, at, fx)
+
+
+def _failure_sentence(run: RunView) -> str:
+    failure = run.first_failure
+    if failure is None:
+        return run.reason
+    return worker_failed_sentence(failure["worker"], failure["machine"], failure["reason"])
+
+
+def _restart_or_fail(run: RunView, cause: Cause, at: datetime, fx: Effects) -> None:
+    sentence = run.reason if cause == Cause.STALL else _failure_sentence(run)
+    if run.policy.restart_policy == "never":
+        _end(run, FAILED, sentence, at, fx)
+        return
+    counted = _failures_counted(run, at)
+    if counted >= run.policy.max_restarts:
+        final = (
+            budget_exhausted_sentence(run.policy.max_restarts)
+            if run.policy.max_restarts
+            else sentence
+        )
+        _end(run, FAILED, final, at, fx)
+        return
+    run.failures_in_row = counted + 1
+    wait = restart_backoff(run.failures_in_row)
+    restart_at = at + wait
+    count = f"{run.failures_in_row}/{run.policy.max_restarts}"
+    reason = f"Restarting in {format_duration(wait)} ({count}): {sentence}"
+    _requeue(run, cause, reason, restart_at, at, fx)
+
+
+def _requeue(
+    run: RunView, cause: Cause, reason: str, restart_at: datetime | None, at: datetime, fx: Effects
+) -> None:
+    run.stop_cause = run.stop_by = None
+    run.running_since = None
+    run.placed_at = None
+    run.restart_at = restart_at
+    phase = _REQUEUED_PHASE[cause]
+    for w in run.workers:
+        _release_room(w)
+        w.stop_cause = None
+        w.restart_at = restart_at
+        worker_reason = f"Waiting to be placed again: {reason}"
+        _set_worker(fx, run, w, PENDING, worker_reason, phase, at)
+    _set_run(fx, run, PENDING, reason, at)
+    fx.freed = True
+
+
+def _end(run: RunView, state: str, reason: str, at: datetime, fx: Effects) -> None:
+    run.ended_at = at
+    run.restart_at = None
+    for w in run.workers:
+        w.stop_cause = None
+        w.restart_at = None
+        if w.state not in ENDED_STATES:
+            _set_worker(fx, run, w, STOPPED, f"Stopped: the run {state.lower()}", Phase.ENDED, at)
+        elif w.phase != Phase.ENDED:
+            _set_worker(fx, run, w, w.state, w.reason, Phase.ENDED, at)
+    _set_run(fx, run, state, reason, at)
+
+
+def _stop_gang(
+    run: RunView, cause: Cause, by: str | None, worker_reason: str, at: datetime, fx: Effects
+) -> None:
+    """Ask every placed worker to wind down; the gang ends or requeues once all are gone."""
+    if run.ended or run.stop_cause in (Cause.OWNER, Cause.TIME_LIMIT):
+        return
+    run.stop_cause, run.stop_by = cause, by
+    for w in run.workers:
+        if w.alive and w.stop_cause is None:
+            _ask_to_stop(run, w, cause, worker_reason, at, fx)
+        elif w.alive:
+            w.stop_cause = cause  # already stopping: the later, stronger cause decides the end
+    _conclude_if_done(run, at, fx)
+
+
+def stop(run: RunView, by: str, at: datetime, fx: Effects) -> None:
+    """Its owner asked: wind down (counted productive), then Stopped."""
+    run.reason = f"Stopping: asked by {by}"
+    _stop_gang(run, Cause.OWNER, by, f"Stopping: asked by {by}", at, fx)
+
+
+def time_limit_reached(run: RunView, at: datetime, fx: Effects) -> None:
+    assert run.policy.time_limit is not None
+    sentence = time_limit_sentence(run.policy.time_limit)
+    run.reason = f"Stopping: {sentence.lower()}"
+    _stop_gang(
+        run,
+        Cause.TIME_LIMIT,
+        None,
+        f"Stopping: the run {sentence[0].lower()}{sentence[1:]}",
+        at,
+        fx,
+    )
+
+
+def preempt(run: RunView, by_run: str, at: datetime, fx: Effects) -> None:
+    """Stop for higher-priority work; the run is queued again, not failed."""
+    run.reason = preempted_sentence(by_run)
+    _stop_gang(run, Cause.PREEMPTION, by_run, preempted_sentence(by_run), at, fx)
+
+
+def drain_preempt(run: RunView, machine: str, at: datetime, fx: Effects) -> None:
+    """A machine of the gang is drained: the run stops and is queued again, like a preemption."""
+    sentence = f"Preempted by a drain of {machine}"
+    run.reason = sentence
+    _stop_gang(run, Cause.PREEMPTION, f"drain of {machine}", sentence, at, fx)
+
+
+def barrier_timed_out(run: RunView, at: datetime, fx: Effects) -> None:
+    total = len(run.workers)
+    ready = sum(1 for w in run.workers if w.ready)
+    sentence = (
+        f"Gang requeued: {ready} of {total} ready after {format_duration(BARRIER_TIMEOUT)} "
+        "at the barrier"
+    )
+    run.reason = sentence
+    _stop_gang(run, Cause.BARRIER, None, f"Stopping: {sentence}", at, fx)
+
+
+def machine_lost(run: RunView, machine_id: int, at: datetime, fx: Effects) -> None:
+    """Every worker on a lost machine fails with the seed's sentence; the gang follows."""
+    for w in run.workers:
+        if w.machine_id == machine_id and w.alive:
+            worker_exited(run, w, at, fx, exit_code=None, reason=MACHINE_LOST)
+
+
+def worker_stalled(run: RunView, w: WorkerView, at: datetime, fx: Effects) -> None:
+    """No progress for the stall timeout: stalled from its last progress, maybe restarted."""
+    timeout = run.policy.stall_timeout
+    if timeout is None or w.state != RUNNING or w.stop_cause or w.stalled_since is not None:
+        return
+    since = w.progress_at or at
+    w.stalled_since = since
+    reason = f"Stalled: no progress for {format_duration(timeout)}"
+    _set_worker(fx, run, w, RUNNING, reason, Phase.STALLED, since)
+    if run.policy.on_stall == "restart":
+        quiet = format_duration(timeout)
+        run.reason = f"Worker {w.name} stalled on {w.machine_name}: no progress for {quiet}"
+        _stop_gang(run, Cause.STALL, None, f"Stopping: worker {w.name} stalled", at, fx)
+
+
+def check_timers(run: RunView, now: datetime, fx: Effects) -> None:
+    """The rules that fire with time: the gang barrier, the time limit, stalls."""
+    if run.ended:
+        return
+    limit = run.policy.time_limit
+    if limit is not None and run.started_at is not None and now >= run.started_at + limit:
+        if run.placed:
+            time_limit_reached(run, now, fx)
+        elif run.stop_cause is None:
+            _end(run, FAILED, time_limit_sentence(limit), now, fx)
+        return
+    if run.stop_cause is not None:
+        return
+    if (
+        run.state in (PREPARING, PULLING, STARTING)
+        and run.placed_at is not None
+        and now - run.placed_at >= BARRIER_TIMEOUT
+    ):
+        barrier_timed_out(run, now, fx)
+        return
+    timeout = run.policy.stall_timeout
+    if timeout is None:
+        return
+    for w in run.workers:
+        quiet_since = w.progress_at
+        if w.state == RUNNING and w.stalled_since is None and quiet_since is not None:
+            if now - quiet_since < timeout:
+                continue
+            worker_stalled(run, w, now, fx)
+            if run.stop_cause is not None:
+                return
+
+
+def delete(run: RunView, by: str, at: datetime, fx: Effects, *, machines: set[int]) -> None:
+    """Deleted: every worker is removed, with its logs on every machine that ran it."""
+    for w in run.workers:
+        if w.alive:
+            _release_room(w)
+        w.stop_cause = None
+        if w.state not in ENDED_STATES or w.phase != Phase.ENDED:
+            _set_worker(
+                fx,
+                run,
+                w,
+                STOPPED if w.state not in ENDED_STATES else w.state,
+                f"Deleted by {by}",
+                Phase.ENDED,
+                at,
+            )
+    for machine_id in sorted(machines):
+        for w in run.workers:
+            fx.commands.append(Command(machine_id, None, w.name, "delete", {}))
+    run.ended_at = run.ended_at or at
+    run.restart_at = None
+    _set_run(fx, run, DELETED, f"Deleted by {by}", at)
+    fx.freed = True

@@ -1,0 +1,356 @@
+"""The lifecycle domain's entry point: load gangs, apply a rule, persist what it decided.
+
+Every change of state is written with the row it changes: the transition (history, with the
+accounting phase), the workspace event, and the agent commands (an outbox) — one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.clock import Clock, iso_offset
+from backend.config import parse_duration
+from backend.errors import Conflict, NotFound
+from backend.lifecycle import repository, rules
+from backend.lifecycle.rules import Effects, RunPolicy, RunView, Transition, WorkerView
+from backend.models import AgentCommand, Event, Run, StateTransition, Worker, Workspace
+
+_RUN_FIELDS = (
+    "state",
+    "reason",
+    "attempt",
+    "failures_in_row",
+    "restart_at",
+    "started_at",
+    "running_since",
+    "placed_at",
+    "ended_at",
+    "stop_cause",
+    "stop_by",
+    "master_port",
+)
+_WORKER_FIELDS = (
+    "state",
+    "reason",
+    "phase",
+    "machine_id",
+    "gpu_ids",
+    "ready",
+    "stop_cause",
+    "exit_code",
+    "restarts",
+    "restart_at",
+    "progress_at",
+    "stalled_since",
+    "attempt",
+)
+
+
+@dataclass
+class Gang:
+    """A run and its workers as rows, and the same as a view the rules can change."""
+
+    run: Run
+    workers: list[Worker]
+    workspace: Workspace
+    view: RunView
+
+
+def policy_of(spec: dict[str, Any]) -> RunPolicy:
+    return RunPolicy(
+        restart_policy=spec.get("restart_policy", "on_failure"),
+        max_restarts=int(spec.get("max_restarts", 10)),
+        time_limit=parse_duration(spec["time_limit"]) if spec.get("time_limit") else None,
+        stall_timeout=parse_duration(spec["stall_timeout"]) if spec.get("stall_timeout") else None,
+        on_stall=spec.get("on_stall", "restart"),
+    )
+
+
+def _worker_view(w: Worker, machine_names: dict[int, str]) -> WorkerView:
+    failure = dict(w.last_failure) if w.last_failure else None
+    if failure and isinstance(failure.get("failed_at"), str):
+        failure["failed_at"] = datetime.fromisoformat(failure["failed_at"])
+    return WorkerView(
+        id=w.id,
+        rank=w.rank,
+        name=w.name,
+        gpus=w.gpus,
+        state=w.state,
+        reason=w.reason,
+        phase=w.phase,
+        machine_id=w.machine_id,
+        machine_name=machine_names.get(w.machine_id) if w.machine_id else None,
+        gpu_ids=list(w.gpu_ids or []),
+        ready=w.ready,
+        stop_cause=w.stop_cause,
+        exit_code=w.exit_code,
+        restarts=w.restarts,
+        restart_at=w.restart_at,
+        last_failure=failure,
+        progress_at=w.progress_at,
+        stalled_since=w.stalled_since,
+        attempt=w.attempt,
+    )
+
+
+def _run_view(run: Run, workers: list[Worker], machine_names: dict[int, str]) -> RunView:
+    first = dict(run.first_failure) if run.first_failure else None
+    if first and isinstance(first.get("at"), str):
+        first["at"] = datetime.fromisoformat(first["at"])
+    view = RunView(
+        id=run.id,
+        name=run.name,
+        state=run.state,
+        reason=run.reason,
+        policy=policy_of(run.spec),
+        workers=[_worker_view(w, machine_names) for w in workers],
+        first_failure=first,
+    )
+    for name in _RUN_FIELDS:
+        setattr(view, name, getattr(run, name))
+    return view
+
+
+async def load_gangs(
+    session: AsyncSession, run_ids: Sequence[int], *, lock: bool = True
+) -> list[Gang]:
+    """The runs with their workers, locked for update so two passes never decide twice."""
+    if not run_ids:
+        return []
+    runs = await repository.runs_by_id(session, run_ids, lock=lock)
+    workers = await repository.workers_of(session, [r.id for r in runs])
+    spaces = await repository.workspaces(session, list({r.workspace_id for r in runs}))
+    machine_ids = {w.machine_id for ws in workers.values() for w in ws if w.machine_id}
+    names = await repository.machine_names(session, list(machine_ids)) if machine_ids else {}
+    return [
+        Gang(
+            r,
+            workers.get(r.id, []),
+            spaces[r.workspace_id],
+            _run_view(r, workers.get(r.id, []), names),
+        )
+        for r in runs
+    ]
+
+
+async def load_gang(session: AsyncSession, run_id: int) -> Gang:
+    gangs = await load_gangs(session, [run_id])
+    if not gangs:
+        raise NotFound("JOB_NOT_FOUND", "The run no longer exists.")
+    return gangs[0]
+
+
+def _json_safe(value: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    out = dict(value)
+    if isinstance(out.get(key), datetime):
+        out[key] = iso_offset(out[key])
+    return out
+
+
+def _write_back(gang: Gang) -> None:
+    view = gang.view
+    for name in _RUN_FIELDS:
+        setattr(gang.run, name, getattr(view, name))
+    gang.run.first_failure = _json_safe(view.first_failure, "at")
+    by_id = {w.id: w for w in gang.workers}
+    for wv in view.workers:
+        row = by_id[wv.id]
+        for name in _WORKER_FIELDS:
+            setattr(row, name, getattr(wv, name))
+        row.last_failure = _json_safe(wv.last_failure, "failed_at")
+
+
+def persist(session: AsyncSession, gang: Gang, fx: Effects, at: datetime) -> None:
+    """Write the view back to its rows, and each transition, event and command beside them."""
+    rows: dict[int | None, Run | Worker] = {None: gang.run, **{w.id: w for w in gang.workers}}
+    last_state = {key: row.state for key, row in rows.items()}
+    since: dict[int | None, datetime] = {}
+    for t in fx.transitions:
+        if t.state != last_state.get(t.worker_id):
+            since[t.worker_id] = t.at
+            last_state[t.worker_id] = t.state
+        row = rows.get(t.worker_id)
+        worker = row if isinstance(row, Worker) else None
+        repository.add(session, *_history_rows(gang, worker, t))
+    _write_back(gang)
+    for key, moment in since.items():
+        if key in rows:
+            rows[key].state_since = moment
+    for c in fx.commands:
+        repository.add(
+            session,
+            AgentCommand(
+                machine_id=c.machine_id,
+                worker_id=c.worker_id,
+                worker_name=c.worker_name,
+                kind=c.kind,
+                payload=c.payload,
+                created_at=at,
+            ),
+        )
+    fx.transitions.clear()
+    fx.commands.clear()
+
+
+def _history_rows(
+    gang: Gang, worker: Worker | None, t: Transition
+) -> list[StateTransition | Event]:
+    return [
+        StateTransition(
+            run_id=gang.run.id,
+            worker_id=t.worker_id,
+            transition_at=t.at,
+            state=t.state,
+            reason=t.reason,
+            phase=t.phase,
+            held_gpus=t.held_gpus,
+            gpus=t.gpus,
+            machine_id=t.machine_id,
+        ),
+        Event(
+            organization_id=gang.workspace.organization_id,
+            workspace_id=gang.workspace.id,
+            run_id=gang.run.id,
+            run_name=gang.run.name,
+            worker_name=worker.name if worker is not None else None,
+            kind="worker.state" if t.worker_id is not None else "run.state",
+            state=t.state,
+            reason=t.reason,
+            data={"phase": t.phase} if t.phase else {},
+            created_at=t.at,
+        ),
+    ]
+
+
+async def apply(
+    session: AsyncSession, run_id: int, at: datetime, rule: Callable[[RunView, Effects], None]
+) -> tuple[Gang, Effects]:
+    """Load one gang, let a rule change it, persist the result."""
+    gang = await load_gang(session, run_id)
+    fx = Effects()
+    rule(gang.view, fx)
+    persist(session, gang, fx, at)
+    return gang, fx
+
+
+# -- what users ask ------------------------------------------------------------------------------
+
+
+async def stop_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> Effects:
+    if run.state in rules.ENDED_STATES:
+        raise Conflict("RUN_ENDED", f"The run '{run.name}' has already ended ({run.state}).")
+    now = clock.now()
+    _, fx = await apply(session, run.id, now, lambda view, fx: rules.stop(view, by, now, fx))
+    return fx
+
+
+async def delete_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> Effects:
+    """Deleted: the run stays listed (runs -a); its workers and their logs are removed."""
+    machines = await repository.machines_that_ran(session, run.id)
+    now = clock.now()
+    gang, fx = await apply(
+        session, run.id, now, lambda view, fx: rules.delete(view, by, now, fx, machines=machines)
+    )
+    gang.run.deleted_at = now
+    await session.flush()
+    await repository.delete_workers(session, run.id)
+    return fx
+
+
+# -- what agents report --------------------------------------------------------------------------
+
+
+async def report(
+    session: AsyncSession,
+    clock: Clock,
+    *,
+    machine_id: int,
+    worker_name: str,
+    kind: str,
+    at: datetime | None = None,
+    attempt: int | None = None,
+    reason: str | None = None,
+    exit_code: int | None = None,
+    log_tail: str = "",
+) -> Effects:
+    """A worker's state as its machine's agent saw it: preparing, pulling, ready, running,
+    progress, exited. A report for a worker the machine no longer runs changes nothing."""
+    when = at or clock.now()
+    worker = await repository.worker_by_name(session, machine_id, worker_name)
+    if worker is None:
+        return Effects()
+
+    def rule(view: RunView, fx: Effects) -> None:
+        w = view.worker(worker_name)
+        if kind in (rules.PREPARING, rules.PULLING):
+            rules.worker_preparing(view, w, kind, reason or kind, when, fx, attempt=attempt)
+        elif kind == "ready":
+            rules.worker_ready(view, w, when, fx, attempt=attempt)
+        elif kind == "running":
+            rules.worker_running(view, w, when, fx, attempt=attempt)
+        elif kind == "progress":
+            rules.worker_progress(view, w, when, fx)
+        elif kind == "exited":
+            rules.worker_exited(
+                view,
+                w,
+                when,
+                fx,
+                exit_code=exit_code,
+                reason=reason,
+                log_tail=log_tail,
+                attempt=attempt,
+            )
+        else:
+            raise ValueError(f"unknown worker report: {kind}")
+
+    _, fx = await apply(session, worker.run_id, clock.now(), rule)
+    return fx
+
+
+# -- what time does -------------------------------------------------------------------------------
+
+
+async def check_timers(session: AsyncSession, clock: Clock) -> Effects:
+    """Barriers, time limits and stalls of every live run, as of now."""
+    now = clock.now()
+    total = Effects()
+    gangs = await load_gangs(session, await repository.live_run_ids(session))
+    for gang in gangs:
+        fx = Effects()
+        rules.check_timers(gang.view, now, fx)
+        total.freed |= fx.freed
+        persist(session, gang, fx, now)
+    return total
+
+
+async def machine_lost(session: AsyncSession, clock: Clock, machine_id: int) -> Effects:
+    now = clock.now()
+    total = Effects()
+    for gang in await load_gangs(session, await repository.run_ids_on_machine(session, machine_id)):
+        fx = Effects()
+        rules.machine_lost(gang.view, machine_id, now, fx)
+        total.freed |= fx.freed
+        persist(session, gang, fx, now)
+    return total
+
+
+async def machine_drained(
+    session: AsyncSession, clock: Clock, machine_id: int, machine_name: str
+) -> Effects:
+    now = clock.now()
+    total = Effects()
+    for gang in await load_gangs(session, await repository.run_ids_on_machine(session, machine_id)):
+        fx = Effects()
+        if not gang.view.ended and gang.view.placed:
+            rules.drain_preempt(gang.view, machine_name, now, fx)
+        total.freed |= fx.freed
+        persist(session, gang, fx, now)
+    return total

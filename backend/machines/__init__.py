@@ -1,0 +1,1 @@
+"""GPU machines: registration by their agents, leases, drains and GPU health."""

@@ -1,0 +1,77 @@
+"""All SQL of the machines domain."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.models import Cluster, Gpu, Machine, Pool, Worker
+
+
+async def get_machine(session: AsyncSession, cluster_id: int, name: str) -> Machine | None:
+    return await session.scalar(
+        select(Machine).where(Machine.cluster_id == cluster_id, Machine.name == name)
+    )
+
+
+async def get_cluster(session: AsyncSession, cluster_id: int) -> Cluster | None:
+    return await session.get(Cluster, cluster_id)
+
+
+async def get_or_create_pool(
+    session: AsyncSession, cluster_id: int, name: str, at: datetime
+) -> Pool:
+    pool = await session.scalar(
+        select(Pool).where(Pool.cluster_id == cluster_id, Pool.name == name)
+    )
+    if pool is None:
+        pool = Pool(cluster_id=cluster_id, name=name, created_at=at)
+        session.add(pool)
+        await session.flush()
+    return pool
+
+
+async def gpus_of(session: AsyncSession, machine_id: int) -> list[Gpu]:
+    return list(
+        await session.scalars(select(Gpu).where(Gpu.machine_id == machine_id).order_by(Gpu.index))
+    )
+
+
+async def expired_machines(session: AsyncSession, now: datetime) -> list[Machine]:
+    return list(
+        await session.scalars(
+            select(Machine)
+            .where(
+                Machine.state.in_(["ready", "draining"]),
+                Machine.lease_expires_at.is_not(None),
+                Machine.lease_expires_at < now,
+            )
+            .with_for_update()
+        )
+    )
+
+
+async def extend_lease(
+    session: AsyncSession, machine_id: int, now: datetime, until: datetime
+) -> bool:
+    result = await session.execute(
+        update(Machine)
+        .where(Machine.id == machine_id, Machine.state.in_(["ready", "draining"]))
+        .values(last_seen_at=now, lease_expires_at=until)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def workers_on(session: AsyncSession, machine_id: int) -> list[Worker]:
+    return list(await session.scalars(select(Worker).where(Worker.machine_id == machine_id)))
+
+
+def add(session: AsyncSession, *rows: object) -> None:
+    session.add_all(rows)
+
+
+async def delete_rows(session: AsyncSession, *rows: object) -> None:
+    for row in rows:
+        await session.delete(row)

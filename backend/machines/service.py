@@ -1,0 +1,127 @@
+"""The machines domain's entry point: what an agent registers, its lease, drains, GPU faults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.clock import Clock
+from backend.errors import NotFound
+from backend.lifecycle import service as lifecycle
+from backend.lifecycle.rules import Effects
+from backend.machines import repository
+from backend.models import Gpu, Machine, Worker
+
+SIMULATED_GPU_MODEL = "Simulated GPU"
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    model: str
+    memory_bytes: int
+    healthy: bool = True
+    health_reason: str = ""
+
+
+async def register(
+    session: AsyncSession,
+    clock: Clock,
+    *,
+    cluster_id: int,
+    name: str,
+    cpu_cores: float,
+    memory_bytes: int,
+    gpus: list[GpuInfo],
+    lease: timedelta,
+    pool: str | None = None,
+) -> Machine:
+    """A machine's agent says what it has; a known machine is updated and its lease renewed."""
+    now = clock.now()
+    if await repository.get_cluster(session, cluster_id) is None:
+        raise NotFound("CLUSTER_NOT_FOUND", "No such cluster.")
+    pool_row = await repository.get_or_create_pool(session, cluster_id, pool, now) if pool else None
+    machine = await repository.get_machine(session, cluster_id, name)
+    if machine is None:
+        machine = Machine(cluster_id=cluster_id, name=name, created_at=now, labels={})
+        repository.add(session, machine)
+    machine.pool_id = pool_row.id if pool_row else None
+    machine.cpu_cores = cpu_cores
+    machine.memory_bytes = memory_bytes
+    if machine.state not in ("draining",):
+        machine.state, machine.reason = "ready", "Registered"
+    machine.last_seen_at = now
+    machine.lease_expires_at = now + lease
+    await session.flush()
+    await _sync_gpus(session, machine, gpus)
+    return machine
+
+
+async def _sync_gpus(session: AsyncSession, machine: Machine, gpus: list[GpuInfo]) -> None:
+    known = {g.index: g for g in await repository.gpus_of(session, machine.id)}
+    for info in gpus:
+        row = known.pop(info.index, None)
+        if row is None:
+            row = Gpu(machine_id=machine.id, index=info.index)
+            repository.add(session, row)
+        row.uuid, row.model, row.memory_bytes = info.uuid, info.model, info.memory_bytes
+        row.health = "ok" if info.healthy else "unhealthy"
+        row.health_reason = info.health_reason
+    await repository.delete_rows(session, *known.values())
+    await session.flush()
+
+
+async def heartbeat(session: AsyncSession, clock: Clock, machine_id: int, lease: timedelta) -> bool:
+    """Renew the lease. False when the machine was already lost: it must register again."""
+    now = clock.now()
+    return await repository.extend_lease(session, machine_id, now, now + lease)
+
+
+async def expire_leases(session: AsyncSession, clock: Clock) -> Effects:
+    """Machines whose agent missed its heartbeats are lost; their workers fail with them."""
+    total = Effects()
+    for machine in await repository.expired_machines(session, clock.now()):
+        machine.state, machine.reason = "lost", "Machine lost: its lease expired"
+        fx = await lifecycle.machine_lost(session, clock, machine.id)
+        total.freed |= fx.freed
+    return total
+
+
+async def drain(session: AsyncSession, clock: Clock, machine: Machine) -> Effects:
+    """Take no new work; its runs are preempted and queued again elsewhere."""
+    machine.state, machine.reason = "draining", "Drained by an operator"
+    return await lifecycle.machine_drained(session, clock, machine.id, machine.name)
+
+
+async def gpu_fault(
+    session: AsyncSession, clock: Clock, machine: Machine, index: int, reason: str
+) -> Effects:
+    """A GPU fault (XID, ECC, NVML health): the GPU is out of placement, its worker fails."""
+    gpus = {g.index: g for g in await repository.gpus_of(session, machine.id)}
+    gpu = gpus.get(index)
+    if gpu is None:
+        raise NotFound("GPU_NOT_FOUND", f"{machine.name} has no GPU {index}.")
+    gpu.health, gpu.health_reason = "unhealthy", reason
+    holder: Worker | None = next(
+        (w for w in await repository.workers_on(session, machine.id) if index in (w.gpu_ids or [])),
+        None,
+    )
+    if holder is None:
+        return Effects()
+    return await lifecycle.report(
+        session,
+        clock,
+        machine_id=machine.id,
+        worker_name=holder.name,
+        kind="exited",
+        reason=f"GPU fault on {machine.name}/{index}: {reason}",
+    )
+
+
+async def gpu_healthy(session: AsyncSession, machine: Machine, index: int) -> None:
+    for gpu in await repository.gpus_of(session, machine.id):
+        if gpu.index == index:
+            gpu.health, gpu.health_reason = "ok", ""

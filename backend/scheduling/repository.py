@@ -1,0 +1,98 @@
+"""All SQL of the scheduling domain: what one pass reads about a cluster."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.models import Cluster, Gpu, Machine, Pool, Run, Worker, Workspace, WorkspaceQuota
+from backend.runs.rules import ENDED_RUN_STATES
+
+
+async def cluster_ids(session: AsyncSession) -> list[int]:
+    return list(await session.scalars(select(Cluster.id).order_by(Cluster.id)))
+
+
+async def cluster_name(session: AsyncSession, cluster_id: int) -> str:
+    return str(await session.scalar(select(Cluster.name).where(Cluster.id == cluster_id)))
+
+
+async def machines(session: AsyncSession, cluster_id: int) -> list[tuple[Machine, str | None]]:
+    rows = await session.execute(
+        select(Machine, Pool.name)
+        .outerjoin(Pool, Pool.id == Machine.pool_id)
+        .where(Machine.cluster_id == cluster_id, Machine.state != "removed")
+        .order_by(Machine.name)
+    )
+    return [(m, pool) for m, pool in rows]
+
+
+async def gpus(session: AsyncSession, cluster_id: int) -> dict[int, list[Gpu]]:
+    rows = await session.scalars(
+        select(Gpu)
+        .join(Machine, Machine.id == Gpu.machine_id)
+        .where(Machine.cluster_id == cluster_id)
+    )
+    grouped: dict[int, list[Gpu]] = defaultdict(list)
+    for g in rows:
+        grouped[g.machine_id].append(g)
+    return grouped
+
+
+async def placed_workers(session: AsyncSession, cluster_id: int) -> list[tuple[Worker, Run]]:
+    """Every worker that holds room on a machine of the cluster, with its run."""
+    rows = await session.execute(
+        select(Worker, Run)
+        .join(Run, Run.id == Worker.run_id)
+        .where(Run.cluster_id == cluster_id, Worker.machine_id.is_not(None))
+        .order_by(Run.id, Worker.rank)
+    )
+    return [(w, r) for w, r in rows]
+
+
+async def pending_runs(session: AsyncSession, cluster_id: int) -> list[Run]:
+    return list(
+        await session.scalars(
+            select(Run).where(
+                Run.cluster_id == cluster_id, Run.state == "Pending", Run.deleted_at.is_(None)
+            )
+        )
+    )
+
+
+async def quotas(session: AsyncSession, cluster_id: int) -> list[tuple[int, str, int]]:
+    rows = await session.execute(
+        select(WorkspaceQuota.workspace_id, Workspace.name, WorkspaceQuota.gpus)
+        .join(Workspace, Workspace.id == WorkspaceQuota.workspace_id)
+        .where(WorkspaceQuota.cluster_id == cluster_id)
+    )
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+async def workspace_names(session: AsyncSession, ids: Sequence[int]) -> dict[int, str]:
+    rows = await session.execute(select(Workspace.id, Workspace.name).where(Workspace.id.in_(ids)))
+    return {r.id: r.name for r in rows}
+
+
+async def master_ports_in_use(session: AsyncSession, machine_id: int) -> set[int]:
+    rows = await session.scalars(
+        select(Run.master_port)
+        .join(Worker, Worker.run_id == Run.id)
+        .where(
+            Worker.rank == 0,
+            Worker.machine_id == machine_id,
+            Run.master_port.is_not(None),
+            Run.state.not_in([s.value for s in ENDED_RUN_STATES]),
+        )
+    )
+    return {p for p in rows if p is not None}
+
+
+async def set_reasons(session: AsyncSession, reasons: list[dict[str, Any]]) -> None:
+    """Change pending runs' sentences in one statement (no history: the state is unchanged)."""
+    if reasons:
+        await session.execute(update(Run), reasons)

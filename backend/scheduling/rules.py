@@ -1,0 +1,411 @@
+"""Placement of gangs: all of a run's workers at once or none, in priority order.
+
+Pure: the machines' room, the pending runs and the placed runs come in as plain data; the
+placements, the preemptions and a pending reason for every run left waiting come out.
+
+Order: higher priority first, first submitted first within a priority. A run that cannot be
+placed for want of room holds its place: the runs behind it that would use the same machines
+are "Queued behind" it (no backfill), so a large gang is never starved by small ones. A run
+waiting for its namespace quota, one that can never fit, or one in its restart wait holds
+nothing up.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from backend.lifecycle.rules import Placement
+
+GIB = 2**30
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:g} GiB"
+
+
+def _cores(value: float) -> str:
+    return f"{value:g} core" + ("" if value == 1 else "s")
+
+
+def _gpus(value: int) -> str:
+    return f"{value} GPU" + ("" if value == 1 else "s")
+
+
+@dataclass
+class MachineRoom:
+    """A machine as placement sees it: what it has, what is free now."""
+
+    id: int
+    name: str
+    pool: str | None
+    state: str  # ready | draining | lost | removed
+    cpu_total: float
+    memory_total: int
+    healthy_gpus: int
+    free_gpus: list[int]
+    cpu_free: float
+    memory_free: int
+    unhealthy_gpus: int = 0
+
+    def fits(self, gpus: int, cpu: float, memory: int) -> bool:
+        return len(self.free_gpus) >= gpus and self.cpu_free >= cpu and self.memory_free >= memory
+
+    def could_ever_fit(self, gpus: int, cpu: float, memory: int) -> bool:
+        return self.healthy_gpus >= gpus and self.cpu_total >= cpu and self.memory_total >= memory
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A pending run: its gang's shape and its place in the queue."""
+
+    run_id: int
+    name: str
+    workspace_id: int
+    workspace: str
+    priority: int
+    queued_at: datetime
+    workers: int
+    gpus: int
+    cpu: float
+    memory: int
+    pool: str | None = None
+    restart_at: datetime | None = None
+
+    @property
+    def total_gpus(self) -> int:
+        return self.workers * self.gpus
+
+    def shape(self) -> str:
+        parts = [_gpus(self.gpus), _cores(self.cpu)]
+        if self.memory:
+            parts.append(_gib(self.memory))
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Held:
+    """What one worker of a placed run holds on its machine."""
+
+    machine_id: int
+    gpu_ids: tuple[int, ...]
+    cpu: float
+    memory: int
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A placed run: what it holds, and what stopping it would cost (GPU-seconds so far)."""
+
+    run_id: int
+    name: str
+    priority: int
+    workspace_id: int
+    held: tuple[Held, ...]
+    cost: float
+    stopping: bool = False
+
+
+@dataclass(frozen=True)
+class Quota:
+    workspace: str
+    cluster: str
+    limit: int
+
+
+@dataclass
+class Plan:
+    placements: dict[int, list[Placement]] = field(default_factory=dict)
+    # victim run id -> the name of the run it makes room for
+    preemptions: dict[int, str] = field(default_factory=dict)
+    # run id -> the sentence that says why it is still pending (absent: keep its own)
+    reasons: dict[int, str] = field(default_factory=dict)
+
+
+class _Room:
+    """The free room of the usable machines, with tentative changes that can be undone."""
+
+    def __init__(self, machines: Iterable[MachineRoom]) -> None:
+        self.machines = {m.id: m for m in machines}
+        self.free_in_pool: dict[str | None, int] = defaultdict(int)
+        self.free_total = 0
+        for m in self.machines.values():
+            self._count(m, len(m.free_gpus))
+
+    def _count(self, m: MachineRoom, delta: int) -> None:
+        self.free_in_pool[m.pool] += delta
+        self.free_total += delta
+
+    def free_gpus(self, pool: str | None) -> int:
+        return self.free_total if pool is None else self.free_in_pool[pool]
+
+    def candidates(self, pool: str | None) -> list[MachineRoom]:
+        return [m for m in self.machines.values() if pool is None or m.pool == pool]
+
+    def take(self, m: MachineRoom, gpus: int, cpu: float, memory: int) -> tuple[int, ...]:
+        taken = tuple(sorted(m.free_gpus)[:gpus])
+        self.take_ids(m, taken, cpu, memory)
+        return taken
+
+    def take_ids(self, m: MachineRoom, gpu_ids: Iterable[int], cpu: float, memory: int) -> None:
+        ids = set(gpu_ids)
+        m.free_gpus = [g for g in m.free_gpus if g not in ids]
+        m.cpu_free -= cpu
+        m.memory_free -= memory
+        self._count(m, -len(ids))
+
+    def give(self, m: MachineRoom, gpu_ids: Iterable[int], cpu: float, memory: int) -> None:
+        ids = list(gpu_ids)
+        m.free_gpus = sorted([*m.free_gpus, *ids])
+        m.cpu_free += cpu
+        m.memory_free += memory
+        self._count(m, len(ids))
+
+    @contextmanager
+    def given_back(self, holders: Iterable[Holder]) -> Iterator[None]:
+        """As if these runs had stopped, for the length of the block."""
+        returned = [
+            (self.machines[held.machine_id], held)
+            for h in holders
+            for held in h.held
+            if held.machine_id in self.machines
+        ]
+        for m, held in returned:
+            self.give(m, held.gpu_ids, held.cpu, held.memory)
+        try:
+            yield
+        finally:
+            for m, held in returned:
+                self.take_ids(m, held.gpu_ids, held.cpu, held.memory)
+
+    def would_fit(self, ask: Ask, holders: Iterable[Holder]) -> bool:
+        """Would the gang fit if these runs gave their room back? Changes nothing."""
+        with self.given_back(holders):
+            fit = _best_fit(self, ask)
+            if fit is not None:
+                for p in fit:
+                    self.give(self.machines[p.machine_id], p.gpu_ids, ask.cpu, ask.memory)
+        return fit is not None
+
+
+def _best_fit(room: _Room, ask: Ask) -> list[Placement] | None:
+    """Place each worker where it fits most tightly; undo everything if the gang does not fit."""
+    if room.free_gpus(ask.pool) < ask.total_gpus:
+        return None
+    candidates = room.candidates(ask.pool)
+    taken: list[tuple[MachineRoom, tuple[int, ...]]] = []
+    for _ in range(ask.workers):
+        best = None
+        for m in candidates:
+            if m.fits(ask.gpus, ask.cpu, ask.memory) and (
+                best is None or (len(m.free_gpus), m.name) < (len(best.free_gpus), best.name)
+            ):
+                best = m
+                if len(m.free_gpus) == ask.gpus:
+                    break
+        if best is None:
+            for m, ids in reversed(taken):
+                room.give(m, ids, ask.cpu, ask.memory)
+            return None
+        taken.append((best, room.take(best, ask.gpus, ask.cpu, ask.memory)))
+    return [Placement(m.id, m.name, ids) for m, ids in taken]
+
+
+def _workers_that_fit(room: _Room, ask: Ask) -> int:
+    """How many of the gang's workers would fit now, one after another."""
+    count = 0
+    taken: list[tuple[MachineRoom, tuple[int, ...]]] = []
+    for _ in range(ask.workers):
+        m = next(
+            (m for m in room.candidates(ask.pool) if m.fits(ask.gpus, ask.cpu, ask.memory)), None
+        )
+        if m is None:
+            break
+        taken.append((m, room.take(m, ask.gpus, ask.cpu, ask.memory)))
+        count += 1
+    for m, ids in reversed(taken):
+        room.give(m, ids, ask.cpu, ask.memory)
+    return count
+
+
+def _cannot_plan(ask: Ask, machines: list[MachineRoom], quota: Quota | None) -> str | None:
+    if quota is not None and ask.total_gpus > quota.limit:
+        return (
+            f"Cannot plan workers: {ask.workers} workers of {_gpus(ask.gpus)} are more than "
+            f"{quota.workspace}'s quota of {_gpus(quota.limit)} on {quota.cluster}"
+        )
+    present = [m for m in machines if m.state in ("ready", "draining")]
+    if not present:
+        return None
+    if any(m.could_ever_fit(ask.gpus, ask.cpu, ask.memory) for m in present):
+        return None
+    largest = max(present, key=lambda m: (m.healthy_gpus, m.cpu_total, m.memory_total))
+    where = f"in pool {ask.pool}" if ask.pool else "in the cluster"
+    return (
+        f"Cannot plan workers: no machine {where} has room for one worker of {ask.shape()} "
+        f"(the largest, {largest.name}, has {_gpus(largest.healthy_gpus)}, "
+        f"{_cores(largest.cpu_total)}, {_gib(largest.memory_total)})"
+    )
+
+
+def _quota_wait(ask: Ask, quota: Quota | None, used: int) -> str | None:
+    if quota is None or used + ask.total_gpus <= quota.limit:
+        return None
+    return (
+        f"Waits for namespace quota: {quota.workspace} holds {used} of {_gpus(quota.limit)} "
+        f"on {quota.cluster}; this run asks for {ask.total_gpus}"
+    )
+
+
+def _choose_victims(room: _Room, ask: Ask, holders: list[Holder]) -> list[Holder] | None:
+    """The lower-priority runs whose room, given back, lets the gang fit, at least cost."""
+    candidates = sorted(
+        (
+            h
+            for h in holders
+            if h.priority < ask.priority
+            and not h.stopping
+            and any(held.machine_id in room.machines for held in h.held)
+        ),
+        key=lambda h: (h.priority, h.cost, h.run_id),
+    )
+    chosen: list[Holder] = []
+    for h in candidates:
+        chosen.append(h)
+        if room.would_fit(ask, chosen):
+            break
+    else:
+        return None
+    # Keep only the victims the gang needs, sparing the most expensive first.
+    for h in sorted(chosen, key=lambda h: -h.cost):
+        rest = [v for v in chosen if v is not h]
+        if rest and room.would_fit(ask, rest):
+            chosen = rest
+    return chosen
+
+
+def plan(
+    asks: list[Ask],
+    machines: list[MachineRoom],
+    holders: list[Holder],
+    quotas: dict[int, Quota],
+    used_gpus: dict[int, int],
+    now: datetime,
+    *,
+    cluster: str,
+) -> Plan:
+    """Decide, for one cluster, which pending gangs are placed where and which runs are preempted.
+
+    ``used_gpus`` is each workspace's GPUs held on the cluster now; ``quotas`` its limits.
+    """
+    result = Plan()
+    room = _Room(m for m in machines if m.state == "ready")
+    used = dict(used_gpus)
+    # Room that stopping runs are giving back, promised to the run they stop for.
+    freeing = [h for h in holders if h.stopping]
+    blocked: dict[str | None, Ask] = {}
+    order = sorted(asks, key=lambda a: (-a.priority, a.queued_at, a.run_id))
+    for ask in order:
+        if ask.restart_at is not None and ask.restart_at > now:
+            continue
+        pool_machines = [m for m in machines if ask.pool is None or m.pool == ask.pool]
+        quota = quotas.get(ask.workspace_id)
+        reason = _cannot_plan(ask, pool_machines, quota)
+        if reason is None:
+            reason = _quota_wait(ask, quota, used.get(ask.workspace_id, 0))
+        if reason is not None:
+            result.reasons[ask.run_id] = reason
+            continue
+        blocker = _blocker(blocked, ask.pool)
+        if blocker is not None:
+            result.reasons[ask.run_id] = f"Queued behind {blocker.name}"
+            continue
+        fit = _best_fit(room, ask)
+        if fit is not None:
+            result.placements[ask.run_id] = fit
+            used[ask.workspace_id] = used.get(ask.workspace_id, 0) + ask.total_gpus
+            continue
+        blocked[ask.pool] = ask
+        result.reasons[ask.run_id] = _wait_reason(room, ask, holders, freeing, result, cluster)
+    return result
+
+
+def _blocker(blocked: dict[str | None, Ask], pool: str | None) -> Ask | None:
+    """The run ahead that holds up this one: one blocked on the same machines."""
+    if pool is None:
+        return next(iter(blocked.values()), None)
+    return blocked.get(pool) or blocked.get(None)
+
+
+def _wait_reason(
+    room: _Room,
+    ask: Ask,
+    holders: list[Holder],
+    freeing: list[Holder],
+    result: Plan,
+    cluster: str,
+) -> str:
+    """Why the run at the head of its queue waits, and the preemptions that make it room."""
+    waiting_for = [h for h in freeing if h.priority < ask.priority]
+    if waiting_for and room.would_fit(ask, waiting_for):
+        for h in waiting_for:
+            freeing.remove(h)
+        return f"Next to run: waiting for {', '.join(h.name for h in waiting_for)} to stop"
+    victims = _choose_victims(room, ask, [h for h in holders if h.run_id not in result.preemptions])
+    if victims:
+        for h in victims:
+            result.preemptions[h.run_id] = ask.name
+        return f"Next to run: waiting for {', '.join(h.name for h in victims)} to stop"
+    if not room.machines:
+        where = f"pool {ask.pool} of {cluster}" if ask.pool else cluster
+        return f"No machine fits: {where} has no ready machine"
+    count = _workers_that_fit(room, ask)
+    if count == 0:
+        return f"No machine fits: none has room now for a worker of {ask.shape()}"
+    return (
+        f"Gang cannot be placed whole: room for {count} of {ask.workers} workers of {ask.shape()}"
+    )
+
+
+def machine_reasons(ask: Ask, machines: list[MachineRoom]) -> list[tuple[str, str]]:
+    """Read a pending reason: for each machine of the cluster, why a worker fits there or not."""
+    out = []
+    for m in sorted(machines, key=lambda m: m.name):
+        out.append((m.name, _machine_reason(ask, m)))
+    return out
+
+
+def _machine_reason(ask: Ask, m: MachineRoom) -> str:
+    if m.state == "lost":
+        return "lost: its lease expired"
+    if m.state == "draining":
+        return "draining: takes no new work"
+    if m.state != "ready":
+        return f"{m.state}: takes no work"
+    if ask.pool is not None and m.pool != ask.pool:
+        return f"not in pool {ask.pool}"
+    problems = []
+    if len(m.free_gpus) < ask.gpus:
+        sick = f" ({m.unhealthy_gpus} unhealthy)" if m.unhealthy_gpus else ""
+        problems.append(
+            f"{len(m.free_gpus)} of {_gpus(m.healthy_gpus + m.unhealthy_gpus)} free{sick}, "
+            f"a worker needs {ask.gpus}"
+        )
+    if m.cpu_free < ask.cpu:
+        problems.append(f"{m.cpu_free:g} of {_cores(m.cpu_total)} free, a worker needs {ask.cpu:g}")
+    if m.memory_free < ask.memory:
+        problems.append(
+            f"{_gib(m.memory_free)} of {_gib(m.memory_total)} memory free, "
+            f"a worker needs {_gib(ask.memory)}"
+        )
+    if problems:
+        return "; ".join(problems)
+    fit = min(
+        len(m.free_gpus) // ask.gpus if ask.gpus else ask.workers,
+        int(m.cpu_free // ask.cpu) if ask.cpu else ask.workers,
+        m.memory_free // ask.memory if ask.memory else ask.workers,
+    )
+    return f"room for {min(fit, ask.workers)} of its {ask.workers} workers"

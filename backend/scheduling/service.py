@@ -1,0 +1,220 @@
+"""The scheduling domain's entry point: one placement pass over a cluster."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.clock import Clock
+from backend.lifecycle import rules as lifecycle_rules
+from backend.lifecycle import service as lifecycle
+from backend.lifecycle.rules import Effects
+from backend.models import Gpu, Machine, Run, Worker
+from backend.scheduling import repository
+from backend.scheduling.rules import (
+    Ask,
+    Held,
+    Holder,
+    MachineRoom,
+    Plan,
+    Quota,
+    machine_reasons,
+    plan,
+)
+
+MASTER_PORTS = range(29500, 30500)
+
+
+@dataclass
+class PassResult:
+    placed: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+def memory_limit(spec: dict[str, Any]) -> int:
+    if spec.get("memory_bytes"):
+        return int(spec["memory_bytes"])
+    per_gpu = (spec.get("per_gpu") or {}).get("memory_bytes")
+    return int(per_gpu) * int(spec.get("gpus", 0)) if per_gpu else 0
+
+
+def _ask(run: Run, workspace: str) -> Ask:
+    spec = run.spec
+    return Ask(
+        run_id=run.id,
+        name=run.name,
+        workspace_id=run.workspace_id,
+        workspace=workspace,
+        priority=run.priority,
+        queued_at=run.created_at,
+        workers=run.worker_count,
+        gpus=run.gpus_per_worker,
+        cpu=float(spec.get("cpu", 1.0)),
+        memory=memory_limit(spec),
+        pool=spec.get("pool"),
+        restart_at=run.restart_at,
+    )
+
+
+def _rooms(
+    machines: list[tuple[Machine, str | None]],
+    gpus: dict[int, list[Gpu]],
+    placed: list[tuple[Worker, Run]],
+) -> list[MachineRoom]:
+    held_gpus: dict[int, set[int]] = defaultdict(set)
+    cpu_used: dict[int, float] = defaultdict(float)
+    memory_used: dict[int, int] = defaultdict(int)
+    for w, r in placed:
+        assert w.machine_id is not None
+        held_gpus[w.machine_id].update(w.gpu_ids or [])
+        cpu_used[w.machine_id] += float(r.spec.get("cpu", 1.0))
+        memory_used[w.machine_id] += memory_limit(r.spec)
+    rooms = []
+    for m, pool in machines:
+        healthy = [g.index for g in gpus.get(m.id, []) if g.health == "ok"]
+        rooms.append(
+            MachineRoom(
+                id=m.id,
+                name=m.name,
+                pool=pool,
+                state=m.state,
+                cpu_total=m.cpu_cores,
+                memory_total=m.memory_bytes,
+                healthy_gpus=len(healthy),
+                free_gpus=[i for i in healthy if i not in held_gpus[m.id]],
+                cpu_free=m.cpu_cores - cpu_used[m.id],
+                memory_free=m.memory_bytes - memory_used[m.id],
+                unhealthy_gpus=len(gpus.get(m.id, [])) - len(healthy),
+            )
+        )
+    return rooms
+
+
+def _holders(
+    placed: list[tuple[Worker, Run]], now: datetime
+) -> tuple[list[Holder], dict[int, int]]:
+    by_run: dict[int, tuple[Run, list[Worker]]] = {}
+    for w, r in placed:
+        by_run.setdefault(r.id, (r, []))[1].append(w)
+    holders: list[Holder] = []
+    used: dict[int, int] = defaultdict(int)
+    for run, workers in by_run.values():
+        cpu, memory = float(run.spec.get("cpu", 1.0)), memory_limit(run.spec)
+        gpus = sum(len(w.gpu_ids or []) for w in workers)
+        used[run.workspace_id] += gpus
+        since = run.placed_at or now
+        holders.append(
+            Holder(
+                run_id=run.id,
+                name=run.name,
+                priority=run.priority,
+                workspace_id=run.workspace_id,
+                held=tuple(
+                    Held(w.machine_id, tuple(w.gpu_ids or []), cpu, memory)  # type: ignore[arg-type]
+                    for w in workers
+                ),
+                cost=gpus * max((now - since).total_seconds(), 0.0),
+                stopping=run.stop_cause is not None,
+            )
+        )
+    return holders, dict(used)
+
+
+async def _inputs(
+    session: AsyncSession, cluster_id: int, now: datetime
+) -> tuple[list[Ask], list[MachineRoom], list[Holder], dict[int, Quota], dict[int, int], str]:
+    cluster = await repository.cluster_name(session, cluster_id)
+    machines = await repository.machines(session, cluster_id)
+    placed = await repository.placed_workers(session, cluster_id)
+    rooms = _rooms(machines, await repository.gpus(session, cluster_id), placed)
+    holders, used = _holders(placed, now)
+    pending = await repository.pending_runs(session, cluster_id)
+    names = await repository.workspace_names(session, list({r.workspace_id for r in pending}))
+    quotas = {
+        ws_id: Quota(workspace=name, cluster=cluster, limit=limit)
+        for ws_id, name, limit in await repository.quotas(session, cluster_id)
+    }
+    asks = [_ask(r, names[r.workspace_id]) for r in pending]
+    return asks, rooms, holders, quotas, used, cluster
+
+
+async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> PassResult:
+    """Place what fits, preempt what must give way, and say why the rest waits."""
+    now = clock.now()
+    asks, rooms, holders, quotas, used, cluster = await _inputs(session, cluster_id, now)
+    decided = plan(asks, rooms, holders, quotas, used, now, cluster=cluster)
+    result = PassResult()
+    await _preempt(session, decided, now, result)
+    await _place(session, decided, now, result)
+    current = {a.run_id: a for a in asks}
+    pending = {r.id: r for r in await repository.pending_runs(session, cluster_id)}
+    changes = []
+    for run_id, reason in decided.reasons.items():
+        run = pending.get(run_id)
+        if run is not None and run.reason != reason:
+            changes.append({"id": run_id, "reason": reason})
+        result.reasons[current[run_id].name] = reason
+    await repository.set_reasons(session, changes)
+    return result
+
+
+async def _preempt(session: AsyncSession, decided: Plan, now: datetime, result: PassResult) -> None:
+    for gang in await lifecycle.load_gangs(session, sorted(decided.preemptions)):
+        fx = Effects()
+        lifecycle_rules.preempt(gang.view, decided.preemptions[gang.run.id], now, fx)
+        lifecycle.persist(session, gang, fx, now)
+        result.preempted.append(gang.run.name)
+
+
+async def _place(session: AsyncSession, decided: Plan, now: datetime, result: PassResult) -> None:
+    gangs = await lifecycle.load_gangs(session, sorted(decided.placements))
+    taken_ports: dict[int, set[int]] = {}
+    for gang in gangs:
+        placements = decided.placements[gang.run.id]
+        head = placements[0].machine_id
+        if head not in taken_ports:
+            taken_ports[head] = await repository.master_ports_in_use(session, head)
+        port = next(p for p in MASTER_PORTS if p not in taken_ports[head])
+        taken_ports[head].add(port)
+        fx = Effects()
+        lifecycle_rules.place(
+            gang.view, placements, now, fx, master_port=port, start_payload=start_payload(gang.run)
+        )
+        lifecycle.persist(session, gang, fx, now)
+        result.placed.append(gang.run.name)
+
+
+def start_payload(run: Run) -> dict[str, Any]:
+    """What an agent needs to start a worker of the run."""
+    spec = run.spec
+    return {
+        "image": spec.get("image"),
+        "command": spec.get("command"),
+        "user": spec.get("user"),
+        "environment": spec.get("environment") or {},
+        "mounts": spec.get("mounts") or [],
+        "cpu": spec.get("cpu"),
+        "memory_limit_bytes": memory_limit(spec) or None,
+    }
+
+
+async def schedule_all(session: AsyncSession, clock: Clock) -> dict[int, PassResult]:
+    return {
+        cluster_id: await schedule(session, clock, cluster_id)
+        for cluster_id in await repository.cluster_ids(session)
+    }
+
+
+async def pending_reasons(session: AsyncSession, clock: Clock, run: Run) -> list[tuple[str, str]]:
+    """Read a pending reason: why each machine of its cluster does or does not take a worker."""
+    asks, rooms, _, _, _, _ = await _inputs(session, run.cluster_id, clock.now())
+    ask = next((a for a in asks if a.run_id == run.id), None)
+    if ask is None:
+        names = await repository.workspace_names(session, [run.workspace_id])
+        ask = _ask(run, names.get(run.workspace_id, ""))
+    return machine_reasons(ask, rooms)
