@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,8 +22,10 @@ from backend import migrations
 from backend.clock import Clock, SystemClock
 from backend.config import Settings, get_settings
 from backend.db import Database
+from backend.jobs import broker as job_broker
+from backend.jobs import runtime
 from backend.resolvers.context import Context, build_context
-from backend.rest import jobs
+from backend.rest import jobs as rest_jobs
 from backend.schema.schema import schema
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,26 @@ def _console_routes(console_dir: Path) -> list[BaseRoute]:
     return [Route("/", no_console)]
 
 
+@asynccontextmanager
+async def _jobs(settings: Settings) -> AsyncIterator[None]:
+    """The broker the API sends to; when embedded, the worker and periodic pass run here too."""
+    broker = job_broker.install(settings)
+    if not settings.runs_jobs_in_process:
+        yield
+        return
+    runtime.configure(settings)
+    async with job_broker.in_process_worker(broker):
+        ticker = asyncio.create_task(
+            job_broker.every(settings.scheduler_interval.total_seconds(), "scheduling.pass")
+        )
+        try:
+            yield
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -87,16 +110,18 @@ def create_app(
         )
         app.state.clock = clock or SystemClock()
         app.state.settings = settings
-        try:
-            yield
-        finally:
-            if owned:
-                await app.state.db.dispose()
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(_jobs(settings))
+            try:
+                yield
+            finally:
+                if owned:
+                    await app.state.db.dispose()
 
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/graphql", AstraeusGraphQL(schema), methods=["GET", "POST"]),
-        Mount("/v1", routes=jobs.routes),
+        Mount("/v1", routes=rest_jobs.routes),
         *_console_routes(settings.resolved_console_dir),
     ]
     return Starlette(routes=routes, lifespan=lifespan)

@@ -79,6 +79,17 @@ class Settings(BaseSettings):
     db_pool_size: int = 10
     db_echo: bool = False
     lease_time: Duration = timedelta(seconds=60)
+    # How often the scheduling pass (leases, timers, placement) runs besides on events.
+    scheduler_interval: Duration = timedelta(seconds=5)
+    # Run the Dramatiq worker and the periodic pass inside the server (the embedded mode).
+    # Default: on with the embedded broker, off with Redis (run `astraeus worker` instead).
+    run_jobs: bool | None = None
+
+    @property
+    def runs_jobs_in_process(self) -> bool:
+        if self.run_jobs is not None:
+            return self.run_jobs
+        return self.broker == "embedded"
 
     @property
     def resolved_database_url(self) -> str:

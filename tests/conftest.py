@@ -92,6 +92,7 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
         data_dir=tmp_path / "data",
         console_dir=tmp_path / "no-console",
         migrate_on_start=False,
+        run_jobs=False,
     )
 
 

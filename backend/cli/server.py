@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -164,6 +165,40 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     return cmd_serve(settings, argparse.Namespace(host=None, port=None))
 
 
+def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
+    """A Dramatiq worker process: runs the actors (scheduling passes) sent through Redis."""
+    import signal
+    import threading
+
+    import dramatiq
+
+    from backend.jobs import broker as job_broker
+    from backend.jobs import runtime
+
+    broker = job_broker.install(settings)
+    runtime.configure(settings)
+    worker = dramatiq.Worker(broker, worker_threads=args.threads)
+    worker.start()
+    print(f"astraeus worker: {args.threads} threads on the {settings.broker} broker", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        stop.wait()
+    worker.stop()
+    return 0
+
+
+def cmd_scheduler(settings: Settings, args: argparse.Namespace) -> int:
+    """Send the scheduling pass every interval (leases, timers, placement)."""
+    from backend.jobs import broker as job_broker
+
+    job_broker.install(settings)
+    interval = settings.scheduler_interval.total_seconds()
+    print(f"astraeus scheduler: a pass every {interval:g}s", flush=True)
+    asyncio.run(job_broker.every(interval, "scheduling.pass"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="astraeus", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -179,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run the Dramatiq actors (production: with Redis)")
+    worker.add_argument("--threads", type=int, default=2)
+    worker.set_defaults(func=cmd_worker)
+
+    scheduler = sub.add_parser("scheduler", help="send the scheduling pass every interval")
+    scheduler.set_defaults(func=cmd_scheduler)
 
     db = sub.add_parser("db", help="database administration").add_subparsers(
         dest="db_command", required=True

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from strawberry.scalars import JSON
 
 from backend.errors import AstraeusError, NotFound
+from backend.jobs import broker as job_broker
 from backend.resolvers.context import Info
 from backend.runs import service as runs
 from backend.schema.common import UserError
-from backend.schema.runs import CreateRunPayload, Run
+from backend.schema.runs import CreateRunPayload, Run, RunPayload
 
 
 async def run(info: Info, name: str, workspace: str | None = None) -> Run | None:
@@ -37,4 +40,24 @@ async def create_run(info: Info, spec: JSON, workspace: str | None = None) -> Cr
             )
     except AstraeusError as error:
         return CreateRunPayload(run=None, errors=UserError.from_error(error))
+    job_broker.nudge_scheduler()
     return CreateRunPayload(run=Run.from_model(row), errors=[])
+
+
+async def stop_run(info: Info, name: str, workspace: str | None = None) -> RunPayload:
+    return await _change(info, runs.stop_run, name, workspace)
+
+
+async def delete_run(info: Info, name: str, workspace: str | None = None) -> RunPayload:
+    return await _change(info, runs.delete_run, name, workspace)
+
+
+async def _change(info: Info, change: Any, name: str, workspace: str | None) -> RunPayload:
+    principal = info.context.require_principal()
+    try:
+        async with info.context.db.transaction() as session:
+            row = await change(session, info.context.clock, principal, name, workspace=workspace)
+    except AstraeusError as error:
+        return RunPayload(run=None, errors=UserError.from_error(error))
+    job_broker.nudge_scheduler()
+    return RunPayload(run=Run.from_model(row), errors=[])

@@ -20,6 +20,10 @@ async def get_live_run_by_name(session: AsyncSession, workspace_id: int, name: s
     )
 
 
+async def get_run(session: AsyncSession, run_id: int) -> Run | None:
+    return await session.get(Run, run_id)
+
+
 async def list_runs(session: AsyncSession, workspace_id: int, *, include_ended: bool) -> list[Run]:
     query = select(Run).where(Run.workspace_id == workspace_id)
     if not include_ended:

@@ -12,12 +12,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.errors import Conflict, FieldError, NotFound
+from backend.lifecycle import service as lifecycle
 from backend.models import Event, Run, StateTransition, Worker, Workspace
 from backend.organizations import repository as orgs_repository
 from backend.organizations import service as organizations
 from backend.runs import repository
 from backend.runs.rules import WORKER_CREATED, WorkerState, plan_new_run
 from backend.runs.spec import parse_spec
+from backend.scheduling import service as scheduling
 
 
 async def workspace_for(
@@ -167,6 +169,16 @@ async def get_run(
     return run
 
 
+async def get_run_by_id(session: AsyncSession, principal: Principal, run_id: int) -> Run:
+    run = await repository.get_run(session, run_id)
+    if run is None:
+        raise NotFound("JOB_NOT_FOUND", "No such run.")
+    ws = await orgs_repository.get_workspace(session, run.workspace_id)
+    if ws is None or not principal.can_see_workspace(ws.id, ws.organization_id):
+        raise NotFound("JOB_NOT_FOUND", "No such run.")
+    return run
+
+
 async def list_runs(
     session: AsyncSession,
     principal: Principal,
@@ -194,3 +206,43 @@ async def user_names(session: AsyncSession, user_ids: Sequence[int]) -> dict[int
 
 async def machine_names(session: AsyncSession, machine_ids: Sequence[int]) -> dict[int, str]:
     return await repository.machine_names(session, machine_ids)
+
+
+async def stop_run(
+    session: AsyncSession,
+    clock: Clock,
+    principal: Principal,
+    name: str,
+    *,
+    workspace: str | None = None,
+) -> Run:
+    """Its owner (or anyone of its workspace) asks it to wind down."""
+    run = await get_run(session, principal, name, workspace=workspace)
+    await lifecycle.stop_run(session, clock, run, principal.user_name)
+    return run
+
+
+async def delete_run(
+    session: AsyncSession,
+    clock: Clock,
+    principal: Principal,
+    name: str,
+    *,
+    workspace: str | None = None,
+) -> Run:
+    """Delete the run: its workers and their logs go; the run stays listed as Deleted."""
+    run = await get_run(session, principal, name, workspace=workspace)
+    await lifecycle.delete_run(session, clock, run, principal.user_name)
+    return run
+
+
+async def pending_reasons(
+    session: AsyncSession,
+    clock: Clock,
+    principal: Principal,
+    name: str,
+    *,
+    workspace: str | None = None,
+) -> list[tuple[str, str]]:
+    run = await get_run(session, principal, name, workspace=workspace)
+    return await scheduling.pending_reasons(session, clock, run)

@@ -6,11 +6,29 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.models import Cluster, Gpu, Machine, Pool, Run, Worker, Workspace, WorkspaceQuota
 from backend.runs.rules import ENDED_RUN_STATES
+
+SCHEDULING_LOCK = 0x5CED  # the advisory lock namespace of scheduling passes
+
+
+async def lock_cluster(session: AsyncSession, cluster_id: int) -> None:
+    """One pass at a time per cluster, across every process: two passes deciding at once could
+    give the same GPUs twice. Both locks last to the end of the transaction."""
+    if session.get_bind().dialect.name == "postgresql":
+        await session.execute(
+            text("SELECT pg_advisory_xact_lock(:space, :key)"),
+            {"space": SCHEDULING_LOCK, "key": cluster_id},
+        )
+    else:
+        # SQLite has one writer at a time: writing first makes the pass that writer before it
+        # reads anything, so a second pass waits (busy_timeout) until this one commits.
+        await session.execute(
+            update(Cluster).where(Cluster.id == cluster_id).values(name=Cluster.name)
+        )
 
 
 async def cluster_ids(session: AsyncSession) -> list[int]:

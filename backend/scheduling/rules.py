@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from backend.lifecycle.rules import Placement
@@ -302,7 +302,8 @@ def plan(
     ``used_gpus`` is each workspace's GPUs held on the cluster now; ``quotas`` its limits.
     """
     result = Plan()
-    room = _Room(m for m in machines if m.state == "ready")
+    # Copies: the machines given are left as they were.
+    room = _Room(replace(m, free_gpus=list(m.free_gpus)) for m in machines if m.state == "ready")
     used = dict(used_gpus)
     # Room that stopping runs are giving back, promised to the run they stop for.
     freeing = [h for h in holders if h.stopping]
@@ -351,6 +352,11 @@ def _wait_reason(
     """Why the run at the head of its queue waits, and the preemptions that make it room."""
     waiting_for = [h for h in freeing if h.priority < ask.priority]
     if waiting_for and room.would_fit(ask, waiting_for):
+        # Only those the gang needs: the others' room stays for the runs behind it.
+        for h in list(waiting_for):
+            rest = [w for w in waiting_for if w is not h]
+            if rest and room.would_fit(ask, rest):
+                waiting_for = rest
         for h in waiting_for:
             freeing.remove(h)
         return f"Next to run: waiting for {', '.join(h.name for h in waiting_for)} to stop"
@@ -359,7 +365,7 @@ def _wait_reason(
         for h in victims:
             result.preemptions[h.run_id] = ask.name
         return f"Next to run: waiting for {', '.join(h.name for h in victims)} to stop"
-    if not room.machines:
+    if not room.candidates(ask.pool):
         where = f"pool {ask.pool} of {cluster}" if ask.pool else cluster
         return f"No machine fits: {where} has no ready machine"
     count = _workers_that_fit(room, ask)

@@ -145,6 +145,7 @@ async def _inputs(
 
 async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> PassResult:
     """Place what fits, preempt what must give way, and say why the rest waits."""
+    await repository.lock_cluster(session, cluster_id)
     now = clock.now()
     asks, rooms, holders, quotas, used, cluster = await _inputs(session, cluster_id, now)
     decided = plan(asks, rooms, holders, quotas, used, now, cluster=cluster)

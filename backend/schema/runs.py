@@ -10,7 +10,9 @@ from strawberry.scalars import JSON
 
 from backend import models
 from backend.resolvers.context import Info
+from backend.runs import service as runs
 from backend.runs.rules import task_counts
+from backend.scheduling import service as scheduling
 from backend.schema.common import UserError
 
 
@@ -118,6 +120,16 @@ class Run:
         rows = await info.context.loaders.history_by_run.load(int(self.id))
         return [HistoryEntry.from_model(r) for r in rows]
 
+    @strawberry.field(
+        description="Read a pending reason: why each machine of its cluster takes a worker or not."
+    )
+    async def pending_reasons(self, info: Info) -> list[MachineReason]:
+        principal = info.context.require_principal()
+        async with info.context.db.read() as session:
+            run = await runs.get_run_by_id(session, principal, int(self.id))
+            rows = await scheduling.pending_reasons(session, info.context.clock, run)
+        return [MachineReason(machine=m, reason=r) for m, r in rows]
+
     @strawberry.field
     async def task_counts(self, info: Info) -> list[StateCount]:
         rows = await info.context.loaders.workers_by_run.load(int(self.id))
@@ -129,3 +141,15 @@ class Run:
 class CreateRunPayload:
     run: Run | None
     errors: list[UserError]
+
+
+@strawberry.type
+class RunPayload:
+    run: Run | None
+    errors: list[UserError]
+
+
+@strawberry.type(description="Why one machine does or does not take a worker of a pending run.")
+class MachineReason:
+    machine: str
+    reason: str

@@ -14,7 +14,7 @@ from backend.errors import AstraeusError
 from backend.resolvers import runs as run_resolvers
 from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
-from backend.schema.runs import CreateRunPayload, Run
+from backend.schema.runs import CreateRunPayload, Run, RunPayload
 from backend.schema.viewer import Viewer
 
 SDL_PATH = Path(__file__).resolve().parents[2] / "schema.graphql"
@@ -48,6 +48,16 @@ class Mutation:
         resolver=run_resolvers.create_run,
         extensions=_authenticated(),
         description="Submit a run from its specification (JSON).",
+    )
+    stop_run: RunPayload = strawberry.mutation(
+        resolver=run_resolvers.stop_run,
+        extensions=_authenticated(),
+        description="Wind a run down; it ends Stopped.",
+    )
+    delete_run: RunPayload = strawberry.mutation(
+        resolver=run_resolvers.delete_run,
+        extensions=_authenticated(),
+        description="Delete a run with its workers and their logs; it stays listed as Deleted.",
     )
 
 

@@ -6,7 +6,8 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,17 @@ def astra(
     )
 
 
+def _until(
+    call: Callable[[], subprocess.CompletedProcess[str]], text: str
+) -> subprocess.CompletedProcess[str]:
+    deadline = time.monotonic() + 20
+    while True:
+        done = call()
+        if text in done.stdout or time.monotonic() > deadline:
+            return done
+        time.sleep(0.2)
+
+
 def test_submit_status_workers_runs(live: tuple[Server, str], tmp_path: Path) -> None:
     spec = tmp_path / "llama-sft.json"
     spec.write_text(
@@ -51,10 +63,11 @@ def test_submit_status_workers_runs(live: tuple[Server, str], tmp_path: Path) ->
     assert submitted.returncode == 0, submitted.stderr
     assert submitted.stdout == "llama-sft: Pending — Run created\n"
 
-    # seed L-29: `<run>: <State> — <reason>`, then name, state, machine, reason per worker
-    status = astra(live, "status", "llama-sft")
+    # seed L-29: `<run>: <State> — <reason>`, then name, state, machine, reason per worker.
+    # The embedded scheduler looks at the run at once; with no machine yet it says so.
+    status = _until(lambda: astra(live, "status", "llama-sft"), "No machine fits")
     assert status.stdout.splitlines() == [
-        "llama-sft: Pending — Run created",
+        "llama-sft: Pending — No machine fits: local has no ready machine",
         "  llama-sft-0  Pending  -  Waiting to be placed with its gang",
         "  llama-sft-1  Pending  -  Waiting to be placed with its gang",
     ]
@@ -72,6 +85,7 @@ def test_submit_status_workers_runs(live: tuple[Server, str], tmp_path: Path) ->
     header, *rows = runs.stdout.splitlines()
     assert header.split() == ["RUN", "STATE", "WORKERS", "GPUS", "CREATED", "REASON"]
     assert [r.split()[:4] for r in rows] == [["llama-sft", "Pending", "2", "2"]]
+    assert rows[0].endswith("No machine fits: local has no ready machine")
     as_json = json.loads(astra(live, "workers", "llama-sft", "--json").stdout)
     assert [w["name"] for w in as_json] == ["llama-sft-0", "llama-sft-1"]
 

@@ -1,0 +1,1 @@
+"""Dramatiq actors: thin, named ``domain.verb``, each calling services in its own transactions."""

@@ -1,0 +1,29 @@
+"""The actors' bodies. Each opens its own transactions and calls one service per step."""
+
+from __future__ import annotations
+
+import logging
+
+from backend.jobs import runtime
+from backend.lifecycle import service as lifecycle
+from backend.machines import service as machines
+from backend.scheduling import service as scheduling
+
+log = logging.getLogger(__name__)
+
+
+async def scheduling_pass() -> None:
+    """Leases, then timers, then placement: each a transaction of its own, each idempotent."""
+    db, clock = runtime.database(), runtime.clock()
+    async with db.transaction() as session:
+        await machines.expire_leases(session, clock)
+    async with db.transaction() as session:
+        await lifecycle.check_timers(session, clock)
+    async with db.transaction() as session:
+        results = await scheduling.schedule_all(session, clock)
+    placed = [name for r in results.values() for name in r.placed]
+    if placed:
+        log.info("placed %s", ", ".join(placed))
+
+
+BODIES = {"scheduling.pass": scheduling_pass}

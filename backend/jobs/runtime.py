@@ -1,0 +1,32 @@
+"""What actors run with in a worker process: one database handle, the system clock."""
+
+from __future__ import annotations
+
+from backend.clock import Clock, SystemClock
+from backend.config import Settings, get_settings
+from backend.db import Database
+
+_db: Database | None = None
+_clock: Clock = SystemClock()
+_settings: Settings | None = None
+
+
+def configure(settings: Settings, clock: Clock | None = None) -> None:
+    """Use these settings (not the environment's) for the database the actors open, and this
+    clock (tests give a fake one)."""
+    global _settings, _db, _clock
+    _settings, _db = settings, None
+    _clock = clock or SystemClock()
+
+
+def database() -> Database:
+    """Created on first use, inside the actors' event loop, which its connections belong to."""
+    global _db
+    if _db is None:
+        settings = _settings or get_settings()
+        _db = Database.from_url(settings.resolved_database_url, pool_size=settings.db_pool_size)
+    return _db
+
+
+def clock() -> Clock:
+    return _clock
