@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup up serve test test-fast lint typecheck schema schema-check services clean
+.PHONY: help setup up serve test test-fast lint typecheck schema schema-check services bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -28,8 +28,8 @@ services: ## start PostgreSQL and Redis if they are down (this machine kind's co
 	bash scripts/services.sh
 
 lint: setup ## ruff: lint and format check
-	$(BIN)/ruff check backend tests alembic/env.py
-	$(BIN)/ruff format --check backend tests alembic/env.py
+	$(BIN)/ruff check backend tests bench alembic/env.py
+	$(BIN)/ruff format --check backend tests bench alembic/env.py
 
 typecheck: setup ## mypy over backend/
 	$(BIN)/mypy
@@ -49,3 +49,6 @@ test-fast: setup ## the tests only
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+bench: setup services ## the benchmarks (bench/), each beside a bare baseline measured in the same run
+	$(BIN)/python -m bench.scheduling_pass

@@ -1,8 +1,8 @@
 """The migrations are the schema: the same files build SQLite and PostgreSQL, with no drift."""
 
 from alembic.autogenerate import compare_metadata
-from alembic.script import ScriptDirectory
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
 from backend import migrations

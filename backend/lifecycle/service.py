@@ -7,7 +7,7 @@ accounting phase), the workspace event, and the agent commands (an outbox) — o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -167,8 +167,28 @@ def _write_back(gang: Gang) -> None:
         row.last_failure = _json_safe(wv.last_failure, "failed_at")
 
 
-def persist(session: AsyncSession, gang: Gang, fx: Effects, at: datetime) -> None:
-    """Write the view back to its rows, and each transition, event and command beside them."""
+@dataclass
+class Writes:
+    """New history, event and command rows, gathered over many gangs and inserted together."""
+
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    commands: list[dict[str, Any]] = field(default_factory=list)
+
+    async def flush(self, session: AsyncSession) -> None:
+        await repository.insert_many(session, StateTransition, self.transitions)
+        await repository.insert_many(session, Event, self.events)
+        await repository.insert_many(session, AgentCommand, self.commands)
+        self.transitions, self.events, self.commands = [], [], []
+
+
+async def persist(
+    session: AsyncSession, gang: Gang, fx: Effects, at: datetime, writes: Writes | None = None
+) -> None:
+    """Write the view back to its rows, and each transition, event and command beside them.
+
+    With ``writes``, the new rows wait there for one insert of many gangs' rows."""
+    batch = writes if writes is not None else Writes()
     rows: dict[int | None, Run | Worker] = {None: gang.run, **{w.id: w for w in gang.workers}}
     last_state = {key: row.state for key, row in rows.items()}
     since: dict[int | None, datetime] = {}
@@ -177,56 +197,56 @@ def persist(session: AsyncSession, gang: Gang, fx: Effects, at: datetime) -> Non
             since[t.worker_id] = t.at
             last_state[t.worker_id] = t.state
         row = rows.get(t.worker_id)
-        worker = row if isinstance(row, Worker) else None
-        repository.add(session, *_history_rows(gang, worker, t))
+        _add_history(batch, gang, row if isinstance(row, Worker) else None, t)
     _write_back(gang)
     for key, moment in since.items():
         if key in rows:
             rows[key].state_since = moment
-    for c in fx.commands:
-        repository.add(
-            session,
-            AgentCommand(
-                machine_id=c.machine_id,
-                worker_id=c.worker_id,
-                worker_name=c.worker_name,
-                kind=c.kind,
-                payload=c.payload,
-                created_at=at,
-            ),
-        )
+    batch.commands.extend(
+        {
+            "machine_id": c.machine_id,
+            "worker_id": c.worker_id,
+            "worker_name": c.worker_name,
+            "kind": c.kind,
+            "payload": c.payload,
+            "created_at": at,
+        }
+        for c in fx.commands
+    )
     fx.transitions.clear()
     fx.commands.clear()
+    if writes is None:
+        await batch.flush(session)
 
 
-def _history_rows(
-    gang: Gang, worker: Worker | None, t: Transition
-) -> list[StateTransition | Event]:
-    return [
-        StateTransition(
-            run_id=gang.run.id,
-            worker_id=t.worker_id,
-            transition_at=t.at,
-            state=t.state,
-            reason=t.reason,
-            phase=t.phase,
-            held_gpus=t.held_gpus,
-            gpus=t.gpus,
-            machine_id=t.machine_id,
-        ),
-        Event(
-            organization_id=gang.workspace.organization_id,
-            workspace_id=gang.workspace.id,
-            run_id=gang.run.id,
-            run_name=gang.run.name,
-            worker_name=worker.name if worker is not None else None,
-            kind="worker.state" if t.worker_id is not None else "run.state",
-            state=t.state,
-            reason=t.reason,
-            data={"phase": t.phase} if t.phase else {},
-            created_at=t.at,
-        ),
-    ]
+def _add_history(batch: Writes, gang: Gang, worker: Worker | None, t: Transition) -> None:
+    batch.transitions.append(
+        {
+            "run_id": gang.run.id,
+            "worker_id": t.worker_id,
+            "transition_at": t.at,
+            "state": t.state,
+            "reason": t.reason,
+            "phase": t.phase,
+            "held_gpus": t.held_gpus,
+            "gpus": t.gpus,
+            "machine_id": t.machine_id,
+        }
+    )
+    batch.events.append(
+        {
+            "organization_id": gang.workspace.organization_id,
+            "workspace_id": gang.workspace.id,
+            "run_id": gang.run.id,
+            "run_name": gang.run.name,
+            "worker_name": worker.name if worker is not None else None,
+            "kind": "worker.state" if t.worker_id is not None else "run.state",
+            "state": t.state,
+            "reason": t.reason,
+            "data": {"phase": t.phase} if t.phase else {},
+            "created_at": t.at,
+        }
+    )
 
 
 async def apply(
@@ -236,7 +256,7 @@ async def apply(
     gang = await load_gang(session, run_id)
     fx = Effects()
     rule(gang.view, fx)
-    persist(session, gang, fx, at)
+    await persist(session, gang, fx, at)
     return gang, fx
 
 
@@ -327,7 +347,7 @@ async def check_timers(session: AsyncSession, clock: Clock) -> Effects:
         fx = Effects()
         rules.check_timers(gang.view, now, fx)
         total.freed |= fx.freed
-        persist(session, gang, fx, now)
+        await persist(session, gang, fx, now)
     return total
 
 
@@ -338,7 +358,7 @@ async def machine_lost(session: AsyncSession, clock: Clock, machine_id: int) -> 
         fx = Effects()
         rules.machine_lost(gang.view, machine_id, now, fx)
         total.freed |= fx.freed
-        persist(session, gang, fx, now)
+        await persist(session, gang, fx, now)
     return total
 
 
@@ -352,5 +372,5 @@ async def machine_drained(
         if not gang.view.ended and gang.view.placed:
             rules.drain_preempt(gang.view, machine_name, now, fx)
         total.freed |= fx.freed
-        persist(session, gang, fx, now)
+        await persist(session, gang, fx, now)
     return total

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select, text, update
+from sqlalchemy import Row, Table, bindparam, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.models import Cluster, Gpu, Machine, Pool, Run, Worker, Workspace, WorkspaceQuota
@@ -49,15 +49,16 @@ async def machines(session: AsyncSession, cluster_id: int) -> list[tuple[Machine
     return [(m, pool) for m, pool in rows]
 
 
-async def gpus(session: AsyncSession, cluster_id: int) -> dict[int, list[Gpu]]:
-    rows = await session.scalars(
-        select(Gpu)
+async def gpus(session: AsyncSession, cluster_id: int) -> dict[int, list[tuple[int, str]]]:
+    """(index, health) of every GPU of the cluster, by machine."""
+    rows = await session.execute(
+        select(Gpu.machine_id, Gpu.index, Gpu.health)
         .join(Machine, Machine.id == Gpu.machine_id)
         .where(Machine.cluster_id == cluster_id)
     )
-    grouped: dict[int, list[Gpu]] = defaultdict(list)
-    for g in rows:
-        grouped[g.machine_id].append(g)
+    grouped: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for machine_id, index, health in rows:
+        grouped[machine_id].append((index, health))
     return grouped
 
 
@@ -72,14 +73,23 @@ async def placed_workers(session: AsyncSession, cluster_id: int) -> list[tuple[W
     return [(w, r) for w, r in rows]
 
 
-async def pending_runs(session: AsyncSession, cluster_id: int) -> list[Run]:
-    return list(
-        await session.scalars(
-            select(Run).where(
-                Run.cluster_id == cluster_id, Run.state == "Pending", Run.deleted_at.is_(None)
-            )
-        )
+async def pending_runs(session: AsyncSession, cluster_id: int) -> list[Row[Any]]:
+    """What placement needs of each pending run, as plain rows (thousands of them per pass)."""
+    rows = await session.execute(
+        select(
+            Run.id,
+            Run.name,
+            Run.workspace_id,
+            Run.priority,
+            Run.created_at,
+            Run.worker_count,
+            Run.gpus_per_worker,
+            Run.spec,
+            Run.restart_at,
+            Run.reason,
+        ).where(Run.cluster_id == cluster_id, Run.state == "Pending", Run.deleted_at.is_(None))
     )
+    return list(rows)
 
 
 async def quotas(session: AsyncSession, cluster_id: int) -> list[tuple[int, str, int]]:
@@ -96,21 +106,30 @@ async def workspace_names(session: AsyncSession, ids: Sequence[int]) -> dict[int
     return {r.id: r.name for r in rows}
 
 
-async def master_ports_in_use(session: AsyncSession, machine_id: int) -> set[int]:
-    rows = await session.scalars(
-        select(Run.master_port)
+async def master_ports_in_use(session: AsyncSession) -> dict[int, set[int]]:
+    """The MASTER_PORT of every live run, by the machine its rank 0 is on."""
+    rows = await session.execute(
+        select(Worker.machine_id, Run.master_port)
         .join(Worker, Worker.run_id == Run.id)
         .where(
             Worker.rank == 0,
-            Worker.machine_id == machine_id,
+            Worker.machine_id.is_not(None),
             Run.master_port.is_not(None),
             Run.state.not_in([s.value for s in ENDED_RUN_STATES]),
         )
     )
-    return {p for p in rows if p is not None}
+    used: dict[int, set[int]] = defaultdict(set)
+    for machine_id, port in rows:
+        if machine_id is not None and port is not None:
+            used[machine_id].add(port)
+    return used
 
 
 async def set_reasons(session: AsyncSession, reasons: list[dict[str, Any]]) -> None:
-    """Change pending runs' sentences in one statement (no history: the state is unchanged)."""
+    """Change pending runs' sentences in one executemany (no history: the state is unchanged)."""
     if reasons:
-        await session.execute(update(Run), reasons)
+        table = cast(Table, Run.__table__)
+        await session.execute(
+            update(table).where(table.c.id == bindparam("run_id")).values(reason=bindparam("text")),
+            [{"run_id": r["id"], "text": r["reason"]} for r in reasons],
+        )

@@ -126,24 +126,49 @@ class Plan:
 
 
 class _Room:
-    """The free room of the usable machines, with tentative changes that can be undone."""
+    """The free room of the usable machines, with tentative changes that can be undone.
+
+    Machines are kept in buckets by their free GPU count, so the tightest fit for a worker is
+    found by looking at a few buckets rather than at every machine. Within a bucket the order
+    is stable: machines by name at first, a machine whose free count changed at the end.
+    """
 
     def __init__(self, machines: Iterable[MachineRoom]) -> None:
-        self.machines = {m.id: m for m in machines}
+        self.machines = {m.id: m for m in sorted(machines, key=lambda m: m.name)}
         self.free_in_pool: dict[str | None, int] = defaultdict(int)
         self.free_total = 0
+        self.pools = {m.pool for m in self.machines.values()}
+        self.buckets: dict[int, dict[int, MachineRoom]] = defaultdict(dict)
         for m in self.machines.values():
+            self.buckets[len(m.free_gpus)][m.id] = m
             self._count(m, len(m.free_gpus))
 
     def _count(self, m: MachineRoom, delta: int) -> None:
         self.free_in_pool[m.pool] += delta
         self.free_total += delta
 
+    def _move(self, m: MachineRoom, before: int) -> None:
+        if len(m.free_gpus) != before:
+            del self.buckets[before][m.id]
+            self.buckets[len(m.free_gpus)][m.id] = m
+
     def free_gpus(self, pool: str | None) -> int:
         return self.free_total if pool is None else self.free_in_pool[pool]
 
-    def candidates(self, pool: str | None) -> list[MachineRoom]:
-        return [m for m in self.machines.values() if pool is None or m.pool == pool]
+    def has_machines(self, pool: str | None) -> bool:
+        return bool(self.machines) if pool is None else pool in self.pools
+
+    def tightest(self, ask: Ask) -> MachineRoom | None:
+        """The machine with the fewest free GPUs that still takes one worker of the ask."""
+        for free in sorted(k for k in self.buckets if k >= ask.gpus):
+            for m in self.buckets[free].values():
+                if (
+                    (ask.pool is None or m.pool == ask.pool)
+                    and m.cpu_free >= ask.cpu
+                    and m.memory_free >= ask.memory
+                ):
+                    return m
+        return None
 
     def take(self, m: MachineRoom, gpus: int, cpu: float, memory: int) -> tuple[int, ...]:
         taken = tuple(sorted(m.free_gpus)[:gpus])
@@ -152,17 +177,20 @@ class _Room:
 
     def take_ids(self, m: MachineRoom, gpu_ids: Iterable[int], cpu: float, memory: int) -> None:
         ids = set(gpu_ids)
+        before = len(m.free_gpus)
         m.free_gpus = [g for g in m.free_gpus if g not in ids]
         m.cpu_free -= cpu
         m.memory_free -= memory
-        self._count(m, -len(ids))
+        self._count(m, len(m.free_gpus) - before)
+        self._move(m, before)
 
     def give(self, m: MachineRoom, gpu_ids: Iterable[int], cpu: float, memory: int) -> None:
-        ids = list(gpu_ids)
-        m.free_gpus = sorted([*m.free_gpus, *ids])
+        before = len(m.free_gpus)
+        m.free_gpus = sorted({*m.free_gpus, *gpu_ids})
         m.cpu_free += cpu
         m.memory_free += memory
-        self._count(m, len(ids))
+        self._count(m, len(m.free_gpus) - before)
+        self._move(m, before)
 
     @contextmanager
     def given_back(self, holders: Iterable[Holder]) -> Iterator[None]:
@@ -191,44 +219,38 @@ class _Room:
         return fit is not None
 
 
+def _place_workers(room: _Room, ask: Ask) -> list[tuple[MachineRoom, tuple[int, ...]]]:
+    """Take room for the gang's workers one after another, as far as they fit."""
+    taken: list[tuple[MachineRoom, tuple[int, ...]]] = []
+    for _ in range(ask.workers):
+        m = room.tightest(ask)
+        if m is None:
+            break
+        taken.append((m, room.take(m, ask.gpus, ask.cpu, ask.memory)))
+    return taken
+
+
+def _undo(room: _Room, ask: Ask, taken: list[tuple[MachineRoom, tuple[int, ...]]]) -> None:
+    for m, ids in reversed(taken):
+        room.give(m, ids, ask.cpu, ask.memory)
+
+
 def _best_fit(room: _Room, ask: Ask) -> list[Placement] | None:
     """Place each worker where it fits most tightly; undo everything if the gang does not fit."""
     if room.free_gpus(ask.pool) < ask.total_gpus:
         return None
-    candidates = room.candidates(ask.pool)
-    taken: list[tuple[MachineRoom, tuple[int, ...]]] = []
-    for _ in range(ask.workers):
-        best = None
-        for m in candidates:
-            if m.fits(ask.gpus, ask.cpu, ask.memory) and (
-                best is None or (len(m.free_gpus), m.name) < (len(best.free_gpus), best.name)
-            ):
-                best = m
-                if len(m.free_gpus) == ask.gpus:
-                    break
-        if best is None:
-            for m, ids in reversed(taken):
-                room.give(m, ids, ask.cpu, ask.memory)
-            return None
-        taken.append((best, room.take(best, ask.gpus, ask.cpu, ask.memory)))
+    taken = _place_workers(room, ask)
+    if len(taken) < ask.workers:
+        _undo(room, ask, taken)
+        return None
     return [Placement(m.id, m.name, ids) for m, ids in taken]
 
 
 def _workers_that_fit(room: _Room, ask: Ask) -> int:
     """How many of the gang's workers would fit now, one after another."""
-    count = 0
-    taken: list[tuple[MachineRoom, tuple[int, ...]]] = []
-    for _ in range(ask.workers):
-        m = next(
-            (m for m in room.candidates(ask.pool) if m.fits(ask.gpus, ask.cpu, ask.memory)), None
-        )
-        if m is None:
-            break
-        taken.append((m, room.take(m, ask.gpus, ask.cpu, ask.memory)))
-        count += 1
-    for m, ids in reversed(taken):
-        room.give(m, ids, ask.cpu, ask.memory)
-    return count
+    taken = _place_workers(room, ask)
+    _undo(room, ask, taken)
+    return len(taken)
 
 
 def _cannot_plan(ask: Ask, machines: list[MachineRoom], quota: Quota | None) -> str | None:
@@ -308,13 +330,18 @@ def plan(
     # Room that stopping runs are giving back, promised to the run they stop for.
     freeing = [h for h in holders if h.stopping]
     blocked: dict[str | None, Ask] = {}
+    # Whether a shape of gang can ever fit depends only on the machines: decided once per shape.
+    never_fits: dict[tuple[object, ...], str | None] = {}
     order = sorted(asks, key=lambda a: (-a.priority, a.queued_at, a.run_id))
     for ask in order:
         if ask.restart_at is not None and ask.restart_at > now:
             continue
-        pool_machines = [m for m in machines if ask.pool is None or m.pool == ask.pool]
         quota = quotas.get(ask.workspace_id)
-        reason = _cannot_plan(ask, pool_machines, quota)
+        shape = (ask.pool, ask.workers, ask.gpus, ask.cpu, ask.memory, quota)
+        if shape not in never_fits:
+            pool_machines = [m for m in machines if ask.pool is None or m.pool == ask.pool]
+            never_fits[shape] = _cannot_plan(ask, pool_machines, quota)
+        reason = never_fits[shape]
         if reason is None:
             reason = _quota_wait(ask, quota, used.get(ask.workspace_id, 0))
         if reason is not None:
@@ -365,7 +392,7 @@ def _wait_reason(
         for h in victims:
             result.preemptions[h.run_id] = ask.name
         return f"Next to run: waiting for {', '.join(h.name for h in victims)} to stop"
-    if not room.candidates(ask.pool):
+    if not room.has_machines(ask.pool):
         where = f"pool {ask.pool} of {cluster}" if ask.pool else cluster
         return f"No machine fits: {where} has no ready machine"
     count = _workers_that_fit(room, ask)

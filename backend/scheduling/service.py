@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.clock import Clock
 from backend.lifecycle import rules as lifecycle_rules
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import Effects
-from backend.models import Gpu, Machine, Run, Worker
+from backend.models import Machine, Run, Worker
 from backend.scheduling import repository
 from backend.scheduling.rules import (
     Ask,
@@ -43,7 +44,7 @@ def memory_limit(spec: dict[str, Any]) -> int:
     return int(per_gpu) * int(spec.get("gpus", 0)) if per_gpu else 0
 
 
-def _ask(run: Run, workspace: str) -> Ask:
+def _ask(run: Run | Row[Any], workspace: str) -> Ask:
     spec = run.spec
     return Ask(
         run_id=run.id,
@@ -63,7 +64,7 @@ def _ask(run: Run, workspace: str) -> Ask:
 
 def _rooms(
     machines: list[tuple[Machine, str | None]],
-    gpus: dict[int, list[Gpu]],
+    gpus: dict[int, list[tuple[int, str]]],
     placed: list[tuple[Worker, Run]],
 ) -> list[MachineRoom]:
     held_gpus: dict[int, set[int]] = defaultdict(set)
@@ -76,7 +77,7 @@ def _rooms(
         memory_used[w.machine_id] += memory_limit(r.spec)
     rooms = []
     for m, pool in machines:
-        healthy = [g.index for g in gpus.get(m.id, []) if g.health == "ok"]
+        healthy = [index for index, health in gpus.get(m.id, []) if health == "ok"]
         rooms.append(
             MachineRoom(
                 id=m.id,
@@ -125,9 +126,18 @@ def _holders(
     return holders, dict(used)
 
 
-async def _inputs(
-    session: AsyncSession, cluster_id: int, now: datetime
-) -> tuple[list[Ask], list[MachineRoom], list[Holder], dict[int, Quota], dict[int, int], str]:
+@dataclass
+class Inputs:
+    asks: list[Ask]
+    rooms: list[MachineRoom]
+    holders: list[Holder]
+    quotas: dict[int, Quota]
+    used: dict[int, int]
+    cluster: str
+    reasons: dict[int, str]
+
+
+async def _inputs(session: AsyncSession, cluster_id: int, now: datetime) -> Inputs:
     cluster = await repository.cluster_name(session, cluster_id)
     machines = await repository.machines(session, cluster_id)
     placed = await repository.placed_workers(session, cluster_id)
@@ -140,54 +150,58 @@ async def _inputs(
         for ws_id, name, limit in await repository.quotas(session, cluster_id)
     }
     asks = [_ask(r, names[r.workspace_id]) for r in pending]
-    return asks, rooms, holders, quotas, used, cluster
+    return Inputs(asks, rooms, holders, quotas, used, cluster, {r.id: r.reason for r in pending})
 
 
 async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> PassResult:
     """Place what fits, preempt what must give way, and say why the rest waits."""
     await repository.lock_cluster(session, cluster_id)
     now = clock.now()
-    asks, rooms, holders, quotas, used, cluster = await _inputs(session, cluster_id, now)
-    decided = plan(asks, rooms, holders, quotas, used, now, cluster=cluster)
+    given = await _inputs(session, cluster_id, now)
+    decided = plan(
+        given.asks, given.rooms, given.holders, given.quotas, given.used, now, cluster=given.cluster
+    )
     result = PassResult()
     await _preempt(session, decided, now, result)
     await _place(session, decided, now, result)
-    current = {a.run_id: a for a in asks}
-    pending = {r.id: r for r in await repository.pending_runs(session, cluster_id)}
+    names = {a.run_id: a.name for a in given.asks}
     changes = []
     for run_id, reason in decided.reasons.items():
-        run = pending.get(run_id)
-        if run is not None and run.reason != reason:
+        if given.reasons.get(run_id) != reason:
             changes.append({"id": run_id, "reason": reason})
-        result.reasons[current[run_id].name] = reason
+        result.reasons[names[run_id]] = reason
     await repository.set_reasons(session, changes)
     return result
 
 
 async def _preempt(session: AsyncSession, decided: Plan, now: datetime, result: PassResult) -> None:
+    writes = lifecycle.Writes()
     for gang in await lifecycle.load_gangs(session, sorted(decided.preemptions)):
         fx = Effects()
         lifecycle_rules.preempt(gang.view, decided.preemptions[gang.run.id], now, fx)
-        lifecycle.persist(session, gang, fx, now)
+        await lifecycle.persist(session, gang, fx, now, writes)
         result.preempted.append(gang.run.name)
+    await writes.flush(session)
 
 
 async def _place(session: AsyncSession, decided: Plan, now: datetime, result: PassResult) -> None:
+    if not decided.placements:
+        return
     gangs = await lifecycle.load_gangs(session, sorted(decided.placements))
-    taken_ports: dict[int, set[int]] = {}
+    taken_ports = await repository.master_ports_in_use(session)
+    writes = lifecycle.Writes()
     for gang in gangs:
         placements = decided.placements[gang.run.id]
-        head = placements[0].machine_id
-        if head not in taken_ports:
-            taken_ports[head] = await repository.master_ports_in_use(session, head)
-        port = next(p for p in MASTER_PORTS if p not in taken_ports[head])
-        taken_ports[head].add(port)
+        head = taken_ports[placements[0].machine_id]
+        port = next(p for p in MASTER_PORTS if p not in head)
+        head.add(port)
         fx = Effects()
         lifecycle_rules.place(
             gang.view, placements, now, fx, master_port=port, start_payload=start_payload(gang.run)
         )
-        lifecycle.persist(session, gang, fx, now)
+        await lifecycle.persist(session, gang, fx, now, writes)
         result.placed.append(gang.run.name)
+    await writes.flush(session)
 
 
 def start_payload(run: Run) -> dict[str, Any]:
@@ -213,9 +227,9 @@ async def schedule_all(session: AsyncSession, clock: Clock) -> dict[int, PassRes
 
 async def pending_reasons(session: AsyncSession, clock: Clock, run: Run) -> list[tuple[str, str]]:
     """Read a pending reason: why each machine of its cluster does or does not take a worker."""
-    asks, rooms, _, _, _, _ = await _inputs(session, run.cluster_id, clock.now())
-    ask = next((a for a in asks if a.run_id == run.id), None)
+    given = await _inputs(session, run.cluster_id, clock.now())
+    ask = next((a for a in given.asks if a.run_id == run.id), None)
     if ask is None:
         names = await repository.workspace_names(session, [run.workspace_id])
         ask = _ask(run, names.get(run.workspace_id, ""))
-    return machine_reasons(ask, rooms)
+    return machine_reasons(ask, given.rooms)

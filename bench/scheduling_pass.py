@@ -1,0 +1,220 @@
+"""One scheduling pass: 10 000 pending runs over 2 000 machines of 8 GPUs (issue 3).
+
+Reported beside a bare baseline measured in the same run: the plain psycopg reads of the
+same inputs (pending runs, machines, GPUs, placed workers), so the figure says what the pass
+adds to just reading what it decides from.
+
+    python -m bench.scheduling_pass [--runs 10000] [--machines 2000] [--trials 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from backend.db import Database
+from backend.scheduling import service as scheduling
+from bench.common import Timer, fresh_database, median, save
+
+T0 = datetime(2026, 10, 1, tzinfo=UTC)
+GIB = 2**30
+
+
+class Clock:
+    def now(self) -> datetime:
+        return T0 + timedelta(hours=1)
+
+
+def populate(url: str, runs: int, machines: int, seed: int = 7) -> None:
+    """Rows as the services write them, inserted with COPY for speed."""
+    rng = random.Random(seed)
+    with psycopg.connect(url) as conn:
+        org = conn.execute(
+            "INSERT INTO organizations (name, created_at) VALUES ('bench', %s) RETURNING id", (T0,)
+        ).fetchone()[0]
+        cluster = conn.execute(
+            "INSERT INTO clusters (organization_id, name, created_at) VALUES (%s, 'local', %s) "
+            "RETURNING id",
+            (org, T0),
+        ).fetchone()[0]
+        ws = conn.execute(
+            "INSERT INTO workspaces (organization_id, name, created_at) VALUES (%s, 'default', %s) "
+            "RETURNING id",
+            (org, T0),
+        ).fetchone()[0]
+        lease = T0 + timedelta(days=365)
+        with conn.cursor().copy(
+            "COPY machines (cluster_id, name, cpu_cores, memory_bytes, state, reason, labels, "
+            "lease_expires_at, last_seen_at, created_at) FROM STDIN"
+        ) as copy:
+            for m in range(machines):
+                copy.write_row(
+                    (
+                        cluster,
+                        f"gpu-{m:05d}",
+                        128.0,
+                        1024 * GIB,
+                        "ready",
+                        "Registered",
+                        "{}",
+                        lease,
+                        T0,
+                        T0,
+                    )
+                )
+        ids = [r[0] for r in conn.execute("SELECT id FROM machines ORDER BY id")]
+        with conn.cursor().copy(
+            "COPY gpus (machine_id, index, uuid, model, memory_bytes, health, health_reason) "
+            "FROM STDIN"
+        ) as copy:
+            for mid in ids:
+                for i in range(8):
+                    copy.write_row(
+                        (mid, i, f"GPU-{mid}-{i}", "NVIDIA H100 80GB HBM3", 80 * GIB, "ok", "")
+                    )
+        shapes = []
+        with conn.cursor().copy(
+            "COPY runs (workspace_id, cluster_id, name, spec, priority, worker_count, "
+            "gpus_per_worker, state, reason, state_since, created_at, attempt, failures_in_row) "
+            "FROM STDIN"
+        ) as copy:
+            for r in range(runs):
+                workers = rng.choice([1, 1, 1, 2, 2, 4, 8])
+                gpus = rng.choice([1, 2, 4, 8, 8])
+                priority = rng.choice([10, 50, 50, 50, 90])
+                spec = {
+                    "name": f"run-{r}",
+                    "workers": workers,
+                    "gpus": gpus,
+                    "cpu": 8.0,
+                    "memory_bytes": 64 * GIB,
+                    "command": ["python", "train.py"],
+                    "restart_policy": "on_failure",
+                    "max_restarts": 10,
+                    "cluster": "local",
+                    "pool": None,
+                }
+                shapes.append(workers)
+                copy.write_row(
+                    (
+                        ws,
+                        cluster,
+                        f"run-{r}",
+                        json.dumps(spec),
+                        priority,
+                        workers,
+                        gpus,
+                        "Pending",
+                        "Run created",
+                        T0,
+                        T0 + timedelta(seconds=r),
+                        0,
+                        0,
+                    )
+                )
+        run_ids = [r[0] for r in conn.execute("SELECT id FROM runs ORDER BY id")]
+        with conn.cursor().copy(
+            "COPY workers (run_id, rank, name, state, reason, state_since, gpu_ids, gpus, "
+            "attempt, restarts, ready, phase, created_at) FROM STDIN"
+        ) as copy:
+            for rid, workers, r in zip(run_ids, shapes, range(runs), strict=True):
+                for rank in range(workers):
+                    copy.write_row(
+                        (
+                            rid,
+                            rank,
+                            f"run-{r}-{rank}",
+                            "Pending",
+                            "Waiting to be placed with its gang",
+                            T0,
+                            "[]",
+                            0,
+                            0,
+                            0,
+                            False,
+                            "waiting",
+                            T0,
+                        )
+                    )
+        conn.execute(
+            "UPDATE workers w SET gpus = r.gpus_per_worker FROM runs r WHERE r.id = w.run_id"
+        )
+        conn.execute("ANALYZE")
+
+
+def bare_reads(url: str) -> float:
+    """The baseline: read the pass's inputs with plain psycopg and nothing else."""
+    with psycopg.connect(url) as conn, Timer() as t:
+        conn.execute(
+            "SELECT m.*, p.name FROM machines m LEFT JOIN pools p ON p.id = m.pool_id"
+        ).fetchall()
+        conn.execute("SELECT * FROM gpus").fetchall()
+        conn.execute(
+            "SELECT w.*, r.* FROM workers w JOIN runs r ON r.id = w.run_id "
+            "WHERE w.machine_id IS NOT NULL"
+        ).fetchall()
+        conn.execute("SELECT * FROM runs WHERE state = 'Pending' AND deleted_at IS NULL").fetchall()
+    return t.seconds
+
+
+async def two_passes(url: str) -> tuple[float, float, int, int]:
+    """The first pass over a fresh queue (every run placed or given a reason), then a second
+    one with nothing new: the steady state of a cluster whose queue does not move."""
+    db = Database.from_url(url)
+    try:
+        with Timer() as first:
+            async with db.transaction() as session:
+                result = await scheduling.schedule_all(session, Clock())
+        with Timer() as second:
+            async with db.transaction() as session:
+                await scheduling.schedule_all(session, Clock())
+        placed = sum(len(r.placed) for r in result.values())
+        waiting = sum(len(r.reasons) for r in result.values())
+        return first.seconds, second.seconds, placed, waiting
+    finally:
+        await db.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--machines", type=int, default=2_000)
+    parser.add_argument("--trials", type=int, default=3)
+    args = parser.parse_args()
+    passes, steady, bares, placed, waiting = [], [], [], 0, 0
+    for _ in range(args.trials):
+        with fresh_database() as url:
+            populate(url, args.runs, args.machines)
+            bares.append(bare_reads(url))
+            first, second, placed, waiting = asyncio.run(two_passes(url))
+            passes.append(first)
+            steady.append(second)
+    result = {
+        "runs": args.runs,
+        "machines": args.machines,
+        "placed": placed,
+        "left_waiting_with_a_reason": waiting,
+        "pass_seconds": median(passes),
+        "steady_pass_seconds": median(steady),
+        "bare_reads_seconds": median(bares),
+        "ratio": median(passes) / median(bares),
+        "steady_ratio": median(steady) / median(bares),
+        "trials": {"pass": passes, "steady": steady, "bare": bares},
+    }
+    save("scheduling_pass", result)
+    print(
+        f"scheduling pass, {args.runs} pending runs over {args.machines} machines of 8 GPUs: "
+        f"first pass {result['pass_seconds']:.2f} s (placed {placed}, {waiting} left waiting "
+        f"with a reason), next pass {result['steady_pass_seconds']:.2f} s; bare reads of its "
+        f"inputs {result['bare_reads_seconds']:.3f} s; ratios {result['ratio']:.1f}x and "
+        f"{result['steady_ratio']:.1f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
