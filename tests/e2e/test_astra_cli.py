@@ -89,6 +89,19 @@ def test_submit_status_workers_runs(live: tuple[Server, str], tmp_path: Path) ->
     as_json = json.loads(astra(live, "workers", "llama-sft", "--json").stdout)
     assert [w["name"] for w in as_json] == ["llama-sft-0", "llama-sft-1"]
 
+    stopped = astra(live, "stop", "llama-sft")
+    assert stopped.stdout == "llama-sft: Stopped — Stopped by admin\n"
+    assert astra(live, "runs").stdout.splitlines()[1:] == []
+    ended = astra(live, "runs", "-a").stdout.splitlines()[1]
+    assert ended.split()[:2] == ["llama-sft", "Stopped"]
+    deleted = astra(live, "delete", "llama-sft")
+    assert deleted.stdout == "llama-sft: Deleted — Deleted by admin\n"
+    gone = astra(live, "stop", "llama-sft")
+    assert (gone.returncode, gone.stderr) == (
+        EXIT_NOT_FOUND,
+        "astra: No run named 'llama-sft' in workspace 'default'.\n",
+    )
+
 
 def test_errors_have_exit_codes_scripts_can_rely_on(live: tuple[Server, str]) -> None:
     missing = astra(live, "status", "no-such-run")

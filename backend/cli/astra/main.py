@@ -1,4 +1,4 @@
-"""``astra astraeus runs | status | workers | submit``."""
+"""``astra astraeus runs | status | workers | submit | stop | delete``."""
 
 from __future__ import annotations
 
@@ -107,6 +107,29 @@ def cmd_submit(api: Api, args: argparse.Namespace) -> str:
     return f"{run['name']}: {run['state']} — {run['reason']}"
 
 
+CHANGE_RUN = """mutation($name: String!) {{
+  {field}(name: $name) {{ run {{ name state reason }} errors {{ code field message }} }}
+}}"""
+
+
+def _change(api: Api, field: str, name: str) -> str:
+    payload = api.graphql(CHANGE_RUN.format(field=field), name=name)[field]
+    if payload["errors"]:
+        error = payload["errors"][0]
+        code = EXIT_NOT_FOUND if error["code"] == "JOB_NOT_FOUND" else EXIT_REFUSED
+        raise CliError(f"astra: {error['message']}", code)
+    run = payload["run"]
+    return f"{run['name']}: {run['state']} — {run['reason']}"
+
+
+def cmd_stop(api: Api, args: argparse.Namespace) -> str:
+    return _change(api, "stopRun", args.run)
+
+
+def cmd_delete(api: Api, args: argparse.Namespace) -> str:
+    return _change(api, "deleteRun", args.run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="astra", description="Astraeus from the terminal.")
     top = parser.add_subparsers(dest="product", required=True)
@@ -126,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("runs", cmd_runs, "the workspace's runs that have not ended").add_argument(
         "-a", "--all", action="store_true", help="add ended and deleted runs"
     )
+    command("stop", cmd_stop, "wind a run down; it ends Stopped").add_argument("run")
+    command("delete", cmd_delete, "delete a run, its workers and their logs").add_argument("run")
     submit = command("submit", cmd_submit, "submit a run from its JSON specification")
     submit.add_argument("spec", help="a JSON file, or - for standard input")
     submit.add_argument("--name", help="submit under this name instead of the file's")
