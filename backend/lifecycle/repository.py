@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,16 +26,6 @@ async def runs_by_id(session: AsyncSession, run_ids: Sequence[int], *, lock: boo
     if lock:
         query = query.with_for_update()
     return list(await session.scalars(query))
-
-
-async def workers_of(session: AsyncSession, run_ids: Sequence[int]) -> dict[int, list[Worker]]:
-    rows = await session.scalars(
-        select(Worker).where(Worker.run_id.in_(run_ids)).order_by(Worker.run_id, Worker.rank)
-    )
-    grouped: dict[int, list[Worker]] = defaultdict(list)
-    for w in rows:
-        grouped[w.run_id].append(w)
-    return grouped
 
 
 async def workspaces(session: AsyncSession, ids: Sequence[int]) -> dict[int, Workspace]:

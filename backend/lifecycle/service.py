@@ -19,6 +19,7 @@ from backend.errors import Conflict, NotFound
 from backend.lifecycle import repository, rules
 from backend.lifecycle.rules import Effects, RunPolicy, RunView, Transition, WorkerView
 from backend.models import AgentCommand, Event, Run, StateTransition, Worker, Workspace
+from backend.runs import repository as runs_repository
 
 _RUN_FIELDS = (
     "state",
@@ -123,7 +124,7 @@ async def load_gangs(
     if not run_ids:
         return []
     runs = await repository.runs_by_id(session, run_ids, lock=lock)
-    workers = await repository.workers_of(session, [r.id for r in runs])
+    workers = await runs_repository.workers_by_run(session, [r.id for r in runs])
     spaces = await repository.workspaces(session, list({r.workspace_id for r in runs}))
     machine_ids = {w.machine_id for ws in workers.values() for w in ws if w.machine_id}
     names = await repository.machine_names(session, list(machine_ids)) if machine_ids else {}
