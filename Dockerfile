@@ -5,7 +5,12 @@ WORKDIR /opt/astraeus
 COPY pyproject.toml README.md alembic.ini schema.graphql ./
 COPY backend ./backend
 COPY alembic ./alembic
-RUN pip install --no-cache-dir -e . && useradd --system --home /var/lib/astraeus astraeus \
+COPY proto ./proto
+RUN pip install --no-cache-dir 'grpcio-tools>=1.66' && mkdir -p gen \
+    && python -m grpc_tools.protoc -I proto --python_out=gen --grpc_python_out=gen \
+       proto/astraeus/agent/v1/agent.proto \
+    && touch gen/astraeus/__init__.py gen/astraeus/agent/__init__.py gen/astraeus/agent/v1/__init__.py \
+    && pip install --no-cache-dir -e . && useradd --system --home /var/lib/astraeus astraeus \
     && mkdir -p /var/lib/astraeus && chown astraeus /var/lib/astraeus
 USER astraeus
 ENV ASTRAEUS_DATA_DIR=/var/lib/astraeus ASTRAEUS_HOST=0.0.0.0 ASTRAEUS_PORT=8080

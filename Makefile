@@ -5,16 +5,27 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup up serve test test-fast lint typecheck schema schema-check services bench clean
+.PHONY: help setup up serve test test-fast lint typecheck schema schema-check services bench proto clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+PROTO   := proto/astraeus/agent/v1/agent.proto
+PROTO_PY := gen/astraeus/agent/v1/agent_pb2.py
+
+$(STAMP): pyproject.toml $(PROTO)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet 'grpcio-tools>=1.66'
+	$(MAKE) --no-print-directory proto
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+proto: ## generate the agent protocol's Python code into gen/ (never edited by hand)
+	rm -rf gen && mkdir -p gen
+	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=gen --grpc_python_out=gen \
+	  --pyi_out=gen $(PROTO)
+	touch gen/astraeus/__init__.py gen/astraeus/agent/__init__.py gen/astraeus/agent/v1/__init__.py
 
 setup: $(STAMP) ## create .venv and install Astraeus with its development tools
 
@@ -48,7 +59,7 @@ test-fast: setup ## the tests only
 	$(BIN)/pytest -x -q
 
 clean: ## remove the virtual environment and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) gen .pytest_cache .mypy_cache .ruff_cache
 
 bench: setup services ## the benchmarks (bench/), each beside a bare baseline measured in the same run
 	$(BIN)/python -m bench.scheduling_pass
