@@ -19,6 +19,8 @@ from starlette.types import Scope
 from strawberry.asgi import GraphQL
 
 from backend import migrations
+from backend.agents.stream import AgentService
+from backend.agents.stream import serve as serve_agents
 from backend.clock import Clock, SystemClock
 from backend.config import Settings, get_settings
 from backend.db import Database
@@ -90,6 +92,24 @@ async def _jobs(settings: Settings) -> AsyncIterator[None]:
                 await ticker
 
 
+@asynccontextmanager
+async def _agent_endpoint(
+    settings: Settings, db: Database, clock: Clock
+) -> AsyncIterator[AgentService | None]:
+    """The gRPC endpoint machines' agents connect to, in the API process."""
+    if not settings.agent_port:
+        yield None
+        return
+    service = AgentService(
+        db, clock, lease=settings.lease_time, on_freed=job_broker.nudge_scheduler
+    )
+    server = await serve_agents(service, f"{settings.host}:{settings.agent_port}")
+    try:
+        yield service
+    finally:
+        await server.stop(grace=2)
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -112,6 +132,9 @@ def create_app(
         app.state.settings = settings
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(_jobs(settings))
+            app.state.agents = await stack.enter_async_context(
+                _agent_endpoint(settings, app.state.db, app.state.clock)
+            )
             try:
                 yield
             finally:

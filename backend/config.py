@@ -79,6 +79,8 @@ class Settings(BaseSettings):
     db_pool_size: int = 10
     db_echo: bool = False
     lease_time: Duration = timedelta(seconds=60)
+    # Where machines' agents connect (gRPC); 0 turns the agent endpoint off.
+    agent_port: int = 8081
     # How often the scheduling pass (leases, timers, placement) runs besides on events.
     scheduler_interval: Duration = timedelta(seconds=5)
     # Run the Dramatiq worker and the periodic pass inside the server (the embedded mode).

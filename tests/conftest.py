@@ -93,6 +93,7 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
         console_dir=tmp_path / "no-console",
         migrate_on_start=False,
         run_jobs=False,
+        agent_port=0,
     )
 
 

@@ -70,6 +70,17 @@ async def find_user_token(session: AsyncSession, token_hash: str) -> TokenHolder
     )
 
 
+async def find_agent_token(session: AsyncSession, token_hash: str) -> ApiToken | None:
+    return await session.scalar(
+        select(ApiToken).where(
+            ApiToken.token_hash == token_hash,
+            ApiToken.revoked_at.is_(None),
+            ApiToken.kind == "agent",
+            ApiToken.cluster_id.is_not(None),
+        )
+    )
+
+
 async def get_user_by_name(session: AsyncSession, name: str) -> User | None:
     return await session.scalar(select(User).where(User.name == name))
 

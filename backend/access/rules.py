@@ -37,3 +37,12 @@ class Principal:
 
     def can_see_organization(self, organization_id: int) -> bool:
         return self.is_org_admin and organization_id == self.organization_id
+
+
+@dataclass(frozen=True)
+class AgentPrincipal:
+    """A machine's agent, as its token says: it may join one cluster of one organisation."""
+
+    token_id: int
+    organization_id: int
+    cluster_id: int

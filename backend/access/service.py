@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access import repository
-from backend.access.rules import TOKEN_PREFIX, Principal, hash_token, looks_like_token
+from backend.access.rules import (
+    TOKEN_PREFIX,
+    AgentPrincipal,
+    Principal,
+    hash_token,
+    looks_like_token,
+)
 from backend.clock import Clock
 from backend.errors import Unauthenticated
 from backend.models import ApiToken, Membership, User
@@ -39,6 +45,37 @@ async def authenticate(session: AsyncSession, secret: str | None) -> Principal:
         workspace_name=holder.workspace_name,
         is_org_admin=holder.is_org_admin,
     )
+
+
+async def authenticate_agent(session: AsyncSession, secret: str | None) -> AgentPrincipal:
+    """The cluster a machine's agent may join, from its machine token."""
+    if not secret or not looks_like_token(secret):
+        raise Unauthenticated("A machine token is required.")
+    token = await repository.find_agent_token(session, hash_token(secret))
+    if token is None or token.cluster_id is None:
+        raise Unauthenticated("The machine token is unknown or revoked.")
+    return AgentPrincipal(
+        token_id=token.id, organization_id=token.organization_id, cluster_id=token.cluster_id
+    )
+
+
+async def issue_agent_token(
+    session: AsyncSession, clock: Clock, *, organization_id: int, cluster_id: int, name: str = ""
+) -> IssuedToken:
+    """A token for the agents of one cluster's machines. Shown once, stored as its digest."""
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken(
+        token_hash=hash_token(secret),
+        prefix=secret[:12],
+        name=name,
+        kind="agent",
+        organization_id=organization_id,
+        cluster_id=cluster_id,
+        created_at=clock.now(),
+    )
+    repository.add(session, token)
+    await session.flush()
+    return IssuedToken(secret=secret, token_id=token.id)
 
 
 async def ensure_user(

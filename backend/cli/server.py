@@ -98,6 +98,12 @@ def cmd_workspace_create(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_token_create(settings: Settings, args: argparse.Namespace) -> int:
+    if args.agent:
+        return cmd_agent_token_create(settings, args)
+    if not args.workspace or not args.user:
+        print("astraeus: a user token needs --workspace and --user", file=sys.stderr)
+        return 2
+
     async def work(session: AsyncSession) -> str:
         clock = SystemClock()
         org = await organizations.organization_by_name(session, args.organization)
@@ -117,6 +123,19 @@ def cmd_token_create(settings: Settings, args: argparse.Namespace) -> int:
             organization_id=org.id,
             workspace_id=ws.id,
             name=args.name,
+        )
+        return issued.secret
+
+    print(_in_transaction(settings, work))
+    return 0
+
+
+def cmd_agent_token_create(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(session: AsyncSession) -> str:
+        org = await organizations.organization_by_name(session, args.organization)
+        cluster = await organizations.cluster_by_name(session, org.id, args.cluster)
+        issued = await access.issue_agent_token(
+            session, SystemClock(), organization_id=org.id, cluster_id=cluster.id, name=args.name
         )
         return issued.secret
 
@@ -248,8 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
         dest="token_command", required=True
     )
     create = token.add_parser("create", help="print a new token (shown once)")
-    create.add_argument("--workspace", required=True)
-    create.add_argument("--user", required=True)
+    create.add_argument("--workspace", help="the workspace a user token acts in")
+    create.add_argument("--user", help="the user a token is for (created if new)")
+    create.add_argument("--agent", action="store_true", help="a machine token for agents")
+    create.add_argument("--cluster", default="local", help="the cluster an agent token joins")
     create.add_argument("--organization", default="default")
     create.add_argument("--admin", action="store_true", help="make the user an organisation admin")
     create.add_argument("--name", default="", help="a label to tell the token apart")

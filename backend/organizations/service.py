@@ -81,6 +81,13 @@ async def workspace_by_name(session: AsyncSession, organization_id: int, name: s
     return ws
 
 
+async def cluster_by_name(session: AsyncSession, organization_id: int, name: str) -> Cluster:
+    found = [c for c in await repository.list_clusters(session, organization_id) if c.name == name]
+    if not found:
+        raise NotFound("CLUSTER_NOT_FOUND", f"No cluster named '{name}'.")
+    return found[0]
+
+
 async def placement_target(
     session: AsyncSession, organization_id: int, cluster: str | None, pool: str | None
 ) -> tuple[Cluster, Pool | None]:

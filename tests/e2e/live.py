@@ -30,6 +30,7 @@ class Server:
             "ASTRAEUS_DATA_DIR": str(data_dir),
             "ASTRAEUS_PORT": str(port),
             "ASTRAEUS_CONSOLE_DIR": str(data_dir / "no-console"),
+            "ASTRAEUS_AGENT_PORT": str(free_port()),
         }
         self.env.pop("ASTRAEUS_DATABASE_URL", None)
         self.url = f"http://127.0.0.1:{port}"

@@ -1,0 +1,36 @@
+"""All SQL of the agents domain."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.models import AgentCommand
+
+
+async def unacked_commands(
+    session: AsyncSession, machine_id: int, after_id: int = 0
+) -> list[AgentCommand]:
+    rows = await session.scalars(
+        select(AgentCommand)
+        .where(
+            AgentCommand.machine_id == machine_id,
+            AgentCommand.acked_at.is_(None),
+            AgentCommand.id > after_id,
+        )
+        .order_by(AgentCommand.id)
+    )
+    return list(rows)
+
+
+async def ack_commands(
+    session: AsyncSession, machine_id: int, ids: Sequence[int], at: datetime
+) -> None:
+    await session.execute(
+        update(AgentCommand)
+        .where(AgentCommand.machine_id == machine_id, AgentCommand.id.in_(ids))
+        .values(acked_at=at)
+    )

@@ -1,0 +1,119 @@
+"""The agents domain's entry point: what a machine's stream brings, applied to the domains."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.access.rules import AgentPrincipal
+from backend.agents import repository
+from backend.clock import Clock
+from backend.lifecycle import service as lifecycle
+from backend.lifecycle.rules import Effects
+from backend.machines import service as machines
+from backend.machines.service import GpuInfo
+from backend.models import AgentCommand, Machine
+
+# What an agent reports, in the lifecycle's words.
+EVENT_KINDS = {
+    "preparing": "Preparing",
+    "pulling": "Pulling",
+    "ready": "ready",
+    "running": "running",
+    "exited": "exited",
+}
+
+
+@dataclass(frozen=True)
+class HelloInfo:
+    machine: str
+    pool: str | None
+    cpu_cores: float
+    memory_bytes: int
+    gpus: list[GpuInfo]
+
+
+@dataclass(frozen=True)
+class WorkerEventInfo:
+    worker: str
+    attempt: int | None
+    kind: str  # preparing | pulling | ready | running | exited
+    at: datetime
+    reason: str
+    exit_code: int | None
+    log_tail: str
+
+
+def agent_time(ms: int, now: datetime) -> datetime:
+    """An agent's timestamp, never later than the server's now (clocks drift)."""
+    if ms <= 0:
+        return now
+    return min(datetime.fromtimestamp(ms / 1000, tz=UTC), now)
+
+
+async def hello(
+    session: AsyncSession, clock: Clock, agent: AgentPrincipal, info: HelloInfo, lease: timedelta
+) -> Machine:
+    return await machines.register(
+        session,
+        clock,
+        cluster_id=agent.cluster_id,
+        name=info.machine,
+        cpu_cores=info.cpu_cores,
+        memory_bytes=info.memory_bytes,
+        gpus=info.gpus,
+        lease=lease,
+        pool=info.pool,
+    )
+
+
+async def heartbeat(session: AsyncSession, clock: Clock, machine_id: int, lease: timedelta) -> bool:
+    return await machines.heartbeat(session, clock, machine_id, lease)
+
+
+async def worker_event(
+    session: AsyncSession, clock: Clock, machine_id: int, event: WorkerEventInfo
+) -> Effects:
+    return await lifecycle.report(
+        session,
+        clock,
+        machine_id=machine_id,
+        worker_name=event.worker,
+        kind=EVENT_KINDS[event.kind],
+        at=event.at,
+        attempt=event.attempt,
+        reason=event.reason or None,
+        exit_code=event.exit_code,
+        log_tail=event.log_tail,
+    )
+
+
+async def progress(
+    session: AsyncSession, clock: Clock, machine_id: int, worker: str, at: datetime
+) -> Effects:
+    return await lifecycle.report(
+        session, clock, machine_id=machine_id, worker_name=worker, kind="progress", at=at
+    )
+
+
+async def gpu_health(
+    session: AsyncSession, clock: Clock, machine: Machine, index: int, healthy: bool, reason: str
+) -> Effects:
+    if healthy:
+        await machines.gpu_healthy(session, machine, index)
+        return Effects()
+    return await machines.gpu_fault(session, clock, machine, index, reason)
+
+
+async def commands_to_send(
+    session: AsyncSession, machine_id: int, after_id: int
+) -> list[AgentCommand]:
+    """Commands the agent has not acknowledged, newer than the last one sent on this stream."""
+    return await repository.unacked_commands(session, machine_id, after_id)
+
+
+async def acknowledge(session: AsyncSession, clock: Clock, machine_id: int, ids: list[int]) -> None:
+    if ids:
+        await repository.ack_commands(session, machine_id, ids, clock.now())

@@ -1,0 +1,307 @@
+"""The gRPC side of the agent protocol: one ``Connect`` stream per machine.
+
+The agent opens the stream (the server never dials a machine) and says Hello; the server
+answers Welcome. From then on the agent's messages are applied in order and acknowledged by
+id, and the machine's unacknowledged commands (the outbox the lifecycle writes) are delivered.
+A second stream from the same machine replaces the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import grpc
+from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.access import service as access
+from backend.access.rules import AgentPrincipal
+from backend.agents import service
+from backend.agents.service import HelloInfo, WorkerEventInfo, agent_time
+from backend.clock import Clock
+from backend.db import Database
+from backend.errors import Unauthenticated
+from backend.lifecycle.rules import Effects
+from backend.machines.service import GpuInfo
+from backend.models import Machine
+
+log = logging.getLogger(__name__)
+
+_STATES = {
+    agent_pb2.WORKER_STATE_PREPARING: "preparing",
+    agent_pb2.WORKER_STATE_PULLING: "pulling",
+    agent_pb2.WORKER_STATE_READY: "ready",
+    agent_pb2.WORKER_STATE_RUNNING: "running",
+    agent_pb2.WORKER_STATE_EXITED: "exited",
+}
+_COMMANDS = {
+    "start": agent_pb2.COMMAND_KIND_START,
+    "release": agent_pb2.COMMAND_KIND_RELEASE,
+    "stop": agent_pb2.COMMAND_KIND_STOP,
+    "delete": agent_pb2.COMMAND_KIND_DELETE,
+}
+
+
+@dataclass
+class MachineStream:
+    """What the server holds for one connected machine."""
+
+    machine_id: int
+    outgoing: asyncio.Queue[agent_pb2.ServerMessage] = field(default_factory=asyncio.Queue)
+    pending: dict[int, asyncio.Future[agent_pb2.Reply]] = field(default_factory=dict)
+    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    last_command_sent: int = 0
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def send(self, **body: Any) -> int:
+        message_id = next(self.ids)
+        self.outgoing.put_nowait(agent_pb2.ServerMessage(id=message_id, **body))
+        return message_id
+
+    async def request(self, wait_s: float, **body: Any) -> agent_pb2.Reply:
+        """Send a request and wait for the agent's reply to it."""
+        message_id = next(self.ids)
+        future: asyncio.Future[agent_pb2.Reply] = asyncio.get_running_loop().create_future()
+        self.pending[message_id] = future
+        self.outgoing.put_nowait(agent_pb2.ServerMessage(id=message_id, **body))
+        try:
+            return await asyncio.wait_for(future, wait_s)
+        finally:
+            self.pending.pop(message_id, None)
+
+
+class Streams:
+    """The machines whose stream this process holds."""
+
+    def __init__(self) -> None:
+        self.by_machine: dict[int, MachineStream] = {}
+
+    def open(self, machine_id: int) -> MachineStream:
+        old = self.by_machine.get(machine_id)
+        if old is not None:
+            old.closed.set()  # a new registration replaces an old stream
+        stream = MachineStream(machine_id)
+        self.by_machine[machine_id] = stream
+        return stream
+
+    def close(self, stream: MachineStream) -> None:
+        stream.closed.set()
+        if self.by_machine.get(stream.machine_id) is stream:
+            del self.by_machine[stream.machine_id]
+
+    def get(self, machine_id: int) -> MachineStream | None:
+        return self.by_machine.get(machine_id)
+
+
+def _hello_info(hello: agent_pb2.Hello) -> HelloInfo:
+    return HelloInfo(
+        machine=hello.machine,
+        pool=hello.pool or None,
+        cpu_cores=hello.cpu_cores,
+        memory_bytes=hello.memory_bytes,
+        gpus=[
+            GpuInfo(g.index, g.uuid, g.model, g.memory_bytes, g.healthy, g.health_reason)
+            for g in hello.gpus
+        ],
+    )
+
+
+class AgentService(agent_pb2_grpc.AgentServicer):
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        *,
+        lease: timedelta,
+        poll_interval: float = 0.5,
+        on_freed: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.lease = lease
+        self.poll_interval = poll_interval
+        self.on_freed = on_freed
+        self.streams = Streams()
+
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[agent_pb2.ServerMessage]:
+        agent = await self._authenticate(context)
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("body") != "hello":
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "The first message must be a Hello."
+            )
+        assert first is not None
+        async with self.db.transaction() as session:
+            machine = await service.hello(
+                session, self.clock, agent, _hello_info(first.hello), self.lease
+            )
+        stream = self.streams.open(machine.id)
+        log.info("machine %s connected", machine.name)
+        stream.send(
+            welcome=agent_pb2.Welcome(
+                machine_id=machine.id, lease_seconds=int(self.lease.total_seconds())
+            )
+        )
+        stream.send(ack=agent_pb2.Ack(up_to=first.id))
+        tasks = [
+            asyncio.create_task(self._read(stream, machine, request_iterator)),
+            asyncio.create_task(self._deliver_commands(stream)),
+        ]
+        try:
+            while not stream.closed.is_set():
+                getter = asyncio.create_task(stream.outgoing.get())
+                closed = asyncio.create_task(stream.closed.wait())
+                done, _ = await asyncio.wait({getter, closed}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    closed.cancel()
+                    yield getter.result()
+                else:
+                    getter.cancel()
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            self.streams.close(stream)
+            log.info("machine %s disconnected", machine.name)
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> AgentPrincipal:
+        metadata = dict(context.invocation_metadata() or ())
+        header = str(metadata.get("authorization", ""))
+        secret = header[7:].strip() if header.lower().startswith("bearer ") else None
+        try:
+            async with self.db.read() as session:
+                return await access.authenticate_agent(session, secret)
+        except Unauthenticated as error:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, error.message)
+            raise  # abort raises; this keeps type checkers sure
+
+    async def _read(
+        self,
+        stream: MachineStream,
+        machine: Machine,
+        request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+    ) -> None:
+        try:
+            async for message in request_iterator:
+                await self._apply(stream, machine, message)
+                stream.send(ack=agent_pb2.Ack(up_to=message.id))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("stream of machine %s failed", machine.name)
+        finally:
+            stream.closed.set()
+
+    async def _apply(
+        self, stream: MachineStream, machine: Machine, message: agent_pb2.AgentMessage
+    ) -> None:
+        kind = message.WhichOneof("body")
+        if kind == "reply":
+            future = stream.pending.get(message.reply.request_id)
+            if future is not None and not future.done():
+                future.set_result(message.reply)
+            return
+        handler = self._handlers.get(kind or "")
+        if handler is None:
+            return
+        async with self.db.transaction() as session:
+            fx = await handler(self, session, machine, message)
+        if fx is not None and fx.freed:
+            self.on_freed()
+
+    async def _heartbeat(
+        self, session: AsyncSession, machine: Machine, _: agent_pb2.AgentMessage
+    ) -> None:
+        if not await service.heartbeat(session, self.clock, machine.id, self.lease):
+            raise RuntimeError(f"machine {machine.name} was lost; it must say Hello again")
+
+    async def _worker_event(
+        self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
+    ) -> Effects:
+        e = message.worker_event
+        event = WorkerEventInfo(
+            worker=e.worker,
+            attempt=e.attempt or None,
+            kind=_STATES[e.state],
+            at=agent_time(e.at_ms, self.clock.now()),
+            reason=e.reason,
+            exit_code=e.exit_code if e.HasField("exit_code") else None,
+            log_tail=e.log_tail,
+        )
+        return await service.worker_event(session, self.clock, machine.id, event)
+
+    async def _progress(
+        self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
+    ) -> Effects:
+        p = message.progress
+        return await service.progress(
+            session, self.clock, machine.id, p.worker, agent_time(p.at_ms, self.clock.now())
+        )
+
+    async def _gpu_health(
+        self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
+    ) -> Effects:
+        h = message.gpu_health
+        row = await session.get(Machine, machine.id)
+        assert row is not None
+        return await service.gpu_health(session, self.clock, row, h.index, h.healthy, h.reason)
+
+    async def _command_ack(
+        self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
+    ) -> None:
+        await service.acknowledge(
+            session, self.clock, machine.id, list(message.command_ack.command_ids)
+        )
+
+    _handlers: dict[str, Callable[..., Awaitable[Effects | None]]] = {
+        "heartbeat": _heartbeat,
+        "worker_event": _worker_event,
+        "progress": _progress,
+        "gpu_health": _gpu_health,
+        "command_ack": _command_ack,
+    }
+
+    async def _deliver_commands(self, stream: MachineStream) -> None:
+        """Send the machine's new unacknowledged commands, in order, as they appear."""
+        while not stream.closed.is_set():
+            async with self.db.read() as session:
+                commands = await service.commands_to_send(
+                    session, stream.machine_id, stream.last_command_sent
+                )
+            for c in commands:
+                stream.send(
+                    command=agent_pb2.Command(
+                        command_id=c.id,
+                        kind=_COMMANDS[c.kind],
+                        worker=c.worker_name,
+                        payload_json=_json(c.payload),
+                    )
+                )
+                stream.last_command_sent = c.id
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stream.closed.wait(), self.poll_interval)
+
+
+def _json(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, separators=(",", ":"), default=str)
+
+
+async def serve(service_: AgentService, address: str) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServicer_to_server(service_, server)
+    server.add_insecure_port(address)
+    await server.start()
+    return server
