@@ -81,6 +81,10 @@ class Settings(BaseSettings):
     lease_time: Duration = timedelta(seconds=60)
     # Where machines' agents connect (gRPC); 0 turns the agent endpoint off.
     agent_port: int = 8081
+    # `astraeus up` starts an agent on this machine, with this many simulated GPUs where the
+    # machine has no NVIDIA GPU (with NVML present it uses the real ones).
+    local_agent: bool = True
+    local_agent_gpus: int = 8
     # How often the scheduling pass (leases, timers, placement) runs besides on events.
     scheduler_interval: Duration = timedelta(seconds=5)
     # Run the Dramatiq worker and the periodic pass inside the server (the embedded mode).

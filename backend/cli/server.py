@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -181,7 +182,55 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  export ASTRA_TOKEN=$(cat {token}) ASTRALYX_TOKEN=$(cat {token})")
     print(f"  data: {settings.data_dir}", flush=True)
     settings.migrate_on_start = False
-    return cmd_serve(settings, argparse.Namespace(host=None, port=None))
+    agent = _start_local_agent(settings) if settings.local_agent and settings.agent_port else None
+    try:
+        return cmd_serve(settings, argparse.Namespace(host=None, port=None))
+    finally:
+        if agent is not None:
+            agent.terminate()
+            agent.wait(timeout=15)
+
+
+def _start_local_agent(settings: Settings) -> subprocess.Popen[bytes] | None:
+    """The embedded mode's machine: this one, joined with a machine token of the cluster."""
+    token = settings.data_dir / "agent-token"
+    if not token.exists():
+
+        async def work(session: AsyncSession) -> str:
+            org = await organizations.organization_by_name(session, "default")
+            cluster = await organizations.cluster_by_name(session, org.id, "local")
+            issued = await access.issue_agent_token(
+                session, SystemClock(), organization_id=org.id, cluster_id=cluster.id, name="local"
+            )
+            return issued.secret
+
+        try:
+            token.write_text(_in_transaction(settings, work) + "\n")
+        except AstraeusError:
+            return None  # set up by hand (another organisation or cluster): no local agent
+        token.chmod(0o600)
+    command = [
+        sys.executable,
+        "-m",
+        "backend.cli.server",
+        "agent",
+        "--server",
+        f"127.0.0.1:{settings.agent_port}",
+        "--token-file",
+        str(token),
+        "--name",
+        "local",
+        "--data-dir",
+        str(settings.data_dir / "agent"),
+        "--simulate-gpus",
+        str(settings.local_agent_gpus),
+    ]
+    print(
+        f"  local agent: machine 'local', up to {settings.local_agent_gpus} simulated GPUs "
+        "without NVIDIA ones",
+        flush=True,
+    )
+    return subprocess.Popen(command)
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
@@ -218,6 +267,12 @@ def cmd_scheduler(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_agent(settings: Settings, args: argparse.Namespace) -> int:
+    from agent.main import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="astraeus", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -237,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run the Dramatiq actors (production: with Redis)")
     worker.add_argument("--threads", type=int, default=2)
     worker.set_defaults(func=cmd_worker)
+
+    agent = sub.add_parser("agent", help="join a cluster and run the workers placed here")
+    from agent.main import add_arguments
+
+    add_arguments(agent)
+    agent.set_defaults(func=cmd_agent)
 
     scheduler = sub.add_parser("scheduler", help="send the scheduling pass every interval")
     scheduler.set_defaults(func=cmd_scheduler)

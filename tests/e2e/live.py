@@ -24,13 +24,14 @@ def free_port() -> int:
 class Server:
     """`astraeus up` on a data folder of its own, on a free port."""
 
-    def __init__(self, data_dir: Path, port: int) -> None:
+    def __init__(self, data_dir: Path, port: int, *, local_agent: bool = True) -> None:
         self.env = {
             **os.environ,
             "ASTRAEUS_DATA_DIR": str(data_dir),
             "ASTRAEUS_PORT": str(port),
             "ASTRAEUS_CONSOLE_DIR": str(data_dir / "no-console"),
             "ASTRAEUS_AGENT_PORT": str(free_port()),
+            "ASTRAEUS_LOCAL_AGENT": "true" if local_agent else "false",
         }
         self.env.pop("ASTRAEUS_DATABASE_URL", None)
         self.url = f"http://127.0.0.1:{port}"

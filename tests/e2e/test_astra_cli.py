@@ -20,7 +20,8 @@ ASTRA = str(Path(sys.executable).parent / "astra")
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
-    server = Server(tmp_path_factory.mktemp("astra") / "data", free_port())
+    # No agent: the runs stay pending, and their sentences say why.
+    server = Server(tmp_path_factory.mktemp("astra") / "data", free_port(), local_agent=False)
     printed = server.start()
     token = re.search(r"token:\s+(astx_\S+)", printed)
     assert token, printed

@@ -1,0 +1,135 @@
+"""`astraeus up` with its local agent runs real processes as gangs (seed L-29, L-45, L-48, L-51)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.live import Server, free_port
+
+STEPS = (
+    "import os, time\n"
+    "for i in range(3):\n"
+    "    rank, world = os.environ['RANK'], os.environ['WORLD_SIZE']\n"
+    "    print(f'[rank{rank}]: step {i}0 loss 1.8 world {world}', flush=True)\n"
+    "    time.sleep(0.2)\n"
+)
+CRASH = (
+    "import os, sys; print('about to fail', flush=True); "
+    "sys.exit(1 if os.environ['RANK'] == '1' else 0)"
+)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+    server = Server(tmp_path_factory.mktemp("embedded") / "data", free_port())
+    printed = server.start()
+    token = re.search(r"token:\s+(astx_\S+)", printed)
+    assert token, printed
+    try:
+        yield server, token.group(1)
+    finally:
+        server.stop()
+
+
+def submit(live: tuple[Server, str], spec: dict[str, Any]) -> None:
+    server, token = live
+    answer = httpx.post(
+        f"{server.url}/graphql",
+        headers={"Authorization": f"Bearer {token}"},
+        json={
+            "query": "mutation($s: JSON!) { createRun(spec: $s) { errors { message } } }",
+            "variables": {"s": spec},
+        },
+    ).json()
+    assert answer["data"]["createRun"]["errors"] == []
+
+
+def job_when_ended(live: tuple[Server, str], name: str) -> dict[str, Any]:
+    server, token = live
+    deadline = time.monotonic() + 60
+    while True:
+        job = httpx.get(
+            f"{server.url}/v1/jobs/{name}", headers={"Authorization": f"Bearer {token}"}
+        ).json()
+        if job["status"] in ("Completed", "Failed", "Stopped") or time.monotonic() > deadline:
+            return dict(job)
+        time.sleep(0.3)
+
+
+def test_a_gang_of_real_processes_runs_to_completion(live: tuple[Server, str]) -> None:
+    submit(
+        live,
+        {"name": "llama-sft", "workers": 2, "gpus": 4, "command": [sys.executable, "-c", STEPS]},
+    )
+    job = job_when_ended(live, "llama-sft")
+    assert [[h["state"], h["reason"]] for h in job["history"]] == [
+        ["Pending", "Run created"],
+        ["Starting", "Starting together: 0 of 2 ready"],
+        ["Running", "2 of 2 workers running"],
+        ["Completed", "2 of 2 workers completed"],
+    ]
+    server, _ = live
+    log = server.log.parent / "data" / "agent" / "logs" / "llama-sft-1" / "archived.log"
+    assert log.read_text().splitlines() == [
+        f"[rank1]: step {i}0 loss 1.8 world 2" for i in range(3)
+    ]
+
+
+def test_a_failed_rank_fails_the_gang_and_a_missing_command_is_127(
+    live: tuple[Server, str],
+) -> None:
+    submit(
+        live,
+        {
+            "name": "crash",
+            "workers": 2,
+            "gpus": 1,
+            "restart_policy": "never",
+            "command": [sys.executable, "-c", CRASH],
+        },
+    )
+    submit(
+        live,
+        {
+            "name": "missing",
+            "gpus": 1,
+            "restart_policy": "never",
+            "command": ["no-such-program-here"],
+        },
+    )
+    crash = job_when_ended(live, "crash")
+    assert (crash["status"], crash["reason"]) == (
+        "Failed",
+        "Worker crash-1 failed on local: Exited with code 1; the gang does not run without it",
+    )
+    missing = job_when_ended(live, "missing")
+    assert (missing["status"], missing["reason"]) == (
+        "Failed",
+        "Worker missing-0 failed on local: Exited with code 127; the gang does not run without it",
+    )
+    server, token = live
+    env = server.env_for(token)
+    env["HOME"] = str(server.log.parent)
+    status = subprocess.run(
+        [str(Path(sys.executable).parent / "astra"), "astraeus", "workers", "crash", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    failed = next(w for w in json.loads(status.stdout) if w["name"] == "crash-1")
+    assert (failed["state"], failed["reason"], failed["exitCode"]) == (
+        "Failed",
+        "Exited with code 1",
+        1,
+    )
