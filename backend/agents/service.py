@@ -91,10 +91,16 @@ async def worker_event(
 
 
 async def progress(
-    session: AsyncSession, clock: Clock, machine_id: int, worker: str, at: datetime
+    session: AsyncSession, clock: Clock, machine_id: int, worker: str, step: int, at: datetime
 ) -> Effects:
     return await lifecycle.report(
-        session, clock, machine_id=machine_id, worker_name=worker, kind="progress", at=at
+        session,
+        clock,
+        machine_id=machine_id,
+        worker_name=worker,
+        kind="progress",
+        at=at,
+        step=step,
     )
 
 

@@ -248,7 +248,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     ) -> Effects:
         p = message.progress
         return await service.progress(
-            session, self.clock, machine.id, p.worker, agent_time(p.at_ms, self.clock.now())
+            session, self.clock, machine.id, p.worker, p.step, agent_time(p.at_ms, self.clock.now())
         )
 
     async def _gpu_health(

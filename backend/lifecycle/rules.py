@@ -10,6 +10,7 @@ fails for good the others are stopped ("the gang does not run without it").
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -21,6 +22,9 @@ RESTART_BASE = timedelta(seconds=10)
 RESTART_CAP = timedelta(minutes=5)
 RESTART_COUNT_RESET = timedelta(minutes=10)
 BARRIER_TIMEOUT = timedelta(minutes=15)
+# A straggler: a gang member at under half its gang's median pace for three minutes or more.
+STRAGGLER_PACE = 0.5
+STRAGGLER_AFTER = timedelta(minutes=3)
 
 
 class Phase(StrEnum):
@@ -161,6 +165,12 @@ class WorkerView:
     last_failure: dict[str, Any] | None = None
     progress_at: datetime | None = None
     stalled_since: datetime | None = None
+    # The workload's own step counter, and how fast it moves (steps per second, smoothed).
+    progress_step: int | None = None
+    stepped_at: datetime | None = None
+    progress_rate: float | None = None
+    # Since when it has been well behind its gang's median pace.
+    slow_since: datetime | None = None
     attempt: int = 0
 
     @property
@@ -334,6 +344,7 @@ def place(
         w.machine_id, w.machine_name, w.gpu_ids = p.machine_id, p.machine_name, list(p.gpu_ids)
         w.ready, w.exit_code, w.stop_cause, w.restart_at = False, None, None, None
         w.stalled_since, w.progress_at = None, None
+        w.progress_step = w.stepped_at = w.progress_rate = w.slow_since = None
         w.attempt = run.attempt
         if run.attempt > 1:
             w.restarts += 1
@@ -436,23 +447,57 @@ def worker_ready(
 def worker_running(
     run: RunView, w: WorkerView, at: datetime, fx: Effects, *, attempt: int | None = None
 ) -> None:
-    if not _current(run, w, attempt) or w.stop_cause:
-        return
+    if not _current(run, w, attempt) or w.stop_cause or w.state == RUNNING:
+        return  # a repeat (an agent reconnecting) is neither news nor progress
     w.ready = True
     w.progress_at = at
     _set_worker(fx, run, w, RUNNING, CONTAINER_RUNNING, Phase.RUNNING, at)
     _refresh_run(run, at, fx)
 
 
-def worker_progress(run: RunView, w: WorkerView, at: datetime, fx: Effects) -> None:
-    """A progress report or a new log line: not stalled (any more)."""
+def worker_progress(
+    run: RunView, w: WorkerView, at: datetime, fx: Effects, *, step: int | None = None
+) -> None:
+    """A progress report or a new log line: not stalled (any more); with a step, its pace."""
     if w.state != RUNNING or w.stop_cause:
         return
+    if step is not None:
+        _measure_pace(w, step, at)
     if w.progress_at is None or at > w.progress_at:
         w.progress_at = at
     if w.stalled_since is not None:
         w.stalled_since = None
         _set_worker(fx, run, w, RUNNING, CONTAINER_RUNNING, Phase.RUNNING, at)
+
+
+def _measure_pace(w: WorkerView, step: int, at: datetime) -> None:
+    previous_step, previous_at = w.progress_step, w.stepped_at
+    if previous_step is not None and previous_at is not None and at > previous_at:
+        pace = max(step - previous_step, 0) / (at - previous_at).total_seconds()
+        w.progress_rate = pace if w.progress_rate is None else (w.progress_rate + pace) / 2
+    if previous_at is None or at > previous_at:
+        w.progress_step, w.stepped_at = step, at
+
+
+def find_stragglers(run: RunView, now: datetime) -> None:
+    """Mark the running gang members whose pace stays well below the gang's median."""
+    if run.state != RUNNING or run.stop_cause is not None:
+        return
+    paces = [w.progress_rate for w in run.workers if w.progress_rate is not None]
+    if len(paces) < 2:
+        return
+    median = statistics.median(paces)
+    for w in run.workers:
+        slow = w.progress_rate is not None and w.progress_rate < STRAGGLER_PACE * median
+        if slow and w.slow_since is None:
+            w.slow_since = now
+        elif not slow:
+            w.slow_since = None
+
+
+def is_straggler(w: WorkerView | Any, now: datetime) -> bool:
+    """Slow for several minutes: a straggler (a flag, not a state)."""
+    return w.state == RUNNING and w.slow_since is not None and now - w.slow_since >= STRAGGLER_AFTER
 
 
 # -- endings -----------------------------------------------------------------------------------
@@ -512,6 +557,7 @@ def _gang_failed(
     if earliest:
         run.first_failure = {"worker": w.name, "machine": machine, "reason": reason, "at": at}
     if run.stop_cause is None:
+        _stop_running(run, at)
         run.stop_cause = Cause.FAILURE
         for other in run.workers:
             if other is not w and other.alive and other.stop_cause is None:
@@ -559,6 +605,13 @@ def _failures_counted(run: RunView, at: datetime) -> int:
     if run.running_since is not None and at - run.running_since >= RESTART_COUNT_RESET:
         return 0
     return run.failures_in_row
+
+
+def _stop_running(run: RunView, at: datetime) -> None:
+    """A failure or a stall stops the gang running whole: the time it ran until now may reset
+    the count, the time its workers then take to wind down must not (nor decide it twice)."""
+    run.failures_in_row = _failures_counted(run, at)
+    run.running_since = None
 
 
 def _after_stop_phase(run: RunView, cause: Cause, at: datetime) -> Phase:
@@ -686,12 +739,16 @@ def time_limit_reached(run: RunView, at: datetime, fx: Effects) -> None:
 
 def preempt(run: RunView, by_run: str, at: datetime, fx: Effects) -> None:
     """Stop for higher-priority work; the run is queued again, not failed."""
+    if run.stop_cause is not None:
+        return  # already winding down: its own cause (a failure to count, an owner) decides
     run.reason = preempted_sentence(by_run)
     _stop_gang(run, Cause.PREEMPTION, by_run, preempted_sentence(by_run), at, fx)
 
 
 def drain_preempt(run: RunView, machine: str, at: datetime, fx: Effects) -> None:
     """A machine of the gang is drained: the run stops and is queued again, like a preemption."""
+    if run.stop_cause is not None:
+        return  # already winding down: its own cause (a failure to count, an owner) decides
     sentence = f"Preempted by a drain of {machine}"
     run.reason = sentence
     _stop_gang(run, Cause.PREEMPTION, f"drain of {machine}", sentence, at, fx)
@@ -727,6 +784,7 @@ def worker_stalled(run: RunView, w: WorkerView, at: datetime, fx: Effects) -> No
     if run.policy.on_stall == "restart":
         quiet = format_duration(timeout)
         run.reason = f"Worker {w.name} stalled on {w.machine_name}: no progress for {quiet}"
+        _stop_running(run, at)
         _stop_gang(run, Cause.STALL, None, f"Stopping: worker {w.name} stalled", at, fx)
 
 
@@ -750,6 +808,7 @@ def check_timers(run: RunView, now: datetime, fx: Effects) -> None:
     ):
         barrier_timed_out(run, now, fx)
         return
+    find_stragglers(run, now)
     timeout = run.policy.stall_timeout
     if timeout is None:
         return

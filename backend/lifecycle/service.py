@@ -49,6 +49,10 @@ _WORKER_FIELDS = (
     "progress_at",
     "stalled_since",
     "attempt",
+    "progress_step",
+    "stepped_at",
+    "progress_rate",
+    "slow_since",
 )
 
 
@@ -96,6 +100,10 @@ def _worker_view(w: Worker, machine_names: dict[int, str]) -> WorkerView:
         progress_at=w.progress_at,
         stalled_since=w.stalled_since,
         attempt=w.attempt,
+        progress_step=w.progress_step,
+        stepped_at=w.stepped_at,
+        progress_rate=w.progress_rate,
+        slow_since=w.slow_since,
     )
 
 
@@ -300,6 +308,7 @@ async def report(
     reason: str | None = None,
     exit_code: int | None = None,
     log_tail: str = "",
+    step: int | None = None,
 ) -> Effects:
     """A worker's state as its machine's agent saw it: preparing, pulling, ready, running,
     progress, exited. A report for a worker the machine no longer runs changes nothing."""
@@ -317,7 +326,7 @@ async def report(
         elif kind == "running":
             rules.worker_running(view, w, when, fx, attempt=attempt)
         elif kind == "progress":
-            rules.worker_progress(view, w, when, fx)
+            rules.worker_progress(view, w, when, fx, step=step)
         elif kind == "exited":
             rules.worker_exited(
                 view,

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import BigId, PortableJSON
@@ -44,6 +44,12 @@ class Worker(HasId, HasCreatedAt, Base):
     progress_at: Mapped[datetime | None]
     # Set while it is stalled: from when it stopped making progress.
     stalled_since: Mapped[datetime | None]
+    # The workload's last reported step, when, and its pace (steps per second, smoothed).
+    progress_step: Mapped[int | None] = mapped_column(BigInteger)
+    stepped_at: Mapped[datetime | None]
+    progress_rate: Mapped[float | None] = mapped_column(Float)
+    # Since when it has been well behind its gang's median pace (a straggler after 3 minutes).
+    slow_since: Mapped[datetime | None]
 
 
 class Attempt(HasId, Base):

@@ -9,6 +9,7 @@ import strawberry
 from strawberry.scalars import JSON
 
 from backend import models
+from backend.lifecycle.rules import is_straggler
 from backend.resolvers.context import Info
 from backend.runs import service as runs
 from backend.runs.rules import task_counts
@@ -50,6 +51,7 @@ class Worker:
         description="The last failure snapshot: reason, failed_at, exit_code, log_tail."
     )
     _machine_id: strawberry.Private[int | None]
+    _slow_since: strawberry.Private[datetime | None]
 
     @classmethod
     def from_model(cls, row: models.Worker) -> Worker:
@@ -67,7 +69,16 @@ class Worker:
             exit_code=row.exit_code,
             last_failure=cast(JSON, row.last_failure),
             _machine_id=row.machine_id,
+            _slow_since=row.slow_since,
         )
+
+    @strawberry.field(description="Running well behind its gang's median pace for several minutes.")
+    def straggler(self, info: Info) -> bool:
+        return is_straggler(self, info.context.clock.now())
+
+    @property
+    def slow_since(self) -> datetime | None:
+        return self._slow_since
 
     @strawberry.field(description="The machine it is placed on, while placed.")
     async def machine(self, info: Info) -> str | None:

@@ -12,7 +12,7 @@ from backend.schema.schema import SDL_PATH, schema, sdl
 from tests.support import Tenancy, row_counts, run_spec
 
 RUN_FIELDS = """name state reason priority createdBy spec
-  workers { name rank state reason gpus gpuIds restarts restartAt exitCode lastFailure }
+  workers { name rank state reason gpus gpuIds restarts restartAt exitCode lastFailure straggler }
   history { transitionAt state reason } taskCounts { state count }"""
 CREATE = f"""mutation($spec: JSON!, $ws: String) {{
   createRun(spec: $spec, workspace: $ws) {{
@@ -66,6 +66,7 @@ async def test_create_run_and_read_it_back(client: httpx.AsyncClient, tenancy: T
         "restartAt": None,
         "exitCode": None,
         "lastFailure": None,
+        "straggler": False,
     }
     assert run["history"] == [
         {

@@ -9,6 +9,7 @@ from sqlalchemy import select
 
 from backend.db import Database
 from backend.lifecycle import service as lifecycle
+from backend.lifecycle.rules import is_straggler
 from backend.machines import service as machines
 from backend.models import Gpu, Machine
 from tests.lifecycle.world import LEASE, World
@@ -441,3 +442,23 @@ async def test_deleting_a_run_removes_its_workers_and_their_logs(world: World) -
         ("delete", "llama-sft-1"),
     ]
     assert (await world.run("llama-sft")).deleted_at == world.clock.now()
+
+
+async def test_a_gang_member_well_behind_its_gangs_pace_becomes_a_straggler(world: World) -> None:
+    await running_gang(world, workers=3, gpus=2)
+    paces = {0: 100, 1: 100, 2: 20}  # steps a minute
+    flags = []
+    for minute in range(1, 6):
+        world.clock.advance(minutes=1)
+        for rank, pace in paces.items():
+            await world.report(f"llama-sft-{rank}", "progress", step=minute * pace)
+        await world.timers()
+        workers = await world.workers("llama-sft")
+        flags.append([is_straggler(w, world.clock.now()) for w in workers])
+    # Paces are known from the second report on; three minutes behind makes a straggler.
+    assert flags == [[False] * 3] * 4 + [[False, False, True]]
+    world.clock.advance(minutes=1)
+    for rank in paces:
+        await world.report(f"llama-sft-{rank}", "progress", step=1000 if rank == 2 else 600)
+    await world.timers()
+    assert [w.slow_since for w in await world.workers("llama-sft")] == [None, None, None]
