@@ -161,6 +161,23 @@ class Agent:
         elif kind == "command":
             await self._command(message.command)
             self._send(command_ack=agent_pb2.CommandAck(command_ids=[message.command.command_id]))
+        elif kind == "log_tail":
+            self._reply_tail(message.id, message.log_tail)
+
+    def _reply_tail(self, request_id: int, request: agent_pb2.LogTailRequest) -> None:
+        """The last lines of a worker's log, cut to the bytes asked for (its end)."""
+        text, archived = WorkerLog(self.config.data_dir / "logs", request.worker).tail(
+            request.lines or 1000
+        )
+        data = text.encode()
+        if request.max_bytes and len(data) > request.max_bytes:
+            text = data[-request.max_bytes :].decode(errors="ignore")
+        reply = agent_pb2.Reply(
+            request_id=request_id,
+            log=agent_pb2.LogChunk(worker=request.worker, text=text, archived=archived),
+        )
+        # A reply needs no resending: the server waits for it only so long.
+        self.queue.put_nowait(agent_pb2.AgentMessage(id=next(self.ids), reply=reply))
 
     async def _command(self, command: agent_pb2.Command) -> None:
         name = command.worker

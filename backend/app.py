@@ -28,6 +28,7 @@ from backend.jobs import broker as job_broker
 from backend.jobs import runtime
 from backend.resolvers.context import Context, build_context
 from backend.rest import jobs as rest_jobs
+from backend.rest import tasks as rest_tasks
 from backend.schema.schema import schema
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ def create_app(
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/graphql", AstraeusGraphQL(schema), methods=["GET", "POST"]),
-        Mount("/v1", routes=rest_jobs.routes),
+        Mount("/v1", routes=[*rest_jobs.routes, *rest_tasks.routes]),
         *_console_routes(settings.resolved_console_dir),
     ]
     return Starlette(routes=routes, lifespan=lifespan)

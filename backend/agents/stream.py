@@ -30,6 +30,7 @@ from backend.clock import Clock
 from backend.db import Database
 from backend.errors import Unauthenticated
 from backend.lifecycle.rules import Effects
+from backend.logs.service import LogText
 from backend.machines.service import GpuInfo
 from backend.models import Machine
 
@@ -176,6 +177,22 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     await task
             self.streams.close(stream)
             log.info("machine %s disconnected", machine.name)
+
+    async def tail(
+        self, machine_id: int, worker: str, lines: int, max_bytes: int, wait_s: float
+    ) -> LogText | None:
+        """Ask the machine for a worker's last lines; None when it is not here or silent."""
+        stream = self.streams.get(machine_id)
+        if stream is None:
+            return None
+        request = agent_pb2.LogTailRequest(worker=worker, lines=lines, max_bytes=max_bytes)
+        try:
+            reply = await stream.request(wait_s, log_tail=request)
+        except TimeoutError:
+            return None
+        if reply.WhichOneof("body") != "log":
+            return None
+        return LogText(worker=worker, text=reply.log.text, archived=reply.log.archived)
 
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> AgentPrincipal:
         metadata = dict(context.invocation_metadata() or ())

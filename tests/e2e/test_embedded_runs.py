@@ -66,12 +66,20 @@ def job_when_ended(live: tuple[Server, str], name: str) -> dict[str, Any]:
         time.sleep(0.3)
 
 
-def test_a_gang_of_real_processes_runs_to_completion(live: tuple[Server, str]) -> None:
+@pytest.fixture(scope="module")
+def llama_sft(live: tuple[Server, str]) -> dict[str, Any]:
+    """The gang of the seed's examples, run to its end once for the tests that read it."""
     submit(
         live,
         {"name": "llama-sft", "workers": 2, "gpus": 4, "command": [sys.executable, "-c", STEPS]},
     )
-    job = job_when_ended(live, "llama-sft")
+    return job_when_ended(live, "llama-sft")
+
+
+def test_a_gang_of_real_processes_runs_to_completion(
+    live: tuple[Server, str], llama_sft: dict[str, Any]
+) -> None:
+    job = llama_sft
     assert [[h["state"], h["reason"]] for h in job["history"]] == [
         ["Pending", "Run created"],
         ["Starting", "Starting together: 0 of 2 ready"],
@@ -133,3 +141,50 @@ def test_a_failed_rank_fails_the_gang_and_a_missing_command_is_127(
         "Exited with code 1",
         1,
     )
+
+
+SEED_LOGS = (
+    'curl -sS "$API/tasks/llama-sft-1/logs?tail=200" -H "Authorization: Bearer $ASTRA_TOKEN" '
+    "| jq -r .logs"
+)
+
+
+def test_the_seeds_log_line_fetches_the_log_from_the_machine(
+    live: tuple[Server, str], llama_sft: dict[str, Any]
+) -> None:
+    # seed L-12, L-14: the log comes from the machine, archived once its process is gone
+    server, token = live
+    answer = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", SEED_LOGS],
+        env=server.env_for(token),
+        capture_output=True,
+        text=True,
+    )
+    assert answer.returncode == 0, answer.stderr
+    # The log's text ends its last line; jq -r adds a newline of its own.
+    lines = "".join(f"[rank1]: step {i}0 loss 1.8 world 2\n" for i in range(3))
+    assert answer.stdout == lines + "\n"
+    body = httpx.get(
+        f"{server.url}/v1/tasks/llama-sft/logs",
+        params={"tail": 2},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    assert body == {
+        "task_name": "llama-sft-0",
+        "logs": "[rank0]: step 10 loss 1.8 world 2\n[rank0]: step 20 loss 1.8 world 2\n",
+        "archived": True,
+    }
+
+
+def test_a_worker_never_placed_has_no_log(live: tuple[Server, str]) -> None:
+    # seed L-16: 409 TASK_NOT_PLACED
+    submit(live, {"name": "too-big", "gpus": 64, "command": ["true"]})
+    server, token = live
+    answer = httpx.get(
+        f"{server.url}/v1/tasks/too-big-0/logs", headers={"Authorization": f"Bearer {token}"}
+    )
+    assert answer.status_code == 409
+    assert answer.json() == {
+        "code": "TASK_NOT_PLACED",
+        "message": "Worker too-big-0 has not been placed on a machine yet: it has no log.",
+    }

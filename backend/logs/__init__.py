@@ -1,0 +1,1 @@
+"""Workers' logs: kept on their machines, fetched over the machine's own stream on request."""

@@ -1,0 +1,86 @@
+"""The logs domain's entry point: a worker's log tail, asked of the machine that keeps it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.access.rules import Principal
+from backend.errors import AstraeusError, FieldError, InvalidInput, NotFound
+from backend.logs import repository
+from backend.runs import service as runs
+
+DEFAULT_TAIL = 1000
+MAX_TAIL = 10_000
+MAX_BYTES = 900 * 1024
+ANSWER_WITHIN_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class LogText:
+    worker: str
+    text: str
+    archived: bool
+
+
+class LogSource(Protocol):
+    """Whoever can ask a machine for a log: the agent streams held by this process."""
+
+    async def tail(
+        self, machine_id: int, worker: str, lines: int, max_bytes: int, wait_s: float
+    ) -> LogText | None: ...
+
+
+def parse_tail(raw: str | None) -> int:
+    if raw is None or raw == "":
+        return DEFAULT_TAIL
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidInput(
+            "INVALID_PARAMETER", [FieldError("tail", "must be a whole number from 1")]
+        )
+    if int(raw) > MAX_TAIL:
+        raise InvalidInput("INVALID_PARAMETER", [FieldError("tail", f"must be at most {MAX_TAIL}")])
+    return int(raw)
+
+
+class NotPlaced(AstraeusError):
+    def __init__(self, worker: str) -> None:
+        super().__init__(
+            code="TASK_NOT_PLACED",
+            message=f"Worker {worker} has not been placed on a machine yet: it has no log.",
+            status=409,
+        )
+
+
+class LogUnavailable(AstraeusError):
+    def __init__(self, worker: str, why: str) -> None:
+        super().__init__(
+            code="TASK_LOG_UNAVAILABLE",
+            message=f"The log of {worker} could not be fetched: {why}",
+            status=400,
+        )
+
+
+async def tail(
+    session: AsyncSession, principal: Principal, name: str, lines: int, source: LogSource | None
+) -> LogText:
+    """The last lines of a worker's log (a run's name means its first worker)."""
+    ws = await runs.workspace_for(session, principal)
+    worker = await repository.worker_in_workspace(session, ws.id, name)
+    if worker is None:
+        worker = await repository.first_worker(session, ws.id, name)
+    if worker is None:
+        raise NotFound(
+            "TASK_NOT_FOUND", f"No worker or run named '{name}' in workspace '{ws.name}'."
+        )
+    machine_id = worker.machine_id or await repository.last_machine(session, worker.id)
+    if machine_id is None:
+        raise NotPlaced(worker.name)
+    if source is None:
+        raise LogUnavailable(worker.name, "this server takes no agent connections.")
+    text = await source.tail(machine_id, worker.name, lines, MAX_BYTES, ANSWER_WITHIN_SECONDS)
+    if text is None:
+        raise LogUnavailable(worker.name, "its machine did not answer.")
+    return text
