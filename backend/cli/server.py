@@ -230,7 +230,17 @@ def _start_local_agent(settings: Settings) -> subprocess.Popen[bytes] | None:
         "without NVIDIA ones",
         flush=True,
     )
-    return subprocess.Popen(command)
+    return subprocess.Popen(command, preexec_fn=_end_with_parent)
+
+
+def _end_with_parent() -> None:
+    """Linux: the local agent gets SIGTERM when `astraeus up` dies, however it dies."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
