@@ -421,8 +421,8 @@ def worker_preparing(
 ) -> None:
     """The agent is preparing (credentials, drives) or pulling the image; the reason says what."""
     assert state in (PREPARING, PULLING, STARTING)
-    if not _current(run, w, attempt) or w.stop_cause:
-        return
+    if not _current(run, w, attempt) or w.stop_cause or w.ready or w.state == RUNNING:
+        return  # late news: it is already past preparing and pulling
     _set_worker(fx, run, w, state, reason, w.phase, at)
     _refresh_run(run, at, fx)
 
