@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -63,19 +64,14 @@ async def issue_agent_token(
     session: AsyncSession, clock: Clock, *, organization_id: int, cluster_id: int, name: str = ""
 ) -> IssuedToken:
     """A token for the agents of one cluster's machines. Shown once, stored as its digest."""
-    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken(
-        token_hash=hash_token(secret),
-        prefix=secret[:12],
+    return await _issue(
+        session,
+        clock,
         name=name,
         kind="agent",
         organization_id=organization_id,
         cluster_id=cluster_id,
-        created_at=clock.now(),
     )
-    repository.add(session, token)
-    await session.flush()
-    return IssuedToken(secret=secret, token_id=token.id)
 
 
 async def ensure_user(
@@ -119,16 +115,21 @@ async def issue_user_token(
     name: str = "",
 ) -> IssuedToken:
     """A new token for ``user`` acting in a workspace. The secret is returned once, never stored."""
-    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken(
-        token_hash=hash_token(secret),
-        prefix=secret[:12],
+    return await _issue(
+        session,
+        clock,
         name=name,
         kind="user",
         user_id=user.id,
         organization_id=organization_id,
         workspace_id=workspace_id,
-        created_at=clock.now(),
+    )
+
+
+async def _issue(session: AsyncSession, clock: Clock, **fields: Any) -> IssuedToken:
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken(
+        token_hash=hash_token(secret), prefix=secret[:12], created_at=clock.now(), **fields
     )
     repository.add(session, token)
     await session.flush()

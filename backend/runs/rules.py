@@ -24,11 +24,14 @@ class RunState(StrEnum):
 
 
 class WorkerState(StrEnum):
+    """A worker's states: a run's, but Deleted, and with Stopping while it winds down."""
+
     PENDING = "Pending"
     PREPARING = "Preparing"
     PULLING = "Pulling"
     STARTING = "Starting"
     RUNNING = "Running"
+    STOPPING = "Stopping"
     COMPLETED = "Completed"
     FAILED = "Failed"
     STOPPED = "Stopped"

@@ -12,6 +12,7 @@ from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import is_straggler
 from backend.machines import service as machines
 from backend.models import Gpu, Machine
+from backend.runs.rules import task_counts
 from tests.lifecycle.world import LEASE, World
 from tests.support import SEED_TIME, FakeClock, Tenancy
 
@@ -89,8 +90,10 @@ async def test_a_failed_worker_fails_the_gang_with_the_seeds_sentence(world: Wor
         "Worker llama-sft-1 failed on gpu-08: Exited with code 1; the gang does not run without it"
     )
     assert await world.status("llama-sft") == ("Running", sentence)
-    survivor = (await world.workers("llama-sft"))[0]
+    survivor, failed = await world.workers("llama-sft")
     assert (survivor.state, survivor.reason) == ("Stopping", "Stopping: worker llama-sft-1 failed")
+    counts = task_counts([survivor.state, failed.state])
+    assert (counts["Stopping"], counts["Failed"], sum(counts.values())) == (1, 1, 2)
     world.clock.advance(seconds=2)
     await world.report("llama-sft-0", "exited", exit_code=143)
     assert await world.status("llama-sft") == ("Failed", sentence)

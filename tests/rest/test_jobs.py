@@ -43,6 +43,7 @@ async def test_a_job_reads_as_the_seed_shows_it(
         "Pulling": 0,
         "Starting": 0,
         "Running": 0,
+        "Stopping": 0,
         "Completed": 0,
         "Failed": 0,
         "Stopped": 0,
