@@ -39,10 +39,10 @@ services: ## start PostgreSQL and Redis if they are down (this machine kind's co
 	bash scripts/services.sh
 
 lint: setup ## ruff: lint and format check
-	$(BIN)/ruff check backend tests bench alembic/env.py
-	$(BIN)/ruff format --check backend tests bench alembic/env.py
+	$(BIN)/ruff check backend agent tests bench alembic/env.py
+	$(BIN)/ruff format --check backend agent tests bench alembic/env.py
 
-typecheck: setup ## mypy over backend/
+typecheck: setup ## mypy over backend/ and agent/
 	$(BIN)/mypy
 
 schema: setup ## export the GraphQL SDL to schema.graphql
