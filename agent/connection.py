@@ -223,5 +223,6 @@ class Agent:
         worker.exited.set()
         self.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
         worker.log.archive()
+        worker.release()
         if self.workers.get(worker.name) is worker:
             del self.workers[worker.name]

@@ -9,9 +9,11 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent import cgroups
 from agent.logs import WorkerLog
 
 STOP_GRACE_SECONDS = 10.0
+OOM_KILLED = "OOMKilled: the container exceeded its memory limit"
 
 
 def exited_with(code: int) -> str:
@@ -35,6 +37,7 @@ class ProcessWorker:
     pump: asyncio.Task[None] | None = None
     stopping: bool = False
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    cgroup: cgroups.WorkerCgroup | None = None
 
     @property
     def attempt(self) -> int:
@@ -53,9 +56,18 @@ class ProcessWorker:
         self.log.begin()
         if not command:
             return Exit(127, exited_with(127))
+        self.cgroup = cgroups.create(self.name)
+        argv = list(command)
+        if self.cgroup is not None:
+            self.cgroup.limit_memory(self.payload.get("memory_limit_bytes"))
+            # The process enters its group itself, before its command runs (a shell that
+            # joins, then execs): nothing it allocates escapes the limit. Python's preexec_fn
+            # would do the same but is unsafe in a process with threads.
+            argv = [*cgroups.join_then_exec(self.cgroup), *command]
+        kills_before = self.cgroup.oom_kills() if self.cgroup else 0
         try:
             self.process = await asyncio.create_subprocess_exec(
-                *command,
+                *argv,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 env=self.environment(),
@@ -72,7 +84,14 @@ class ProcessWorker:
         await self.pump
         if code < 0:
             code = 128 - code  # killed by a signal: the shell's convention
+        if self.cgroup is not None and self.cgroup.oom_kills() > kills_before:
+            return Exit(137, OOM_KILLED)
         return Exit(code, exited_with(code))
+
+    def release(self) -> None:
+        """The process is gone: its group goes too."""
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
     async def _copy_output(self) -> None:
         assert self.process is not None and self.process.stdout is not None

@@ -188,3 +188,34 @@ def test_a_worker_never_placed_has_no_log(live: tuple[Server, str]) -> None:
         "code": "TASK_NOT_PLACED",
         "message": "Worker too-big-0 has not been placed on a machine yet: it has no log.",
     }
+
+
+def _cgroups_here() -> bool:
+    from agent import cgroups
+
+    probe = cgroups.create("astraeus-probe")
+    if probe is None:
+        return False
+    probe.remove()
+    return True
+
+
+@pytest.mark.skipif(not _cgroups_here(), reason="this machine gives no writable cgroup hierarchy")
+def test_a_worker_past_its_memory_limit_is_oom_killed(live: tuple[Server, str]) -> None:
+    # seed L-52: "OOMKilled: the container exceeded its memory limit", exit code 137
+    submit(
+        live,
+        {
+            "name": "hungry",
+            "gpus": 1,
+            "memory_bytes": 64 * 2**20,
+            "restart_policy": "never",
+            "command": [sys.executable, "-c", "x = bytearray(400 * 2**20); print(len(x))"],
+        },
+    )
+    job = job_when_ended(live, "hungry")
+    assert (job["status"], job["reason"]) == (
+        "Failed",
+        "Worker hungry-0 failed on local: OOMKilled: the container exceeded its memory limit; "
+        "the gang does not run without it",
+    )
