@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from backend.config import format_duration
+from backend.runs.rules import RunState, WorkerState
 
 RESTART_BASE = timedelta(seconds=10)
 RESTART_CAP = timedelta(minutes=5)
@@ -88,17 +89,17 @@ _REQUEUED_PHASE = {
     Cause.BARRIER: Phase.REQUEUED_FAILURE,
 }
 
-# Worker states. A run's states are the same but Stopping, plus Deleted.
-PENDING = "Pending"
-PREPARING = "Preparing"
-PULLING = "Pulling"
-STARTING = "Starting"
-RUNNING = "Running"
-STOPPING = "Stopping"
-COMPLETED = "Completed"
-FAILED = "Failed"
-STOPPED = "Stopped"
-DELETED = "Deleted"
+# The states, by their names in runs/rules.py (a run's are a worker's but Stopping, plus Deleted).
+PENDING = WorkerState.PENDING.value
+PREPARING = WorkerState.PREPARING.value
+PULLING = WorkerState.PULLING.value
+STARTING = WorkerState.STARTING.value
+RUNNING = WorkerState.RUNNING.value
+STOPPING = WorkerState.STOPPING.value
+COMPLETED = WorkerState.COMPLETED.value
+FAILED = WorkerState.FAILED.value
+STOPPED = WorkerState.STOPPED.value
+DELETED = RunState.DELETED.value
 
 PLACED_STATES = frozenset({PREPARING, PULLING, STARTING, RUNNING, STOPPING})
 ENDED_STATES = frozenset({COMPLETED, FAILED, STOPPED, DELETED})
