@@ -12,7 +12,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.models import (
     AgentCommand,
     Event,
-    Machine,
     Run,
     StateTransition,
     Worker,
@@ -31,11 +30,6 @@ async def runs_by_id(session: AsyncSession, run_ids: Sequence[int], *, lock: boo
 async def workspaces(session: AsyncSession, ids: Sequence[int]) -> dict[int, Workspace]:
     rows = await session.scalars(select(Workspace).where(Workspace.id.in_(ids)))
     return {w.id: w for w in rows}
-
-
-async def machine_names(session: AsyncSession, ids: Sequence[int]) -> dict[int, str]:
-    rows = await session.execute(select(Machine.id, Machine.name).where(Machine.id.in_(ids)))
-    return {r.id: r.name for r in rows}
 
 
 async def live_run_ids(session: AsyncSession) -> list[int]:

@@ -135,7 +135,7 @@ async def load_gangs(
     workers = await runs_repository.workers_by_run(session, [r.id for r in runs])
     spaces = await repository.workspaces(session, list({r.workspace_id for r in runs}))
     machine_ids = {w.machine_id for ws in workers.values() for w in ws if w.machine_id}
-    names = await repository.machine_names(session, list(machine_ids)) if machine_ids else {}
+    names = await runs_repository.machine_names(session, list(machine_ids)) if machine_ids else {}
     return [
         Gang(
             r,

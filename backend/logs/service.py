@@ -63,10 +63,8 @@ class LogUnavailable(AstraeusError):
         )
 
 
-async def tail(
-    session: AsyncSession, principal: Principal, name: str, lines: int, source: LogSource | None
-) -> LogText:
-    """The last lines of a worker's log (a run's name means its first worker)."""
+async def locate(session: AsyncSession, principal: Principal, name: str) -> tuple[str, int]:
+    """The worker (a run's name means its first worker) and the machine that keeps its log."""
     ws = await runs.workspace_for(session, principal)
     worker = await repository.worker_in_workspace(session, ws.id, name)
     if worker is None:
@@ -78,9 +76,14 @@ async def tail(
     machine_id = worker.machine_id or await repository.last_machine(session, worker.id)
     if machine_id is None:
         raise NotPlaced(worker.name)
+    return worker.name, machine_id
+
+
+async def fetch(source: LogSource | None, machine_id: int, worker: str, lines: int) -> LogText:
+    """Ask the machine; no database is needed (or held) while it answers."""
     if source is None:
-        raise LogUnavailable(worker.name, "this server takes no agent connections.")
-    text = await source.tail(machine_id, worker.name, lines, MAX_BYTES, ANSWER_WITHIN_SECONDS)
+        raise LogUnavailable(worker, "this server takes no agent connections.")
+    text = await source.tail(machine_id, worker, lines, MAX_BYTES, ANSWER_WITHIN_SECONDS)
     if text is None:
-        raise LogUnavailable(worker.name, "its machine did not answer.")
+        raise LogUnavailable(worker, "its machine did not answer.")
     return text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +19,6 @@ from backend.organizations import service as organizations
 from backend.runs import repository
 from backend.runs.rules import WORKER_CREATED, WorkerState, plan_new_run
 from backend.runs.spec import parse_spec
-from backend.scheduling import service as scheduling
 
 
 async def workspace_for(
@@ -217,9 +216,7 @@ async def stop_run(
     workspace: str | None = None,
 ) -> Run:
     """Its owner (or anyone of its workspace) asks it to wind down."""
-    run = await get_run(session, principal, name, workspace=workspace)
-    await lifecycle.stop_run(session, clock, run, principal.user_name)
-    return run
+    return await _act(session, clock, principal, name, workspace, lifecycle.stop_run)
 
 
 async def delete_run(
@@ -231,18 +228,17 @@ async def delete_run(
     workspace: str | None = None,
 ) -> Run:
     """Delete the run: its workers and their logs go; the run stays listed as Deleted."""
-    run = await get_run(session, principal, name, workspace=workspace)
-    await lifecycle.delete_run(session, clock, run, principal.user_name)
-    return run
+    return await _act(session, clock, principal, name, workspace, lifecycle.delete_run)
 
 
-async def pending_reasons(
+async def _act(
     session: AsyncSession,
     clock: Clock,
     principal: Principal,
     name: str,
-    *,
-    workspace: str | None = None,
-) -> list[tuple[str, str]]:
+    workspace: str | None,
+    action: Callable[[AsyncSession, Clock, Run, str], Awaitable[object]],
+) -> Run:
     run = await get_run(session, principal, name, workspace=workspace)
-    return await scheduling.pending_reasons(session, clock, run)
+    await action(session, clock, run, principal.user_name)
+    return run
