@@ -1,14 +1,15 @@
 """The agent's side of the stream: connect out, say Hello, carry out commands, report workers.
 
-Every message the agent sends waits in its outbox until the server acknowledges it, and is
-sent again after a reconnect, so a server restart loses no state change or failure snapshot.
+Every message the agent sends waits in its outbox (on disk for what must not be lost) until
+the server acknowledges it, and is sent again after a reconnect or a restart, so neither a
+server restart nor an agent restart loses a state change or a failure snapshot. Workers are
+kept by shims that outlive the agent; a restarted agent takes them back (``adopt``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import random
@@ -22,13 +23,18 @@ import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
 from agent.executor import Exit, ProcessWorker
-from agent.gpus import GpuDevice
-from agent.logs import WorkerLog
+from agent.gpus import GpuDevice, NvmlSampler
+from agent.logs import LogFollower, WorkerLog
+from agent.metrics import Sampler
+from agent.outbox import Outbox
 
 log = logging.getLogger("astraeus.agent")
 
 BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
+FOLLOW_POLL_S = 0.2
+# A follower waits while this many messages are queued for the server (it skips ahead later).
+QUEUE_HIGH_WATER = 256
 
 
 @dataclass
@@ -42,20 +48,38 @@ class AgentConfig:
     memory_bytes: int
     pool: str | None = None
     heartbeat_seconds: float = 10.0
+    sample_seconds: float = 5.0
+    nvml: NvmlSampler | None = None
 
 
 @dataclass
 class Agent:
     config: AgentConfig
     workers: dict[str, ProcessWorker] = field(default_factory=dict)
-    outbox: dict[int, agent_pb2.AgentMessage] = field(default_factory=dict)
-    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     queue: asyncio.Queue[agent_pb2.AgentMessage] = field(default_factory=asyncio.Queue)
-    running: set[asyncio.Task[None]] = field(default_factory=set)
+    running: set[asyncio.Task[Any]] = field(default_factory=set)
+    follows: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    ended: dict[str, int] = field(default_factory=dict)  # reported ends not yet acknowledged
+    outbox: Outbox = field(init=False)
+    sampler: Sampler = field(init=False)
 
-    def _send(self, **body: Any) -> None:
-        message = agent_pb2.AgentMessage(id=next(self.ids), **body)
-        self.outbox[message.id] = message
+    def __post_init__(self) -> None:
+        self.outbox = Outbox(self.config.data_dir / "outbox")
+        self.sampler = Sampler(self.config.nvml)
+
+    @property
+    def log_root(self) -> Path:
+        return self.config.data_dir / "logs"
+
+    @property
+    def worker_root(self) -> Path:
+        return self.config.data_dir / "workers"
+
+    def _send(self, durable: bool = True, **body: Any) -> None:
+        """Queue a message; kept in the outbox until acknowledged unless it is a passing one."""
+        message = agent_pb2.AgentMessage(id=self.outbox.next_id(), **body)
+        if durable:
+            self.outbox.put(message)
         self.queue.put_nowait(message)
 
     def report(self, worker: ProcessWorker, state: int, exit: Exit | None = None) -> None:
@@ -73,24 +97,53 @@ class Agent:
                 event.log_tail = worker.log.snapshot()
         self._send(worker_event=event)
 
+    # --- starting up ----------------------------------------------------------------------
+
+    def adopt(self) -> None:
+        """Take back the workers a previous agent left: running, at the barrier, or ended."""
+        if not self.worker_root.exists():
+            return
+        for folder in sorted(p for p in self.worker_root.iterdir() if p.is_dir()):
+            worker = ProcessWorker.adopt(folder, self.log_root)
+            if worker is None:
+                continue
+            self.workers[worker.name] = worker
+            if worker.started:
+                self._watch(worker)
+            log.info("took back worker %s (attempt %s)", worker.name, worker.attempt)
+
     async def run_forever(self) -> None:
         """Connect, and connect again after any loss, backing off with jitter."""
+        self.adopt()
+        sampling = asyncio.create_task(self._sample_forever())
         backoff = BACKOFF_START
-        while True:
-            started = time.monotonic()
-            try:
-                await self._session()
-            except grpc.aio.AioRpcError as error:
-                if error.code() == grpc.StatusCode.UNAUTHENTICATED:
-                    raise SystemExit(f"astraeus agent: {error.details()}") from None
-                log.warning("stream to %s ended: %s", self.config.server, error.details())
-            if time.monotonic() - started > 60:
-                backoff = BACKOFF_START
-            await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
-            backoff = min(backoff * 2, BACKOFF_CAP)
+        try:
+            while True:
+                started = time.monotonic()
+                try:
+                    await self._session()
+                except grpc.aio.AioRpcError as error:
+                    if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+                        raise SystemExit(f"astraeus agent: {error.details()}") from None
+                    log.warning("stream to %s ended: %s", self.config.server, error.details())
+                if time.monotonic() - started > 60:
+                    backoff = BACKOFF_START
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+                backoff = min(backoff * 2, BACKOFF_CAP)
+        finally:
+            sampling.cancel()
 
     def _hello(self) -> agent_pb2.AgentMessage:
         c = self.config
+        known = [
+            agent_pb2.KnownWorker(worker=w.name, attempt=w.attempt, ended=w.exited.is_set())
+            for w in self.workers.values()
+        ]
+        known += [
+            agent_pb2.KnownWorker(worker=name, attempt=attempt, ended=True)
+            for name, attempt in self.ended.items()
+            if name not in self.workers
+        ]
         return agent_pb2.AgentMessage(
             id=0,
             hello=agent_pb2.Hello(
@@ -110,24 +163,22 @@ class Agent:
                     for g in c.gpus
                 ],
                 agent_version="0.1.0",
-                running_workers=sorted(self.workers),
+                workers=sorted(known, key=lambda k: k.worker),
             ),
         )
 
     async def _outgoing(self) -> AsyncIterator[agent_pb2.AgentMessage]:
         yield self._hello()
-        pending = sorted(self.outbox)
-        # What the last stream did not see acknowledged goes again, in order.
-        drained = []
+        # What the last stream (or agent) did not see acknowledged goes again, in order;
+        # passing messages queued meanwhile (heartbeats, replies) are of no use any more.
         while not self.queue.empty():
-            drained.append(self.queue.get_nowait())
-        for message_id in pending:
-            yield self.outbox[message_id]
-        for message in drained:
-            if message.id not in self.outbox:
-                yield message
+            self.queue.get_nowait()
+        for message in self.outbox.pending():
+            yield message
         while True:
-            yield await self.queue.get()
+            message = await self.queue.get()
+            if message.WhichOneof("body") in ("reply", "heartbeat") or message.id in self.outbox:
+                yield message
 
     async def _session(self) -> None:
         async with grpc.aio.insecure_channel(self.config.server) as channel:
@@ -143,41 +194,92 @@ class Agent:
                 beats.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beats
+                for follow in list(self.follows.values()):
+                    follow.cancel()  # the server that asked is gone with its stream
 
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self.config.heartbeat_seconds)
-            self.queue.put_nowait(
-                agent_pb2.AgentMessage(id=next(self.ids), heartbeat=agent_pb2.Heartbeat())
-            )
+            self._send(durable=False, heartbeat=agent_pb2.Heartbeat())
 
     async def _handle(self, message: agent_pb2.ServerMessage) -> None:
         kind = message.WhichOneof("body")
         if kind == "welcome":
             log.info("joined as machine %s", message.welcome.machine_id)
         elif kind == "ack":
-            for message_id in [i for i in self.outbox if i <= message.ack.up_to]:
-                del self.outbox[message_id]
+            self.outbox.acknowledge(message.ack.up_to)
+            self.ended = {
+                name: attempt
+                for name, attempt in self.ended.items()
+                if any(_ends(m, name) for m in self.outbox.pending())
+            }
         elif kind == "command":
             await self._command(message.command)
             self._send(command_ack=agent_pb2.CommandAck(command_ids=[message.command.command_id]))
         elif kind == "log_tail":
             self._reply_tail(message.id, message.log_tail)
+        elif kind == "log_follow_start":
+            self._follow(message.id, message.log_follow_start)
+        elif kind == "log_follow_stop":
+            follow = self.follows.pop(message.log_follow_stop.follow_id, None)
+            if follow is not None:
+                follow.cancel()
+
+    # --- logs -----------------------------------------------------------------------------
+
+    def _reply(self, request_id: int, chunk: agent_pb2.LogChunk) -> None:
+        # A reply needs no resending: the server waits for it only so long.
+        self._send(durable=False, reply=agent_pb2.Reply(request_id=request_id, log=chunk))
 
     def _reply_tail(self, request_id: int, request: agent_pb2.LogTailRequest) -> None:
         """The last lines of a worker's log, cut to the bytes asked for (its end)."""
-        text, archived = WorkerLog(self.config.data_dir / "logs", request.worker).tail(
-            request.lines or 1000
-        )
+        text, archived = WorkerLog(self.log_root, request.worker).tail(request.lines or 1000)
         data = text.encode()
         if request.max_bytes and len(data) > request.max_bytes:
             text = data[-request.max_bytes :].decode(errors="ignore")
-        reply = agent_pb2.Reply(
-            request_id=request_id,
-            log=agent_pb2.LogChunk(worker=request.worker, text=text, archived=archived),
+        self._reply(
+            request_id, agent_pb2.LogChunk(worker=request.worker, text=text, archived=archived)
         )
-        # A reply needs no resending: the server waits for it only so long.
-        self.queue.put_nowait(agent_pb2.AgentMessage(id=next(self.ids), reply=reply))
+
+    def _follow(self, request_id: int, request: agent_pb2.LogFollowStart) -> None:
+        follow_id = request.follow_id or str(request_id)
+        task = asyncio.create_task(
+            self._stream_log(request_id, request), name=f"follow:{request.worker}"
+        )
+        self.follows[follow_id] = task
+        task.add_done_callback(lambda _: self.follows.pop(follow_id, None))
+
+    async def _stream_log(self, request_id: int, request: agent_pb2.LogFollowStart) -> None:
+        """Send the worker's new lines as they are written, until it ends or the server stops."""
+        name = request.worker
+        worker = self.workers.get(name)
+        wlog = WorkerLog(self.log_root, name)
+        if request.tail_lines:
+            text, archived = wlog.tail(request.tail_lines)
+            if text:
+                self._reply(
+                    request_id, agent_pb2.LogChunk(worker=name, text=text, archived=archived)
+                )
+        if worker is None or worker.exited.is_set():
+            self._reply(request_id, agent_pb2.LogChunk(worker=name, ended=True))
+            return
+        follower = LogFollower(wlog)
+        missed = 0
+        while not worker.exited.is_set():
+            if self.queue.qsize() < QUEUE_HIGH_WATER:
+                text, skipped = follower.read()
+                missed += skipped
+                if text or missed:
+                    self._reply(
+                        request_id,
+                        agent_pb2.LogChunk(worker=name, text=text, missed_lines=missed),
+                    )
+                    missed = 0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.exited.wait(), FOLLOW_POLL_S)
+        self._reply(request_id, agent_pb2.LogChunk(worker=name, text=follower.rest(), ended=True))
+
+    # --- commands -------------------------------------------------------------------------
 
     async def _command(self, command: agent_pb2.Command) -> None:
         name = command.worker
@@ -187,42 +289,91 @@ class Agent:
             current = self.workers.get(name)
             if current is not None and current.attempt == int(payload.get("attempt", 0)):
                 return  # delivered again after a reconnect
-            worker = ProcessWorker(name, payload, WorkerLog(self.config.data_dir / "logs", name))
+            if current is not None:
+                await current.stop()
+            worker = ProcessWorker(
+                name, payload, WorkerLog(self.log_root, name), self.worker_root / name
+            )
+            worker.keep()
             self.workers[name] = worker
             # Nothing to prepare or pull for a process: straight to the gang barrier.
             self.report(worker, agent_pb2.WORKER_STATE_READY)
         elif command.kind == agent_pb2.COMMAND_KIND_RELEASE:
             worker = self.workers.get(name)
-            if worker is not None and worker.process is None and not worker.exited.is_set():
-                task = asyncio.create_task(self._run(worker))
-                self.running.add(task)
-                task.add_done_callback(self.running.discard)
+            if worker is not None and not worker.started and not worker.exited.is_set():
+                await worker.start()
+                self.report(worker, agent_pb2.WORKER_STATE_RUNNING)
+                self._watch(worker)
         elif command.kind == agent_pb2.COMMAND_KIND_STOP:
             worker = self.workers.get(name)
             if worker is None:
                 return
-            if worker.process is None:
+            if not worker.started:
                 worker.exited.set()
                 self.report(
                     worker, agent_pb2.WORKER_STATE_EXITED, Exit(None, "Stopped before it started")
                 )
-                del self.workers[name]
+                self._forget(worker)
             else:
                 await worker.stop()
         elif command.kind == agent_pb2.COMMAND_KIND_DELETE:
             worker = self.workers.pop(name, None)
             if worker is not None:
                 await worker.stop()
-            WorkerLog(self.config.data_dir / "logs", name).delete()
+                worker.release()
+            WorkerLog(self.log_root, name).delete()
 
-    async def _run(self, worker: ProcessWorker) -> None:
-        task = asyncio.create_task(worker.run())
-        await asyncio.sleep(0)
-        self.report(worker, agent_pb2.WORKER_STATE_RUNNING)
-        exit = await task
+    def _watch(self, worker: ProcessWorker) -> None:
+        task = asyncio.create_task(self._until_exit(worker))
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+
+    async def _until_exit(self, worker: ProcessWorker) -> None:
+        exit = await worker.wait()
+        if self.workers.get(worker.name) is not worker:
+            return  # deleted meanwhile
         worker.exited.set()
+        # Followers read to the end before the log is archived.
+        await asyncio.sleep(0)
+        mine = f"follow:{worker.name}"
+        for follow in [t for t in self.follows.values() if t.get_name() == mine]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(follow), 2)
         self.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
         worker.log.archive()
+        self._forget(worker)
+
+    def _forget(self, worker: ProcessWorker) -> None:
+        """The end is in the outbox: the runtime folder may go; Hello names it until acked."""
+        self.ended[worker.name] = worker.attempt
         worker.release()
         if self.workers.get(worker.name) is worker:
             del self.workers[worker.name]
+
+    # --- samples --------------------------------------------------------------------------
+
+    async def _sample_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.sample_seconds)
+            try:
+                self.sample_once()
+            except Exception:  # a bad reading must not end the sampling
+                log.exception("sampling failed")
+
+    def sample_once(self) -> None:
+        look = self.sampler.look(list(self.workers.values()))
+        for progress in look.progress:
+            self._send(progress=progress)
+        if look.samples:
+            self._send(metrics=agent_pb2.MetricBatch(samples=look.samples))
+        if self.config.nvml is not None:
+            for index, fault in self.config.nvml.faults().items():
+                self._send(gpu_health=agent_pb2.GpuHealth(index=index, healthy=False, reason=fault))
+
+
+def _ends(message: agent_pb2.AgentMessage, worker: str) -> bool:
+    return (
+        message.WhichOneof("body") == "worker_event"
+        and message.worker_event.worker == worker
+        and message.worker_event.state == agent_pb2.WORKER_STATE_EXITED
+    )

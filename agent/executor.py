@@ -1,23 +1,35 @@
-"""The process executor: each worker a process group of its own on this machine."""
+"""The process executor: each worker a process group of its own on this machine, kept by a shim.
+
+A worker's runtime folder (``<data>/workers/<worker>/``) holds what a restarted agent needs to
+take it back: the start payload, the shim's pid, the worker's process group, its progress
+file, and how it ended. The log lives apart (``<data>/logs/<worker>/``) and outlives it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shutil
 import signal
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from agent import cgroups
+from agent import cgroups, shim
 from agent.logs import WorkerLog
 
 STOP_GRACE_SECONDS = 10.0
-OOM_KILLED = "OOMKilled: the container exceeded its memory limit"
-
-
-def exited_with(code: int) -> str:
-    return f"Exited with code {code}"
+POLL_SECONDS = 0.25
+PAYLOAD = "payload.json"
+SHIM_PID = "shim.pid"
+PROGRESS = "progress"
+SDK = Path(__file__).parent / "sdk"
+LOST = "Lost: its process ended while the agent was away"
+OOM_KILLED = shim.OOM_KILLED
+exited_with = shim.exited_with
 
 
 @dataclass
@@ -26,88 +38,165 @@ class Exit:
     reason: str
 
 
+def _read_int(path: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(path.read_text().strip())
+    return None
+
+
+def _is_shim(pid: int) -> bool:
+    """The process is alive and is a shim (a recycled pid is not)."""
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    zombie = status.rpartition(")")[2].split()[0] == "Z"
+    return not zombie and b"agent.shim" in cmdline
+
+
 @dataclass
 class ProcessWorker:
-    """One worker: its start payload, its log, and its process once released."""
+    """One worker: its start payload, its log, and its shim once released."""
 
     name: str
     payload: dict[str, Any]
     log: WorkerLog
-    process: asyncio.subprocess.Process | None = None
-    pump: asyncio.Task[None] | None = None
+    folder: Path
+    started: bool = False
     stopping: bool = False
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     cgroup: cgroups.WorkerCgroup | None = None
+    shim_process: asyncio.subprocess.Process | None = None
 
     @property
     def attempt(self) -> int:
         return int(self.payload.get("attempt", 0))
 
+    @property
+    def progress_file(self) -> Path:
+        return self.folder / PROGRESS
+
+    def keep(self) -> None:
+        """Write the start payload down: a worker at the barrier survives the agent too."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for stale in (shim.EXIT, shim.WORKER_PID, SHIM_PID, PROGRESS):
+            (self.folder / stale).unlink(missing_ok=True)
+        shim.write_atomically(self.folder / PAYLOAD, json.dumps(self.payload))
+
+    @classmethod
+    def adopt(cls, folder: Path, log_root: Path) -> ProcessWorker | None:
+        """The worker a previous agent left in this folder, or None when nothing is left."""
+        try:
+            payload = json.loads((folder / PAYLOAD).read_text())
+        except (OSError, ValueError):
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        worker = cls(folder.name, payload, WorkerLog(log_root, folder.name), folder)
+        worker.started = (folder / SHIM_PID).exists()
+        spec = folder / shim.SPEC
+        if spec.exists():
+            with contextlib.suppress(OSError, ValueError):
+                worker.cgroup = shim.cgroup_of(json.loads(spec.read_text()))
+        return worker
+
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAEUS_")}
         env.update(self.payload.get("environment") or {})
         env.update(self.payload.get("astraeus_environment") or {})
+        env["ASTRAEUS_PROGRESS_FILE"] = str(self.progress_file)
+        # `import astraeus_progress` works in the worker; its own PYTHONPATH comes first.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(SDK)) if p)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    async def run(self) -> Exit:
-        """Start the process, copy its output to the log, and wait for it to end."""
-        command = self.payload.get("command") or []
+    async def start(self) -> None:
+        """Start the shim, which starts the command; the log begins anew."""
+        command = list(self.payload.get("command") or [])
         self.log.begin()
+        self.started = True
         if not command:
-            return Exit(127, exited_with(127))
+            shim.record_exit(self.folder, 127, exited_with(127))
+            return
         self.cgroup = cgroups.create(self.name)
-        argv = list(command)
+        argv = command
+        group = None
         if self.cgroup is not None:
             self.cgroup.limit_memory(self.payload.get("memory_limit_bytes"))
             # The process enters its group itself, before its command runs (a shell that
-            # joins, then execs): nothing it allocates escapes the limit. Python's preexec_fn
-            # would do the same but is unsafe in a process with threads.
+            # joins, then execs): nothing it allocates escapes the limit.
             argv = [*cgroups.join_then_exec(self.cgroup), *command]
-        kills_before = self.cgroup.oom_kills() if self.cgroup else 0
-        try:
-            self.process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=self.environment(),
-                start_new_session=True,
-            )
-        except (FileNotFoundError, PermissionError, NotADirectoryError) as error:
-            self.log.append(f"{command[0]}: {error.strerror}\n".encode())
-            return Exit(
-                127 if isinstance(error, FileNotFoundError) else 126,
-                exited_with(127 if isinstance(error, FileNotFoundError) else 126),
-            )
-        self.pump = asyncio.create_task(self._copy_output())
-        code = await self.process.wait()
-        await self.pump
-        if code < 0:
-            code = 128 - code  # killed by a signal: the shell's convention
-        if self.cgroup is not None and self.cgroup.oom_kills() > kills_before:
-            return Exit(137, OOM_KILLED)
-        return Exit(code, exited_with(code))
+            group = {
+                "version": self.cgroup.version,
+                "memory": str(self.cgroup.memory),
+                "cpu": str(self.cgroup.cpu) if self.cgroup.cpu else None,
+            }
+        spec = {
+            "worker": self.name,
+            "argv": argv,
+            "env": self.environment(),
+            "cwd": self.payload.get("working_dir"),
+            "log_root": str(self.log.folder.parent),
+            "cgroup": group,
+        }
+        shim.write_atomically(self.folder / shim.SPEC, json.dumps(spec))
+        self.shim_process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agent.shim",
+            str(self.folder),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        shim.write_atomically(self.folder / SHIM_PID, str(self.shim_process.pid))
 
-    def release(self) -> None:
-        """The process is gone: its group goes too."""
-        if self.cgroup is not None:
-            self.cgroup.remove()
+    def ended(self) -> Exit | None:
+        """How the worker ended, once its shim has written it down."""
+        with contextlib.suppress(OSError, ValueError):
+            recorded = json.loads((self.folder / shim.EXIT).read_text())
+            return Exit(recorded.get("code"), str(recorded.get("reason") or ""))
+        return None
 
-    async def _copy_output(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        while chunk := await self.process.stdout.read(65536):
-            self.log.append(chunk)
+    def alive(self) -> bool:
+        pid = _read_int(self.folder / SHIM_PID)
+        return pid is not None and _is_shim(pid)
+
+    async def wait(self) -> Exit:
+        """Wait for the end the shim records (the shim may belong to an earlier agent)."""
+        while True:
+            ended = self.ended()
+            if ended is not None:
+                return ended
+            if self.shim_process is not None:
+                if self.shim_process.returncode is not None:
+                    return self.ended() or Exit(None, LOST)
+            elif not self.alive():
+                return self.ended() or Exit(None, LOST)
+            await asyncio.sleep(POLL_SECONDS)
+
+    def process_group(self) -> int | None:
+        return _read_int(self.folder / shim.WORKER_PID)
 
     async def stop(self) -> None:
         """SIGTERM to the whole process group, SIGKILL after the grace period."""
         self.stopping = True
-        process = self.process
-        if process is None or process.returncode is not None:
+        group = self.process_group()
+        if group is None or self.ended() is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGTERM)
         try:
-            await asyncio.wait_for(process.wait(), STOP_GRACE_SECONDS)
+            await asyncio.wait_for(self.wait(), STOP_GRACE_SECONDS)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wait(), STOP_GRACE_SECONDS)
+
+    def release(self) -> None:
+        """The worker is gone and reported: its group and runtime folder go too."""
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        shutil.rmtree(self.folder, ignore_errors=True)

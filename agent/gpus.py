@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 SIMULATED_MODEL = "Simulated GPU"
 
@@ -55,3 +58,170 @@ def discover(simulate: int, machine: str) -> list[GpuDevice]:
     if real is not None:
         return real
     return simulated(simulate, machine)
+
+
+# NVML_GPM_METRIC_* ids (nvml.h): SM activity, any tensor pipe activity, DRAM bandwidth.
+GPM_METRICS = {
+    "task_gpu_sm_active_ratio": 2,
+    "task_gpu_tensor_active_ratio": 5,
+    "task_gpu_dram_active_ratio": 10,
+}
+# XIDs that mean the GPU cannot be trusted with work (NVIDIA's XID catalogue): 48 double-bit
+# ECC, 62/64/79 internal errors and fallen off the bus, 92-95 ECC/contained errors, 119/120 GSP.
+FATAL_XIDS = {48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120}
+
+
+@dataclass(frozen=True)
+class GpuCounters:
+    """What NVML says of a GPU's health at one moment."""
+
+    uncorrected_ecc: int = 0
+    remap_pending: bool = False
+    remap_failed: bool = False
+    xid: int | None = None
+
+
+def health_change(before: GpuCounters, now: GpuCounters) -> str | None:
+    """The fault that makes a GPU unhealthy since the last look, in one sentence; None if none."""
+    if now.xid is not None and now.xid in FATAL_XIDS:
+        return f"XID {now.xid}: the GPU reported a fatal error"
+    if now.uncorrected_ecc > before.uncorrected_ecc:
+        added = now.uncorrected_ecc - before.uncorrected_ecc
+        return f"ECC: {added} uncorrectable memory error(s)"
+    if now.remap_failed and not before.remap_failed:
+        return "Row remapping failed: the GPU's memory needs service"
+    if now.remap_pending and not before.remap_pending:
+        return "Row remapping pending: the GPU must be reset"
+    return None
+
+
+class NvmlSampler:
+    """Per-GPU readings through NVML: utilisation, memory used, GPM ratios, health.
+
+    GPM ratios are measured between two GPM samples, the one of the previous reading and the
+    one taken now, so no reading sleeps. Anything the GPU or driver does not support is left
+    out (absent), never reported as 0.
+    """
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self.nvml = pynvml
+        self.handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i) for i in self._indexes()}
+        self.gpm_supported = {i: self._gpm_supported(h) for i, h in self.handles.items()}
+        self.gpm_previous: dict[int, Any] = {}
+        self.counters = {i: self._counters(h) for i, h in self.handles.items()}
+        self.events = self._xid_events()
+
+    def _indexes(self) -> range:
+        return range(self.nvml.nvmlDeviceGetCount())
+
+    def _gpm_supported(self, handle: Any) -> bool:
+        try:
+            return bool(self.nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+        except (self.nvml.NVMLError, AttributeError):
+            return False
+
+    def read(self, index: int) -> dict[str, float]:
+        """The GPU's metrics now, by metric name."""
+        handle = self.handles.get(index)
+        if handle is None:
+            return {}
+        values: dict[str, float] = {}
+        with contextlib.suppress(self.nvml.NVMLError):
+            rates = self.nvml.nvmlDeviceGetUtilizationRates(handle)
+            values["task_gpu_utilization_ratio"] = rates.gpu / 100.0
+        with contextlib.suppress(self.nvml.NVMLError):
+            values["task_gpu_memory_used_bytes"] = float(
+                self.nvml.nvmlDeviceGetMemoryInfo(handle).used
+            )
+        if self.gpm_supported.get(index):
+            values.update(self._gpm(index, handle))
+        return values
+
+    def _gpm(self, index: int, handle: Any) -> dict[str, float]:
+        nvml = self.nvml
+        try:
+            sample = nvml.nvmlGpmSampleAlloc()
+            nvml.nvmlGpmSampleGet(handle, sample)
+        except nvml.NVMLError:
+            return {}
+        previous = self.gpm_previous.get(index)
+        self.gpm_previous[index] = sample
+        if previous is None:
+            return {}
+        out: dict[str, float] = {}
+        try:
+            request = nvml.c_nvmlGpmMetricsGet_t()
+            request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(GPM_METRICS)
+            request.sample1, request.sample2 = previous, sample
+            for slot, metric in enumerate(GPM_METRICS.values()):
+                request.metrics[slot].metricId = metric
+            nvml.nvmlGpmMetricsGet(request)
+            for slot, name in enumerate(GPM_METRICS):
+                m = request.metrics[slot]
+                if m.nvmlReturn == 0:
+                    out[name] = m.value / 100.0
+        except nvml.NVMLError:
+            pass
+        finally:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlGpmSampleFree(previous)
+        return out
+
+    def _counters(self, handle: Any, xid: int | None = None) -> GpuCounters:
+        nvml = self.nvml
+        ecc, pending, failed = 0, False, False
+        with contextlib.suppress(nvml.NVMLError):
+            ecc = int(
+                nvml.nvmlDeviceGetTotalEccErrors(
+                    handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+                )
+            )
+        with contextlib.suppress(nvml.NVMLError):
+            _, _, pending_, failed_ = nvml.nvmlDeviceGetRemappedRows(handle)
+            pending, failed = bool(pending_), bool(failed_)
+        return GpuCounters(ecc, pending, failed, xid)
+
+    def _xid_events(self) -> Any:
+        nvml = self.nvml
+        try:
+            events = nvml.nvmlEventSetCreate()
+            for handle in self.handles.values():
+                with contextlib.suppress(nvml.NVMLError):
+                    xid = nvml.nvmlEventTypeXidCriticalError
+                    nvml.nvmlDeviceRegisterEvents(handle, xid, events)
+            return events
+        except nvml.NVMLError:
+            return None
+
+    def _pending_xids(self) -> dict[int, int]:
+        """XID events since the last look, by GPU index (waits for none)."""
+        found: dict[int, int] = {}
+        if self.events is None:
+            return found
+        by_handle = {id(h): i for i, h in self.handles.items()}
+        while True:
+            try:
+                event = self.nvml.nvmlEventSetWait_v2(self.events, 0)
+            except self.nvml.NVMLError:
+                return found
+            index = by_handle.get(id(event.device))
+            if index is None:
+                with contextlib.suppress(self.nvml.NVMLError):
+                    index = self.nvml.nvmlDeviceGetIndex(event.device)
+            if index is not None:
+                found[index] = int(event.eventData)
+
+    def faults(self) -> dict[int, str]:
+        """GPUs that became unhealthy since the last look, with the fault."""
+        xids = self._pending_xids()
+        found = {}
+        for index, handle in self.handles.items():
+            now = self._counters(handle, xids.get(index))
+            fault = health_change(self.counters[index], now)
+            self.counters[index] = dataclasses.replace(now, xid=None)
+            if fault is not None:
+                found[index] = fault
+        return found

@@ -7,6 +7,7 @@ them. Logs are never sent anywhere unless asked.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections import deque
 from pathlib import Path
@@ -41,6 +42,13 @@ class WorkerLog:
         keep = keep[keep.find(b"\n") + 1 :]
         self.current.write_bytes(keep)
 
+    def size(self) -> int:
+        """The current log's size in bytes (0 when there is none)."""
+        try:
+            return self.current.stat().st_size
+        except OSError:
+            return 0
+
     def tail(self, lines: int) -> tuple[str, bool]:
         """The last lines, and whether they come from a process that no longer exists."""
         if self.current.exists():
@@ -71,3 +79,58 @@ class WorkerLog:
 def _last_lines(path: Path, count: int) -> str:
     with path.open("r", errors="replace") as f:
         return "".join(deque(f, maxlen=count))
+
+
+FOLLOW_CHUNK_BYTES = 256 * 1024
+
+
+class LogFollower:
+    """Reads what a worker writes after a point, a bounded chunk at a time.
+
+    A follower that falls more than a chunk behind (the worker prints faster than anyone
+    reads) skips ahead to the last chunk and counts the lines it skipped, so neither the agent
+    nor the server holds more than a chunk for it.
+    """
+
+    def __init__(self, log: WorkerLog) -> None:
+        self.log = log
+        self.offset = log.size()
+
+    def read(self) -> tuple[str, int]:
+        """The new complete lines since the last read, and how many lines were skipped."""
+        size = self.log.size()
+        if size < self.offset:  # cut back (rotated): carry on from near its end
+            self.offset = max(size - FOLLOW_CHUNK_BYTES, 0)
+        if size == self.offset:
+            return "", 0
+        missed = 0
+        try:
+            with self.log.current.open("rb") as f:
+                if size - self.offset > FOLLOW_CHUNK_BYTES:
+                    skip_to = size - FOLLOW_CHUNK_BYTES
+                    f.seek(self.offset)
+                    while self.offset < skip_to:
+                        block = f.read(min(1 << 20, skip_to - self.offset))
+                        if not block:
+                            break
+                        missed += block.count(b"\n")
+                        self.offset += len(block)
+                f.seek(self.offset)
+                data = f.read(size - self.offset)
+        except OSError:
+            return "", missed
+        end = data.rfind(b"\n") + 1  # only whole lines; the rest comes with its newline
+        self.offset += end
+        return data[:end].decode(errors="replace"), missed
+
+    def rest(self) -> str:
+        """Whatever is left, a last line without its newline included (the worker ended)."""
+        text, _ = self.read()
+        size = self.log.size()
+        if size > self.offset:
+            with contextlib.suppress(OSError), self.log.current.open("rb") as f:
+                f.seek(self.offset)
+                tail = f.read(FOLLOW_CHUNK_BYTES)
+                self.offset += len(tail)
+                text += tail.decode(errors="replace") + "\n"
+        return text

@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 
 from agent.connection import Agent, AgentConfig
-from agent.gpus import discover
+from agent.gpus import SIMULATED_MODEL, NvmlSampler, discover
 
 
 def machine_memory_bytes() -> int:
@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="without NVIDIA GPUs, present this many simulated ones",
     )
     parser.add_argument("--heartbeat", type=float, default=10.0, help="seconds between heartbeats")
+    parser.add_argument(
+        "--sample", type=float, default=5.0, help="seconds between samples of the workers"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
         memory_bytes=machine_memory_bytes(),
         pool=args.pool,
         heartbeat_seconds=args.heartbeat,
+        sample_seconds=args.sample,
     )
+    if config.gpus and config.gpus[0].model != SIMULATED_MODEL:
+        config.nvml = NvmlSampler()
     config.data_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(Agent(config).run_forever())

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.models import AgentCommand
+from backend.models import AgentCommand, Worker
 
 
 async def unacked_commands(
@@ -34,3 +34,7 @@ async def ack_commands(
         .where(AgentCommand.machine_id == machine_id, AgentCommand.id.in_(ids))
         .values(acked_at=at)
     )
+
+
+async def workers_on_machine(session: AsyncSession, machine_id: int) -> list[Worker]:
+    return list(await session.scalars(select(Worker).where(Worker.machine_id == machine_id)))

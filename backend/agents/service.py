@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access.rules import AgentPrincipal
 from backend.agents import repository
 from backend.clock import Clock
+from backend.lifecycle import rules as lifecycle_rules
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import Effects
 from backend.machines import service as machines
@@ -26,6 +27,19 @@ EVENT_KINDS = {
 }
 
 
+# A worker the server placed, which the machine's agent no longer has (its data was lost).
+LOST_BY_AGENT = "Lost: the agent on {machine} no longer has it"
+
+
+@dataclass(frozen=True)
+class KnownWorker:
+    """A worker an agent says it has: running, at the barrier, or ended and not yet told."""
+
+    worker: str
+    attempt: int
+    ended: bool
+
+
 @dataclass(frozen=True)
 class HelloInfo:
     machine: str
@@ -33,6 +47,7 @@ class HelloInfo:
     cpu_cores: float
     memory_bytes: int
     gpus: list[GpuInfo]
+    workers: tuple[KnownWorker, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,45 @@ async def hello(
     )
 
 
+async def reconcile(
+    session: AsyncSession, clock: Clock, machine: Machine, known: tuple[KnownWorker, ...]
+) -> tuple[list[str], Effects]:
+    """After a Hello, agree with the agent on what runs there.
+
+    The agent's workers that are no longer this machine's (their run moved on while the agent
+    was away: lost lease, stopped, deleted) are to be stopped: their names are returned. The
+    workers this machine should have, which the agent had reported and no longer knows of,
+    failed: their end is written with a sentence that says so.
+    """
+    placed = {w.name: w for w in await repository.workers_on_machine(session, machine.id)}
+    to_stop = [
+        k.worker
+        for k in known
+        if not k.ended
+        and (
+            (w := placed.get(k.worker)) is None
+            or w.attempt != k.attempt
+            or w.state not in lifecycle_rules.PLACED_STATES
+        )
+    ]
+    names = {k.worker for k in known}
+    total = Effects()
+    for w in placed.values():
+        if w.name in names or w.state not in lifecycle_rules.PLACED_STATES or not w.ready:
+            continue
+        fx = await lifecycle.report(
+            session,
+            clock,
+            machine_id=machine.id,
+            worker_name=w.name,
+            kind="exited",
+            attempt=w.attempt,
+            reason=LOST_BY_AGENT.format(machine=machine.name),
+        )
+        total.freed |= fx.freed
+    return to_stop, total
+
+
 async def heartbeat(session: AsyncSession, clock: Clock, machine_id: int, lease: timedelta) -> bool:
     return await machines.heartbeat(session, clock, machine_id, lease)
 
@@ -91,8 +145,14 @@ async def worker_event(
 
 
 async def progress(
-    session: AsyncSession, clock: Clock, machine_id: int, worker: str, step: int, at: datetime
+    session: AsyncSession,
+    clock: Clock,
+    machine_id: int,
+    worker: str,
+    step: int | None,
+    at: datetime,
 ) -> Effects:
+    """A workload's report (with its step) or new output (without one): it is not stalled."""
     return await lifecycle.report(
         session,
         clock,

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access import service as access
 from backend.access.rules import AgentPrincipal
 from backend.agents import service
-from backend.agents.service import HelloInfo, WorkerEventInfo, agent_time
+from backend.agents.service import HelloInfo, KnownWorker, WorkerEventInfo, agent_time
 from backend.clock import Clock
 from backend.db import Database
 from backend.errors import Unauthenticated
@@ -51,6 +51,33 @@ _COMMANDS = {
 }
 
 
+FOLLOW_BUFFER = 64  # chunks (each at most 256 KiB) held for one follower
+
+
+@dataclass
+class Follow:
+    """One follower's chunks, bounded: what it cannot take in time is counted as missed."""
+
+    chunks: asyncio.Queue[agent_pb2.LogChunk] = field(
+        default_factory=lambda: asyncio.Queue(FOLLOW_BUFFER)
+    )
+    missed: int = 0
+
+    def offer(self, chunk: agent_pb2.LogChunk) -> None:
+        if self.missed:
+            chunk.missed_lines += self.missed
+        try:
+            self.chunks.put_nowait(chunk)
+            self.missed = 0
+        except asyncio.QueueFull:
+            self.missed = chunk.missed_lines + chunk.text.count("\n")
+            if chunk.ended:  # the end must arrive: make room for it
+                self.chunks.get_nowait()
+                self.chunks.put_nowait(
+                    agent_pb2.LogChunk(worker=chunk.worker, ended=True, missed_lines=self.missed)
+                )
+
+
 @dataclass
 class MachineStream:
     """What the server holds for one connected machine."""
@@ -61,6 +88,7 @@ class MachineStream:
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     last_command_sent: int = 0
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    follows: dict[int, Follow] = field(default_factory=dict)
 
     def send(self, **body: Any) -> int:
         message_id = next(self.ids)
@@ -102,6 +130,16 @@ class Streams:
         return self.by_machine.get(machine_id)
 
 
+@dataclass(frozen=True)
+class LogChunkInfo:
+    """Lines of a followed log: ``missed`` lines were dropped before them; ``ended`` is last."""
+
+    text: str
+    archived: bool
+    missed: int
+    ended: bool
+
+
 def _hello_info(hello: agent_pb2.Hello) -> HelloInfo:
     return HelloInfo(
         machine=hello.machine,
@@ -112,6 +150,7 @@ def _hello_info(hello: agent_pb2.Hello) -> HelloInfo:
             GpuInfo(g.index, g.uuid, g.model, g.memory_bytes, g.healthy, g.health_reason)
             for g in hello.gpus
         ],
+        workers=tuple(KnownWorker(k.worker, k.attempt, k.ended) for k in hello.workers),
     )
 
 
@@ -144,10 +183,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "The first message must be a Hello."
             )
         assert first is not None
+        info = _hello_info(first.hello)
         async with self.db.transaction() as session:
-            machine = await service.hello(
-                session, self.clock, agent, _hello_info(first.hello), self.lease
-            )
+            machine = await service.hello(session, self.clock, agent, info, self.lease)
+            to_stop, fx = await service.reconcile(session, self.clock, machine, info.workers)
+        if fx.freed:
+            self.on_freed()
         stream = self.streams.open(machine.id)
         log.info("machine %s connected", machine.name)
         stream.send(
@@ -156,6 +197,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
         )
         stream.send(ack=agent_pb2.Ack(up_to=first.id))
+        for worker in to_stop:  # not this machine's any more: no command row to keep
+            stream.send(command=agent_pb2.Command(kind=agent_pb2.COMMAND_KIND_STOP, worker=worker))
         tasks = [
             asyncio.create_task(self._read(stream, machine, request_iterator)),
             asyncio.create_task(self._deliver_commands(stream)),
@@ -194,6 +237,47 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             return None
         return LogText(worker=worker, text=reply.log.text, archived=reply.log.archived)
 
+    async def follow(
+        self, machine_id: int, worker: str, tail_lines: int = 0
+    ) -> AsyncIterator[LogChunkInfo]:
+        """A worker's new log lines as its machine writes them, until it ends.
+
+        Begins with its last ``tail_lines`` lines. Ends when the worker does (the last chunk
+        says ``ended``), or quietly when the machine's stream goes; the caller closing the
+        iterator tells the machine to stop.
+        """
+        stream = self.streams.get(machine_id)
+        if stream is None:
+            return
+        request_id = next(stream.ids)
+        follow = Follow()
+        stream.follows[request_id] = follow
+        stream.outgoing.put_nowait(
+            agent_pb2.ServerMessage(
+                id=request_id,
+                log_follow_start=agent_pb2.LogFollowStart(
+                    worker=worker, follow_id=str(request_id), tail_lines=tail_lines
+                ),
+            )
+        )
+        try:
+            while True:
+                getter = asyncio.ensure_future(follow.chunks.get())
+                closed = asyncio.ensure_future(stream.closed.wait())
+                done, _ = await asyncio.wait({getter, closed}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    return
+                closed.cancel()
+                chunk = getter.result()
+                yield LogChunkInfo(chunk.text, chunk.archived, chunk.missed_lines, chunk.ended)
+                if chunk.ended:
+                    return
+        finally:
+            del stream.follows[request_id]
+            if not stream.closed.is_set():
+                stream.send(log_follow_stop=agent_pb2.LogFollowStop(follow_id=str(request_id)))
+
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> AgentPrincipal:
         metadata = dict(context.invocation_metadata() or ())
         header = str(metadata.get("authorization", ""))
@@ -227,6 +311,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     ) -> None:
         kind = message.WhichOneof("body")
         if kind == "reply":
+            follow = stream.follows.get(message.reply.request_id)
+            if follow is not None and message.reply.WhichOneof("body") == "log":
+                follow.offer(message.reply.log)
+                return
             future = stream.pending.get(message.reply.request_id)
             if future is not None and not future.done():
                 future.set_result(message.reply)
@@ -264,9 +352,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
     ) -> Effects:
         p = message.progress
-        return await service.progress(
-            session, self.clock, machine.id, p.worker, p.step, agent_time(p.at_ms, self.clock.now())
-        )
+        step = p.step if p.HasField("step") else None
+        at = agent_time(p.at_ms, self.clock.now())
+        return await service.progress(session, self.clock, machine.id, p.worker, step, at)
 
     async def _gpu_health(
         self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage

@@ -24,7 +24,10 @@ def free_port() -> int:
 class Server:
     """`astraeus up` on a data folder of its own, on a free port."""
 
-    def __init__(self, data_dir: Path, port: int, *, local_agent: bool = True) -> None:
+    def __init__(
+        self, data_dir: Path, port: int, *, local_agent: bool = True, **settings: str
+    ) -> None:
+        self.data_dir = data_dir
         self.env = {
             **os.environ,
             "ASTRAEUS_DATA_DIR": str(data_dir),
@@ -32,6 +35,7 @@ class Server:
             "ASTRAEUS_CONSOLE_DIR": str(data_dir / "no-console"),
             "ASTRAEUS_AGENT_PORT": str(free_port()),
             "ASTRAEUS_LOCAL_AGENT": "true" if local_agent else "false",
+            **{f"ASTRAEUS_{k.upper()}": v for k, v in settings.items()},
         }
         self.env.pop("ASTRAEUS_DATABASE_URL", None)
         self.url = f"http://127.0.0.1:{port}"
@@ -59,6 +63,10 @@ class Server:
         )
         return done.stdout
 
+    @property
+    def agent_port(self) -> str:
+        return self.env["ASTRAEUS_AGENT_PORT"]
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
@@ -66,6 +74,69 @@ class Server:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        end_workers(self.data_dir / "agent")
+
+
+class AgentProcess:
+    """`astraeus agent` joining a live server as a machine of the cluster "local"."""
+
+    def __init__(self, server: Server, name: str, data_dir: Path, *, gpus: int = 8) -> None:
+        self.server = server
+        self.data_dir = data_dir
+        token = data_dir.parent / f"{name}.token"
+        if not token.exists():
+            token.write_text(server.cli("token", "create", "--agent", "--name", name))
+        self.command = [
+            ASTRAEUS,
+            "agent",
+            "--server",
+            f"127.0.0.1:{server.agent_port}",
+            "--token-file",
+            str(token),
+            "--name",
+            name,
+            "--data-dir",
+            str(data_dir),
+            "--simulate-gpus",
+            str(gpus),
+            "--heartbeat",
+            "1",
+            "--sample",
+            "1",
+        ]
+        self.log = data_dir.parent / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            self.command,
+            env=self.server.env,
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: the agent ends with nothing written; its workers go on without it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def end(self) -> None:
+        self.kill()
+        end_workers(self.data_dir)
+
+
+def end_workers(agent_dir: Path) -> None:
+    """Kill what an agent left running (its workers outlive it by design)."""
+    for pid_file in agent_dir.glob("workers/*/*.pid"):
+        try:
+            pid = int(pid_file.read_text())
+            if pid_file.name == "worker.pid":
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
 
     def env_for(self, token: str) -> dict[str, str]:
         return {**os.environ, "API": f"{self.url}/v1", "ASTRA_TOKEN": token}

@@ -1,0 +1,182 @@
+"""Every few seconds, each worker's samples, its progress, and whether it printed anything.
+
+From the worker's control group: ``task_cpu_usage_cores`` (the CPU time used since the last
+look over the wall time), ``task_memory_used_bytes``, ``task_memory_limit_bytes`` and
+``task_oom_kills_total``. Network bytes are not sampled by the process executor: its workers
+share the machine's network, so there is no per-worker count, and the series stays absent
+rather than 0. Per GPU of the worker, NVML's readings; simulated GPUs are as busy as the
+workload says or shows (see ``simulated_utilization``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from astraeus.agent.v1 import agent_pb2
+
+from agent.executor import ProcessWorker
+from agent.gpus import NvmlSampler
+
+# A simulated GPU is busy while its workload's step moved within this long.
+BUSY_WINDOW_S = 30.0
+SIMULATED_BUSY = 0.95
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    step: int
+    loss: float | None = None
+    checkpoint_step: int | None = None
+    gpu_utilization: float | None = None
+
+
+def read_progress(path: Path) -> ProgressReport | None:
+    """The workload's last report: a JSON object (the SDK's), or a bare step number."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text:
+        return None
+    with contextlib.suppress(ValueError):
+        return ProgressReport(step=int(text))
+    try:
+        data = json.loads(text)
+        return ProgressReport(
+            step=int(data["step"]),
+            loss=float(data["loss"]) if data.get("loss") is not None else None,
+            checkpoint_step=(
+                int(data["checkpoint_step"]) if data.get("checkpoint_step") is not None else None
+            ),
+            gpu_utilization=(
+                float(data["gpu_utilization"]) if data.get("gpu_utilization") is not None else None
+            ),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None  # half written, or not ours: the next look reads it
+
+
+@dataclass
+class WorkerSeen:
+    """What the sampler remembers of a worker between looks."""
+
+    cpu_seconds: float | None = None
+    cpu_at: float | None = None
+    log_size: int = 0
+    progress_mtime: float = 0.0
+    report: ProgressReport | None = None
+    stepped_at: float | None = None
+
+
+@dataclass
+class Look:
+    """One look at the workers: samples, progress reports, and output activity."""
+
+    samples: list[agent_pb2.Sample] = field(default_factory=list)
+    progress: list[agent_pb2.Progress] = field(default_factory=list)
+
+
+def simulated_utilization(seen: WorkerSeen, now: float) -> float:
+    """What a simulated GPU shows: the workload's own figure, else busy while it steps."""
+    if seen.report is not None and seen.report.gpu_utilization is not None:
+        if now - seen.progress_mtime <= BUSY_WINDOW_S:
+            return min(max(seen.report.gpu_utilization, 0.0), 1.0)
+        return 0.0
+    if seen.stepped_at is not None and now - seen.stepped_at <= BUSY_WINDOW_S:
+        return SIMULATED_BUSY
+    return 0.0
+
+
+class Sampler:
+    def __init__(self, nvml: NvmlSampler | None, clock: Callable[[], float] = time.time) -> None:
+        self.nvml = nvml
+        self.clock = clock
+        self.seen: dict[str, WorkerSeen] = {}
+
+    def look(self, workers: Iterable[ProcessWorker]) -> Look:
+        now = self.clock()
+        at_ms = int(now * 1000)
+        out = Look()
+        running = [w for w in workers if w.started and not w.exited.is_set()]
+        for gone in set(self.seen) - {w.name for w in running}:
+            del self.seen[gone]
+        for worker in running:
+            seen = self.seen.setdefault(worker.name, WorkerSeen())
+            self._progress(worker, seen, now, at_ms, out)
+            self._cgroup(worker, seen, now, at_ms, out)
+            self._gpus(worker, seen, now, at_ms, out)
+        return out
+
+    def _sample(
+        self, out: Look, worker: str, metric: str, at_ms: int, value: float, gpu: int | None = None
+    ) -> None:
+        sample = agent_pb2.Sample(worker=worker, metric=metric, at_ms=at_ms, value=value)
+        if gpu is not None:
+            sample.gpu = gpu
+        out.samples.append(sample)
+
+    def _progress(
+        self, worker: ProcessWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
+    ) -> None:
+        """A new step is progress with a step; new output alone is progress without one."""
+        reported = False
+        with contextlib.suppress(OSError):
+            mtime = worker.progress_file.stat().st_mtime
+            if mtime != seen.progress_mtime:
+                report = read_progress(worker.progress_file)
+                if report is not None:
+                    seen.progress_mtime = mtime
+                    if seen.report is None or report.step != seen.report.step:
+                        seen.stepped_at = now
+                    seen.report = report
+                    progress = agent_pb2.Progress(worker=worker.name, at_ms=int(mtime * 1000))
+                    progress.step = report.step
+                    if report.loss is not None:
+                        progress.loss = report.loss
+                    if report.checkpoint_step is not None:
+                        progress.checkpoint_step = report.checkpoint_step
+                    out.progress.append(progress)
+                    reported = True
+        size = worker.log.size()
+        if size != seen.log_size:
+            seen.log_size = size
+            if not reported:
+                out.progress.append(agent_pb2.Progress(worker=worker.name, at_ms=at_ms))
+
+    def _cgroup(
+        self, worker: ProcessWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
+    ) -> None:
+        group = worker.cgroup
+        if group is None:
+            return
+        cpu = group.cpu_seconds()
+        if cpu is not None:
+            if seen.cpu_seconds is not None and seen.cpu_at is not None and now > seen.cpu_at:
+                cores = max(cpu - seen.cpu_seconds, 0.0) / (now - seen.cpu_at)
+                self._sample(out, worker.name, "task_cpu_usage_cores", at_ms, cores)
+            seen.cpu_seconds, seen.cpu_at = cpu, now
+        used = group.memory_used()
+        if used is not None:
+            self._sample(out, worker.name, "task_memory_used_bytes", at_ms, float(used))
+        limit = worker.payload.get("memory_limit_bytes")
+        if limit:
+            self._sample(out, worker.name, "task_memory_limit_bytes", at_ms, float(limit))
+        self._sample(out, worker.name, "task_oom_kills_total", at_ms, float(group.oom_kills()))
+
+    def _gpus(
+        self, worker: ProcessWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
+    ) -> None:
+        for index in worker.payload.get("gpu_ids") or []:
+            if self.nvml is not None:
+                for metric, value in self.nvml.read(int(index)).items():
+                    self._sample(out, worker.name, metric, at_ms, value, gpu=int(index))
+            else:
+                busy = simulated_utilization(seen, now)
+                self._sample(
+                    out, worker.name, "task_gpu_utilization_ratio", at_ms, busy, gpu=int(index)
+                )

@@ -1,0 +1,113 @@
+"""The worker's keeper: one small process per worker that outlives the agent.
+
+The agent does not hold its workers' pipes. It starts this shim (in a session of its own),
+which starts the worker's command, copies its output to the log on disk, waits for it, and
+writes how it ended to ``exit.json``. A restarted agent finds the shim still there, or the exit
+it recorded, and carries on: no state change or failure snapshot is lost with the agent (the
+role containerd's shim plays for a container).
+
+    python -m agent.shim <worker folder>
+
+The folder holds ``spec.json`` (written by the agent); the shim adds ``worker.pid`` (the
+worker's process group) and, at the end, ``exit.json`` (code, reason, time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.cgroups import WorkerCgroup
+from agent.logs import WorkerLog
+
+OOM_KILLED = "OOMKilled: the container exceeded its memory limit"
+SPEC = "spec.json"
+WORKER_PID = "worker.pid"
+EXIT = "exit.json"
+
+
+def exited_with(code: int) -> str:
+    return f"Exited with code {code}"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Readers see the old file or the whole new one, never half of it."""
+    partial = path.with_suffix(path.suffix + ".partial")
+    with partial.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    partial.replace(path)
+
+
+def record_exit(folder: Path, code: int | None, reason: str) -> None:
+    ended = {"code": code, "reason": reason, "at_ms": int(time.time() * 1000)}
+    write_atomically(folder / EXIT, json.dumps(ended))
+
+
+def cgroup_of(spec: dict[str, Any]) -> WorkerCgroup | None:
+    group = spec.get("cgroup")
+    if not group:
+        return None
+    cpu = group.get("cpu")
+    return WorkerCgroup(int(group["version"]), Path(group["memory"]), Path(cpu) if cpu else None)
+
+
+def run(folder: Path) -> int:
+    spec = json.loads((folder / SPEC).read_text())
+    log = WorkerLog(Path(spec["log_root"]), spec["worker"])
+    group = cgroup_of(spec)
+    kills_before = group.oom_kills() if group else 0
+    try:
+        child = subprocess.Popen(
+            spec["argv"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=spec["env"],
+            cwd=spec.get("cwd") or None,
+            start_new_session=True,
+        )
+    except OSError as error:
+        missing = isinstance(error, FileNotFoundError)
+        log.append(f"{spec['argv'][0]}: {error.strerror}\n".encode())
+        code = 127 if missing else 126
+        record_exit(folder, code, exited_with(code))
+        return 0
+    write_atomically(folder / WORKER_PID, str(child.pid))
+    assert child.stdout is not None
+    descriptor = child.stdout.fileno()
+    while chunk := os.read(descriptor, 65536):
+        log.append(chunk)
+    code = child.wait()
+    if code < 0:
+        code = 128 - code  # killed by a signal: the shell's convention
+    if group is not None and group.oom_kills() > kills_before:
+        record_exit(folder, 137, OOM_KILLED)
+    else:
+        record_exit(folder, code, exited_with(code))
+    return 0
+
+
+def _ignore(number: int, frame: object) -> None:
+    """Signals reach the worker's own group; the shim stays to write how it ended."""
+
+
+def main() -> int:
+    # The agent's signals are not the worker's: only the agent's stop reaches the worker. A
+    # handler (not SIG_IGN, which the worker would inherit) keeps the shim alive to record it.
+    for number in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(number, _ignore)
+    return run(Path(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""A real server and real `astraeus agent` processes on loopback: agent restarts, lost leases,
+stalls, progress and samples (issue 4's acceptance; seed L-29, L-45, L-48)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.live import AgentProcess, Server, free_port
+
+SURVIVOR = (
+    "import time, astraeus_progress\n"
+    "for i in range(16):\n"
+    "    print(f'step {i}', flush=True)\n"
+    "    astraeus_progress.report(i, loss=2.0 - i / 10)\n"
+    "    time.sleep(0.5)\n"
+)
+FAILER = (
+    "import sys, time\n"
+    "for i in range(6):\n"
+    "    print(f'epoch {i}', flush=True)\n"
+    "    time.sleep(0.5)\n"
+    "print('fatal: boom', flush=True)\n"
+    "sys.exit(1)\n"
+)
+HANGS = "import time; print('loading', flush=True); time.sleep(600)"
+
+
+class Cluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.server = Server(
+            root / "data",
+            free_port(),
+            local_agent=False,
+            lease_time="8s",
+            scheduler_interval="1s",
+        )
+        printed = self.server.start()
+        token = re.search(r"token:\s+(astx_\S+)", printed)
+        assert token, printed
+        self.token = token.group(1)
+        self.agents: dict[str, AgentProcess] = {}
+
+    def agent(self, name: str) -> AgentProcess:
+        if name not in self.agents:
+            self.agents[name] = AgentProcess(self.server, name, self.root / name)
+        return self.agents[name]
+
+    def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
+        answer = httpx.post(
+            f"{self.server.url}/graphql",
+            headers={"Authorization": f"Bearer {self.token}"},
+            json={"query": query, "variables": variables},
+            timeout=10,
+        ).json()
+        assert "errors" not in answer, answer
+        return dict(answer["data"])
+
+    def submit(self, **spec: Any) -> None:
+        created = self.graphql(
+            "mutation($s: JSON!) { createRun(spec: $s) { errors { message } } }", s=spec
+        )
+        assert created["createRun"]["errors"] == []
+
+    def get(self, path: str) -> Any:
+        return httpx.get(
+            f"{self.server.url}/v1{path}",
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=10,
+        ).json()
+
+    def workers(self, run: str) -> list[dict[str, Any]]:
+        data = self.graphql(
+            "query($n: String!) { run(name: $n) { workers { name state reason exitCode "
+            "lastFailure machine } } }",
+            n=run,
+        )
+        return list(data["run"]["workers"])
+
+    def wait(self, what: str, check: Callable[[], bool], seconds: float = 60) -> None:
+        deadline = time.monotonic() + seconds
+        while not check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"waited {seconds}s for {what}")
+            time.sleep(0.25)
+
+    def status(self, run: str) -> str:
+        return str(self.get(f"/jobs/{run}")["status"])
+
+    def close(self) -> None:
+        for agent in self.agents.values():
+            agent.end()
+        self.server.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_killing_the_agent_mid_run_loses_no_state_change_or_snapshot(cluster: Cluster) -> None:
+    agent = cluster.agent("m1")
+    agent.start()
+    cluster.submit(
+        name="survivor", gpus=1, restart_policy="never", command=[sys.executable, "-c", SURVIVOR]
+    )
+    cluster.submit(
+        name="failer", gpus=1, restart_policy="never", command=[sys.executable, "-c", FAILER]
+    )
+    cluster.wait(
+        "both running",
+        lambda: cluster.status("survivor") == "Running" and cluster.status("failer") == "Running",
+    )
+    agent.kill()
+    time.sleep(3.5)  # failer ends while no agent watches it; well within the lease (8s)
+    agent.start()
+
+    cluster.wait("both ended", lambda: cluster.status("survivor") in ("Completed", "Failed"))
+    cluster.wait("failer ended", lambda: cluster.status("failer") == "Failed")
+    survivor = cluster.get("/jobs/survivor")
+    assert (survivor["status"], survivor["reason"]) == ("Completed", "1 of 1 workers completed"), (
+        survivor
+    )
+
+    failer = cluster.workers("failer")[0]
+    assert (failer["state"], failer["reason"], failer["exitCode"]) == (
+        "Failed",
+        "Exited with code 1",
+        1,
+    )
+    snapshot = failer["lastFailure"]
+    assert snapshot["exit_code"] == 1 and snapshot["reason"] == "Exited with code 1"
+    assert snapshot["log_tail"].splitlines() == [f"epoch {i}" for i in range(6)] + ["fatal: boom"]
+
+    # The lines written while the agent was away are in the machine's log.
+    logs = cluster.get("/tasks/survivor-0/logs?tail=200")
+    assert logs["archived"] is True
+    assert logs["logs"].splitlines() == [f"step {i}" for i in range(16)]
+
+
+def test_an_agent_away_past_its_lease_loses_its_machine_and_the_run_moves(
+    cluster: Cluster,
+) -> None:
+    first = cluster.agent("m1")
+    first.start()
+    cluster.wait("m1 joined", lambda: _joined(first))
+    cluster.submit(name="mover", gpus=8, command=[sys.executable, "-c", HANGS])
+    cluster.wait("running on m1", lambda: cluster.status("mover") == "Running")
+    second = cluster.agent("m2")
+    second.start()
+    cluster.wait("m2 joined", lambda: _joined(second))
+
+    orphan = int((first.data_dir / "workers" / "mover-0" / "worker.pid").read_text())
+    first.kill()
+    cluster.wait(
+        "placed again on m2",
+        lambda: (
+            [w["machine"] for w in cluster.workers("mover")] == ["m2"]
+            and cluster.status("mover") == "Running"
+        ),
+        seconds=60,
+    )
+    history = cluster.get("/jobs/mover")["history"]
+    assert [[h["state"], h["reason"]] for h in history] == [
+        ["Pending", "Run created"],
+        ["Starting", "Starting together: 0 of 1 ready"],
+        ["Running", "1 of 1 workers running"],
+        [
+            "Pending",
+            "Restarting in 10s (1/10): Worker mover-0 failed on m1: Machine lost: its lease "
+            "expired; the gang does not run without it",
+        ],
+        ["Starting", "Starting together: 0 of 1 ready"],
+        ["Running", "1 of 1 workers running"],
+    ]
+
+    # The agent comes back: the worker it still runs is not its machine's any more.
+    first.start()
+    cluster.wait("the orphan stopped", lambda: not _alive(orphan), seconds=30)
+
+
+def test_a_worker_that_prints_nothing_is_found_stalled(cluster: Cluster) -> None:
+    cluster.agent("m1").start()
+    cluster.submit(
+        name="quiet",
+        gpus=1,
+        stall_timeout="3s",
+        on_stall="keep",
+        command=[sys.executable, "-c", HANGS],
+    )
+    cluster.wait(
+        "stalled",
+        lambda: cluster.workers("quiet")[0]["reason"] == "Stalled: no progress for 3s",
+        seconds=30,
+    )
+    logs = cluster.get("/tasks/quiet-0/logs?tail=200")
+    assert logs["logs"] == "loading\n"
+
+
+def test_a_workload_reporting_steps_is_never_stalled_and_its_samples_arrive(
+    cluster: Cluster,
+) -> None:
+    cluster.agent("m1").start()
+    cluster.submit(
+        name="stepper",
+        gpus=2,
+        stall_timeout="2s",
+        restart_policy="never",
+        command=[sys.executable, "-c", SURVIVOR],
+    )
+    cluster.wait("completed", lambda: cluster.status("stepper") == "Completed")
+    history = cluster.get("/jobs/stepper")["history"]
+    assert [h["state"] for h in history] == ["Pending", "Starting", "Running", "Completed"]
+
+
+def _joined(agent: AgentProcess) -> bool:
+    return agent.log.exists() and "joined as machine" in agent.log.read_text()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat")
+    return status.exists() and status.read_text().rpartition(")")[2].split()[0] != "Z"
