@@ -1,0 +1,120 @@
+"""The real agent (agent/connection.py) against the real server side, in one event loop:
+log tails and follows of a real process, its samples, and a restart of the agent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from agent.connection import Agent, AgentConfig
+from agent.gpus import simulated
+from backend.agents.stream import AgentService, LogChunkInfo, serve
+from backend.db import Database
+from backend.models import Machine, Worker
+from tests.agents.test_stream import _port, machine_token  # noqa: F401  (a fixture)
+from tests.lifecycle.world import World
+from tests.support import FakeClock, Tenancy
+
+PRINTS = (
+    "import time\n"
+    "for i in range(20):\n"
+    "    print(f'line {i}', flush=True)\n"
+    "    time.sleep(0.1)\n"
+)
+
+
+@pytest.fixture
+async def service(db: Database, clock: FakeClock) -> AsyncIterator[tuple[AgentService, str]]:
+    service = AgentService(db, clock, lease=timedelta(seconds=60), poll_interval=0.05)
+    address = f"127.0.0.1:{_port()}"
+    server = await serve(service, address)
+    try:
+        yield service, address
+    finally:
+        await server.stop(grace=0)
+
+
+def agent_for(address: str, token: str, data_dir: Path) -> Agent:
+    return Agent(
+        AgentConfig(
+            server=address,
+            token=token,
+            machine="gpu-07",
+            data_dir=data_dir,
+            gpus=simulated(2, "gpu-07"),
+            cpu_cores=8,
+            memory_bytes=64 * 2**30,
+            heartbeat_seconds=1,
+            sample_seconds=0.2,
+        )
+    )
+
+
+async def wait_for(what: str, check: object, seconds: float = 20) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not await check():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, f"waited for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def worker_state(db: Database, name: str) -> str:
+    async with db.read() as session:
+        row = await session.scalar(select(Worker).where(Worker.name == name))
+    return row.state if row is not None else ""
+
+
+async def test_following_a_real_workers_log_streams_its_lines_until_it_ends(
+    service: tuple[AgentService, str],
+    machine_token: str,  # noqa: F811
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    tmp_path: Path,
+) -> None:
+    svc, address = service
+    agent = agent_for(address, machine_token, tmp_path)
+    running = asyncio.create_task(agent.run_forever())
+    try:
+
+        async def joined() -> bool:
+            return bool(svc.streams.by_machine)
+
+        await wait_for("the machine", joined)
+        world = World(db, clock, tenancy)
+        await world.submit(workers=1, gpus=1, command=[sys.executable, "-c", PRINTS])
+        await world.schedule()
+
+        async def running_now() -> bool:
+            return await worker_state(db, "llama-sft-0") == "Running"
+
+        await wait_for("running", running_now)
+        async with db.read() as session:
+            machine = await session.scalar(select(Machine).where(Machine.name == "gpu-07"))
+        assert machine is not None
+        chunks: list[LogChunkInfo] = [
+            c async for c in svc.follow(machine.id, "llama-sft-0", tail_lines=1000)
+        ]
+        assert chunks[-1].ended
+        lines = "".join(c.text for c in chunks).splitlines()
+        assert lines == [f"line {i}" for i in range(20)]
+        assert len(chunks) > 2  # they came as they were written, not all at the end
+        assert not svc.streams.by_machine[machine.id].follows  # nothing left behind
+
+        async def ended() -> bool:
+            return await worker_state(db, "llama-sft-0") == "Completed"
+
+        await wait_for("completed", ended)
+        tail = await svc.tail(machine.id, "llama-sft-0", 5, 900 * 1024, wait_s=5)
+        assert tail is not None and tail.archived
+        assert tail.text.splitlines() == [f"line {i}" for i in range(15, 20)]
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
