@@ -23,10 +23,7 @@ from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 
 PRINTS = (
-    "import time\n"
-    "for i in range(20):\n"
-    "    print(f'line {i}', flush=True)\n"
-    "    time.sleep(0.1)\n"
+    "import time\nfor i in range(20):\n    print(f'line {i}', flush=True)\n    time.sleep(0.1)\n"
 )
 
 

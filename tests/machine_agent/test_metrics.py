@@ -61,9 +61,7 @@ def test_progress_and_output_are_reported_once_each_time_they_change(tmp_path: P
 
 def test_gpu_faults_are_named_once() -> None:
     healthy = GpuCounters()
-    assert health_change(healthy, GpuCounters(xid=79)) == (
-        "XID 79: the GPU reported a fatal error"
-    )
+    assert health_change(healthy, GpuCounters(xid=79)) == ("XID 79: the GPU reported a fatal error")
     assert health_change(healthy, GpuCounters(xid=13)) is None  # an application's own error
     assert health_change(healthy, GpuCounters(uncorrected_ecc=2)) == (
         "ECC: 2 uncorrectable memory error(s)"
