@@ -76,6 +76,9 @@ class Server:
                 self.process.kill()
         end_workers(self.data_dir / "agent")
 
+    def env_for(self, token: str) -> dict[str, str]:
+        return {**os.environ, "API": f"{self.url}/v1", "ASTRA_TOKEN": token}
+
 
 class AgentProcess:
     """`astraeus agent` joining a live server as a machine of the cluster "local"."""
@@ -137,6 +140,3 @@ def end_workers(agent_dir: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
         except (OSError, ValueError):
             pass
-
-    def env_for(self, token: str) -> dict[str, str]:
-        return {**os.environ, "API": f"{self.url}/v1", "ASTRA_TOKEN": token}
