@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
+from agent import prepare
 from agent.executor import Exit, ProcessWorker
 from agent.gpus import GpuDevice, NvmlSampler
 from agent.logs import LogFollower, WorkerLog
@@ -33,6 +34,8 @@ log = logging.getLogger("astraeus.agent")
 BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
 FOLLOW_POLL_S = 0.2
+# Messages that are not kept for resending: of no use on a later stream.
+PASSING = {"reply", "heartbeat", "secret_request"}
 # A follower waits while this many messages are queued for the server (it skips ahead later).
 QUEUE_HIGH_WATER = 256
 
@@ -49,6 +52,7 @@ class AgentConfig:
     pool: str | None = None
     heartbeat_seconds: float = 10.0
     sample_seconds: float = 5.0
+    prepare_poll_seconds: float = 2.0
     nvml: NvmlSampler | None = None
 
 
@@ -60,6 +64,8 @@ class Agent:
     running: set[asyncio.Task[Any]] = field(default_factory=set)
     follows: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     ended: dict[str, int] = field(default_factory=dict)  # reported ends not yet acknowledged
+    preparing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    secret_answers: dict[str, asyncio.Future[agent_pb2.SecretValues]] = field(default_factory=dict)
     outbox: Outbox = field(init=False)
     sampler: Sampler = field(init=False)
 
@@ -75,6 +81,10 @@ class Agent:
     def worker_root(self) -> Path:
         return self.config.data_dir / "workers"
 
+    @property
+    def drive_root(self) -> Path:
+        return self.config.data_dir / "drives"
+
     def _send(self, durable: bool = True, **body: Any) -> None:
         """Queue a message; kept in the outbox until acknowledged unless it is a passing one."""
         message = agent_pb2.AgentMessage(id=self.outbox.next_id(), **body)
@@ -82,12 +92,15 @@ class Agent:
             self.outbox.put(message)
         self.queue.put_nowait(message)
 
-    def report(self, worker: ProcessWorker, state: int, exit: Exit | None = None) -> None:
+    def report(
+        self, worker: ProcessWorker, state: int, exit: Exit | None = None, reason: str = ""
+    ) -> None:
         event = agent_pb2.WorkerEvent(
             worker=worker.name,
             attempt=worker.attempt,
             state=state,
             at_ms=int(time.time() * 1000),
+            reason=reason,
         )
         if exit is not None:
             event.reason = exit.reason
@@ -107,9 +120,12 @@ class Agent:
             worker = ProcessWorker.adopt(folder, self.log_root)
             if worker is None:
                 continue
+            worker.drive_root = self.drive_root
             self.workers[worker.name] = worker
             if worker.started:
                 self._watch(worker)
+            else:
+                self._begin(worker)  # at the barrier: credentials and drives again
             log.info("took back worker %s (attempt %s)", worker.name, worker.attempt)
 
     async def run_forever(self) -> None:
@@ -177,7 +193,7 @@ class Agent:
             yield message
         while True:
             message = await self.queue.get()
-            if message.WhichOneof("body") in ("reply", "heartbeat") or message.id in self.outbox:
+            if message.WhichOneof("body") in PASSING or message.id in self.outbox:
                 yield message
 
     async def _session(self) -> None:
@@ -220,6 +236,10 @@ class Agent:
             self._reply_tail(message.id, message.log_tail)
         elif kind == "log_follow_start":
             self._follow(message.id, message.log_follow_start)
+        elif kind == "secret_values":
+            waiting = self.secret_answers.pop(message.secret_values.worker, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(message.secret_values)
         elif kind == "log_follow_stop":
             follow = self.follows.pop(message.log_follow_stop.follow_id, None)
             if follow is not None:
@@ -292,12 +312,15 @@ class Agent:
             if current is not None:
                 await current.stop()
             worker = ProcessWorker(
-                name, payload, WorkerLog(self.log_root, name), self.worker_root / name
+                name,
+                payload,
+                WorkerLog(self.log_root, name),
+                self.worker_root / name,
+                drive_root=self.drive_root,
             )
             worker.keep()
             self.workers[name] = worker
-            # Nothing to prepare or pull for a process: straight to the gang barrier.
-            self.report(worker, agent_pb2.WORKER_STATE_READY)
+            self._begin(worker)
         elif command.kind == agent_pb2.COMMAND_KIND_RELEASE:
             worker = self.workers.get(name)
             if worker is not None and not worker.started and not worker.exited.is_set():
@@ -309,6 +332,9 @@ class Agent:
             if worker is None:
                 return
             if not worker.started:
+                preparing = self.preparing.pop(name, None)
+                if preparing is not None:
+                    preparing.cancel()
                 worker.exited.set()
                 self.report(
                     worker, agent_pb2.WORKER_STATE_EXITED, Exit(None, "Stopped before it started")
@@ -317,11 +343,68 @@ class Agent:
             else:
                 await worker.stop()
         elif command.kind == agent_pb2.COMMAND_KIND_DELETE:
+            preparing = self.preparing.pop(name, None)
+            if preparing is not None:
+                preparing.cancel()
             worker = self.workers.pop(name, None)
             if worker is not None:
                 await worker.stop()
                 worker.release()
             WorkerLog(self.log_root, name).delete()
+
+    # --- preparing: credentials and drives --------------------------------------------------
+
+    def _begin(self, worker: ProcessWorker) -> None:
+        """Prepare what the worker needs, then wait at the gang barrier (READY)."""
+        if not worker.payload.get("credentials") and not prepare.drives_to_fill(
+            worker.payload, self.drive_root
+        ):
+            self.report(worker, agent_pb2.WORKER_STATE_READY)
+            return
+        task = asyncio.create_task(self._prepare(worker))
+        self.preparing[worker.name] = task
+        task.add_done_callback(lambda _: self.preparing.pop(worker.name, None))
+
+    async def _prepare(self, worker: ProcessWorker) -> None:
+        said = ""
+
+        def preparing(reason: str) -> None:
+            nonlocal said
+            if reason != said:
+                said = reason
+                self.report(worker, agent_pb2.WORKER_STATE_PREPARING, reason=reason)
+
+        credentials = worker.payload.get("credentials") or []
+        while credentials:
+            answer = await self._ask_secrets(worker.name)
+            if answer is not None and not answer.missing:
+                worker.secrets = dict(answer.values)
+                break
+            missing = answer.missing[0] if answer is not None else credentials[0]["secret"]
+            preparing(prepare.waiting_for_secret(missing))
+            await asyncio.sleep(self.config.prepare_poll_seconds)
+        for drive, source, folder in prepare.drives_to_fill(worker.payload, self.drive_root):
+            preparing(prepare.waiting_for_drive(drive))
+            problem = await asyncio.to_thread(prepare.fill_drive, source, folder)
+            if problem is not None:
+                worker.exited.set()
+                self.report(worker, agent_pb2.WORKER_STATE_EXITED, Exit(None, problem))
+                self._forget(worker)
+                return
+        self.report(worker, agent_pb2.WORKER_STATE_READY)
+
+    async def _ask_secrets(self, worker: str) -> agent_pb2.SecretValues | None:
+        """The worker's secret values from the server; None when it does not answer in time."""
+        answer: asyncio.Future[agent_pb2.SecretValues] = asyncio.get_running_loop().create_future()
+        self.secret_answers[worker] = answer
+        self._send(durable=False, secret_request=agent_pb2.SecretRequest(worker=worker))
+        try:
+            return await asyncio.wait_for(answer, self.config.prepare_poll_seconds * 2)
+        except TimeoutError:
+            return None
+        finally:
+            if self.secret_answers.get(worker) is answer:
+                del self.secret_answers[worker]
 
     def _watch(self, worker: ProcessWorker) -> None:
         task = asyncio.create_task(self._until_exit(worker))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import cgroups, shim
+from agent import cgroups, prepare, shim
 from agent.logs import WorkerLog
 
 STOP_GRACE_SECONDS = 10.0
@@ -68,6 +68,9 @@ class ProcessWorker:
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     cgroup: cgroups.WorkerCgroup | None = None
     shim_process: asyncio.subprocess.Process | None = None
+    # Credentials' values, in memory only (never in payload.json); given at start.
+    secrets: dict[str, str] = field(default_factory=dict)
+    drive_root: Path | None = None
 
     @property
     def attempt(self) -> int:
@@ -100,9 +103,21 @@ class ProcessWorker:
                 worker.cgroup = shim.cgroup_of(json.loads(spec.read_text()))
         return worker
 
+    @property
+    def secrets_folder(self) -> Path:
+        return self.folder / "secrets"
+
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAEUS_")}
         env.update(self.payload.get("environment") or {})
+        credentials = self.payload.get("credentials") or []
+        for c in credentials:
+            if c.get("env") and c["secret"] in self.secrets:
+                env[c["env"]] = self.secrets[c["secret"]]
+        if any(c.get("file") for c in credentials):
+            env["ASTRAEUS_SECRETS_DIR"] = str(self.secrets_folder)
+        if self.drive_root is not None:
+            env.update(prepare.expose_drives(self.payload, self.drive_root))
         env.update(self.payload.get("astraeus_environment") or {})
         env["ASTRAEUS_PROGRESS_FILE"] = str(self.progress_file)
         # `import astraeus_progress` works in the worker; its own PYTHONPATH comes first.
@@ -115,6 +130,8 @@ class ProcessWorker:
         command = list(self.payload.get("command") or [])
         self.log.begin()
         self.started = True
+        credentials = self.payload.get("credentials") or []
+        prepare.write_secret_files(credentials, self.secrets, self.secrets_folder)
         if not command:
             shim.record_exit(self.folder, 127, exited_with(127))
             return
@@ -139,7 +156,8 @@ class ProcessWorker:
             "log_root": str(self.log.folder.parent),
             "cgroup": group,
         }
-        shim.write_atomically(self.folder / shim.SPEC, json.dumps(spec))
+        # The spec holds the credentials' values: readable by the agent's user only.
+        shim.write_atomically(self.folder / shim.SPEC, json.dumps(spec), private=True)
         self.shim_process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

@@ -37,10 +37,13 @@ def exited_with(code: int) -> str:
     return f"Exited with code {code}"
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str, *, private: bool = False) -> None:
     """Readers see the old file or the whole new one, never half of it."""
     partial = path.with_suffix(path.suffix + ".partial")
-    with partial.open("w") as f:
+    descriptor = os.open(
+        partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644
+    )
+    with os.fdopen(descriptor, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

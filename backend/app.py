@@ -28,6 +28,7 @@ from backend.jobs import broker as job_broker
 from backend.jobs import runtime
 from backend.resolvers.context import Context, build_context
 from backend.rest import jobs as rest_jobs
+from backend.rest import metrics as rest_metrics
 from backend.rest import tasks as rest_tasks
 from backend.schema.schema import schema
 
@@ -82,9 +83,7 @@ async def _jobs(settings: Settings) -> AsyncIterator[None]:
         return
     runtime.configure(settings)
     async with job_broker.in_process_worker(broker):
-        ticker = asyncio.create_task(
-            job_broker.every(settings.scheduler_interval.total_seconds(), "scheduling.pass")
-        )
+        ticker = asyncio.create_task(job_broker.periodic(settings))
         try:
             yield
         finally:
@@ -145,7 +144,7 @@ def create_app(
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/graphql", AstraeusGraphQL(schema), methods=["GET", "POST"]),
-        Mount("/v1", routes=[*rest_jobs.routes, *rest_tasks.routes]),
+        Mount("/v1", routes=[*rest_jobs.routes, *rest_tasks.routes, *rest_metrics.routes]),
         *_console_routes(settings.resolved_console_dir),
     ]
     return Starlette(routes=routes, lifespan=lifespan)

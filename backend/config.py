@@ -87,6 +87,10 @@ class Settings(BaseSettings):
     local_agent_gpus: int = 8
     # How often the scheduling pass (leases, timers, placement) runs besides on events.
     scheduler_interval: Duration = timedelta(seconds=5)
+    # Workers' metric samples are kept this long as sampled; older ones are summarised to
+    # one-minute values kept until the second retention (no longer than the first: none kept).
+    metrics_retention: Duration = timedelta(days=15)
+    metrics_downsampled_retention: Duration = timedelta(days=90)
     # Run the Dramatiq worker and the periodic pass inside the server (the embedded mode).
     # Default: on with the embedded broker, off with Redis (run `astraeus worker` instead).
     run_jobs: bool | None = None

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from sqlalchemy import JSON, BigInteger, DateTime, Integer, MetaData, event
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect, Engine, make_url
@@ -128,3 +129,35 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+
+
+async def driver_connection(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
+    """The session's own psycopg connection, inside the session's transaction (PostgreSQL)."""
+    connection = await session.connection()
+    raw = await connection.get_raw_connection()
+    driver = raw.driver_connection
+    assert isinstance(driver, psycopg.AsyncConnection), "a PostgreSQL session is needed"
+    return driver
+
+
+async def copy_binary(
+    session: AsyncSession,
+    table: str,
+    columns: Sequence[str],
+    types: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+) -> int:
+    """Append rows with ``COPY … FROM STDIN (FORMAT BINARY)``, in the session's transaction.
+
+    Binary COPY is the fastest way into PostgreSQL from Python: the client sends the values as
+    they are, with no text to format or parse (PERFORMANCE.md: ~300k rows/s against ~35k for
+    SQLAlchemy inserts). ``types`` are PostgreSQL type names, one per column. Returns the
+    number of rows written."""
+    pg = await driver_connection(session)
+    statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)"
+    async with pg.cursor() as cursor:
+        async with cursor.copy(statement) as copy:
+            copy.set_types(list(types))
+            for row in rows:
+                await copy.write_row(row)
+        return cursor.rowcount

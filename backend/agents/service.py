@@ -15,6 +15,8 @@ from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import Effects
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
+from backend.metrics import service as metrics_service
+from backend.metrics.rules import SampleIn
 from backend.models import AgentCommand, Machine
 
 # What an agent reports, in the lifecycle's words.
@@ -162,6 +164,11 @@ async def progress(
         at=at,
         step=step,
     )
+
+
+async def metrics(session: AsyncSession, machine_id: int, samples: list[SampleIn]) -> int:
+    """A batch of the machine's samples, stored for range queries (and the goodput tick)."""
+    return await metrics_service.ingest(session, machine_id, samples)
 
 
 async def gpu_health(

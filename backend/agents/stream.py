@@ -32,7 +32,9 @@ from backend.errors import Unauthenticated
 from backend.lifecycle.rules import Effects
 from backend.logs.service import LogText
 from backend.machines.service import GpuInfo
+from backend.metrics.rules import SampleIn
 from backend.models import Machine
+from backend.secrets import service as secrets
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +109,16 @@ class MachineStream:
             self.pending.pop(message_id, None)
 
 
-class Streams:
-    """The machines whose stream this process holds."""
+StreamHook = Callable[[int, bool], None]  # (machine id, held): a stream opened or closed here
 
-    def __init__(self) -> None:
+
+class Streams:
+    """The machines whose stream this process holds; ``on_change`` hears of each one taken
+    or let go (the log router records which replica holds a machine)."""
+
+    def __init__(self, on_change: StreamHook | None = None) -> None:
         self.by_machine: dict[int, MachineStream] = {}
+        self.on_change = on_change or (lambda machine_id, held: None)
 
     def open(self, machine_id: int) -> MachineStream:
         old = self.by_machine.get(machine_id)
@@ -119,12 +126,14 @@ class Streams:
             old.closed.set()  # a new registration replaces an old stream
         stream = MachineStream(machine_id)
         self.by_machine[machine_id] = stream
+        self.on_change(machine_id, True)
         return stream
 
     def close(self, stream: MachineStream) -> None:
         stream.closed.set()
         if self.by_machine.get(stream.machine_id) is stream:
             del self.by_machine[stream.machine_id]
+            self.on_change(stream.machine_id, False)
 
     def get(self, machine_id: int) -> MachineStream | None:
         return self.by_machine.get(machine_id)
@@ -163,13 +172,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         lease: timedelta,
         poll_interval: float = 0.5,
         on_freed: Callable[[], None] = lambda: None,
+        on_stream: StreamHook | None = None,
     ) -> None:
         self.db = db
         self.clock = clock
         self.lease = lease
         self.poll_interval = poll_interval
         self.on_freed = on_freed
-        self.streams = Streams()
+        self.streams = Streams(on_stream)
 
     async def Connect(
         self,
@@ -371,7 +381,35 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             session, self.clock, machine.id, list(message.command_ack.command_ids)
         )
 
+    async def _secret_request(
+        self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
+    ) -> None:
+        worker = message.secret_request.worker
+        found = await secrets.values_for_worker(session, machine.id, worker)
+        stream = self.streams.get(machine.id)
+        if found is None or stream is None:
+            return  # not this machine's worker: it gets nothing
+        stream.send(
+            secret_values=agent_pb2.SecretValues(
+                worker=worker, values=found.values, missing=found.missing
+            )
+        )
+
+    async def _metrics(
+        self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
+    ) -> None:
+        await service.metrics(
+            session,
+            machine.id,
+            [
+                SampleIn(s.worker, s.metric, s.gpu if s.HasField("gpu") else None, s.at_ms, s.value)
+                for s in message.metrics.samples
+            ],
+        )
+
     _handlers: dict[str, Callable[..., Awaitable[Effects | None]]] = {
+        "metrics": _metrics,
+        "secret_request": _secret_request,
         "heartbeat": _heartbeat,
         "worker_event": _worker_event,
         "progress": _progress,

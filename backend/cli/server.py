@@ -267,13 +267,18 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(settings: Settings, args: argparse.Namespace) -> int:
-    """Send the scheduling pass every interval (leases, timers, placement)."""
+    """Send the periodic jobs: the scheduling pass (leases, timers, placement) every interval,
+    metrics pruning every ten minutes."""
     from backend.jobs import broker as job_broker
 
     job_broker.install(settings)
     interval = settings.scheduler_interval.total_seconds()
-    print(f"astraeus scheduler: a pass every {interval:g}s", flush=True)
-    asyncio.run(job_broker.every(interval, "scheduling.pass"))
+    print(
+        f"astraeus scheduler: a pass every {interval:g}s, metrics pruned every "
+        f"{job_broker.PRUNE_INTERVAL_S:g}s",
+        flush=True,
+    )
+    asyncio.run(job_broker.periodic(settings))
     return 0
 
 
@@ -309,7 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(agent)
     agent.set_defaults(func=cmd_agent)
 
-    scheduler = sub.add_parser("scheduler", help="send the scheduling pass every interval")
+    scheduler = sub.add_parser(
+        "scheduler", help="send the periodic jobs (scheduling pass, metrics pruning)"
+    )
     scheduler.set_defaults(func=cmd_scheduler)
 
     db = sub.add_parser("db", help="database administration").add_subparsers(

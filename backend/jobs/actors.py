@@ -7,6 +7,7 @@ import logging
 from backend.jobs import runtime
 from backend.lifecycle import service as lifecycle
 from backend.machines import service as machines
+from backend.metrics import service as metrics
 from backend.scheduling import service as scheduling
 
 log = logging.getLogger(__name__)
@@ -26,4 +27,24 @@ async def scheduling_pass() -> None:
         log.info("placed %s", ", ".join(placed))
 
 
-BODIES = {"scheduling.pass": scheduling_pass}
+async def metrics_prune() -> None:
+    """Samples past the retention summarised to minutes, and both pruned: one transaction,
+    cut at a whole minute, so a redelivered message changes nothing more."""
+    db, clock, settings = runtime.database(), runtime.clock(), runtime.settings()
+    async with db.transaction() as session:
+        pruned = await metrics.prune(
+            session,
+            clock.now(),
+            retention=settings.metrics_retention,
+            downsampled_retention=settings.metrics_downsampled_retention,
+        )
+    if pruned.deleted or pruned.minutes_deleted:
+        log.info(
+            "metrics: %d samples summarised into %d minutes; %d minutes past retention deleted",
+            pruned.deleted,
+            pruned.summarised,
+            pruned.minutes_deleted,
+        )
+
+
+BODIES = {"scheduling.pass": scheduling_pass, "metrics.prune": metrics_prune}

@@ -74,3 +74,15 @@ async def every(interval: float, name: str) -> None:
     while True:
         send(name)
         await asyncio.sleep(interval)
+
+
+# Old metric samples grow by the minute; pruning them ten minutes late costs nothing.
+PRUNE_INTERVAL_S = 600.0
+
+
+async def periodic(settings: Settings) -> None:
+    """Every periodic job at its own interval: the scheduling pass, metrics pruning."""
+    await asyncio.gather(
+        every(settings.scheduler_interval.total_seconds(), "scheduling.pass"),
+        every(PRUNE_INTERVAL_S, "metrics.prune"),
+    )

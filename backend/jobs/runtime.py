@@ -30,3 +30,7 @@ def database() -> Database:
 
 def clock() -> Clock:
     return _clock
+
+
+def settings() -> Settings:
+    return _settings or get_settings()

@@ -5,8 +5,10 @@ from backend.models.cluster import Cluster, Pool
 from backend.models.command import AgentCommand
 from backend.models.history import Event, StateTransition
 from backend.models.machine import Gpu, Machine
+from backend.models.metric import MetricMinute, MetricSample
 from backend.models.organization import Organization
 from backend.models.run import Run
+from backend.models.secret import Secret
 from backend.models.user import ApiToken, Membership, User
 from backend.models.worker import Attempt, Worker
 from backend.models.workspace import Workspace, WorkspaceQuota
@@ -21,9 +23,12 @@ __all__ = [
     "Gpu",
     "Machine",
     "Membership",
+    "MetricMinute",
+    "MetricSample",
     "Organization",
     "Pool",
     "Run",
+    "Secret",
     "StateTransition",
     "User",
     "Worker",

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.models import Event, Machine, Run, StateTransition, User, Worker
+from backend.models import Event, Machine, Run, Secret, StateTransition, User, Worker
 from backend.runs.rules import ENDED_RUN_STATES
 
 
@@ -71,3 +71,8 @@ async def machine_names(session: AsyncSession, machine_ids: Sequence[int]) -> di
 
 def add(session: AsyncSession, *rows: Run | Worker | StateTransition | Event) -> None:
     session.add_all(rows)
+
+
+async def secret_names(session: AsyncSession, workspace_id: int) -> set[str]:
+    names = await session.scalars(select(Secret.name).where(Secret.workspace_id == workspace_id))
+    return set(names)

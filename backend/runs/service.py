@@ -11,14 +11,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.clock import Clock
-from backend.errors import Conflict, FieldError, NotFound
+from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.lifecycle import service as lifecycle
 from backend.models import Event, Run, StateTransition, Worker, Workspace
 from backend.organizations import repository as orgs_repository
 from backend.organizations import service as organizations
 from backend.runs import repository
 from backend.runs.rules import WORKER_CREATED, WorkerState, plan_new_run
-from backend.runs.spec import parse_spec
+from backend.runs.spec import RunSpec, parse_spec
 
 
 async def workspace_for(
@@ -41,6 +41,20 @@ async def workspace_for(
     return found
 
 
+async def _check_credentials(session: AsyncSession, workspace_id: int, spec: RunSpec) -> None:
+    """Each credential names a secret of the workspace (set, or declared external)."""
+    if not spec.credentials:
+        return
+    known = await repository.secret_names(session, workspace_id)
+    unknown = [
+        FieldError(f"credentials[{i}].secret", f"no secret named '{c.secret}' in this workspace")
+        for i, c in enumerate(spec.credentials)
+        if c.secret not in known
+    ]
+    if unknown:
+        raise InvalidInput("INVALID_SPEC", unknown)
+
+
 async def create_run(
     session: AsyncSession,
     clock: Clock,
@@ -60,6 +74,7 @@ async def create_run(
     )
     if await repository.get_live_run_by_name(session, ws.id, spec.name) is not None:
         raise _name_taken(spec.name)
+    await _check_credentials(session, ws.id, spec)
     plan = plan_new_run(spec, clock.now())
     stored_spec = spec.to_json() | {"cluster": cluster.name, "pool": pool.name if pool else None}
     run = Run(

@@ -17,6 +17,7 @@ from backend.errors import FieldError, InvalidInput
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+FILE_NAME = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._-]{1,128}$")
 
 # Set by Astraeus for every worker, so that torchrun-style code runs unmodified as a gang.
 RESERVED_ENVIRONMENT = frozenset(
@@ -44,17 +45,51 @@ class PerGpu(_Strict):
     memory_bytes: int | None = Field(default=None, gt=0)
 
 
+def _absolute(value: str | None) -> str | None:
+    if value is not None and not value.startswith("/"):
+        raise ValueError("must be an absolute path")
+    return value
+
+
 class Mount(_Strict):
+    """A drive (a named folder on the machine, kept between runs) at a path of the worker."""
+
     drive: str = Field(pattern=NAME_PATTERN)
     path: str
     read_only: bool = False
+    # A folder on the machine copied into the drive, when the drive is still empty, before
+    # the worker starts ("Waiting for drive … to be filled" meanwhile).
+    fill_from: str | None = None
 
-    @field_validator("path")
+    _paths = field_validator("path", "fill_from")(_absolute)
+
+
+class Credential(_Strict):
+    """A secret of the workspace given to the worker as a variable or as a file."""
+
+    secret: str = Field(pattern=NAME_PATTERN)
+    env: str | None = None
+    file: str | None = None
+
+    @field_validator("env")
     @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must be an absolute path")
+    def _variable(cls, value: str | None) -> str | None:
+        if value is not None and not ENV_NAME.match(value):
+            raise ValueError("is not a valid variable name")
         return value
+
+    @field_validator("file")
+    @classmethod
+    def _file_name(cls, value: str | None) -> str | None:
+        if value is not None and not FILE_NAME.match(value):
+            raise ValueError("must be a file name: letters, digits, '.', '_' and '-', no '/'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Credential:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give env or file (one of them)")
+        return self
 
 
 def _canonical_duration(value: Any, *, positive: bool) -> str | None:
@@ -82,6 +117,7 @@ class RunSpec(_Strict):
     user: str | None = Field(default=None, min_length=1, max_length=64)
     environment: dict[str, str] = Field(default_factory=dict)
     mounts: list[Mount] = Field(default_factory=list)
+    credentials: list[Credential] = Field(default_factory=list)
     priority: int = Field(default=50, ge=0, le=100)
     restart_policy: Literal["on_failure", "never"] = "on_failure"
     max_restarts: int = Field(default=10, ge=0, le=100)
@@ -117,6 +153,14 @@ class RunSpec(_Strict):
             )
         if self.per_gpu and self.per_gpu.memory_bytes and self.gpus == 0:
             problems.append("per_gpu.memory_bytes: the worker asks for no GPUs")
+        for i, c in enumerate(self.credentials):
+            if c.env in RESERVED_ENVIRONMENT:
+                problems.append(f"credentials[{i}].env: is set by Astraeus for every worker")
+            elif c.env is not None and c.env in self.environment:
+                problems.append(f"credentials[{i}].env: is also given in environment")
+        targets = [c.env or f"file:{c.file}" for c in self.credentials]
+        if len(targets) != len(set(targets)):
+            problems.append("credentials: two credentials go to the same variable or file")
         paths = [m.path for m in self.mounts]
         if len(paths) != len(set(paths)):
             problems.append("mounts: two mounts share a path")

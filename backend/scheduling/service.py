@@ -213,6 +213,9 @@ def start_payload(run: Run) -> dict[str, Any]:
         "user": spec.get("user"),
         "environment": spec.get("environment") or {},
         "mounts": spec.get("mounts") or [],
+        # Names and targets only: the values reach the machine over its stream when asked.
+        "credentials": spec.get("credentials") or [],
+        "workspace_id": run.workspace_id,
         "cpu": spec.get("cpu"),
         "memory_limit_bytes": memory_limit(spec) or None,
     }

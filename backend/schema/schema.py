@@ -12,9 +12,11 @@ from strawberry.permission import PermissionExtension
 
 from backend.errors import AstraeusError
 from backend.resolvers import runs as run_resolvers
+from backend.resolvers import secrets as secret_resolvers
 from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
+from backend.schema.secrets import Secret, SecretPayload
 from backend.schema.viewer import Viewer
 
 SDL_PATH = Path(__file__).resolve().parents[2] / "schema.graphql"
@@ -40,6 +42,11 @@ class Query:
         extensions=_authenticated(),
         description="The workspace's runs that have not ended; all: true adds ended and deleted.",
     )
+    secrets: list[Secret] = strawberry.field(
+        resolver=secret_resolvers.list_secrets,
+        extensions=_authenticated(),
+        description="The workspace's secrets: names and whether they are set, never values.",
+    )
 
 
 @strawberry.type
@@ -58,6 +65,19 @@ class Mutation:
         resolver=run_resolvers.delete_run,
         extensions=_authenticated(),
         description="Delete a run with its workers and their logs; it stays listed as Deleted.",
+    )
+    set_secret: SecretPayload = strawberry.mutation(
+        resolver=secret_resolvers.set_secret,
+        extensions=_authenticated(),
+        description=(
+            "Set a secret's value; without a value, declare it external: workers naming it "
+            "wait while Preparing ('waiting for external secret …') until it is set."
+        ),
+    )
+    delete_secret: SecretPayload = strawberry.mutation(
+        resolver=secret_resolvers.delete_secret,
+        extensions=_authenticated(),
+        description="Delete a secret; runs already started keep what they were given.",
     )
 
 

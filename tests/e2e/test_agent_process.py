@@ -221,9 +221,26 @@ def test_a_workload_reporting_steps_is_never_stalled_and_its_samples_arrive(
         restart_policy="never",
         command=[sys.executable, "-c", SURVIVOR],
     )
+    started_ms = int(time.time() * 1000)
     cluster.wait("completed", lambda: cluster.status("stepper") == "Completed")
     history = cluster.get("/jobs/stepper")["history"]
     assert [h["state"] for h in history] == ["Pending", "Starting", "Running", "Completed"]
+
+    # Its samples reached the server: simulated GPUs busy while it stepped (seed L-34).
+    busy = cluster.get(
+        f"/metrics/range?metric=task_gpu_utilization_ratio&match=run:stepper&by=gpu"
+        f"&start={started_ms - 60_000}&step=1s"
+    )
+    assert (busy["metric"], busy["kind"]) == ("task_gpu_utilization_ratio", "gauge")
+    assert sorted(s["labels"]["gpu"] for s in busy["series"]) == ["0", "1"]
+    for series in busy["series"]:
+        assert max(v for _, v in series["points"]) == 0.95
+    if Path("/sys/fs/cgroup/memory").is_dir() or Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        memory = cluster.get(
+            f"/metrics/range?metric=task_memory_used_bytes&match=run:stepper"
+            f"&start={started_ms - 60_000}&step=1s"
+        )
+        assert memory["series"] and all(v > 0 for _, v in memory["series"][0]["points"])
 
 
 def _joined(agent: AgentProcess) -> bool:
@@ -237,3 +254,74 @@ def _alive(pid: int) -> bool:
         return False
     status = Path(f"/proc/{pid}/stat")
     return status.exists() and status.read_text().rpartition(")")[2].split()[0] != "Z"
+
+
+USES_CREDENTIALS = (
+    "import hashlib, os, pathlib\n"
+    "token = os.environ['HF_TOKEN']\n"
+    "from_file = pathlib.Path(os.environ['ASTRAEUS_SECRETS_DIR'], 'token.txt').read_text()\n"
+    "print('same value in both:', token == from_file)\n"
+    "print('sha256:', hashlib.sha256(token.encode()).hexdigest()[:12])\n"
+    "print('drive:', pathlib.Path(os.environ['ASTRAEUS_DRIVE_DATA'], 'hello.txt').read_text())\n"
+    "print('linked:', pathlib.Path(os.environ['MOUNT'], 'hello.txt').read_text())\n"
+)
+
+
+def test_a_worker_waits_for_its_external_secret_then_gets_it_and_its_filled_drive(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # seed L-64, L-65: Preparing with "waiting for external secret …", drives filled first
+    import hashlib
+
+    secret = "hf_not-a-real-token-42"
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "hello.txt").write_text("hi from the drive")
+    mount = tmp_path / "mnt" / "data"
+    mount.parent.mkdir()
+    cluster.agent("m1").start()
+    declared = cluster.graphql(
+        'mutation { setSecret(name: "hf-token") { secret { name external isSet } } }'
+    )
+    assert declared["setSecret"]["secret"] == {"name": "hf-token", "external": True, "isSet": False}
+    cluster.submit(
+        name="tuned",
+        gpus=1,
+        restart_policy="never",
+        environment={"MOUNT": str(mount)},
+        credentials=[
+            {"secret": "hf-token", "env": "HF_TOKEN"},
+            {"secret": "hf-token", "file": "token.txt"},
+        ],
+        mounts=[{"drive": "data", "path": str(mount), "fill_from": str(source)}],
+        command=[sys.executable, "-c", USES_CREDENTIALS],
+    )
+    cluster.wait(
+        "waiting for the secret",
+        lambda: (
+            [(w["state"], w["reason"]) for w in cluster.workers("tuned")]
+            == [("Preparing", "waiting for external secret hf-token")]
+        ),
+    )
+    cluster.graphql(
+        'mutation($v: String!) { setSecret(name: "hf-token", value: $v) { errors { message } } }',
+        v=secret,
+    )
+    cluster.wait("completed", lambda: cluster.status("tuned") == "Completed")
+    logs = cluster.get("/tasks/tuned-0/logs?tail=200")["logs"]
+    assert logs.splitlines() == [
+        "same value in both: True",
+        f"sha256: {hashlib.sha256(secret.encode()).hexdigest()[:12]}",
+        "drive: hi from the drive",
+        "linked: hi from the drive",
+    ]
+    # The value is shown nowhere: not by the API, not in the server's or the agent's files.
+    listed = cluster.graphql("{ secrets { name isSet } }")
+    assert listed["secrets"] == [{"name": "hf-token", "isSet": True}]
+    for path in [
+        cluster.server.log,
+        cluster.agent("m1").log,
+        *cluster.agent("m1").data_dir.rglob("*"),
+    ]:
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path

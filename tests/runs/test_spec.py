@@ -45,7 +45,8 @@ def test_a_full_specification_is_kept_in_its_canonical_form() -> None:
         "command": ["python", "train.py"],
         "user": "1000",
         "environment": {"NCCL_DEBUG": "WARN"},
-        "mounts": [{"drive": "data", "path": "/data", "read_only": True}],
+        "mounts": [{"drive": "data", "path": "/data", "read_only": True, "fill_from": None}],
+        "credentials": [],
         "priority": 80,
         "restart_policy": "never",
         "max_restarts": 3,
@@ -156,3 +157,36 @@ def test_every_bad_field_is_reported_at_once() -> None:
 def test_a_missing_name_and_a_non_object_are_refused() -> None:
     assert refused({"command": ["x"]}) == [FieldError("name", "is required")]
     assert refused(["not", "an", "object"]) == [FieldError("spec", "must be a JSON object")]
+
+
+def test_credentials_go_to_one_variable_or_one_file_each() -> None:
+    spec = run_spec(
+        environment={"HF_HOME": "/cache"},
+        credentials=[
+            {"secret": "hf-token"},
+            {"secret": "x", "env": "RANK"},
+            {"secret": "y", "env": "1A"},
+            {"secret": "z", "file": "../etc/passwd"},
+        ],
+        mounts=[{"drive": "data", "path": "/data", "fill_from": "relative/folder"}],
+    )
+    assert [(f.field, f.reason) for f in refused(spec)] == [
+        ("mounts[0].fill_from", "must be an absolute path"),
+        ("credentials[0]", "give env or file (one of them)"),
+        ("credentials[2].env", "is not a valid variable name"),
+        ("credentials[3].file", "must be a file name: letters, digits, '.', '_' and '-', no '/'"),
+    ]
+    clash = run_spec(
+        environment={"HF_TOKEN": "x"},
+        credentials=[
+            {"secret": "a", "env": "RANK"},
+            {"secret": "b", "env": "HF_TOKEN"},
+            {"secret": "c", "file": "t"},
+            {"secret": "d", "file": "t"},
+        ],
+    )
+    assert [(f.field, f.reason) for f in refused(clash)] == [
+        ("credentials[0].env", "is set by Astraeus for every worker"),
+        ("credentials[1].env", "is also given in environment"),
+        ("credentials", "two credentials go to the same variable or file"),
+    ]

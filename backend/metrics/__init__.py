@@ -1,0 +1,1 @@
+"""Workers' metric samples: the catalogue, ingest from the agents, range queries, pruning."""

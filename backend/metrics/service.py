@@ -1,0 +1,154 @@
+"""The metrics domain's entry point: samples in from the machines, ranges out to users, and old
+samples summarised to minutes and pruned."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.access.rules import Principal
+from backend.errors import NotFound
+from backend.metrics import repository, rules
+from backend.metrics.rules import MINUTE_MS, RangeParams, RangeRequest, SampleIn
+from backend.runs import service as runs
+
+__all__ = ["Pruned", "RangeAnswer", "RangeParams", "SampleIn", "ingest", "prune", "range_query"]
+
+log = logging.getLogger(__name__)
+
+
+def epoch_ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+async def ingest(session: AsyncSession, machine_id: int, samples: Sequence[SampleIn]) -> int:
+    """Store a machine's samples of the workers placed on it; returns how many were stored.
+
+    Samples of a worker not placed there (any more), of a metric this server does not know,
+    and samples already stored (resent after a reconnect) are dropped and counted, never
+    refused: an agent always lags a little behind placements, and a refusal would make it
+    resend the same batch for ever."""
+    workers = await repository.workers_on_machine(session, machine_id)
+    rows, dropped = rules.to_rows(samples, workers, machine_id)
+    stored = await repository.insert_samples(session, rows)
+    if dropped.total or stored < len(rows):
+        log.debug(
+            "machine %s: %d samples stored; dropped %d already stored, %d of workers not "
+            "placed there, %d of unknown metrics, %d with a wrong gpu, %d not finite",
+            machine_id,
+            stored,
+            len(rows) - stored,
+            dropped.unknown_worker,
+            dropped.unknown_metric,
+            dropped.bad_gpu,
+            dropped.bad_value,
+        )
+    return stored
+
+
+@dataclass(frozen=True)
+class Series:
+    labels: dict[str, str]
+    points: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class RangeAnswer:
+    request: RangeRequest
+    series: list[Series]
+
+    def to_json(self) -> dict[str, Any]:
+        """``{metric, kind, unit, start, end, step, series: [{labels, points}]}``, times in ms."""
+        r = self.request
+        return {
+            "metric": r.metric.name,
+            "kind": r.metric.kind,
+            "unit": r.unit,
+            "start": r.start_ms,
+            "end": r.end_ms,
+            "step": r.step_ms,
+            "series": [
+                {"labels": s.labels, "points": [[ms, v] for ms, v in s.points]} for s in self.series
+            ],
+        }
+
+
+async def range_query(
+    session: AsyncSession,
+    principal: Principal,
+    params: RangeParams,
+    *,
+    now: datetime,
+    retention: timedelta,
+    workspace: str | None = None,
+) -> RangeAnswer:
+    """A metric's series over a range, of the workspace's workers only.
+
+    A run or worker named in ``match`` that the workspace does not have is absent (404), the
+    same answer whether it exists elsewhere or nowhere. The workers are found first, so the
+    samples are read by worker id alone: an index-only scan per series, in the index's order."""
+    raw_from = epoch_ms(now - retention)
+    request = rules.parse_range(params, epoch_ms(now), raw_from_ms=raw_from)
+    ws = await runs.workspace_for(session, principal, workspace)
+    found = await repository.workers_of(
+        session,
+        ws.id,
+        runs=request.matches.get("run", ()),
+        workers=request.matches.get("worker", ()),
+        ended_since=request.start_ms - rules.ENDED_SLACK_MS,
+    )
+    run, worker = rules.missing_names(request, found)
+    if run is not None:
+        raise NotFound("JOB_NOT_FOUND", f"No run named '{run}' in workspace '{ws.name}'.")
+    if worker is not None:
+        raise NotFound("TASK_NOT_FOUND", f"No worker named '{worker}' in workspace '{ws.name}'.")
+    worker_ids = rules.in_scope(request, found)
+    rows = []
+    if worker_ids:
+        with_minutes = request.start_ms < raw_from
+        rows = await repository.buckets(session, worker_ids, request, with_minutes=with_minutes)
+    return RangeAnswer(request, _series(request, rows))
+
+
+def _series(request: RangeRequest, rows: list[tuple[tuple[str, ...], int, float]]) -> list[Series]:
+    names = [g.name for g in request.by]
+    grouped: dict[tuple[str, ...], list[tuple[int, float]]] = {}
+    for labels, ms, value in rows:
+        grouped.setdefault(labels, []).append((ms, value))
+    return [Series(dict(zip(names, key, strict=True)), pts) for key, pts in grouped.items()]
+
+
+@dataclass(frozen=True)
+class Pruned:
+    summarised: int
+    deleted: int
+    minutes_deleted: int
+
+
+def _minute_floor(moment: datetime) -> int:
+    ms = epoch_ms(moment)
+    return ms - ms % MINUTE_MS
+
+
+async def prune(
+    session: AsyncSession, now: datetime, *, retention: timedelta, downsampled_retention: timedelta
+) -> Pruned:
+    """Samples older than ``retention`` become one-minute summaries, kept until
+    ``downsampled_retention``; with that no longer than ``retention``, old samples just go.
+
+    The cut falls on a whole minute, so no minute is ever summarised from half its samples;
+    run again at the same time, it changes nothing."""
+    cutoff = _minute_floor(now - retention)
+    summarised = 0
+    if downsampled_retention > retention:
+        summarised = await repository.roll_up(session, cutoff)
+    deleted = await repository.delete_samples(session, cutoff)
+    minutes_deleted = await repository.delete_minutes(
+        session, _minute_floor(now - max(downsampled_retention, retention))
+    )
+    return Pruned(summarised, deleted, minutes_deleted)

@@ -1,0 +1,40 @@
+"""Resolvers of secrets: set, declared external, listed (names only), deleted."""
+
+from __future__ import annotations
+
+from backend.errors import AstraeusError
+from backend.resolvers.context import Info
+from backend.schema.common import UserError
+from backend.schema.secrets import Secret, SecretPayload
+from backend.secrets import service as secrets
+
+
+async def list_secrets(info: Info, workspace: str | None = None) -> list[Secret]:
+    principal = info.context.require_principal()
+    async with info.context.db.read() as session:
+        rows = await secrets.list_secrets(session, principal, workspace=workspace)
+    return [Secret.from_model(r) for r in rows]
+
+
+async def set_secret(
+    info: Info, name: str, value: str | None = None, workspace: str | None = None
+) -> SecretPayload:
+    principal = info.context.require_principal()
+    try:
+        async with info.context.db.transaction() as session:
+            row = await secrets.set_secret(
+                session, info.context.clock, principal, name, value, workspace=workspace
+            )
+            return SecretPayload(secret=Secret.from_model(row), errors=[])
+    except AstraeusError as error:
+        return SecretPayload(secret=None, errors=UserError.from_error(error))
+
+
+async def delete_secret(info: Info, name: str, workspace: str | None = None) -> SecretPayload:
+    principal = info.context.require_principal()
+    try:
+        async with info.context.db.transaction() as session:
+            row = await secrets.delete_secret(session, principal, name, workspace=workspace)
+            return SecretPayload(secret=Secret.from_model(row), errors=[])
+    except AstraeusError as error:
+        return SecretPayload(secret=None, errors=UserError.from_error(error))

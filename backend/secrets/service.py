@@ -1,0 +1,116 @@
+"""The secrets domain's entry point.
+
+Users set a secret's value, or declare it external (to be filled in later by a secret
+manager). Nothing here returns a value to a user; only ``values_for_worker`` does, for the
+agent of the machine the worker is placed on.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.access.rules import Principal
+from backend.clock import Clock
+from backend.errors import FieldError, InvalidInput, NotFound
+from backend.models import Run, Secret, Worker
+from backend.runs import service as runs
+from backend.runs.spec import NAME_PATTERN
+
+MAX_VALUE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class SecretValues:
+    values: dict[str, str]
+    missing: list[str]
+
+
+def _check(name: str, value: str | None) -> None:
+    problems = []
+    if not re.match(NAME_PATTERN, name):
+        problems.append(
+            FieldError(
+                "name",
+                "must be lowercase letters, digits and '-', starting and ending with a letter "
+                "or digit, at most 63 characters",
+            )
+        )
+    if value is not None and len(value.encode()) > MAX_VALUE_BYTES:
+        problems.append(FieldError("value", "must be at most 64 KiB"))
+    if problems:
+        raise InvalidInput("INVALID_SECRET", problems)
+
+
+async def set_secret(
+    session: AsyncSession,
+    clock: Clock,
+    principal: Principal,
+    name: str,
+    value: str | None,
+    *,
+    workspace: str | None = None,
+) -> Secret:
+    """Set a secret's value, or with no value declare it external (waited for)."""
+    _check(name, value)
+    ws = await runs.workspace_for(session, principal, workspace)
+    now = clock.now()
+    row = await session.scalar(
+        select(Secret).where(Secret.workspace_id == ws.id, Secret.name == name)
+    )
+    if row is None:
+        row = Secret(workspace_id=ws.id, name=name, created_at=now, external=value is None)
+        session.add(row)
+    row.value = value
+    row.external = value is None or row.external
+    row.updated_at = now
+    await session.flush()
+    return row
+
+
+async def list_secrets(
+    session: AsyncSession, principal: Principal, *, workspace: str | None = None
+) -> list[Secret]:
+    ws = await runs.workspace_for(session, principal, workspace)
+    return list(
+        await session.scalars(
+            select(Secret).where(Secret.workspace_id == ws.id).order_by(Secret.name)
+        )
+    )
+
+
+async def delete_secret(
+    session: AsyncSession, principal: Principal, name: str, *, workspace: str | None = None
+) -> Secret:
+    ws = await runs.workspace_for(session, principal, workspace)
+    row = await session.scalar(
+        select(Secret).where(Secret.workspace_id == ws.id, Secret.name == name)
+    )
+    if row is None:
+        raise NotFound("SECRET_NOT_FOUND", f"No secret named '{name}'.")
+    await session.delete(row)
+    return row
+
+
+async def values_for_worker(
+    session: AsyncSession, machine_id: int, worker_name: str
+) -> SecretValues | None:
+    """The values of the secrets a worker placed on this machine names; None if not placed here.
+
+    Only the credentials of the worker's own run, and only to the machine it is placed on."""
+    worker = await session.scalar(
+        select(Worker).where(Worker.machine_id == machine_id, Worker.name == worker_name)
+    )
+    if worker is None:
+        return None
+    run = await session.get(Run, worker.run_id)
+    assert run is not None
+    names = [c["secret"] for c in (run.spec.get("credentials") or [])]
+    rows = await session.scalars(
+        select(Secret).where(Secret.workspace_id == run.workspace_id, Secret.name.in_(names))
+    )
+    values = {r.name: r.value for r in rows if r.value is not None}
+    return SecretValues(values, [n for n in dict.fromkeys(names) if n not in values])
