@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
-from agent import prepare
+from agent import docker, prepare
 from agent.executor import Exit, ProcessWorker
 from agent.gpus import GpuDevice, NvmlSampler
 from agent.logs import LogFollower, WorkerLog
@@ -30,6 +30,8 @@ from agent.metrics import Sampler
 from agent.outbox import Outbox
 
 log = logging.getLogger("astraeus.agent")
+
+Worker = ProcessWorker | docker.ContainerWorker
 
 BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
@@ -53,13 +55,15 @@ class AgentConfig:
     heartbeat_seconds: float = 10.0
     sample_seconds: float = 5.0
     prepare_poll_seconds: float = 2.0
+    executor: str = "process"  # or "docker": containers through the Docker Engine API
+    docker_socket: str = docker.SOCKET
     nvml: NvmlSampler | None = None
 
 
 @dataclass
 class Agent:
     config: AgentConfig
-    workers: dict[str, ProcessWorker] = field(default_factory=dict)
+    workers: dict[str, Worker] = field(default_factory=dict)
     queue: asyncio.Queue[agent_pb2.AgentMessage] = field(default_factory=asyncio.Queue)
     running: set[asyncio.Task[Any]] = field(default_factory=set)
     follows: dict[str, asyncio.Task[None]] = field(default_factory=dict)
@@ -93,7 +97,7 @@ class Agent:
         self.queue.put_nowait(message)
 
     def report(
-        self, worker: ProcessWorker, state: int, exit: Exit | None = None, reason: str = ""
+        self, worker: Worker, state: int, exit: Exit | None = None, reason: str = ""
     ) -> None:
         event = agent_pb2.WorkerEvent(
             worker=worker.name,
@@ -110,6 +114,32 @@ class Agent:
                 event.log_tail = worker.log.snapshot()
         self._send(worker_event=event)
 
+    # --- executors ------------------------------------------------------------------------
+
+    def _new_worker(self, name: str, payload: dict[str, Any]) -> Worker:
+        log_ = WorkerLog(self.log_root, name)
+        folder = self.worker_root / name
+        if self.config.executor == "docker":
+            drives = prepare.drive_folder(self.drive_root, payload, "x").parent
+            return docker.ContainerWorker(
+                name, payload, log_, folder, engine=self._engine(), drives=drives
+            )
+        return ProcessWorker(name, payload, log_, folder, drive_root=self.drive_root)
+
+    def _adopt_worker(self, folder: Path) -> Worker | None:
+        if docker.is_container_folder(folder):
+            adopted = docker.ContainerWorker.adopt(folder, self.log_root, self._engine())
+            if adopted is not None:
+                adopted.drives = prepare.drive_folder(self.drive_root, adopted.payload, "x").parent
+            return adopted
+        process = ProcessWorker.adopt(folder, self.log_root)
+        if process is not None:
+            process.drive_root = self.drive_root
+        return process
+
+    def _engine(self) -> docker.Engine:
+        return docker.engine_at(self.config.docker_socket)
+
     # --- starting up ----------------------------------------------------------------------
 
     def adopt(self) -> None:
@@ -117,10 +147,9 @@ class Agent:
         if not self.worker_root.exists():
             return
         for folder in sorted(p for p in self.worker_root.iterdir() if p.is_dir()):
-            worker = ProcessWorker.adopt(folder, self.log_root)
+            worker = self._adopt_worker(folder)
             if worker is None:
                 continue
-            worker.drive_root = self.drive_root
             self.workers[worker.name] = worker
             if worker.started:
                 self._watch(worker)
@@ -131,6 +160,10 @@ class Agent:
     async def run_forever(self) -> None:
         """Connect, and connect again after any loss, backing off with jitter."""
         self.adopt()
+        if self.config.executor == "docker":
+            # Containers of workers this agent no longer has (deleted while it was away).
+            with contextlib.suppress(Exception):
+                await docker.remove_orphans(self._engine(), set(self.workers))
         sampling = asyncio.create_task(self._sample_forever())
         backoff = BACKOFF_START
         try:
@@ -148,6 +181,7 @@ class Agent:
                 backoff = min(backoff * 2, BACKOFF_CAP)
         finally:
             sampling.cancel()
+            await docker.removals_done()
 
     def _hello(self) -> agent_pb2.AgentMessage:
         c = self.config
@@ -303,7 +337,7 @@ class Agent:
 
     async def _command(self, command: agent_pb2.Command) -> None:
         name = command.worker
-        worker: ProcessWorker | None
+        worker: Worker | None
         if command.kind == agent_pb2.COMMAND_KIND_START:
             payload = json.loads(command.payload_json or "{}")
             current = self.workers.get(name)
@@ -311,13 +345,7 @@ class Agent:
                 return  # delivered again after a reconnect
             if current is not None:
                 await current.stop()
-            worker = ProcessWorker(
-                name,
-                payload,
-                WorkerLog(self.log_root, name),
-                self.worker_root / name,
-                drive_root=self.drive_root,
-            )
+            worker = self._new_worker(name, payload)
             worker.keep()
             self.workers[name] = worker
             self._begin(worker)
@@ -354,18 +382,19 @@ class Agent:
 
     # --- preparing: credentials and drives --------------------------------------------------
 
-    def _begin(self, worker: ProcessWorker) -> None:
+    def _begin(self, worker: Worker) -> None:
         """Prepare what the worker needs, then wait at the gang barrier (READY)."""
-        if not worker.payload.get("credentials") and not prepare.drives_to_fill(
+        nothing_to_do = not worker.payload.get("credentials") and not prepare.drives_to_fill(
             worker.payload, self.drive_root
-        ):
+        )
+        if nothing_to_do and isinstance(worker, ProcessWorker):
             self.report(worker, agent_pb2.WORKER_STATE_READY)
             return
         task = asyncio.create_task(self._prepare(worker))
         self.preparing[worker.name] = task
         task.add_done_callback(lambda _: self.preparing.pop(worker.name, None))
 
-    async def _prepare(self, worker: ProcessWorker) -> None:
+    async def _prepare(self, worker: Worker) -> None:
         said = ""
 
         def preparing(reason: str) -> None:
@@ -387,11 +416,23 @@ class Agent:
             preparing(prepare.waiting_for_drive(drive))
             problem = await asyncio.to_thread(prepare.fill_drive, source, folder)
             if problem is not None:
-                worker.exited.set()
-                self.report(worker, agent_pb2.WORKER_STATE_EXITED, Exit(None, problem))
-                self._forget(worker)
+                self._ended_before_start(worker, Exit(None, problem))
+                return
+        if isinstance(worker, docker.ContainerWorker):
+
+            async def pulling(reason: str) -> None:
+                self.report(worker, agent_pb2.WORKER_STATE_PULLING, reason=reason)
+
+            failed = await worker.prepare(pulling)
+            if failed is not None:
+                self._ended_before_start(worker, failed)
                 return
         self.report(worker, agent_pb2.WORKER_STATE_READY)
+
+    def _ended_before_start(self, worker: Worker, exit: Exit) -> None:
+        worker.exited.set()
+        self.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
+        self._forget(worker)
 
     async def _ask_secrets(self, worker: str) -> agent_pb2.SecretValues | None:
         """The worker's secret values from the server; None when it does not answer in time."""
@@ -406,12 +447,12 @@ class Agent:
             if self.secret_answers.get(worker) is answer:
                 del self.secret_answers[worker]
 
-    def _watch(self, worker: ProcessWorker) -> None:
+    def _watch(self, worker: Worker) -> None:
         task = asyncio.create_task(self._until_exit(worker))
         self.running.add(task)
         task.add_done_callback(self.running.discard)
 
-    async def _until_exit(self, worker: ProcessWorker) -> None:
+    async def _until_exit(self, worker: Worker) -> None:
         exit = await worker.wait()
         if self.workers.get(worker.name) is not worker:
             return  # deleted meanwhile
@@ -426,7 +467,7 @@ class Agent:
         worker.log.archive()
         self._forget(worker)
 
-    def _forget(self, worker: ProcessWorker) -> None:
+    def _forget(self, worker: Worker) -> None:
         """The end is in the outbox: the runtime folder may go; Hello names it until acked."""
         self.ended[worker.name] = worker.attempt
         worker.release()
@@ -439,12 +480,18 @@ class Agent:
         while True:
             await asyncio.sleep(self.config.sample_seconds)
             try:
-                self.sample_once()
+                await self.sample_once()
             except Exception:  # a bad reading must not end the sampling
                 log.exception("sampling failed")
 
-    def sample_once(self) -> None:
-        look = self.sampler.look(list(self.workers.values()))
+    async def sample_once(self) -> None:
+        workers = list(self.workers.values())
+        readings = {}
+        for w in workers:
+            if isinstance(w, docker.ContainerWorker) and w.started and not w.exited.is_set():
+                with contextlib.suppress(Exception):  # an engine that does not answer: next time
+                    readings[w.name] = await w.sample()
+        look = self.sampler.look(workers, readings)
         for progress in look.progress:
             self._send(progress=progress)
         if look.samples:

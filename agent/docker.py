@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx
 
-from agent import cgroups, shim
+from agent import cgroups, prepare, shim
 from agent.executor import LOST, OOM_KILLED, PAYLOAD, SDK, STOP_GRACE_SECONDS, Exit, exited_with
 from agent.logs import WorkerLog
 
@@ -58,7 +58,8 @@ LABEL_WORKER = "astraeus.worker"
 LABEL_ATTEMPT = "astraeus.attempt"
 CONTAINER = "container"  # the container's id, in the worker's runtime folder
 LOGGED_AT = "logged_at"  # the engine's timestamp of the last log entry copied
-RUN = "run"  # the folder shared with the container (its progress file)
+RUN = "run"  # the folder shared with the container (its progress file, its secret files)
+SECRETS = "secrets"
 CONTAINER_RUN = "/astraeus/run"
 CONTAINER_SDK = "/astraeus/sdk"
 PROGRESS = "progress"
@@ -309,7 +310,9 @@ def _image_variable(image_env: Iterable[str] | None, name: str) -> str | None:
 
 
 def container_environment(
-    payload: dict[str, Any], image_env: Iterable[str] | None = None
+    payload: dict[str, Any],
+    image_env: Iterable[str] | None = None,
+    secrets: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The worker's variables in its container: the ProcessWorker's composition, without the
     agent's own environment (the image brings its own).
@@ -321,6 +324,11 @@ def container_environment(
     """
     env: dict[str, str] = {}
     env.update(payload.get("environment") or {})
+    env.update(
+        prepare.credential_variables(
+            payload.get("credentials") or [], secrets or {}, f"{CONTAINER_RUN}/{SECRETS}"
+        )
+    )
     env.update(payload.get("astraeus_environment") or {})
     gpus = payload.get("gpu_ids") or []
     if gpus:
@@ -352,6 +360,7 @@ def create_body(
     drives: Path,
     image_env: Iterable[str] | None = None,
     sdk: Path = SDK,
+    secrets: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``POST /containers/create``'s body for a worker's start payload."""
     host: dict[str, Any] = {
@@ -380,7 +389,7 @@ def create_body(
         host["DeviceRequests"] = [
             {"Driver": "nvidia", "DeviceIDs": [str(g) for g in gpus], "Capabilities": [["gpu"]]}
         ]
-    env = container_environment(payload, image_env)
+    env = container_environment(payload, image_env, secrets)
     body: dict[str, Any] = {
         "Image": payload.get("image"),
         "Env": [f"{k}={v}" for k, v in env.items()],
@@ -594,6 +603,8 @@ class ContainerWorker:
     running: bool = False
     cpu: CpuReading | None = None
     copying: asyncio.Task[None] | None = None
+    # Credentials' values, in memory only (never in payload.json); given at start.
+    secrets: dict[str, str] = field(default_factory=dict)
 
     @property
     def attempt(self) -> int:
@@ -644,7 +655,7 @@ class ContainerWorker:
         return worker
 
     def environment(self) -> dict[str, str]:
-        return container_environment(self.payload, self.image_env)
+        return container_environment(self.payload, self.image_env, self.secrets)
 
     # --- before the barrier -------------------------------------------------------------
 
@@ -717,12 +728,15 @@ class ContainerWorker:
     async def _create_and_start(self) -> None:
         for stale in await self.engine.containers(worker_filters(self.name)):
             await self.engine.remove(stale["Id"])  # an earlier attempt, or a half start
+        credentials = self.payload.get("credentials") or []
+        prepare.write_secret_files(credentials, self.secrets, self.run_folder / SECRETS, mode=0o444)
         body = create_body(
             self.name,
             self.payload,
             run_folder=self.run_folder,
             drives=self.drives or self.folder.parent.parent / "drives",
             image_env=self.image_env,
+            secrets=self.secrets,
         )
         created = await self.engine.call(
             "POST",

@@ -111,11 +111,9 @@ class ProcessWorker:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAEUS_")}
         env.update(self.payload.get("environment") or {})
         credentials = self.payload.get("credentials") or []
-        for c in credentials:
-            if c.get("env") and c["secret"] in self.secrets:
-                env[c["env"]] = self.secrets[c["secret"]]
-        if any(c.get("file") for c in credentials):
-            env["ASTRAEUS_SECRETS_DIR"] = str(self.secrets_folder)
+        env.update(
+            prepare.credential_variables(credentials, self.secrets, str(self.secrets_folder))
+        )
         if self.drive_root is not None:
             env.update(prepare.expose_drives(self.payload, self.drive_root))
         env.update(self.payload.get("astraeus_environment") or {})

@@ -49,6 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sample", type=float, default=5.0, help="seconds between samples of the workers"
     )
+    parser.add_argument(
+        "--executor",
+        choices=("process", "docker"),
+        default=os.environ.get("ASTRAEUS_AGENT_EXECUTOR", "process"),
+        help="run workers as process groups here, or as containers through the Docker engine",
+    )
+    parser.add_argument(
+        "--docker-socket", default="/var/run/docker.sock", help="the Docker engine's socket"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         pool=args.pool,
         heartbeat_seconds=args.heartbeat,
         sample_seconds=args.sample,
+        executor=args.executor,
+        docker_socket=args.docker_socket,
     )
     if config.gpus and config.gpus[0].model != SIMULATED_MODEL:
         config.nvml = NvmlSampler()

@@ -10,17 +10,35 @@ workload says or shows (see ``simulated_utilization``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from astraeus.agent.v1 import agent_pb2
 
-from agent.executor import ProcessWorker
+from agent.cgroups import WorkerCgroup
 from agent.gpus import NvmlSampler
+from agent.logs import WorkerLog
+
+
+class SampledWorker(Protocol):
+    """What the sampler reads of a worker, whichever executor runs it."""
+
+    name: str
+    payload: dict[str, Any]
+    log: WorkerLog
+    started: bool
+    exited: asyncio.Event
+    cgroup: WorkerCgroup | None
+
+    @property
+    def progress_file(self) -> Path: ...
+
 
 # A simulated GPU is busy while its workload's step moved within this long.
 BUSY_WINDOW_S = 30.0
@@ -98,7 +116,13 @@ class Sampler:
         self.clock = clock
         self.seen: dict[str, WorkerSeen] = {}
 
-    def look(self, workers: Iterable[ProcessWorker]) -> Look:
+    def look(
+        self,
+        workers: Iterable[SampledWorker],
+        readings: dict[str, dict[str, float]] | None = None,
+    ) -> Look:
+        """One look at the running workers; ``readings`` are what an executor measured itself
+        (a container's figures from its engine), by worker and metric."""
         now = self.clock()
         at_ms = int(now * 1000)
         out = Look()
@@ -109,6 +133,8 @@ class Sampler:
             seen = self.seen.setdefault(worker.name, WorkerSeen())
             self._progress(worker, seen, now, at_ms, out)
             self._cgroup(worker, seen, now, at_ms, out)
+            for metric, value in (readings or {}).get(worker.name, {}).items():
+                self._sample(out, worker.name, metric, at_ms, value)
             self._gpus(worker, seen, now, at_ms, out)
         return out
 
@@ -121,7 +147,7 @@ class Sampler:
         out.samples.append(sample)
 
     def _progress(
-        self, worker: ProcessWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
+        self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
     ) -> None:
         """A new step is progress with a step; new output alone is progress without one."""
         reported = False
@@ -149,7 +175,7 @@ class Sampler:
                 out.progress.append(agent_pb2.Progress(worker=worker.name, at_ms=at_ms))
 
     def _cgroup(
-        self, worker: ProcessWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
+        self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
     ) -> None:
         group = worker.cgroup
         if group is None:
@@ -169,7 +195,7 @@ class Sampler:
         self._sample(out, worker.name, "task_oom_kills_total", at_ms, float(group.oom_kills()))
 
     def _gpus(
-        self, worker: ProcessWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
+        self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
     ) -> None:
         for index in worker.payload.get("gpu_ids") or []:
             if self.nvml is not None:

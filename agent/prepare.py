@@ -88,14 +88,27 @@ def expose_drives(payload: dict[str, Any], root: Path) -> dict[str, str]:
     return variables
 
 
+def credential_variables(
+    credentials: list[dict[str, Any]], values: dict[str, str], secrets_dir: str
+) -> dict[str, str]:
+    """The credentials given as variables, and where the ones given as files are."""
+    env = {
+        c["env"]: values[c["secret"]] for c in credentials if c.get("env") and c["secret"] in values
+    }
+    if any(c.get("file") for c in credentials):
+        env["ASTRAEUS_SECRETS_DIR"] = secrets_dir
+    return env
+
+
 def write_secret_files(
-    credentials: list[dict[str, Any]], values: dict[str, str], folder: Path
+    credentials: list[dict[str, Any]], values: dict[str, str], folder: Path, mode: int = 0o600
 ) -> None:
-    """Credentials given as files: one file each, readable by the worker's user only."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Credentials given as files: one file each, readable by the worker's user only (a
+    container's user may be anyone: its folder is bound into that container alone)."""
+    folder.mkdir(mode=0o700 if mode == 0o600 else 0o755, parents=True, exist_ok=True)
     for c in credentials:
         if c.get("file") and c["secret"] in values:
             path = folder / c["file"]
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
             with os.fdopen(descriptor, "w") as f:
                 f.write(values[c["secret"]])
