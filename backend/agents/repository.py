@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import case, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.models import AgentCommand, Worker
@@ -38,3 +38,20 @@ async def ack_commands(
 
 async def workers_on_machine(session: AsyncSession, machine_id: int) -> list[Worker]:
     return list(await session.scalars(select(Worker).where(Worker.machine_id == machine_id)))
+
+
+async def record_gpu_utilization(
+    session: AsyncSession, machine_id: int, means: dict[str, float]
+) -> None:
+    """Fold each worker's newest mean GPU utilisation into its recent one (halving the old)."""
+    for name, mean in means.items():
+        await session.execute(
+            update(Worker)
+            .where(Worker.machine_id == machine_id, Worker.name == name)
+            .values(
+                gpu_utilization=case(
+                    (Worker.gpu_utilization.is_(None), mean),
+                    else_=(Worker.gpu_utilization + mean) / 2,
+                )
+            )
+        )

@@ -167,8 +167,22 @@ async def progress(
 
 
 async def metrics(session: AsyncSession, machine_id: int, samples: list[SampleIn]) -> int:
-    """A batch of the machine's samples, stored for range queries (and the goodput tick)."""
-    return await metrics_service.ingest(session, machine_id, samples)
+    """A batch of the machine's samples, stored for range queries (and the goodput tick); the
+    workers' GPU utilisation kept as their pace for straggler detection."""
+    stored = await metrics_service.ingest(session, machine_id, samples)
+    await repository.record_gpu_utilization(session, machine_id, gpu_utilization_means(samples))
+    return stored
+
+
+def gpu_utilization_means(samples: list[SampleIn]) -> dict[str, float]:
+    """Each worker's mean GPU utilisation over a batch (all its GPUs, all its samples)."""
+    sums: dict[str, list[float]] = {}
+    for s in samples:
+        if s.metric == "task_gpu_utilization_ratio":
+            total = sums.setdefault(s.worker, [0.0, 0.0])
+            total[0] += s.value
+            total[1] += 1
+    return {worker: total / count for worker, (total, count) in sums.items()}
 
 
 async def gpu_health(

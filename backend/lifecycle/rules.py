@@ -173,6 +173,9 @@ class WorkerView:
     # Since when it has been well behind its gang's median pace.
     slow_since: datetime | None = None
     attempt: int = 0
+    # Its GPUs' recent utilisation: its pace when the workload reports no progress. Written
+    # by the samples' ingest, read here, never written back by the lifecycle.
+    gpu_utilization: float | None = None
 
     @property
     def placed(self) -> bool:
@@ -484,12 +487,25 @@ def find_stragglers(run: RunView, now: datetime) -> None:
     """Mark the running gang members whose pace stays well below the gang's median."""
     if run.state != RUNNING or run.stop_cause is not None:
         return
-    paces = [w.progress_rate for w in run.workers if w.progress_rate is not None]
+
+    def progress(w: WorkerView) -> float | None:
+        return w.progress_rate
+
+    def utilisation(w: WorkerView) -> float | None:
+        return w.gpu_utilization if w.gpus else None
+
+    # Progress reports when the gang makes them, else (without) its GPUs' utilisation.
+    pace = progress
+    paces = [p for w in run.workers if (p := pace(w)) is not None]
+    if len(paces) < 2:
+        pace = utilisation
+        paces = [p for w in run.workers if (p := pace(w)) is not None]
     if len(paces) < 2:
         return
     median = statistics.median(paces)
     for w in run.workers:
-        slow = w.progress_rate is not None and w.progress_rate < STRAGGLER_PACE * median
+        mine = pace(w)
+        slow = mine is not None and mine < STRAGGLER_PACE * median
         if slow and w.slow_since is None:
             w.slow_since = now
         elif not slow:

@@ -104,6 +104,7 @@ def _worker_view(w: Worker, machine_names: dict[int, str]) -> WorkerView:
         stepped_at=w.stepped_at,
         progress_rate=w.progress_rate,
         slow_since=w.slow_since,
+        gpu_utilization=w.gpu_utilization,
     )
 
 

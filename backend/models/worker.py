@@ -48,6 +48,9 @@ class Worker(HasId, HasCreatedAt, Base):
     progress_step: Mapped[int | None] = mapped_column(BigInteger)
     stepped_at: Mapped[datetime | None]
     progress_rate: Mapped[float | None] = mapped_column(Float)
+    # Its GPUs' recent mean utilisation (0 to 1), from its agent's samples: the pace of a worker
+    # that reports no progress, for straggler detection.
+    gpu_utilization: Mapped[float | None] = mapped_column(Float)
     # Since when it has been well behind its gang's median pace (a straggler after 3 minutes).
     slow_since: Mapped[datetime | None]
 

@@ -7,10 +7,12 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
+from backend.agents import service as agents
 from backend.db import Database
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import is_straggler
 from backend.machines import service as machines
+from backend.metrics.rules import SampleIn
 from backend.models import Gpu, Machine
 from backend.runs.rules import task_counts
 from tests.lifecycle.world import LEASE, World
@@ -465,3 +467,30 @@ async def test_a_gang_member_well_behind_its_gangs_pace_becomes_a_straggler(worl
         await world.report(f"llama-sft-{rank}", "progress", step=1000 if rank == 2 else 600)
     await world.timers()
     assert [w.slow_since for w in await world.workers("llama-sft")] == [None, None, None]
+
+
+async def test_without_progress_reports_a_stragglers_pace_is_its_gpu_utilisation(
+    world: World,
+) -> None:
+    # DESIGN §3: "progress rate (or, without progress reports, GPU utilisation)"
+    await running_gang(world, workers=3, gpus=2)
+    busy = {0: 0.92, 1: 0.88, 2: 0.21}
+    flags = []
+    for _ in range(5):
+        world.clock.advance(minutes=1)
+        for w in await world.workers("llama-sft"):
+            assert w.machine_id is not None
+            samples = [
+                SampleIn(w.name, "task_gpu_utilization_ratio", gpu, 0, busy[w.rank])
+                for gpu in w.gpu_ids
+            ]
+            async with world.db.transaction() as session:
+                await agents.metrics(session, w.machine_id, samples)
+        await world.timers()
+        flags.append([is_straggler(w, world.clock.now()) for w in await world.workers("llama-sft")])
+    assert flags == [[False] * 3] * 3 + [[False, False, True]] * 2
+    assert [round(w.gpu_utilization or 0, 2) for w in await world.workers("llama-sft")] == [
+        0.92,
+        0.88,
+        0.21,
+    ]
