@@ -778,10 +778,8 @@ class ContainerWorker:
 
     def ended(self) -> Exit | None:
         """How the worker ended, once written down (by ``wait``, or a failed pull or start)."""
-        with contextlib.suppress(OSError, ValueError):
-            recorded = json.loads((self.folder / shim.EXIT).read_text())
-            return Exit(recorded.get("code"), str(recorded.get("reason") or ""))
-        return None
+        recorded = shim.recorded_exit(self.folder)
+        return Exit(*recorded) if recorded is not None else None
 
     def alive(self) -> bool:
         """Whether the container was running when the engine last said (no call here)."""

@@ -170,10 +170,8 @@ class ProcessWorker:
 
     def ended(self) -> Exit | None:
         """How the worker ended, once its shim has written it down."""
-        with contextlib.suppress(OSError, ValueError):
-            recorded = json.loads((self.folder / shim.EXIT).read_text())
-            return Exit(recorded.get("code"), str(recorded.get("reason") or ""))
-        return None
+        recorded = shim.recorded_exit(self.folder)
+        return Exit(*recorded) if recorded is not None else None
 
     def alive(self) -> bool:
         pid = _read_int(self.folder / SHIM_PID)

@@ -55,6 +55,14 @@ def record_exit(folder: Path, code: int | None, reason: str) -> None:
     write_atomically(folder / EXIT, json.dumps(ended))
 
 
+def recorded_exit(folder: Path) -> tuple[int | None, str] | None:
+    """The (code, reason) written in the folder's exit.json, or None before it is written."""
+    with contextlib.suppress(OSError, ValueError):
+        recorded = json.loads((folder / EXIT).read_text())
+        return recorded.get("code"), str(recorded.get("reason") or "")
+    return None
+
+
 def cgroup_of(spec: dict[str, Any]) -> WorkerCgroup | None:
     group = spec.get("cgroup")
     if not group:
