@@ -287,7 +287,9 @@ class Agent:
 
     def _reply_tail(self, request_id: int, request: agent_pb2.LogTailRequest) -> None:
         """The last lines of a worker's log, cut to the bytes asked for (its end)."""
-        text, archived = WorkerLog(self.log_root, request.worker).tail(request.lines or 1000)
+        text, archived = WorkerLog(self.log_root, request.worker).tail(
+            request.lines or 1000, timestamps=request.timestamps
+        )
         data = text.encode()
         if request.max_bytes and len(data) > request.max_bytes:
             text = data[-request.max_bytes :].decode(errors="ignore")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from agent import logs
 from agent.logs import LogFollower, WorkerLog
 
@@ -56,3 +58,37 @@ def test_an_archived_log_keeps_the_last_1000_lines_until_a_new_process(tmp_path:
     assert archived and text.splitlines() == [str(i) for i in range(500, 1500)]
     log.begin()
     assert log.tail(10) == ("", False)
+
+
+def test_each_line_can_be_shown_with_the_time_it_arrived(tmp_path: Path) -> None:
+    log = WorkerLog(tmp_path, "w-0")
+    log.begin()
+    t = 1_790_000_000_000  # 2026-09-21T...
+    log.append(b"first\nsecond\n", at_ms=t)
+    log.append(b"third\n", at_ms=t + 1500)
+    text, _ = log.tail(2, timestamps=True)
+    assert text.splitlines() == [
+        "2026-09-21T14:13:20.000Z second",
+        "2026-09-21T14:13:21.500Z third",
+    ]
+    assert log.tail(2)[0] == "second\nthird\n"  # the text itself carries no times
+    log.archive()
+    text, archived = log.tail(10, timestamps=True)
+    assert archived and text.splitlines()[0] == "2026-09-21T14:13:20.000Z first"
+
+
+def test_a_tail_reads_from_the_end_and_a_cut_log_keeps_its_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs, "MAX_LOG_BYTES", 10_000)
+    log = WorkerLog(tmp_path, "w-0")
+    log.begin()
+    for i in range(500):
+        log.append(f"line {i:04d}\n".encode(), at_ms=1_790_000_000_000 + i * 1000)
+    assert log.size() <= 10_000 + 10  # cut back to its last half when it grew past the cap
+    text, _ = log.tail(3, timestamps=True)
+    assert text.splitlines() == [
+        "2026-09-21T14:21:37.000Z line 0497",
+        "2026-09-21T14:21:38.000Z line 0498",
+        "2026-09-21T14:21:39.000Z line 0499",
+    ]
