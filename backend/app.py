@@ -131,10 +131,12 @@ def create_app(
         app.state.clock = clock or SystemClock()
         app.state.settings = settings
         async with contextlib.AsyncExitStack() as stack:
-            await stack.enter_async_context(_jobs(settings))
+            # The agent endpoint first: it gives machines a lease to reconnect before the
+            # first scheduling pass looks for expired ones.
             app.state.agents = await stack.enter_async_context(
                 _agent_endpoint(settings, app.state.db, app.state.clock)
             )
+            await stack.enter_async_context(_jobs(settings))
             try:
                 yield
             finally:

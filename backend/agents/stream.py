@@ -31,6 +31,7 @@ from backend.db import Database
 from backend.errors import Unauthenticated
 from backend.lifecycle.rules import Effects
 from backend.logs.service import LogText
+from backend.machines import service as machines
 from backend.machines.service import GpuInfo
 from backend.metrics.rules import SampleIn
 from backend.models import Machine
@@ -447,4 +448,6 @@ async def serve(service_: AgentService, address: str) -> grpc.aio.Server:
     agent_pb2_grpc.add_AgentServicer_to_server(service_, server)
     server.add_insecure_port(address)
     await server.start()
+    async with service_.db.transaction() as session:
+        await machines.grant_restart_grace(session, service_.clock, service_.lease)
     return server

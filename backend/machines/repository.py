@@ -64,6 +64,15 @@ async def extend_lease(
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
+async def extend_all_leases(session: AsyncSession, until: datetime) -> int:
+    result = await session.execute(
+        update(Machine)
+        .where(Machine.state.in_(["ready", "draining"]), Machine.lease_expires_at < until)
+        .values(lease_expires_at=until)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
 async def workers_on(session: AsyncSession, machine_id: int) -> list[Worker]:
     return list(await session.scalars(select(Worker).where(Worker.machine_id == machine_id)))
 

@@ -90,6 +90,14 @@ async def expire_leases(session: AsyncSession, clock: Clock) -> Effects:
     return total
 
 
+async def grant_restart_grace(session: AsyncSession, clock: Clock, lease: timedelta) -> int:
+    """An agent endpoint (re)started: every machine gets a whole lease to reconnect to it.
+
+    Machines cannot renew their leases while no endpoint takes their streams; without this a
+    server down for longer than a lease would find every machine lost when it came back."""
+    return await repository.extend_all_leases(session, clock.now() + lease)
+
+
 async def drain(session: AsyncSession, clock: Clock, machine: Machine) -> Effects:
     """Take no new work; its runs are preempted and queued again elsewhere."""
     machine.state, machine.reason = "draining", "Drained by an operator"

@@ -151,6 +151,28 @@ def test_killing_the_agent_mid_run_loses_no_state_change_or_snapshot(cluster: Cl
     assert logs["logs"].splitlines() == [f"step {i}" for i in range(16)]
 
 
+def test_a_server_restart_loses_no_state_change_and_no_machine(cluster: Cluster) -> None:
+    agent = cluster.agent("m1")
+    agent.start()
+    cluster.submit(
+        name="failer", gpus=1, restart_policy="never", command=[sys.executable, "-c", FAILER]
+    )
+    cluster.wait("running", lambda: cluster.status("failer") == "Running")
+    assert cluster.server.process is not None
+    cluster.server.process.kill()  # no goodbye: the agent just loses its stream
+    cluster.server.process.wait()
+    time.sleep(10)  # the worker fails meanwhile; longer than the lease (8s)
+    cluster.server.start()
+
+    cluster.wait("failed", lambda: cluster.status("failer") == "Failed")
+    failer = cluster.workers("failer")[0]
+    assert (failer["state"], failer["reason"]) == ("Failed", "Exited with code 1")
+    assert failer["lastFailure"]["log_tail"].splitlines()[-1] == "fatal: boom"
+    # The machine had a whole lease to come back after the server did: not lost.
+    cluster.submit(name="after", gpus=1, command=[sys.executable, "-c", "print('ok')"])
+    cluster.wait("placed on m1 again", lambda: cluster.status("after") == "Completed")
+
+
 def test_an_agent_away_past_its_lease_loses_its_machine_and_the_run_moves(
     cluster: Cluster,
 ) -> None:
