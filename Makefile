@@ -64,3 +64,5 @@ clean: ## remove the virtual environment and caches
 bench: setup services ## the benchmarks (bench/), each beside a bare baseline measured in the same run
 	$(BIN)/python -m bench.scheduling_pass
 	$(BIN)/python -m bench.metrics_ingest
+	$(BIN)/python -m bench.log_tail
+	$(BIN)/python -m bench.agent_cpu

@@ -218,3 +218,16 @@ class ProcessWorker:
         if self.cgroup is not None:
             self.cgroup.remove()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def end_left_workers(data_dir: Path) -> None:
+    """Kill every worker (and its shim) an agent left running in ``data_dir``: workers outlive
+    their agent by design, so taking a machine out of service (or a test) ends them here."""
+    for pid_file in data_dir.glob(f"workers/*/{shim.WORKER_PID}"):
+        with contextlib.suppress(OSError, ValueError):
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+    for pid_file in data_dir.glob(f"workers/*/{SHIM_PID}"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text())
+            if _is_shim(pid):
+                os.kill(pid, signal.SIGKILL)

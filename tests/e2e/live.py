@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from agent.executor import end_left_workers
+
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 
 
@@ -74,7 +76,7 @@ class Server:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        end_workers(self.data_dir / "agent")
+        end_left_workers(self.data_dir / "agent")
 
     def env_for(self, token: str) -> dict[str, str]:
         return {**os.environ, "API": f"{self.url}/v1", "ASTRA_TOKEN": token}
@@ -126,17 +128,4 @@ class AgentProcess:
 
     def end(self) -> None:
         self.kill()
-        end_workers(self.data_dir)
-
-
-def end_workers(agent_dir: Path) -> None:
-    """Kill what an agent left running (its workers outlive it by design)."""
-    for pid_file in agent_dir.glob("workers/*/*.pid"):
-        try:
-            pid = int(pid_file.read_text())
-            if pid_file.name == "worker.pid":
-                os.killpg(pid, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
+        end_left_workers(self.data_dir)
