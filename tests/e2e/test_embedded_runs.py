@@ -219,3 +219,100 @@ def test_a_worker_past_its_memory_limit_is_oom_killed(live: tuple[Server, str]) 
         "Worker hungry-0 failed on local: OOMKilled: the container exceeded its memory limit; "
         "the gang does not run without it",
     )
+
+
+# Issue 4's acceptance, one row a workload: its state, reason, exit code, failure snapshot and
+# the log through the seed's own line (seed L-12, L-14, L-47, L-51, L-52).
+NOISY_FAILURE = (
+    "import sys\n"
+    "for i in range(120):\n"
+    "    print(f'epoch {i:03d} ' + 'x' * 400, flush=True)\n"
+    "sys.exit(3)\n"
+)
+HANG = "import time; print('loading', flush=True); time.sleep(600)"
+WORKLOADS = {
+    "steps": (
+        {"command": [sys.executable, "-c", "for i in range(3): print(f'step {i}')"]},
+        ("Completed", "Exited with code 0", 0),
+        ["step 0", "step 1", "step 2"],
+    ),
+    "exits": (
+        {"command": [sys.executable, "-c", NOISY_FAILURE]},
+        ("Failed", "Exited with code 3", 3),
+        [f"epoch {i:03d} " + "x" * 400 for i in range(120)],
+    ),
+    "absent": (
+        {"command": ["no-such-program-here"]},
+        ("Failed", "Exited with code 127", 127),
+        None,  # the shell's own sentence, checked below
+    ),
+    "hangs": (
+        {"command": [sys.executable, "-c", HANG], "stall_timeout": "3s", "on_stall": "keep"},
+        ("Running", "Stalled: no progress for 3s", None),
+        ["loading"],
+    ),
+}
+
+
+def _worker(live: tuple[Server, str], run: str) -> dict[str, Any]:
+    server, token = live
+    answer = httpx.post(
+        f"{server.url}/graphql",
+        headers={"Authorization": f"Bearer {token}"},
+        json={
+            "query": "query($n: String!) { run(name: $n) { workers { state reason exitCode "
+            "lastFailure } } }",
+            "variables": {"n": run},
+        },
+    ).json()
+    return dict(answer["data"]["run"]["workers"][0])
+
+
+@pytest.mark.parametrize("run", list(WORKLOADS))
+def test_each_workload_ends_as_the_seed_says_with_its_snapshot_and_log(
+    live: tuple[Server, str], run: str
+) -> None:
+    spec, (state, reason, code), lines = WORKLOADS[run]
+    submit(live, {"name": run, "gpus": 1, "restart_policy": "never", **spec})
+    deadline = time.monotonic() + 60
+    while (_worker(live, run)["state"], _worker(live, run)["reason"]) != (
+        state,
+        reason,
+    ) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    worker = _worker(live, run)
+    assert (worker["state"], worker["reason"], worker["exitCode"]) == (state, reason, code)
+    snapshot = worker["lastFailure"]
+    if state == "Failed":
+        assert snapshot["reason"] == reason and snapshot["exit_code"] == code
+        tail = snapshot["log_tail"]
+        assert len(tail.splitlines()) <= 50 and len(tail.encode()) <= 16 * 1024
+        if lines is not None:
+            assert lines[-1] in tail
+            assert lines[-len(tail.splitlines()) + 1] in tail  # the last lines, not the first
+    else:
+        assert snapshot is None
+
+    server, token = live
+    seed_line = (
+        f'curl -sS "$API/tasks/{run}-0/logs?tail=200" -H "Authorization: Bearer $ASTRA_TOKEN" '
+        "| jq -r .logs"
+    )
+    printed = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", seed_line],
+        env=server.env_for(token),
+        capture_output=True,
+        text=True,
+    )
+    assert printed.returncode == 0, printed.stderr
+    if lines is not None:  # the log ends its last line; jq -r adds a newline of its own
+        assert printed.stdout == "".join(f"{line}\n" for line in lines) + "\n"
+    else:
+        assert "no-such-program-here" in printed.stdout and "not found" in printed.stdout
+    body = httpx.get(
+        f"{server.url}/v1/tasks/{run}-0/logs",
+        params={"tail": 1},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    assert body["task_name"] == f"{run}-0"
+    assert body.get("archived", False) is (state != "Running")
