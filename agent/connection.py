@@ -70,6 +70,7 @@ class Agent:
     ended: dict[str, int] = field(default_factory=dict)  # reported ends not yet acknowledged
     preparing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     secret_answers: dict[str, asyncio.Future[agent_pb2.SecretValues]] = field(default_factory=dict)
+    backoff_cap: float = BACKOFF_CAP
     outbox: Outbox = field(init=False)
     sampler: Sampler = field(init=False)
 
@@ -178,7 +179,7 @@ class Agent:
                 if time.monotonic() - started > 60:
                     backoff = BACKOFF_START
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
-                backoff = min(backoff * 2, BACKOFF_CAP)
+                backoff = min(backoff * 2, self.backoff_cap)
         finally:
             sampling.cancel()
             await docker.removals_done()
@@ -256,6 +257,9 @@ class Agent:
         kind = message.WhichOneof("body")
         if kind == "welcome":
             log.info("joined as machine %s", message.welcome.machine_id)
+            if message.welcome.lease_seconds:
+                # Back in well within a lease after any outage, the server's included.
+                self.backoff_cap = min(BACKOFF_CAP, message.welcome.lease_seconds / 4)
         elif kind == "ack":
             self.outbox.acknowledge(message.ack.up_to)
             self.ended = {
