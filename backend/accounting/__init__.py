@@ -1,0 +1,1 @@
+"""Goodput accounting: the per-minute tick, the hourly and weekly ledgers."""

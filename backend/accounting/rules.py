@@ -1,0 +1,243 @@
+"""Goodput accounting, pure: where a worker's GPU time went, interval by interval.
+
+The lifecycle records every change of a worker's accounting phase with its time and GPUs
+(state_transitions). Here a worker's phases over a window become intervals, each in one of
+the seed's categories, held or not:
+
+| category   | the worker was                                                   | held?         |
+|------------|------------------------------------------------------------------|---------------|
+| productive | running, its GPUs busy (5% or more); or winding down when its    | yes           |
+|            | owner asked (a stop, its time limit)                             |               |
+| idle       | running, its GPUs idle                                           | yes           |
+| stalled    | running while stalled; stopping because it stalled; waiting to   | while placed  |
+|            | be placed again after                                            |               |
+| starting   | placed, not yet running, on its first attempt                    | yes           |
+| restart    | the same on a later attempt                                      | yes           |
+| failure    | failed or lost and still holding its GPUs; waiting to be placed  | while placed  |
+|            | again after a failure, a lost machine or a GPU fault             |               |
+| preemption | stopping for higher-priority work or a drain; waiting to be      | while placed  |
+|            | placed again after                                               |               |
+| waiting    | waiting for its first placement                                  | no            |
+
+Every interval counts its length times the GPUs the worker asked for (it holds them, or
+waits for them). Running intervals are cut at UTC minutes and classified by the mean GPU
+utilisation of their minute; every interval is cut at UTC hours (the ledgers' unit).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from backend.lifecycle.rules import Phase
+
+BUSY_UTILIZATION = 0.05  # "its GPUs busy (5% or more)"
+MINUTE = timedelta(minutes=1)
+HOUR = timedelta(hours=1)
+
+
+class Category(StrEnum):
+    PRODUCTIVE = "productive"
+    IDLE = "idle"
+    STALLED = "stalled"
+    STARTING = "starting"
+    RESTART = "restart"
+    FAILURE = "failure"
+    PREEMPTION = "preemption"
+    WAITING = "waiting"
+
+
+# A phase's category and whether its GPUs are held; RUNNING is productive or idle by its
+# utilisation, decided per minute.
+_BY_PHASE: dict[str, tuple[Category, bool]] = {
+    Phase.WAITING: (Category.WAITING, False),
+    Phase.STARTING: (Category.STARTING, True),
+    Phase.RESTART: (Category.RESTART, True),
+    Phase.STALLED: (Category.STALLED, True),
+    Phase.STOPPING_OWNER: (Category.PRODUCTIVE, True),
+    Phase.STOPPING_TIME_LIMIT: (Category.PRODUCTIVE, True),
+    Phase.STOPPING_PREEMPTION: (Category.PREEMPTION, True),
+    Phase.STOPPING_STALL: (Category.STALLED, True),
+    Phase.STOPPING_FAILURE: (Category.FAILURE, True),
+    Phase.REQUEUED_FAILURE: (Category.FAILURE, False),
+    Phase.REQUEUED_PREEMPTION: (Category.PREEMPTION, False),
+    Phase.REQUEUED_STALL: (Category.STALLED, False),
+}
+
+
+@dataclass(frozen=True, order=True)
+class PhaseChange:
+    """A worker entered ``phase`` at ``at``, asking for ``gpus`` (on ``machine_id`` if placed)."""
+
+    at: datetime
+    phase: str
+    gpus: int
+    machine_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Part of a worker's time in one category: [start, end) times its GPUs."""
+
+    start: datetime
+    end: datetime
+    category: Category
+    held: bool
+    gpus: int
+    machine_id: int | None
+
+    @property
+    def gpu_seconds(self) -> float:
+        return (self.end - self.start).total_seconds() * self.gpus
+
+
+# The mean utilisation of a worker's GPUs over [start, end), None when nothing was sampled.
+Utilization = Callable[[datetime, datetime], float | None]
+
+
+def _boundaries(start: datetime, end: datetime, step: timedelta) -> list[datetime]:
+    """The UTC multiples of ``step`` strictly inside (start, end)."""
+    epoch = datetime(1970, 1, 1, tzinfo=start.tzinfo)
+    first = epoch + ((start - epoch) // step + 1) * step
+    out = []
+    moment = first
+    while moment < end:
+        out.append(moment)
+        moment += step
+    return out
+
+
+def _cut(start: datetime, end: datetime, step: timedelta) -> list[tuple[datetime, datetime]]:
+    points = [start, *_boundaries(start, end, step), end]
+    return list(itertools.pairwise(points))
+
+
+def classify(phase: str, busy: float | None) -> tuple[Category, bool] | None:
+    """A phase's category and held flag; None for a phase that is not counted (ended)."""
+    if phase == Phase.RUNNING:
+        return (
+            Category.PRODUCTIVE if busy is not None and busy >= BUSY_UTILIZATION else Category.IDLE
+        ), True
+    return _BY_PHASE.get(phase)
+
+
+def intervals(
+    changes: Sequence[PhaseChange],
+    start: datetime,
+    end: datetime,
+    utilization: Utilization = lambda a, b: None,
+) -> list[Interval]:
+    """A worker's intervals in [start, end), from its phase changes (all of them, any order).
+
+    The phase in force at ``start`` is the last change at or before it; time before the
+    first change (before the worker was submitted) and after an ``ended`` phase is not
+    counted. Intervals never cross a UTC hour; running ones never cross a UTC minute, and are
+    productive or idle by the mean utilisation of their whole minute, so that counting a
+    window in one piece or in several gives the same intervals' sums."""
+    ordered = sorted(changes)
+    out: list[Interval] = []
+    for current, following in zip(ordered, [*ordered[1:], None], strict=True):
+        a = max(current.at, start)
+        b = min(following.at if following is not None else end, end)
+        if a >= b or current.gpus <= 0:
+            continue
+        step = MINUTE if current.phase == Phase.RUNNING else HOUR
+        for piece_start, piece_end in _cut(a, b, step):
+            busy = None
+            if current.phase == Phase.RUNNING:
+                minute = piece_start.replace(second=0, microsecond=0)
+                busy = utilization(minute, minute + MINUTE)
+            counted = classify(current.phase, busy)
+            if counted is None:
+                continue
+            category, held = counted
+            piece = Interval(
+                piece_start,
+                piece_end,
+                category,
+                held,
+                current.gpus,
+                current.machine_id if held else None,
+            )
+            if out and _continues(out[-1], piece):
+                out[-1] = Interval(
+                    out[-1].start, piece.end, category, held, piece.gpus, piece.machine_id
+                )
+            else:
+                out.append(piece)
+    return out
+
+
+def _continues(last: Interval, piece: Interval) -> bool:
+    """The piece extends the last interval: same kind, adjacent, in the same UTC hour."""
+    return (
+        last.end == piece.start
+        and (last.category, last.held, last.gpus, last.machine_id)
+        == (piece.category, piece.held, piece.gpus, piece.machine_id)
+        and _hour(last.start) == _hour(piece.start)
+    )
+
+
+def _hour(moment: datetime) -> datetime:
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """GPU time by category, held and not held, in seconds; the seed's ledger object from it."""
+
+    held: dict[Category, float]
+    not_held: dict[Category, float]
+
+    @classmethod
+    def of(cls, items: Iterable[Interval]) -> Ledger:
+        held: dict[Category, float] = dict.fromkeys(Category, 0.0)
+        not_held: dict[Category, float] = dict.fromkeys(Category, 0.0)
+        for i in items:
+            (held if i.held else not_held)[i.category] += i.gpu_seconds
+        return cls(held, not_held)
+
+    @property
+    def allocated(self) -> float:
+        return sum(self.held.values())
+
+    @property
+    def waiting(self) -> float:
+        return sum(self.not_held.values())
+
+    @property
+    def productive(self) -> float:
+        return self.held[Category.PRODUCTIVE]
+
+    @property
+    def asked(self) -> float:
+        return self.allocated + self.waiting
+
+    @property
+    def lost(self) -> float:
+        return self.asked - self.productive
+
+    @property
+    def goodput(self) -> float | None:
+        """Productive over held; None (absent) when nothing was held."""
+        return self.productive / self.allocated if self.allocated > 0 else None
+
+    def to_json(self) -> dict[str, object]:
+        """The seed's ledger: ``gpu_hours`` by category (held and not), ``held_gpu_hours``,
+        ``allocated_gpu_hours``, ``productive_gpu_hours``, ``lost_gpu_hours``,
+        ``waiting_gpu_hours`` and ``goodput`` (absent when nothing was held)."""
+        hours = 3600.0
+        out: dict[str, object] = {
+            "gpu_hours": {c.value: (self.held[c] + self.not_held[c]) / hours for c in Category},
+            "held_gpu_hours": {c.value: self.held[c] / hours for c in Category},
+            "allocated_gpu_hours": self.allocated / hours,
+            "productive_gpu_hours": self.productive / hours,
+            "lost_gpu_hours": self.lost / hours,
+            "waiting_gpu_hours": self.waiting / hours,
+        }
+        if self.goodput is not None:
+            out["goodput"] = self.goodput
+        return out
