@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from backend.accounting import service as accounting
 from backend.jobs import runtime
 from backend.lifecycle import service as lifecycle
 from backend.machines import service as machines
@@ -47,4 +48,20 @@ async def metrics_prune() -> None:
         )
 
 
-BODIES = {"scheduling.pass": scheduling_pass, "metrics.prune": metrics_prune}
+async def accounting_tick() -> None:
+    """Count every worker's GPU time up to the last whole minute into the goodput ledgers.
+
+    Retried, late, duplicated or concurrent messages are safe: the tick counts from its own
+    mark, in one transaction with it (backend/accounting/service.py)."""
+    db, clock = runtime.database(), runtime.clock()
+    async with db.transaction() as session:
+        result = await accounting.tick(session, clock)
+    if result.recounted_from is not None:
+        log.info("goodput: counted again from %s (a transition dated back)", result.recounted_from)
+
+
+BODIES = {
+    "scheduling.pass": scheduling_pass,
+    "metrics.prune": metrics_prune,
+    "accounting.tick": accounting_tick,
+}

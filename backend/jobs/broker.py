@@ -77,12 +77,15 @@ async def every(interval: float, name: str) -> None:
 
 
 # Old metric samples grow by the minute; pruning them ten minutes late costs nothing.
+TICK_INTERVAL_S = 60.0  # the goodput tick: every minute, counting whole minutes
 PRUNE_INTERVAL_S = 600.0
 
 
 async def periodic(settings: Settings) -> None:
-    """Every periodic job at its own interval: the scheduling pass, metrics pruning."""
+    """Every periodic job at its own interval: the scheduling pass, metrics pruning, and the
+    goodput tick every minute."""
     await asyncio.gather(
         every(settings.scheduler_interval.total_seconds(), "scheduling.pass"),
         every(PRUNE_INTERVAL_S, "metrics.prune"),
+        every(TICK_INTERVAL_S, "accounting.tick"),
     )

@@ -3,6 +3,7 @@
 from backend.models.base import Base
 from backend.models.cluster import Cluster, Pool
 from backend.models.command import AgentCommand
+from backend.models.goodput import AccountingMark, GoodputHour, GoodputInterval
 from backend.models.history import Event, StateTransition
 from backend.models.machine import Gpu, Machine
 from backend.models.metric import MetricMinute, MetricSample
@@ -14,12 +15,15 @@ from backend.models.worker import Attempt, Worker
 from backend.models.workspace import Workspace, WorkspaceQuota
 
 __all__ = [
+    "AccountingMark",
     "AgentCommand",
     "ApiToken",
     "Attempt",
     "Base",
     "Cluster",
     "Event",
+    "GoodputHour",
+    "GoodputInterval",
     "Gpu",
     "Machine",
     "Membership",

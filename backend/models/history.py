@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, Integer, String
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, false, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import BigId, PortableJSON, UTCDateTime
@@ -17,6 +17,12 @@ class StateTransition(HasId, Base):
     __table_args__ = (
         Index("ix_state_transitions_run_id_transition_at", "run_id", "transition_at"),
         Index("ix_state_transitions_worker_id_transition_at", "worker_id", "transition_at"),
+        Index(
+            "ix_state_transitions_unaccounted",
+            "transition_at",
+            postgresql_where=text("NOT accounted"),
+            sqlite_where=text("NOT accounted"),
+        ),
     )
 
     run_id: Mapped[int] = mapped_column(BigId, ForeignKey("runs.id", ondelete="CASCADE"))
@@ -33,6 +39,9 @@ class StateTransition(HasId, Base):
     machine_id: Mapped[int | None] = mapped_column(
         BigId, ForeignKey("machines.id", ondelete="SET NULL")
     )
+    # Whether the goodput tick has counted the time around it. One recorded late (a stall
+    # found after the fact, dated back) makes the tick count again from its time.
+    accounted: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Event(HasId, Base):

@@ -1,0 +1,232 @@
+"""All SQL of goodput accounting."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.accounting.rules import PhaseChange
+from backend.metrics.rules import BY_NAME
+from backend.models import (
+    AccountingMark,
+    GoodputHour,
+    GoodputInterval,
+    Machine,
+    MetricSample,
+    Run,
+    StateTransition,
+    Worker,
+)
+
+T = TypeVar("T")
+UTILIZATION = BY_NAME["task_gpu_utilization_ratio"].id
+MARK_ID = 1
+
+
+async def lock_mark(session: AsyncSession, now: datetime) -> AccountingMark:
+    """The tick's mark, locked for this transaction: one tick counts at a time.
+
+    The first statement writes the row: PostgreSQL locks it until commit (a concurrent tick
+    waits, then sees the new mark); SQLite takes its one write lock."""
+    updated = await session.execute(
+        update(AccountingMark).where(AccountingMark.id == MARK_ID).values(ticked_at=now)
+    )
+    if not updated.rowcount:  # type: ignore[attr-defined]
+        session.add(AccountingMark(id=MARK_ID, counted_until=None, ticked_at=now))
+        await session.flush()
+    mark = await session.get(AccountingMark, MARK_ID, populate_existing=True)
+    assert mark is not None
+    return mark
+
+
+async def earliest_unaccounted(session: AsyncSession, before: datetime) -> datetime | None:
+    """The earliest time of a worker transition the tick has not counted around yet."""
+    value = await session.scalar(
+        select(func.min(StateTransition.transition_at)).where(
+            StateTransition.accounted.is_(False),
+            StateTransition.worker_id.is_not(None),
+            StateTransition.transition_at < before,
+        )
+    )
+    return value
+
+
+async def mark_accounted(session: AsyncSession, before: datetime) -> None:
+    await session.execute(
+        update(StateTransition)
+        .where(StateTransition.accounted.is_(False), StateTransition.transition_at < before)
+        .values(accounted=True)
+    )
+
+
+async def intervals_after(session: AsyncSession, moment: datetime) -> list[GoodputInterval]:
+    return list(
+        await session.scalars(select(GoodputInterval).where(GoodputInterval.end_at > moment))
+    )
+
+
+async def cut_intervals_at(session: AsyncSession, moment: datetime) -> None:
+    """Forget what was counted from ``moment`` on (it is counted again)."""
+    await session.execute(delete(GoodputInterval).where(GoodputInterval.start_at >= moment))
+    await session.execute(
+        update(GoodputInterval).where(GoodputInterval.end_at > moment).values(end_at=moment)
+    )
+
+
+async def workers_to_count(session: AsyncSession, start: datetime, end: datetime) -> list[int]:
+    """Workers with a counted phase at some moment of [start, end)."""
+    last = (
+        select(
+            StateTransition.worker_id,
+            func.max(StateTransition.transition_at).label("at"),
+        )
+        .where(StateTransition.worker_id.is_not(None), StateTransition.transition_at <= start)
+        .group_by(StateTransition.worker_id)
+        .subquery()
+    )
+    in_force = (
+        select(StateTransition.worker_id)
+        .join(
+            last,
+            (StateTransition.worker_id == last.c.worker_id)
+            & (StateTransition.transition_at == last.c.at),
+        )
+        .where(StateTransition.phase.is_not(None), StateTransition.phase != "ended")
+    )
+    changed = select(StateTransition.worker_id).where(
+        StateTransition.worker_id.is_not(None),
+        StateTransition.transition_at > start,
+        StateTransition.transition_at < end,
+    )
+    rows = await session.scalars(in_force.union(changed))
+    return sorted({r for r in rows if r is not None})
+
+
+async def phase_changes(
+    session: AsyncSession, worker_ids: Sequence[int], start: datetime, end: datetime
+) -> dict[int, list[PhaseChange]]:
+    """Each worker's phase changes that matter for [start, end): the one in force at start
+    and every one after it, before end."""
+    out: dict[int, list[PhaseChange]] = {w: [] for w in worker_ids}
+    for chunk in _chunks(worker_ids):
+        rows = await session.execute(
+            select(
+                StateTransition.worker_id,
+                StateTransition.transition_at,
+                StateTransition.phase,
+                StateTransition.gpus,
+                StateTransition.machine_id,
+                StateTransition.id,
+            )
+            .where(
+                StateTransition.worker_id.in_(chunk),
+                StateTransition.phase.is_not(None),
+                StateTransition.transition_at < end,
+            )
+            .order_by(StateTransition.worker_id, StateTransition.transition_at, StateTransition.id)
+        )
+        for r in rows:
+            changes = out[r.worker_id]
+            change = PhaseChange(r.transition_at, r.phase, r.gpus, r.machine_id)
+            if changes and changes[-1].at == change.at:
+                changes[-1] = change  # two changes at one moment: the later one holds
+            elif r.transition_at <= start and changes:
+                changes[-1] = change  # only the last one at or before start matters
+            else:
+                changes.append(change)
+    return out
+
+
+async def minute_utilization(
+    session: AsyncSession, worker_ids: Sequence[int], start: datetime, end: datetime
+) -> dict[tuple[int, int], float]:
+    """Mean GPU utilisation by (worker, minute as epoch ms) over [start, end), all its GPUs."""
+    start_ms = int(start.timestamp() * 1000) // 60_000 * 60_000
+    end_ms = int(end.timestamp() * 1000)
+    out: dict[tuple[int, int], float] = {}
+    for chunk in _chunks(worker_ids):
+        bucket = func.floor(MetricSample.ts / 60_000)
+        rows = await session.execute(
+            select(MetricSample.worker_id, bucket.label("minute"), func.avg(MetricSample.value))
+            .where(
+                MetricSample.worker_id.in_(chunk),
+                MetricSample.metric == UTILIZATION,
+                MetricSample.ts >= start_ms,
+                MetricSample.ts < end_ms,
+            )
+            .group_by(MetricSample.worker_id, bucket)
+        )
+        for worker_id, minute_, mean in rows:
+            out[(worker_id, int(minute_) * 60_000)] = float(mean)
+    return out
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    name: str
+    run_id: int
+    workspace_id: int
+
+
+async def worker_info(session: AsyncSession, worker_ids: Sequence[int]) -> dict[int, WorkerInfo]:
+    out = {}
+    for chunk in _chunks(worker_ids):
+        rows = await session.execute(
+            select(Worker.id, Worker.name, Worker.run_id, Run.workspace_id)
+            .join(Run, Run.id == Worker.run_id)
+            .where(Worker.id.in_(chunk))
+        )
+        out.update({r.id: WorkerInfo(r.name, r.run_id, r.workspace_id) for r in rows})
+    return out
+
+
+async def machine_pools(session: AsyncSession) -> dict[int, int | None]:
+    rows = await session.execute(select(Machine.id, Machine.pool_id))
+    return {r.id: r.pool_id for r in rows}
+
+
+async def add_intervals(session: AsyncSession, rows: list[dict[str, object]]) -> None:
+    if rows:
+        await session.execute(insert(GoodputInterval), rows)
+
+
+async def add_to_hours(
+    session: AsyncSession, cells: dict[tuple[datetime, int, str, int, str, bool], float]
+) -> None:
+    """Add GPU-seconds to the hourly cells (negative to take back); empty cells go."""
+    if not cells:
+        return
+    rows = [
+        {
+            "hour": hour,
+            "workspace_id": workspace,
+            "scope": scope,
+            "scope_id": scope_id,
+            "category": category,
+            "held": held,
+            "gpu_seconds": seconds,
+        }
+        for (hour, workspace, scope, scope_id, category, held), seconds in cells.items()
+    ]
+    dialect = session.get_bind().dialect.name
+    upsert = pg_insert if dialect == "postgresql" else sqlite_insert
+    statement = upsert(GoodputHour)
+    statement = statement.on_conflict_do_update(
+        index_elements=["hour", "workspace_id", "scope", "scope_id", "category", "held"],
+        set_={"gpu_seconds": GoodputHour.gpu_seconds + statement.excluded.gpu_seconds},
+    )
+    for chunk in _chunks(rows, 1000):
+        await session.execute(statement, list(chunk))
+    await session.execute(delete(GoodputHour).where(func.abs(GoodputHour.gpu_seconds) < 1e-6))
+
+
+def _chunks(items: Iterable[T], size: int = 5000) -> list[list[T]]:
+    seq = list(items)
+    return [seq[i : i + size] for i in range(0, len(seq), size)]

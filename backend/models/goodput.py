@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Boolean, Float, Index, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from backend.db import BigId, UTCDateTime
+from backend.models.base import Base, HasId
+
+
+class AccountingMark(Base):
+    """How far the goodput tick has counted: every worker's time before ``counted_until``."""
+
+    __tablename__ = "accounting_marks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    counted_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    ticked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class GoodputInterval(HasId, Base):
+    """Part of a worker's GPU time in one category: what a ledger figure is made of.
+
+    Kept without foreign keys: the ledgers and their explanation outlive a deleted run's
+    workers (the names are kept here for that)."""
+
+    __tablename__ = "goodput_intervals"
+    __table_args__ = (
+        Index("ix_goodput_intervals_end_at", "end_at"),
+        Index("ix_goodput_intervals_workspace_id_start_at", "workspace_id", "start_at"),
+        Index("ix_goodput_intervals_run_id_start_at", "run_id", "start_at"),
+        Index("ix_goodput_intervals_machine_id_start_at", "machine_id", "start_at"),
+    )
+
+    worker_id: Mapped[int] = mapped_column(BigId)
+    worker_name: Mapped[str] = mapped_column(String(80))
+    run_id: Mapped[int] = mapped_column(BigId)
+    workspace_id: Mapped[int] = mapped_column(BigId)
+    machine_id: Mapped[int | None] = mapped_column(BigId)
+    pool_id: Mapped[int | None] = mapped_column(BigId)
+    start_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    end_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    category: Mapped[str] = mapped_column(String(16))
+    held: Mapped[bool] = mapped_column(Boolean)
+    gpus: Mapped[int] = mapped_column(Integer)
+
+
+class GoodputHour(HasId, Base):
+    """GPU-seconds of one UTC hour, scope (run, machine, pool, workspace), category and held,
+    per workspace: a workspace's token reads its own share of a machine or a pool."""
+
+    __tablename__ = "goodput_hours"
+    __table_args__ = (
+        UniqueConstraint(
+            "hour",
+            "workspace_id",
+            "scope",
+            "scope_id",
+            "category",
+            "held",
+            name="uq_goodput_hours_cell",
+        ),
+        Index("ix_goodput_hours_scope_hour", "scope", "hour"),
+    )
+
+    hour: Mapped[datetime] = mapped_column(UTCDateTime())
+    workspace_id: Mapped[int] = mapped_column(BigId)
+    scope: Mapped[str] = mapped_column(String(16))
+    scope_id: Mapped[int] = mapped_column(BigId)
+    category: Mapped[str] = mapped_column(String(16))
+    held: Mapped[bool] = mapped_column(Boolean)
+    gpu_seconds: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,189 @@
+"""The goodput tick on SQLite and PostgreSQL: what it writes equals the pure computation over
+the recorded history, however the ticks come (DESIGN §4)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+
+from backend.accounting import rules
+from backend.accounting import service as accounting
+from backend.accounting.rules import Category, Ledger, PhaseChange
+from backend.agents import service as agents
+from backend.db import Database
+from backend.lifecycle import service as lifecycle
+from backend.metrics.rules import SampleIn
+from backend.models import GoodputHour, GoodputInterval, MetricSample, StateTransition, Worker
+from tests.lifecycle.world import World
+from tests.support import SEED_TIME, FakeClock, Tenancy
+
+T0 = SEED_TIME
+
+
+@pytest.fixture
+async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
+    return World(db, clock, tenancy)
+
+
+async def tick(world: World) -> accounting.TickResult:
+    async with world.db.transaction() as session:
+        return await accounting.tick(session, world.clock)
+
+
+async def ledger(world: World, scope: str = "run") -> dict[tuple[str, bool], float]:
+    async with world.db.read() as session:
+        rows = await session.scalars(select(GoodputHour).where(GoodputHour.scope == scope))
+        out: dict[tuple[str, bool], float] = defaultdict(float)
+        for r in rows:
+            out[(r.category, r.held)] += r.gpu_seconds
+    return {k: round(v, 3) for k, v in out.items() if round(v, 3)}
+
+
+async def expected(world: World, until: datetime) -> dict[tuple[str, bool], float]:
+    """The pure computation over everything recorded: every worker from its submission."""
+    async with world.db.read() as session:
+        transitions = list(
+            await session.scalars(
+                select(StateTransition).where(StateTransition.worker_id.is_not(None))
+            )
+        )
+        samples = list(await session.scalars(select(MetricSample)))
+    changes: dict[int, list[PhaseChange]] = defaultdict(list)
+    for t in sorted(transitions, key=lambda t: (t.transition_at, t.id)):
+        if t.phase is None:
+            continue
+        same = changes[t.worker_id]  # type: ignore[index]
+        change = PhaseChange(t.transition_at, t.phase, t.gpus, t.machine_id)
+        if same and same[-1].at == change.at:
+            same[-1] = change
+        else:
+            same.append(change)
+    per_minute: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for s in samples:
+        per_minute[(s.worker_id, s.ts // 60_000 * 60_000)].append(s.value)
+    parts = []
+    for worker_id, worker_changes in changes.items():
+
+        def utilisation(minute: datetime, _: datetime, w: int = worker_id) -> float | None:
+            values = per_minute.get((w, int(minute.timestamp()) * 1000))
+            return sum(values) / len(values) if values else None
+
+        parts += rules.intervals(worker_changes, T0, until, utilisation)
+    totals = Ledger.of(parts)
+    out = {(c.value, True): round(v, 3) for c, v in totals.held.items() if round(v, 3)}
+    out |= {(c.value, False): round(v, 3) for c, v in totals.not_held.items() if round(v, 3)}
+    return out
+
+
+async def sample(world: World, busy: dict[int, float]) -> None:
+    """Each running worker's GPUs' utilisation now, as its agent would send it."""
+    async with world.db.transaction() as session:
+        workers = list(await session.scalars(select(Worker).where(Worker.state == "Running")))
+        for w in workers:
+            assert w.machine_id is not None
+            at_ms = int(world.clock.now().timestamp() * 1000)
+            samples = [
+                SampleIn(w.name, "task_gpu_utilization_ratio", gpu, at_ms, busy[w.rank])
+                for gpu in w.gpu_ids
+            ]
+            await agents.metrics(session, w.machine_id, samples)
+
+
+async def a_busy_and_an_idle_rank(world: World) -> None:
+    """llama-sft: rank 0 busy, rank 1 idle, 8 GPUs each, for ten minutes, then stopped."""
+    await world.machine("gpu-07")
+    await world.machine("gpu-08")
+    await world.submit(gpus=8)
+    world.clock.advance(seconds=37)
+    await world.schedule()
+    world.clock.advance(seconds=5)
+    await world.start("llama-sft-0", "llama-sft-1")
+
+
+@pytest.mark.parametrize("tick_every", [60, 17, 600, None])
+async def test_the_ledgers_equal_the_pure_computation_however_often_the_tick_runs(
+    world: World, tick_every: int | None
+) -> None:
+    # DESIGN §4 invariants 1 and 2; seed G-1 (productive: GPUs busy, 5% or more), G-2 (idle)
+    await a_busy_and_an_idle_rank(world)
+    elapsed = 0
+    for _ in range(60):  # ten minutes in steps of 10 s, sampled each step
+        world.clock.advance(seconds=10)
+        elapsed += 10
+        await sample(world, {0: 0.9, 1: 0.01})
+        if tick_every is not None and elapsed % tick_every < 10:
+            await tick(world)
+    async with world.db.transaction() as session:
+        await lifecycle.stop_run(session, world.clock, await world.run("llama-sft"), "alice")
+    world.clock.advance(seconds=3)
+    for rank in (0, 1):
+        await world.report(f"llama-sft-{rank}", "exited", exit_code=143, reason="Stopped")
+    world.clock.advance(minutes=2)
+    await tick(world)
+    until = accounting.minute_floor(world.clock.now())
+    got = await ledger(world)
+    assert got == await expected(world, until)
+    # Conservation: two workers of 8 GPUs from submission to their end, every second.
+    async with world.db.read() as session:
+        ends = list(
+            await session.scalars(
+                select(StateTransition.transition_at).where(StateTransition.phase == "ended")
+            )
+        )
+    assert len(ends) == 2
+    assert sum(got.values()) == pytest.approx(sum(8 * (e - T0).total_seconds() for e in ends))
+    assert got[(Category.PRODUCTIVE.value, True)] > 0 and got[(Category.IDLE.value, True)] > 0
+    assert got[(Category.WAITING.value, False)] == pytest.approx(2 * 8 * 37)
+    # Every scope of the ledgers adds up to the same time.
+    assert sum((await ledger(world, "workspace")).values()) == pytest.approx(sum(got.values()))
+    assert sum((await ledger(world, "machine")).values()) == pytest.approx(
+        sum(v for (_, held), v in got.items() if held)
+    )
+
+
+async def test_a_tick_run_twice_or_late_counts_nothing_twice(world: World) -> None:
+    await a_busy_and_an_idle_rank(world)
+    world.clock.advance(minutes=3)
+    first = await tick(world)
+    again = await tick(world)  # a retried or duplicated tick: nothing new to count
+    assert first.intervals > 0 and again.intervals == 0
+    before = await ledger(world)
+    world.clock.advance(hours=1, minutes=7)  # the server was down for an hour
+    await tick(world)
+    until = accounting.minute_floor(world.clock.now())
+    assert await ledger(world) == await expected(world, until)
+    assert sum((await ledger(world)).values()) > sum(before.values())
+
+
+async def test_a_stall_found_later_moves_time_already_counted_into_stalled(world: World) -> None:
+    # DESIGN §4 invariant 3; seed G-3: stalled from when it stopped making progress
+    await world.machine("gpu-07")
+    await world.submit(workers=1, gpus=4, stall_timeout="5m", on_stall="keep")
+    await world.schedule()
+    await world.start("llama-sft-0")
+    world.clock.advance(minutes=1)
+    await world.report("llama-sft-0", "progress", step=10)
+    results = []
+    for _ in range(8):  # ticks every minute while it makes no more progress
+        world.clock.advance(minutes=1)
+        await sample(world, {0: 0.8})
+        results.append(await tick(world))
+        await world.timers()  # after five quiet minutes: stalled since its last progress
+    # The stall was dated back to its last progress: the next tick counted again from there.
+    assert [r.recounted_from for r in results if r.recounted_from] == [T0 + timedelta(minutes=1)]
+    until = accounting.minute_floor(world.clock.now())
+    got = await ledger(world)
+    assert got == await expected(world, until)
+    assert got[(Category.STALLED.value, True)] >= 4 * 6 * 60  # from its last progress on
+    async with world.db.read() as session:
+        intervals = list(
+            await session.scalars(select(GoodputInterval).order_by(GoodputInterval.start_at))
+        )
+    stalled = [i for i in intervals if i.category == "stalled"]
+    assert stalled[0].start_at == T0 + timedelta(minutes=1)
+    for a, b in itertools.pairwise(intervals):
+        assert a.end_at <= b.start_at  # one worker: no second counted twice
