@@ -27,6 +27,7 @@ def upgrade() -> None:
     op.create_table('goodput_hours',
     sa.Column('hour', backend.db.UTCDateTime(timezone=True), nullable=False),
     sa.Column('workspace_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
+    sa.Column('cluster_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
     sa.Column('scope', sa.String(length=16), nullable=False),
     sa.Column('scope_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
     sa.Column('category', sa.String(length=16), nullable=False),
@@ -34,7 +35,7 @@ def upgrade() -> None:
     sa.Column('gpu_seconds', sa.Float(), nullable=False),
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_goodput_hours')),
-    sa.UniqueConstraint('hour', 'workspace_id', 'scope', 'scope_id', 'category', 'held', name='uq_goodput_hours_cell')
+    sa.UniqueConstraint('hour', 'workspace_id', 'cluster_id', 'scope', 'scope_id', 'category', 'held', name='uq_goodput_hours_cell')
     )
     with op.batch_alter_table('goodput_hours', schema=None) as batch_op:
         batch_op.create_index('ix_goodput_hours_scope_hour', ['scope', 'hour'], unique=False)
@@ -44,6 +45,7 @@ def upgrade() -> None:
     sa.Column('worker_name', sa.String(length=80), nullable=False),
     sa.Column('run_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
     sa.Column('workspace_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
+    sa.Column('cluster_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
     sa.Column('machine_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=True),
     sa.Column('pool_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=True),
     sa.Column('start_at', backend.db.UTCDateTime(timezone=True), nullable=False),

@@ -173,17 +173,18 @@ class WorkerInfo:
     name: str
     run_id: int
     workspace_id: int
+    cluster_id: int
 
 
 async def worker_info(session: AsyncSession, worker_ids: Sequence[int]) -> dict[int, WorkerInfo]:
     out = {}
     for chunk in _chunks(worker_ids):
         rows = await session.execute(
-            select(Worker.id, Worker.name, Worker.run_id, Run.workspace_id)
+            select(Worker.id, Worker.name, Worker.run_id, Run.workspace_id, Run.cluster_id)
             .join(Run, Run.id == Worker.run_id)
             .where(Worker.id.in_(chunk))
         )
-        out.update({r.id: WorkerInfo(r.name, r.run_id, r.workspace_id) for r in rows})
+        out.update({r.id: WorkerInfo(r.name, r.run_id, r.workspace_id, r.cluster_id) for r in rows})
     return out
 
 
@@ -198,7 +199,7 @@ async def add_intervals(session: AsyncSession, rows: list[dict[str, object]]) ->
 
 
 async def add_to_hours(
-    session: AsyncSession, cells: dict[tuple[datetime, int, str, int, str, bool], float]
+    session: AsyncSession, cells: dict[tuple[datetime, int, int, str, int, str, bool], float]
 ) -> None:
     """Add GPU-seconds to the hourly cells (negative to take back); empty cells go."""
     if not cells:
@@ -207,19 +208,28 @@ async def add_to_hours(
         {
             "hour": hour,
             "workspace_id": workspace,
+            "cluster_id": cluster,
             "scope": scope,
             "scope_id": scope_id,
             "category": category,
             "held": held,
             "gpu_seconds": seconds,
         }
-        for (hour, workspace, scope, scope_id, category, held), seconds in cells.items()
+        for (hour, workspace, cluster, scope, scope_id, category, held), seconds in cells.items()
     ]
     dialect = session.get_bind().dialect.name
     upsert = pg_insert if dialect == "postgresql" else sqlite_insert
     statement = upsert(GoodputHour)
     statement = statement.on_conflict_do_update(
-        index_elements=["hour", "workspace_id", "scope", "scope_id", "category", "held"],
+        index_elements=[
+            "hour",
+            "workspace_id",
+            "cluster_id",
+            "scope",
+            "scope_id",
+            "category",
+            "held",
+        ],
         set_={"gpu_seconds": GoodputHour.gpu_seconds + statement.excluded.gpu_seconds},
     )
     for chunk in _chunks(rows, 1000):

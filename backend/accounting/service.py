@@ -24,7 +24,8 @@ from backend.accounting.rules import Interval
 from backend.clock import Clock
 from backend.models import GoodputInterval
 
-Cell = tuple[datetime, int, str, int, str, bool]  # hour, workspace, scope, id, category, held
+# hour, workspace, cluster, scope, scope id, category, held
+Cell = tuple[datetime, int, int, str, int, str, bool]
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ async def _take_back(session: AsyncSession, moment: datetime) -> None:
     cells: dict[Cell, float] = defaultdict(float)
     for row in await repository.intervals_after(session, moment):
         part = _as_interval(row, start=max(row.start_at, moment))
-        for cell in _cells(part, row.workspace_id, row.run_id, row.pool_id):
+        for cell in _cells(part, row.workspace_id, row.cluster_id, row.run_id, row.pool_id):
             cells[cell] -= part.gpu_seconds
     await repository.add_to_hours(session, cells)
     await repository.cut_intervals_at(session, moment)
@@ -102,6 +103,7 @@ async def _count(
                     "worker_name": worker.name,
                     "run_id": worker.run_id,
                     "workspace_id": worker.workspace_id,
+                    "cluster_id": worker.cluster_id,
                     "machine_id": part.machine_id,
                     "pool_id": pool,
                     "start_at": part.start,
@@ -111,12 +113,13 @@ async def _count(
                     "gpus": part.gpus,
                 }
             )
-            for cell in _cells(part, worker.workspace_id, worker.run_id, pool):
+            cluster = worker.cluster_id
+            for cell in _cells(part, worker.workspace_id, cluster, worker.run_id, pool):
                 cells[cell] += part.gpu_seconds
     return len(worker_ids), rows, cells
 
 
-def _cells(part: Interval, workspace: int, run: int, pool: int | None) -> list[Cell]:
+def _cells(part: Interval, workspace: int, cluster: int, run: int, pool: int | None) -> list[Cell]:
     """The ledger cells an interval counts in: its run, its workspace, its machine and pool
     (where it held GPUs on one)."""
     hour = part.start.replace(minute=0, second=0, microsecond=0)
@@ -126,7 +129,7 @@ def _cells(part: Interval, workspace: int, run: int, pool: int | None) -> list[C
         scopes.append(("machine", part.machine_id))
     if pool is not None:
         scopes.append(("pool", pool))
-    return [(hour, workspace, scope, scope_id, *key) for scope, scope_id in scopes]
+    return [(hour, workspace, cluster, scope, scope_id, *key) for scope, scope_id in scopes]
 
 
 def _as_interval(row: GoodputInterval, *, start: datetime) -> Interval:

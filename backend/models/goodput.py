@@ -37,6 +37,7 @@ class GoodputInterval(HasId, Base):
     worker_name: Mapped[str] = mapped_column(String(80))
     run_id: Mapped[int] = mapped_column(BigId)
     workspace_id: Mapped[int] = mapped_column(BigId)
+    cluster_id: Mapped[int] = mapped_column(BigId)
     machine_id: Mapped[int | None] = mapped_column(BigId)
     pool_id: Mapped[int | None] = mapped_column(BigId)
     start_at: Mapped[datetime] = mapped_column(UTCDateTime())
@@ -55,6 +56,7 @@ class GoodputHour(HasId, Base):
         UniqueConstraint(
             "hour",
             "workspace_id",
+            "cluster_id",
             "scope",
             "scope_id",
             "category",
@@ -66,6 +68,8 @@ class GoodputHour(HasId, Base):
 
     hour: Mapped[datetime] = mapped_column(UTCDateTime())
     workspace_id: Mapped[int] = mapped_column(BigId)
+    # The cluster the time was spent on: organisation admins read a cluster's ledgers.
+    cluster_id: Mapped[int] = mapped_column(BigId)
     scope: Mapped[str] = mapped_column(String(16))
     scope_id: Mapped[int] = mapped_column(BigId)
     category: Mapped[str] = mapped_column(String(16))
