@@ -27,6 +27,7 @@ from backend.db import Database
 from backend.jobs import broker as job_broker
 from backend.jobs import runtime
 from backend.resolvers.context import Context, build_context
+from backend.rest import goodput as rest_goodput
 from backend.rest import jobs as rest_jobs
 from backend.rest import metrics as rest_metrics
 from backend.rest import tasks as rest_tasks
@@ -146,7 +147,15 @@ def create_app(
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/graphql", AstraeusGraphQL(schema), methods=["GET", "POST"]),
-        Mount("/v1", routes=[*rest_jobs.routes, *rest_tasks.routes, *rest_metrics.routes]),
+        Mount(
+            "/v1",
+            routes=[
+                *rest_jobs.routes,
+                *rest_tasks.routes,
+                *rest_metrics.routes,
+                *rest_goodput.routes,
+            ],
+        ),
         *_console_routes(settings.resolved_console_dir),
     ]
     return Starlette(routes=routes, lifespan=lifespan)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -20,9 +20,11 @@ from backend.models import (
     GoodputInterval,
     Machine,
     MetricSample,
+    Pool,
     Run,
     StateTransition,
     Worker,
+    Workspace,
 )
 
 T = TypeVar("T")
@@ -240,3 +242,76 @@ async def add_to_hours(
 def _chunks(items: Iterable[T], size: int = 5000) -> list[list[T]]:
     seq = list(items)
     return [seq[i : i + size] for i in range(0, len(seq), size)]
+
+
+async def hour_sums(
+    session: AsyncSession,
+    scope: str,
+    start: datetime,
+    end: datetime,
+    *,
+    workspace_ids: Sequence[int] | None = None,
+    cluster_id: int | None = None,
+    scope_ids: Sequence[int] | None = None,
+) -> list[tuple[int, str, bool, float]]:
+    """(scope id, category, held, GPU-seconds) summed over the hours of [start, end)."""
+    query = (
+        select(
+            GoodputHour.scope_id,
+            GoodputHour.category,
+            GoodputHour.held,
+            func.sum(GoodputHour.gpu_seconds),
+        )
+        .where(GoodputHour.scope == scope, GoodputHour.hour >= start, GoodputHour.hour < end)
+        .group_by(GoodputHour.scope_id, GoodputHour.category, GoodputHour.held)
+    )
+    if workspace_ids is not None:
+        query = query.where(GoodputHour.workspace_id.in_(workspace_ids))
+    if cluster_id is not None:
+        query = query.where(GoodputHour.cluster_id == cluster_id)
+    if scope_ids is not None:
+        query = query.where(GoodputHour.scope_id.in_(scope_ids))
+    rows = await session.execute(query)
+    return [(r[0], r[1], bool(r[2]), float(r[3])) for r in rows]
+
+
+async def scope_names(session: AsyncSession, scope: str, ids: Sequence[int]) -> dict[int, str]:
+    models: dict[str, Any] = {"run": Run, "machine": Machine, "pool": Pool, "workspace": Workspace}
+    model = models[scope]
+    names: dict[int, str] = {}
+    for chunk in _chunks(ids):
+        rows = await session.execute(select(model.id, model.name).where(model.id.in_(chunk)))
+        names.update({r[0]: r[1] for r in rows})
+    return names
+
+
+async def intervals_of(
+    session: AsyncSession,
+    *,
+    start: datetime,
+    end: datetime,
+    workspace_ids: Sequence[int] | None,
+    cluster_id: int | None = None,
+    run_id: int | None = None,
+    machine_id: int | None = None,
+    pool_id: int | None = None,
+    category: str | None = None,
+    limit: int = 1000,
+) -> list[GoodputInterval]:
+    """The worker intervals behind a ledger figure, earliest first."""
+    query = select(GoodputInterval).where(
+        GoodputInterval.end_at > start, GoodputInterval.start_at < end
+    )
+    for column, value in (
+        (GoodputInterval.cluster_id, cluster_id),
+        (GoodputInterval.run_id, run_id),
+        (GoodputInterval.machine_id, machine_id),
+        (GoodputInterval.pool_id, pool_id),
+        (GoodputInterval.category, category),
+    ):
+        if value is not None:
+            query = query.where(column == value)
+    if workspace_ids is not None:
+        query = query.where(GoodputInterval.workspace_id.in_(workspace_ids))
+    rows = await session.scalars(query.order_by(GoodputInterval.start_at).limit(limit))
+    return list(rows)

@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from backend.lifecycle.rules import Phase
+from backend.metrics.rules import parse_time  # the same time forms as /metrics/range
 
 BUSY_UTILIZATION = 0.05  # "its GPUs busy (5% or more)"
 MINUTE = timedelta(minutes=1)
@@ -241,3 +242,63 @@ class Ledger:
         if self.goodput is not None:
             out["goodput"] = self.goodput
         return out
+
+
+# -- reading the ledgers -------------------------------------------------------------------------
+
+SCOPES = ("workspace", "run", "machine", "pool")
+MAX_PERIOD = timedelta(days=400)
+DEFAULT_PERIOD = timedelta(days=7)
+MAX_WEEKS = 57  # a period is at most 400 days
+
+
+def hour_floor(moment: datetime) -> datetime:
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def week_start(moment: datetime) -> datetime:
+    """The Monday 00:00 UTC that begins the ISO week of ``moment``."""
+    day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    return day - timedelta(days=day.weekday())
+
+
+def iso_week(moment: datetime) -> str:
+    year, week, _ = moment.isocalendar()
+    return f"{year}-W{week:02d}"
+
+
+@dataclass(frozen=True)
+class Period:
+    """Whole UTC hours [start, end): the ledgers' unit."""
+
+    start: datetime
+    end: datetime
+
+
+def parse_period(
+    start: str | None, end: str | None, now: datetime
+) -> tuple[Period | None, list[tuple[str, str]]]:
+    """``start`` and ``end`` (RFC 3339 or Unix time; by default the last 7 days to now) as
+    whole hours; the problems, by field, when they are not a period of at most 400 days."""
+    problems: list[tuple[str, str]] = []
+    moments: dict[str, datetime] = {}
+    for field, raw in (("start", start), ("end", end)):
+        if raw is None or raw == "":
+            continue
+        try:
+            moments[field] = datetime.fromtimestamp(parse_time(raw) / 1000, tz=now.tzinfo)
+        except ValueError as error:
+            problems.append((field, str(error) or "must be an RFC 3339 time or a Unix time"))
+    if problems:
+        return None, problems
+    until = moments.get("end", now)
+    since = moments.get("start", until - DEFAULT_PERIOD)
+    period = Period(
+        hour_floor(since),
+        hour_floor(until) + HOUR if until > hour_floor(until) else hour_floor(until),
+    )
+    if period.end <= period.start:
+        return None, [("end", "must be after start")]
+    if period.end - period.start > MAX_PERIOD:
+        return None, [("start", "a period is at most 400 days")]
+    return period, []

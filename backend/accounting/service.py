@@ -14,15 +14,31 @@ that time and count it again (DESIGN §4, invariant 3).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.access.rules import Principal
 from backend.accounting import repository, rules
-from backend.accounting.rules import Interval
-from backend.clock import Clock
-from backend.models import GoodputInterval
+from backend.accounting.rules import (
+    SCOPES,
+    Category,
+    Interval,
+    Ledger,
+    Period,
+    iso_week,
+    parse_period,
+    week_start,
+)
+from backend.clock import Clock, iso_z
+from backend.errors import FieldError, InvalidInput, NotFound
+from backend.models import GoodputInterval, Run
+from backend.organizations import service as organizations
+from backend.runs import service as runs
+
+WEEK = timedelta(weeks=1)
 
 # hour, workspace, cluster, scope, scope id, category, held
 Cell = tuple[datetime, int, int, str, int, str, bool]
@@ -136,3 +152,130 @@ def _as_interval(row: GoodputInterval, *, start: datetime) -> Interval:
     return Interval(
         start, row.end_at, rules.Category(row.category), row.held, row.gpus, row.machine_id
     )
+
+
+# -- reading the ledgers -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One ledger of a report: a run, machine, pool or workspace by its name."""
+
+    name: str
+    ledger: Ledger
+
+
+@dataclass(frozen=True)
+class Report:
+    by: str
+    period: Period
+    rows: list[Row]
+    total: Ledger
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "by": self.by,
+            "start": iso_z(self.period.start),
+            "end": iso_z(self.period.end),
+            "ledgers": [{"name": r.name, **r.ledger.to_json()} for r in self.rows],
+            "total": self.total.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Whose share of the ledgers a caller reads: some workspaces, maybe on one cluster."""
+
+    workspace_ids: list[int] | None  # None: every workspace (of the cluster)
+    cluster_id: int | None = None
+
+
+def _by(by: str | None) -> str:
+    scope = by or "workspace"
+    if scope not in SCOPES:
+        raise InvalidInput(
+            "INVALID_PARAMETER", [FieldError("by", "must be one of workspace, run, machine, pool")]
+        )
+    return scope
+
+
+def period_of(start: str | None, end: str | None, now: datetime) -> Period:
+    period, problems = parse_period(start, end, now)
+    if period is None:
+        raise InvalidInput("INVALID_PARAMETER", [FieldError(f, r) for f, r in problems])
+    return period
+
+
+async def viewer_for(
+    session: AsyncSession, principal: Principal, workspace: str | None = None
+) -> Viewer:
+    """A workspace's token reads its workspace's share (its runs' time on the machines they
+    used); an organisation admin names any workspace of the organisation."""
+    ws = await runs.workspace_for(session, principal, workspace)
+    return Viewer([ws.id])
+
+
+async def cluster_viewer(
+    session: AsyncSession, principal: Principal, organization: str, cluster: str
+) -> Viewer:
+    """Every workspace's time on one cluster of the organisation: its admins only."""
+    org = await organizations.organization_by_name(session, organization)
+    if not principal.can_see_organization(org.id):
+        raise NotFound("CLUSTER_NOT_FOUND", f"No cluster named '{cluster}'.")
+    found = await organizations.cluster_by_name(session, org.id, cluster)
+    return Viewer(None, found.id)
+
+
+async def report(session: AsyncSession, viewer: Viewer, by: str | None, period: Period) -> Report:
+    """A ledger per run, machine, pool or workspace over the period, and their total."""
+    scope = _by(by)
+    sums = await repository.hour_sums(
+        session,
+        scope,
+        period.start,
+        period.end,
+        workspace_ids=viewer.workspace_ids,
+        cluster_id=viewer.cluster_id,
+    )
+    by_id: dict[int, list[tuple[str, bool, float]]] = defaultdict(list)
+    for scope_id, category, held, seconds in sums:
+        by_id[scope_id].append((category, held, seconds))
+    names = await repository.scope_names(session, scope, list(by_id))
+    rows = [Row(names.get(i, str(i)), _ledger(parts)) for i, parts in by_id.items()]
+    rows.sort(key=lambda r: (-r.ledger.asked, r.name))
+    total = _ledger([p for parts in by_id.values() for p in parts])
+    return Report(scope, period, rows, total)
+
+
+async def weekly(
+    session: AsyncSession, viewer: Viewer, by: str | None, weeks: int, now: datetime
+) -> list[tuple[str, Report]]:
+    """The last ``weeks`` ISO weeks (Monday, UTC), this one included, newest last."""
+    first = week_start(now) - timedelta(weeks=weeks - 1)
+    out = []
+    for i in range(weeks):
+        start = first + timedelta(weeks=i)
+        out.append(
+            (iso_week(start), await report(session, viewer, by, Period(start, start + WEEK)))
+        )
+    return out
+
+
+async def run_ledger(
+    session: AsyncSession, principal: Principal, name: str, workspace: str | None = None
+) -> tuple[Run, Ledger]:
+    """A run's own ledger since it was submitted."""
+    run = await runs.get_run(session, principal, name, workspace=workspace)
+    since = rules.hour_floor(run.created_at)
+    sums = await repository.hour_sums(
+        session, "run", since, datetime.max.replace(tzinfo=since.tzinfo), scope_ids=[run.id]
+    )
+    return run, _ledger([(c, h, s) for _, c, h, s in sums])
+
+
+def _ledger(parts: Iterable[tuple[str, bool, float]]) -> Ledger:
+    held: dict[Category, float] = dict.fromkeys(Category, 0.0)
+    not_held: dict[Category, float] = dict.fromkeys(Category, 0.0)
+    for category, is_held, seconds in parts:
+        (held if is_held else not_held)[Category(category)] += seconds
+    return Ledger(held, not_held)

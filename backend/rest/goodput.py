@@ -1,0 +1,78 @@
+"""The goodput endpoints of the seed (``/goodput``, ``/goodput/weekly``, ``/runs/<run>/goodput``,
+``/organizations/<org>/clusters/<cluster>/goodput``) and the intervals behind a figure."""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from backend.accounting import service as accounting
+from backend.accounting.rules import MAX_WEEKS
+from backend.clock import iso_z
+from backend.errors import FieldError, InvalidInput
+from backend.rest.base import Call, endpoint
+
+
+def _weeks(raw: str | None) -> int:
+    if raw is None or raw == "":
+        return 8
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_WEEKS:
+        raise InvalidInput(
+            "INVALID_PARAMETER",
+            [FieldError("weeks", f"must be a whole number from 1 to {MAX_WEEKS}")],
+        )
+    return int(raw)
+
+
+async def get_goodput(call: Call) -> Response:
+    """``GET /goodput?by=workspace|run|machine|pool&start=…&end=…`` (seed G-27, G-30, G-31)."""
+    q = call.request.query_params
+    viewer = await accounting.viewer_for(call.session, call.principal, q.get("workspace"))
+    period = accounting.period_of(q.get("start"), q.get("end"), call.clock.now())
+    found = await accounting.report(call.session, viewer, q.get("by"), period)
+    return JSONResponse(found.to_json())
+
+
+async def get_weekly(call: Call) -> Response:
+    """``GET /goodput/weekly?weeks=8&by=run`` (seed G-28): ISO weeks, Monday, UTC."""
+    q = call.request.query_params
+    weeks = _weeks(q.get("weeks"))
+    viewer = await accounting.viewer_for(call.session, call.principal, q.get("workspace"))
+    found = await accounting.weekly(call.session, viewer, q.get("by"), weeks, call.clock.now())
+    return JSONResponse(
+        {
+            "by": found[0][1].by,
+            "weeks": [{"week": week, **r.to_json()} for week, r in found],
+        }
+    )
+
+
+async def get_run_goodput(call: Call) -> Response:
+    """``GET /runs/<run>/goodput`` (seed G-29): the run's ledger since it was submitted."""
+    name = call.request.path_params["run"]
+    run, ledger = await accounting.run_ledger(
+        call.session, call.principal, name, call.request.query_params.get("workspace")
+    )
+    return JSONResponse({"run": run.name, "since": iso_z(run.created_at), **ledger.to_json()})
+
+
+async def get_cluster_goodput(call: Call) -> Response:
+    """``GET /organizations/<org>/clusters/<cluster>/goodput`` (seed G-34): every workspace's
+    time on the cluster, for the organisation's admins."""
+    p, q = call.request.path_params, call.request.query_params
+    viewer = await accounting.cluster_viewer(call.session, call.principal, p["org"], p["cluster"])
+    period = accounting.period_of(q.get("start"), q.get("end"), call.clock.now())
+    found = await accounting.report(call.session, viewer, q.get("by"), period)
+    return JSONResponse(found.to_json())
+
+
+routes = [
+    Route("/goodput", endpoint(get_goodput), methods=["GET"]),
+    Route("/goodput/weekly", endpoint(get_weekly), methods=["GET"]),
+    Route("/runs/{run}/goodput", endpoint(get_run_goodput), methods=["GET"]),
+    Route(
+        "/organizations/{org}/clusters/{cluster}/goodput",
+        endpoint(get_cluster_goodput),
+        methods=["GET"],
+    ),
+]

@@ -1,0 +1,184 @@
+"""The goodput endpoints of the seed, their ledgers and who sees what (seed G-27 … G-34)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from backend.accounting import service as accounting
+from backend.db import Database
+from tests.accounting.test_tick import sample, tick
+from tests.lifecycle.world import World
+from tests.support import SEED_TIME, FakeClock, Tenancy
+
+CATEGORIES = [
+    "productive",
+    "idle",
+    "stalled",
+    "starting",
+    "restart",
+    "failure",
+    "preemption",
+    "waiting",
+]
+
+
+@pytest.fixture
+async def week(world: World) -> World:
+    """Two runs of the seed's table: llm (8 GPUs, busy) and sweep-7 (4 GPUs, idle, it waited
+    ten minutes for its first placement), an hour of ticks."""
+    await world.machine("gpu-07")
+    await world.submit(name="llm", workers=1, gpus=8)
+    await world.schedule()
+    await world.start("llm-0")
+    await world.submit(name="sweep-7", workers=1, gpus=4)  # no room yet: it waits
+    world.clock.advance(minutes=10)
+    await world.machine("gpu-08")
+    await world.schedule()
+    await world.start("sweep-7-0")
+    for _ in range(50):
+        world.clock.advance(minutes=1)
+        await sample(world, {0: 0.95})  # both rank 0: llm busy …
+        await tick(world)
+    return world
+
+
+def gpu_hours(ledger: dict[str, Any]) -> dict[str, float]:
+    return {c: round(v, 4) for c, v in ledger["gpu_hours"].items() if v}
+
+
+async def get(client: httpx.AsyncClient, token: str, path: str, **params: Any) -> httpx.Response:
+    return await client.get(
+        f"/v1{path}", params=params, headers={"Authorization": f"Bearer {token}"}
+    )
+
+
+async def test_a_ledger_per_run_and_their_total(
+    client: httpx.AsyncClient, week: World, tenancy: Tenancy
+) -> None:
+    # seed G-27, G-30, G-31: every field of the ledger object, by run
+    answer = await get(client, tenancy.member_token, "/goodput", by="run")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["by"] == "run"
+    rows = {r["name"]: r for r in body["ledgers"]}
+    assert list(rows) == ["llm", "sweep-7"]
+    llm = rows["llm"]
+    assert set(llm) == {
+        "name",
+        "gpu_hours",
+        "held_gpu_hours",
+        "allocated_gpu_hours",
+        "productive_gpu_hours",
+        "lost_gpu_hours",
+        "waiting_gpu_hours",
+        "goodput",
+    }
+    assert list(llm["gpu_hours"]) == CATEGORIES
+    total = body["total"]
+    for field in ("allocated_gpu_hours", "productive_gpu_hours", "waiting_gpu_hours"):
+        assert total[field] == pytest.approx(sum(r[field] for r in rows.values()))
+    assert total["goodput"] == pytest.approx(
+        total["productive_gpu_hours"] / total["allocated_gpu_hours"]
+    )
+    sweep = rows["sweep-7"]
+    assert sweep["waiting_gpu_hours"] == pytest.approx(4 * 10 / 60)  # ten minutes of 4 GPUs
+    assert sweep["lost_gpu_hours"] == pytest.approx(
+        sweep["allocated_gpu_hours"] + sweep["waiting_gpu_hours"] - sweep["productive_gpu_hours"]
+    )
+
+
+async def test_a_runs_own_ledger_and_the_weeks(
+    client: httpx.AsyncClient, week: World, tenancy: Tenancy
+) -> None:
+    # seed G-28, G-29
+    run = (await get(client, tenancy.member_token, "/runs/llm/goodput")).json()
+    by_run = (await get(client, tenancy.member_token, "/goodput", by="run")).json()
+    llm = next(r for r in by_run["ledgers"] if r["name"] == "llm")
+    assert run["run"] == "llm"
+    assert run["allocated_gpu_hours"] == pytest.approx(llm["allocated_gpu_hours"])
+    weekly = (await get(client, tenancy.member_token, "/goodput/weekly", weeks=8, by="run")).json()
+    assert [w["week"] for w in weekly["weeks"]][-1] == "2026-W40"  # 2026-10-01 is a Thursday
+    assert len(weekly["weeks"]) == 8
+    assert all(w["ledgers"] == [] for w in weekly["weeks"][:-1])
+    assert weekly["weeks"][-1]["total"]["allocated_gpu_hours"] == pytest.approx(
+        by_run["total"]["allocated_gpu_hours"]
+    )
+
+
+async def test_nothing_held_has_no_goodput(
+    client: httpx.AsyncClient, world: World, tenancy: Tenancy, clock: FakeClock
+) -> None:
+    # seed G-30: goodput absent when nothing was held
+    await world.submit(name="waits", workers=1, gpus=8)  # no machine at all
+    clock.advance(minutes=5)
+    await tick(world)
+    body = (await get(client, tenancy.member_token, "/goodput", by="run")).json()
+    [waits] = body["ledgers"]
+    counted = (accounting.minute_floor(clock.now()) - SEED_TIME).total_seconds()  # whole minutes
+    assert "goodput" not in waits and waits["waiting_gpu_hours"] == pytest.approx(
+        8 * counted / 3600
+    )
+
+
+async def test_another_workspace_sees_none_of_it(
+    client: httpx.AsyncClient, week: World, tenancy: Tenancy
+) -> None:
+    # seed G-33; every endpoint tried with a token of another workspace
+    for outsider in (tenancy.other_token, tenancy.foreign_token):
+        for by in ("run", "machine", "pool", "workspace"):
+            body = (await get(client, outsider, "/goodput", by=by)).json()
+            assert body["ledgers"] == [] and "goodput" not in body["total"]
+        assert (await get(client, outsider, "/runs/llm/goodput")).status_code == 404
+        weekly = (await get(client, outsider, "/goodput/weekly")).json()
+        assert all(w["ledgers"] == [] for w in weekly["weeks"])
+        cluster = await get(client, outsider, "/organizations/default/clusters/local/goodput")
+        assert cluster.status_code == 404
+
+
+async def test_an_organisation_admin_sees_the_clusters_ledgers(
+    client: httpx.AsyncClient, week: World, tenancy: Tenancy
+) -> None:
+    # seed G-34
+    path = "/organizations/default/clusters/local/goodput"
+    admin = (await get(client, tenancy.admin_token, path, by="machine")).json()
+    assert sorted(r["name"] for r in admin["ledgers"]) == ["gpu-07", "gpu-08"]
+    member = await get(client, tenancy.member_token, path)
+    assert member.status_code == 404
+    unknown = await get(client, tenancy.admin_token, "/organizations/default/clusters/nope/goodput")
+    assert unknown.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "reason"),
+    [
+        ({"by": "team"}, "by", "must be one of workspace, run, machine, pool"),
+        ({"start": "2025-01-01T00:00:00Z"}, "start", "a period is at most 400 days"),
+        ({"start": "yesterday"}, "start", None),
+        ({"start": "2026-10-01T05:00:00Z", "end": "2026-10-01T01:00:00Z"}, "end", None),
+    ],
+)
+async def test_bad_parameters_are_named_with_the_reason(
+    client: httpx.AsyncClient,
+    tenancy: Tenancy,
+    params: dict[str, str],
+    field: str,
+    reason: str | None,
+) -> None:
+    # seed G-32: a period is at most 400 days
+    answer = await get(client, tenancy.member_token, "/goodput", **params)
+    assert answer.status_code == 400
+    body = answer.json()
+    assert body["code"] == "INVALID_PARAMETER"
+    assert [e["field"] for e in body["errors"]] == [field]
+    if reason is not None:
+        assert body["errors"][0]["reason"] == reason
+    weeks = await get(client, tenancy.member_token, "/goodput/weekly", weeks=0)
+    assert weeks.status_code == 400 and weeks.json()["errors"][0]["field"] == "weeks"
+
+
+@pytest.fixture
+async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
+    return World(db, clock, tenancy)
