@@ -16,6 +16,7 @@ from backend.accounting.rules import PhaseChange
 from backend.metrics.rules import BY_NAME
 from backend.models import (
     AccountingMark,
+    Cluster,
     GoodputHour,
     GoodputInterval,
     Machine,
@@ -26,6 +27,7 @@ from backend.models import (
     Worker,
     Workspace,
 )
+from backend.runs.rules import ENDED_RUN_STATES
 
 T = TypeVar("T")
 UTILIZATION = BY_NAME["task_gpu_utilization_ratio"].id
@@ -315,3 +317,85 @@ async def intervals_of(
         query = query.where(GoodputInterval.workspace_id.in_(workspace_ids))
     rows = await session.scalars(query.order_by(GoodputInterval.start_at).limit(limit))
     return list(rows)
+
+
+async def workspaces(
+    session: AsyncSession, organization_id: int, ids: Sequence[int] | None
+) -> dict[int, str]:
+    query = select(Workspace.id, Workspace.name).where(Workspace.organization_id == organization_id)
+    if ids is not None:
+        query = query.where(Workspace.id.in_(ids))
+    return {r.id: r.name for r in await session.execute(query)}
+
+
+async def cluster_sums(
+    session: AsyncSession, start: datetime, end: datetime, workspace_ids: Sequence[int]
+) -> list[tuple[int, str, bool, float]]:
+    """(cluster id, category, held, GPU-seconds): the workspaces' time by cluster."""
+    rows = await session.execute(
+        select(
+            GoodputHour.cluster_id,
+            GoodputHour.category,
+            GoodputHour.held,
+            func.sum(GoodputHour.gpu_seconds),
+        )
+        .where(
+            GoodputHour.scope == "workspace",
+            GoodputHour.hour >= start,
+            GoodputHour.hour < end,
+            GoodputHour.workspace_id.in_(workspace_ids),
+        )
+        .group_by(GoodputHour.cluster_id, GoodputHour.category, GoodputHour.held)
+    )
+    return [(r[0], r[1], bool(r[2]), float(r[3])) for r in rows]
+
+
+async def cluster_names(session: AsyncSession, ids: Sequence[int]) -> dict[int, str]:
+    rows = await session.execute(select(Cluster.id, Cluster.name).where(Cluster.id.in_(ids)))
+    return {r.id: r.name for r in rows}
+
+
+async def live_runs(session: AsyncSession, workspace_ids: Sequence[int]) -> list[Run]:
+    """Runs still going (not ended, not deleted) of the workspaces."""
+    return list(
+        await session.scalars(
+            select(Run).where(
+                Run.workspace_id.in_(workspace_ids),
+                Run.state.not_in(ENDED_RUN_STATES),
+                Run.deleted_at.is_(None),
+            )
+        )
+    )
+
+
+async def stalled_workers(session: AsyncSession, workspace_ids: Sequence[int]) -> dict[int, int]:
+    """Workers stalled now, by workspace."""
+    rows = await session.execute(
+        select(Run.workspace_id, func.count())
+        .join(Worker, Worker.run_id == Run.id)
+        .where(
+            Run.workspace_id.in_(workspace_ids),
+            Worker.state == "Running",
+            Worker.stalled_since.is_not(None),
+        )
+        .group_by(Run.workspace_id)
+    )
+    return {r[0]: int(r[1]) for r in rows}
+
+
+async def runs_with_straggler(
+    session: AsyncSession, workspace_ids: Sequence[int], slow_before: datetime
+) -> dict[int, int]:
+    """Runs with a worker slow since ``slow_before`` or earlier (a straggler now), by workspace."""
+    rows = await session.execute(
+        select(Run.workspace_id, func.count(func.distinct(Run.id)))
+        .join(Worker, Worker.run_id == Run.id)
+        .where(
+            Run.workspace_id.in_(workspace_ids),
+            Worker.state == "Running",
+            Worker.slow_since.is_not(None),
+            Worker.slow_since <= slow_before,
+        )
+        .group_by(Run.workspace_id)
+    )
+    return {r[0]: int(r[1]) for r in rows}

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.accounting import repository, rules
+from backend.accounting.exposition import Exposition
 from backend.accounting.rules import (
     SCOPES,
     Category,
@@ -34,6 +35,7 @@ from backend.accounting.rules import (
 )
 from backend.clock import Clock, iso_z
 from backend.errors import FieldError, InvalidInput, NotFound
+from backend.lifecycle.rules import STRAGGLER_AFTER
 from backend.models import GoodputInterval, Run
 from backend.organizations import service as organizations
 from backend.runs import service as runs
@@ -279,3 +281,63 @@ def _ledger(parts: Iterable[tuple[str, bool, float]]) -> Ledger:
     for category, is_held, seconds in parts:
         (held if is_held else not_held)[Category(category)] += seconds
     return Ledger(held, not_held)
+
+
+# -- Prometheus ------------------------------------------------------------------------------------
+
+
+def _by_scope(sums: Iterable[tuple[int, str, bool, float]]) -> dict[int, Ledger]:
+    parts: dict[int, list[tuple[str, bool, float]]] = defaultdict(list)
+    for scope_id, category, held, seconds in sums:
+        parts[scope_id].append((category, held, seconds))
+    return {i: _ledger(p) for i, p in parts.items()}
+
+
+async def exposition(session: AsyncSession, principal: Principal, now: datetime) -> str:
+    """``GET /goodput/metrics``: what the caller may see, as Prometheus text.
+
+    A workspace's token: its workspace, its share of the machines, pools and clusters it
+    used, its runs still going. An organisation admin's: every workspace of the organisation."""
+    names = await repository.workspaces(
+        session,
+        principal.organization_id,
+        None if principal.is_org_admin else [principal.workspace_id or 0],
+    )
+    ids = list(names)
+    out = Exposition()
+    hour = rules.hour_floor(now)
+    windows = {
+        "hour": Period(hour, hour + rules.HOUR),
+        "day": Period(hour - 23 * rules.HOUR, hour + rules.HOUR),
+    }
+    for window, period in windows.items():
+        clusters = _by_scope(await repository.cluster_sums(session, period.start, period.end, ids))
+        cluster_names = await repository.cluster_names(session, list(clusters))
+        for cluster_id, ledger in sorted(clusters.items()):
+            out.ledger("cluster", cluster_names.get(cluster_id, str(cluster_id)), window, ledger)
+        for scope in ("workspace", "machine", "pool"):
+            ledgers = _by_scope(
+                await repository.hour_sums(
+                    session, scope, period.start, period.end, workspace_ids=ids
+                )
+            )
+            scope_names = await repository.scope_names(session, scope, list(ledgers))
+            for scope_id, ledger in sorted(ledgers.items()):
+                out.ledger(scope, scope_names.get(scope_id, str(scope_id)), window, ledger)
+    live = await repository.live_runs(session, ids)
+    if live:
+        since = min(rules.hour_floor(r.created_at) for r in live)
+        runs_ = _by_scope(
+            await repository.hour_sums(
+                session, "run", since, hour + rules.HOUR, scope_ids=[r.id for r in live]
+            )
+        )
+        for run in sorted(live, key=lambda r: (names.get(r.workspace_id, ""), r.name)):
+            if run.id in runs_:
+                out.run(names.get(run.workspace_id, ""), run.name, runs_[run.id])
+    stalled = await repository.stalled_workers(session, ids)
+    slow = await repository.runs_with_straggler(session, ids, now - STRAGGLER_AFTER)
+    for workspace_id, workspace in sorted(names.items(), key=lambda kv: kv[1]):
+        out.add("astraeus_workers_stalled", {"namespace": workspace}, stalled.get(workspace_id, 0))
+        out.add("astraeus_runs_with_straggler", {"namespace": workspace}, slow.get(workspace_id, 0))
+    return out.text()

@@ -7,6 +7,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from backend.accounting import service as accounting
+from backend.accounting.exposition import CONTENT_TYPE
 from backend.accounting.rules import MAX_WEEKS
 from backend.clock import iso_z
 from backend.errors import FieldError, InvalidInput
@@ -66,7 +67,15 @@ async def get_cluster_goodput(call: Call) -> Response:
     return JSONResponse(found.to_json())
 
 
+async def get_metrics(call: Call) -> Response:
+    """``GET /goodput/metrics`` (seed G-35 … G-43): Prometheus text exposition, scraped with
+    the API token (an OpenTelemetry Collector's prometheus receiver works unchanged)."""
+    text = await accounting.exposition(call.session, call.principal, call.clock.now())
+    return Response(text, media_type=CONTENT_TYPE)
+
+
 routes = [
+    Route("/goodput/metrics", endpoint(get_metrics), methods=["GET"]),
     Route("/goodput", endpoint(get_goodput), methods=["GET"]),
     Route("/goodput/weekly", endpoint(get_weekly), methods=["GET"]),
     Route("/runs/{run}/goodput", endpoint(get_run_goodput), methods=["GET"]),
