@@ -399,3 +399,35 @@ async def runs_with_straggler(
         .group_by(Run.workspace_id)
     )
     return {r[0]: int(r[1]) for r in rows}
+
+
+async def scope_id(
+    session: AsyncSession,
+    scope: str,
+    name: str,
+    organization_id: int,
+    workspace_ids: Sequence[int] | None = None,
+) -> int | None:
+    """The id of the run, machine, pool or workspace of that name in the organisation (a run:
+    the newest of that name in the workspaces given)."""
+    if scope == "workspace":
+        query = select(Workspace.id).where(
+            Workspace.organization_id == organization_id, Workspace.name == name
+        )
+    elif scope == "run":
+        query = (
+            select(Run.id)
+            .join(Workspace, Workspace.id == Run.workspace_id)
+            .where(Workspace.organization_id == organization_id, Run.name == name)
+            .order_by(Run.id.desc())
+        )
+        if workspace_ids is not None:
+            query = query.where(Run.workspace_id.in_(workspace_ids))
+    else:
+        model: Any = Machine if scope == "machine" else Pool
+        query = (
+            select(model.id)
+            .join(Cluster, Cluster.id == model.cluster_id)
+            .where(Cluster.organization_id == organization_id, model.name == name)
+        )
+    return await session.scalar(query.limit(1))

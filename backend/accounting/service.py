@@ -341,3 +341,69 @@ async def exposition(session: AsyncSession, principal: Principal, now: datetime)
         out.add("astraeus_workers_stalled", {"namespace": workspace}, stalled.get(workspace_id, 0))
         out.add("astraeus_runs_with_straggler", {"namespace": workspace}, slow.get(workspace_id, 0))
     return out.text()
+
+
+# -- the intervals behind a figure ---------------------------------------------------------------
+
+
+async def explain(
+    session: AsyncSession,
+    viewer: Viewer,
+    principal: Principal,
+    *,
+    by: str | None,
+    name: str | None,
+    category: str | None,
+    period: Period,
+    limit: int = 1000,
+) -> list[dict[str, object]]:
+    """The worker intervals that make a ledger figure: of one run, machine, pool or workspace
+    (by name), maybe one category, over the period (DESIGN §4, invariant 4)."""
+    scope = _by(by)
+    problems = []
+    if category is not None and category not in {c.value for c in Category}:
+        problems.append(FieldError("category", "must be one of " + ", ".join(Category)))
+    if name is None or name == "":
+        problems.append(FieldError("name", "is required: the run, machine, pool or workspace"))
+    if problems:
+        raise InvalidInput("INVALID_PARAMETER", problems)
+    assert name is not None
+    scope_id = await repository.scope_id(
+        session, scope, name, principal.organization_id, viewer.workspace_ids
+    )
+    if scope_id is None:
+        raise NotFound("NOT_FOUND", f"No {scope} named '{name}'.")
+    filters: dict[str, int] = {f"{scope}_id": scope_id} if scope != "workspace" else {}
+    workspace_ids = viewer.workspace_ids
+    if scope == "workspace":
+        workspace_ids = [i for i in (workspace_ids or [scope_id]) if i == scope_id]
+    rows = await repository.intervals_of(
+        session,
+        start=period.start,
+        end=period.end,
+        workspace_ids=workspace_ids,
+        cluster_id=viewer.cluster_id,
+        category=category,
+        limit=limit,
+        **filters,
+    )
+    machines = await repository.scope_names(
+        session, "machine", [r.machine_id for r in rows if r.machine_id is not None]
+    )
+    run_names = await repository.scope_names(session, "run", [r.run_id for r in rows])
+    return [
+        {
+            "worker": r.worker_name,
+            "run": run_names.get(r.run_id),
+            "machine": machines.get(r.machine_id) if r.machine_id is not None else None,
+            "start": iso_z(max(r.start_at, period.start)),
+            "end": iso_z(min(r.end_at, period.end)),
+            "category": r.category,
+            "held": r.held,
+            "gpus": r.gpus,
+            "gpu_hours": (min(r.end_at, period.end) - max(r.start_at, period.start)).total_seconds()
+            * r.gpus
+            / 3600,
+        }
+        for r in rows
+    ]

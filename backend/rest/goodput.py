@@ -67,6 +67,24 @@ async def get_cluster_goodput(call: Call) -> Response:
     return JSONResponse(found.to_json())
 
 
+async def get_intervals(call: Call) -> Response:
+    """``GET /goodput/intervals?by=run&name=llm&category=idle&start=…&end=…``: the worker
+    intervals behind a ledger figure, earliest first (at most 1 000)."""
+    q = call.request.query_params
+    viewer = await accounting.viewer_for(call.session, call.principal, q.get("workspace"))
+    period = accounting.period_of(q.get("start"), q.get("end"), call.clock.now())
+    found = await accounting.explain(
+        call.session,
+        viewer,
+        call.principal,
+        by=q.get("by"),
+        name=q.get("name"),
+        category=q.get("category"),
+        period=period,
+    )
+    return JSONResponse({"intervals": found})
+
+
 async def get_metrics(call: Call) -> Response:
     """``GET /goodput/metrics`` (seed G-35 … G-43): Prometheus text exposition, scraped with
     the API token (an OpenTelemetry Collector's prometheus receiver works unchanged)."""
@@ -76,6 +94,7 @@ async def get_metrics(call: Call) -> Response:
 
 routes = [
     Route("/goodput/metrics", endpoint(get_metrics), methods=["GET"]),
+    Route("/goodput/intervals", endpoint(get_intervals), methods=["GET"]),
     Route("/goodput", endpoint(get_goodput), methods=["GET"]),
     Route("/goodput/weekly", endpoint(get_weekly), methods=["GET"]),
     Route("/runs/{run}/goodput", endpoint(get_run_goodput), methods=["GET"]),

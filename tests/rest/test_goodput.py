@@ -267,3 +267,39 @@ async def test_promtool_accepts_the_exposition(
         for m in ("astraeus_goodput_gpu_hours", "astraeus_run_goodput_gpu_hours")
     }
     assert checked.returncode in (0, 3) and problems <= seed_names, problems
+
+
+async def test_a_figure_is_explained_by_its_worker_intervals(
+    client: httpx.AsyncClient, week: World, tenancy: Tenancy
+) -> None:
+    # DESIGN §4 invariant 4: the intervals behind a ledger figure add up to it
+    by_run = (await get(client, tenancy.member_token, "/goodput", by="run")).json()
+    sweep = next(r for r in by_run["ledgers"] if r["name"] == "sweep-7")
+    for category, hours in sweep["gpu_hours"].items():
+        found = await get(
+            client,
+            tenancy.member_token,
+            "/goodput/intervals",
+            by="run",
+            name="sweep-7",
+            category=category,
+        )
+        intervals = found.json()["intervals"]
+        assert sum(i["gpu_hours"] for i in intervals) == pytest.approx(hours)
+        assert all(i["worker"] == "sweep-7-0" and i["category"] == category for i in intervals)
+    waits = (
+        await get(
+            client,
+            tenancy.member_token,
+            "/goodput/intervals",
+            by="run",
+            name="sweep-7",
+            category="waiting",
+        )
+    ).json()["intervals"]
+    assert [(w["held"], w["machine"], w["gpus"]) for w in waits] == [(False, None, 4)]
+    # Another workspace's token: nothing of it, the same as for a name that does not exist.
+    other = await get(client, tenancy.other_token, "/goodput/intervals", by="run", name="llm")
+    assert other.status_code == 404
+    missing = await get(client, tenancy.member_token, "/goodput/intervals", by="run")
+    assert missing.status_code == 400 and missing.json()["errors"][0]["field"] == "name"
