@@ -431,3 +431,12 @@ async def scope_id(
             .where(Cluster.organization_id == organization_id, model.name == name)
         )
     return await session.scalar(query.limit(1))
+
+
+async def prune(session: AsyncSession, before: datetime) -> tuple[int, int]:
+    """Delete ledger hours and intervals older than ``before``; how many of each."""
+    hours = await session.execute(delete(GoodputHour).where(GoodputHour.hour < before))
+    intervals = await session.execute(
+        delete(GoodputInterval).where(GoodputInterval.end_at <= before)
+    )
+    return int(hours.rowcount), int(intervals.rowcount)  # type: ignore[attr-defined]

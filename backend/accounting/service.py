@@ -407,3 +407,12 @@ async def explain(
         }
         for r in rows
     ]
+
+
+RETENTION = timedelta(days=400)
+
+
+async def prune(session: AsyncSession, clock: Clock) -> tuple[int, int]:
+    """The hourly ledgers and their intervals are kept 400 days (seed G-43), then deleted:
+    from the whole hour 400 days ago, so a retried prune deletes nothing more."""
+    return await repository.prune(session, rules.hour_floor(clock.now() - RETENTION))

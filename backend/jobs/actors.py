@@ -60,8 +60,20 @@ async def accounting_tick() -> None:
         log.info("goodput: counted again from %s (a transition dated back)", result.recounted_from)
 
 
+async def accounting_prune() -> None:
+    """Goodput hours and intervals past 400 days deleted (the ledgers' retention)."""
+    db, clock = runtime.database(), runtime.clock()
+    async with db.transaction() as session:
+        hours, intervals = await accounting.prune(session, clock)
+    if hours or intervals:
+        log.info(
+            "goodput: %d ledger hours and %d intervals past 400 days deleted", hours, intervals
+        )
+
+
 BODIES = {
     "scheduling.pass": scheduling_pass,
     "metrics.prune": metrics_prune,
     "accounting.tick": accounting_tick,
+    "accounting.prune": accounting_prune,
 }

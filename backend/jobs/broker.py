@@ -88,4 +88,5 @@ async def periodic(settings: Settings) -> None:
         every(settings.scheduler_interval.total_seconds(), "scheduling.pass"),
         every(PRUNE_INTERVAL_S, "metrics.prune"),
         every(TICK_INTERVAL_S, "accounting.tick"),
+        every(PRUNE_INTERVAL_S, "accounting.prune"),
     )

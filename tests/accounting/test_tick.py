@@ -187,3 +187,20 @@ async def test_a_stall_found_later_moves_time_already_counted_into_stalled(world
     assert stalled[0].start_at == T0 + timedelta(minutes=1)
     for a, b in itertools.pairwise(intervals):
         assert a.end_at <= b.start_at  # one worker: no second counted twice
+
+
+async def test_ledgers_and_intervals_are_kept_400_days(world: World) -> None:
+    # seed G-43: hourly counts kept 400 days and pruned
+    await a_busy_and_an_idle_rank(world)
+    world.clock.advance(hours=2)
+    await tick(world)
+    before = await ledger(world)
+    world.clock.advance(days=399)
+    async with world.db.transaction() as session:
+        assert await accounting.prune(session, world.clock) == (0, 0)
+    assert await ledger(world) == before
+    world.clock.advance(days=1, hours=3)
+    async with world.db.transaction() as session:
+        hours, intervals = await accounting.prune(session, world.clock)
+    assert hours > 0 and intervals > 0
+    assert await ledger(world) == {}
