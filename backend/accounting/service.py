@@ -286,14 +286,19 @@ def _ledger(parts: Iterable[tuple[str, bool, float]]) -> Ledger:
 # -- Prometheus ------------------------------------------------------------------------------------
 
 
-def _by_scope(sums: Iterable[tuple[int, str, bool, float]]) -> dict[int, Ledger]:
+def ledgers_by_id(sums: Iterable[tuple[int, str, bool, float]]) -> dict[int, Ledger]:
     parts: dict[int, list[tuple[str, bool, float]]] = defaultdict(list)
     for scope_id, category, held, seconds in sums:
         parts[scope_id].append((category, held, seconds))
     return {i: _ledger(p) for i, p in parts.items()}
 
 
-async def exposition(session: AsyncSession, principal: Principal, now: datetime) -> str:
+async def exposition(
+    session: AsyncSession,
+    principal: Principal,
+    now: datetime,
+    alerts_firing: dict[str, int] | None = None,
+) -> str:
     """``GET /goodput/metrics``: what the caller may see, as Prometheus text.
 
     A workspace's token: its workspace, its share of the machines, pools and clusters it
@@ -311,12 +316,14 @@ async def exposition(session: AsyncSession, principal: Principal, now: datetime)
         "day": Period(hour - 23 * rules.HOUR, hour + rules.HOUR),
     }
     for window, period in windows.items():
-        clusters = _by_scope(await repository.cluster_sums(session, period.start, period.end, ids))
+        clusters = ledgers_by_id(
+            await repository.cluster_sums(session, period.start, period.end, ids)
+        )
         cluster_names = await repository.cluster_names(session, list(clusters))
         for cluster_id, ledger in sorted(clusters.items()):
             out.ledger("cluster", cluster_names.get(cluster_id, str(cluster_id)), window, ledger)
         for scope in ("workspace", "machine", "pool"):
-            ledgers = _by_scope(
+            ledgers = ledgers_by_id(
                 await repository.hour_sums(
                     session, scope, period.start, period.end, workspace_ids=ids
                 )
@@ -327,7 +334,7 @@ async def exposition(session: AsyncSession, principal: Principal, now: datetime)
     live = await repository.live_runs(session, ids)
     if live:
         since = min(rules.hour_floor(r.created_at) for r in live)
-        runs_ = _by_scope(
+        runs_ = ledgers_by_id(
             await repository.hour_sums(
                 session, "run", since, hour + rules.HOUR, scope_ids=[r.id for r in live]
             )
@@ -340,6 +347,8 @@ async def exposition(session: AsyncSession, principal: Principal, now: datetime)
     for workspace_id, workspace in sorted(names.items(), key=lambda kv: kv[1]):
         out.add("astraeus_workers_stalled", {"namespace": workspace}, stalled.get(workspace_id, 0))
         out.add("astraeus_runs_with_straggler", {"namespace": workspace}, slow.get(workspace_id, 0))
+    for metric, firing in (alerts_firing or {}).items():  # a cluster's operators only
+        out.add("astraeus_threshold_alerts_firing", {"metric": metric}, firing)
     return out.text()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from backend.accounting import service as accounting
+from backend.alerts import service as alerts
 from backend.jobs import runtime
 from backend.lifecycle import service as lifecycle
 from backend.machines import service as machines
@@ -58,6 +59,12 @@ async def accounting_tick() -> None:
         result = await accounting.tick(session, clock)
     if result.recounted_from is not None:
         log.info("goodput: counted again from %s (a transition dated back)", result.recounted_from)
+    # Then the alerts, on the ledgers just written (their own transaction: a failed
+    # evaluation never takes a tick back).
+    async with db.transaction() as session:
+        evaluated = await alerts.evaluate(session, clock)
+    for alert in evaluated.fired:
+        log.warning("alert firing: %s", alert.reason)
 
 
 async def accounting_prune() -> None:

@@ -1,5 +1,6 @@
 """Every table of Astraeus, one module each, re-exported here for Alembic and the services."""
 
+from backend.models.alert import Alert, AlertThreshold
 from backend.models.base import Base
 from backend.models.cluster import Cluster, Pool
 from backend.models.command import AgentCommand
@@ -17,6 +18,8 @@ from backend.models.workspace import Workspace, WorkspaceQuota
 __all__ = [
     "AccountingMark",
     "AgentCommand",
+    "Alert",
+    "AlertThreshold",
     "ApiToken",
     "Attempt",
     "Base",

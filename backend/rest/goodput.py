@@ -9,6 +9,7 @@ from starlette.routing import Route
 from backend.accounting import service as accounting
 from backend.accounting.exposition import CONTENT_TYPE
 from backend.accounting.rules import MAX_WEEKS
+from backend.alerts import service as alerts
 from backend.clock import iso_z
 from backend.errors import FieldError, InvalidInput
 from backend.rest.base import Call, endpoint
@@ -88,7 +89,8 @@ async def get_intervals(call: Call) -> Response:
 async def get_metrics(call: Call) -> Response:
     """``GET /goodput/metrics`` (seed G-35 … G-43): Prometheus text exposition, scraped with
     the API token (an OpenTelemetry Collector's prometheus receiver works unchanged)."""
-    text = await accounting.exposition(call.session, call.principal, call.clock.now())
+    firing = await alerts.firing_counts(call.session, call.principal)
+    text = await accounting.exposition(call.session, call.principal, call.clock.now(), firing)
     return Response(text, media_type=CONTENT_TYPE)
 
 
