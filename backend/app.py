@@ -19,6 +19,8 @@ from starlette.types import Scope
 from strawberry.asgi import GraphQL
 
 from backend import migrations
+from backend.agents import routing
+from backend.agents.routing import LogRouter
 from backend.agents.stream import AgentService
 from backend.agents.stream import serve as serve_agents
 from backend.clock import Clock, SystemClock
@@ -96,19 +98,26 @@ async def _jobs(settings: Settings) -> AsyncIterator[None]:
 @asynccontextmanager
 async def _agent_endpoint(
     settings: Settings, db: Database, clock: Clock
-) -> AsyncIterator[AgentService | None]:
-    """The gRPC endpoint machines' agents connect to, in the API process."""
+) -> AsyncIterator[LogRouter | None]:
+    """The gRPC endpoint machines' agents connect to, in the API process, and the router
+    taking a log request to the replica that holds the machine's stream (this one or another)."""
     if not settings.agent_port:
         yield None
         return
+    router = routing.for_settings(settings)
     service = AgentService(
-        db, clock, lease=settings.lease_time, on_freed=job_broker.nudge_scheduler
+        db,
+        clock,
+        lease=settings.lease_time,
+        on_freed=job_broker.nudge_scheduler,
+        on_stream=router.stream_changed,
     )
-    server = await serve_agents(service, f"{settings.host}:{settings.agent_port}")
-    try:
-        yield service
-    finally:
-        await server.stop(grace=2)
+    async with router.serving(service):
+        server = await serve_agents(service, f"{settings.host}:{settings.agent_port}")
+        try:
+            yield router
+        finally:
+            await server.stop(grace=2)
 
 
 def create_app(

@@ -74,8 +74,9 @@ class Follow:
             self.missed = 0
         except asyncio.QueueFull:
             self.missed = chunk.missed_lines + chunk.text.count("\n")
-            if chunk.ended:  # the end must arrive: make room for it
-                self.chunks.get_nowait()
+            if chunk.ended:  # the end must arrive: make room for it, counting what goes
+                dropped = self.chunks.get_nowait()
+                self.missed += dropped.missed_lines + dropped.text.count("\n")
                 self.chunks.put_nowait(
                     agent_pb2.LogChunk(worker=chunk.worker, ended=True, missed_lines=self.missed)
                 )

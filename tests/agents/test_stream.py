@@ -204,3 +204,20 @@ async def test_a_wrong_token_or_no_hello_is_refused(
         await agent.receive("welcome")
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     await agent.close()
+
+
+def test_a_full_follow_buffer_counts_every_line_it_drops() -> None:
+    from backend.agents.stream import FOLLOW_BUFFER, Follow
+
+    follow = Follow()
+    for i in range(FOLLOW_BUFFER):
+        follow.offer(agent_pb2.LogChunk(worker="w", text=f"line {i}\n"))
+    follow.offer(agent_pb2.LogChunk(worker="w", text="x\ny\n"))  # no room: 2 lines missed
+    follow.offer(agent_pb2.LogChunk(worker="w", text="z\n", ended=True))
+    chunks = []
+    while not follow.chunks.empty():
+        chunks.append(follow.chunks.get_nowait())
+    assert chunks[-1].ended
+    kept = sum(c.text.count("\n") for c in chunks)
+    # Every line is either delivered or counted as missed: FOLLOW_BUFFER + 2 + 1 in all.
+    assert kept + chunks[-1].missed_lines == FOLLOW_BUFFER + 3
