@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import delete, func, insert, select, update
@@ -17,6 +17,7 @@ from backend.metrics.rules import BY_NAME
 from backend.models import (
     AccountingMark,
     Cluster,
+    GoodputDay,
     GoodputHour,
     GoodputInterval,
     Machine,
@@ -202,43 +203,50 @@ async def add_intervals(session: AsyncSession, rows: list[dict[str, object]]) ->
         await session.execute(insert(GoodputInterval), rows)
 
 
-async def add_to_hours(
-    session: AsyncSession, cells: dict[tuple[datetime, int, int, str, int, str, bool], float]
-) -> None:
-    """Add GPU-seconds to the hourly cells (negative to take back); empty cells go."""
+CellKey = tuple[datetime, int, int, str, int, str, bool]
+CELL_COLUMNS = ["workspace_id", "cluster_id", "scope", "scope_id", "category", "held"]
+
+
+async def add_to_hours(session: AsyncSession, cells: dict[CellKey, float]) -> None:
+    """Add GPU-seconds to the hourly cells and to their days (negative to take back); cells
+    emptied by a take-back go."""
     if not cells:
         return
+    days: dict[CellKey, float] = {}
+    for (hour, workspace, cluster, scope, scope_id, category, held), seconds in cells.items():
+        key = (hour.replace(hour=0), workspace, cluster, scope, scope_id, category, held)
+        days[key] = days.get(key, 0.0) + seconds
+    await _upsert(session, GoodputHour, "hour", cells)
+    await _upsert(session, GoodputDay, "day", days)
+    if any(seconds < 0 for seconds in cells.values()):
+        since = min(hour for hour, *_ in cells)
+        for model, column in ((GoodputHour, GoodputHour.hour), (GoodputDay, GoodputDay.day)):
+            await session.execute(
+                delete(model).where(
+                    column >= since.replace(hour=0), func.abs(model.gpu_seconds) < 1e-6
+                )
+            )
+
+
+async def _upsert(
+    session: AsyncSession,
+    model: type[GoodputHour] | type[GoodputDay],
+    time: str,
+    cells: dict[CellKey, float],
+) -> None:
     rows = [
-        {
-            "hour": hour,
-            "workspace_id": workspace,
-            "cluster_id": cluster,
-            "scope": scope,
-            "scope_id": scope_id,
-            "category": category,
-            "held": held,
-            "gpu_seconds": seconds,
-        }
-        for (hour, workspace, cluster, scope, scope_id, category, held), seconds in cells.items()
+        {time: moment, **dict(zip(CELL_COLUMNS, rest, strict=True)), "gpu_seconds": seconds}
+        for (moment, *rest), seconds in cells.items()
     ]
     dialect = session.get_bind().dialect.name
     upsert = pg_insert if dialect == "postgresql" else sqlite_insert
-    statement = upsert(GoodputHour)
+    statement = upsert(model)
     statement = statement.on_conflict_do_update(
-        index_elements=[
-            "hour",
-            "workspace_id",
-            "cluster_id",
-            "scope",
-            "scope_id",
-            "category",
-            "held",
-        ],
-        set_={"gpu_seconds": GoodputHour.gpu_seconds + statement.excluded.gpu_seconds},
+        index_elements=[time, *CELL_COLUMNS],
+        set_={"gpu_seconds": model.gpu_seconds + statement.excluded.gpu_seconds},
     )
     for chunk in _chunks(rows, 1000):
         await session.execute(statement, list(chunk))
-    await session.execute(delete(GoodputHour).where(func.abs(GoodputHour.gpu_seconds) < 1e-6))
 
 
 def _chunks(items: Iterable[T], size: int = 5000) -> list[list[T]]:
@@ -256,25 +264,38 @@ async def hour_sums(
     cluster_id: int | None = None,
     scope_ids: Sequence[int] | None = None,
 ) -> list[tuple[int, str, bool, float]]:
-    """(scope id, category, held, GPU-seconds) summed over the hours of [start, end)."""
-    query = (
-        select(
-            GoodputHour.scope_id,
-            GoodputHour.category,
-            GoodputHour.held,
-            func.sum(GoodputHour.gpu_seconds),
+    """(scope id, category, held, GPU-seconds) summed over the hours of [start, end): whole
+    UTC days from the daily cells, the hours at either end from the hourly ones."""
+    first_day = start.replace(hour=0) + (timedelta(days=1) if start.hour else timedelta(0))
+    last_day = end.replace(hour=0)
+    spans: list[tuple[Any, Any, datetime, datetime]]
+    if first_day < last_day:
+        spans = [
+            (GoodputHour, GoodputHour.hour, start, first_day),
+            (GoodputDay, GoodputDay.day, first_day, last_day),
+            (GoodputHour, GoodputHour.hour, last_day, end),
+        ]
+    else:
+        spans = [(GoodputHour, GoodputHour.hour, start, end)]
+    totals: dict[tuple[int, str, bool], float] = {}
+    for model, column, since, until in spans:
+        if since >= until:
+            continue
+        query = (
+            select(model.scope_id, model.category, model.held, func.sum(model.gpu_seconds))
+            .where(model.scope == scope, column >= since, column < until)
+            .group_by(model.scope_id, model.category, model.held)
         )
-        .where(GoodputHour.scope == scope, GoodputHour.hour >= start, GoodputHour.hour < end)
-        .group_by(GoodputHour.scope_id, GoodputHour.category, GoodputHour.held)
-    )
-    if workspace_ids is not None:
-        query = query.where(GoodputHour.workspace_id.in_(workspace_ids))
-    if cluster_id is not None:
-        query = query.where(GoodputHour.cluster_id == cluster_id)
-    if scope_ids is not None:
-        query = query.where(GoodputHour.scope_id.in_(scope_ids))
-    rows = await session.execute(query)
-    return [(r[0], r[1], bool(r[2]), float(r[3])) for r in rows]
+        if workspace_ids is not None:
+            query = query.where(model.workspace_id.in_(workspace_ids))
+        if cluster_id is not None:
+            query = query.where(model.cluster_id == cluster_id)
+        if scope_ids is not None:
+            query = query.where(model.scope_id.in_(scope_ids))
+        for r in await session.execute(query):
+            key = (r[0], r[1], bool(r[2]))
+            totals[key] = totals.get(key, 0.0) + float(r[3])
+    return [(i, c, h, v) for (i, c, h), v in totals.items()]
 
 
 async def scope_names(session: AsyncSession, scope: str, ids: Sequence[int]) -> dict[int, str]:
@@ -434,8 +455,10 @@ async def scope_id(
 
 
 async def prune(session: AsyncSession, before: datetime) -> tuple[int, int]:
-    """Delete ledger hours and intervals older than ``before``; how many of each."""
+    """Delete ledger hours (and whole days) and intervals older than ``before``; how many
+    hours and intervals."""
     hours = await session.execute(delete(GoodputHour).where(GoodputHour.hour < before))
+    await session.execute(delete(GoodputDay).where(GoodputDay.day < before.replace(hour=0)))
     intervals = await session.execute(
         delete(GoodputInterval).where(GoodputInterval.end_at <= before)
     )

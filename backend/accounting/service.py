@@ -264,14 +264,17 @@ async def weekly(
 
 
 async def run_ledger(
-    session: AsyncSession, principal: Principal, name: str, workspace: str | None = None
+    session: AsyncSession,
+    principal: Principal,
+    name: str,
+    now: datetime,
+    workspace: str | None = None,
 ) -> tuple[Run, Ledger]:
     """A run's own ledger since it was submitted."""
     run = await runs.get_run(session, principal, name, workspace=workspace)
     since = rules.hour_floor(run.created_at)
-    sums = await repository.hour_sums(
-        session, "run", since, datetime.max.replace(tzinfo=since.tzinfo), scope_ids=[run.id]
-    )
+    until = rules.hour_floor(now) + rules.HOUR
+    sums = await repository.hour_sums(session, "run", since, until, scope_ids=[run.id])
     return run, _ledger([(c, h, s) for _, c, h, s in sums])
 
 

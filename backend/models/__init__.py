@@ -4,7 +4,7 @@ from backend.models.alert import Alert, AlertThreshold
 from backend.models.base import Base
 from backend.models.cluster import Cluster, Pool
 from backend.models.command import AgentCommand
-from backend.models.goodput import AccountingMark, GoodputHour, GoodputInterval
+from backend.models.goodput import AccountingMark, GoodputDay, GoodputHour, GoodputInterval
 from backend.models.history import Event, StateTransition
 from backend.models.machine import Gpu, Machine
 from backend.models.metric import MetricMinute, MetricSample
@@ -25,6 +25,7 @@ __all__ = [
     "Base",
     "Cluster",
     "Event",
+    "GoodputDay",
     "GoodputHour",
     "GoodputInterval",
     "Gpu",

@@ -53,7 +53,11 @@ async def get_run_goodput(call: Call) -> Response:
     """``GET /runs/<run>/goodput`` (seed G-29): the run's ledger since it was submitted."""
     name = call.request.path_params["run"]
     run, ledger = await accounting.run_ledger(
-        call.session, call.principal, name, call.request.query_params.get("workspace")
+        call.session,
+        call.principal,
+        name,
+        call.clock.now(),
+        call.request.query_params.get("workspace"),
     )
     return JSONResponse({"run": run.name, "since": iso_z(run.created_at), **ledger.to_json()})
 

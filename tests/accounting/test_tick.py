@@ -204,3 +204,30 @@ async def test_ledgers_and_intervals_are_kept_400_days(world: World) -> None:
         hours, intervals = await accounting.prune(session, world.clock)
     assert hours > 0 and intervals > 0
     assert await ledger(world) == {}
+
+
+async def test_whole_days_read_from_the_daily_cells_equal_the_hours(world: World) -> None:
+    # G-18: sums by the hour and by the week; a week reads days, its edges hours
+    from backend.accounting import repository
+
+    await a_busy_and_an_idle_rank(world)
+    for _ in range(50):
+        world.clock.advance(hours=1)
+        await sample(world, {0: 0.9, 1: 0.0})
+        await tick(world)
+    start, end = (
+        T0.replace(minute=0, second=0, microsecond=0) + timedelta(hours=5),
+        world.clock.now(),
+    )
+    end = end.replace(minute=0, second=0, microsecond=0)
+    async with world.db.read() as session:
+        mixed = await repository.hour_sums(session, "run", start, end)
+        rows = await session.scalars(
+            select(GoodputHour).where(
+                GoodputHour.scope == "run", GoodputHour.hour >= start, GoodputHour.hour < end
+            )
+        )
+        naive: dict[tuple[int, str, bool], float] = defaultdict(float)
+        for r in rows:
+            naive[(r.scope_id, r.category, r.held)] += r.gpu_seconds
+    assert {k[:3]: round(k[3], 3) for k in mixed} == {k: round(v, 3) for k, v in naive.items()}
