@@ -141,5 +141,10 @@ async def test_the_periodic_jobs_include_pruning(settings: Settings) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await ticker
     sent = [Message.decode(m).actor_name for m in broker.queues[job_broker.QUEUE].queue]
-    assert sorted(sent) == ["metrics.prune", "scheduling.pass"]
+    assert sorted(sent) == [
+        "accounting.prune",
+        "accounting.tick",
+        "metrics.prune",
+        "scheduling.pass",
+    ]
     broker.close()
