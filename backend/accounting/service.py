@@ -244,7 +244,7 @@ async def report(session: AsyncSession, viewer: Viewer, by: str | None, period: 
         by_id[scope_id].append((category, held, seconds))
     names = await repository.scope_names(session, scope, list(by_id))
     rows = [Row(names.get(i, str(i)), _ledger(parts)) for i, parts in by_id.items()]
-    rows.sort(key=lambda r: (-r.ledger.asked, r.name))
+    rows.sort(key=lambda r: (-r.ledger.allocated, r.name))  # as the seed: most held first
     total = _ledger([p for parts in by_id.values() for p in parts])
     return Report(scope, period, rows, total)
 
