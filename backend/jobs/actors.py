@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from backend.accounting import service as accounting
 from backend.alerts import service as alerts
@@ -11,6 +12,7 @@ from backend.lifecycle import service as lifecycle
 from backend.machines import service as machines
 from backend.metrics import service as metrics
 from backend.scheduling import service as scheduling
+from backend.webhooks import service as webhooks
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +80,39 @@ async def accounting_prune() -> None:
         )
 
 
+async def webhooks_deliver() -> None:
+    """New events handed to each webhook's deliveries, then the due deliveries POSTed.
+
+    Handing out is one transaction; each round of sending claims a batch in a short
+    transaction, POSTs it with none open, and records the answers in another. Rounds go on
+    while full batches are due, for SEND_BUDGET_S at most; what is left waits for the next
+    pass (every 10 s)."""
+    db, clock = runtime.database(), runtime.clock()
+    async with db.transaction() as session:
+        await webhooks.hand_out(session, clock)
+    started = time.monotonic()
+    while time.monotonic() - started < SEND_BUDGET_S:
+        async with db.transaction() as session:
+            due = await webhooks.claim_due(session, clock)
+        if not due:
+            return
+        sent = await webhooks.send(due)
+        async with db.transaction() as session:
+            delivered = await webhooks.record(session, clock, sent)
+        if delivered < len(sent):
+            log.info("webhooks: %d of %d deliveries failed", len(sent) - delivered, len(sent))
+        if len(due) < webhooks.SEND_BATCH:
+            return
+
+
+# A round lasts the HTTP timeout (5 s) at most, so a pass ends within about 13 s.
+SEND_BUDGET_S = 8.0
+
+
 BODIES = {
     "scheduling.pass": scheduling_pass,
     "metrics.prune": metrics_prune,
     "accounting.tick": accounting_tick,
     "accounting.prune": accounting_prune,
+    "webhooks.deliver": webhooks_deliver,
 }

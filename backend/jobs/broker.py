@@ -79,14 +79,16 @@ async def every(interval: float, name: str) -> None:
 # Old metric samples grow by the minute; pruning them ten minutes late costs nothing.
 TICK_INTERVAL_S = 60.0  # the goodput tick: every minute, counting whole minutes
 PRUNE_INTERVAL_S = 600.0
+WEBHOOKS_INTERVAL_S = 10.0  # events reach receivers within about this long
 
 
 async def periodic(settings: Settings) -> None:
-    """Every periodic job at its own interval: the scheduling pass, metrics pruning, and the
-    goodput tick every minute."""
+    """Every periodic job at its own interval: the scheduling pass, metrics pruning, the
+    goodput tick every minute, and webhook deliveries every ten seconds."""
     await asyncio.gather(
         every(settings.scheduler_interval.total_seconds(), "scheduling.pass"),
         every(PRUNE_INTERVAL_S, "metrics.prune"),
         every(TICK_INTERVAL_S, "accounting.tick"),
         every(PRUNE_INTERVAL_S, "accounting.prune"),
+        every(WEBHOOKS_INTERVAL_S, "webhooks.deliver"),
     )

@@ -12,6 +12,7 @@ from backend.models.organization import Organization
 from backend.models.run import Run
 from backend.models.secret import Secret
 from backend.models.user import ApiToken, Membership, User
+from backend.models.webhook import Webhook, WebhookDelivery
 from backend.models.worker import Attempt, Worker
 from backend.models.workspace import Workspace, WorkspaceQuota
 
@@ -39,6 +40,8 @@ __all__ = [
     "Secret",
     "StateTransition",
     "User",
+    "Webhook",
+    "WebhookDelivery",
     "Worker",
     "Workspace",
     "WorkspaceQuota",

@@ -10,8 +10,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from strawberry.dataloader import DataLoader
 
 from backend.db import Database
-from backend.models import StateTransition, Worker
+from backend.models import StateTransition, WebhookDelivery, Worker
 from backend.runs import service as runs
+from backend.webhooks import service as webhooks
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -36,6 +37,7 @@ class Loaders:
     history_by_run: DataLoader[int, list[StateTransition]]
     user_name: DataLoader[int, str]
     machine_name: DataLoader[int, str]
+    webhook_deliveries: DataLoader[int, list[tuple[WebhookDelivery, str]]]
 
     @classmethod
     def build(cls, db: Database) -> Loaders:
@@ -44,4 +46,5 @@ class Loaders:
             history_by_run=_grouped(db, runs.history_by_run, list),
             user_name=_grouped(db, runs.user_names, str),
             machine_name=_grouped(db, runs.machine_names, str),
+            webhook_deliveries=_grouped(db, webhooks.recent_deliveries, list),
         )

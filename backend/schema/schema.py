@@ -13,11 +13,13 @@ from strawberry.permission import PermissionExtension
 from backend.errors import AstraeusError
 from backend.resolvers import runs as run_resolvers
 from backend.resolvers import secrets as secret_resolvers
+from backend.resolvers import webhooks as webhook_resolvers
 from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
 from backend.schema.secrets import Secret, SecretPayload
 from backend.schema.viewer import Viewer
+from backend.schema.webhooks import CreateWebhookPayload, Webhook, WebhookPayload
 
 SDL_PATH = Path(__file__).resolve().parents[2] / "schema.graphql"
 
@@ -46,6 +48,11 @@ class Query:
         resolver=secret_resolvers.list_secrets,
         extensions=_authenticated(),
         description="The workspace's secrets: names and whether they are set, never values.",
+    )
+    webhooks: list[Webhook] = strawberry.field(
+        resolver=webhook_resolvers.list_webhooks,
+        extensions=_authenticated(),
+        description="The workspace's webhooks and their latest deliveries; never their secrets.",
     )
 
 
@@ -78,6 +85,20 @@ class Mutation:
         resolver=secret_resolvers.delete_secret,
         extensions=_authenticated(),
         description="Delete a secret; runs already started keep what they were given.",
+    )
+    create_webhook: CreateWebhookPayload = strawberry.mutation(
+        resolver=webhook_resolvers.create_webhook,
+        extensions=_authenticated(),
+        description=(
+            "Send the workspace's events from now on to an http(s) URL, those of the kinds "
+            "named (and the kinds under them) or every kind. The answer holds the signing "
+            "secret, shown this once."
+        ),
+    )
+    delete_webhook: WebhookPayload = strawberry.mutation(
+        resolver=webhook_resolvers.delete_webhook,
+        extensions=_authenticated(),
+        description="Delete a webhook: nothing more is sent to it, not even deliveries due.",
     )
 
 

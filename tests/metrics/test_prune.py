@@ -146,5 +146,6 @@ async def test_the_periodic_jobs_include_pruning(settings: Settings) -> None:
         "accounting.tick",
         "metrics.prune",
         "scheduling.pass",
+        "webhooks.deliver",
     ]
     broker.close()

@@ -1,0 +1,56 @@
+"""Resolvers of webhooks: listed (never with their secrets), created (the secret shown once),
+deleted."""
+
+from __future__ import annotations
+
+import strawberry
+
+from backend.errors import AstraeusError, NotFound
+from backend.resolvers.context import Info
+from backend.schema.common import UserError
+from backend.schema.webhooks import CreateWebhookPayload, Webhook, WebhookPayload
+from backend.webhooks import service as webhooks
+
+
+async def list_webhooks(info: Info, workspace: str | None = None) -> list[Webhook]:
+    principal = info.context.require_principal()
+    async with info.context.db.read() as session:
+        try:
+            rows = await webhooks.list_webhooks(session, principal, workspace=workspace)
+        except NotFound:
+            return []
+    return [Webhook.from_model(r) for r in rows]
+
+
+async def create_webhook(
+    info: Info, url: str, kinds: list[str] | None = None, workspace: str | None = None
+) -> CreateWebhookPayload:
+    principal = info.context.require_principal()
+    try:
+        async with info.context.db.transaction() as session:
+            row = await webhooks.create_webhook(
+                session, info.context.clock, principal, url, kinds or [], workspace=workspace
+            )
+    except AstraeusError as error:
+        return CreateWebhookPayload(webhook=None, secret=None, errors=UserError.from_error(error))
+    return CreateWebhookPayload(webhook=Webhook.from_model(row), secret=row.secret, errors=[])
+
+
+async def delete_webhook(
+    info: Info, id: strawberry.ID, workspace: str | None = None
+) -> WebhookPayload:
+    principal = info.context.require_principal()
+    try:
+        async with info.context.db.transaction() as session:
+            row = await webhooks.delete_webhook(
+                session, info.context.clock, principal, _id(id), workspace=workspace
+            )
+    except AstraeusError as error:
+        return WebhookPayload(webhook=None, errors=UserError.from_error(error))
+    return WebhookPayload(webhook=Webhook.from_model(row), errors=[])
+
+
+def _id(value: strawberry.ID) -> int:
+    if not str(value).isdigit() or len(str(value)) > 18:  # no id is larger
+        raise NotFound("WEBHOOK_NOT_FOUND", f"No webhook {value}.")
+    return int(value)

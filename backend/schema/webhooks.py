@@ -1,0 +1,98 @@
+"""GraphQL types of webhooks and their deliveries. A webhook's secret is shown once, in the
+answer to createWebhook, and never again."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import strawberry
+
+from backend import models
+from backend.resolvers.context import Info
+from backend.schema.common import UserError
+from backend.webhooks import rules
+
+# The domain's enum, shown as it is (strawberry.enum marks the class and returns it).
+DeliveryStatus = rules.DeliveryStatus
+strawberry.enum(
+    DeliveryStatus,
+    name="WebhookDeliveryStatus",
+    description="pending: not tried yet; retrying: failed, tried again at nextAttemptAt; "
+    "delivered: the receiver answered 2xx; gave_up: failed 12 times.",
+)
+
+
+@strawberry.type(description="One event sent (or being sent) to a webhook.")
+class WebhookDelivery:
+    event_id: strawberry.ID = strawberry.field(
+        description="The event's id, sent as X-Astraeus-Event-Id: receivers dedupe by it."
+    )
+    kind: str
+    status: DeliveryStatus
+    attempts: int = strawberry.field(description="Attempts that failed.")
+    next_attempt_at: datetime | None
+    delivered_at: datetime | None
+    gave_up_at: datetime | None
+    last_status: int | None = strawberry.field(description="The receiver's last HTTP status.")
+    last_error: str | None = strawberry.field(
+        description="Why the last failed attempt failed: 'HTTP 500', 'connection refused', …"
+    )
+
+    @classmethod
+    def from_model(cls, row: models.WebhookDelivery, kind: str) -> WebhookDelivery:
+        status = rules.status(row.delivered_at, row.gave_up_at, row.attempts)
+        waiting = status in (rules.DeliveryStatus.PENDING, rules.DeliveryStatus.RETRYING)
+        return cls(
+            event_id=strawberry.ID(str(row.event_id)),
+            kind=kind,
+            status=status,
+            attempts=row.attempts,
+            next_attempt_at=row.next_attempt_at if waiting else None,
+            delivered_at=row.delivered_at,
+            gave_up_at=row.gave_up_at,
+            last_status=row.last_status,
+            last_error=row.last_error,
+        )
+
+
+@strawberry.type(
+    description="A subscription of the workspace: its events POSTed to url as JSON, signed "
+    "with HMAC-SHA256 (X-Astraeus-Signature: sha256=<hex>), at least once, retried with backoff."
+)
+class Webhook:
+    id: strawberry.ID
+    url: str
+    kinds: list[str] = strawberry.field(
+        description="Event kinds it gets, with the kinds under them ('alert' is alert.firing "
+        "and alert.resolved); empty: every kind."
+    )
+    created_at: datetime
+
+    @classmethod
+    def from_model(cls, row: models.Webhook) -> Webhook:
+        return cls(
+            id=strawberry.ID(str(row.id)),
+            url=row.url,
+            kinds=list(row.kinds),
+            created_at=row.created_at,
+        )
+
+    @strawberry.field(description="Its latest deliveries, newest event first (20 at most).")
+    async def deliveries(self, info: Info) -> list[WebhookDelivery]:
+        rows = await info.context.loaders.webhook_deliveries.load(int(self.id))
+        return [WebhookDelivery.from_model(d, kind) for d, kind in rows]
+
+
+@strawberry.type
+class CreateWebhookPayload:
+    webhook: Webhook | None
+    secret: str | None = strawberry.field(
+        description="The key of the signatures. Shown only here: keep it now."
+    )
+    errors: list[UserError]
+
+
+@strawberry.type
+class WebhookPayload:
+    webhook: Webhook | None
+    errors: list[UserError]

@@ -1,0 +1,227 @@
+"""All SQL of webhooks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import exists, func, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.models import Event, Webhook, WebhookDelivery, Workspace
+from backend.webhooks.rules import Cursor, Outcome
+
+
+def add(session: AsyncSession, webhook: Webhook) -> None:
+    session.add(webhook)
+
+
+async def last_event_id(session: AsyncSession, workspace_id: int) -> int:
+    found = await session.scalar(
+        select(func.max(Event.id)).where(Event.workspace_id == workspace_id)
+    )
+    return int(found or 0)
+
+
+async def active(session: AsyncSession, workspace_id: int) -> list[Webhook]:
+    return list(
+        await session.scalars(
+            select(Webhook)
+            .where(Webhook.workspace_id == workspace_id, Webhook.disabled_at.is_(None))
+            .order_by(Webhook.id)
+        )
+    )
+
+
+async def get_active(session: AsyncSession, workspace_id: int, webhook_id: int) -> Webhook | None:
+    return await session.scalar(
+        select(Webhook).where(
+            Webhook.id == webhook_id,
+            Webhook.workspace_id == workspace_id,
+            Webhook.disabled_at.is_(None),
+        )
+    )
+
+
+async def active_ids(session: AsyncSession) -> list[int]:
+    return list(
+        await session.scalars(
+            select(Webhook.id).where(Webhook.disabled_at.is_(None)).order_by(Webhook.id)
+        )
+    )
+
+
+async def lock(session: AsyncSession, webhook_id: int) -> Webhook | None:
+    """The webhook, locked until the transaction ends (None once deleted).
+
+    An UPDATE, not SELECT … FOR UPDATE: it locks the row on PostgreSQL and takes SQLite's
+    write lock, so on both a second pass waits here and then reads what the first wrote."""
+    locked = await session.execute(
+        update(Webhook)
+        .where(Webhook.id == webhook_id, Webhook.disabled_at.is_(None))
+        .values(cursor=Webhook.cursor)
+        .execution_options(synchronize_session=False)
+    )
+    if locked.rowcount == 0:  # type: ignore[attr-defined]
+        return None
+    return await session.scalar(
+        select(Webhook).where(Webhook.id == webhook_id).execution_options(populate_existing=True)
+    )
+
+
+async def unhanded_events(session: AsyncSession, webhook: Webhook, limit: int) -> list[int]:
+    """Ids of the workspace's events past the cursor that the webhook wants and has no
+    delivery for yet, oldest first."""
+    handed = exists().where(
+        WebhookDelivery.webhook_id == webhook.id, WebhookDelivery.event_id == Event.id
+    )
+    query = select(Event.id).where(
+        Event.workspace_id == webhook.workspace_id, Event.id > webhook.cursor, ~handed
+    )
+    if webhook.kinds:
+        query = query.where(
+            or_(
+                *(
+                    or_(Event.kind == k, Event.kind.startswith(k + ".", autoescape=True))
+                    for k in webhook.kinds
+                )
+            )
+        )
+    return list(await session.scalars(query.order_by(Event.id).limit(limit)))
+
+
+async def add_deliveries(
+    session: AsyncSession, webhook_id: int, event_ids: Sequence[int], now: datetime
+) -> None:
+    if not event_ids:
+        return
+    await session.execute(
+        insert(WebhookDelivery),
+        [
+            {
+                "webhook_id": webhook_id,
+                "event_id": event_id,
+                "attempts": 0,
+                "next_attempt_at": now,
+                "created_at": now,
+            }
+            for event_id in event_ids
+        ],
+    )
+
+
+async def set_cursor(session: AsyncSession, webhook_id: int, cursor: Cursor) -> None:
+    await session.execute(
+        update(Webhook)
+        .where(Webhook.id == webhook_id)
+        .values(cursor=cursor.cursor, horizon=cursor.horizon, horizon_at=cursor.horizon_at)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _unsettled() -> Any:
+    return WebhookDelivery.delivered_at.is_(None) & WebhookDelivery.gave_up_at.is_(None)
+
+
+async def claim_due(session: AsyncSession, now: datetime, until: datetime, limit: int) -> list[int]:
+    """Take up to ``limit`` deliveries due now (of webhooks not deleted), oldest due first,
+    by moving their next attempt to ``until``. Concurrent passes take different ones: rows
+    another holds are skipped (PostgreSQL), and the UPDATE re-checks that each is still due."""
+    due = (
+        select(WebhookDelivery.id)
+        .join(Webhook, Webhook.id == WebhookDelivery.webhook_id)
+        .where(_unsettled(), WebhookDelivery.next_attempt_at <= now, Webhook.disabled_at.is_(None))
+        .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
+        .limit(limit)
+        .with_for_update(of=WebhookDelivery, skip_locked=True)
+    )
+    claimed = await session.scalars(
+        update(WebhookDelivery)
+        .where(
+            WebhookDelivery.id.in_(due.scalar_subquery()),
+            _unsettled(),
+            WebhookDelivery.next_attempt_at <= now,
+        )
+        .values(next_attempt_at=until)
+        .returning(WebhookDelivery.id)
+        .execution_options(synchronize_session=False)
+    )
+    return sorted(claimed)
+
+
+@dataclass(frozen=True)
+class ToSend:
+    """What sending one delivery needs."""
+
+    delivery_id: int
+    attempts: int
+    last_error: str | None
+    url: str
+    secret: str
+    event: Event
+    workspace: str
+
+
+async def outgoing(session: AsyncSession, delivery_ids: Sequence[int]) -> list[ToSend]:
+    rows = await session.execute(
+        select(
+            WebhookDelivery.id,
+            WebhookDelivery.attempts,
+            WebhookDelivery.last_error,
+            Webhook.url,
+            Webhook.secret,
+            Event,
+            Workspace.name,
+        )
+        .join(Webhook, Webhook.id == WebhookDelivery.webhook_id)
+        .join(Event, Event.id == WebhookDelivery.event_id)
+        .join(Workspace, Workspace.id == Webhook.workspace_id)
+        .where(WebhookDelivery.id.in_(delivery_ids))
+        .order_by(WebhookDelivery.id)
+    )
+    return [ToSend(*row) for row in rows]
+
+
+async def record(session: AsyncSession, delivery_id: int, outcome: Outcome) -> None:
+    await session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id == delivery_id, _unsettled())
+        .values(
+            attempts=outcome.attempts,
+            next_attempt_at=outcome.next_attempt_at,
+            delivered_at=outcome.delivered_at,
+            gave_up_at=outcome.gave_up_at,
+            last_status=outcome.last_status,
+            last_error=outcome.last_error,
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+async def recent_deliveries(
+    session: AsyncSession, webhook_ids: Sequence[int], per_webhook: int
+) -> dict[int, list[tuple[WebhookDelivery, str]]]:
+    """The latest deliveries of each webhook (newest event first), with their event's kind."""
+    ranked = (
+        select(
+            WebhookDelivery.id,
+            func.row_number()
+            .over(partition_by=WebhookDelivery.webhook_id, order_by=WebhookDelivery.event_id.desc())
+            .label("rank"),
+        )
+        .where(WebhookDelivery.webhook_id.in_(webhook_ids))
+        .subquery()
+    )
+    rows = await session.execute(
+        select(WebhookDelivery, Event.kind)
+        .join(ranked, ranked.c.id == WebhookDelivery.id)
+        .join(Event, Event.id == WebhookDelivery.event_id)
+        .where(ranked.c.rank <= per_webhook)
+        .order_by(WebhookDelivery.webhook_id, WebhookDelivery.event_id.desc())
+    )
+    found: dict[int, list[tuple[WebhookDelivery, str]]] = {}
+    for delivery, kind in rows:
+        found.setdefault(delivery.webhook_id, []).append((delivery, kind))
+    return found

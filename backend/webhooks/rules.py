@@ -1,0 +1,206 @@
+"""Webhooks, pure: what a subscription may say, what is sent and how it is signed, when a
+failed delivery is tried again, and how far a webhook's cursor may move.
+
+Delivery is at least once: a delivery is marked delivered only after a 2xx answer, so a
+receiver may get an event twice (a pass that died between the answer and the record) and
+dedupes by the event id it is sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any
+from urllib.parse import urlsplit
+
+from backend.clock import iso_z
+from backend.errors import FieldError
+
+MAX_URL_LENGTH = 2048
+MAX_KINDS = 20
+KIND_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
+KIND_LENGTH = 32  # events.kind
+
+MAX_ATTEMPTS = 12
+FIRST_BACKOFF = timedelta(seconds=10)
+MAX_BACKOFF = timedelta(hours=1)
+TIMEOUT_S = 5.0
+# A pass claims the deliveries it sends for this long: none is sent twice at once, and one
+# whose pass died is sent again when the claim runs out.
+CLAIM = timedelta(minutes=1)
+# Longer than any transaction that writes events is open (see ``advance``).
+SETTLE = timedelta(minutes=1)
+
+USER_AGENT = "astraeus-webhooks"
+
+
+class DeliveryStatus(Enum):
+    PENDING = "pending"  # not tried yet
+    RETRYING = "retrying"  # failed; tried again at next_attempt_at
+    DELIVERED = "delivered"  # the receiver answered 2xx
+    GAVE_UP = "gave_up"  # failed MAX_ATTEMPTS times
+
+
+def check(url: str, kinds: list[str]) -> list[FieldError]:
+    """Why a subscription is refused, field by field (nothing: it is accepted).
+
+    A kind names events of that kind and of the kinds under it: 'alert' is alert.firing and
+    alert.resolved, 'run.state' only run.state; no kinds is every kind."""
+    problems = []
+    url_problem = check_url(url)
+    if url_problem is not None:
+        problems.append(FieldError("url", url_problem))
+    if len(kinds) > MAX_KINDS:
+        problems.append(FieldError("kinds", f"must name at most {MAX_KINDS} kinds"))
+    for i, kind in enumerate(kinds):
+        if len(kind) > KIND_LENGTH or not KIND_PATTERN.match(kind):
+            problems.append(
+                FieldError(
+                    f"kinds[{i}]",
+                    "must be an event kind or the start of one, such as 'alert' or "
+                    f"'run.state': lowercase words joined by '.', at most {KIND_LENGTH} "
+                    "characters",
+                )
+            )
+    return problems
+
+
+def check_url(url: str) -> str | None:
+    if not url.strip():
+        return "is required"
+    if len(url) > MAX_URL_LENGTH:
+        return f"must be at most {MAX_URL_LENGTH} characters"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "must not contain spaces or control characters"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError:
+        return "is not a valid URL"
+    if parts.scheme.lower() not in ("http", "https"):
+        return "must be an http:// or https:// URL"
+    if not parts.hostname:
+        return "must name a host"
+    return None
+
+
+@dataclass(frozen=True)
+class EventView:
+    """An event as a receiver gets it."""
+
+    id: int
+    kind: str
+    state: str | None
+    reason: str
+    run: str | None
+    worker: str | None
+    workspace: str
+    created_at: datetime
+    data: dict[str, Any]
+
+
+def body(event: EventView) -> bytes:
+    """The JSON sent, once: the signature is of these exact bytes."""
+    payload = {
+        "id": event.id,
+        "kind": event.kind,
+        "state": event.state,
+        "reason": event.reason,
+        "run": event.run,
+        "worker": event.worker,
+        "workspace": event.workspace,
+        "created_at": iso_z(event.created_at),
+        "data": event.data,
+    }
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def signature(secret: str, content: bytes) -> str:
+    """``sha256=<hex>``: HMAC-SHA256 of the body with the webhook's secret."""
+    return "sha256=" + hmac.new(secret.encode(), content, hashlib.sha256).hexdigest()
+
+
+def headers(event: EventView, secret: str, content: bytes) -> dict[str, str]:
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "X-Astraeus-Event-Id": str(event.id),
+        "X-Astraeus-Event-Kind": event.kind,
+        "X-Astraeus-Signature": signature(secret, content),
+    }
+
+
+def backoff(failed_attempts: int) -> timedelta:
+    """The wait after the n-th failed attempt: 10 s, doubling, at most an hour."""
+    return min(FIRST_BACKOFF * 2 ** (failed_attempts - 1), MAX_BACKOFF)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A delivery after one attempt."""
+
+    attempts: int
+    next_attempt_at: datetime
+    delivered_at: datetime | None
+    gave_up_at: datetime | None
+    last_status: int | None
+    last_error: str | None
+
+
+def after_attempt(
+    attempts: int, status: int | None, error: str | None, last_error: str | None, now: datetime
+) -> Outcome:
+    """A 2xx delivers it; anything else (another status, no answer: ``error``) is a failed
+    attempt, tried again after the backoff, given up at the MAX_ATTEMPTS-th."""
+    if error is None and status is not None and 200 <= status < 300:
+        return Outcome(attempts, now, now, None, status, last_error)
+    failed = attempts + 1
+    why = error or f"HTTP {status}"
+    if failed >= MAX_ATTEMPTS:
+        return Outcome(failed, now, None, now, status, why)
+    return Outcome(failed, now + backoff(failed), None, None, status, why)
+
+
+def status(
+    delivered_at: datetime | None, gave_up_at: datetime | None, attempts: int
+) -> DeliveryStatus:
+    if delivered_at is not None:
+        return DeliveryStatus.DELIVERED
+    if gave_up_at is not None:
+        return DeliveryStatus.GAVE_UP
+    return DeliveryStatus.RETRYING if attempts else DeliveryStatus.PENDING
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """How far a webhook has looked at its workspace's events.
+
+    Every event up to ``cursor`` has been handed to a delivery (or did not match). ``horizon``
+    is the highest id a pass looked at, at ``horizon_at``; events between the two are looked
+    at again on each pass (those already handed are skipped)."""
+
+    cursor: int
+    horizon: int
+    horizon_at: datetime | None
+
+
+def advance(current: Cursor, looked_to: int, now: datetime) -> Cursor:
+    """Where the cursor stands after a pass that looked at every visible event up to
+    ``looked_to``.
+
+    An event's id is taken when it is written, and its transaction may commit after one that
+    took a larger id (PostgreSQL), so the events up to an id seen now may not all be visible
+    yet. Those up to the horizon seen SETTLE ago are, unless a transaction stayed open longer
+    than SETTLE: the cursor moves up to that horizon (no further than this pass looked), and
+    the horizon to what this pass saw."""
+    if current.horizon_at is not None and now - current.horizon_at < SETTLE:
+        return current
+    moved = current.cursor
+    if current.horizon_at is not None:
+        moved = max(current.cursor, min(current.horizon, looked_to))
+    return Cursor(moved, max(moved, looked_to), now)
