@@ -66,3 +66,4 @@ bench: setup services ## the benchmarks (bench/), each beside a bare baseline me
 	$(BIN)/python -m bench.metrics_ingest
 	$(BIN)/python -m bench.log_tail
 	$(BIN)/python -m bench.agent_cpu
+	$(BIN)/python -m bench.goodput
