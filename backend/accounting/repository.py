@@ -7,12 +7,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, insert, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import BigInteger, any_, bindparam, delete, func, select, update
+from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.accounting.rules import PhaseChange
+from backend.db import driver_connection
+from backend.lifecycle.repository import insert_many
 from backend.metrics.rules import BY_NAME
 from backend.models import (
     AccountingMark,
@@ -120,23 +122,52 @@ async def phase_changes(
     """Each worker's phase changes that matter for [start, end): the one in force at start
     and every one after it, before end."""
     out: dict[int, list[PhaseChange]] = {w: [] for w in worker_ids}
-    for chunk in _chunks(worker_ids):
-        rows = await session.execute(
-            select(
-                StateTransition.worker_id,
-                StateTransition.transition_at,
-                StateTransition.phase,
-                StateTransition.gpus,
-                StateTransition.machine_id,
-                StateTransition.id,
-            )
-            .where(
-                StateTransition.worker_id.in_(chunk),
-                StateTransition.phase.is_not(None),
-                StateTransition.transition_at < end,
-            )
-            .order_by(StateTransition.worker_id, StateTransition.transition_at, StateTransition.id)
+    dialect = _dialect(session)
+    columns = (
+        StateTransition.worker_id,
+        StateTransition.transition_at,
+        StateTransition.phase,
+        StateTransition.gpus,
+        StateTransition.machine_id,
+        StateTransition.id,
+    )
+    order = (StateTransition.worker_id, StateTransition.transition_at, StateTransition.id)
+    for chunk in _batches(worker_ids, dialect):
+        mine = (
+            _in(StateTransition.worker_id, chunk, dialect),
+            StateTransition.phase.is_not(None),
         )
+        if dialect == "postgresql":
+            # The one in force at start (DISTINCT ON: the newest of each worker), then the
+            # window's own: a worker's whole history is not read every minute.
+            in_force = await session.execute(
+                select(*columns)
+                .where(*mine, StateTransition.transition_at <= start)
+                .ext(distinct_on(StateTransition.worker_id))
+                .order_by(
+                    StateTransition.worker_id,
+                    StateTransition.transition_at.desc(),
+                    StateTransition.id.desc(),
+                )
+            )
+            inside = await session.execute(
+                select(*columns)
+                .where(
+                    *mine,
+                    StateTransition.transition_at > start,
+                    StateTransition.transition_at < end,
+                )
+                .order_by(*order)
+            )
+            rows = [*in_force, *inside]
+        else:
+            rows = list(
+                await session.execute(
+                    select(*columns)
+                    .where(*mine, StateTransition.transition_at < end)
+                    .order_by(*order)
+                )
+            )
         for r in rows:
             changes = out[r.worker_id]
             change = PhaseChange(r.transition_at, r.phase, r.gpus, r.machine_id)
@@ -156,12 +187,13 @@ async def minute_utilization(
     start_ms = int(start.timestamp() * 1000) // 60_000 * 60_000
     end_ms = int(end.timestamp() * 1000)
     out: dict[tuple[int, int], float] = {}
-    for chunk in _chunks(worker_ids):
+    dialect = _dialect(session)
+    for chunk in _batches(worker_ids, dialect):
         bucket = func.floor(MetricSample.ts / 60_000)
         rows = await session.execute(
             select(MetricSample.worker_id, bucket.label("minute"), func.avg(MetricSample.value))
             .where(
-                MetricSample.worker_id.in_(chunk),
+                _in(MetricSample.worker_id, chunk, dialect),
                 MetricSample.metric == UTILIZATION,
                 MetricSample.ts >= start_ms,
                 MetricSample.ts < end_ms,
@@ -183,11 +215,12 @@ class WorkerInfo:
 
 async def worker_info(session: AsyncSession, worker_ids: Sequence[int]) -> dict[int, WorkerInfo]:
     out = {}
-    for chunk in _chunks(worker_ids):
+    dialect = _dialect(session)
+    for chunk in _batches(worker_ids, dialect):
         rows = await session.execute(
             select(Worker.id, Worker.name, Worker.run_id, Run.workspace_id, Run.cluster_id)
             .join(Run, Run.id == Worker.run_id)
-            .where(Worker.id.in_(chunk))
+            .where(_in(Worker.id, chunk, dialect))
         )
         out.update({r.id: WorkerInfo(r.name, r.run_id, r.workspace_id, r.cluster_id) for r in rows})
     return out
@@ -198,9 +231,9 @@ async def machine_pools(session: AsyncSession) -> dict[int, int | None]:
     return {r.id: r.pool_id for r in rows}
 
 
-async def add_intervals(session: AsyncSession, rows: list[dict[str, object]]) -> None:
-    if rows:
-        await session.execute(insert(GoodputInterval), rows)
+async def add_intervals(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
+    """Many rows a tick (one per live worker): COPY on PostgreSQL."""
+    await insert_many(session, GoodputInterval, rows)
 
 
 CellKey = tuple[datetime, int, int, str, int, str, bool]
@@ -234,12 +267,14 @@ async def _upsert(
     time: str,
     cells: dict[CellKey, float],
 ) -> None:
+    if session.get_bind().dialect.name == "postgresql":
+        await _upsert_arrays(session, model.__tablename__, time, cells)
+        return
     rows = [
         {time: moment, **dict(zip(CELL_COLUMNS, rest, strict=True)), "gpu_seconds": seconds}
         for (moment, *rest), seconds in cells.items()
     ]
-    dialect = session.get_bind().dialect.name
-    upsert = pg_insert if dialect == "postgresql" else sqlite_insert
+    upsert = sqlite_insert
     statement = upsert(model)
     statement = statement.on_conflict_do_update(
         index_elements=[time, *CELL_COLUMNS],
@@ -247,6 +282,46 @@ async def _upsert(
     )
     for chunk in _chunks(rows, 1000):
         await session.execute(statement, list(chunk))
+
+
+_ARRAY_TYPES = ("timestamptz", "bigint", "bigint", "text", "bigint", "text", "boolean", "float8")
+
+
+async def _upsert_arrays(
+    session: AsyncSession, table: str, time: str, cells: dict[CellKey, float]
+) -> None:
+    """One statement for every cell: the columns as arrays, unnested (PostgreSQL). Tens of
+    thousands of cells a tick would otherwise be as many statements."""
+    columns = [time, *CELL_COLUMNS, "gpu_seconds"]
+    values: list[list[Any]] = [[] for _ in columns]
+    for key, seconds in cells.items():
+        for i, value in enumerate((*key, seconds)):
+            values[i].append(value)
+    arrays = ", ".join(f"%s::{t}[]" for t in _ARRAY_TYPES)
+    statement = (
+        f"INSERT INTO {table} ({', '.join(columns)}) SELECT * FROM unnest({arrays}) "
+        f"ON CONFLICT ({', '.join(columns[:-1])}) "
+        f"DO UPDATE SET gpu_seconds = {table}.gpu_seconds + excluded.gpu_seconds"
+    )
+    pg = await driver_connection(session)
+    await pg.execute(statement, values)
+
+
+def _in(column: Any, ids: Sequence[int], dialect: str) -> Any:
+    """``column IN ids``: one array parameter on PostgreSQL (a list of 100 000 placeholders
+    costs more to prepare than the query takes), placeholders on SQLite."""
+    if dialect == "postgresql":
+        return column == any_(bindparam(None, list(ids), type_=ARRAY(BigInteger)))
+    return column.in_(ids)
+
+
+def _dialect(session: AsyncSession) -> str:
+    return session.get_bind().dialect.name
+
+
+def _batches(ids: Sequence[int], dialect: str) -> list[list[int]]:
+    """All at once as one array on PostgreSQL; in slices under SQLite's parameter limit."""
+    return [list(ids)] if dialect == "postgresql" else _chunks(ids)
 
 
 def _chunks(items: Iterable[T], size: int = 5000) -> list[list[T]]:
@@ -302,8 +377,11 @@ async def scope_names(session: AsyncSession, scope: str, ids: Sequence[int]) -> 
     models: dict[str, Any] = {"run": Run, "machine": Machine, "pool": Pool, "workspace": Workspace}
     model = models[scope]
     names: dict[int, str] = {}
-    for chunk in _chunks(ids):
-        rows = await session.execute(select(model.id, model.name).where(model.id.in_(chunk)))
+    dialect = _dialect(session)
+    for chunk in _batches(ids, dialect):
+        rows = await session.execute(
+            select(model.id, model.name).where(_in(model.id, chunk, dialect))
+        )
         names.update({r[0]: r[1] for r in rows})
     return names
 
