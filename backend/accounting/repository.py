@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import BigInteger, any_, bindparam, delete, func, select, update
+from sqlalchemy import BigInteger, any_, bindparam, delete, func, select, union_all, update
 from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -340,37 +340,82 @@ async def hour_sums(
     scope_ids: Sequence[int] | None = None,
 ) -> list[tuple[int, str, bool, float]]:
     """(scope id, category, held, GPU-seconds) summed over the hours of [start, end): whole
-    UTC days from the daily cells, the hours at either end from the hourly ones."""
+    UTC days from the daily cells, the hours at either end from the hourly ones; one query."""
+    rows = await session.execute(
+        _sums(scope, start, end, workspace_ids, cluster_id, scope_ids, named=False)
+    )
+    return [(r[0], r[1], bool(r[2]), float(r[3])) for r in rows]
+
+
+async def named_sums(
+    session: AsyncSession,
+    scope: str,
+    start: datetime,
+    end: datetime,
+    *,
+    workspace_ids: Sequence[int] | None = None,
+    cluster_id: int | None = None,
+) -> list[tuple[int, str, str, bool, float]]:
+    """The same with each run's, machine's, pool's or workspace's name, joined in the query."""
+    rows = await session.execute(
+        _sums(scope, start, end, workspace_ids, cluster_id, None, named=True)
+    )
+    return [(r[0], r[1] or str(r[0]), r[2], bool(r[3]), float(r[4])) for r in rows]
+
+
+_NAMED: dict[str, Any] = {"run": Run, "machine": Machine, "pool": Pool, "workspace": Workspace}
+
+
+def _sums(
+    scope: str,
+    start: datetime,
+    end: datetime,
+    workspace_ids: Sequence[int] | None,
+    cluster_id: int | None,
+    scope_ids: Sequence[int] | None,
+    *,
+    named: bool,
+) -> Any:
     first_day = start.replace(hour=0) + (timedelta(days=1) if start.hour else timedelta(0))
     last_day = end.replace(hour=0)
-    spans: list[tuple[Any, Any, datetime, datetime]]
-    if first_day < last_day:
-        spans = [
-            (GoodputHour, GoodputHour.hour, start, first_day),
-            (GoodputDay, GoodputDay.day, first_day, last_day),
-            (GoodputHour, GoodputHour.hour, last_day, end),
-        ]
-    else:
-        spans = [(GoodputHour, GoodputHour.hour, start, end)]
-    totals: dict[tuple[int, str, bool], float] = {}
+    spans: list[tuple[Any, Any, datetime, datetime]] = [
+        (GoodputHour, GoodputHour.hour, start, min(first_day, end)),
+        (GoodputDay, GoodputDay.day, first_day, last_day),
+        (GoodputHour, GoodputHour.hour, max(last_day, first_day), end),
+    ]
+    parts = []
     for model, column, since, until in spans:
         if since >= until:
             continue
-        query = (
-            select(model.scope_id, model.category, model.held, func.sum(model.gpu_seconds))
-            .where(model.scope == scope, column >= since, column < until)
-            .group_by(model.scope_id, model.category, model.held)
-        )
+        part = select(
+            model.scope_id.label("scope_id"),
+            model.category.label("category"),
+            model.held.label("held"),
+            model.gpu_seconds.label("gpu_seconds"),
+        ).where(model.scope == scope, column >= since, column < until)
         if workspace_ids is not None:
-            query = query.where(model.workspace_id.in_(workspace_ids))
+            part = part.where(model.workspace_id.in_(workspace_ids))
         if cluster_id is not None:
-            query = query.where(model.cluster_id == cluster_id)
+            part = part.where(model.cluster_id == cluster_id)
         if scope_ids is not None:
-            query = query.where(model.scope_id.in_(scope_ids))
-        for r in await session.execute(query):
-            key = (r[0], r[1], bool(r[2]))
-            totals[key] = totals.get(key, 0.0) + float(r[3])
-    return [(i, c, h, v) for (i, c, h), v in totals.items()]
+            part = part.where(model.scope_id.in_(scope_ids))
+        parts.append(part)
+    cells = (union_all(*parts) if len(parts) > 1 else parts[0]).subquery()
+    keys = [cells.c.scope_id, cells.c.category, cells.c.held]
+    if not named:
+        return select(*keys, func.sum(cells.c.gpu_seconds)).group_by(*keys)
+    model = _NAMED[scope]
+    return (
+        select(
+            cells.c.scope_id,
+            model.name,
+            cells.c.category,
+            cells.c.held,
+            func.sum(cells.c.gpu_seconds),
+        )
+        .outerjoin(model, model.id == cells.c.scope_id)  # a machine removed since: its id
+        .group_by(cells.c.scope_id, model.name, cells.c.category, cells.c.held)
+    )
 
 
 async def scope_names(session: AsyncSession, scope: str, ids: Sequence[int]) -> dict[int, str]:

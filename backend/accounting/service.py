@@ -231,7 +231,7 @@ async def cluster_viewer(
 async def report(session: AsyncSession, viewer: Viewer, by: str | None, period: Period) -> Report:
     """A ledger per run, machine, pool or workspace over the period, and their total."""
     scope = _by(by)
-    sums = await repository.hour_sums(
+    sums = await repository.named_sums(
         session,
         scope,
         period.start,
@@ -240,10 +240,11 @@ async def report(session: AsyncSession, viewer: Viewer, by: str | None, period: 
         cluster_id=viewer.cluster_id,
     )
     by_id: dict[int, list[tuple[str, bool, float]]] = defaultdict(list)
-    for scope_id, category, held, seconds in sums:
+    names: dict[int, str] = {}
+    for scope_id, name, category, held, seconds in sums:
         by_id[scope_id].append((category, held, seconds))
-    names = await repository.scope_names(session, scope, list(by_id))
-    rows = [Row(names.get(i, str(i)), _ledger(parts)) for i, parts in by_id.items()]
+        names[scope_id] = name
+    rows = [Row(names[i], _ledger(parts)) for i, parts in by_id.items()]
     rows.sort(key=lambda r: (-r.ledger.allocated, r.name))  # as the seed: most held first
     total = _ledger([p for parts in by_id.values() for p in parts])
     return Report(scope, period, rows, total)
