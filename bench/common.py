@@ -11,7 +11,9 @@ import statistics
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -36,6 +38,25 @@ def fresh_database() -> Iterator[str]:
     finally:
         with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def tenancy(conn: psycopg.Connection[Any], at: datetime) -> tuple[int, int, int]:
+    """An organisation 'bench' with its cluster 'local' and workspace 'default', created at
+    ``at``: (organisation, cluster, workspace) ids."""
+    org = conn.execute(
+        "INSERT INTO organizations (name, created_at) VALUES ('bench', %s) RETURNING id", (at,)
+    ).fetchone()[0]  # type: ignore[index]
+    cluster = conn.execute(
+        "INSERT INTO clusters (organization_id, name, created_at) VALUES (%s, 'local', %s) "
+        "RETURNING id",
+        (org, at),
+    ).fetchone()[0]  # type: ignore[index]
+    ws = conn.execute(
+        "INSERT INTO workspaces (organization_id, name, created_at) VALUES (%s, 'default', %s) "
+        "RETURNING id",
+        (org, at),
+    ).fetchone()[0]  # type: ignore[index]
+    return org, cluster, ws
 
 
 def median(xs: list[float]) -> float:

@@ -57,7 +57,7 @@ from backend.accounting.rules import BUSY_UTILIZATION, Category, Period
 from backend.accounting.service import Viewer
 from backend.db import Database
 from backend.metrics.rules import BY_NAME, ROW_COLUMNS
-from bench.common import Timer, fresh_database, median, save
+from bench.common import Timer, fresh_database, median, save, tenancy
 
 T0 = datetime(2026, 10, 1, 10, 0, tzinfo=UTC)  # the workers are submitted
 PRIME = T0 + timedelta(minutes=4)  # the minute counted before the timed one
@@ -82,24 +82,6 @@ class FixedClock:
 
 
 # -- the cluster ---------------------------------------------------------------------------------
-
-
-def tenancy(conn: psycopg.Connection[Any]) -> tuple[int, int]:
-    """An organisation with its cluster and workspace: (cluster, workspace)."""
-    org = conn.execute(
-        "INSERT INTO organizations (name, created_at) VALUES ('bench', %s) RETURNING id", (T0,)
-    ).fetchone()[0]
-    cluster = conn.execute(
-        "INSERT INTO clusters (organization_id, name, created_at) VALUES (%s, 'local', %s) "
-        "RETURNING id",
-        (org, T0),
-    ).fetchone()[0]
-    ws = conn.execute(
-        "INSERT INTO workspaces (organization_id, name, created_at) VALUES (%s, 'default', %s) "
-        "RETURNING id",
-        (org, T0),
-    ).fetchone()[0]
-    return cluster, ws
 
 
 def copy_runs(
@@ -140,7 +122,7 @@ def populate_tick(url: str, runs: int, per_run: int, machines: int) -> dict[str,
     """The live cluster of the tick, written with COPY, then analysed."""
     rng = random.Random(5)
     with psycopg.connect(url) as conn:
-        cluster, ws = tenancy(conn)
+        cluster, ws = tenancy(conn, T0)[1:]
         pools = [
             conn.execute(
                 "INSERT INTO pools (cluster_id, name, created_at) VALUES (%s, %s, %s) RETURNING id",
@@ -539,7 +521,7 @@ def populate_ledgers(url: str, runs: int, days: int) -> dict[str, Any]:
     rng = random.Random(11)
     per_hour = 10 * GPUS * 3600.0  # a run of 10 workers of 8 GPUs
     with psycopg.connect(url) as conn:
-        cluster, ws = tenancy(conn)
+        cluster, ws = tenancy(conn, T0)[1:]
         run_ids = copy_runs(conn, cluster, ws, runs, 10)
         hours = [DAY1 + timedelta(hours=h) for h in range(days * 24)]
         statement = f"COPY goodput_hours (hour, {CELL}, gpu_seconds) FROM STDIN (FORMAT BINARY)"

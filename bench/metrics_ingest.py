@@ -31,7 +31,7 @@ from backend.db import Database
 from backend.metrics import service as metrics
 from backend.metrics.rules import BY_NAME, CATALOGUE, ROW_COLUMNS, SampleIn, to_rows
 from backend.metrics.service import RangeParams
-from bench.common import Timer, fresh_database, median, save
+from bench.common import Timer, fresh_database, median, save, tenancy
 
 T0 = datetime(2026, 10, 1, tzinfo=UTC)
 T0_MS = int(T0.timestamp() * 1000)
@@ -48,19 +48,7 @@ PG_TYPES = ["int8", "int8", "float8", "int8", "int2", "int2"]
 def populate(url: str, machines: int, workers_per_machine: int) -> dict[str, Any]:
     """An organisation, a workspace, machines, and one running one-worker run per GPU slot."""
     with psycopg.connect(url) as conn:
-        org = conn.execute(
-            "INSERT INTO organizations (name, created_at) VALUES ('bench', %s) RETURNING id", (T0,)
-        ).fetchone()[0]
-        cluster = conn.execute(
-            "INSERT INTO clusters (organization_id, name, created_at) VALUES (%s, 'local', %s) "
-            "RETURNING id",
-            (org, T0),
-        ).fetchone()[0]
-        ws = conn.execute(
-            "INSERT INTO workspaces (organization_id, name, created_at) "
-            "VALUES (%s, 'default', %s) RETURNING id",
-            (org, T0),
-        ).fetchone()[0]
+        org, cluster, ws = tenancy(conn, T0)
         machine_ids = [
             conn.execute(
                 "INSERT INTO machines (cluster_id, name, cpu_cores, memory_bytes, state, reason, "

@@ -19,7 +19,7 @@ import psycopg
 
 from backend.db import Database
 from backend.scheduling import service as scheduling
-from bench.common import Timer, fresh_database, median, save
+from bench.common import Timer, fresh_database, median, save, tenancy
 
 T0 = datetime(2026, 10, 1, tzinfo=UTC)
 GIB = 2**30
@@ -34,19 +34,7 @@ def populate(url: str, runs: int, machines: int, seed: int = 7) -> None:
     """Rows as the services write them, inserted with COPY for speed."""
     rng = random.Random(seed)
     with psycopg.connect(url) as conn:
-        org = conn.execute(
-            "INSERT INTO organizations (name, created_at) VALUES ('bench', %s) RETURNING id", (T0,)
-        ).fetchone()[0]
-        cluster = conn.execute(
-            "INSERT INTO clusters (organization_id, name, created_at) VALUES (%s, 'local', %s) "
-            "RETURNING id",
-            (org, T0),
-        ).fetchone()[0]
-        ws = conn.execute(
-            "INSERT INTO workspaces (organization_id, name, created_at) VALUES (%s, 'default', %s) "
-            "RETURNING id",
-            (org, T0),
-        ).fetchone()[0]
+        _, cluster, ws = tenancy(conn, T0)
         lease = T0 + timedelta(days=365)
         with conn.cursor().copy(
             "COPY machines (cluster_id, name, cpu_cores, memory_bytes, state, reason, labels, "

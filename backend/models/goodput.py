@@ -47,7 +47,20 @@ class GoodputInterval(HasId, Base):
     gpus: Mapped[int] = mapped_column(Integer)
 
 
-class GoodputHour(HasId, Base):
+class _Cell:
+    """A ledger cell's key (but its time) and its GPU-seconds."""
+
+    workspace_id: Mapped[int] = mapped_column(BigId)
+    # The cluster the time was spent on: organisation admins read a cluster's ledgers.
+    cluster_id: Mapped[int] = mapped_column(BigId)
+    scope: Mapped[str] = mapped_column(String(16))
+    scope_id: Mapped[int] = mapped_column(BigId)
+    category: Mapped[str] = mapped_column(String(16))
+    held: Mapped[bool] = mapped_column(Boolean)
+    gpu_seconds: Mapped[float] = mapped_column(Float)
+
+
+class GoodputHour(HasId, _Cell, Base):
     """GPU-seconds of one UTC hour, scope (run, machine, pool, workspace), category and held,
     per workspace: a workspace's token reads its own share of a machine or a pool."""
 
@@ -67,17 +80,9 @@ class GoodputHour(HasId, Base):
     )
 
     hour: Mapped[datetime] = mapped_column(UTCDateTime())
-    workspace_id: Mapped[int] = mapped_column(BigId)
-    # The cluster the time was spent on: organisation admins read a cluster's ledgers.
-    cluster_id: Mapped[int] = mapped_column(BigId)
-    scope: Mapped[str] = mapped_column(String(16))
-    scope_id: Mapped[int] = mapped_column(BigId)
-    category: Mapped[str] = mapped_column(String(16))
-    held: Mapped[bool] = mapped_column(Boolean)
-    gpu_seconds: Mapped[float] = mapped_column(Float)
 
 
-class GoodputDay(HasId, Base):
+class GoodputDay(HasId, _Cell, Base):
     """The same cells summed by UTC day, kept beside the hours by the tick: a week by run reads
     seven rows of a run's cell instead of 168."""
 
@@ -97,10 +102,3 @@ class GoodputDay(HasId, Base):
     )
 
     day: Mapped[datetime] = mapped_column(UTCDateTime())
-    workspace_id: Mapped[int] = mapped_column(BigId)
-    cluster_id: Mapped[int] = mapped_column(BigId)
-    scope: Mapped[str] = mapped_column(String(16))
-    scope_id: Mapped[int] = mapped_column(BigId)
-    category: Mapped[str] = mapped_column(String(16))
-    held: Mapped[bool] = mapped_column(Boolean)
-    gpu_seconds: Mapped[float] = mapped_column(Float)
