@@ -79,15 +79,17 @@ async def expected(world: World, until: datetime) -> dict[tuple[str, bool], floa
     return out
 
 
-async def sample(world: World, busy: dict[int, float]) -> None:
-    """Each running worker's GPUs' utilisation now, as its agent would send it."""
+async def sample(world: World, busy: dict[int, float] | dict[str, float]) -> None:
+    """Each running worker's GPUs' utilisation now, as its agent would send it; ``busy`` by
+    rank, or by worker name (a worker not named: 0)."""
     async with world.db.transaction() as session:
         workers = list(await session.scalars(select(Worker).where(Worker.state == "Running")))
         for w in workers:
             assert w.machine_id is not None
             at_ms = int(world.clock.now().timestamp() * 1000)
+            value = busy.get(w.name, busy.get(w.rank, 0.0))  # type: ignore[call-overload]
             samples = [
-                SampleIn(w.name, "task_gpu_utilization_ratio", gpu, at_ms, busy[w.rank])
+                SampleIn(w.name, "task_gpu_utilization_ratio", gpu, at_ms, value)
                 for gpu in w.gpu_ids
             ]
             await agents.metrics(session, w.machine_id, samples)

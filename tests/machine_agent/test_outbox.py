@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import pytest
 from astraeus.agent.v1 import agent_pb2
 
 from agent import outbox as outbox_module
@@ -37,18 +39,13 @@ def test_state_changes_survive_a_restart_until_acknowledged(tmp_path: Path) -> N
 
 
 def test_ids_only_grow_across_restarts_even_when_the_clock_goes_back(
-    tmp_path: Path, monkeypatch: object
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     box = Outbox(tmp_path)
     sent = event(box)
-    import time
-
-    real = time.time
-    try:
-        outbox_module.time.time = lambda: real() - 3600  # type: ignore[attr-defined]
-        assert Outbox(tmp_path).next_id() > sent.id
-    finally:
-        outbox_module.time.time = real  # type: ignore[attr-defined]
+    an_hour_ago = time.time() - 3600
+    monkeypatch.setattr(outbox_module.time, "time", lambda: an_hour_ago)
+    assert Outbox(tmp_path).next_id() > sent.id
 
 
 def test_metric_batches_are_bounded_and_progress_keeps_only_the_latest(tmp_path: Path) -> None:

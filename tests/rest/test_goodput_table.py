@@ -20,8 +20,8 @@ from sqlalchemy import select
 
 from backend.db import Database
 from backend.machines import service as machines
-from backend.models import Machine
-from tests.accounting.test_tick import tick
+from backend.models import Machine, Worker
+from tests.accounting.test_tick import sample, tick
 from tests.lifecycle.world import World
 from tests.support import SEED_TIME, FakeClock, Tenancy
 
@@ -50,37 +50,15 @@ async def minutes(
     """Let ``count`` minutes pass: samples, progress (of the busy ranks but the quiet ones,
     which keep their GPUs busy and make no progress: a hang), timers, ticks."""
     for _ in range(count):
-        await sample_by_name(world, busy)  # each minute sampled from its start
+        await sample(world, busy)  # each minute sampled from its start
         world.clock.advance(minutes=1)
         async with world.db.read() as session:
-            from backend.models import Worker
-
             running = list(await session.scalars(select(Worker).where(Worker.state == "Running")))
         for w in running:
             if busy.get(w.name, 0.0) > 0 and w.name not in quiet:
                 await world.report(w.name, "progress", step=int(world.clock.now().timestamp()))
         await world.timers()
         await tick(world)
-
-
-async def sample_by_name(world: World, busy: dict[str, float]) -> None:
-    from backend.agents import service as agents
-    from backend.metrics.rules import SampleIn
-    from backend.models import Worker
-
-    async with world.db.transaction() as session:
-        for w in await session.scalars(select(Worker).where(Worker.state == "Running")):
-            assert w.machine_id is not None
-            at_ms = int(world.clock.now().timestamp() * 1000)
-            value = busy.get(w.name, 0.0)
-            await agents.metrics(
-                session,
-                w.machine_id,
-                [
-                    SampleIn(w.name, "task_gpu_utilization_ratio", g, at_ms, value)
-                    for g in w.gpu_ids
-                ],
-            )
 
 
 @pytest.fixture
