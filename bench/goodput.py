@@ -70,7 +70,7 @@ UTILIZATION = BY_NAME["task_gpu_utilization_ratio"].id
 SAMPLE_TYPES = ["int8", "int8", "float8", "int8", "int2", "int2"]
 DAY1 = datetime(2026, 10, 5, tzinfo=UTC)  # the report's data: 8 whole days from here
 LEDGER_TYPES = ["timestamptz", "int8", "int8", "text", "int8", "text", "bool", "float8"]
-LEDGERS = ("goodput_hours", "goodput_days", "goodput_intervals")
+LEDGERS = ("goodput_hours", "goodput_days", "goodput_intervals", "goodput_open_intervals")
 
 
 class FixedClock:
@@ -180,6 +180,7 @@ def populate_tick(url: str, runs: int, per_run: int, machines: int) -> dict[str,
                         )
                     )
         workers = conn.execute("SELECT id, run_id, machine_id FROM workers ORDER BY id").fetchall()
+        names = dict(conn.execute("SELECT id, name FROM workers").fetchall())
         with conn.cursor().copy(
             "COPY state_transitions (run_id, worker_id, transition_at, state, reason, phase, "
             "held_gpus, gpus, machine_id, accounted) FROM STDIN"
@@ -225,6 +226,32 @@ def populate_tick(url: str, runs: int, per_run: int, machines: int) -> dict[str,
                     busy = rng.random() < BUSY_SHARE
                     value = rng.uniform(0.3, 1.0) if busy else rng.uniform(0.0, 0.04)
                     copy.write_row((worker_id, at, value, machine, UTILIZATION, 0))
+        # What the ticks up to PRIME left: every worker's open interval (running, from when it
+        # started running), the mark at PRIME.
+        pool_of = dict(conn.execute("SELECT id, pool_id FROM machines").fetchall())
+        with conn.cursor().copy(
+            "COPY goodput_open_intervals (worker_id, worker_name, run_id, workspace_id, "
+            "cluster_id, phase, gpus, phase_machine_id, start_at, category, held, machine_id, "
+            "pool_id) FROM STDIN"
+        ) as copy:
+            for worker_id, run_id, machine in workers:
+                copy.write_row(
+                    (
+                        worker_id,
+                        names[worker_id],
+                        run_id,
+                        ws,
+                        cluster,
+                        "running",
+                        GPUS,
+                        machine,
+                        T0 + 2 * MINUTE,
+                        "productive",
+                        True,
+                        machine,
+                        pool_of[machine],
+                    )
+                )
         conn.execute(
             "INSERT INTO accounting_marks (id, counted_until, ticked_at) VALUES (1, %s, NULL)",
             (PRIME,),
@@ -343,14 +370,10 @@ async def tick(db: Database, now: datetime) -> tuple[float, float, accounting.Ti
 
 TIMED = (
     "lock_mark",
-    "earliest_unaccounted",
-    "workers_to_count",
-    "phase_changes",
-    "minute_utilization",
-    "worker_info",
-    "machine_pools",
-    "add_intervals",
-    "_upsert",
+    "unaccounted",
+    "orphans",
+    "count_steady_minute",
+    "open_intervals",
     "mark_accounted",
 )
 
@@ -392,26 +415,36 @@ def reset(url: str, case: str) -> None:
     """The state before the timed minute: the hour's earlier cells (later) or none (first)."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"TRUNCATE {', '.join(LEDGERS)}")
-        if case == "later":
-            for table in LEDGERS:
-                conn.execute(f"INSERT INTO {table} SELECT * FROM bench_{table}")
+        # The open intervals are always as the counted minute left them; the ledgers' cells of
+        # the hour too, or none.
+        for table in LEDGERS if case == "later" else ["goodput_open_intervals"]:
+            conn.execute(f"INSERT INTO {table} SELECT * FROM bench_{table}")
         conn.execute("UPDATE accounting_marks SET counted_until = %s, ticked_at = NULL", (T,))
         conn.execute(f"VACUUM ANALYZE {', '.join(LEDGERS)}, accounting_marks")
         conn.execute("CHECKPOINT")
 
 
-def ledgers(url: str) -> dict[str, dict[tuple[Any, ...], float]]:
+def ledgers(url: str, tick: bool) -> dict[str, dict[tuple[Any, ...], float]]:
     out: dict[str, dict[tuple[Any, ...], float]] = {}
     with psycopg.connect(url) as conn:
         for table, time_ in (("goodput_hours", "hour"), ("goodput_days", "day")):
             rows = conn.execute(f"SELECT {time_}, {CELL}, gpu_seconds FROM {table}").fetchall()
             out[table] = {tuple(r[:-1]): r[-1] for r in rows}
+        # The timed minute as the intervals explain it, closed and open (to the mark) alike;
+        # the bare statement writes the minute's intervals whole.
         out["goodput_intervals"] = {
             tuple(r[:-1]): r[-1]
             for r in conn.execute(
-                "SELECT category, held, count(*), sum(gpus * extract(epoch FROM end_at - start_at))"
-                " FROM goodput_intervals WHERE start_at >= %s GROUP BY 1, 2",
-                (T,),
+                """SELECT category, held, count(*),
+                     sum(gpus * extract(epoch FROM least(end_at, %(end)s)
+                       - greatest(start_at, %(start)s)))
+                   FROM (SELECT category, held, gpus, start_at, end_at FROM goodput_intervals
+                         UNION ALL
+                         SELECT o.category, o.held, o.gpus, o.start_at, m.counted_until
+                         FROM goodput_open_intervals o, accounting_marks m
+                         WHERE %(tick)s) i
+                   WHERE end_at > %(start)s AND start_at < %(end)s GROUP BY 1, 2""",
+                {"start": T, "end": T + MINUTE, "tick": tick},
             )
         }
     return out
@@ -457,7 +490,7 @@ async def bench_tick(url: str, trials: int, profile: bool) -> dict[str, Any]:
                         intervals = result.intervals
                     else:
                         bares[who].append(bare(url, T, intervals=who == "with_intervals"))
-                    states[who].append(ledgers(url))
+                    states[who].append(ledgers(url, tick=who == "tick"))
             reference = states["tick"][0]
             check = {
                 f"{who} {table}": max(differences(reference[table], s[table]) for s in runs)

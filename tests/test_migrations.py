@@ -35,3 +35,88 @@ def test_migrations_go_down_and_up_again(tmp_path: object) -> None:
     engine.dispose()
     migrations.upgrade(url)
     assert migrations.current(url) == head()
+
+
+def test_intervals_counted_before_0011_are_opened_and_closed_again(tmp_path: object) -> None:
+    """0011: the intervals that end at the tick's mark become open ones, with the phase their
+    worker was last counted in; going down, they are whole again."""
+    from alembic import command
+    from sqlalchemy import text
+
+    url = f"sqlite:///{tmp_path}/open.db"
+    config = migrations.alembic_config(url)
+    command.upgrade(config, "0010")
+    engine = create_engine(sync_url(url))
+    interval = (
+        "INSERT INTO goodput_intervals (worker_id, worker_name, run_id, workspace_id, "
+        "cluster_id, machine_id, pool_id, start_at, end_at, category, held, gpus) VALUES "
+        "(:w, :name, 1, 1, 1, :m, NULL, :start, :end, :category, :held, 8)"
+    )
+    transition = (
+        "INSERT INTO state_transitions (run_id, worker_id, transition_at, state, reason, phase, "
+        "held_gpus, gpus, machine_id, accounted) VALUES (1, :w, :at, 'Running', '', :phase, 8, "
+        "8, :m, 1)"
+    )
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO accounting_marks (id, counted_until) VALUES (1, :at)"),
+            {"at": "2026-11-02 10:05:00.000000"},
+        )
+        for w, phase, end in ((1, "running", "10:05"), (2, "ended", "10:03")):
+            conn.execute(
+                text(transition),
+                {"w": w, "at": "2026-11-02 10:00:00.000000", "phase": "waiting", "m": None},
+            )
+            conn.execute(
+                text(transition),
+                {"w": w, "at": "2026-11-02 10:01:00.000000", "phase": "running", "m": 7},
+            )
+            if phase == "ended":
+                conn.execute(
+                    text(transition),
+                    {"w": w, "at": f"2026-11-02 {end}:00.000000", "phase": "ended", "m": None},
+                )
+            for start, stop, category, held, m in (
+                ("10:00", "10:01", "waiting", False, None),
+                ("10:01", end, "productive", True, 7),
+            ):
+                conn.execute(
+                    text(interval),
+                    {
+                        "w": w,
+                        "name": f"w-{w}",
+                        "m": m,
+                        "start": f"2026-11-02 {start}:00.000000",
+                        "end": f"2026-11-02 {stop}:00.000000",
+                        "category": category,
+                        "held": held,
+                    },
+                )
+    command.upgrade(config, "0011")
+    with engine.connect() as conn:
+        opened = conn.execute(
+            text(
+                "SELECT worker_id, phase, gpus, phase_machine_id, start_at, category, held, "
+                "machine_id FROM goodput_open_intervals"
+            )
+        ).all()
+        closed = conn.execute(
+            text("SELECT worker_id, start_at FROM goodput_intervals ORDER BY worker_id, start_at")
+        ).all()
+    assert [tuple(r) for r in opened] == [
+        (1, "running", 8, 7, "2026-11-02 10:01:00.000000", "productive", 1, 7)
+    ]
+    assert [r[0] for r in closed] == [1, 2, 2]  # worker 2 ended: its intervals stay closed
+    command.downgrade(config, "0010")
+    with engine.connect() as conn:
+        ends = conn.execute(
+            text(
+                "SELECT worker_id, end_at FROM goodput_intervals WHERE category = 'productive' "
+                "ORDER BY worker_id"
+            )
+        ).all()
+    assert [tuple(r) for r in ends] == [
+        (1, "2026-11-02 10:05:00.000000"),
+        (2, "2026-11-02 10:03:00.000000"),
+    ]
+    engine.dispose()

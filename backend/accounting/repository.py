@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import BigInteger, any_, bindparam, delete, func, select, union_all, update
-from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -22,6 +22,7 @@ from backend.models import (
     GoodputDay,
     GoodputHour,
     GoodputInterval,
+    GoodputOpenInterval,
     Machine,
     MetricSample,
     Pool,
@@ -53,131 +54,225 @@ async def lock_mark(session: AsyncSession, now: datetime) -> AccountingMark:
     return mark
 
 
-async def earliest_unaccounted(session: AsyncSession, before: datetime) -> datetime | None:
-    """The earliest time of a worker transition the tick has not counted around yet."""
-    value = await session.scalar(
-        select(func.min(StateTransition.transition_at)).where(
-            StateTransition.accounted.is_(False),
-            StateTransition.worker_id.is_not(None),
-            StateTransition.transition_at < before,
+@dataclass(frozen=True)
+class Unaccounted:
+    """Transitions the tick has not counted around yet: their ids, and each worker's earliest."""
+
+    ids: list[int]
+    earliest: dict[int, datetime]
+
+
+async def unaccounted(session: AsyncSession, before: datetime) -> Unaccounted:
+    """The transitions before ``before`` not counted yet (the partial index holds only them)."""
+    rows = await session.execute(
+        select(StateTransition.id, StateTransition.worker_id, StateTransition.transition_at).where(
+            StateTransition.accounted.is_(False), StateTransition.transition_at < before
         )
     )
-    return value
+    ids: list[int] = []
+    earliest: dict[int, datetime] = {}
+    for id_, worker_id, at in rows:
+        ids.append(id_)
+        if worker_id is not None and (worker_id not in earliest or at < earliest[worker_id]):
+            earliest[worker_id] = at
+    return Unaccounted(ids, earliest)
 
 
-async def mark_accounted(session: AsyncSession, before: datetime) -> None:
-    await session.execute(
-        update(StateTransition)
-        .where(StateTransition.accounted.is_(False), StateTransition.transition_at < before)
-        .values(accounted=True)
-    )
-
-
-async def intervals_after(session: AsyncSession, moment: datetime) -> list[GoodputInterval]:
-    return list(
-        await session.scalars(select(GoodputInterval).where(GoodputInterval.end_at > moment))
-    )
-
-
-async def cut_intervals_at(session: AsyncSession, moment: datetime) -> None:
-    """Forget what was counted from ``moment`` on (it is counted again)."""
-    await session.execute(delete(GoodputInterval).where(GoodputInterval.start_at >= moment))
-    await session.execute(
-        update(GoodputInterval).where(GoodputInterval.end_at > moment).values(end_at=moment)
-    )
-
-
-async def workers_to_count(session: AsyncSession, start: datetime, end: datetime) -> list[int]:
-    """Workers with a counted phase at some moment of [start, end)."""
-    last = (
-        select(
-            StateTransition.worker_id,
-            func.max(StateTransition.transition_at).label("at"),
+async def mark_accounted(session: AsyncSession, ids: Sequence[int]) -> None:
+    """The transitions the tick read are counted. By id, not by time: one committed while the
+    tick ran (dated before its end) stays to be counted by the next tick."""
+    dialect = _dialect(session)
+    for chunk in _chunks(ids, 100_000 if dialect == "postgresql" else 500):
+        await session.execute(
+            update(StateTransition)
+            .where(_in(StateTransition.id, chunk, dialect))
+            .values(accounted=True)
         )
-        .where(StateTransition.worker_id.is_not(None), StateTransition.transition_at <= start)
-        .group_by(StateTransition.worker_id)
-        .subquery()
-    )
-    in_force = (
-        select(StateTransition.worker_id)
-        .join(
-            last,
-            (StateTransition.worker_id == last.c.worker_id)
-            & (StateTransition.transition_at == last.c.at),
+
+
+async def open_intervals(
+    session: AsyncSession, worker_ids: Sequence[int] | None = None
+) -> dict[int, GoodputOpenInterval]:
+    """The open intervals of these workers (of every worker: None)."""
+    query = select(GoodputOpenInterval)
+    if worker_ids is None:
+        return {o.worker_id: o for o in await session.scalars(query)}
+    out: dict[int, GoodputOpenInterval] = {}
+    dialect = _dialect(session)
+    for chunk in _batches(worker_ids, dialect):
+        rows = await session.scalars(
+            query.where(_in(GoodputOpenInterval.worker_id, chunk, dialect))
         )
-        .where(StateTransition.phase.is_not(None), StateTransition.phase != "ended")
-    )
-    changed = select(StateTransition.worker_id).where(
-        StateTransition.worker_id.is_not(None),
-        StateTransition.transition_at > start,
-        StateTransition.transition_at < end,
-    )
-    rows = await session.scalars(in_force.union(changed))
-    return sorted({r for r in rows if r is not None})
+        out.update({o.worker_id: o for o in rows})
+    return out
 
 
-async def phase_changes(
-    session: AsyncSession, worker_ids: Sequence[int], start: datetime, end: datetime
+async def delete_open(session: AsyncSession, worker_ids: Sequence[int]) -> None:
+    dialect = _dialect(session)
+    for chunk in _batches(worker_ids, dialect):
+        await session.execute(
+            delete(GoodputOpenInterval).where(_in(GoodputOpenInterval.worker_id, chunk, dialect))
+        )
+
+
+async def add_open(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
+    await insert_many(session, GoodputOpenInterval, rows)
+
+
+async def orphans(session: AsyncSession) -> list[GoodputOpenInterval]:
+    """Open intervals of workers deleted (with their run) since the last tick."""
+    gone = ~select(Worker.id).where(Worker.id == GoodputOpenInterval.worker_id).exists()
+    return list(await session.scalars(select(GoodputOpenInterval).where(gone)))
+
+
+async def closed_intervals_after(
+    session: AsyncSession, moments: dict[int, datetime]
+) -> list[GoodputInterval]:
+    """Each worker's closed intervals that end after its moment."""
+    out: list[GoodputInterval] = []
+    since = min(moments.values(), default=None)
+    if since is None:
+        return out
+    dialect = _dialect(session)
+    for chunk in _batches(list(moments), dialect):
+        rows = await session.scalars(
+            select(GoodputInterval).where(
+                _in(GoodputInterval.worker_id, chunk, dialect), GoodputInterval.end_at > since
+            )
+        )
+        out += [r for r in rows if r.end_at > moments[r.worker_id]]
+    return out
+
+
+async def cut_intervals(session: AsyncSession, moments: dict[int, datetime]) -> None:
+    """Forget each worker's closed intervals from its moment on (they are counted again)."""
+    for worker_id, moment in moments.items():
+        mine = GoodputInterval.worker_id == worker_id
+        await session.execute(
+            delete(GoodputInterval).where(mine, GoodputInterval.start_at >= moment)
+        )
+        await session.execute(
+            update(GoodputInterval)
+            .where(mine, GoodputInterval.end_at > moment)
+            .values(end_at=moment)
+        )
+
+
+async def phase_histories(
+    session: AsyncSession, worker_ids: Sequence[int], until: datetime
 ) -> dict[int, list[PhaseChange]]:
-    """Each worker's phase changes that matter for [start, end): the one in force at start
-    and every one after it, before end."""
+    """Each worker's phase changes before ``until``, in order; of two at one moment the later
+    recorded holds."""
     out: dict[int, list[PhaseChange]] = {w: [] for w in worker_ids}
     dialect = _dialect(session)
-    columns = (
-        StateTransition.worker_id,
-        StateTransition.transition_at,
-        StateTransition.phase,
-        StateTransition.gpus,
-        StateTransition.machine_id,
-        StateTransition.id,
-    )
-    order = (StateTransition.worker_id, StateTransition.transition_at, StateTransition.id)
     for chunk in _batches(worker_ids, dialect):
-        mine = (
-            _in(StateTransition.worker_id, chunk, dialect),
-            StateTransition.phase.is_not(None),
+        rows = await session.execute(
+            select(
+                StateTransition.worker_id,
+                StateTransition.transition_at,
+                StateTransition.phase,
+                StateTransition.gpus,
+                StateTransition.machine_id,
+            )
+            .where(
+                _in(StateTransition.worker_id, chunk, dialect),
+                StateTransition.phase.is_not(None),
+                StateTransition.transition_at < until,
+            )
+            .order_by(StateTransition.worker_id, StateTransition.transition_at, StateTransition.id)
         )
-        if dialect == "postgresql":
-            # The one in force at start (DISTINCT ON: the newest of each worker), then the
-            # window's own: a worker's whole history is not read every minute.
-            in_force = await session.execute(
-                select(*columns)
-                .where(*mine, StateTransition.transition_at <= start)
-                .ext(distinct_on(StateTransition.worker_id))
-                .order_by(
-                    StateTransition.worker_id,
-                    StateTransition.transition_at.desc(),
-                    StateTransition.id.desc(),
-                )
-            )
-            inside = await session.execute(
-                select(*columns)
-                .where(
-                    *mine,
-                    StateTransition.transition_at > start,
-                    StateTransition.transition_at < end,
-                )
-                .order_by(*order)
-            )
-            rows = [*in_force, *inside]
-        else:
-            rows = list(
-                await session.execute(
-                    select(*columns)
-                    .where(*mine, StateTransition.transition_at < end)
-                    .order_by(*order)
-                )
-            )
         for r in rows:
             changes = out[r.worker_id]
             change = PhaseChange(r.transition_at, r.phase, r.gpus, r.machine_id)
             if changes and changes[-1].at == change.at:
-                changes[-1] = change  # two changes at one moment: the later one holds
-            elif r.transition_at <= start and changes:
-                changes[-1] = change  # only the last one at or before start matters
+                changes[-1] = change
             else:
                 changes.append(change)
     return out
+
+
+# The minute of every worker without a change, in one statement (PostgreSQL): its category by
+# its phase (running: by the minute's mean utilisation), its open interval carried on or
+# closed and a new one opened, its cells added to the hourly and daily ledgers.
+_STEADY_MINUTE = """
+WITH busy AS (
+  SELECT worker_id, avg(value) AS mean FROM metric_samples
+  WHERE metric = %(metric)s AND ts >= %(start_ms)s AND ts < %(end_ms)s
+  GROUP BY worker_id
+), counted AS (
+  SELECT o.worker_id, o.worker_name, o.run_id, o.workspace_id, o.cluster_id, o.gpus, o.held,
+    o.machine_id, o.start_at, o.category AS was_category, o.pool_id AS was_pool,
+    CASE WHEN o.phase <> 'running' THEN o.category
+      WHEN b.mean >= %(busy)s THEN 'productive' ELSE 'idle' END AS category,
+    m.pool_id
+  FROM goodput_open_intervals o
+  LEFT JOIN machines m ON m.id = o.machine_id
+  LEFT JOIN busy b ON b.worker_id = o.worker_id
+  WHERE o.worker_id <> ALL(%(changed)s::bigint[])
+), moved AS (
+  SELECT * FROM counted
+  WHERE NOT %(same_hour)s OR category <> was_category OR pool_id IS DISTINCT FROM was_pool
+), closed AS (
+  INSERT INTO goodput_intervals (worker_id, worker_name, run_id, workspace_id, cluster_id,
+    machine_id, pool_id, start_at, end_at, category, held, gpus)
+  SELECT worker_id, worker_name, run_id, workspace_id, cluster_id, machine_id, was_pool,
+    start_at, %(start)s, was_category, held, gpus FROM moved
+  RETURNING 1
+), opened AS (
+  UPDATE goodput_open_intervals o
+  SET start_at = %(start)s, category = v.category, pool_id = v.pool_id
+  FROM moved v WHERE o.worker_id = v.worker_id
+), cells AS (
+  SELECT c.workspace_id, c.cluster_id, x.scope, x.scope_id, c.category, c.held,
+    sum(c.gpus)::float8 * %(seconds)s AS gpu_seconds
+  FROM counted c CROSS JOIN LATERAL (VALUES ('run', c.run_id), ('workspace', c.workspace_id),
+    ('machine', c.machine_id), ('pool', c.pool_id)) AS x(scope, scope_id)
+  WHERE x.scope_id IS NOT NULL
+  GROUP BY 1, 2, 3, 4, 5, 6
+), hours AS (
+  INSERT INTO goodput_hours (hour, workspace_id, cluster_id, scope, scope_id, category, held,
+    gpu_seconds)
+  SELECT %(hour)s, workspace_id, cluster_id, scope, scope_id, category, held, gpu_seconds
+  FROM cells
+  ON CONFLICT (hour, workspace_id, cluster_id, scope, scope_id, category, held)
+  DO UPDATE SET gpu_seconds = goodput_hours.gpu_seconds + excluded.gpu_seconds
+), days AS (
+  INSERT INTO goodput_days (day, workspace_id, cluster_id, scope, scope_id, category, held,
+    gpu_seconds)
+  SELECT %(day)s, workspace_id, cluster_id, scope, scope_id, category, held, gpu_seconds
+  FROM cells
+  ON CONFLICT (day, workspace_id, cluster_id, scope, scope_id, category, held)
+  DO UPDATE SET gpu_seconds = goodput_days.gpu_seconds + excluded.gpu_seconds
+)
+SELECT (SELECT count(*) FROM counted), (SELECT count(*) FROM closed)
+"""
+
+
+async def count_steady_minute(
+    session: AsyncSession, minute: datetime, changed: Sequence[int], busy: float
+) -> tuple[int, int]:
+    """Count the minute from ``minute`` of every worker with an open interval but those
+    ``changed`` (PostgreSQL): how many workers, and how many intervals it closed."""
+    end = minute + timedelta(minutes=1)
+    pg = await driver_connection(session)
+    cursor = await pg.execute(
+        _STEADY_MINUTE,
+        {
+            "metric": UTILIZATION,
+            "start_ms": int(minute.timestamp() * 1000),
+            "end_ms": int(end.timestamp() * 1000),
+            "busy": busy,
+            "changed": list(changed),
+            "same_hour": minute.minute != 0,
+            "start": minute,
+            "seconds": 60.0,
+            "hour": minute.replace(minute=0),
+            "day": minute.replace(hour=0, minute=0),
+        },
+    )
+    row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
 
 
 async def minute_utilization(
@@ -431,6 +526,27 @@ async def scope_names(session: AsyncSession, scope: str, ids: Sequence[int]) -> 
     return names
 
 
+@dataclass(frozen=True)
+class IntervalRow:
+    """A worker interval as the ledgers' explanation lists it (closed, or open to the mark)."""
+
+    worker_id: int
+    worker_name: str
+    run_id: int
+    workspace_id: int
+    cluster_id: int
+    machine_id: int | None
+    pool_id: int | None
+    start_at: datetime
+    end_at: datetime
+    category: str
+    held: bool
+    gpus: int
+
+
+_INTERVAL_COLUMNS = [f.name for f in IntervalRow.__dataclass_fields__.values()]
+
+
 async def intervals_of(
     session: AsyncSession,
     *,
@@ -442,25 +558,46 @@ async def intervals_of(
     machine_id: int | None = None,
     pool_id: int | None = None,
     category: str | None = None,
+    worker_id: int | None = None,
     limit: int = 1000,
-) -> list[GoodputInterval]:
-    """The worker intervals behind a ledger figure, earliest first."""
-    query = select(GoodputInterval).where(
-        GoodputInterval.end_at > start, GoodputInterval.start_at < end
+) -> list[IntervalRow]:
+    """The worker intervals behind a ledger figure, earliest first: the closed ones and the
+    open ones, which end at the tick's mark."""
+    mark = await session.scalar(
+        select(AccountingMark.counted_until).where(AccountingMark.id == MARK_ID)
     )
-    for column, value in (
-        (GoodputInterval.cluster_id, cluster_id),
-        (GoodputInterval.run_id, run_id),
-        (GoodputInterval.machine_id, machine_id),
-        (GoodputInterval.pool_id, pool_id),
-        (GoodputInterval.category, category),
-    ):
-        if value is not None:
-            query = query.where(column == value)
-    if workspace_ids is not None:
-        query = query.where(GoodputInterval.workspace_id.in_(workspace_ids))
-    rows = await session.scalars(query.order_by(GoodputInterval.start_at).limit(limit))
-    return list(rows)
+    closed = select(*(getattr(GoodputInterval, c) for c in _INTERVAL_COLUMNS))
+    parts: list[tuple[Any, Any]] = [(GoodputInterval, closed.where(GoodputInterval.end_at > start))]
+    if mark is not None and mark > start:
+        open_end = bindparam("open_end", mark, type_=GoodputInterval.end_at.type)
+        opened = select(
+            *(
+                open_end.label(c) if c == "end_at" else getattr(GoodputOpenInterval, c)
+                for c in _INTERVAL_COLUMNS
+            )
+        )
+        parts.append((GoodputOpenInterval, opened))
+    queries = []
+    for model, query in parts:
+        query = query.where(model.start_at < end)
+        for column, value in (
+            ("cluster_id", cluster_id),
+            ("run_id", run_id),
+            ("machine_id", machine_id),
+            ("pool_id", pool_id),
+            ("category", category),
+            ("worker_id", worker_id),
+        ):
+            if value is not None:
+                query = query.where(getattr(model, column) == value)
+        if workspace_ids is not None:
+            query = query.where(model.workspace_id.in_(workspace_ids))
+        queries.append(query)
+    both = union_all(*queries).subquery() if len(queries) > 1 else queries[0].subquery()
+    rows = await session.execute(
+        select(both).order_by(both.c.start_at, both.c.worker_id).limit(limit)
+    )
+    return [IntervalRow(*r) for r in rows]
 
 
 async def workspaces(

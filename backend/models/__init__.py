@@ -4,7 +4,13 @@ from backend.models.alert import Alert, AlertThreshold
 from backend.models.base import Base
 from backend.models.cluster import Cluster, Pool
 from backend.models.command import AgentCommand
-from backend.models.goodput import AccountingMark, GoodputDay, GoodputHour, GoodputInterval
+from backend.models.goodput import (
+    AccountingMark,
+    GoodputDay,
+    GoodputHour,
+    GoodputInterval,
+    GoodputOpenInterval,
+)
 from backend.models.history import Event, StateTransition
 from backend.models.machine import Gpu, Machine
 from backend.models.metric import MetricMinute, MetricSample
@@ -29,6 +35,7 @@ __all__ = [
     "GoodputDay",
     "GoodputHour",
     "GoodputInterval",
+    "GoodputOpenInterval",
     "Gpu",
     "Machine",
     "Membership",

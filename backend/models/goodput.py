@@ -28,6 +28,7 @@ class GoodputInterval(HasId, Base):
     __tablename__ = "goodput_intervals"
     __table_args__ = (
         Index("ix_goodput_intervals_end_at", "end_at"),
+        Index("ix_goodput_intervals_worker_id_end_at", "worker_id", "end_at"),
         Index("ix_goodput_intervals_workspace_id_start_at", "workspace_id", "start_at"),
         Index("ix_goodput_intervals_run_id_start_at", "run_id", "start_at"),
         Index("ix_goodput_intervals_machine_id_start_at", "machine_id", "start_at"),
@@ -102,3 +103,33 @@ class GoodputDay(HasId, _Cell, Base):
     )
 
     day: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class GoodputOpenInterval(Base):
+    """A live worker as the tick last counted it: the phase in force at the tick's mark (from
+    the transitions it counted), and the interval it is in, still open.
+
+    The open interval ends where the tick's mark is (accounting_marks.counted_until): a worker
+    that stays in one category costs the tick no write but its ledger cells. It moves to
+    goodput_intervals when its category, machine, pool or UTC hour changes, or the worker ends.
+    Updated in place every few minutes: kept at fillfactor 50, without other indexes, so the
+    updates stay on their page (HOT)."""
+
+    __tablename__ = "goodput_open_intervals"
+    __table_args__ = ({"postgresql_with": {"fillfactor": 50}},)
+
+    worker_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
+    worker_name: Mapped[str] = mapped_column(String(80))
+    run_id: Mapped[int] = mapped_column(BigId)
+    workspace_id: Mapped[int] = mapped_column(BigId)
+    cluster_id: Mapped[int] = mapped_column(BigId)
+    # The phase in force, with the GPUs it asks for and the machine it is on.
+    phase: Mapped[str] = mapped_column(String(32))
+    gpus: Mapped[int] = mapped_column(Integer)
+    phase_machine_id: Mapped[int | None] = mapped_column(BigId)
+    # The open interval: from start_at to the mark.
+    start_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    category: Mapped[str] = mapped_column(String(16))
+    held: Mapped[bool] = mapped_column(Boolean)
+    machine_id: Mapped[int | None] = mapped_column(BigId)
+    pool_id: Mapped[int | None] = mapped_column(BigId)

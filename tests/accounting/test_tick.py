@@ -10,14 +10,14 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from backend.accounting import rules
+from backend.accounting import repository, rules
 from backend.accounting import service as accounting
 from backend.accounting.rules import Category, Ledger, PhaseChange
 from backend.agents import service as agents
 from backend.db import Database
 from backend.lifecycle import service as lifecycle
 from backend.metrics.rules import SampleIn
-from backend.models import GoodputHour, GoodputInterval, MetricSample, StateTransition, Worker
+from backend.models import GoodputHour, MetricSample, StateTransition, Worker
 from tests.lifecycle.world import World
 from tests.support import SEED_TIME, FakeClock, Tenancy
 
@@ -41,6 +41,18 @@ async def ledger(world: World, scope: str = "run") -> dict[tuple[str, bool], flo
         for r in rows:
             out[(r.category, r.held)] += r.gpu_seconds
     return {k: round(v, 3) for k, v in out.items() if round(v, 3)}
+
+
+async def all_intervals(world: World) -> list[repository.IntervalRow]:
+    """Every interval written, closed or open, earliest first."""
+    async with world.db.read() as session:
+        return await repository.intervals_of(
+            session,
+            start=T0 - timedelta(days=1),
+            end=T0 + timedelta(days=800),
+            workspace_ids=None,
+            limit=1_000_000,
+        )
 
 
 async def expected(world: World, until: datetime) -> dict[tuple[str, bool], float]:
@@ -181,10 +193,7 @@ async def test_a_stall_found_later_moves_time_already_counted_into_stalled(world
     got = await ledger(world)
     assert got == await expected(world, until)
     assert got[(Category.STALLED.value, True)] >= 4 * 6 * 60  # from its last progress on
-    async with world.db.read() as session:
-        intervals = list(
-            await session.scalars(select(GoodputInterval).order_by(GoodputInterval.start_at))
-        )
+    intervals = await all_intervals(world)
     stalled = [i for i in intervals if i.category == "stalled"]
     assert stalled[0].start_at == T0 + timedelta(minutes=1)
     for a, b in itertools.pairwise(intervals):
@@ -210,8 +219,6 @@ async def test_ledgers_and_intervals_are_kept_400_days(world: World) -> None:
 
 async def test_whole_days_read_from_the_daily_cells_equal_the_hours(world: World) -> None:
     # G-18: sums by the hour and by the week; a week reads days, its edges hours
-    from backend.accounting import repository
-
     await a_busy_and_an_idle_rank(world)
     for _ in range(50):
         world.clock.advance(hours=1)

@@ -1,0 +1,222 @@
+"""Property tests of the tick on SQLite and PostgreSQL (hypothesis): random worker histories
+with transitions at any second, some recorded late (a stall dated back to the last
+progress), counted by ticks at random moments, retried and duplicated. What the tick wrote
+equals the pure computation over the whole history, to the second (DESIGN §4)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import delete, select
+
+from backend.accounting import repository, rules
+from backend.accounting import service as accounting
+from backend.accounting.rules import Category, Interval, Ledger, PhaseChange
+from backend.db import Database
+from backend.lifecycle.rules import Phase
+from backend.metrics.rules import BY_NAME
+from backend.models import (
+    AccountingMark,
+    GoodputDay,
+    GoodputHour,
+    GoodputInterval,
+    GoodputOpenInterval,
+    MetricSample,
+    Run,
+    StateTransition,
+    Worker,
+)
+from tests.lifecycle.world import World
+from tests.support import SEED_TIME, FakeClock, Tenancy
+
+T0 = SEED_TIME.replace(minute=50, second=0, microsecond=0)  # ten minutes before an hour
+SPAN = 2 * 3600  # seconds of history
+UTILIZATION = BY_NAME["task_gpu_utilization_ratio"].id
+PHASES = [p.value for p in Phase if p != Phase.WAITING]
+ON_MACHINE = {Phase.STARTING, Phase.RESTART, Phase.RUNNING, Phase.STALLED}
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def busy(minute: int) -> float | None:
+    """Each minute's utilisation: busy, idle or not sampled, by the minute."""
+    return [0.9, 0.01, None, 0.9, 0.9][minute % 5]
+
+
+@st.composite
+def workers(draw: st.DrawFn) -> list[list[tuple[int, str, int]]]:
+    """One to three workers of 8 GPUs: phase changes (second, phase, recorded how late)."""
+    out = []
+    for _ in range(draw(st.integers(1, 3))):
+        seconds = sorted(draw(st.sets(st.integers(1, SPAN), max_size=12)))
+        changes = [
+            (
+                s,
+                draw(st.sampled_from(PHASES)),
+                draw(st.sampled_from([0, 0, 0, 45, 200, 900])),  # late: after its time
+            )
+            for s in seconds
+        ]
+        out.append(changes)
+    return out
+
+
+async def forget(db: Database) -> None:
+    """An empty cluster between examples (the machines and tenancy stay)."""
+    async with db.transaction() as session:
+        for model in (
+            GoodputHour,
+            GoodputDay,
+            GoodputInterval,
+            GoodputOpenInterval,
+            AccountingMark,
+            MetricSample,
+            StateTransition,
+            Worker,
+            Run,
+        ):
+            await session.execute(delete(model))
+
+
+class Clock:
+    def __init__(self, moment: datetime) -> None:
+        self.moment = moment
+
+    def now(self) -> datetime:
+        return self.moment
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    histories=workers(),
+    ticks=st.lists(st.integers(0, SPAN + 120), max_size=40),
+    twice=st.booleans(),
+)
+async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    histories: list[list[tuple[int, str, int]]],
+    ticks: list[int],
+    twice: bool,
+) -> None:
+    # DESIGN §4 invariants 1 (conservation, ticks retried, late, duplicated), 2 (transitions
+    # split minutes), 3 (a late transition moves time already counted), 4 (intervals listed)
+    await forget(db)
+    world = World(db, FakeClock(T0), tenancy)
+    machine_ids = [await world.machine(name, pool="a") for name in ("gpu-1", "gpu-2")]
+    run = await world.submit(workers=len(histories), gpus=8)
+    async with db.read() as session:
+        worker_ids = list(
+            await session.scalars(
+                select(Worker.id).where(Worker.run_id == run.id).order_by(Worker.rank)
+            )
+        )
+    # Every change, as the pure rules read it, and as it is recorded (at its time + its delay).
+    truth: dict[int, list[PhaseChange]] = {}
+    recorded: list[tuple[datetime, StateTransition]] = []
+    for worker_id, changes in zip(worker_ids, histories, strict=True):
+        truth[worker_id] = [PhaseChange(T0, Phase.WAITING, 8)]
+        for n, (second, phase, late) in enumerate(changes):
+            machine = machine_ids[n % 2] if phase in ON_MACHINE else None
+            truth[worker_id].append(PhaseChange(at(second), phase, 8, machine))
+            row = StateTransition(
+                run_id=run.id,
+                worker_id=worker_id,
+                transition_at=at(second),
+                state="Running",
+                reason="",
+                phase=phase,
+                held_gpus=8 if machine else 0,
+                gpus=8,
+                machine_id=machine,
+            )
+            recorded.append((at(second + late), row))
+    end = at(SPAN + 960)  # after the latest recording
+    moments = [*sorted({at(t) for t in ticks}), end]
+    async with db.transaction() as session:
+        session.add_all(
+            MetricSample(
+                worker_id=w,
+                metric=UTILIZATION,
+                gpu=0,
+                ts=int(at(minute * 60 + 30).timestamp() * 1000),
+                value=value,
+                machine_id=machine_ids[0],
+            )
+            for w in worker_ids
+            for minute in range(SPAN // 60 + 17)
+            if (value := busy(int(at(minute * 60).timestamp()) // 60)) is not None
+        )
+    for moment in moments:
+        due = [row for when, row in recorded if when <= moment and row.id is None]
+        async with db.transaction() as session:
+            session.add_all(due)
+        for _ in range(2 if twice else 1):
+            async with db.transaction() as session:
+                await accounting.tick(session, Clock(moment))
+    assert all(row.id is not None for _, row in recorded)
+    until = accounting.minute_floor(end)
+
+    def utilisation(minute: datetime, _: datetime) -> float | None:
+        return busy(int(minute.timestamp()) // 60)
+
+    pure = {w: rules.intervals(changes, T0, until, utilisation) for w, changes in truth.items()}
+    # The ledgers: the run's cells equal the pure sums, category by category.
+    async with db.read() as session:
+        cells = await repository.hour_sums(session, "run", T0 - rules.HOUR, until + rules.HOUR)
+        written = await repository.intervals_of(
+            session,
+            start=T0 - rules.HOUR,
+            end=until + rules.HOUR,
+            workspace_ids=None,
+            limit=100_000,
+        )
+    expected = Ledger.of(i for parts in pure.values() for i in parts)
+    got: dict[tuple[str, bool], float] = defaultdict(float)
+    for _, category, held, seconds in cells:
+        got[(category, held)] += seconds
+    for c in Category:
+        assert round(got[(c.value, True)], 3) == round(expected.held[c], 3), c
+        assert round(got[(c.value, False)], 3) == round(expected.not_held[c], 3), c
+    # The intervals: each worker's, merged where they touch, are the pure ones.
+    by_worker: dict[int, list[Interval]] = defaultdict(list)
+    for r in written:
+        by_worker[r.worker_id].append(
+            Interval(r.start_at, r.end_at, Category(r.category), r.held, r.gpus, r.machine_id)
+        )
+    for worker_id, parts in pure.items():
+        mine = sorted(by_worker[worker_id], key=lambda i: i.start)
+        for a, b in itertools.pairwise(mine):
+            assert a.end <= b.start  # no second twice
+        for i in mine:
+            assert rules.hour_floor(i.start) == rules.hour_floor(i.end - timedelta(microseconds=1))
+        assert merged(mine) == merged(parts)
+
+
+def merged(parts: list[Interval]) -> list[Interval]:
+    """Touching intervals of one kind in one hour as one: the same time, however cut."""
+    out: list[Interval] = []
+    for p in sorted(parts, key=lambda i: i.start):
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and last.end == p.start
+            and (last.category, last.held, last.gpus, last.machine_id)
+            == (p.category, p.held, p.gpus, p.machine_id)
+            and rules.hour_floor(last.start) == rules.hour_floor(p.start)
+        ):
+            out[-1] = Interval(last.start, p.end, p.category, p.held, p.gpus, p.machine_id)
+        else:
+            out.append(p)
+    return out
