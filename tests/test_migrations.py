@@ -3,8 +3,9 @@
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
+from alembic import command
 from backend import migrations
 from backend.db import sync_url
 from backend.models import Base
@@ -27,7 +28,6 @@ def test_migrations_go_down_and_up_again(tmp_path: object) -> None:
     url = f"sqlite:///{tmp_path}/roundtrip.db"
     migrations.upgrade(url)
     migrations.upgrade(url)  # a second upgrade changes nothing
-    from alembic import command
 
     command.downgrade(migrations.alembic_config(url), "base")
     engine = create_engine(sync_url(url))
@@ -40,9 +40,6 @@ def test_migrations_go_down_and_up_again(tmp_path: object) -> None:
 def test_intervals_counted_before_0011_are_opened_and_closed_again(tmp_path: object) -> None:
     """0011: the intervals that end at the tick's mark become open ones, with the phase their
     worker was last counted in; going down, they are whole again."""
-    from alembic import command
-    from sqlalchemy import text
-
     url = f"sqlite:///{tmp_path}/open.db"
     config = migrations.alembic_config(url)
     command.upgrade(config, "0010")
