@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import BigInteger, any_, bindparam, delete, func, select, union_all, update
+from sqlalchemy import BigInteger, String, any_, bindparam, delete, func, select, union_all, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.accounting.rules import PhaseChange
+from backend.accounting.rules import CATEGORIES, PhaseChange
 from backend.db import driver_connection
 from backend.lifecycle.repository import insert_many
 from backend.metrics.rules import BY_NAME
@@ -436,13 +436,23 @@ async def hour_sums(
 ) -> list[tuple[int, str, bool, float]]:
     """(scope id, category, held, GPU-seconds) summed over the hours of [start, end): whole
     UTC days from the daily cells, the hours at either end from the hourly ones; one query."""
-    rows = await session.execute(
-        _sums(scope, start, end, workspace_ids, cluster_id, scope_ids, named=False)
-    )
+    connection = await session.connection()  # Core rows: no ORM loading for 20 000 of them
+    rows = await connection.execute(_sums(scope, start, end, workspace_ids, cluster_id, scope_ids))
     return [(r[0], r[1], bool(r[2]), float(r[3])) for r in rows]
 
 
-async def named_sums(
+@dataclass(frozen=True)
+class NamedLedger:
+    """A run's, machine's, pool's or workspace's GPU-seconds: by category held, and not held
+    (in the order of rules.CATEGORIES)."""
+
+    scope_id: int
+    name: str
+    held: tuple[float, ...]
+    not_held: tuple[float, ...]
+
+
+async def named_ledgers(
     session: AsyncSession,
     scope: str,
     start: datetime,
@@ -450,15 +460,89 @@ async def named_sums(
     *,
     workspace_ids: Sequence[int] | None = None,
     cluster_id: int | None = None,
-) -> list[tuple[int, str, str, bool, float]]:
-    """The same with each run's, machine's, pool's or workspace's name, joined in the query."""
-    rows = await session.execute(
-        _sums(scope, start, end, workspace_ids, cluster_id, None, named=True)
+) -> list[NamedLedger]:
+    """Each run's, machine's, pool's or workspace's ledger over the hours [start, end), with
+    its name, most held first: one row each, the categories as columns (a 7-day report over
+    10 000 runs reads 10 000 rows, not 20 000 or more)."""
+    sums = _sums(scope, start, end, workspace_ids, cluster_id, None).subquery()
+    columns = [
+        func.coalesce(
+            func.sum(sums.c.gpu_seconds).filter(
+                sums.c.category == category.value, sums.c.held.is_(held)
+            ),
+            0.0,
+        )
+        for held in (True, False)
+        for category in CATEGORIES
+    ]
+    held_total = func.coalesce(func.sum(sums.c.gpu_seconds).filter(sums.c.held.is_(True)), 0.0)
+    pivot = (
+        select(sums.c.scope_id, held_total.label("held_total"), *columns)
+        .group_by(sums.c.scope_id)
+        .subquery()
     )
-    return [(r[0], r[1] or str(r[0]), r[2], bool(r[3]), float(r[4])) for r in rows]
+    model = _NAMED[scope]
+    name = func.coalesce(model.name, func.cast(pivot.c.scope_id, String))
+    query = (
+        select(pivot.c.scope_id, name, *list(pivot.c)[2:])
+        .outerjoin(model, model.id == pivot.c.scope_id)  # a machine removed since: its id
+        .order_by(pivot.c.held_total.desc(), name)  # as the seed: most held first
+    )
+    connection = await session.connection()  # Core rows: no ORM loading for 10 000 of them
+    n = len(CATEGORIES)
+    return [
+        NamedLedger(r[0], r[1], tuple(r[2 : 2 + n]), tuple(r[2 + n :]))
+        for r in await connection.execute(query)
+    ]
 
 
 _NAMED: dict[str, Any] = {"run": Run, "machine": Machine, "pool": Pool, "workspace": Workspace}
+
+
+DAY = timedelta(days=1)
+HOURS_A_DAY = 24
+
+# A span of the ledgers read for a period: the daily or the hourly cells of [since, until),
+# added (+1) or taken away (-1).
+Span = tuple[str, datetime, datetime, int]
+
+
+def spans(start: datetime, end: datetime) -> list[Span]:
+    """The fewest cells that sum to the whole hours [start, end): whole days from the daily
+    cells; a day the period covers in part, either its hours in the period, or the whole day
+    less its hours outside, whichever reads fewer cells."""
+    out: list[Span] = []
+    first_day = start.replace(hour=0)
+    last_day = (end - timedelta(hours=1)).replace(hour=0)
+    if first_day == last_day:
+        return _part_of_day(first_day, start, end)
+    whole_from = first_day if start == first_day else first_day + DAY
+    whole_to = last_day + DAY if end == last_day + DAY else last_day
+    if whole_from != first_day:
+        out += _part_of_day(first_day, start, first_day + DAY)
+    if whole_from < whole_to:
+        out.append(("day", whole_from, whole_to, 1))
+    if whole_to != last_day + DAY:
+        out += _part_of_day(last_day, last_day, end)
+    return out
+
+
+def _part_of_day(day: datetime, start: datetime, end: datetime) -> list[Span]:
+    inside = int((end - start) / timedelta(hours=1))
+    if inside == HOURS_A_DAY:
+        return [("day", day, day + DAY, 1)]
+    if inside <= HOURS_A_DAY - inside + 1:
+        return [("hour", start, end, 1)]
+    outside: list[Span] = [("day", day, day + DAY, 1)]
+    if start > day:
+        outside.append(("hour", day, start, -1))
+    if end < day + DAY:
+        outside.append(("hour", end, day + DAY, -1))
+    return outside
+
+
+# A sum below this (GPU-seconds) is what a day less its hours leaves of nothing: rounding.
+NOTHING = 1e-6
 
 
 def _sums(
@@ -468,25 +552,19 @@ def _sums(
     workspace_ids: Sequence[int] | None,
     cluster_id: int | None,
     scope_ids: Sequence[int] | None,
-    *,
-    named: bool,
 ) -> Any:
-    first_day = start.replace(hour=0) + (timedelta(days=1) if start.hour else timedelta(0))
-    last_day = end.replace(hour=0)
-    spans: list[tuple[Any, Any, datetime, datetime]] = [
-        (GoodputHour, GoodputHour.hour, start, min(first_day, end)),
-        (GoodputDay, GoodputDay.day, first_day, last_day),
-        (GoodputHour, GoodputHour.hour, max(last_day, first_day), end),
-    ]
+    """(scope id, category, held, GPU-seconds) over the hours [start, end): the spans' cells,
+    summed; the remains of a day less its hours (rounding, nothing) left out."""
     parts = []
-    for model, column, since, until in spans:
-        if since >= until:
-            continue
+    for unit, since, until, sign in spans(start, end):
+        model: Any = GoodputDay if unit == "day" else GoodputHour
+        column = model.day if unit == "day" else model.hour
+        seconds = model.gpu_seconds if sign > 0 else -model.gpu_seconds
         part = select(
             model.scope_id.label("scope_id"),
             model.category.label("category"),
             model.held.label("held"),
-            model.gpu_seconds.label("gpu_seconds"),
+            seconds.label("gpu_seconds"),
         ).where(model.scope == scope, column >= since, column < until)
         if workspace_ids is not None:
             part = part.where(model.workspace_id.in_(workspace_ids))
@@ -497,20 +575,11 @@ def _sums(
         parts.append(part)
     cells = (union_all(*parts) if len(parts) > 1 else parts[0]).subquery()
     keys = [cells.c.scope_id, cells.c.category, cells.c.held]
-    if not named:
-        return select(*keys, func.sum(cells.c.gpu_seconds)).group_by(*keys)
-    model = _NAMED[scope]
-    return (
-        select(
-            cells.c.scope_id,
-            model.name,
-            cells.c.category,
-            cells.c.held,
-            func.sum(cells.c.gpu_seconds),
-        )
-        .outerjoin(model, model.id == cells.c.scope_id)  # a machine removed since: its id
-        .group_by(cells.c.scope_id, model.name, cells.c.category, cells.c.held)
-    )
+    total = func.sum(cells.c.gpu_seconds)
+    summed = select(*keys, total.label("gpu_seconds")).group_by(*keys)
+    if len(parts) > 1 and any(sign < 0 for *_, sign in spans(start, end)):
+        summed = summed.having(func.abs(total) > NOTHING)
+    return summed
 
 
 async def scope_names(session: AsyncSession, scope: str, ids: Sequence[int]) -> dict[int, str]:

@@ -51,6 +51,10 @@ class Category(StrEnum):
     WAITING = "waiting"
 
 
+CATEGORIES = tuple(Category)  # iterating the enum itself is slow: a report makes 20 000 ledgers
+CATEGORY_BY_VALUE = {c.value: c for c in Category}
+
+
 # A phase's category and whether its GPUs are held; RUNNING is productive or idle by its
 # utilisation, decided per minute.
 _BY_PHASE: dict[str, tuple[Category, bool]] = {
@@ -195,11 +199,31 @@ class Ledger:
 
     @classmethod
     def of(cls, items: Iterable[Interval]) -> Ledger:
-        held: dict[Category, float] = dict.fromkeys(Category, 0.0)
-        not_held: dict[Category, float] = dict.fromkeys(Category, 0.0)
+        ledger = cls.empty()
         for i in items:
-            (held if i.held else not_held)[i.category] += i.gpu_seconds
-        return cls(held, not_held)
+            (ledger.held if i.held else ledger.not_held)[i.category] += i.gpu_seconds
+        return ledger
+
+    @classmethod
+    def empty(cls) -> Ledger:
+        return cls(dict.fromkeys(CATEGORIES, 0.0), dict.fromkeys(CATEGORIES, 0.0))
+
+    @classmethod
+    def of_columns(cls, held: Sequence[float], not_held: Sequence[float]) -> Ledger:
+        """From GPU-seconds in the order of CATEGORIES (none at all: an empty ledger)."""
+        if not held:
+            return cls.empty()
+        return cls(
+            dict(zip(CATEGORIES, held, strict=True)), dict(zip(CATEGORIES, not_held, strict=True))
+        )
+
+    @classmethod
+    def of_sums(cls, parts: Iterable[tuple[str, bool, float]]) -> Ledger:
+        """From GPU-seconds by category (its value) and held."""
+        ledger = cls.empty()
+        for category, is_held, seconds in parts:
+            (ledger.held if is_held else ledger.not_held)[CATEGORY_BY_VALUE[category]] += seconds
+        return ledger
 
     @property
     def allocated(self) -> float:

@@ -18,6 +18,7 @@ again (DESIGN §4, invariant 3). On SQLite every worker is counted the second wa
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -386,7 +387,7 @@ async def cluster_viewer(
 async def report(session: AsyncSession, viewer: Viewer, by: str | None, period: Period) -> Report:
     """A ledger per run, machine, pool or workspace over the period, and their total."""
     scope = _by(by)
-    sums = await repository.named_sums(
+    ledgers = await repository.named_ledgers(
         session,
         scope,
         period.start,
@@ -394,14 +395,11 @@ async def report(session: AsyncSession, viewer: Viewer, by: str | None, period: 
         workspace_ids=viewer.workspace_ids,
         cluster_id=viewer.cluster_id,
     )
-    by_id: dict[int, list[tuple[str, bool, float]]] = defaultdict(list)
-    names: dict[int, str] = {}
-    for scope_id, name, category, held, seconds in sums:
-        by_id[scope_id].append((category, held, seconds))
-        names[scope_id] = name
-    rows = [Row(names[i], _ledger(parts)) for i, parts in by_id.items()]
-    rows.sort(key=lambda r: (-r.ledger.allocated, r.name))  # as the seed: most held first
-    total = _ledger([p for parts in by_id.values() for p in parts])
+    rows = [Row(r.name, Ledger.of_columns(r.held, r.not_held)) for r in ledgers]
+    total = Ledger.of_columns(
+        [math.fsum(column) for column in zip(*(r.held for r in ledgers), strict=True)],
+        [math.fsum(column) for column in zip(*(r.not_held for r in ledgers), strict=True)],
+    )
     return Report(scope, period, rows, total)
 
 
@@ -435,11 +433,7 @@ async def run_ledger(
 
 
 def _ledger(parts: Iterable[tuple[str, bool, float]]) -> Ledger:
-    held: dict[Category, float] = dict.fromkeys(Category, 0.0)
-    not_held: dict[Category, float] = dict.fromkeys(Category, 0.0)
-    for category, is_held, seconds in parts:
-        (held if is_held else not_held)[Category(category)] += seconds
-    return Ledger(held, not_held)
+    return Ledger.of_sums(parts)
 
 
 # -- Prometheus ------------------------------------------------------------------------------------

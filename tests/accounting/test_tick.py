@@ -224,19 +224,26 @@ async def test_whole_days_read_from_the_daily_cells_equal_the_hours(world: World
         world.clock.advance(hours=1)
         await sample(world, {0: 0.9, 1: 0.0})
         await tick(world)
-    start, end = (
-        T0.replace(minute=0, second=0, microsecond=0) + timedelta(hours=5),
-        world.clock.now(),
-    )
-    end = end.replace(minute=0, second=0, microsecond=0)
-    async with world.db.read() as session:
-        mixed = await repository.hour_sums(session, "run", start, end)
-        rows = await session.scalars(
-            select(GoodputHour).where(
-                GoodputHour.scope == "run", GoodputHour.hour >= start, GoodputHour.hour < end
+    # A day's part by its hours, or as the whole day less its hours outside (the 20 hours
+    # from 02:00); within one day; whole days; the period past what was counted.
+    first = T0.replace(hour=0, minute=0, second=0, microsecond=0)
+    for start, end in (
+        (first + timedelta(hours=2), first + timedelta(hours=46)),
+        (first + timedelta(hours=5), accounting.minute_floor(world.clock.now()).replace(minute=0)),
+        (first + timedelta(hours=20), first + timedelta(hours=23)),
+        (first + timedelta(hours=1), first + timedelta(hours=23)),
+        (first, first + timedelta(days=2)),
+        (first + timedelta(hours=30), first + timedelta(days=4, hours=7)),
+    ):
+        async with world.db.read() as session:
+            mixed = await repository.hour_sums(session, "run", start, end)
+            rows = await session.scalars(
+                select(GoodputHour).where(
+                    GoodputHour.scope == "run", GoodputHour.hour >= start, GoodputHour.hour < end
+                )
             )
-        )
-        naive: dict[tuple[int, str, bool], float] = defaultdict(float)
-        for r in rows:
-            naive[(r.scope_id, r.category, r.held)] += r.gpu_seconds
-    assert {k[:3]: round(k[3], 3) for k in mixed} == {k: round(v, 3) for k, v in naive.items()}
+            naive: dict[tuple[int, str, bool], float] = defaultdict(float)
+            for r in rows:
+                naive[(r.scope_id, r.category, r.held)] += r.gpu_seconds
+        expected = {k: round(v, 3) for k, v in naive.items() if round(v, 3)}
+        assert {k[:3]: round(k[3], 3) for k in mixed} == expected, (start, end)
