@@ -29,6 +29,7 @@ from backend.db import Database
 from backend.jobs import broker as job_broker
 from backend.jobs import runtime
 from backend.resolvers.context import Context, build_context
+from backend.rest import events as rest_events
 from backend.rest import goodput as rest_goodput
 from backend.rest import jobs as rest_jobs
 from backend.rest import metrics as rest_metrics
@@ -153,18 +154,18 @@ def create_app(
                 if owned:
                     await app.state.db.dispose()
 
+    rest_routes = [
+        *rest_jobs.routes,
+        *rest_tasks.routes,
+        *rest_metrics.routes,
+        *rest_goodput.routes,
+        *rest_events.routes,
+    ]
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/graphql", AstraeusGraphQL(schema), methods=["GET", "POST"]),
-        Mount(
-            "/v1",
-            routes=[
-                *rest_jobs.routes,
-                *rest_tasks.routes,
-                *rest_metrics.routes,
-                *rest_goodput.routes,
-            ],
-        ),
+        # The REST shim at /v1, and at /api/v1 as the console's address shows it (seed L-46).
+        *(Mount(prefix, routes=rest_routes) for prefix in ("/v1", "/api/v1")),
         *_console_routes(settings.resolved_console_dir),
     ]
     return Starlette(routes=routes, lifespan=lifespan)

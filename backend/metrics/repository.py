@@ -311,3 +311,35 @@ async def delete_samples(session: AsyncSession, before_ms: int) -> int:
 async def delete_minutes(session: AsyncSession, before_ms: int) -> int:
     result = await session.execute(delete(MINUTES).where(MINUTES.c.ts < before_ms))
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+async def latest(
+    session: AsyncSession, worker_ids: Sequence[int], since_ms: int
+) -> list[tuple[int, int, int, float]]:
+    """(worker, metric id, gpu, value): each worker's newest sample of each metric and GPU
+    since ``since_ms``, read along the primary key (worker, metric, gpu, ts)."""
+    if not worker_ids:
+        return []
+    newest = (
+        select(
+            MetricSample.worker_id,
+            MetricSample.metric,
+            MetricSample.gpu,
+            func.max(MetricSample.ts).label("ts"),
+        )
+        .where(MetricSample.worker_id.in_(worker_ids), MetricSample.ts >= since_ms)
+        .group_by(MetricSample.worker_id, MetricSample.metric, MetricSample.gpu)
+        .subquery()
+    )
+    rows = await session.execute(
+        select(
+            MetricSample.worker_id, MetricSample.metric, MetricSample.gpu, MetricSample.value
+        ).join(
+            newest,
+            (MetricSample.worker_id == newest.c.worker_id)
+            & (MetricSample.metric == newest.c.metric)
+            & (MetricSample.gpu == newest.c.gpu)
+            & (MetricSample.ts == newest.c.ts),
+        )
+    )
+    return [(r[0], r[1], r[2], float(r[3])) for r in rows]

@@ -44,6 +44,7 @@ CATALOGUE = (
     Metric(11, "task_gpu_dram_active_ratio", "gauge", RATIO, per_gpu=True),
 )
 BY_NAME = {m.name: m for m in CATALOGUE}
+BY_ID = {m.id: m for m in CATALOGUE}
 COUNTER_IDS = tuple(m.id for m in CATALOGUE if m.kind == "counter")
 
 # The gpu column of a worker's own metric: a key column cannot be NULL and still dedupe.

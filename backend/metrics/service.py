@@ -152,3 +152,31 @@ async def prune(
         session, _minute_floor(now - max(downsampled_retention, retention))
     )
     return Pruned(summarised, deleted, minutes_deleted)
+
+
+# A worker's metrics "now": its newest samples of the last few minutes (the agent samples
+# every 5 s; a worker not sampled for this long shows none).
+LATEST_WINDOW = timedelta(minutes=2)
+
+Latest = dict[str, float | dict[str, float]]
+
+
+async def latest(
+    session: AsyncSession, worker_ids: Sequence[int], now: datetime
+) -> dict[int, Latest]:
+    """Each worker's newest value of each metric (per GPU, by GPU index, where the seed
+    measures GPUs), from the last two minutes."""
+    out: dict[int, Latest] = {w: {} for w in worker_ids}
+    since = epoch_ms(now - LATEST_WINDOW)
+    for worker_id, metric_id, gpu, value in await repository.latest(session, worker_ids, since):
+        metric = rules.BY_ID.get(metric_id)
+        if metric is None:
+            continue
+        values = out[worker_id]
+        if metric.per_gpu:
+            per_gpu = values.setdefault(metric.name, {})
+            assert isinstance(per_gpu, dict)
+            per_gpu[str(gpu)] = value
+        else:
+            values[metric.name] = value
+    return {w: dict(sorted(v.items())) for w, v in out.items()}

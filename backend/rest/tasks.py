@@ -1,12 +1,81 @@
-"""``/tasks/<worker>/logs``: a worker's log, fetched from its machine (a *task*)."""
+"""``/tasks``: a run's workers (*tasks*) as the REST shim shows them, and a worker's log,
+fetched from its machine (seed L-33, L-22, L-14 …)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from backend.clock import iso_z
+from backend.errors import FieldError, InvalidInput
 from backend.logs import service as logs
+from backend.metrics import service as metrics
+from backend.models import Run, Worker
 from backend.rest.base import Call, endpoint
+from backend.runs import service as runs
+
+
+def task_json(
+    run: Run, worker: Worker, machine: str | None, measured: metrics.Latest
+) -> dict[str, Any]:
+    """status, exit_code, restarts, restart_at, last_failure, placement and metrics."""
+    placement = None
+    if worker.machine_id is not None:
+        placement = {"machine": machine, "gpu_ids": list(worker.gpu_ids or [])}
+    return {
+        "name": worker.name,
+        "job": run.name,
+        "rank": worker.rank,
+        "status": worker.state,
+        "reason": worker.reason,
+        "status_since": iso_z(worker.state_since),
+        "gpus": worker.gpus,
+        "exit_code": worker.exit_code,
+        "restarts": worker.restarts,
+        "restart_at": iso_z(worker.restart_at) if worker.restart_at else None,
+        "last_failure": worker.last_failure,
+        "placement": placement,
+        "metrics": measured,
+    }
+
+
+async def _tasks_json(call: Call, run: Run, workers: list[Worker]) -> list[dict[str, Any]]:
+    machine_ids = [w.machine_id for w in workers if w.machine_id is not None]
+    names = await runs.machine_names(call.session, machine_ids)
+    measured = await metrics.latest(call.session, [w.id for w in workers], call.clock.now())
+    return [
+        task_json(
+            run,
+            w,
+            names.get(w.machine_id) if w.machine_id is not None else None,
+            measured.get(w.id, {}),
+        )
+        for w in workers
+    ]
+
+
+async def get_tasks(call: Call) -> Response:
+    """``GET /tasks?job=<run>``: the run's workers, by rank."""
+    job = call.request.query_params.get("job")
+    if not job:
+        raise InvalidInput(
+            "INVALID_PARAMETER", [FieldError("job", "is required: the run whose workers to list")]
+        )
+    workspace = call.request.query_params.get("workspace")
+    run = await runs.get_run(call.session, call.principal, job, workspace=workspace)
+    workers = (await runs.workers_by_run(call.session, [run.id])).get(run.id, [])
+    return JSONResponse({"job": run.name, "tasks": await _tasks_json(call, run, workers)})
+
+
+async def get_task(call: Call) -> Response:
+    """``GET /tasks/<worker>``: one worker, with its last failure snapshot."""
+    workspace = call.request.query_params.get("workspace")
+    run, worker = await runs.get_worker(
+        call.session, call.principal, call.request.path_params["worker"], workspace=workspace
+    )
+    return JSONResponse((await _tasks_json(call, run, [worker]))[0])
 
 
 async def get_logs(call: Call) -> Response:
@@ -23,4 +92,8 @@ async def get_logs(call: Call) -> Response:
     return JSONResponse(body)
 
 
-routes = [Route("/tasks/{worker}/logs", endpoint(get_logs), methods=["GET"])]
+routes = [
+    Route("/tasks", endpoint(get_tasks), methods=["GET"]),
+    Route("/tasks/{worker}", endpoint(get_task), methods=["GET"]),
+    Route("/tasks/{worker}/logs", endpoint(get_logs), methods=["GET"]),
+]

@@ -20,6 +20,21 @@ async def get_live_run_by_name(session: AsyncSession, workspace_id: int, name: s
     )
 
 
+async def worker_by_name(
+    session: AsyncSession, workspace_id: int, name: str
+) -> tuple[Run, Worker] | None:
+    row = (
+        await session.execute(
+            select(Run, Worker)
+            .join(Worker, Worker.run_id == Run.id)
+            .where(Run.workspace_id == workspace_id, Run.deleted_at.is_(None), Worker.name == name)
+            .order_by(Run.id.desc())
+            .limit(1)
+        )
+    ).first()
+    return None if row is None else (row[0], row[1])
+
+
 async def get_run(session: AsyncSession, run_id: int) -> Run | None:
     return await session.get(Run, run_id)
 

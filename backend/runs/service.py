@@ -183,6 +183,17 @@ async def get_run(
     return run
 
 
+async def get_worker(
+    session: AsyncSession, principal: Principal, name: str, *, workspace: str | None = None
+) -> tuple[Run, Worker]:
+    """A worker of a live run of the workspace, by its name; another workspace's is absent."""
+    ws = await workspace_for(session, principal, workspace)
+    found = await repository.worker_by_name(session, ws.id, name)
+    if found is None:
+        raise NotFound("TASK_NOT_FOUND", f"No worker named '{name}' in workspace '{ws.name}'.")
+    return found
+
+
 async def get_run_by_id(session: AsyncSession, principal: Principal, run_id: int) -> Run:
     run = await repository.get_run(session, run_id)
     if run is None:

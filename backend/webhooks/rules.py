@@ -15,11 +15,10 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any
 from urllib.parse import urlsplit
 
-from backend.clock import iso_z
 from backend.errors import FieldError
+from backend.events.rules import EventView
 
 MAX_URL_LENGTH = 2048
 MAX_KINDS = 20
@@ -89,35 +88,9 @@ def check_url(url: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class EventView:
-    """An event as a receiver gets it."""
-
-    id: int
-    kind: str
-    state: str | None
-    reason: str
-    run: str | None
-    worker: str | None
-    workspace: str
-    created_at: datetime
-    data: dict[str, Any]
-
-
 def body(event: EventView) -> bytes:
     """The JSON sent, once: the signature is of these exact bytes."""
-    payload = {
-        "id": event.id,
-        "kind": event.kind,
-        "state": event.state,
-        "reason": event.reason,
-        "run": event.run,
-        "worker": event.worker,
-        "workspace": event.workspace,
-        "created_at": iso_z(event.created_at),
-        "data": event.data,
-    }
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(event.to_json(), separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def signature(secret: str, content: bytes) -> str:

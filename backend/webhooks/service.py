@@ -22,10 +22,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.errors import InvalidInput, NotFound
+from backend.events import service as events
 from backend.models import Webhook, WebhookDelivery
 from backend.runs import service as runs
 from backend.webhooks import repository, rules
-from backend.webhooks.rules import Cursor, EventView
+from backend.webhooks.rules import Cursor
 
 HAND_OUT_BATCH = 1000  # events handed to one webhook per pass, at most
 SEND_BATCH = 16  # deliveries POSTed at a time
@@ -153,17 +154,7 @@ async def claim_due(session: AsyncSession, clock: Clock) -> list[Outgoing]:
     found = []
     for row in await repository.outgoing(session, claimed):
         event = row.event
-        view = EventView(
-            id=event.id,
-            kind=event.kind,
-            state=event.state,
-            reason=event.reason,
-            run=event.run_name,
-            worker=event.worker_name,
-            workspace=row.workspace,
-            created_at=event.created_at,
-            data=dict(event.data or {}),
-        )
+        view = events.view(event, row.workspace)
         content = rules.body(view)
         found.append(
             Outgoing(

@@ -10,8 +10,9 @@ from datetime import timedelta
 import pytest
 
 from backend.errors import FieldError
+from backend.events.rules import EventView
 from backend.webhooks import rules
-from backend.webhooks.rules import Cursor, DeliveryStatus, EventView
+from backend.webhooks.rules import Cursor, DeliveryStatus
 from tests.support import SEED_TIME
 
 NOW = SEED_TIME

@@ -1,0 +1,77 @@
+"""Events, pure: what one looks like to a reader (the events API, a webhook's receiver, a
+stream), and what a listing may ask for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from backend.clock import iso_z
+from backend.errors import FieldError
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class EventView:
+    """An event as a reader gets it."""
+
+    id: int
+    kind: str
+    state: str | None
+    reason: str
+    run: str | None
+    worker: str | None
+    workspace: str
+    created_at: datetime
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "state": self.state,
+            "reason": self.reason,
+            "run": self.run,
+            "worker": self.worker,
+            "workspace": self.workspace,
+            "created_at": iso_z(self.created_at),
+            "data": self.data,
+        }
+
+
+@dataclass(frozen=True)
+class Listing:
+    """Which events: of one run (by name) or all, newest first, before an id (the next page)."""
+
+    name: str | None
+    limit: int
+    before: int | None
+    kind: str | None
+
+
+def parse_listing(
+    name: str | None, limit: str | None, before: str | None, kind: str | None
+) -> tuple[Listing | None, list[FieldError]]:
+    problems = []
+    count = DEFAULT_LIMIT
+    if limit not in (None, ""):
+        try:
+            count = int(limit)
+        except ValueError:
+            count = 0
+        if not 1 <= count <= MAX_LIMIT:
+            problems.append(FieldError("limit", f"must be a whole number from 1 to {MAX_LIMIT}"))
+    cursor = None
+    if before not in (None, ""):
+        try:
+            cursor = int(before)
+        except ValueError:
+            cursor = 0
+        if cursor < 1:
+            problems.append(FieldError("before", "must be an event id (a positive number)"))
+    if problems:
+        return None, problems
+    return Listing(name or None, count, cursor, kind or None), []
