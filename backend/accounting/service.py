@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -426,10 +426,36 @@ async def run_ledger(
 ) -> tuple[Run, Ledger]:
     """A run's own ledger since it was submitted."""
     run = await runs.get_run(session, principal, name, workspace=workspace)
-    since = rules.hour_floor(run.created_at)
+    return run, (await run_ledgers(session, [(run.id, run.created_at)], now))[run.id]
+
+
+async def run_ledgers(
+    session: AsyncSession, found: Sequence[tuple[int, datetime]], now: datetime
+) -> dict[int, Ledger]:
+    """Runs' ledgers since they were submitted (runs by id and submission time, which the
+    caller may see), in one query."""
+    if not found:
+        return {}
+    since = rules.hour_floor(min(created for _, created in found))
     until = rules.hour_floor(now) + rules.HOUR
-    sums = await repository.hour_sums(session, "run", since, until, scope_ids=[run.id])
-    return run, _ledger([(c, h, s) for _, c, h, s in sums])
+    sums = await repository.hour_sums(
+        session, "run", since, until, scope_ids=[run_id for run_id, _ in found]
+    )
+    ledgers = ledgers_by_id(sums)
+    return {run_id: ledgers.get(run_id) or Ledger.empty() for run_id, _ in found}
+
+
+def weeks_of(raw: str | int | None) -> int:
+    """How many weeks a weekly report covers: 8 by default, at most a period's 400 days."""
+    if raw is None or raw == "":
+        return 8
+    text = str(raw)
+    if not text.isdigit() or not 1 <= int(text) <= rules.MAX_WEEKS:
+        raise InvalidInput(
+            "INVALID_PARAMETER",
+            [FieldError("weeks", f"must be a whole number from 1 to {rules.MAX_WEEKS}")],
+        )
+    return int(text)
 
 
 def _ledger(parts: Iterable[tuple[str, bool, float]]) -> Ledger:
@@ -518,7 +544,7 @@ async def explain(
     category: str | None,
     period: Period,
     limit: int = 1000,
-) -> list[dict[str, object]]:
+) -> list[Explained]:
     """The worker intervals that make a ledger figure: of one run, machine, pool or workspace
     (by name), maybe one category, over the period (DESIGN §4, invariant 4)."""
     scope = _by(by)
@@ -553,22 +579,67 @@ async def explain(
         session, "machine", [r.machine_id for r in rows if r.machine_id is not None]
     )
     run_names = await repository.scope_names(session, "run", [r.run_id for r in rows])
-    return [
-        {
-            "worker": r.worker_name,
-            "run": run_names.get(r.run_id),
-            "machine": machines.get(r.machine_id) if r.machine_id is not None else None,
-            "start": iso_z(max(r.start_at, period.start)),
-            "end": iso_z(min(r.end_at, period.end)),
-            "category": r.category,
-            "held": r.held,
-            "gpus": r.gpus,
-            "gpu_hours": (min(r.end_at, period.end) - max(r.start_at, period.start)).total_seconds()
-            * r.gpus
-            / 3600,
+    out = []
+    for r in rows:
+        start, end = max(r.start_at, period.start), min(r.end_at, period.end)
+        out.append(
+            Explained(
+                worker=r.worker_name,
+                run=run_names.get(r.run_id),
+                machine=machines.get(r.machine_id) if r.machine_id is not None else None,
+                start=start,
+                end=end,
+                category=r.category,
+                held=r.held,
+                gpus=r.gpus,
+                gpu_hours=(end - start).total_seconds() * r.gpus / 3600,
+            )
+        )
+    return out
+
+
+MAX_INTERVALS = 10_000
+
+
+def interval_limit(raw: str | int | None) -> int:
+    """How many intervals an explanation lists: 1 000 by default, at most 10 000."""
+    if raw is None or raw == "":
+        return 1000
+    text = str(raw)
+    if not text.isdigit() or not 1 <= int(text) <= MAX_INTERVALS:
+        raise InvalidInput(
+            "INVALID_PARAMETER",
+            [FieldError("limit", f"must be a whole number from 1 to {MAX_INTERVALS}")],
+        )
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Explained:
+    """A worker interval behind a figure, cut to the period asked."""
+
+    worker: str
+    run: str | None
+    machine: str | None
+    start: datetime
+    end: datetime
+    category: str
+    held: bool
+    gpus: int
+    gpu_hours: float
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "worker": self.worker,
+            "run": self.run,
+            "machine": self.machine,
+            "start": iso_z(self.start),
+            "end": iso_z(self.end),
+            "category": self.category,
+            "held": self.held,
+            "gpus": self.gpus,
+            "gpu_hours": self.gpu_hours,
         }
-        for r in rows
-    ]
 
 
 RETENTION = timedelta(days=400)

@@ -24,7 +24,7 @@ class Context:
     loaders: Loaders = field(init=False)
 
     def __post_init__(self) -> None:
-        self.loaders = Loaders.build(self.db)
+        self.loaders = Loaders.build(self.db, self.clock)
 
     def require_principal(self) -> Principal:
         if self.principal is None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 from strawberry.dataloader import DataLoader
 
+from backend.accounting import service as accounting
+from backend.accounting.rules import Ledger
+from backend.clock import Clock
 from backend.db import Database
 from backend.models import StateTransition, WebhookDelivery, Worker
 from backend.runs import service as runs
@@ -38,13 +42,21 @@ class Loaders:
     user_name: DataLoader[int, str]
     machine_name: DataLoader[int, str]
     webhook_deliveries: DataLoader[int, list[tuple[WebhookDelivery, str]]]
+    # A run's ledger since it was submitted, by (run id, submitted at).
+    run_ledger: DataLoader[tuple[int, datetime], Ledger]
 
     @classmethod
-    def build(cls, db: Database) -> Loaders:
+    def build(cls, db: Database, clock: Clock) -> Loaders:
+        async def run_ledgers(keys: list[tuple[int, datetime]]) -> list[Ledger]:
+            async with db.read() as session:
+                found = await accounting.run_ledgers(session, keys, clock.now())
+            return [found[run_id] for run_id, _ in keys]
+
         return cls(
             workers_by_run=_grouped(db, runs.workers_by_run, list),
             history_by_run=_grouped(db, runs.history_by_run, list),
             user_name=_grouped(db, runs.user_names, str),
             machine_name=_grouped(db, runs.machine_names, str),
             webhook_deliveries=_grouped(db, webhooks.recent_deliveries, list),
+            run_ledger=DataLoader(load_fn=run_ledgers),
         )

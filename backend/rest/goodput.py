@@ -8,22 +8,9 @@ from starlette.routing import Route
 
 from backend.accounting import service as accounting
 from backend.accounting.exposition import CONTENT_TYPE
-from backend.accounting.rules import MAX_WEEKS
 from backend.alerts import service as alerts
 from backend.clock import iso_z
-from backend.errors import FieldError, InvalidInput
 from backend.rest.base import Call, endpoint
-
-
-def _weeks(raw: str | None) -> int:
-    if raw is None or raw == "":
-        return 8
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_WEEKS:
-        raise InvalidInput(
-            "INVALID_PARAMETER",
-            [FieldError("weeks", f"must be a whole number from 1 to {MAX_WEEKS}")],
-        )
-    return int(raw)
 
 
 async def get_goodput(call: Call) -> Response:
@@ -38,7 +25,7 @@ async def get_goodput(call: Call) -> Response:
 async def get_weekly(call: Call) -> Response:
     """``GET /goodput/weekly?weeks=8&by=run`` (seed G-28): ISO weeks, Monday, UTC."""
     q = call.request.query_params
-    weeks = _weeks(q.get("weeks"))
+    weeks = accounting.weeks_of(q.get("weeks"))
     viewer = await accounting.viewer_for(call.session, call.principal, q.get("workspace"))
     found = await accounting.weekly(call.session, viewer, q.get("by"), weeks, call.clock.now())
     return JSONResponse(
@@ -74,7 +61,7 @@ async def get_cluster_goodput(call: Call) -> Response:
 
 async def get_intervals(call: Call) -> Response:
     """``GET /goodput/intervals?by=run&name=llm&category=idle&start=…&end=…``: the worker
-    intervals behind a ledger figure, earliest first (at most 1 000)."""
+    intervals behind a ledger figure, earliest first (``limit``: 1 000, at most 10 000)."""
     q = call.request.query_params
     viewer = await accounting.viewer_for(call.session, call.principal, q.get("workspace"))
     period = accounting.period_of(q.get("start"), q.get("end"), call.clock.now())
@@ -86,8 +73,9 @@ async def get_intervals(call: Call) -> Response:
         name=q.get("name"),
         category=q.get("category"),
         period=period,
+        limit=accounting.interval_limit(q.get("limit")),
     )
-    return JSONResponse({"intervals": found})
+    return JSONResponse({"intervals": [i.to_json() for i in found]})
 
 
 async def get_metrics(call: Call) -> Response:

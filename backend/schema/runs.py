@@ -15,6 +15,7 @@ from backend.runs import service as runs
 from backend.runs.rules import task_counts
 from backend.scheduling import service as scheduling
 from backend.schema.common import UserError
+from backend.schema.goodput import GoodputLedger
 
 
 @strawberry.type(description="One state change, with the sentence that explains it.")
@@ -140,6 +141,11 @@ class Run:
             run = await runs.get_run_by_id(session, principal, int(self.id))
             rows = await scheduling.pending_reasons(session, info.context.clock, run)
         return [MachineReason(machine=m, reason=r) for m, r in rows]
+
+    @strawberry.field(description="Where its GPU time went since it was submitted.")
+    async def goodput(self, info: Info) -> GoodputLedger:
+        ledger = await info.context.loaders.run_ledger.load((int(self.id), self.created_at))
+        return GoodputLedger.of(ledger)
 
     @strawberry.field
     async def task_counts(self, info: Info) -> list[StateCount]:

@@ -11,11 +11,13 @@ from strawberry.extensions.field_extension import FieldExtension
 from strawberry.permission import PermissionExtension
 
 from backend.errors import AstraeusError
+from backend.resolvers import goodput as goodput_resolvers
 from backend.resolvers import runs as run_resolvers
 from backend.resolvers import secrets as secret_resolvers
 from backend.resolvers import webhooks as webhook_resolvers
 from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
+from backend.schema.goodput import GoodputInterval, GoodputReport, GoodputWeek
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
 from backend.schema.secrets import Secret, SecretPayload
 from backend.schema.viewer import Viewer
@@ -48,6 +50,24 @@ class Query:
         resolver=secret_resolvers.list_secrets,
         extensions=_authenticated(),
         description="The workspace's secrets: names and whether they are set, never values.",
+    )
+    goodput: GoodputReport = strawberry.field(
+        resolver=goodput_resolvers.goodput,
+        extensions=_authenticated(),
+        description=(
+            "Where the GPU time went: a ledger per run, machine, pool or workspace over whole "
+            "UTC hours (the last 7 days by default, at most 400), most held first."
+        ),
+    )
+    goodput_weekly: list[GoodputWeek] = strawberry.field(
+        resolver=goodput_resolvers.goodput_weekly,
+        extensions=_authenticated(),
+        description="The last ISO weeks (Monday, UTC), this one included, oldest first.",
+    )
+    goodput_intervals: list[GoodputInterval] = strawberry.field(
+        resolver=goodput_resolvers.goodput_intervals,
+        extensions=_authenticated(),
+        description="The worker intervals behind a ledger figure, earliest first.",
     )
     webhooks: list[Webhook] = strawberry.field(
         resolver=webhook_resolvers.list_webhooks,

@@ -13,7 +13,8 @@ from tests.support import Tenancy, row_counts, run_spec
 
 RUN_FIELDS = """name state reason priority createdBy spec
   workers { name rank state reason gpus gpuIds restarts restartAt exitCode lastFailure straggler }
-  history { transitionAt state reason } taskCounts { state count }"""
+  history { transitionAt state reason } taskCounts { state count }
+  goodput { allocatedGpuHours productiveGpuHours goodput }"""
 CREATE = f"""mutation($spec: JSON!, $ws: String) {{
   createRun(spec: $spec, workspace: $ws) {{
     run {{ {RUN_FIELDS} }}
@@ -180,7 +181,7 @@ async def test_runs_with_workers_and_history_take_a_fixed_number_of_statements(
     for i in range(1, 6):
         await gql(client, tenancy.member_token, CREATE, spec=run_spec(name=f"r{i}"))
     six = await statements_for_listing()
-    assert six == one  # no N+1: runs, workers, history, users: one query each
+    assert six == one  # no N+1: runs, workers, history, users, ledgers: one query each
 
 
 def test_unexpected_errors_are_masked_and_expected_ones_shown() -> None:

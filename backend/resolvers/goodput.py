@@ -1,0 +1,94 @@
+"""Resolvers of goodput: each decodes its input, calls the accounting service, maps it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from backend.accounting import service as accounting
+from backend.clock import iso_z
+from backend.resolvers.context import Info
+from backend.schema.goodput import (
+    GoodputInterval,
+    GoodputReport,
+    GoodputScope,
+    GoodputWeek,
+)
+
+
+def _time(moment: datetime | None) -> str | None:
+    return iso_z(moment) if moment is not None else None
+
+
+async def goodput(
+    info: Info,
+    by: GoodputScope = GoodputScope.WORKSPACE,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    workspace: str | None = None,
+) -> GoodputReport:
+    """A ledger per run, machine, pool or workspace over whole UTC hours (the last 7 days by
+    default; at most 400)."""
+    principal = info.context.require_principal()
+    period = accounting.period_of(_time(start), _time(end), info.context.clock.now())
+    async with info.context.db.read() as session:
+        viewer = await accounting.viewer_for(session, principal, workspace)
+        found = await accounting.report(session, viewer, by.value, period)
+    return GoodputReport.of(found)
+
+
+async def goodput_weekly(
+    info: Info,
+    by: GoodputScope = GoodputScope.RUN,
+    weeks: int = 8,
+    workspace: str | None = None,
+) -> list[GoodputWeek]:
+    """The last ISO weeks (Monday, UTC), this one included, oldest first."""
+    principal = info.context.require_principal()
+    count = accounting.weeks_of(weeks)
+    async with info.context.db.read() as session:
+        viewer = await accounting.viewer_for(session, principal, workspace)
+        found = await accounting.weekly(session, viewer, by.value, count, info.context.clock.now())
+    return [GoodputWeek(week=w, report=GoodputReport.of(r)) for w, r in found]
+
+
+async def goodput_intervals(
+    info: Info,
+    by: GoodputScope,
+    name: str,
+    category: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    workspace: str | None = None,
+    limit: int = 1000,
+) -> list[GoodputInterval]:
+    """The worker intervals behind a figure: of one run, machine, pool or workspace, maybe one
+    category, earliest first."""
+    principal = info.context.require_principal()
+    period = accounting.period_of(_time(start), _time(end), info.context.clock.now())
+    async with info.context.db.read() as session:
+        viewer = await accounting.viewer_for(session, principal, workspace)
+        found = await accounting.explain(
+            session,
+            viewer,
+            principal,
+            by=by.value,
+            name=name,
+            category=category,
+            period=period,
+            limit=accounting.interval_limit(limit),
+        )
+    return [_interval(i) for i in found]
+
+
+def _interval(i: accounting.Explained) -> GoodputInterval:
+    return GoodputInterval(
+        worker=i.worker,
+        run=i.run,
+        machine=i.machine,
+        start=i.start,
+        end=i.end,
+        category=i.category,
+        held=i.held,
+        gpus=i.gpus,
+        gpu_hours=i.gpu_hours,
+    )

@@ -1,0 +1,117 @@
+"""Goodput in GraphQL: where the GPU time went, by run, machine, pool or workspace, by hour
+range or by week, and the worker intervals behind a figure (seed goodput.txt)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+
+import strawberry
+
+from backend.accounting import rules
+from backend.accounting.service import Report
+
+HOUR_SECONDS = 3600.0
+
+
+@strawberry.enum(description="What a goodput report has a row for.")
+class GoodputScope(Enum):
+    WORKSPACE = "workspace"
+    RUN = "run"
+    MACHINE = "machine"
+    POOL = "pool"
+
+
+@strawberry.type(description="GPU-hours of one category: all of it, and its held part.")
+class CategoryTime:
+    category: str = strawberry.field(
+        description="productive, idle, stalled, starting, restart, failure, preemption, waiting."
+    )
+    gpu_hours: float
+    held_gpu_hours: float
+
+
+@strawberry.type(
+    description="The seed's ledger: GPU-hours by category, held (allocated) and not (waiting)."
+)
+class GoodputLedger:
+    gpu_hours: list[CategoryTime] = strawberry.field(
+        description="Every category, in the seed's order, with its held part."
+    )
+    allocated_gpu_hours: float = strawberry.field(description="Every held part: HELD.")
+    productive_gpu_hours: float = strawberry.field(description="USED.")
+    lost_gpu_hours: float = strawberry.field(description="Asked for less productive.")
+    waiting_gpu_hours: float = strawberry.field(description="Every part not held: WAITING.")
+    goodput: float | None = strawberry.field(
+        description="Productive over allocated; null when nothing was held."
+    )
+    biggest_loss: CategoryTime | None = strawberry.field(
+        description="The category other than productive with the most GPU-hours, if any."
+    )
+
+    @classmethod
+    def of(cls, ledger: rules.Ledger) -> GoodputLedger:
+        times = [
+            CategoryTime(
+                category=c.value,
+                gpu_hours=(ledger.held[c] + ledger.not_held[c]) / HOUR_SECONDS,
+                held_gpu_hours=ledger.held[c] / HOUR_SECONDS,
+            )
+            for c in rules.CATEGORIES
+        ]
+        losses = [t for t in times if t.category != rules.Category.PRODUCTIVE and t.gpu_hours > 0]
+        return cls(
+            gpu_hours=times,
+            allocated_gpu_hours=ledger.allocated / HOUR_SECONDS,
+            productive_gpu_hours=ledger.productive / HOUR_SECONDS,
+            lost_gpu_hours=ledger.lost / HOUR_SECONDS,
+            waiting_gpu_hours=ledger.waiting / HOUR_SECONDS,
+            goodput=ledger.goodput,
+            biggest_loss=max(losses, key=lambda t: t.gpu_hours, default=None),
+        )
+
+
+@strawberry.type(description="One run's, machine's, pool's or workspace's ledger.")
+class GoodputRow:
+    name: str
+    ledger: GoodputLedger
+
+
+@strawberry.type(description="A ledger per row over whole UTC hours, most held first.")
+class GoodputReport:
+    by: GoodputScope
+    start: datetime
+    end: datetime
+    rows: list[GoodputRow]
+    total: GoodputLedger
+
+    @classmethod
+    def of(cls, report: Report) -> GoodputReport:
+        return cls(
+            by=GoodputScope(report.by),
+            start=report.period.start,
+            end=report.period.end,
+            rows=[GoodputRow(name=r.name, ledger=GoodputLedger.of(r.ledger)) for r in report.rows],
+            total=GoodputLedger.of(report.total),
+        )
+
+
+@strawberry.type(description="One ISO week (Monday, UTC) of a weekly report.")
+class GoodputWeek:
+    week: str = strawberry.field(description="2026-W40")
+    report: GoodputReport
+
+
+@strawberry.type(
+    description="Part of a worker's GPU time in one category: what a figure is made of."
+)
+class GoodputInterval:
+    worker: str
+    run: str | None
+    machine: str | None
+    start: datetime
+    end: datetime
+    category: str
+    held: bool
+    gpus: int
+    gpu_hours: float
