@@ -65,5 +65,6 @@ bench: setup services ## the benchmarks (bench/), each beside a bare baseline me
 	$(BIN)/python -m bench.scheduling_pass
 	$(BIN)/python -m bench.metrics_ingest
 	$(BIN)/python -m bench.log_tail
+	$(BIN)/python -m bench.log_follow
 	$(BIN)/python -m bench.agent_cpu
 	$(BIN)/python -m bench.goodput

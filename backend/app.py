@@ -13,10 +13,13 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import BaseRoute, Mount, Route
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 from strawberry.asgi import GraphQL
+from strawberry.exceptions import ConnectionRejectionError
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
+from strawberry.types.unset import UNSET, UnsetType
 
 from backend import migrations
 from backend.agents import routing
@@ -40,10 +43,22 @@ log = logging.getLogger(__name__)
 
 
 class AstraeusGraphQL(GraphQL[Context, None]):
+    """GraphQL over HTTP, and over WebSockets (graphql-transport-ws) for subscriptions."""
+
     async def get_context(self, request: object, response: object) -> Context:
         app = request.scope["app"]  # type: ignore[attr-defined]
         authorization = request.headers.get("authorization")  # type: ignore[attr-defined]
-        return await build_context(app.state.db, app.state.clock, authorization)
+        logs = getattr(app.state, "agents", None)
+        return await build_context(app.state.db, app.state.clock, authorization, logs)
+
+    async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
+        """A browser cannot set headers on a WebSocket: its token comes in connection_init.
+        Without a valid one the connection is closed (4403)."""
+        if not await context.authenticate_connection():
+            raise ConnectionRejectionError(
+                {"message": context.auth_error or "A token is required."}
+            )
+        return UNSET
 
 
 class ConsoleFiles(StaticFiles):
@@ -154,6 +169,7 @@ def create_app(
                 if owned:
                     await app.state.db.dispose()
 
+    graphql = AstraeusGraphQL(schema, subscription_protocols=[GRAPHQL_TRANSPORT_WS_PROTOCOL])
     rest_routes = [
         *rest_jobs.routes,
         *rest_tasks.routes,
@@ -163,7 +179,8 @@ def create_app(
     ]
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
-        Route("/graphql", AstraeusGraphQL(schema), methods=["GET", "POST"]),
+        Route("/graphql", graphql, methods=["GET", "POST"]),
+        WebSocketRoute("/graphql", graphql),
         # The REST shim at /v1, and at /api/v1 as the console's address shows it (seed L-46).
         *(Mount(prefix, routes=rest_routes) for prefix in ("/v1", "/api/v1")),
         *_console_routes(settings.resolved_console_dir),

@@ -4,7 +4,7 @@ stream), and what a listing may ask for."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from backend.clock import iso_z
@@ -12,6 +12,8 @@ from backend.errors import FieldError
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
+# Longer than any transaction that writes events is open (see ``advance``).
+SETTLE = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -75,3 +77,33 @@ def parse_listing(
     if problems:
         return None, problems
     return Listing(name or None, count, cursor, kind or None), []
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """How far a reader (a webhook, a subscription) has looked at its workspace's events.
+
+    Every event up to ``cursor`` has been handed on (or did not match). ``horizon``
+    is the highest id a pass looked at, at ``horizon_at``; events between the two are looked
+    at again on each pass (those already handed are skipped)."""
+
+    cursor: int
+    horizon: int
+    horizon_at: datetime | None
+
+
+def advance(current: Cursor, looked_to: int, now: datetime) -> Cursor:
+    """Where the cursor stands after a pass that looked at every visible event up to
+    ``looked_to``.
+
+    An event's id is taken when it is written, and its transaction may commit after one that
+    took a larger id (PostgreSQL), so the events up to an id seen now may not all be visible
+    yet. Those up to the horizon seen SETTLE ago are, unless a transaction stayed open longer
+    than SETTLE: the cursor moves up to that horizon (no further than this pass looked), and
+    the horizon to what this pass saw."""
+    if current.horizon_at is not None and now - current.horizon_at < SETTLE:
+        return current
+    moved = current.cursor
+    if current.horizon_at is not None:
+        moved = max(current.cursor, min(current.horizon, looked_to))
+    return Cursor(moved, max(moved, looked_to), now)

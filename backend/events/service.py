@@ -3,14 +3,17 @@ workers with its reason, deletions, quota, alerts (seed L-43 … L-46)."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from typing import Any
+
+from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.errors import NotFound
-from backend.events.rules import EventView, Listing
-from backend.models import Event
+from backend.events.rules import MAX_LIMIT, EventView, Listing
+from backend.models import Event, Workspace
 from backend.organizations import service as organizations
+from backend.runs import service as runs
 
 
 async def listing(
@@ -18,28 +21,69 @@ async def listing(
 ) -> tuple[list[EventView], int | None]:
     """The events, newest first, and the id to ask the next page ``before`` (None: no more).
     A workspace the caller may not see is answered as absent."""
+    ws = await workspace_of(session, principal, organization, workspace)
+    query = _matching(select(Event).where(Event.workspace_id == ws.id), which.name, which.kind)
+    if which.before is not None:
+        query = query.where(Event.id < which.before)
+    rows = list(await session.scalars(query.order_by(Event.id.desc()).limit(which.limit + 1)))
+    more = len(rows) > which.limit
+    rows = rows[: which.limit]
+    views = [view(e, ws.name) for e in rows]
+    return views, (rows[-1].id if more and rows else None)
+
+
+async def workspace_of(
+    session: AsyncSession, principal: Principal, organization: str | None, workspace: str | None
+) -> Workspace:
+    """The workspace named (by default the caller's own), if the caller may see it; another
+    is answered as absent."""
+    if organization is None:
+        return await runs.workspace_for(session, principal, workspace)
     org = await organizations.organization_by_name(session, organization)
-    hidden = NotFound("WORKSPACE_NOT_FOUND", f"No workspace named '{workspace}'.")
     if org.id != principal.organization_id:
         raise NotFound("ORGANIZATION_NOT_FOUND", f"No organisation named '{organization}'.")
+    if workspace is None:
+        return await runs.workspace_for(session, principal, None)
+    hidden = NotFound("WORKSPACE_NOT_FOUND", f"No workspace named '{workspace}'.")
     try:
         ws = await organizations.workspace_by_name(session, org.id, workspace)
     except NotFound:
         raise hidden from None
     if not principal.can_see_workspace(ws.id, org.id):
         raise hidden
-    query = select(Event).where(Event.workspace_id == ws.id)
-    if which.name is not None:
-        query = query.where(Event.run_name == which.name)
-    if which.before is not None:
-        query = query.where(Event.id < which.before)
-    if which.kind is not None:
-        query = query.where((Event.kind == which.kind) | Event.kind.startswith(which.kind + "."))
-    rows = list(await session.scalars(query.order_by(Event.id.desc()).limit(which.limit + 1)))
-    more = len(rows) > which.limit
-    rows = rows[: which.limit]
-    views = [view(e, ws.name) for e in rows]
-    return views, (rows[-1].id if more and rows else None)
+    return ws
+
+
+async def last_id(session: AsyncSession, workspace_id: int) -> int:
+    found = await session.scalar(
+        select(func.max(Event.id)).where(Event.workspace_id == workspace_id)
+    )
+    return int(found or 0)
+
+
+async def after(
+    session: AsyncSession,
+    workspace: Workspace,
+    cursor: int,
+    *,
+    name: str | None = None,
+    kind: str | None = None,
+    limit: int = MAX_LIMIT,
+) -> list[EventView]:
+    """The workspace's events after the id ``cursor`` visible now, oldest first."""
+    query = _matching(
+        select(Event).where(Event.workspace_id == workspace.id, Event.id > cursor), name, kind
+    )
+    rows = await session.scalars(query.order_by(Event.id).limit(limit))
+    return [view(e, workspace.name) for e in rows]
+
+
+def _matching(query: Select[Any], name: str | None, kind: str | None) -> Select[Any]:
+    if name is not None:
+        query = query.where(Event.run_name == name)
+    if kind is not None:
+        query = query.where((Event.kind == kind) | Event.kind.startswith(kind + "."))
+    return query
 
 
 def view(event: Event, workspace: str) -> EventView:

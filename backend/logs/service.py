@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,6 +36,23 @@ class LogSource(Protocol):
         self, machine_id: int, worker: str, lines: int, max_bytes: int, wait_s: float
     ) -> LogText | None: ...
 
+    def follow(
+        self, machine_id: int, worker: str, tail_lines: int = 0
+    ) -> AsyncGenerator[Chunk, None]: ...
+
+
+class Chunk(Protocol):
+    """Lines of a followed log: ``missed`` lines were dropped before them; ``ended`` is last."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def archived(self) -> bool: ...
+    @property
+    def missed(self) -> int: ...
+    @property
+    def ended(self) -> bool: ...
+
 
 def parse_tail(raw: str | None) -> int:
     if raw is None or raw == "":
@@ -65,9 +84,11 @@ class LogUnavailable(AstraeusError):
         )
 
 
-async def locate(session: AsyncSession, principal: Principal, name: str) -> tuple[str, int]:
+async def locate(
+    session: AsyncSession, principal: Principal, name: str, *, workspace: str | None = None
+) -> tuple[str, int]:
     """The worker (a run's name means its first worker) and the machine that keeps its log."""
-    ws = await runs.workspace_for(session, principal)
+    ws = await runs.workspace_for(session, principal, workspace)
     worker = await repository.worker_in_workspace(session, ws.id, name)
     if worker is None:
         worker = await repository.first_worker(session, ws.id, name)
@@ -89,3 +110,33 @@ async def fetch(source: LogSource | None, machine_id: int, worker: str, lines: i
     if text is None:
         raise LogUnavailable(worker, "its machine did not answer.")
     return text
+
+
+FOLLOW_TAIL_MAX = 10_000
+
+
+def parse_follow_tail(lines: int) -> int:
+    """A follow begins with the worker's last ``lines`` lines: 0 to 10 000."""
+    if not 0 <= lines <= FOLLOW_TAIL_MAX:
+        raise InvalidInput(
+            "INVALID_PARAMETER",
+            [FieldError("tail", f"must be a whole number from 0 to {FOLLOW_TAIL_MAX}")],
+        )
+    return lines
+
+
+async def follow(
+    source: LogSource | None, machine_id: int, worker: str, tail: int
+) -> AsyncIterator[Chunk]:
+    """The worker's new lines as its machine writes them, until the worker ends (the last
+    chunk says ``ended``). A machine that is not connected, or that goes before the worker
+    ends, is a TASK_LOG_UNAVAILABLE error: the follower knows it saw no end."""
+    if source is None:
+        raise LogUnavailable(worker, "no machine is connected to this server")
+    ended = False
+    async with contextlib.aclosing(source.follow(machine_id, worker, tail)) as chunks:
+        async for chunk in chunks:
+            ended = chunk.ended
+            yield chunk
+    if not ended:
+        raise LogUnavailable(worker, "its machine is not connected")

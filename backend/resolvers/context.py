@@ -11,6 +11,7 @@ from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.db import Database
 from backend.errors import Unauthenticated
+from backend.logs.service import LogSource
 from backend.resolvers.loaders import Loaders
 
 
@@ -21,10 +22,27 @@ class Context:
     principal: Principal | None
     # Why there is no principal, said to the caller by the permission that refuses it.
     auth_error: str | None
+    # Whoever can ask a machine for a log (None: this server takes no agents).
+    logs: LogSource | None = None
+    # A WebSocket's connection_init payload: where a browser puts its token.
+    connection_params: dict[str, object] | None = None
     loaders: Loaders = field(init=False)
 
     def __post_init__(self) -> None:
         self.loaders = Loaders.build(self.db, self.clock)
+
+    async def authenticate_connection(self) -> bool:
+        """A WebSocket without an Authorization header: its token from connection_init
+        (``{"Authorization": "Bearer …"}``). Whether the connection may go on."""
+        if self.principal is not None:
+            return True
+        params = self.connection_params or {}
+        header = params.get("Authorization", params.get("authorization"))
+        if not isinstance(header, str):
+            return False
+        found, self.auth_error = await _principal(self.db, _secret(header))
+        self.principal = found
+        return found is not None
 
     def require_principal(self) -> Principal:
         if self.principal is None:
@@ -32,17 +50,25 @@ class Context:
         return self.principal
 
 
-async def build_context(db: Database, clock: Clock, authorization: str | None) -> Context:
-    secret = None
+def _secret(authorization: str | None) -> str | None:
     if authorization and authorization.lower().startswith("bearer "):
-        secret = authorization[7:].strip()
+        return authorization[7:].strip()
+    return None
+
+
+async def _principal(db: Database, secret: str | None) -> tuple[Principal | None, str | None]:
     try:
         async with db.read() as session:
-            principal: Principal | None = await access.authenticate(session, secret)
-        error = None
+            return await access.authenticate(session, secret), None
     except Unauthenticated as exc:
-        principal, error = None, exc.message
-    return Context(db=db, clock=clock, principal=principal, auth_error=error)
+        return None, exc.message
+
+
+async def build_context(
+    db: Database, clock: Clock, authorization: str | None, logs: LogSource | None = None
+) -> Context:
+    principal, error = await _principal(db, _secret(authorization))
+    return Context(db=db, clock=clock, principal=principal, auth_error=error, logs=logs)
 
 
 Info = StrawberryInfo[Context, None]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import strawberry
@@ -14,9 +15,11 @@ from backend.errors import AstraeusError
 from backend.resolvers import goodput as goodput_resolvers
 from backend.resolvers import runs as run_resolvers
 from backend.resolvers import secrets as secret_resolvers
+from backend.resolvers import subscriptions as subscription_resolvers
 from backend.resolvers import webhooks as webhook_resolvers
 from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
+from backend.schema.events import Event, LogChunk
 from backend.schema.goodput import GoodputInterval, GoodputReport, GoodputWeek
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
 from backend.schema.secrets import Secret, SecretPayload
@@ -122,6 +125,28 @@ class Mutation:
     )
 
 
+@strawberry.type
+class Subscription:
+    follow_log: AsyncGenerator[LogChunk, None] = strawberry.subscription(
+        resolver=subscription_resolvers.follow_log,
+        extensions=_authenticated(),
+        description=(
+            "A worker's log as its machine writes it (a run's name: its first worker), "
+            "beginning with its last tail lines (0 to 10 000), until the worker ends: the last "
+            "chunk says ended. A machine that is not connected, or goes first, is an error."
+        ),
+    )
+    events: AsyncGenerator[Event, None] = strawberry.subscription(
+        resolver=subscription_resolvers.events_feed,
+        extensions=_authenticated(),
+        description=(
+            "The workspace's events as they happen (run and worker state changes with their "
+            "reasons, deletions, alerts), from now or after an event id, oldest first; of one "
+            "run (name) or kind (run.state; run: every run event)."
+        ),
+    )
+
+
 def _should_mask(error: GraphQLError) -> bool:
     """Errors the caller can act on are shown; anything unexpected is masked."""
     original = error.original_error
@@ -135,6 +160,7 @@ def _should_mask(error: GraphQLError) -> bool:
 schema = strawberry.Schema(
     query=Query,
     mutation=Mutation,
+    subscription=Subscription,
     extensions=[
         lambda: MaskErrors(should_mask_error=_should_mask),
         lambda: ParserCache(maxsize=256),

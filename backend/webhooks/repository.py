@@ -10,8 +10,9 @@ from typing import Any
 from sqlalchemy import exists, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.events.rules import Cursor
 from backend.models import Event, Webhook, WebhookDelivery, Workspace
-from backend.webhooks.rules import Cursor, Outcome
+from backend.webhooks.rules import Outcome
 
 
 def add(session: AsyncSession, webhook: Webhook) -> None:

@@ -32,8 +32,6 @@ TIMEOUT_S = 5.0
 # A pass claims the deliveries it sends for this long: none is sent twice at once, and one
 # whose pass died is sent again when the claim runs out.
 CLAIM = timedelta(minutes=1)
-# Longer than any transaction that writes events is open (see ``advance``).
-SETTLE = timedelta(minutes=1)
 
 USER_AGENT = "astraeus-webhooks"
 
@@ -147,33 +145,3 @@ def status(
     if gave_up_at is not None:
         return DeliveryStatus.GAVE_UP
     return DeliveryStatus.RETRYING if attempts else DeliveryStatus.PENDING
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """How far a webhook has looked at its workspace's events.
-
-    Every event up to ``cursor`` has been handed to a delivery (or did not match). ``horizon``
-    is the highest id a pass looked at, at ``horizon_at``; events between the two are looked
-    at again on each pass (those already handed are skipped)."""
-
-    cursor: int
-    horizon: int
-    horizon_at: datetime | None
-
-
-def advance(current: Cursor, looked_to: int, now: datetime) -> Cursor:
-    """Where the cursor stands after a pass that looked at every visible event up to
-    ``looked_to``.
-
-    An event's id is taken when it is written, and its transaction may commit after one that
-    took a larger id (PostgreSQL), so the events up to an id seen now may not all be visible
-    yet. Those up to the horizon seen SETTLE ago are, unless a transaction stayed open longer
-    than SETTLE: the cursor moves up to that horizon (no further than this pass looked), and
-    the horizon to what this pass saw."""
-    if current.horizon_at is not None and now - current.horizon_at < SETTLE:
-        return current
-    moved = current.cursor
-    if current.horizon_at is not None:
-        moved = max(current.cursor, min(current.horizon, looked_to))
-    return Cursor(moved, max(moved, looked_to), now)

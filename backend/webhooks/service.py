@@ -23,10 +23,10 @@ from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.errors import InvalidInput, NotFound
 from backend.events import service as events
+from backend.events.rules import Cursor, advance
 from backend.models import Webhook, WebhookDelivery
 from backend.runs import service as runs
 from backend.webhooks import repository, rules
-from backend.webhooks.rules import Cursor
 
 HAND_OUT_BATCH = 1000  # events handed to one webhook per pass, at most
 SEND_BATCH = 16  # deliveries POSTed at a time
@@ -117,7 +117,7 @@ async def _hand_out_to(session: AsyncSession, webhook_id: int, now: datetime) ->
     await repository.add_deliveries(session, webhook.id, event_ids, now)
     looked_to = event_ids[-1] if len(event_ids) == HAND_OUT_BATCH else last
     current = Cursor(webhook.cursor, webhook.horizon, webhook.horizon_at)
-    moved = rules.advance(current, max(webhook.cursor, looked_to), now)
+    moved = advance(current, max(webhook.cursor, looked_to), now)
     if moved != current:
         await repository.set_cursor(session, webhook.id, moved)
     return len(event_ids)

@@ -36,8 +36,8 @@ def test_the_exported_sdl_is_current() -> None:
     assert SDL_PATH.read_text() == sdl(), "schema.graphql is stale: run `make schema`"
 
 
-def test_every_mutation_and_query_field_carries_a_permission() -> None:
-    for root in (schema.query, schema.mutation):
+def test_every_query_mutation_and_subscription_field_carries_a_permission() -> None:
+    for root in (schema.query, schema.mutation, schema.subscription):
         definition = root.__strawberry_definition__  # type: ignore[union-attr]
         for field in definition.fields:
             kinds = [type(e) for e in field.extensions]

@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 
 from backend.errors import FieldError
-from backend.events.rules import EventView
+from backend.events.rules import Cursor, EventView, advance
 from backend.webhooks import rules
-from backend.webhooks.rules import Cursor, DeliveryStatus
+from backend.webhooks.rules import DeliveryStatus
 from tests.support import SEED_TIME
 
 NOW = SEED_TIME
@@ -139,13 +139,13 @@ def test_the_twelfth_failure_gives_up() -> None:
 
 def test_the_cursor_moves_to_a_horizon_once_it_has_settled() -> None:
     fresh = Cursor(cursor=10, horizon=10, horizon_at=None)
-    seen = rules.advance(fresh, 15, NOW)
+    seen = advance(fresh, 15, NOW)
     assert seen == Cursor(10, 15, NOW)  # looked at up to 15; not moved yet
     later = NOW + timedelta(seconds=59)
-    assert rules.advance(seen, 20, later) == seen
+    assert advance(seen, 20, later) == seen
     settled = NOW + rules.SETTLE
-    assert rules.advance(seen, 20, settled) == Cursor(15, 20, settled)
+    assert advance(seen, 20, settled) == Cursor(15, 20, settled)
     # A pass that looked at fewer (its batch was full) moves no further than it looked.
-    assert rules.advance(seen, 12, settled) == Cursor(12, 12, settled)
+    assert advance(seen, 12, settled) == Cursor(12, 12, settled)
     # Nothing new: it stays.
-    assert rules.advance(Cursor(15, 15, NOW), 15, settled) == Cursor(15, 15, settled)
+    assert advance(Cursor(15, 15, NOW), 15, settled) == Cursor(15, 15, settled)

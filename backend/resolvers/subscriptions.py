@@ -1,0 +1,65 @@
+"""Subscriptions (graphql-transport-ws): a worker's log as it is written, and the
+workspace's events as they happen."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+
+from backend.events import service as events
+from backend.events.rules import Cursor, advance
+from backend.logs import service as logs
+from backend.resolvers.context import Info
+from backend.schema.events import Event, LogChunk
+
+# How often a subscriber looks for new events. Events are rows, written by whichever
+# replica or worker process: reading them is what works across processes.
+EVENT_POLL_SECONDS = 1.0
+
+
+async def follow_log(
+    info: Info, worker: str, tail: int = 0, workspace: str | None = None
+) -> AsyncGenerator[LogChunk, None]:
+    """A worker's new log lines (a run's name: its first worker) as its machine writes them,
+    beginning with its last ``tail`` lines, until it ends."""
+    principal = info.context.require_principal()
+    lines = logs.parse_follow_tail(tail)
+    async with info.context.db.read() as session:
+        name, machine_id = await logs.locate(session, principal, worker, workspace=workspace)
+    async for chunk in logs.follow(info.context.logs, machine_id, name, lines):
+        yield LogChunk(
+            text=chunk.text, archived=chunk.archived, missed=chunk.missed, ended=chunk.ended
+        )
+
+
+async def events_feed(
+    info: Info,
+    organization: str | None = None,
+    workspace: str | None = None,
+    name: str | None = None,
+    kind: str | None = None,
+    after: int | None = None,
+) -> AsyncGenerator[Event, None]:
+    """The workspace's events from now on (or after the id ``after``), oldest first, as they
+    happen: of one run (``name``) or kind (``run.state``; ``run``: every run event)."""
+    principal = info.context.require_principal()
+    async with info.context.db.read() as session:
+        target = await events.workspace_of(session, principal, organization, workspace)
+        start = after if after is not None else await events.last_id(session, target.id)
+    # Ids are taken when events are written, and a transaction may commit after one that took
+    # a larger id: what lies between the settled cursor and the horizon is read again, and
+    # what was already handed on is skipped (the webhooks' rule, events.rules.advance).
+    cursor = Cursor(start, start, None)
+    handed: set[int] = set()
+    while True:
+        async with info.context.db.read() as session:
+            found = await events.after(session, target, cursor.cursor, name=name, kind=kind)
+        fresh = [v for v in found if v.id not in handed]
+        for view in fresh:
+            handed.add(view.id)
+            yield Event.of(view)
+        looked_to = max((v.id for v in found), default=cursor.horizon)
+        cursor = advance(cursor, looked_to, info.context.clock.now())
+        handed = {i for i in handed if i > cursor.cursor}
+        if not fresh:
+            await asyncio.sleep(EVENT_POLL_SECONDS)

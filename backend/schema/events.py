@@ -1,0 +1,57 @@
+"""Events and followed logs in GraphQL (seed L-43 … L-47, L-9)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import cast
+
+import strawberry
+from strawberry.scalars import JSON
+
+from backend.events.rules import EventView
+
+
+@strawberry.type(
+    description=(
+        "Something that happened in the workspace: a state change and its reason, a "
+        "deletion, an alert."
+    )
+)
+class Event:
+    id: int = strawberry.field(
+        description="Grows with time: a reader resumes after the last it saw."
+    )
+    kind: str = strawberry.field(
+        description="run.state, worker.state, run.deleted, alert.firing, …"
+    )
+    state: str | None
+    reason: str
+    run: str | None
+    worker: str | None
+    workspace: str
+    created_at: datetime
+    data: JSON
+
+    @classmethod
+    def of(cls, view: EventView) -> Event:
+        return cls(
+            id=view.id,
+            kind=view.kind,
+            state=view.state,
+            reason=view.reason,
+            run=view.run,
+            worker=view.worker,
+            workspace=view.workspace,
+            created_at=view.created_at,
+            data=cast(JSON, view.data),
+        )
+
+
+@strawberry.type(description="Lines of a followed log as the machine wrote them.")
+class LogChunk:
+    text: str
+    archived: bool = strawberry.field(description="From a container that no longer exists.")
+    missed: int = strawberry.field(
+        description="Lines dropped before these, because the reader fell behind."
+    )
+    ended: bool = strawberry.field(description="The worker ended: the last chunk.")

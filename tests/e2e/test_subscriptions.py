@@ -1,0 +1,136 @@
+"""GraphQL subscriptions over a real WebSocket against `astraeus up` with its local agent: a
+worker's log lines reach the client as they are written, and the workspace's events as they
+happen (issue 6; seed L-9, L-47)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from tests.e2e.live import Server, free_port
+from tests.e2e.live_graphql import PROTOCOL, subscribe
+from tests.e2e.test_embedded_runs import submit
+
+FOLLOW = """subscription($w: String!, $tail: Int!) {
+  followLog(worker: $w, tail: $tail) { text archived missed ended } }"""
+EVENTS = """subscription($name: String) {
+  events(name: $name) { id kind state reason run worker workspace createdAt } }"""
+# A worker that writes when it writes each line, then ends.
+TICKER = (
+    "import time\n"
+    "time.sleep(2)\n"
+    "for i in range(8):\n"
+    "    print(f'line {i} at {time.time():.6f}', flush=True)\n"
+    "    time.sleep(0.4)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+    import re
+
+    server = Server(tmp_path_factory.mktemp("subscriptions") / "data", free_port())
+    printed = server.start()
+    token = re.search(r"token:\s+(astx_\S+)", printed)
+    assert token, printed
+    try:
+        yield server, token.group(1)
+    finally:
+        server.stop()
+
+
+def spec(name: str) -> dict[str, object]:
+    return {
+        "name": name,
+        "gpus": 1,
+        "restart_policy": "never",
+        "command": ["python3", "-c", TICKER],
+    }
+
+
+async def running(live: tuple[Server, str], worker: str) -> None:
+    import httpx
+
+    server, token = live
+    deadline = time.monotonic() + 60
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        while time.monotonic() < deadline:
+            task = await client.get(
+                f"/v1/tasks/{worker}", headers={"Authorization": f"Bearer {token}"}
+            )
+            if task.status_code == 200 and task.json()["status"] == "Running":
+                return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"{worker} never ran")
+
+
+async def test_a_followed_log_shows_each_line_as_it_is_written(
+    live: tuple[Server, str],
+) -> None:
+    server, token = live
+    submit(live, spec("ticker"))
+    await running(live, "ticker-0")
+    lines: list[str] = []
+    delays: list[float] = []
+    last: dict[str, object] = {}
+    async for result in subscribe(server.url, token, FOLLOW, w="ticker-0", tail=0):
+        assert "errors" not in result, result
+        chunk = result["data"]["followLog"]
+        arrived = time.time()
+        for line in chunk["text"].splitlines():
+            lines.append(line)
+            delays.append(arrived - float(line.rsplit(" at ", 1)[1]))
+        last = chunk
+    assert [line.split(" at ")[0] for line in lines] == [f"line {i}" for i in range(8)]
+    assert last["ended"] is True  # the worker ended: the last chunk says so, then complete
+    assert max(delays) < 2.0, delays  # each line within 2 s of being written (issue 8)
+
+
+async def test_the_workspaces_events_as_they_happen(live: tuple[Server, str]) -> None:
+    server, token = live
+    seen: list[dict[str, object]] = []
+
+    async def watch() -> None:
+        async for result in subscribe(server.url, token, EVENTS, name="evented"):
+            event = result["data"]["events"]
+            seen.append(event)
+            if (event["kind"], event["state"]) == ("run.state", "Completed"):
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    await asyncio.sleep(0.5)  # subscribed: from now on
+    submit(live, spec("evented"))
+    await asyncio.wait_for(watcher, timeout=60)
+    kinds = [(e["kind"], e["state"]) for e in seen]
+    assert kinds[0] == ("run.state", "Pending") and seen[0]["reason"] == "Run created"
+    assert ("run.state", "Running") in kinds and kinds[-1] == ("run.state", "Completed")
+    assert ("worker.state", "Running") in kinds  # its worker's changes too
+    assert all(e["run"] == "evented" and e["workspace"] == "default" for e in seen)
+    ids = [e["id"] for e in seen]
+    assert ids == sorted(set(ids))  # each once, in order
+
+
+async def test_a_websocket_without_a_valid_token_is_closed(live: tuple[Server, str]) -> None:
+    server, _ = live
+    for payload in ({}, {"Authorization": "Bearer astx_nope"}):
+        async with connect(
+            server.url.replace("http", "ws", 1) + "/graphql", subprotocols=[PROTOCOL]
+        ) as ws:
+            await ws.send(json.dumps({"type": "connection_init", "payload": payload}))
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
+
+
+async def test_following_a_worker_not_placed_is_an_error(live: tuple[Server, str]) -> None:
+    server, token = live
+    results = [r async for r in subscribe(server.url, token, FOLLOW, w="nobody-0", tail=0)]
+    assert results[0]["errors"][0]["message"].startswith("No worker or run named 'nobody-0'")
+    bad = [r async for r in subscribe(server.url, token, FOLLOW, w="ticker-0", tail=-1)]
+    assert "tail" in bad[0]["errors"][0]["message"]
