@@ -12,7 +12,7 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
@@ -36,6 +36,7 @@ from backend.rest import events as rest_events
 from backend.rest import goodput as rest_goodput
 from backend.rest import jobs as rest_jobs
 from backend.rest import metrics as rest_metrics
+from backend.rest import openapi as rest_openapi
 from backend.rest import tasks as rest_tasks
 from backend.schema.schema import schema
 
@@ -77,6 +78,25 @@ NO_CONSOLE = """<!doctype html><meta charset="utf-8"><title>Astraeus</title>
 <h1>Astraeus</h1><p>The API is up: GraphQL at <a href="/graphql">/graphql</a>,
 REST at <code>/v1</code>. The console has not been built here; <code>make up</code> builds it.</p>
 """
+
+
+API_PREFIXES = ("/v1/", "/api/v1/", "/graphql")
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """No route, or not that method: JSON with a code on the API's paths, as every other
+    error of the API; plain text elsewhere."""
+    assert isinstance(exc, HTTPException)
+    if not request.url.path.startswith(API_PREFIXES):
+        return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
+    code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
+    message = {
+        404: f"No such endpoint: {request.url.path}.",
+        405: f"{request.method} is not allowed on {request.url.path}.",
+    }.get(exc.status_code, str(exc.detail))
+    return JSONResponse(
+        {"code": code, "message": message}, status_code=exc.status_code, headers=exc.headers
+    )
 
 
 async def healthz(request: Request) -> Response:
@@ -176,6 +196,7 @@ def create_app(
         *rest_metrics.routes,
         *rest_goodput.routes,
         *rest_events.routes,
+        *rest_openapi.routes,
     ]
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
@@ -185,4 +206,6 @@ def create_app(
         *(Mount(prefix, routes=rest_routes) for prefix in ("/v1", "/api/v1")),
         *_console_routes(settings.resolved_console_dir),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )

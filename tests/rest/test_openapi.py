@@ -1,0 +1,91 @@
+"""The REST shim's OpenAPI document: it lists every route, and schemathesis finds no 5xx and
+no answer that breaks the document, against a live `astraeus up` (issue 6)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
+from schemathesis.pytest import from_fixture
+from starlette.routing import Mount, Route
+
+from backend.app import create_app
+from backend.config import Settings
+from backend.rest.openapi import document
+from tests.e2e.live import Server, free_port
+from tests.e2e.test_embedded_runs import submit
+
+
+def test_the_document_lists_every_route_of_the_shim(tmp_path: object) -> None:
+    app = create_app(Settings(database_url="sqlite+aiosqlite:///:memory:", agent_port=0))
+    mount = next(r for r in app.routes if isinstance(r, Mount) and r.path == "/v1")
+    served = {r.path for r in mount.routes if isinstance(r, Route)} - {"/openapi.json"}
+    assert served == set(document()["paths"])
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+    server = Server(tmp_path_factory.mktemp("openapi") / "data", free_port(), local_agent=False)
+    printed = server.start()
+    token = re.search(r"token:\s+(astx_\S+)", printed)
+    assert token, printed
+    try:
+        submit((server, token.group(1)), {"name": "llama-sft", "gpus": 1, "command": ["true"]})
+        yield server, token.group(1)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def api(live: tuple[Server, str]) -> schemathesis.BaseSchema:
+    server, _ = live
+    return schemathesis.openapi.from_dict(httpx.get(f"{server.url}/v1/openapi.json").json())
+
+
+schema = from_fixture("api")
+
+
+@schema.parametrize()
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_no_server_error_and_every_answer_as_documented(
+    case: schemathesis.Case, live: tuple[Server, str]
+) -> None:
+    server, token = live
+    case.call_and_validate(
+        base_url=f"{server.url}/v1",
+        headers={"Authorization": f"Bearer {token}"},
+        checks=[
+            not_a_server_error,
+            status_code_conformance,
+            content_type_conformance,
+            response_schema_conformance,
+        ],
+    )
+
+
+async def test_no_route_and_a_wrong_method_answer_json_on_the_api(
+    client: httpx.AsyncClient,
+) -> None:
+    for path in ("/v1/nope", "/api/v1/jobs/a/b/c", "/v1/tasks/bad%0Aname/x"):
+        answer = await client.get(path)
+        assert answer.status_code == 404
+        assert answer.json()["code"] == "NOT_FOUND"
+        assert answer.json()["message"].startswith("No such endpoint: /")
+    wrong = await client.post("/v1/goodput")
+    assert wrong.status_code == 405 and wrong.json()["code"] == "METHOD_NOT_ALLOWED"
+    served = await client.get("/v1/openapi.json")
+    assert served.json()["openapi"] == "3.1.0"  # no token needed to read what the API is
