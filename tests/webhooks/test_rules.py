@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from backend.errors import FieldError
-from backend.events.rules import Cursor, EventView, advance
+from backend.events.rules import SETTLE, Cursor, EventView, advance
 from backend.webhooks import rules
 from backend.webhooks.rules import DeliveryStatus
 from tests.support import SEED_TIME
@@ -143,7 +143,7 @@ def test_the_cursor_moves_to_a_horizon_once_it_has_settled() -> None:
     assert seen == Cursor(10, 15, NOW)  # looked at up to 15; not moved yet
     later = NOW + timedelta(seconds=59)
     assert advance(seen, 20, later) == seen
-    settled = NOW + rules.SETTLE
+    settled = NOW + SETTLE
     assert advance(seen, 20, settled) == Cursor(15, 20, settled)
     # A pass that looked at fewer (its batch was full) moves no further than it looked.
     assert advance(seen, 12, settled) == Cursor(12, 12, settled)
