@@ -191,10 +191,21 @@ async def phase_histories(
     return out
 
 
+def _add_cells(table: str, time: str) -> str:
+    """Add the ``cells`` of the statement to a ledger (hourly or daily) at ``%(time)s``."""
+    key = "workspace_id, cluster_id, scope, scope_id, category, held"
+    return (
+        f"INSERT INTO {table} ({time}, {key}, gpu_seconds) "
+        f"SELECT %({time})s, {key}, gpu_seconds FROM cells "
+        f"ON CONFLICT ({time}, {key}) "
+        f"DO UPDATE SET gpu_seconds = {table}.gpu_seconds + excluded.gpu_seconds"
+    )
+
+
 # The minute of every worker without a change, in one statement (PostgreSQL): its category by
 # its phase (running: by the minute's mean utilisation), its open interval carried on or
 # closed and a new one opened, its cells added to the hourly and daily ledgers.
-_STEADY_MINUTE = """
+_STEADY_MINUTE_SQL = """
 WITH busy AS (
   SELECT worker_id, avg(value) AS mean FROM metric_samples
   WHERE metric = %(metric)s AND ts >= %(start_ms)s AND ts < %(end_ms)s
@@ -229,23 +240,12 @@ WITH busy AS (
     ('machine', c.machine_id), ('pool', c.pool_id)) AS x(scope, scope_id)
   WHERE x.scope_id IS NOT NULL
   GROUP BY 1, 2, 3, 4, 5, 6
-), hours AS (
-  INSERT INTO goodput_hours (hour, workspace_id, cluster_id, scope, scope_id, category, held,
-    gpu_seconds)
-  SELECT %(hour)s, workspace_id, cluster_id, scope, scope_id, category, held, gpu_seconds
-  FROM cells
-  ON CONFLICT (hour, workspace_id, cluster_id, scope, scope_id, category, held)
-  DO UPDATE SET gpu_seconds = goodput_hours.gpu_seconds + excluded.gpu_seconds
-), days AS (
-  INSERT INTO goodput_days (day, workspace_id, cluster_id, scope, scope_id, category, held,
-    gpu_seconds)
-  SELECT %(day)s, workspace_id, cluster_id, scope, scope_id, category, held, gpu_seconds
-  FROM cells
-  ON CONFLICT (day, workspace_id, cluster_id, scope, scope_id, category, held)
-  DO UPDATE SET gpu_seconds = goodput_days.gpu_seconds + excluded.gpu_seconds
-)
+), hours AS ({hours}), days AS ({days})
 SELECT (SELECT count(*) FROM counted), (SELECT count(*) FROM closed)
 """
+_STEADY_MINUTE = _STEADY_MINUTE_SQL.format(
+    hours=_add_cells("goodput_hours", "hour"), days=_add_cells("goodput_days", "day")
+)
 
 
 async def count_steady_minute(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 
 from backend.accounting import service as accounting
@@ -81,14 +82,4 @@ async def goodput_intervals(
 
 
 def _interval(i: accounting.Explained) -> GoodputInterval:
-    return GoodputInterval(
-        worker=i.worker,
-        run=i.run,
-        machine=i.machine,
-        start=i.start,
-        end=i.end,
-        category=i.category,
-        held=i.held,
-        gpus=i.gpus,
-        gpu_hours=i.gpu_hours,
-    )
+    return GoodputInterval(**dataclasses.asdict(i))

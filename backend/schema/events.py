@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import cast
 
@@ -34,17 +35,7 @@ class Event:
 
     @classmethod
     def of(cls, view: EventView) -> Event:
-        return cls(
-            id=view.id,
-            kind=view.kind,
-            state=view.state,
-            reason=view.reason,
-            run=view.run,
-            worker=view.worker,
-            workspace=view.workspace,
-            created_at=view.created_at,
-            data=cast(JSON, view.data),
-        )
+        return cls(**{**dataclasses.asdict(view), "data": cast(JSON, view.data)})
 
 
 @strawberry.type(description="Lines of a followed log as the machine wrote them.")

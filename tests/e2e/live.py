@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -80,6 +84,19 @@ class Server:
 
     def env_for(self, token: str) -> dict[str, str]:
         return {**os.environ, "API": f"{self.url}/v1", "ASTRA_TOKEN": token}
+
+
+@contextlib.contextmanager
+def running(data_dir: Path, **options: Any) -> Iterator[tuple[Server, str]]:
+    """`astraeus up` on a free port, and the token it printed, until the block ends."""
+    server = Server(data_dir, free_port(), **options)
+    printed = server.start()
+    token = re.search(r"token:\s+(astx_\S+)", printed)
+    assert token, printed
+    try:
+        yield server, token.group(1)
+    finally:
+        server.stop()
 
 
 class AgentProcess:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from backend.cli.astra.client import EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
-from tests.e2e.live import Server, free_port
+from tests.e2e.live import Server, free_port, running
 
 ASTRA = str(Path(sys.executable).parent / "astra")
 
@@ -21,14 +20,8 @@ ASTRA = str(Path(sys.executable).parent / "astra")
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
     # No agent: the runs stay pending, and their sentences say why.
-    server = Server(tmp_path_factory.mktemp("astra") / "data", free_port(), local_agent=False)
-    printed = server.start()
-    token = re.search(r"token:\s+(astx_\S+)", printed)
-    assert token, printed
-    try:
-        yield server, token.group(1)
-    finally:
-        server.stop()
+    with running(tmp_path_factory.mktemp("astra") / "data", local_agent=False) as live:
+        yield live
 
 
 def astra(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.live import Server, free_port
+from tests.e2e.live import Server, running
 
 STEPS = (
     "import os, time\n"
@@ -31,14 +30,8 @@ CRASH = (
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
-    server = Server(tmp_path_factory.mktemp("embedded") / "data", free_port())
-    printed = server.start()
-    token = re.search(r"token:\s+(astx_\S+)", printed)
-    assert token, printed
-    try:
-        yield server, token.group(1)
-    finally:
-        server.stop()
+    with running(tmp_path_factory.mktemp("embedded") / "data") as live:
+        yield live
 
 
 def submit(live: tuple[Server, str], spec: dict[str, Any]) -> None:

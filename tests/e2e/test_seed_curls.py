@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.live import Server, free_port
+from tests.e2e.live import Server, running
 from tests.e2e.test_embedded_runs import job_when_ended, submit
 
 pytestmark = pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed")
@@ -31,11 +31,11 @@ TRAIN = (
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
-    server = Server(tmp_path_factory.mktemp("curls") / "data", free_port())
-    printed = server.start()
-    token = re.search(r"token:\s+(astx_\S+)", printed)
-    assert token, printed
-    live = (server, token.group(1))
+    with running(tmp_path_factory.mktemp("curls") / "data") as live:
+        yield from _with_runs(live)
+
+
+def _with_runs(live: tuple[Server, str]) -> Iterator[tuple[Server, str]]:
     submit(
         live,
         {
@@ -48,10 +48,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str
     )
     assert job_when_ended(live, "llama-sft")["status"] == "Failed"
     submit(live, {"name": "llm", "gpus": 1, "command": ["sleep", "1"]})  # the goodput seed's run
-    try:
-        yield live
-    finally:
-        server.stop()
+    yield live
 
 
 def curl(live: tuple[Server, str], line: str) -> str:

@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.e2e.live import Server, free_port
+from tests.e2e.live import Server, running
 from tests.e2e.live_graphql import PROTOCOL, subscribe
 from tests.e2e.test_embedded_runs import submit
 
@@ -33,16 +33,8 @@ TICKER = (
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
-    import re
-
-    server = Server(tmp_path_factory.mktemp("subscriptions") / "data", free_port())
-    printed = server.start()
-    token = re.search(r"token:\s+(astx_\S+)", printed)
-    assert token, printed
-    try:
-        yield server, token.group(1)
-    finally:
-        server.stop()
+    with running(tmp_path_factory.mktemp("subscriptions") / "data") as live:
+        yield live
 
 
 def spec(name: str) -> dict[str, object]:
@@ -54,7 +46,7 @@ def spec(name: str) -> dict[str, object]:
     }
 
 
-async def running(live: tuple[Server, str], worker: str) -> None:
+async def until_running(live: tuple[Server, str], worker: str) -> None:
     import httpx
 
     server, token = live
@@ -75,7 +67,7 @@ async def test_a_followed_log_shows_each_line_as_it_is_written(
 ) -> None:
     server, token = live
     submit(live, spec("ticker"))
-    await running(live, "ticker-0")
+    await until_running(live, "ticker-0")
     lines: list[str] = []
     delays: list[float] = []
     last: dict[str, object] = {}

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from backend.db import Database
 from backend.resolvers.context import build_context
 from backend.schema.schema import schema
-from tests.lifecycle.world import World
+from tests.rest.test_tasks import placed  # noqa: F401  (a fixture)
 from tests.support import FakeClock, Tenancy
 
 
@@ -27,16 +25,11 @@ async def first(db: Database, clock: FakeClock, token: str | None, query: str) -
     return None
 
 
-@pytest.fixture
-async def placed(db: Database, clock: FakeClock, tenancy: Tenancy) -> None:
-    world = World(db, clock, tenancy)
-    await world.machine("gpu-07")
-    await world.submit(workers=1, gpus=1)
-    await world.schedule()
-
-
 async def test_another_workspace_follows_nothing(
-    db: Database, clock: FakeClock, tenancy: Tenancy, placed: None
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    placed: None,  # noqa: F811
 ) -> None:
     follow = """subscription { followLog(worker: "llama-sft-0") { text } }"""
     for outsider in (tenancy.other_token, tenancy.foreign_token):
@@ -57,7 +50,10 @@ async def test_another_workspace_follows_nothing(
 
 
 async def test_another_workspace_gets_no_events(
-    db: Database, clock: FakeClock, tenancy: Tenancy, placed: None
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    placed: None,  # noqa: F811
 ) -> None:
     peek = """subscription { events(organization: "default", workspace: "default") { id } }"""
     bob = await first(db, clock, tenancy.other_token, peek)

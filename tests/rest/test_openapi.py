@@ -3,7 +3,6 @@ no answer that breaks the document, against a live `astraeus up` (issue 6)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import httpx
@@ -22,7 +21,7 @@ from starlette.routing import Mount, Route
 from backend.app import create_app
 from backend.config import Settings
 from backend.rest.openapi import document
-from tests.e2e.live import Server, free_port
+from tests.e2e.live import Server, running
 from tests.e2e.test_embedded_runs import submit
 
 
@@ -35,15 +34,9 @@ def test_the_document_lists_every_route_of_the_shim(tmp_path: object) -> None:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
-    server = Server(tmp_path_factory.mktemp("openapi") / "data", free_port(), local_agent=False)
-    printed = server.start()
-    token = re.search(r"token:\s+(astx_\S+)", printed)
-    assert token, printed
-    try:
-        submit((server, token.group(1)), {"name": "llama-sft", "gpus": 1, "command": ["true"]})
-        yield server, token.group(1)
-    finally:
-        server.stop()
+    with running(tmp_path_factory.mktemp("openapi") / "data", local_agent=False) as live:
+        submit(live, {"name": "llama-sft", "gpus": 1, "command": ["true"]})
+        yield live
 
 
 @pytest.fixture(scope="module")
