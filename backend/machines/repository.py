@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.models import Cluster, Gpu, Machine, Pool, Worker
+from backend.models import Cluster, Gpu, Machine, Pool, Run, Worker
+from backend.runs.rules import ENDED_RUN_STATES
 
 
 async def get_machine(session: AsyncSession, cluster_id: int, name: str) -> Machine | None:
@@ -84,3 +86,30 @@ def add(session: AsyncSession, *rows: object) -> None:
 async def delete_rows(session: AsyncSession, *rows: object) -> None:
     for row in rows:
         await session.delete(row)
+
+
+async def gpus_in_clusters(
+    session: AsyncSession, cluster_ids: Sequence[int]
+) -> list[tuple[Gpu, Machine]]:
+    """Every GPU of the clusters' machines, by machine name and index."""
+    rows = await session.execute(
+        select(Gpu, Machine)
+        .join(Machine, Machine.id == Gpu.machine_id)
+        .where(Machine.cluster_id.in_(cluster_ids))
+        .order_by(Machine.name, Gpu.index)
+    )
+    return [(r[0], r[1]) for r in rows]
+
+
+async def holders(session: AsyncSession, machine_ids: Sequence[int]) -> list[tuple[Worker, Run]]:
+    """The placed workers of runs still going on these machines, with their runs."""
+    rows = await session.execute(
+        select(Worker, Run)
+        .join(Run, Run.id == Worker.run_id)
+        .where(
+            Worker.machine_id.in_(machine_ids),
+            Run.state.not_in(ENDED_RUN_STATES),
+            Run.deleted_at.is_(None),
+        )
+    )
+    return [(r[0], r[1]) for r in rows]

@@ -8,9 +8,11 @@ from strawberry.scalars import JSON
 
 from backend.errors import AstraeusError, NotFound
 from backend.jobs import broker as job_broker
+from backend.machines import views as machine_views
 from backend.resolvers.context import Info
 from backend.runs import service as runs
 from backend.schema.common import UserError
+from backend.schema.machines import Gpu
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
 
 
@@ -61,3 +63,10 @@ async def _change(info: Info, change: Any, name: str, workspace: str | None) -> 
         return RunPayload(run=None, errors=UserError.from_error(error))
     job_broker.nudge_scheduler()
     return RunPayload(run=Run.from_model(row), errors=[])
+
+
+async def gpus(info: Info, workspace: str | None = None) -> list[Gpu]:
+    principal = info.context.require_principal()
+    async with info.context.db.read() as session:
+        found = await machine_views.gpus(session, principal, info.context.clock.now(), workspace)
+    return [Gpu.of(g) for g in found]

@@ -21,6 +21,7 @@ from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
 from backend.schema.events import Event, LogChunk
 from backend.schema.goodput import GoodputInterval, GoodputReport, GoodputWeek
+from backend.schema.machines import Gpu
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
 from backend.schema.secrets import Secret, SecretPayload
 from backend.schema.viewer import Viewer
@@ -48,6 +49,11 @@ class Query:
         resolver=run_resolvers.list_runs,
         extensions=_authenticated(),
         description="The workspace's runs that have not ended; all: true adds ended and deleted.",
+    )
+    gpus: list[Gpu] = strawberry.field(
+        resolver=run_resolvers.gpus,
+        extensions=_authenticated(),
+        description="Every GPU the workspace's runs may use, by machine and index (seed L-39).",
     )
     secrets: list[Secret] = strawberry.field(
         resolver=secret_resolvers.list_secrets,

@@ -1,0 +1,82 @@
+"""What a workspace sees of the machines: every GPU with its utilisation now, its health and
+which run holds it (seed L-39: `gpu-07/0  NVIDIA H100 80GB HBM3  97%  ok  held by llama-sft`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.access.rules import Principal
+from backend.machines import repository
+from backend.metrics import service as metrics
+from backend.organizations import repository as organizations
+from backend.runs import service as runs
+
+UTILIZATION = "task_gpu_utilization_ratio"
+
+
+@dataclass(frozen=True)
+class GpuView:
+    machine: str
+    index: int
+    model: str
+    memory_bytes: int
+    health: str
+    health_reason: str
+    # Mean of its newest sample (the last two minutes), 0 when free; None: held, not sampled.
+    utilization: float | None
+    held_by: str | None  # the run, when it is the caller's workspace's
+    held_elsewhere: bool  # held by a run of another workspace (not named)
+
+    @property
+    def line(self) -> str:
+        """The seed's `astra astraeus gpus` line."""
+        use = "—" if self.utilization is None else f"{round(self.utilization * 100)}%"
+        holder = (
+            f"held by {self.held_by}"
+            if self.held_by
+            else "held by another workspace"
+            if self.held_elsewhere
+            else "free"
+        )
+        return f"{self.machine}/{self.index}  {self.model}  {use}  {self.health}  {holder}"
+
+
+async def gpus(
+    session: AsyncSession, principal: Principal, now: datetime, workspace: str | None = None
+) -> list[GpuView]:
+    """Every GPU of the organisation's clusters (where the workspace's runs may go); a run of
+    another workspace that holds one is not named."""
+    ws = await runs.workspace_for(session, principal, workspace)
+    clusters = await organizations.list_clusters(session, ws.organization_id)
+    found = await repository.gpus_in_clusters(session, [c.id for c in clusters])
+    machine_ids = sorted({m.id for _, m in found})
+    held: dict[tuple[int, int], tuple[int, str, int]] = {}  # (machine, gpu) → worker, run, ws
+    for worker, run in await repository.holders(session, machine_ids):
+        for index in worker.gpu_ids or []:
+            held[(worker.machine_id or 0, index)] = (worker.id, run.name, run.workspace_id)
+    latest = await metrics.latest(session, sorted({w for w, _, _ in held.values()}), now)
+    out = []
+    for gpu, machine in found:
+        holder = held.get((machine.id, gpu.index))
+        utilization: float | None = 0.0
+        if holder is not None:
+            per_gpu = latest.get(holder[0], {}).get(UTILIZATION)
+            utilization = per_gpu.get(str(gpu.index)) if isinstance(per_gpu, dict) else None
+        mine = holder is not None and holder[2] == ws.id
+        out.append(
+            GpuView(
+                machine=machine.name,
+                index=gpu.index,
+                model=gpu.model,
+                memory_bytes=gpu.memory_bytes,
+                health=gpu.health,
+                health_reason=gpu.health_reason,
+                utilization=utilization if holder is None or mine else None,
+                held_by=holder[1] if holder is not None and mine else None,
+                held_elsewhere=holder is not None and not mine,
+            )
+        )
+    return out

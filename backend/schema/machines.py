@@ -1,0 +1,36 @@
+"""Machines' GPUs in GraphQL (seed L-39)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import strawberry
+
+from backend.machines.views import GpuView
+
+
+@strawberry.type(
+    description="A GPU of a machine the workspace's runs may use: its model, utilisation now, "
+    "health, and which run holds it."
+)
+class Gpu:
+    machine: str
+    index: int
+    model: str
+    memory_bytes: float = strawberry.field(description="Bytes (a float: GraphQL Int is 32-bit).")
+    health: str = strawberry.field(description="ok, or why not (XID, ECC, remapped rows).")
+    health_reason: str
+    utilization: float | None = strawberry.field(
+        description="0 to 1, its holder's newest sample (the last two minutes); 0 when free; "
+        "null when not sampled or held by another workspace."
+    )
+    held_by: str | None = strawberry.field(description="The run of this workspace holding it.")
+    held_elsewhere: bool = strawberry.field(description="Held by a run of another workspace.")
+    line: str = strawberry.field(
+        description="As `astra astraeus gpus` prints it: gpu-07/0  NVIDIA H100 80GB HBM3  97%  "
+        "ok  held by llama-sft"
+    )
+
+    @classmethod
+    def of(cls, view: GpuView) -> Gpu:
+        return cls(**dataclasses.asdict(view), line=view.line)
