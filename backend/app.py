@@ -50,7 +50,8 @@ class AstraeusGraphQL(GraphQL[Context, None]):
         app = request.scope["app"]  # type: ignore[attr-defined]
         authorization = request.headers.get("authorization")  # type: ignore[attr-defined]
         logs = getattr(app.state, "agents", None)
-        return await build_context(app.state.db, app.state.clock, authorization, logs)
+        retention = app.state.settings.metrics_retention
+        return await build_context(app.state.db, app.state.clock, authorization, logs, retention)
 
     async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
         """A browser cannot set headers on a WebSocket: its token comes in connection_init.

@@ -22,6 +22,13 @@ async def listing(
     """The events, newest first, and the id to ask the next page ``before`` (None: no more).
     A workspace the caller may not see is answered as absent."""
     ws = await workspace_of(session, principal, organization, workspace)
+    return await page(session, ws, which)
+
+
+async def page(
+    session: AsyncSession, ws: Workspace, which: Listing
+) -> tuple[list[EventView], int | None]:
+    """A page of the workspace's events, newest first, and the id to ask the next before."""
     query = _matching(select(Event).where(Event.workspace_id == ws.id), which.name, which.kind)
     if which.before is not None:
         query = query.where(Event.id < which.before)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from strawberry.types import Info as StrawberryInfo
 
@@ -24,6 +25,8 @@ class Context:
     auth_error: str | None
     # Whoever can ask a machine for a log (None: this server takes no agents).
     logs: LogSource | None = None
+    # How long raw samples are kept: a range query past it reads the one-minute values.
+    metrics_retention: timedelta = timedelta(days=15)
     # A WebSocket's connection_init payload: where a browser puts its token.
     connection_params: dict[str, object] | None = None
     loaders: Loaders = field(init=False)
@@ -65,10 +68,17 @@ async def _principal(db: Database, secret: str | None) -> tuple[Principal | None
 
 
 async def build_context(
-    db: Database, clock: Clock, authorization: str | None, logs: LogSource | None = None
+    db: Database,
+    clock: Clock,
+    authorization: str | None,
+    logs: LogSource | None = None,
+    metrics_retention: timedelta | None = None,
 ) -> Context:
     principal, error = await _principal(db, _secret(authorization))
-    return Context(db=db, clock=clock, principal=principal, auth_error=error, logs=logs)
+    context = Context(db=db, clock=clock, principal=principal, auth_error=error, logs=logs)
+    if metrics_retention is not None:
+        context.metrics_retention = metrics_retention
+    return context
 
 
 Info = StrawberryInfo[Context, None]

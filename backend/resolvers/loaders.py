@@ -39,6 +39,7 @@ def _grouped(
 class Loaders:
     workers_by_run: DataLoader[int, list[Worker]]
     history_by_run: DataLoader[int, list[StateTransition]]
+    history_by_worker: DataLoader[int, list[StateTransition]]
     user_name: DataLoader[int, str]
     machine_name: DataLoader[int, str]
     webhook_deliveries: DataLoader[int, list[tuple[WebhookDelivery, str]]]
@@ -55,6 +56,7 @@ class Loaders:
         return cls(
             workers_by_run=_grouped(db, runs.workers_by_run, list),
             history_by_run=_grouped(db, runs.history_by_run, list),
+            history_by_worker=_grouped(db, runs.history_by_worker, list),
             user_name=_grouped(db, runs.user_names, str),
             machine_name=_grouped(db, runs.machine_names, str),
             webhook_deliveries=_grouped(db, webhooks.recent_deliveries, list),

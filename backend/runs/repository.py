@@ -72,6 +72,26 @@ async def run_history(
     return grouped
 
 
+async def worker_history(
+    session: AsyncSession, worker_ids: Sequence[int]
+) -> dict[int, list[StateTransition]]:
+    """Each worker's own transitions, newest first (seed L-43)."""
+    rows = await session.scalars(
+        select(StateTransition)
+        .where(StateTransition.worker_id.in_(worker_ids))
+        .order_by(
+            StateTransition.worker_id,
+            StateTransition.transition_at.desc(),
+            StateTransition.id.desc(),
+        )
+    )
+    grouped: dict[int, list[StateTransition]] = defaultdict(list)
+    for row in rows:
+        assert row.worker_id is not None
+        grouped[row.worker_id].append(row)
+    return grouped
+
+
 async def user_names(session: AsyncSession, user_ids: Sequence[int]) -> dict[int, str]:
     rows = await session.execute(select(User.id, User.name).where(User.id.in_(user_ids)))
     return {row.id: row.name for row in rows}

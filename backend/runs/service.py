@@ -225,6 +225,12 @@ async def history_by_run(
     return await repository.run_history(session, run_ids)
 
 
+async def history_by_worker(
+    session: AsyncSession, worker_ids: Sequence[int]
+) -> dict[int, list[StateTransition]]:
+    return await repository.worker_history(session, worker_ids)
+
+
 async def user_names(session: AsyncSession, user_ids: Sequence[int]) -> dict[int, str]:
     return await repository.user_names(session, user_ids)
 

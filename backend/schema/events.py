@@ -46,3 +46,28 @@ class LogChunk:
         description="Lines dropped before these, because the reader fell behind."
     )
     ended: bool = strawberry.field(description="The worker ended: the last chunk.")
+
+
+@strawberry.type(description="A page of events, newest first.")
+class EventPage:
+    events: list[Event]
+    next_before: int | None = strawberry.field(
+        description="Ask again with before: this for the next page; null: no more."
+    )
+
+
+@strawberry.type(description="One series of a metric: its labels and [time in ms, value] points.")
+class MetricSeries:
+    labels: JSON
+    points: list[list[float]]
+
+
+@strawberry.type(description="A metric over a range (as GET /v1/metrics/range answers).")
+class MetricRange:
+    metric: str
+    kind: str = strawberry.field(description="gauge or counter.")
+    unit: str
+    start: float = strawberry.field(description="Unix time in ms.")
+    end: float
+    step: float = strawberry.field(description="Milliseconds between points.")
+    series: list[MetricSeries]

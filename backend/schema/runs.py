@@ -81,6 +81,11 @@ class Worker:
     def slow_since(self) -> datetime | None:
         return self._slow_since
 
+    @strawberry.field(description="Its own state changes with their reasons, newest first.")
+    async def history(self, info: Info) -> list[HistoryEntry]:
+        rows = await info.context.loaders.history_by_worker.load(int(self.id))
+        return [HistoryEntry.from_model(r) for r in rows]
+
     @strawberry.field(description="The machine it is placed on, while placed.")
     async def machine(self, info: Info) -> str | None:
         if self._machine_id is None:

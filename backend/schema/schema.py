@@ -12,14 +12,15 @@ from strawberry.extensions.field_extension import FieldExtension
 from strawberry.permission import PermissionExtension
 
 from backend.errors import AstraeusError
+from backend.resolvers import events as event_resolvers
 from backend.resolvers import goodput as goodput_resolvers
+from backend.resolvers import metrics as metric_resolvers
 from backend.resolvers import runs as run_resolvers
 from backend.resolvers import secrets as secret_resolvers
-from backend.resolvers import subscriptions as subscription_resolvers
 from backend.resolvers import webhooks as webhook_resolvers
 from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
-from backend.schema.events import Event, LogChunk
+from backend.schema.events import Event, EventPage, LogChunk, MetricRange
 from backend.schema.goodput import GoodputInterval, GoodputReport, GoodputWeek
 from backend.schema.machines import Gpu
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
@@ -54,6 +55,22 @@ class Query:
         resolver=run_resolvers.gpus,
         extensions=_authenticated(),
         description="Every GPU the workspace's runs may use, by machine and index (seed L-39).",
+    )
+    events: EventPage = strawberry.field(
+        resolver=event_resolvers.events_page,
+        extensions=_authenticated(),
+        description=(
+            "The workspace's events, newest first: of one run (name) or kind; limit 1 to 500 "
+            "(50), before an id for the next page (seed L-44, L-46)."
+        ),
+    )
+    metric_range: MetricRange = strawberry.field(
+        resolver=metric_resolvers.metric_range,
+        extensions=_authenticated(),
+        description=(
+            "One metric's series over time, of the workspace's workers: match label:value "
+            "(repeatable), by, agg (sum, avg, max, min), rate, start, end, step (seed L-40)."
+        ),
     )
     secrets: list[Secret] = strawberry.field(
         resolver=secret_resolvers.list_secrets,
@@ -134,7 +151,7 @@ class Mutation:
 @strawberry.type
 class Subscription:
     follow_log: AsyncGenerator[LogChunk, None] = strawberry.subscription(
-        resolver=subscription_resolvers.follow_log,
+        resolver=event_resolvers.follow_log,
         extensions=_authenticated(),
         description=(
             "A worker's log as its machine writes it (a run's name: its first worker), "
@@ -143,7 +160,7 @@ class Subscription:
         ),
     )
     events: AsyncGenerator[Event, None] = strawberry.subscription(
-        resolver=subscription_resolvers.events_feed,
+        resolver=event_resolvers.events_feed,
         extensions=_authenticated(),
         description=(
             "The workspace's events as they happen (run and worker state changes with their "

@@ -1,16 +1,17 @@
-"""Subscriptions (graphql-transport-ws): a worker's log as it is written, and the
-workspace's events as they happen."""
+"""Events and logs in GraphQL: a page of the workspace's events; subscriptions
+(graphql-transport-ws) to a worker's log as it is written and to the events as they happen."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
 
+from backend.errors import InvalidInput
 from backend.events import service as events
-from backend.events.rules import Cursor, advance
+from backend.events.rules import Cursor, advance, parse_listing
 from backend.logs import service as logs
 from backend.resolvers.context import Info
-from backend.schema.events import Event, LogChunk
+from backend.schema.events import Event, EventPage, LogChunk
 
 # How often a subscriber looks for new events. Events are rows, written by whichever
 # replica or worker process: reading them is what works across processes.
@@ -63,3 +64,23 @@ async def events_feed(
         handed = {i for i in handed if i > cursor.cursor}
         if not fresh:
             await asyncio.sleep(EVENT_POLL_SECONDS)
+
+
+async def events_page(
+    info: Info,
+    organization: str | None = None,
+    workspace: str | None = None,
+    name: str | None = None,
+    kind: str | None = None,
+    limit: int = 50,
+    before: int | None = None,
+) -> EventPage:
+    """The workspace's events, newest first (seed L-44, L-46)."""
+    principal = info.context.require_principal()
+    which, problems = parse_listing(name, str(limit), None if before is None else str(before), kind)
+    if which is None:
+        raise InvalidInput("INVALID_PARAMETER", problems)
+    async with info.context.db.read() as session:
+        target = await events.workspace_of(session, principal, organization, workspace)
+        found, more = await events.page(session, target, which)
+    return EventPage(events=[Event.of(v) for v in found], next_before=more)
