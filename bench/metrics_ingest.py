@@ -217,6 +217,29 @@ def load_series(url: str, ws: int, cluster: int, machine_id: int, ticks: int) ->
     return workers
 
 
+MONTH_SAMPLES = 30 * 24 * 240  # one GPU's memory every 15 s for 30 days: 172 800
+
+
+def load_month(url: str, worker: int, machine_id: int, end_ms: int) -> int:
+    """One worker's GPU 0 memory every 15 s for the 30 days up to ``end_ms``; their start."""
+    start_ms = end_ms - MONTH_SAMPLES * 15_000
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            f"INSERT INTO metric_samples ({', '.join(ROW_COLUMNS)}) "
+            "SELECT %(w)s, %(t0)s + t::int8 * 15000, 40e9 + 1e9 * random(), %(m)s, %(metric)s, 0 "
+            "FROM generate_series(0, %(n)s - 1) t",
+            {
+                "w": worker,
+                "t0": start_ms,
+                "m": machine_id,
+                "metric": BY_NAME["task_gpu_memory_used_bytes"].id,
+                "n": MONTH_SAMPLES,
+            },
+        )
+        conn.execute("VACUUM ANALYZE metric_samples")
+    return start_ms
+
+
 BARE_MEAN_BY_WORKER = """
 SELECT w.name, t.b, avg(t.v) FROM (
   SELECT s.worker_id, s.gpu, (s.ts / %(step)s) * %(step)s AS b, avg(s.value) AS v
@@ -253,7 +276,12 @@ GROUP BY 1 ORDER BY 1
 
 
 async def time_ours(
-    url: str, principal: Principal, now: datetime, params: RangeParams, repeat: int
+    url: str,
+    principal: Principal,
+    now: datetime,
+    params: RangeParams,
+    repeat: int,
+    retention: timedelta = timedelta(days=15),
 ) -> tuple[float, dict[str, Any]]:
     db = Database.from_url(url, pool_size=1)
     times, answer = [], {}
@@ -262,7 +290,7 @@ async def time_ours(
             async with db.read() as session:
                 start = time.perf_counter()
                 result = await metrics.range_query(
-                    session, principal, params, now=now, retention=timedelta(days=15)
+                    session, principal, params, now=now, retention=retention
                 )
                 times.append(time.perf_counter() - start)
             answer = result.to_json()
@@ -288,6 +316,7 @@ def bench_ranges(url: str, cluster: dict[str, Any], ticks: int, repeat: int) -> 
             "SELECT cluster_id, id FROM machines LIMIT 1"
         ).fetchone()
     workers = load_series(url, cluster["workspace"], cluster_id, machine_id, ticks)
+    month = load_month(url, workers[0], machine_id, T0_MS + ticks * EVERY_MS)
     principal = Principal(
         0, None, "bench", cluster["organization"], "bench", cluster["workspace"], "default", False
     )
@@ -319,6 +348,17 @@ def bench_ranges(url: str, cluster: dict[str, Any], ticks: int, repeat: int) -> 
             {"metric": BY_NAME["task_network_receive_bytes_total"].id, "lookback": 300_000},
             4 * ticks,
         ),
+        "one_gpu_30_days": (
+            RangeParams(
+                "task_gpu_memory_used_bytes",
+                match=("task:llama-sft-0", "gpu:0"),
+                start=str(month),
+                end=str(end),
+            ),
+            BARE_ONE_GPU,
+            {"metric": BY_NAME["task_gpu_memory_used_bytes"].id, "worker": workers[0]},
+            MONTH_SAMPLES,
+        ),
         "one_gpu_last_hour": (
             RangeParams("task_gpu_utilization_ratio", match=("task:llama-sft-0", "gpu:0")),
             BARE_ONE_GPU,
@@ -328,7 +368,10 @@ def bench_ranges(url: str, cluster: dict[str, Any], ticks: int, repeat: int) -> 
     }
     out: dict[str, Any] = {}
     for name, (params, sql, extra, scanned) in cases.items():
-        ours, answer = asyncio.run(time_ours(url, principal, now, params, repeat))
+        # Raw samples kept 31 days here: the month reads its samples, as the bare SQL does.
+        ours, answer = asyncio.run(
+            time_ours(url, principal, now, params, repeat, retention=timedelta(days=31))
+        )
         args = {
             "workers": workers,
             "start": answer["start"],
