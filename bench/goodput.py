@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import cProfile
 import io
+import json
 import pstats
 import random
 import time
@@ -554,7 +555,7 @@ def populate_ledgers(url: str, runs: int, days: int) -> dict[str, Any]:
     rng = random.Random(11)
     per_hour = 10 * GPUS * 3600.0  # a run of 10 workers of 8 GPUs
     with psycopg.connect(url) as conn:
-        cluster, ws = tenancy(conn, T0)[1:]
+        org, cluster, ws = tenancy(conn, T0)
         run_ids = copy_runs(conn, cluster, ws, runs, 10)
         hours = [DAY1 + timedelta(hours=h) for h in range(days * 24)]
         statement = f"COPY goodput_hours (hour, {CELL}, gpu_seconds) FROM STDIN (FORMAT BINARY)"
@@ -587,7 +588,7 @@ def populate_ledgers(url: str, runs: int, days: int) -> dict[str, Any]:
             t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
             for t in ("goodput_hours", "goodput_days")
         }
-    return {"workspace": ws, "runs": len(run_ids), **counts}
+    return {"workspace": ws, "organization": org, "runs": len(run_ids), **counts}
 
 
 NAIVE = """
@@ -661,7 +662,71 @@ def bench_report(url: str, runs: int, repeat: int) -> dict[str, Any]:
         "total_naive_gpu_hours": sum(by_naive.values()) / 3600,
         "run_figures_that_differ": differ,
         "trials": {"report": report_times, "naive": naive_times},
+        "page": bench_page(url, data, repeat),
     }
+
+
+# -- the goodput page's GraphQL query -------------------------------------------------------------
+
+PAGE = """query($start: DateTime!, $end: DateTime!) {
+  goodput(by: RUN, start: $start, end: $end) {
+    rows { name ledger { allocatedGpuHours productiveGpuHours lostGpuHours waitingGpuHours
+      goodput gpuHours { category gpuHours heldGpuHours } biggestLoss { category gpuHours } } }
+    total { allocatedGpuHours productiveGpuHours lostGpuHours waitingGpuHours goodput }
+  }
+}"""
+
+
+async def page(url: str, ws: int, org: int, period: Period, repeat: int) -> list[float]:
+    """The console's goodput page by run: its GraphQL query through the schema, the answer
+    serialised to JSON as the server sends it."""
+    from backend.access.rules import Principal
+    from backend.resolvers.context import Context
+    from backend.schema.schema import schema
+
+    db = Database.from_url(url, pool_size=1)
+    principal = Principal(0, None, "bench", org, "bench", ws, "default", False)
+    variables = {"start": period.start.isoformat(), "end": period.end.isoformat()}
+    times = []
+    try:
+        for _ in range(repeat + 1):
+            context = Context(db, FixedClock(period.end), principal, None)
+            start = time.perf_counter()
+            result = await schema.execute(PAGE, variables, context_value=context)
+            body = json.dumps({"data": result.data})
+            times.append(time.perf_counter() - start)
+            assert result.errors is None, result.errors
+            assert len(result.data["goodput"]["rows"]) > 0 and body  # type: ignore[index]
+    finally:
+        await db.dispose()
+    return times[1:]
+
+
+def page_bare(url: str, ws: int, period: Period, repeat: int) -> list[float]:
+    """The statement behind the page, bare: compiled once, run with psycopg, the rows
+    fetched and serialised."""
+    from sqlalchemy.dialects import postgresql
+
+    statement = repository.named_ledgers_query("run", period.start, period.end, [ws], None)
+    sql = str(
+        statement.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
+    )
+    times = []
+    with psycopg.connect(url) as conn:
+        for _ in range(repeat + 1):
+            start = time.perf_counter()
+            rows = conn.execute(sql).fetchall()
+            json.dumps([list(r) for r in rows])
+            times.append(time.perf_counter() - start)
+            conn.rollback()
+    return times[1:]
+
+
+def bench_page(url: str, data: dict[str, Any], repeat: int) -> dict[str, Any]:
+    period = Period(DAY1 + timedelta(hours=5), DAY1 + timedelta(days=7, hours=5))
+    ours_s = median(asyncio.run(page(url, data["workspace"], data["organization"], period, repeat)))
+    bare_s = median(page_bare(url, data["workspace"], period, repeat))
+    return {"page_seconds": ours_s, "bare_seconds": bare_s, "ratio": ours_s / bare_s}
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -731,6 +796,12 @@ def main() -> None:
             f"{r['naive_seconds'] * 1000:.0f} ms, ratio {r['ratio']:.2f} (target <= 0.2); "
             f"totals {r['total_report_gpu_hours']:,.1f} vs {r['total_naive_gpu_hours']:,.1f} "
             f"GPU-hours, run figures that differ: {r['run_figures_that_differ']}"
+        )
+        p = r["page"]
+        print(
+            f"the goodput page's GraphQL query by run (7 days, {r['runs']:,} runs, JSON out): "
+            f"{p['page_seconds'] * 1000:.0f} ms, its statement bare with psycopg "
+            f"{p['bare_seconds'] * 1000:.0f} ms, ratio {p['ratio']:.2f} (target <= 2)"
         )
 
 

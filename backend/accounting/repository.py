@@ -464,6 +464,23 @@ async def named_ledgers(
     """Each run's, machine's, pool's or workspace's ledger over the hours [start, end), with
     its name, most held first: one row each, the categories as columns (a 7-day report over
     10 000 runs reads 10 000 rows, not 20 000 or more)."""
+    query = named_ledgers_query(scope, start, end, workspace_ids, cluster_id)
+    connection = await session.connection()  # Core rows: no ORM loading for 10 000 of them
+    n = len(CATEGORIES)
+    return [
+        NamedLedger(r[0], r[1], tuple(r[2 : 2 + n]), tuple(r[2 + n :]))
+        for r in await connection.execute(query)
+    ]
+
+
+def named_ledgers_query(
+    scope: str,
+    start: datetime,
+    end: datetime,
+    workspace_ids: Sequence[int] | None,
+    cluster_id: int | None,
+) -> Any:
+    """The statement of ``named_ledgers`` (the benchmarks run it bare)."""
     sums = _sums(scope, start, end, workspace_ids, cluster_id, None).subquery()
     columns = [
         func.coalesce(
@@ -483,17 +500,11 @@ async def named_ledgers(
     )
     model = _NAMED[scope]
     name = func.coalesce(model.name, func.cast(pivot.c.scope_id, String))
-    query = (
+    return (
         select(pivot.c.scope_id, name, *list(pivot.c)[2:])
         .outerjoin(model, model.id == pivot.c.scope_id)  # a machine removed since: its id
         .order_by(pivot.c.held_total.desc(), name)  # as the seed: most held first
     )
-    connection = await session.connection()  # Core rows: no ORM loading for 10 000 of them
-    n = len(CATEGORIES)
-    return [
-        NamedLedger(r[0], r[1], tuple(r[2 : 2 + n]), tuple(r[2 + n :]))
-        for r in await connection.execute(query)
-    ]
 
 
 _NAMED: dict[str, Any] = {"run": Run, "machine": Machine, "pool": Pool, "workspace": Workspace}

@@ -9,7 +9,8 @@ from enum import Enum
 import strawberry
 
 from backend.accounting import rules
-from backend.accounting.service import Report
+from backend.accounting.service import Report, Row
+from backend.errors import FieldError, InvalidInput
 
 HOUR_SECONDS = 3600.0
 
@@ -77,13 +78,34 @@ class GoodputRow:
     ledger: GoodputLedger
 
 
+MAX_ROWS = 10_000
+
+
 @strawberry.type(description="A ledger per row over whole UTC hours, most held first.")
 class GoodputReport:
     by: GoodputScope
     start: datetime
     end: datetime
-    rows: list[GoodputRow]
-    total: GoodputLedger
+    total: GoodputLedger = strawberry.field(description="Every row's ledger summed.")
+    row_count: int = strawberry.field(description="How many rows the report has in all.")
+    _rows: strawberry.Private[list[Row]]
+
+    @strawberry.field(
+        description="The rows, most held first: first (100 by default, at most 10 000) from "
+        "offset. A page of a console shows some; the total counts them all."
+    )
+    def rows(self, first: int = 100, offset: int = 0) -> list[GoodputRow]:
+        problems = []
+        if not 0 <= first <= MAX_ROWS:
+            problems.append(FieldError("first", f"must be from 0 to {MAX_ROWS}"))
+        if offset < 0:
+            problems.append(FieldError("offset", "must be 0 or more"))
+        if problems:
+            raise InvalidInput("INVALID_PARAMETER", problems)
+        return [
+            GoodputRow(name=r.name, ledger=GoodputLedger.of(r.ledger))
+            for r in self._rows[offset : offset + first]
+        ]
 
     @classmethod
     def of(cls, report: Report) -> GoodputReport:
@@ -91,8 +113,9 @@ class GoodputReport:
             by=GoodputScope(report.by),
             start=report.period.start,
             end=report.period.end,
-            rows=[GoodputRow(name=r.name, ledger=GoodputLedger.of(r.ledger)) for r in report.rows],
             total=GoodputLedger.of(report.total),
+            row_count=len(report.rows),
+            _rows=report.rows,
         )
 
 

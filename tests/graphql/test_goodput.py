@@ -119,3 +119,19 @@ async def test_bad_input_is_named_and_other_workspaces_see_nothing(
             client, outsider, '{ goodputIntervals(by: RUN, name: "llm") { worker } }'
         )
         assert "llm-0" not in str(hidden)
+
+
+async def test_a_reports_rows_come_a_page_at_a_time(
+    client: httpx.AsyncClient,
+    week: World,  # noqa: F811
+    tenancy: Tenancy,
+) -> None:
+    query = """{ goodput(by: RUN) { rowCount all: rows { name } second: rows(first: 1, offset: 1)
+      { name } total { allocatedGpuHours } } }"""
+    report = (await graphql(client, tenancy.member_token, query))["data"]["goodput"]
+    assert report["rowCount"] == 2
+    assert report["second"] == report["all"][1:]
+    refused = await graphql(
+        client, tenancy.member_token, "{ goodput { rows(first: -1) { name } } }"
+    )
+    assert "first" in refused["errors"][0]["message"]
