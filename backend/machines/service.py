@@ -7,12 +7,14 @@ from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.errors import NotFound
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import Effects
 from backend.machines import repository
 from backend.models import Gpu, Machine, Worker
+from backend.organizations import repository as organizations
 
 SIMULATED_GPU_MODEL = "Simulated GPU"
 
@@ -102,6 +104,22 @@ async def drain(session: AsyncSession, clock: Clock, machine: Machine) -> Effect
     """Take no new work; its runs are preempted and queued again elsewhere."""
     machine.state, machine.reason = "draining", "Drained by an operator"
     return await lifecycle.machine_drained(session, clock, machine.id, machine.name)
+
+
+async def drain_by_name(
+    session: AsyncSession, clock: Clock, principal: Principal, cluster: str, name: str
+) -> tuple[Machine, Effects]:
+    """An organisation admin drains a machine of one of its clusters; anyone else is told
+    there is no such machine."""
+    hidden = NotFound("MACHINE_NOT_FOUND", f"No machine named '{name}' in cluster '{cluster}'.")
+    if not principal.is_org_admin:
+        raise hidden
+    clusters = await organizations.list_clusters(session, principal.organization_id)
+    found = next((c for c in clusters if c.name == cluster), None)
+    machine = await repository.get_machine(session, found.id, name) if found else None
+    if machine is None:
+        raise hidden
+    return machine, await drain(session, clock, machine)
 
 
 async def gpu_fault(

@@ -70,3 +70,18 @@ async def gpus(info: Info, workspace: str | None = None) -> list[Gpu]:
     async with info.context.db.read() as session:
         found = await machine_views.gpus(session, principal, info.context.clock.now(), workspace)
     return [Gpu.of(g) for g in found]
+
+
+async def run_again(
+    info: Info, name: str, new_name: str, workspace: str | None = None
+) -> CreateRunPayload:
+    principal = info.context.require_principal()
+    try:
+        async with info.context.db.transaction() as session:
+            row = await runs.run_again(
+                session, info.context.clock, principal, name, new_name, workspace=workspace
+            )
+    except AstraeusError as error:
+        return CreateRunPayload(run=None, errors=UserError.from_error(error))
+    job_broker.nudge_scheduler()
+    return CreateRunPayload(run=Run.from_model(row), errors=[])

@@ -125,6 +125,22 @@ async def create_run(
     return run
 
 
+async def run_again(
+    session: AsyncSession,
+    clock: Clock,
+    principal: Principal,
+    name: str,
+    new_name: str,
+    *,
+    workspace: str | None = None,
+) -> Run:
+    """A new run from a run's specification under a new name (the console's Run again)."""
+    run = await get_run(session, principal, name, workspace=workspace)
+    spec = dict(run.spec or {})
+    spec["name"] = new_name
+    return await create_run(session, clock, principal, spec, workspace=workspace)
+
+
 def _name_taken(name: str) -> Conflict:
     return Conflict(
         "RUN_EXISTS",

@@ -15,6 +15,7 @@ from backend.errors import AstraeusError
 from backend.resolvers import events as event_resolvers
 from backend.resolvers import goodput as goodput_resolvers
 from backend.resolvers import metrics as metric_resolvers
+from backend.resolvers import operations as operation_resolvers
 from backend.resolvers import runs as run_resolvers
 from backend.resolvers import secrets as secret_resolvers
 from backend.resolvers import webhooks as webhook_resolvers
@@ -23,6 +24,7 @@ from backend.resolvers.permissions import IsAuthenticated
 from backend.schema.events import Event, EventPage, LogChunk, MetricRange
 from backend.schema.goodput import GoodputInterval, GoodputReport, GoodputWeek
 from backend.schema.machines import Gpu
+from backend.schema.operations import Alert, MachinePayload, ThresholdPayload
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
 from backend.schema.secrets import Secret, SecretPayload
 from backend.schema.viewer import Viewer
@@ -72,6 +74,11 @@ class Query:
             "(repeatable), by, agg (sum, avg, max, min), rate, start, end, step (seed L-40)."
         ),
     )
+    alerts_firing: list[Alert] = strawberry.field(
+        resolver=operation_resolvers.alerts_firing,
+        extensions=_authenticated(),
+        description="Threshold alerts firing: the workspace's; all the organisation's for admins.",
+    )
     secrets: list[Secret] = strawberry.field(
         resolver=secret_resolvers.list_secrets,
         extensions=_authenticated(),
@@ -118,6 +125,24 @@ class Mutation:
         resolver=run_resolvers.delete_run,
         extensions=_authenticated(),
         description="Delete a run with its workers and their logs; it stays listed as Deleted.",
+    )
+    run_again: CreateRunPayload = strawberry.mutation(
+        resolver=run_resolvers.run_again,
+        extensions=_authenticated(),
+        description="Submit a run's specification again under a new name.",
+    )
+    drain_machine: MachinePayload = strawberry.mutation(
+        resolver=operation_resolvers.drain_machine,
+        extensions=_authenticated(),
+        description=(
+            "Organisation admins: the machine takes no new work; its runs are preempted and "
+            "placed again elsewhere."
+        ),
+    )
+    set_threshold: ThresholdPayload = strawberry.mutation(
+        resolver=operation_resolvers.set_threshold,
+        extensions=_authenticated(),
+        description="Organisation admins: change one of a cluster's alert thresholds.",
     )
     set_secret: SecretPayload = strawberry.mutation(
         resolver=secret_resolvers.set_secret,

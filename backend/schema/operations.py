@@ -1,0 +1,59 @@
+"""What a cluster's operators see and change in GraphQL: alerts firing, thresholds, drains."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import strawberry
+
+from backend import models
+from backend.schema.common import UserError
+
+
+@strawberry.type(description="A threshold alert firing: what crossed what, and since when.")
+class Alert:
+    metric: str = strawberry.field(
+        description="goodput_drop, workers_stalled, runs_with_straggler or gpu_faults."
+    )
+    subject: str = strawberry.field(description="The workspace, pool or cluster it is about.")
+    value: float
+    threshold: float
+    reason: str
+    fired_at: datetime
+
+    @classmethod
+    def from_model(cls, row: models.Alert) -> Alert:
+        return cls(
+            metric=row.metric,
+            subject=row.subject,
+            value=row.value,
+            threshold=row.threshold,
+            reason=row.reason,
+            fired_at=row.fired_at,
+        )
+
+
+@strawberry.type(description="A cluster's threshold, as its operators set it.")
+class Threshold:
+    name: str
+    value: float
+    updated_at: datetime
+
+
+@strawberry.type
+class ThresholdPayload:
+    threshold: Threshold | None
+    errors: list[UserError]
+
+
+@strawberry.type(description="A machine, as its operators see it.")
+class MachineState:
+    name: str
+    state: str = strawberry.field(description="ready, draining, or lost.")
+    reason: str
+
+
+@strawberry.type
+class MachinePayload:
+    machine: MachineState | None
+    errors: list[UserError]
