@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.models import Cluster, Gpu, Machine, Pool, Run, Worker
@@ -113,3 +113,34 @@ async def holders(session: AsyncSession, machine_ids: Sequence[int]) -> list[tup
         )
     )
     return [(r[0], r[1]) for r in rows]
+
+
+async def machines_in_clusters(
+    session: AsyncSession, cluster_ids: Sequence[int]
+) -> list[tuple[Machine, str, str | None, int, int]]:
+    """The clusters' machines: each with its cluster's and pool's names, its GPUs and how
+    many of them are unhealthy, by cluster and name."""
+    gpus = (
+        select(
+            Gpu.machine_id,
+            func.count().label("gpus"),
+            func.count().filter(Gpu.health != "ok").label("unhealthy"),
+        )
+        .group_by(Gpu.machine_id)
+        .subquery()
+    )
+    rows = await session.execute(
+        select(
+            Machine,
+            Cluster.name,
+            Pool.name,
+            func.coalesce(gpus.c.gpus, 0),
+            func.coalesce(gpus.c.unhealthy, 0),
+        )
+        .join(Cluster, Cluster.id == Machine.cluster_id)
+        .outerjoin(Pool, Pool.id == Machine.pool_id)
+        .outerjoin(gpus, gpus.c.machine_id == Machine.id)
+        .where(Machine.cluster_id.in_(cluster_ids))
+        .order_by(Cluster.name, Machine.name)
+    )
+    return [(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in rows]

@@ -9,6 +9,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
+from backend.errors import Forbidden
 from backend.machines import repository
 from backend.metrics import service as metrics
 from backend.organizations import repository as organizations
@@ -80,3 +81,42 @@ async def gpus(
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class MachineView:
+    name: str
+    cluster: str
+    pool: str | None
+    state: str
+    reason: str
+    cpu_cores: float
+    memory_bytes: int
+    gpus: int
+    unhealthy_gpus: int
+    last_seen_at: datetime | None
+
+
+async def machines(session: AsyncSession, principal: Principal) -> list[MachineView]:
+    """Every machine of the organisation's clusters, for its admins (seed: machines and pools
+    are the organisation admins')."""
+    if not principal.is_org_admin:
+        raise Forbidden("Only the organisation's admins see its machines; GPUs are in gpus.")
+    clusters = await organizations.list_clusters(session, principal.organization_id)
+    return [
+        MachineView(
+            name=m.name,
+            cluster=cluster,
+            pool=pool,
+            state=m.state,
+            reason=m.reason,
+            cpu_cores=m.cpu_cores,
+            memory_bytes=m.memory_bytes,
+            gpus=gpus_count,
+            unhealthy_gpus=unhealthy,
+            last_seen_at=m.last_seen_at,
+        )
+        for m, cluster, pool, gpus_count, unhealthy in await repository.machines_in_clusters(
+            session, [c.id for c in clusters]
+        )
+    ]

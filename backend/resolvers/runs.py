@@ -12,7 +12,7 @@ from backend.machines import views as machine_views
 from backend.resolvers.context import Info
 from backend.runs import service as runs
 from backend.schema.common import UserError
-from backend.schema.machines import Gpu
+from backend.schema.machines import Gpu, MachineInfo
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
 
 
@@ -85,3 +85,10 @@ async def run_again(
         return CreateRunPayload(run=None, errors=UserError.from_error(error))
     job_broker.nudge_scheduler()
     return CreateRunPayload(run=Run.from_model(row), errors=[])
+
+
+async def machines(info: Info) -> list[MachineInfo]:
+    principal = info.context.require_principal()
+    async with info.context.db.read() as session:
+        found = await machine_views.machines(session, principal)
+    return [MachineInfo.of(m) for m in found]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime
 
 import strawberry
 
-from backend.machines.views import GpuView
+from backend.machines.views import GpuView, MachineView
 
 
 @strawberry.type(
@@ -34,3 +35,21 @@ class Gpu:
     @classmethod
     def of(cls, view: GpuView) -> Gpu:
         return cls(**dataclasses.asdict(view), line=view.line)
+
+
+@strawberry.type(description="A machine of the organisation's clusters (its admins').")
+class MachineInfo:
+    name: str
+    cluster: str
+    pool: str | None
+    state: str = strawberry.field(description="ready, draining or lost.")
+    reason: str
+    cpu_cores: float
+    memory_bytes: float = strawberry.field(description="Bytes (a float: GraphQL Int is 32-bit).")
+    gpus: int
+    unhealthy_gpus: int
+    last_seen_at: datetime | None
+
+    @classmethod
+    def of(cls, view: MachineView) -> MachineInfo:
+        return cls(**dataclasses.asdict(view))

@@ -23,7 +23,7 @@ from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
 from backend.schema.events import Event, EventPage, LogChunk, MetricRange
 from backend.schema.goodput import GoodputInterval, GoodputReport, GoodputWeek
-from backend.schema.machines import Gpu
+from backend.schema.machines import Gpu, MachineInfo
 from backend.schema.operations import Alert, MachinePayload, ThresholdPayload
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
 from backend.schema.secrets import Secret, SecretPayload
@@ -72,6 +72,14 @@ class Query:
         description=(
             "One metric's series over time, of the workspace's workers: match label:value "
             "(repeatable), by, agg (sum, avg, max, min), rate, start, end, step (seed L-40)."
+        ),
+    )
+    machines: list[MachineInfo] = strawberry.field(
+        resolver=run_resolvers.machines,
+        extensions=_authenticated(),
+        description=(
+            "Organisation admins: every machine of its clusters, its pool, state and reason, "
+            "GPUs and unhealthy ones, last heard from."
         ),
     )
     alerts_firing: list[Alert] = strawberry.field(

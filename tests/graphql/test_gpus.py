@@ -42,3 +42,21 @@ async def test_each_gpu_as_the_seed_lists_it(
     assert seen[("gpu-07", 0)]["utilization"] is None  # nothing of another workspace's work
     foreign = await graphql(client, tenancy.foreign_token, QUERY)
     assert foreign["data"]["gpus"] == []  # another organisation's machines: none of these
+
+
+async def test_machines_are_the_organisation_admins(
+    client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    world = World(db, clock, tenancy)
+    await world.machine("gpu-07", gpus=2, pool="a100")
+    await world.machine("gpu-08", gpus=1)
+    query = "{ machines { name cluster pool state reason gpus unhealthyGpus lastSeenAt } }"
+    admin = await graphql(client, tenancy.admin_token, query)
+    assert [
+        (m["name"], m["cluster"], m["pool"], m["state"], m["gpus"])
+        for m in admin["data"]["machines"]
+    ] == [("gpu-07", "local", "a100", "ready", 2), ("gpu-08", "local", None, "ready", 1)]
+    for outsider in (tenancy.member_token, tenancy.foreign_token):
+        refused = await graphql(client, outsider, query)
+        assert refused["data"] is None
+        assert refused["errors"][0]["message"].startswith("Only the organisation's admins")
