@@ -7,6 +7,7 @@ from backend.errors import AstraeusError
 from backend.jobs import broker as job_broker
 from backend.machines import service as machines
 from backend.resolvers.context import Info
+from backend.runs import service as runs
 from backend.schema.common import UserError
 from backend.schema.operations import (
     Alert,
@@ -14,6 +15,7 @@ from backend.schema.operations import (
     MachineState,
     Threshold,
     ThresholdPayload,
+    WorkerAttention,
 )
 
 
@@ -51,3 +53,23 @@ async def drain_machine(info: Info, cluster: str, machine: str) -> MachinePayloa
         return MachinePayload(machine=None, errors=UserError.from_error(error))
     job_broker.nudge_scheduler()  # its runs wait to be placed again elsewhere
     return MachinePayload(machine=state, errors=[])
+
+
+async def attention(info: Info, workspace: str | None = None) -> list[WorkerAttention]:
+    """Workers stalled now, then stragglers now (seed: listed first on the goodput page)."""
+    principal = info.context.require_principal()
+    async with info.context.db.read() as session:
+        found = await runs.needing_attention(
+            session, principal, info.context.clock.now(), workspace
+        )
+    return [
+        WorkerAttention(
+            run=a.run,
+            worker=a.worker,
+            kind=a.kind,
+            since=a.since,
+            reason=a.reason,
+            _machine_id=a.machine_id,
+        )
+        for a in found
+    ]

@@ -92,6 +92,22 @@ async def worker_history(
     return grouped
 
 
+async def needing_attention(session: AsyncSession, workspace_id: int) -> list[tuple[Worker, Run]]:
+    """Running workers of the workspace's live runs that are stalled or slow now."""
+    rows = await session.execute(
+        select(Worker, Run)
+        .join(Run, Run.id == Worker.run_id)
+        .where(
+            Run.workspace_id == workspace_id,
+            Run.deleted_at.is_(None),
+            Worker.state == "Running",
+            (Worker.stalled_since.is_not(None)) | (Worker.slow_since.is_not(None)),
+        )
+        .order_by(Run.name, Worker.rank)
+    )
+    return [(r[0], r[1]) for r in rows]
+
+
 async def user_names(session: AsyncSession, user_ids: Sequence[int]) -> dict[int, str]:
     rows = await session.execute(select(User.id, User.name).where(User.id.in_(user_ids)))
     return {row.id: row.name for row in rows}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -13,12 +14,15 @@ from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.lifecycle import service as lifecycle
+from backend.lifecycle.rules import is_straggler
 from backend.models import Event, Run, StateTransition, Worker, Workspace
 from backend.organizations import repository as orgs_repository
 from backend.organizations import service as organizations
 from backend.runs import repository
 from backend.runs.rules import WORKER_CREATED, WorkerState, plan_new_run
 from backend.runs.spec import RunSpec, parse_spec
+
+STRAGGLER_REASON = "Running well behind its gang's median pace"
 
 
 async def workspace_for(
@@ -245,6 +249,40 @@ async def history_by_worker(
     session: AsyncSession, worker_ids: Sequence[int]
 ) -> dict[int, list[StateTransition]]:
     return await repository.worker_history(session, worker_ids)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A worker to look at now: stalled (no progress) or a straggler (well behind its gang)."""
+
+    run: str
+    worker: str
+    machine_id: int | None
+    kind: str  # stalled | straggler
+    since: datetime
+    reason: str
+
+
+async def needing_attention(
+    session: AsyncSession, principal: Principal, now: datetime, workspace: str | None = None
+) -> list[Attention]:
+    """The workspace's workers stalled now, then its stragglers (the goodput page lists them
+    first)."""
+    ws = await workspace_for(session, principal, workspace)
+    stalled, slow = [], []
+    for w, run in await repository.needing_attention(session, ws.id):
+        if w.stalled_since is not None:
+            stalled.append(
+                Attention(run.name, w.name, w.machine_id, "stalled", w.stalled_since, w.reason)
+            )
+        elif is_straggler(w, now):
+            assert w.slow_since is not None
+            slow.append(
+                Attention(
+                    run.name, w.name, w.machine_id, "straggler", w.slow_since, STRAGGLER_REASON
+                )
+            )
+    return stalled + slow
 
 
 async def user_names(session: AsyncSession, user_ids: Sequence[int]) -> dict[int, str]:

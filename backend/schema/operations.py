@@ -7,6 +7,7 @@ from datetime import datetime
 import strawberry
 
 from backend import models
+from backend.resolvers.context import Info
 from backend.schema.common import UserError
 
 
@@ -57,3 +58,19 @@ class MachineState:
 class MachinePayload:
     machine: MachineState | None
     errors: list[UserError]
+
+
+@strawberry.type(description="A worker stalled now, or a straggler now.")
+class WorkerAttention:
+    run: str
+    worker: str
+    kind: str = strawberry.field(description="stalled or straggler.")
+    since: datetime = strawberry.field(description="Stalled from its last progress; slow since.")
+    reason: str
+    _machine_id: strawberry.Private[int | None]
+
+    @strawberry.field(description="The machine it runs on.")
+    async def machine(self, info: Info) -> str | None:
+        if self._machine_id is None:
+            return None
+        return await info.context.loaders.machine_name.load(self._machine_id)

@@ -24,7 +24,12 @@ from backend.resolvers.permissions import IsAuthenticated
 from backend.schema.events import Event, EventPage, LogChunk, MetricRange
 from backend.schema.goodput import GoodputInterval, GoodputReport, GoodputWeek
 from backend.schema.machines import Gpu, MachineInfo
-from backend.schema.operations import Alert, MachinePayload, ThresholdPayload
+from backend.schema.operations import (
+    Alert,
+    MachinePayload,
+    ThresholdPayload,
+    WorkerAttention,
+)
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
 from backend.schema.secrets import Secret, SecretPayload
 from backend.schema.viewer import Viewer
@@ -81,6 +86,11 @@ class Query:
             "Organisation admins: every machine of its clusters, its pool, state and reason, "
             "GPUs and unhealthy ones, last heard from."
         ),
+    )
+    attention: list[WorkerAttention] = strawberry.field(
+        resolver=operation_resolvers.attention,
+        extensions=_authenticated(),
+        description="The workspace's workers stalled now, then its stragglers now.",
     )
     alerts_firing: list[Alert] = strawberry.field(
         resolver=operation_resolvers.alerts_firing,

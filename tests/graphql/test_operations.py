@@ -11,6 +11,7 @@ from backend.db import Database
 from backend.machines import service as machines
 from backend.models import Machine, Run
 from tests.graphql.test_goodput import graphql
+from tests.lifecycle.test_scenarios import running_gang
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 
@@ -91,3 +92,31 @@ async def test_thresholds_and_the_alerts_firing(
     assert member == []  # a cluster's alert is its operators'
     foreign = (await graphql(client, tenancy.foreign_token, query))["data"]["alertsFiring"]
     assert foreign == []
+
+
+async def test_workers_stalled_and_stragglers_now(
+    client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    # seed goodput.txt: "Workers stalled and stragglers now … are listed first"
+    world = World(db, clock, tenancy)
+    await running_gang(world, workers=3, gpus=2)
+    await world.submit(name="quiet", workers=1, gpus=1, stall_timeout="5m", on_stall="keep")
+    await world.machine("gpu-09")
+    await world.schedule()
+    await world.start("quiet-0")
+    paces = {0: 100, 1: 100, 2: 20}  # llama-sft-2 is well behind; quiet-0 never progresses
+    for minute in range(1, 7):
+        clock.advance(minutes=1)
+        for rank, pace in paces.items():
+            await world.report(f"llama-sft-{rank}", "progress", step=minute * pace)
+        await world.timers()
+    query = "{ attention { run worker kind since reason machine } }"
+    found = (await graphql(client, tenancy.member_token, query))["data"]["attention"]
+    assert [(a["worker"], a["kind"]) for a in found] == [
+        ("quiet-0", "stalled"),
+        ("llama-sft-2", "straggler"),
+    ]
+    assert found[0]["reason"].startswith("Stalled: no progress for")
+    assert found[1]["machine"] is not None
+    theirs = (await graphql(client, tenancy.other_token, query))["data"]["attention"]
+    assert theirs == []
