@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
@@ -14,7 +14,7 @@ from backend.accounting import service as accounting
 from backend.accounting.rules import Ledger
 from backend.clock import Clock
 from backend.db import Database
-from backend.models import StateTransition, WebhookDelivery, Worker
+from backend.models import Run, StateTransition, WebhookDelivery, Worker
 from backend.runs import service as runs
 from backend.webhooks import service as webhooks
 
@@ -24,7 +24,7 @@ V = TypeVar("V")
 
 def _grouped(
     db: Database,
-    fetch: Callable[[AsyncSession, Sequence[int]], Awaitable[dict[int, V]]],
+    fetch: Callable[[AsyncSession, Sequence[int]], Awaitable[Mapping[int, V]]],
     default: Callable[[], V],
 ) -> DataLoader[int, V]:
     async def load(keys: list[int]) -> list[V]:
@@ -40,6 +40,7 @@ class Loaders:
     workers_by_run: DataLoader[int, list[Worker]]
     history_by_run: DataLoader[int, list[StateTransition]]
     history_by_worker: DataLoader[int, list[StateTransition]]
+    run: DataLoader[int, Run | None]
     user_name: DataLoader[int, str]
     machine_name: DataLoader[int, str]
     webhook_deliveries: DataLoader[int, list[tuple[WebhookDelivery, str]]]
@@ -57,6 +58,7 @@ class Loaders:
             workers_by_run=_grouped(db, runs.workers_by_run, list),
             history_by_run=_grouped(db, runs.history_by_run, list),
             history_by_worker=_grouped(db, runs.history_by_worker, list),
+            run=_grouped(db, runs.runs_by_id, lambda: None),
             user_name=_grouped(db, runs.user_names, str),
             machine_name=_grouped(db, runs.machine_names, str),
             webhook_deliveries=_grouped(db, webhooks.recent_deliveries, list),

@@ -108,6 +108,10 @@ async def needing_attention(session: AsyncSession, workspace_id: int) -> list[tu
     return [(r[0], r[1]) for r in rows]
 
 
+async def runs_by_id(session: AsyncSession, run_ids: Sequence[int]) -> dict[int, Run]:
+    return {r.id: r for r in await session.scalars(select(Run).where(Run.id.in_(run_ids)))}
+
+
 async def user_names(session: AsyncSession, user_ids: Sequence[int]) -> dict[int, str]:
     rows = await session.execute(select(User.id, User.name).where(User.id.in_(user_ids)))
     return {row.id: row.name for row in rows}

@@ -285,6 +285,11 @@ async def needing_attention(
     return stalled + slow
 
 
+async def runs_by_id(session: AsyncSession, run_ids: Sequence[int]) -> dict[int, Run]:
+    """Runs by id, for a caller that already may see them (their workers were read)."""
+    return await repository.runs_by_id(session, run_ids)
+
+
 async def user_names(session: AsyncSession, user_ids: Sequence[int]) -> dict[int, str]:
     return await repository.user_names(session, user_ids)
 

@@ -29,6 +29,19 @@ class HistoryEntry:
         return cls(transition_at=row.transition_at, state=row.state, reason=row.reason)
 
 
+@strawberry.type(description="How a worker was started (seed L-28).")
+class HowStarted:
+    image: str | None
+    command: list[str] | None
+    user: str | None
+    gpu_ids: list[int]
+    restart_policy: str
+    time_limit: str | None
+    rank: int
+    environment: JSON = strawberry.field(description="The specification's variables.")
+    mounts: JSON = strawberry.field(description="Drives and where they are mounted.")
+
+
 @strawberry.type(description="How many of a run's workers are in one state.")
 class StateCount:
     state: str
@@ -53,6 +66,7 @@ class Worker:
     )
     _machine_id: strawberry.Private[int | None]
     _slow_since: strawberry.Private[datetime | None]
+    _run_id: strawberry.Private[int]
 
     @classmethod
     def from_model(cls, row: models.Worker) -> Worker:
@@ -71,6 +85,7 @@ class Worker:
             last_failure=cast(JSON, row.last_failure),
             _machine_id=row.machine_id,
             _slow_since=row.slow_since,
+            _run_id=row.run_id,
         )
 
     @strawberry.field(description="Running well behind its gang's median pace for several minutes.")
@@ -80,6 +95,25 @@ class Worker:
     @property
     def slow_since(self) -> datetime | None:
         return self._slow_since
+
+    @strawberry.field(
+        description="How it was started: image, command, user, GPU ids, restart policy, time "
+        "limit, rank, environment and mounts."
+    )
+    async def started(self, info: Info) -> HowStarted:
+        run = await info.context.loaders.run.load(self._run_id)
+        spec = dict(run.spec or {}) if run is not None else {}
+        return HowStarted(
+            image=spec.get("image"),
+            command=spec.get("command"),
+            user=spec.get("user"),
+            gpu_ids=self.gpu_ids,
+            restart_policy=str(spec.get("restart_policy", "on_failure")),
+            time_limit=spec.get("time_limit"),
+            rank=self.rank,
+            environment=cast(JSON, spec.get("environment") or {}),
+            mounts=cast(JSON, spec.get("mounts") or []),
+        )
 
     @strawberry.field(description="Its own state changes with their reasons, newest first.")
     async def history(self, info: Info) -> list[HistoryEntry]:

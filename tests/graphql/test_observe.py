@@ -95,3 +95,21 @@ async def test_a_metric_series_equals_the_rest_shims(
     assert outsider["errors"][0]["message"] == (
         "No worker named 'llama-sft-0' in workspace 'team-b'."
     )
+
+
+async def test_how_a_worker_was_started(
+    client: httpx.AsyncClient,
+    running: World,
+    tenancy: Tenancy,
+) -> None:
+    # seed L-28: image, command, user, GPU ids, restart policy, time limit, rank, environment,
+    # mounts
+    query = """{ run(name: "llama-sft") { workers { started { image command user gpuIds
+      restartPolicy timeLimit rank environment mounts } } } }"""
+    started = (await graphql(client, tenancy.member_token, query))["data"]["run"]["workers"][0][
+        "started"
+    ]
+    assert started["command"] == ["python", "train.py"]
+    assert started["gpuIds"] == [0, 1] and started["rank"] == 0
+    assert started["restartPolicy"] == "on_failure"
+    assert started["environment"] == {} and started["mounts"] == []

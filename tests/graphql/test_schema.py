@@ -160,7 +160,9 @@ async def test_without_a_valid_token_every_field_is_refused(
 async def test_runs_with_workers_and_history_take_a_fixed_number_of_statements(
     client: httpx.AsyncClient, db: Database, tenancy: Tenancy
 ) -> None:
-    query = f"{{ runs {{ {RUN_FIELDS} }} }}"
+    # The run page's fields: its workers with their history and how they were started too.
+    page = "workers { history { state reason } started { image command rank environment } }"
+    query = f"{{ runs {{ {RUN_FIELDS} {page} }} }}"
 
     async def statements_for_listing() -> int:
         seen: list[str] = []
