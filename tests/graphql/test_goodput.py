@@ -7,7 +7,10 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import event
 
+from backend.db import Database
+from tests.accounting.test_tick import tick
 from tests.lifecycle.world import World
 from tests.rest.test_goodput import get, week, world  # noqa: F401  (fixtures)
 from tests.support import Tenancy
@@ -135,3 +138,44 @@ async def test_a_reports_rows_come_a_page_at_a_time(
         client, tenancy.member_token, "{ goodput { rows(first: -1) { name } } }"
     )
     assert "first" in refused["errors"][0]["message"]
+
+
+async def test_the_goodput_page_takes_a_fixed_number_of_statements(
+    client: httpx.AsyncClient,
+    world: World,  # noqa: F811
+    tenancy: Tenancy,
+    db: Database,
+) -> None:
+    # issue 6: DataLoaders everywhere; the console's goodput page, locked
+    page = """{ goodput(by: RUN) { rowCount rows { name ledger { goodput biggestLoss { category } }
+      } total { goodput } } attention { worker machine } alertsFiring { subject } gpus { line } }"""
+
+    async def statements() -> int:
+        seen: list[str] = []
+
+        def count(*args: Any) -> None:
+            seen.append(args[2])
+
+        event.listen(db.engine.sync_engine, "before_cursor_execute", count)
+        try:
+            body = await graphql(client, tenancy.member_token, page)
+        finally:
+            event.remove(db.engine.sync_engine, "before_cursor_execute", count)
+        assert "errors" not in body, body
+        return len([s for s in seen if s.lstrip().upper().startswith(("SELECT", "WITH"))])
+
+    await world.machine("gpu-07")
+    for i in range(2):
+        await world.submit(name=f"r{i}", workers=1, gpus=1)
+    await world.schedule()
+    world.clock.advance(minutes=2)
+    await tick(world)
+    few = await statements()
+    for i in range(2, 6):
+        await world.submit(name=f"r{i}", workers=1, gpus=1)
+    await world.schedule()
+    world.clock.advance(minutes=2)
+    await tick(world)
+    assert await statements() == few  # six runs' rows cost what two did
+    rows = await graphql(client, tenancy.member_token, "{ goodput(by: RUN) { rowCount } }")
+    assert rows["data"]["goodput"]["rowCount"] == 6
