@@ -120,3 +120,36 @@ async def machines(session: AsyncSession, principal: Principal) -> list[MachineV
             session, [c.id for c in clusters]
         )
     ]
+
+
+@dataclass(frozen=True)
+class PoolView:
+    name: str
+    cluster: str
+    machines: int
+    gpus: int
+    unhealthy_gpus: int
+
+
+async def pools(session: AsyncSession, principal: Principal) -> list[PoolView]:
+    """The organisation's pools with their machines and GPUs, for its admins; the machines in
+    no pool are not a pool and are not listed."""
+    found: dict[tuple[str, str], list[MachineView]] = {}
+    for m in await machines(session, principal):
+        if m.pool is not None:
+            found.setdefault((m.cluster, m.pool), []).append(m)
+    for cluster, name in await repository.pool_names(
+        session,
+        [c.id for c in await organizations.list_clusters(session, principal.organization_id)],
+    ):
+        found.setdefault((cluster, name), [])
+    return [
+        PoolView(
+            name=name,
+            cluster=cluster,
+            machines=len(members),
+            gpus=sum(m.gpus for m in members),
+            unhealthy_gpus=sum(m.unhealthy_gpus for m in members),
+        )
+        for (cluster, name), members in sorted(found.items())
+    ]

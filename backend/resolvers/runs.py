@@ -12,7 +12,7 @@ from backend.machines import views as machine_views
 from backend.resolvers.context import Info
 from backend.runs import service as runs
 from backend.schema.common import UserError
-from backend.schema.machines import Gpu, MachineInfo
+from backend.schema.machines import Gpu, MachineInfo, PoolInfo
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
 
 
@@ -92,3 +92,10 @@ async def machines(info: Info) -> list[MachineInfo]:
     async with info.context.db.read() as session:
         found = await machine_views.machines(session, principal)
     return [MachineInfo.of(m) for m in found]
+
+
+async def pools(info: Info) -> list[PoolInfo]:
+    principal = info.context.require_principal()
+    async with info.context.db.read() as session:
+        found = await machine_views.pools(session, principal)
+    return [PoolInfo.of(p) for p in found]

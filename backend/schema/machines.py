@@ -7,7 +7,7 @@ from datetime import datetime
 
 import strawberry
 
-from backend.machines.views import GpuView, MachineView
+from backend.machines.views import GpuView, MachineView, PoolView
 
 
 @strawberry.type(
@@ -52,4 +52,17 @@ class MachineInfo:
 
     @classmethod
     def of(cls, view: MachineView) -> MachineInfo:
+        return cls(**dataclasses.asdict(view))
+
+
+@strawberry.type(description="A pool of the organisation's clusters (its admins').")
+class PoolInfo:
+    name: str
+    cluster: str
+    machines: int
+    gpus: int
+    unhealthy_gpus: int
+
+    @classmethod
+    def of(cls, view: PoolView) -> PoolInfo:
         return cls(**dataclasses.asdict(view))

@@ -23,7 +23,7 @@ from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
 from backend.schema.events import Event, EventPage, LogChunk, MetricRange
 from backend.schema.goodput import GoodputInterval, GoodputReport, GoodputWeek
-from backend.schema.machines import Gpu, MachineInfo
+from backend.schema.machines import Gpu, MachineInfo, PoolInfo
 from backend.schema.operations import (
     Alert,
     MachinePayload,
@@ -86,6 +86,11 @@ class Query:
             "Organisation admins: every machine of its clusters, its pool, state and reason, "
             "GPUs and unhealthy ones, last heard from."
         ),
+    )
+    pools: list[PoolInfo] = strawberry.field(
+        resolver=run_resolvers.pools,
+        extensions=_authenticated(),
+        description="Organisation admins: its pools, with their machines and GPUs.",
     )
     attention: list[WorkerAttention] = strawberry.field(
         resolver=operation_resolvers.attention,

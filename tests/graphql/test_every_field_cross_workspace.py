@@ -29,6 +29,7 @@ QUERIES = {
     "metricRange": '{ metricRange(metric: "task_gpu_utilization_ratio", '
     'match: ["task:llama-sft-0"], workspace: "default") { series { labels } } }',
     "machines": "{ machines { name } }",
+    "pools": "{ pools { name machines } }",
     "attention": '{ attention(workspace: "default") { run worker } }',
     "alertsFiring": "{ alertsFiring { subject reason } }",
     "secrets": '{ secrets(workspace: "default") { name } }',

@@ -56,6 +56,10 @@ async def test_machines_are_the_organisation_admins(
         (m["name"], m["cluster"], m["pool"], m["state"], m["gpus"])
         for m in admin["data"]["machines"]
     ] == [("gpu-07", "local", "a100", "ready", 2), ("gpu-08", "local", None, "ready", 1)]
+    pools = await graphql(client, tenancy.admin_token, "{ pools { name cluster machines gpus } }")
+    assert pools["data"]["pools"] == [
+        {"name": "a100", "cluster": "local", "machines": 1, "gpus": 2}
+    ]
     for outsider in (tenancy.member_token, tenancy.foreign_token):
         refused = await graphql(client, outsider, query)
         assert refused["data"] is None
