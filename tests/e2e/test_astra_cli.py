@@ -125,3 +125,38 @@ def test_no_token_anywhere_is_a_usage_error(tmp_path: Path) -> None:
     done = subprocess.run([ASTRA, "astraeus", "runs"], env=env, capture_output=True, text=True)
     assert done.returncode == EXIT_USAGE
     assert done.stderr.startswith("astra: no API token: set ASTRA_TOKEN")
+
+
+def test_the_goodput_table(live: tuple[Server, str]) -> None:
+    # seed G-22 … G-26: the GPU-hours table, by run over 7 days, by week, one run's own
+    submitted = astra(
+        live, "submit", "-", stdin=json.dumps({"name": "llm", "gpus": 1, "command": ["true"]})
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    by_run = astra(live, "goodput", "--by", "run", "--days", "7")
+    assert by_run.returncode == 0, by_run.stderr
+    lines = by_run.stdout.splitlines()
+    assert lines[0] == "GPU-hours"
+    assert lines[1].split() == [
+        "RUN",
+        "HELD",
+        "USED",
+        "GOODPUT",
+        "IDLE",
+        "STALLED",
+        "START",
+        "RESTART",
+        "FAILURE",
+        "PREEMPT",
+        "WAITING",
+    ]
+    assert lines[-3].startswith("TOTAL ") and lines[-1].startswith("USED = productive")
+    weekly = astra(live, "goodput", "--weeks", "2", "--by", "pool").stdout
+    assert weekly.count("GPU-hours") == 2 and weekly.count("\nPOOL ") == 2
+    own = astra(live, "goodput", "--run", "llm").stdout.splitlines()
+    assert own[2].split()[0] == "llm"
+    assert json.loads(astra(live, "goodput", "--run", "llm", "--json").stdout)["name"] == "llm"
+    missing = astra(live, "goodput", "--run", "nope")
+    assert missing.returncode == EXIT_NOT_FOUND
+    bad = astra(live, "goodput", "--days", "0")
+    assert bad.returncode == EXIT_USAGE and "must be a whole number of 1 or more" in bad.stderr

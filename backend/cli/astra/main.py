@@ -1,4 +1,4 @@
-"""``astra astraeus runs | status | workers | submit | stop | delete``."""
+"""``astra astraeus runs | status | workers | goodput | submit | stop | delete``."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from backend.cli.astra import goodput as goodput_table
 from backend.cli.astra.client import (
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -130,6 +131,62 @@ def cmd_delete(api: Api, args: argparse.Namespace) -> str:
     return _change(api, "deleteRun", args.run)
 
 
+GOODPUT = f"""query($by: GoodputScope!, $start: DateTime) {{
+  goodput(by: $by, start: $start) {{
+    rows(first: 10000) {{ name ledger {{ {goodput_table.LEDGER_FIELDS} }} }}
+    total {{ {goodput_table.LEDGER_FIELDS} }}
+  }}
+}}"""
+GOODPUT_WEEKLY = f"""query($by: GoodputScope!, $weeks: Int!) {{
+  goodputWeekly(by: $by, weeks: $weeks) {{
+    week report {{
+      rows(first: 10000) {{ name ledger {{ {goodput_table.LEDGER_FIELDS} }} }}
+      total {{ {goodput_table.LEDGER_FIELDS} }}
+    }}
+  }}
+}}"""
+RUN_GOODPUT = f"""query($name: String!) {{
+  run(name: $name) {{ name goodput {{ {goodput_table.LEDGER_FIELDS} }} }}
+}}"""
+
+
+def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(r["name"], r["ledger"]) for r in report["rows"]]
+
+
+def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
+    """The seed's GPU-hours table: by workspace, run, machine or pool over the last days; by
+    ISO week; or one run's own since it was submitted."""
+    if args.run:
+        run = api.graphql(RUN_GOODPUT, name=args.run)["run"]
+        if run is None:
+            raise CliError(f"astra: no run named '{args.run}' in this workspace", EXIT_NOT_FOUND)
+        if args.json:
+            return json.dumps(run, indent=2)
+        return goodput_table.table("run", [(run["name"], run["goodput"])], None)
+    if args.weeks is not None:
+        weeks = api.graphql(GOODPUT_WEEKLY, by=args.by.upper(), weeks=args.weeks)
+        found = weeks["goodputWeekly"]
+        if args.json:
+            return json.dumps(found, indent=2)
+        return "\n\n".join(
+            f"Week {w['week']}\n"
+            + goodput_table.table(args.by, _rows(w["report"]), w["report"]["total"])
+            for w in found
+        )
+    start = (datetime.now(UTC) - timedelta(days=args.days)).isoformat()
+    report = api.graphql(GOODPUT, by=args.by.upper(), start=start)["goodput"]
+    if args.json:
+        return json.dumps(report, indent=2)
+    return goodput_table.table(args.by, _rows(report), report["total"])
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError("must be a whole number of 1 or more")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="astra", description="Astraeus from the terminal.")
     top = parser.add_subparsers(dest="product", required=True)
@@ -149,6 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     command("runs", cmd_runs, "the workspace's runs that have not ended").add_argument(
         "-a", "--all", action="store_true", help="add ended and deleted runs"
     )
+    goodput = command("goodput", cmd_goodput, "where the GPU time went, as GPU-hours")
+    goodput.add_argument(
+        "--by", choices=["workspace", "run", "machine", "pool"], default="workspace"
+    )
+    goodput.add_argument("--days", type=_positive, default=7, help="the last days (7)")
+    goodput.add_argument("--weeks", type=_positive, help="by ISO week, the last N weeks")
+    goodput.add_argument("--run", help="one run's own ledger since it was submitted")
     command("stop", cmd_stop, "wind a run down; it ends Stopped").add_argument("run")
     command("delete", cmd_delete, "delete a run, its workers and their logs").add_argument("run")
     submit = command("submit", cmd_submit, "submit a run from its JSON specification")

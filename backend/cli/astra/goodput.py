@@ -1,0 +1,74 @@
+"""``astra astraeus goodput``: the seed's GPU-hours table (seed G-22 … G-26).
+
+GPU-hours
+RUN                              HELD     USED GOODPUT    IDLE STALLED   START RESTART …
+llm                             323.1    300.1     93%     0.0     6.2     2.1     4.1 …
+TOTAL                           469.6    412.5     88%    21.0     6.2     9.8     4.1 …
+
+USED = productive (running, GPUs busy); GOODPUT = used / held; WAITING = asked for, not yet held
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TITLE = "GPU-hours"
+FOOTER = (
+    "USED = productive (running, GPUs busy); GOODPUT = used / held; "
+    "WAITING = asked for, not yet held"
+)
+# (header, width): the name column, then right-aligned numbers, as the seed prints them.
+NAME_WIDTH = 32
+COLUMNS = (
+    ("HELD", 5),
+    ("USED", 9),
+    ("GOODPUT", 8),
+    ("IDLE", 8),
+    ("STALLED", 8),
+    ("START", 8),
+    ("RESTART", 8),
+    ("FAILURE", 8),
+    ("PREEMPT", 8),
+    ("WAITING", 8),
+)
+# The held part of these categories, by column.
+HELD_PARTS = {
+    "IDLE": "idle",
+    "STALLED": "stalled",
+    "START": "starting",
+    "RESTART": "restart",
+    "FAILURE": "failure",
+    "PREEMPT": "preemption",
+}
+LEDGER_FIELDS = """allocatedGpuHours productiveGpuHours waitingGpuHours goodput
+  gpuHours { category heldGpuHours }"""
+
+
+def cells(ledger: dict[str, Any]) -> dict[str, str]:
+    """A ledger (GraphQL's GoodputLedger) as the table's cells: HELD is every held part, USED
+    productive, IDLE … PREEMPT held parts, WAITING everything not held, so a row adds up."""
+    held = {c["category"]: c["heldGpuHours"] for c in ledger["gpuHours"]}
+    goodput = ledger["goodput"]
+    out = {
+        "HELD": f"{ledger['allocatedGpuHours']:.1f}",
+        "USED": f"{ledger['productiveGpuHours']:.1f}",
+        "GOODPUT": "-" if goodput is None else f"{goodput * 100:.0f}%",
+        "WAITING": f"{ledger['waitingGpuHours']:.1f}",
+    }
+    out |= {column: f"{held.get(category, 0.0):.1f}" for column, category in HELD_PARTS.items()}
+    return out
+
+
+def line(name: str, values: dict[str, str]) -> str:
+    return f"{name:<{NAME_WIDTH}}" + "".join(f"{values[c]:>{w}}" for c, w in COLUMNS)
+
+
+def table(scope: str, rows: list[tuple[str, dict[str, Any]]], total: dict[str, Any] | None) -> str:
+    """The title, the header named for the scope (RUN, MACHINE, POOL, WORKSPACE), a row each,
+    the TOTAL row and the footer."""
+    out = [TITLE, line(scope.upper(), {c: c for c, _ in COLUMNS})]
+    out += [line(name, cells(ledger)) for name, ledger in rows]
+    if total is not None:
+        out.append(line("TOTAL", cells(total)))
+    out += ["", FOOTER]
+    return "\n".join(out)

@@ -1,0 +1,75 @@
+"""`astra astraeus goodput` prints the seed's table to the column (seed G-22 … G-26)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.cli.astra.goodput import table
+
+# The seed's block (goodput.txt, after `$ astra astraeus goodput --by run --days 7`).
+SEED_BLOCK = """\
+GPU-hours
+RUN                              HELD     USED GOODPUT    IDLE STALLED   START RESTART FAILURE PREEMPT WAITING
+llm                             323.1    300.1     93%     0.0     6.2     2.1     4.1    12.7     0.0     0.0
+sweep-7                         146.5    112.4     77%    21.0     0.0     7.7     0.0     0.0     3.3    18.0
+TOTAL                           469.6    412.5     88%    21.0     6.2     9.8     4.1    12.7     3.3    18.0
+
+USED = productive (running, GPUs busy); GOODPUT = used / held; WAITING = asked for, not yet held"""  # noqa: E501
+
+
+def ledger(
+    held: float, used: float, goodput: float, waiting: float, **parts: float
+) -> dict[str, Any]:
+    categories = ("idle", "stalled", "starting", "restart", "failure", "preemption")
+    return {
+        "allocatedGpuHours": held,
+        "productiveGpuHours": used,
+        "waitingGpuHours": waiting,
+        "goodput": goodput,
+        "gpuHours": [{"category": c, "heldGpuHours": parts.get(c, 0.0)} for c in categories],
+    }
+
+
+def test_the_seeds_block_to_the_character() -> None:
+    # The seed's own figures (its rows do not add up one by one, its TOTAL does: DESIGN §4).
+    rows = [
+        (
+            "llm",
+            ledger(323.1, 300.1, 0.929, 0.0, stalled=6.2, starting=2.1, restart=4.1, failure=12.7),
+        ),
+        (
+            "sweep-7",
+            ledger(146.5, 112.4, 0.767, 18.0, idle=21.0, starting=7.7, preemption=3.3),
+        ),
+    ]
+    total = ledger(
+        469.6,
+        412.5,
+        0.878,
+        18.0,
+        idle=21.0,
+        stalled=6.2,
+        starting=9.8,
+        restart=4.1,
+        failure=12.7,
+        preemption=3.3,
+    )
+    assert table("run", rows, total) == SEED_BLOCK
+
+
+def test_nothing_held_shows_no_goodput_and_other_scopes_name_their_column() -> None:
+    printed = table("machine", [("gpu-07", ledger(0.0, 0.0, None, 2.0))], None).splitlines()  # type: ignore[arg-type]
+    assert printed[1].startswith("MACHINE ")
+    assert printed[2].split() == [
+        "gpu-07",
+        "0.0",
+        "0.0",
+        "-",
+        "0.0",
+        "0.0",
+        "0.0",
+        "0.0",
+        "0.0",
+        "0.0",
+        "2.0",
+    ]
