@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -13,8 +15,10 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from backend.cli.astra.client import EXIT_FAILED
 from tests.e2e.live import Server, running
 from tests.e2e.live_graphql import PROTOCOL, subscribe
+from tests.e2e.test_astra_cli import ASTRA
 from tests.e2e.test_embedded_runs import submit
 
 FOLLOW = """subscription($w: String!, $tail: Int!) {
@@ -126,3 +130,56 @@ async def test_following_a_worker_not_placed_is_an_error(live: tuple[Server, str
     assert results[0]["errors"][0]["message"].startswith("No worker or run named 'nobody-0'")
     bad = [r async for r in subscribe(server.url, token, FOLLOW, w="ticker-0", tail=-1)]
     assert "tail" in bad[0]["errors"][0]["message"]
+
+
+def test_astra_logs_follows_a_worker_to_its_end(live: tuple[Server, str]) -> None:
+    # issue 7: `logs -f` prints lines as they come, then how the worker ended; its exit code
+    server, token = live
+    env = {**server.env_for(token), "HOME": str(server.log.parent)}
+    failing = TICKER + "raise SystemExit(3)\n"
+    for name, code in (("followed", 0), ("followed-fail", EXIT_FAILED)):
+        command = TICKER if code == 0 else failing
+        submit(
+            live,
+            {
+                "name": name,
+                "gpus": 1,
+                "restart_policy": "never",
+                "command": ["python3", "-c", command],
+            },
+        )
+        asyncio.run(until_running(live, f"{name}-0"))
+        done = subprocess.run(
+            [ASTRA, "astraeus", "logs", name, "-f"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        lines = done.stdout.splitlines()
+        printed = lines[:-1] if code == 0 else lines  # how it failed goes to stderr
+        assert [line.split(" at ")[0] for line in printed] == [f"line {i}" for i in range(8)]
+        if code == 0:
+            assert (done.returncode, lines[-1]) == (0, f"{name}-0: Completed — Exited with code 0")
+        else:
+            assert done.returncode == EXIT_FAILED
+            assert done.stderr.startswith(f"{name}-0: Failed — Exited with code 3")
+    tail = subprocess.run(
+        [ASTRA, "astraeus", "logs", "followed", "--tail", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert [line.split(" at ")[0] for line in tail.stdout.splitlines()] == ["line 6", "line 7"]
+
+
+def test_astra_gpus_lists_the_local_agents_gpus(live: tuple[Server, str]) -> None:
+    # seed L-39: `gpu-07/0  NVIDIA H100 80GB HBM3  97%  ok  held by llama-sft`
+    server, token = live
+    env = {**server.env_for(token), "HOME": str(server.log.parent)}
+    done = subprocess.run([ASTRA, "astraeus", "gpus"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines and all(
+        re.fullmatch(r"\S+/\d+  .+  (\d+%|—)  ok  (free|held by \S+)", line) for line in lines
+    ), lines

@@ -92,3 +92,27 @@ class Api:
             exit_code = EXIT_USAGE if code == "UNAUTHENTICATED" else EXIT_REFUSED
             raise CliError(f"astra: {error['message']}", exit_code)
         return dict(body["data"])
+
+    def get(self, path: str, **params: Any) -> dict[str, Any]:
+        """A REST call of the shim: its JSON, or a CliError with an exit code by its status."""
+        url = f"{self.target.api}{path}"
+        try:
+            answer = self.http.get(url, params=params)
+        except httpx.TransportError as exc:
+            raise CliError(
+                f"astra: cannot reach Astraeus at {url}: {exc}", EXIT_UNREACHABLE
+            ) from None
+        if answer.status_code == 200:
+            return dict(answer.json())
+        try:
+            message = answer.json().get("message") or answer.text
+        except ValueError:
+            message = answer.text[:200]
+        exit_code = {401: EXIT_USAGE, 404: EXIT_NOT_FOUND}.get(answer.status_code, EXIT_REFUSED)
+        if answer.status_code >= 500:
+            exit_code = EXIT_UNREACHABLE
+        raise CliError(f"astra: {message}", exit_code)
+
+    @property
+    def websocket_url(self) -> str:
+        return self.target.graphql_url.replace("http", "ws", 1)

@@ -1,20 +1,27 @@
-"""``astra astraeus runs | status | workers | goodput | submit | stop | delete``."""
+"""``astra astraeus runs | status | workers | goodput | gpus | logs | submit | stop | delete``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from websockets.exceptions import InvalidHandshake
+from websockets.sync.client import connect
+from websockets.typing import Subprotocol
+
 from backend.cli.astra import goodput as goodput_table
 from backend.cli.astra.client import (
+    EXIT_FAILED,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_REFUSED,
+    EXIT_UNREACHABLE,
     EXIT_USAGE,
     Api,
     CliError,
@@ -181,6 +188,95 @@ def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
     return goodput_table.table(args.by, _rows(report), report["total"])
 
 
+GPUS = "{ gpus { line } }"
+FOLLOW = """subscription($w: String!, $tail: Int!) {
+  followLog(worker: $w, tail: $tail) { text missed ended } }"""
+
+
+def cmd_gpus(api: Api, args: argparse.Namespace) -> str:
+    """Every GPU the workspace may use: `gpu-07/0  NVIDIA H100 80GB HBM3  97%  ok  held by …`."""
+    gpus = api.graphql(GPUS)["gpus"]
+    return json.dumps(gpus, indent=2) if args.json else "\n".join(g["line"] for g in gpus)
+
+
+def _worker(api: Api, name: str) -> dict[str, Any]:
+    """The worker named, or a run's first worker."""
+    try:
+        return api.get(f"/tasks/{name}")
+    except CliError as error:
+        if error.exit_code != EXIT_NOT_FOUND:
+            raise
+        tasks = api.get("/tasks", job=name)["tasks"]
+        if not tasks:
+            raise
+        return dict(tasks[0])
+
+
+def cmd_logs(api: Api, args: argparse.Namespace) -> str:
+    """A worker's last lines (a run: its first worker); with -f, its new lines as they are
+    written until it ends, then how it ended (the exit status says whether it completed)."""
+    if not args.follow:
+        params = {} if args.tail is None else {"tail": args.tail}
+        found = api.get(f"/tasks/{args.worker}/logs", **params)
+        return str(found["logs"]).rstrip("\n")
+    worker = _worker(api, args.worker)
+    for chunk in follow_log(api, worker["name"], args.tail or 0):
+        if chunk["missed"]:
+            print(f"[… {chunk['missed']} lines missed]", flush=True)
+        if chunk["text"]:
+            sys.stdout.write(chunk["text"])
+            sys.stdout.flush()
+    end = _ended(api, worker["name"])
+    line = f"{end['name']}: {end['status']} — {end['reason']}"
+    if end["status"] != "Completed":
+        raise CliError(line, EXIT_FAILED)
+    return line
+
+
+ENDING_WAIT_S = 30.0
+
+
+def _ended(api: Api, name: str) -> dict[str, Any]:
+    """The worker once its machine has reported how it ended (the log ends first), or as it
+    is after a while."""
+    deadline = time.monotonic() + ENDING_WAIT_S
+    while True:
+        worker = _worker(api, name)
+        if worker["status"] not in ("Running", "Stopping") or time.monotonic() > deadline:
+            return worker
+        time.sleep(0.2)
+
+
+def follow_log(api: Api, worker: str, tail: int) -> Iterator[dict[str, Any]]:
+    """The followLog subscription over a WebSocket (graphql-transport-ws), chunk by chunk."""
+    try:
+        with connect(api.websocket_url, subprotocols=[Subprotocol("graphql-transport-ws")]) as ws:
+            token = api.target.token
+            ws.send(
+                json.dumps(
+                    {"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}}
+                )
+            )
+            json.loads(ws.recv())
+            query = {"query": FOLLOW, "variables": {"w": worker, "tail": tail}}
+            ws.send(json.dumps({"id": "1", "type": "subscribe", "payload": query}))
+            for raw in ws:
+                message = json.loads(raw)
+                if message["type"] == "next":
+                    payload = message["payload"]
+                    if payload.get("errors"):
+                        raise CliError(f"astra: {payload['errors'][0]['message']}", EXIT_REFUSED)
+                    yield payload["data"]["followLog"]
+                elif message["type"] == "error":
+                    raise CliError(f"astra: {message['payload'][0]['message']}", EXIT_REFUSED)
+                elif message["type"] == "complete":
+                    return
+    except (OSError, InvalidHandshake) as exc:
+        raise CliError(
+            f"astra: cannot follow at {api.websocket_url}: {exc}", EXIT_UNREACHABLE
+        ) from None
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError("must be a whole number of 1 or more")
@@ -213,6 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
     goodput.add_argument("--days", type=_positive, default=7, help="the last days (7)")
     goodput.add_argument("--weeks", type=_positive, help="by ISO week, the last N weeks")
     goodput.add_argument("--run", help="one run's own ledger since it was submitted")
+    command("gpus", cmd_gpus, "every GPU the workspace may use, its use and holder")
+    logs = command("logs", cmd_logs, "a worker's log (a run: its first worker)")
+    logs.add_argument("worker")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow until it ends")
+    logs.add_argument(
+        "--tail", type=_positive, help="the last N lines (1 000; with -f: none, new lines only)"
+    )
     command("stop", cmd_stop, "wind a run down; it ends Stopped").add_argument("run")
     command("delete", cmd_delete, "delete a run, its workers and their logs").add_argument("run")
     submit = command("submit", cmd_submit, "submit a run from its JSON specification")
