@@ -331,6 +331,7 @@ async def add_intervals(session: AsyncSession, rows: list[dict[str, Any]]) -> No
     await insert_many(session, GoodputInterval, rows)
 
 
+# A ledger cell: hour (or day), workspace, cluster, scope, scope id, category, held.
 CellKey = tuple[datetime, int, int, str, int, str, bool]
 CELL_COLUMNS = ["workspace_id", "cluster_id", "scope", "scope_id", "category", "held"]
 

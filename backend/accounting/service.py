@@ -50,9 +50,6 @@ from backend.runs import service as runs
 
 WEEK = timedelta(weeks=1)
 
-# hour, workspace, cluster, scope, scope id, category, held
-Cell = tuple[datetime, int, int, str, int, str, bool]
-
 
 @dataclass(frozen=True)
 class TickResult:
@@ -174,7 +171,7 @@ async def _count(
     info = await repository.worker_info(session, ids)
     pools = await repository.machine_pools(session)
     busy = await repository.minute_utilization(session, ids, min(starts.values()), until)
-    cells: dict[Cell, float] = defaultdict(float)
+    cells: dict[repository.CellKey, float] = defaultdict(float)
     back = {w: at for w, at in starts.items() if counted is not None and at < counted}
     for row in await repository.closed_intervals_after(session, back):
         part = _as_interval(row, start=max(row.start_at, back[row.worker_id]))
@@ -249,7 +246,7 @@ def _owner(row: GoodputInterval | GoodputOpenInterval) -> repository.WorkerInfo:
 
 
 def _add(
-    cells: dict[Cell, float],
+    cells: dict[repository.CellKey, float],
     part: Interval,
     owner: repository.WorkerInfo | GoodputInterval | GoodputOpenInterval,
     pool: int | None,
@@ -466,10 +463,6 @@ def weeks_of(raw: str | int | None) -> int:
     return int(text)
 
 
-def _ledger(parts: Iterable[tuple[str, bool, float]]) -> Ledger:
-    return Ledger.of_sums(parts)
-
-
 # -- Prometheus ------------------------------------------------------------------------------------
 
 
@@ -477,7 +470,7 @@ def ledgers_by_id(sums: Iterable[tuple[int, str, bool, float]]) -> dict[int, Led
     parts: dict[int, list[tuple[str, bool, float]]] = defaultdict(list)
     for scope_id, category, held, seconds in sums:
         parts[scope_id].append((category, held, seconds))
-    return {i: _ledger(p) for i, p in parts.items()}
+    return {i: Ledger.of_sums(p) for i, p in parts.items()}
 
 
 async def exposition(

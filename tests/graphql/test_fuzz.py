@@ -3,7 +3,6 @@ mutations of every root field, with a token; none may answer a server error (iss
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import graphql
@@ -13,19 +12,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis.pytest import from_fixture
 
-from tests.e2e.live import Server, running
-from tests.e2e.test_embedded_runs import submit
+from tests.e2e.live import Server
+from tests.rest.test_openapi import live  # noqa: F401  (a fixture: astraeus up, one run)
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
-    with running(tmp_path_factory.mktemp("graphql-fuzz") / "data", local_agent=False) as live:
-        submit(live, {"name": "llama-sft", "gpus": 1, "command": ["true"]})
-        yield live
-
-
-@pytest.fixture(scope="module")
-def graphql_schema(live: tuple[Server, str]) -> schemathesis.BaseSchema:
+def graphql_schema(live: tuple[Server, str]) -> schemathesis.BaseSchema:  # noqa: F811
     server, token = live
     return schemathesis.graphql.from_url(
         f"{server.url}/graphql", headers={"Authorization": f"Bearer {token}"}
@@ -90,7 +82,8 @@ MASKED = "Unexpected error."  # strawberry's MaskErrors
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 def test_no_generated_query_or_mutation_is_a_server_error(
-    case: schemathesis.Case, live: tuple[Server, str]
+    case: schemathesis.Case,
+    live: tuple[Server, str],  # noqa: F811
 ) -> None:
     server, token = live
     response = case.call(
