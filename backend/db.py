@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import JSON, BigInteger, DateTime, Integer, MetaData, event
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Dialect, Engine, make_url
+from sqlalchemy.engine import Connection, Dialect, Engine, make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -92,6 +92,29 @@ def install_sqlite_pragmas(engine: Engine) -> None:
         event.listen(engine, "connect", _sqlite_pragmas)
 
 
+# Database.transaction() asks for this: on SQLite its session takes the write lock as it begins.
+IMMEDIATE = {"sqlite_begin": "IMMEDIATE"}
+
+
+def _own_transactions(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None  # the driver begins nothing; _begin does
+
+
+def _begin(connection: Connection) -> None:
+    """A write transaction holds SQLite's write lock from its first statement, as a row lock
+    (FOR UPDATE) would on PostgreSQL: two transactions that read a run and then write it are
+    taken one after the other, never both on what the other has not committed yet. A read
+    session begins a deferred transaction: one snapshot for all it reads."""
+    mode = connection.get_execution_options().get("sqlite_begin", "DEFERRED")
+    connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def install_sqlite_transactions(engine: Engine) -> None:
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _own_transactions)
+        event.listen(engine, "begin", _begin)
+
+
 def create_engine_for(url: str, *, pool_size: int = 10, echo: bool = False) -> AsyncEngine:
     target = async_url(url)
     if make_url(target).get_backend_name() == "sqlite":
@@ -101,6 +124,7 @@ def create_engine_for(url: str, *, pool_size: int = 10, echo: bool = False) -> A
             target, echo=echo, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
         )
     install_sqlite_pragmas(engine.sync_engine)
+    install_sqlite_transactions(engine.sync_engine)
     return engine
 
 
@@ -119,6 +143,8 @@ class Database:
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """A session whose work is committed on success and rolled back on any error."""
         async with self._sessions() as session, session.begin():
+            if self.engine.dialect.name == "sqlite":
+                await session.connection(execution_options=IMMEDIATE)
             yield session
 
     @asynccontextmanager
