@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SIMULATED_MODEL = "Simulated GPU"
+SIMULATED_UUID = "SIM-"
 
 
 @dataclass(frozen=True)
@@ -19,10 +20,19 @@ class GpuDevice:
     healthy: bool = True
     health_reason: str = ""
 
+    @property
+    def is_simulated(self) -> bool:
+        return self.uuid.startswith(SIMULATED_UUID)
 
-def simulated(count: int, machine: str, memory_bytes: int = 80 * 2**30) -> list[GpuDevice]:
-    """GPUs that do not exist, named "Simulated GPU" wherever they appear."""
-    return [GpuDevice(i, f"SIM-{machine}-{i}", SIMULATED_MODEL, memory_bytes) for i in range(count)]
+
+def simulated(
+    count: int, machine: str, model: str = SIMULATED_MODEL, memory_bytes: int = 80 * 2**30
+) -> list[GpuDevice]:
+    """GPUs that do not exist, named "Simulated GPU" wherever they appear unless a model is
+    given (to rehearse a cluster of that model); their UUIDs always say SIM."""
+    return [
+        GpuDevice(i, f"{SIMULATED_UUID}{machine}-{i}", model, memory_bytes) for i in range(count)
+    ]
 
 
 def nvml() -> list[GpuDevice] | None:
@@ -52,12 +62,12 @@ def nvml() -> list[GpuDevice] | None:
     return devices
 
 
-def discover(simulate: int, machine: str) -> list[GpuDevice]:
+def discover(simulate: int, machine: str, model: str = SIMULATED_MODEL) -> list[GpuDevice]:
     """NVML when it is there (never simulated then); otherwise the simulated GPUs asked for."""
     real = nvml()
     if real is not None:
         return real
-    return simulated(simulate, machine)
+    return simulated(simulate, machine, model)
 
 
 # NVML_GPM_METRIC_* ids (nvml.h): SM activity, any tensor pipe activity, DRAM bandwidth.

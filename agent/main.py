@@ -45,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="without NVIDIA GPUs, present this many simulated ones",
     )
+    parser.add_argument(
+        "--simulate-model",
+        default=SIMULATED_MODEL,
+        help=f"the model simulated GPUs report ({SIMULATED_MODEL!r}), to rehearse a cluster's",
+    )
     parser.add_argument("--heartbeat", type=float, default=10.0, help="seconds between heartbeats")
     parser.add_argument(
         "--sample", type=float, default=5.0, help="seconds between samples of the workers"
@@ -76,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         token=token,
         machine=args.name,
         data_dir=args.data_dir,
-        gpus=discover(args.simulate_gpus, args.name),
+        gpus=discover(args.simulate_gpus, args.name, args.simulate_model),
         cpu_cores=float(os.cpu_count() or 1),
         memory_bytes=machine_memory_bytes(),
         pool=args.pool,
@@ -85,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         executor=args.executor,
         docker_socket=args.docker_socket,
     )
-    if config.gpus and config.gpus[0].model != SIMULATED_MODEL:
+    if config.gpus and not config.gpus[0].is_simulated:
         config.nvml = NvmlSampler()
     config.data_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(KeyboardInterrupt):

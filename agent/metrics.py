@@ -50,7 +50,23 @@ class ProgressReport:
     step: int
     loss: float | None = None
     checkpoint_step: int | None = None
-    gpu_utilization: float | None = None
+    # The workload's own GPU figure (0 to 1) for simulated GPUs: one for all, or one per GPU in
+    # the order of the worker's GPUs.
+    gpu_utilization: float | tuple[float, ...] | None = None
+
+    def utilization_of(self, position: int) -> float | None:
+        figure = self.gpu_utilization
+        if isinstance(figure, tuple):
+            return figure[position] if position < len(figure) else None
+        return figure
+
+
+def _utilization(value: Any) -> float | tuple[float, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return tuple(float(v) for v in value)
+    return float(value)
 
 
 def read_progress(path: Path) -> ProgressReport | None:
@@ -71,9 +87,7 @@ def read_progress(path: Path) -> ProgressReport | None:
             checkpoint_step=(
                 int(data["checkpoint_step"]) if data.get("checkpoint_step") is not None else None
             ),
-            gpu_utilization=(
-                float(data["gpu_utilization"]) if data.get("gpu_utilization") is not None else None
-            ),
+            gpu_utilization=_utilization(data.get("gpu_utilization")),
         )
     except (ValueError, KeyError, TypeError):
         return None  # half written, or not ours: the next look reads it
@@ -99,11 +113,13 @@ class Look:
     progress: list[agent_pb2.Progress] = field(default_factory=list)
 
 
-def simulated_utilization(seen: WorkerSeen, now: float) -> float:
-    """What a simulated GPU shows: the workload's own figure, else busy while it steps."""
-    if seen.report is not None and seen.report.gpu_utilization is not None:
+def simulated_utilization(seen: WorkerSeen, now: float, position: int = 0) -> float:
+    """What the worker's ``position``-th simulated GPU shows: the workload's own figure, else
+    busy while it steps."""
+    reported = seen.report.utilization_of(position) if seen.report is not None else None
+    if reported is not None:
         if now - seen.progress_mtime <= BUSY_WINDOW_S:
-            return min(max(seen.report.gpu_utilization, 0.0), 1.0)
+            return min(max(reported, 0.0), 1.0)
         return 0.0
     if seen.stepped_at is not None and now - seen.stepped_at <= BUSY_WINDOW_S:
         return SIMULATED_BUSY
@@ -197,12 +213,12 @@ class Sampler:
     def _gpus(
         self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
     ) -> None:
-        for index in worker.payload.get("gpu_ids") or []:
+        for position, index in enumerate(worker.payload.get("gpu_ids") or []):
             if self.nvml is not None:
                 for metric, value in self.nvml.read(int(index)).items():
                     self._sample(out, worker.name, metric, at_ms, value, gpu=int(index))
             else:
-                busy = simulated_utilization(seen, now)
+                busy = simulated_utilization(seen, now, position)
                 self._sample(
                     out, worker.name, "task_gpu_utilization_ratio", at_ms, busy, gpu=int(index)
                 )

@@ -73,3 +73,12 @@ def test_nothing_held_shows_no_goodput_and_other_scopes_name_their_column() -> N
         "0.0",
         "2.0",
     ]
+
+
+def test_a_name_longer_than_the_column_widens_it_for_every_row() -> None:
+    name = "a-run-name-of-forty-characters-or-so-xyz"
+    printed = table("run", [(name, ledger(1.0, 1.0, 1.0, 0.0)), ("b", ledger(0, 0, 0, 0))], None)
+    header, first, second = printed.splitlines()[1:4]
+    assert first.startswith(name + " ") and first.split()[1] == "1.0"
+    # right-aligned under HELD on every row
+    assert header.index("HELD") + 4 == first.index("1.0") + 3 == second.index("0.0") + 3

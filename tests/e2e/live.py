@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -11,12 +12,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from agent.executor import end_left_workers
+from backend import migrations
+from backend.db import Database
+from tests.accounting.seed_week import play_seed_week
+from tests.lifecycle.world import World
+from tests.support import FakeClock, Tenancy, make_tenancy
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 
@@ -89,12 +96,44 @@ class Server:
 @contextlib.contextmanager
 def running(data_dir: Path, **options: Any) -> Iterator[tuple[Server, str]]:
     """`astraeus up` on a free port, and the token it printed, until the block ends."""
-    server = Server(data_dir, free_port(), **options)
-    printed = server.start()
-    token = re.search(r"token:\s+(astx_\S+)", printed)
-    assert token, printed
-    try:
+    with serving(data_dir, **options) as (server, printed):
+        token = re.search(r"token:\s+(astx_\S+)", printed)
+        assert token, printed
         yield server, token.group(1)
+
+
+@contextlib.contextmanager
+def serving_seed_week(data_dir: Path, **options: Any) -> Iterator[tuple[Server, Tenancy]]:
+    """The seed week's two runs (tests/accounting/seed_week.py) played two hours ago into an
+    embedded server's database, then `astraeus up` on it without its jobs, so nothing more is
+    counted while a test reads; the tokens of the tenancy the runs belong to."""
+    data_dir.mkdir(parents=True)
+    url = f"sqlite:///{data_dir / 'astraeus.db'}"
+    migrations.upgrade(url)
+
+    async def play() -> Tenancy:
+        db = Database.from_url(url)
+        try:
+            start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=2)
+            clock = FakeClock(start)
+            tenancy = await make_tenancy(db, clock)
+            await play_seed_week(World(db, clock, tenancy))
+            return tenancy
+        finally:
+            await db.dispose()
+
+    tenancy = asyncio.run(play())
+    with serving(data_dir, local_agent=False, run_jobs="false", **options) as (server, _):
+        yield server, tenancy
+
+
+@contextlib.contextmanager
+def serving(data_dir: Path, **options: Any) -> Iterator[tuple[Server, str]]:
+    """`astraeus up` on a free port (on a data folder that may be set up already), and what it
+    printed, until the block ends."""
+    server = Server(data_dir, free_port(), **options)
+    try:
+        yield server, server.start()
     finally:
         server.stop()
 
@@ -102,7 +141,9 @@ def running(data_dir: Path, **options: Any) -> Iterator[tuple[Server, str]]:
 class AgentProcess:
     """`astraeus agent` joining a live server as a machine of the cluster "local"."""
 
-    def __init__(self, server: Server, name: str, data_dir: Path, *, gpus: int = 8) -> None:
+    def __init__(
+        self, server: Server, name: str, data_dir: Path, *, gpus: int = 8, model: str = ""
+    ) -> None:
         self.server = server
         self.data_dir = data_dir
         token = data_dir.parent / f"{name}.token"
@@ -121,6 +162,7 @@ class AgentProcess:
             str(data_dir),
             "--simulate-gpus",
             str(gpus),
+            *(["--simulate-model", model] if model else []),
             "--heartbeat",
             "1",
             "--sample",

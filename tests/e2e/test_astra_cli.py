@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pty
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from backend.cli.astra.client import EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
+from backend.cli.astra.main import EXIT_INTERRUPTED
 from tests.e2e.live import Server, free_port, running
 
 ASTRA = str(Path(sys.executable).parent / "astra")
@@ -160,3 +166,97 @@ def test_the_goodput_table(live: tuple[Server, str]) -> None:
     assert missing.returncode == EXIT_NOT_FOUND
     bad = astra(live, "goodput", "--days", "0")
     assert bad.returncode == EXIT_USAGE and "must be a whole number of 1 or more" in bad.stderr
+
+
+def test_events_listed_and_followed(live: tuple[Server, str]) -> None:
+    # seed L-43, L-46: the workspace's events; issue 7: `events`, `--json`, `-f`
+    server, admin = live
+    env = {**server.env_for(admin), "HOME": str(server.log.parent)}
+    follow = subprocess.Popen(
+        [ASTRA, "astraeus", "events", "--run", "evented", "-f"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        header = follow.stdout.readline() if follow.stdout else ""
+        assert header.split() == ["TIME", "KIND", "NAME", "STATE", "REASON"]
+        spec = json.dumps({"name": "evented", "gpus": 1, "command": ["true"]})
+        assert astra(live, "submit", "-", stdin=spec).returncode == 0
+        assert astra(live, "stop", "evented").returncode == 0
+        seen: list[str] = []
+        while not any("Stopped by admin" in line for line in seen):
+            line = follow.stdout.readline() if follow.stdout else ""
+            assert line, follow.stderr.read() if follow.stderr else ""
+            seen.append(line)
+        assert seen[0].split(None, 5)[2:] == ["run.state", "evented", "Pending", "Run created\n"]
+    finally:
+        follow.send_signal(signal.SIGINT)
+        assert follow.wait(timeout=10) == EXIT_INTERRUPTED  # Ctrl-C ends a follow, as shells say
+
+    listed = astra(live, "events", "--run", "evented", "--kind", "run.state")
+    rows = [row.split(None, 5)[2:] for row in listed.stdout.splitlines()[1:]]
+    assert rows[0] == ["run.state", "evented", "Pending", "Run created"]
+    assert rows[-1] == ["run.state", "evented", "Stopped", "Stopped by admin"]
+    as_json = json.loads(astra(live, "events", "--run", "evented", "--json", "--limit", "2").stdout)
+    assert [e["state"] for e in as_json][-1] == "Stopped" and len(as_json) == 2
+    assert as_json[0]["id"] < as_json[1]["id"]  # the newest last, as in the table
+
+
+def test_history_points_at_the_api(live: tuple[Server, str]) -> None:
+    # seed L-45: astra does not print history; the CLI says where it is
+    done = astra(live, "history", "llama-sft")
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr.splitlines()[:2] == [
+        "astra does not print history. Use the API:",
+        '  curl -sS "$API/jobs/llama-sft" -H "Authorization: Bearer $ASTRA_TOKEN" '
+        "| jq -c '.history[] | [.transition_at, .state, .reason]'",
+    ]
+
+
+def test_every_command_speaks_json(live: tuple[Server, str]) -> None:
+    spec = json.dumps({"name": "as-json", "gpus": 1, "command": ["true"]})
+    submitted = json.loads(astra(live, "submit", "-", "--json", stdin=spec).stdout)
+    assert (submitted["name"], submitted["state"]) == ("as-json", "Pending")
+    for command in (["status", "as-json"], ["workers", "as-json"], ["runs"], ["gpus"]):
+        done = astra(live, *command, "--json")
+        assert done.returncode == 0 and isinstance(json.loads(done.stdout), dict | list), command
+    stopped = json.loads(astra(live, "stop", "as-json", "--json").stdout)
+    assert stopped["state"] == "Stopped"
+    deleted = json.loads(astra(live, "delete", "as-json", "--json").stdout)
+    assert deleted["state"] == "Deleted"
+
+
+def test_colour_only_on_a_terminal(live: tuple[Server, str]) -> None:
+    # issue 7: colour for a person at a terminal, never in a pipe, nor with NO_COLOR
+    spec = json.dumps({"name": "coloured", "gpus": 1, "command": ["true"]})
+    assert astra(live, "submit", "-", stdin=spec).returncode == 0
+    server, admin = live
+    env = {**server.env_for(admin), "HOME": str(server.log.parent), "TERM": "xterm"}
+
+    def on_a_terminal(**extra: str) -> str:
+        leader, follower = pty.openpty()
+        with os.fdopen(leader, "rb", buffering=0) as out:
+            done = subprocess.run(
+                [ASTRA, "astraeus", "workers", "coloured"],
+                env={**env, **extra},
+                stdout=follower,
+                stderr=subprocess.PIPE,
+            )
+            os.close(follower)
+            assert done.returncode == 0, done.stderr
+            printed = b""
+            with contextlib.suppress(OSError):  # EIO: the terminal's other end closed
+                while chunk := out.read(4096):
+                    printed += chunk
+        return printed.decode()
+
+    coloured = on_a_terminal()
+    assert "\033[33mPending" in coloured and "\033[0m" in coloured
+    plain = on_a_terminal(NO_COLOR="1")
+    assert "\033[" not in plain and "Pending" in plain
+    piped = astra(live, "workers", "coloured").stdout
+    assert "\033[" not in piped
+    # the colours sit outside the padding: the columns are where the plain table has them
+    assert re.sub(r"\033\[\d+m", "", coloured).replace("\r\n", "\n") == piped

@@ -47,6 +47,22 @@ def test_a_simulated_gpu_is_busy_while_its_workload_steps(tmp_path: Path) -> Non
     assert utilisation() == [(2, 0.0), (3, 0.0)]
 
 
+def test_a_workload_can_say_how_busy_each_simulated_gpu_is(tmp_path: Path) -> None:
+    # For rehearsals and tests (seed L-39's `97%` and `96%`): one figure, or one per GPU.
+    now = [1000.0]
+    sampler = Sampler(None, clock=lambda: now[0])
+    w = worker(tmp_path, gpu_ids=[2, 3])
+    w.progress_file.write_text(json.dumps({"step": 1, "gpu_utilization": [0.97, 0.96]}))
+    look = sampler.look([w])
+    values = [(s.gpu, s.value) for s in look.samples if s.metric == "task_gpu_utilization_ratio"]
+    assert values == [(2, 0.97), (3, 0.96)]
+    w.progress_file.write_text(json.dumps({"step": 2, "gpu_utilization": [0.5]}))
+    look = sampler.look([w])
+    values = [(s.gpu, s.value) for s in look.samples if s.metric == "task_gpu_utilization_ratio"]
+    assert values == [(2, 0.5), (3, 0.95)]  # the second not said: busy while it steps
+    assert read_progress(w.progress_file) == ProgressReport(step=2, gpu_utilization=(0.5,))
+
+
 def test_progress_and_output_are_reported_once_each_time_they_change(tmp_path: Path) -> None:
     sampler = Sampler(None)
     w = worker(tmp_path)

@@ -59,16 +59,17 @@ def cells(ledger: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def line(name: str, values: dict[str, str]) -> str:
-    return f"{name:<{NAME_WIDTH}}" + "".join(f"{values[c]:>{w}}" for c, w in COLUMNS)
+def line(name: str, values: dict[str, str], width: int = NAME_WIDTH) -> str:
+    return f"{name:<{width}}" + "".join(f"{values[c]:>{w}}" for c, w in COLUMNS)
 
 
 def table(scope: str, rows: list[tuple[str, dict[str, Any]]], total: dict[str, Any] | None) -> str:
     """The title, the header named for the scope (RUN, MACHINE, POOL, WORKSPACE), a row each,
-    the TOTAL row and the footer."""
-    out = [TITLE, line(scope.upper(), {c: c for c, _ in COLUMNS})]
-    out += [line(name, cells(ledger)) for name, ledger in rows]
+    the TOTAL row and the footer. The name column is the seed's, wider for a longer name."""
+    width = max([NAME_WIDTH, *(len(name) + 1 for name, _ in rows)])
+    out = [TITLE, line(scope.upper(), {c: c for c, _ in COLUMNS}, width)]
+    out += [line(name, cells(ledger), width) for name, ledger in rows]
     if total is not None:
-        out.append(line("TOTAL", cells(total)))
+        out.append(line("TOTAL", cells(total), width))
     out += ["", FOOTER]
     return "\n".join(out)

@@ -1,4 +1,5 @@
-"""``astra astraeus runs | status | workers | goodput | gpus | logs | submit | stop | delete``."""
+"""``astra astraeus runs | status | workers | goodput | gpus | logs | events | submit | stop |
+delete``: the API's answers as the seeds print them, or as JSON with ``--json``."""
 
 from __future__ import annotations
 
@@ -6,14 +7,10 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-from websockets.exceptions import InvalidHandshake
-from websockets.sync.client import connect
-from websockets.typing import Subprotocol
 
 from backend.cli.astra import goodput as goodput_table
 from backend.cli.astra.client import (
@@ -21,12 +18,15 @@ from backend.cli.astra.client import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_REFUSED,
-    EXIT_UNREACHABLE,
     EXIT_USAGE,
     Api,
     CliError,
     resolve_target,
 )
+from backend.cli.astra.style import PLAIN, Paint, wanted
+from backend.cli.astra.subscribe import subscribe
+
+EXIT_INTERRUPTED = 130  # Ctrl-C while following, as shells report it
 
 WORKER_FIELDS = "name rank state reason machine gpus exitCode restarts"
 RUN_QUERY = f"""query($name: String!) {{
@@ -47,55 +47,73 @@ def _load_run(api: Api, name: str) -> dict[str, Any]:
     return dict(run)
 
 
-def running_of_total(workers: list[dict[str, Any]]) -> str:
-    running = sum(1 for w in workers if w["state"] == "Running")
-    return f"{running} of {len(workers)} workers running"
+def cell(text: object, width: int) -> str:
+    """Left-aligned in ``width``, and at least two spaces before the next column."""
+    return f"{text!s:<{width - 2}}  "
 
 
-def format_status(run: dict[str, Any]) -> str:
-    """``llama-sft: Running — 2 of 2 workers running``, then a line per worker."""
-    lines = [f"{run['name']}: {run['state']} — {run['reason']}"]
+def format_status(run: dict[str, Any], paint: Paint = PLAIN) -> str:
+    """``llama-sft: Running — 2 of 2 workers running``, then a line per worker (seed L-29)."""
+    lines = [f"{run['name']}: {paint.state(run['state'])} — {run['reason']}"]
     for w in run["workers"]:
-        lines.append(f"  {w['name']}  {w['state']}  {w['machine'] or '-'}  {w['reason']}")
+        state = paint.state(w["state"])
+        lines.append(f"  {w['name']}  {state}  {w['machine'] or '-'}  {w['reason']}")
     return "\n".join(lines)
 
 
-def format_workers(run: dict[str, Any]) -> str:
-    """The seed's WORKER RANK STATE MACHINE REASON table."""
+def format_workers(run: dict[str, Any], paint: Paint = PLAIN) -> str:
+    """The seed's WORKER RANK STATE MACHINE REASON table, to its column widths (seed L-30)."""
     rows = [f"{'WORKER':<30}{'RANK':<7}{'STATE':<12}{'MACHINE':<22}REASON"]
     for w in run["workers"]:
-        rows.append(
-            f"{w['name']:<30}{w['rank']!s:<7}{w['state']:<12}{w['machine'] or '-':<22}{w['reason']}"
-        )
+        state = paint.state(cell(w["state"], 12), w["state"])
+        machine = cell(w["machine"] or "-", 22)
+        rows.append(f"{cell(w['name'], 30)}{cell(w['rank'], 7)}{state}{machine}{w['reason']}")
     return "\n".join(rows)
 
 
-def format_runs(runs: list[dict[str, Any]]) -> str:
+def when(iso: str, precision: str = "%Y-%m-%d %H:%M") -> str:
+    """A time of the API as UTC, to the minute (or as asked)."""
+    return datetime.fromisoformat(iso).astimezone(UTC).strftime(precision)
+
+
+def format_runs(runs: list[dict[str, Any]], paint: Paint = PLAIN) -> str:
     rows = [f"{'RUN':<32}{'STATE':<12}{'WORKERS':<9}{'GPUS':<6}{'CREATED':<18}REASON"]
     for run in runs:
         workers = run["workers"]
         gpus = sum(w["gpus"] for w in workers)
-        created = datetime.fromisoformat(run["createdAt"]).strftime("%Y-%m-%d %H:%M")
+        state = paint.state(cell(run["state"], 12), run["state"])
+        created = cell(when(run["createdAt"]), 18)
         rows.append(
-            f"{run['name']:<32}{run['state']:<12}{len(workers)!s:<9}{gpus!s:<6}"
-            f"{created:<18}{run['reason']}"
+            f"{cell(run['name'], 32)}{state}{cell(len(workers), 9)}{cell(gpus, 6)}{created}"
+            f"{run['reason']}"
         )
     return "\n".join(rows)
 
 
+def as_json(found: Any) -> str:
+    return json.dumps(found, indent=2, ensure_ascii=False)
+
+
 def cmd_status(api: Api, args: argparse.Namespace) -> str:
     run = _load_run(api, args.run)
-    return json.dumps(run, indent=2) if args.json else format_status(run)
+    return as_json(run) if args.json else format_status(run, args.paint)
 
 
 def cmd_workers(api: Api, args: argparse.Namespace) -> str:
     run = _load_run(api, args.run)
-    return json.dumps(run["workers"], indent=2) if args.json else format_workers(run)
+    return as_json(run["workers"]) if args.json else format_workers(run, args.paint)
 
 
 def cmd_runs(api: Api, args: argparse.Namespace) -> str:
     runs = api.graphql(RUNS_QUERY, all=args.all)["runs"]
-    return json.dumps(runs, indent=2) if args.json else format_runs(runs)
+    return as_json(runs) if args.json else format_runs(runs, args.paint)
+
+
+def _changed(run: dict[str, Any], args: argparse.Namespace) -> str:
+    """What a submit, stop or delete left: ``<run>: <State> — <reason>``, or the run as JSON."""
+    if args.json:
+        return as_json(run)
+    return f"{run['name']}: {args.paint.state(run['state'])} — {run['reason']}"
 
 
 def cmd_submit(api: Api, args: argparse.Namespace) -> str:
@@ -111,8 +129,7 @@ def cmd_submit(api: Api, args: argparse.Namespace) -> str:
     if payload["errors"]:
         lines = [f"  {e['field'] or 'spec'}: {e['message']}" for e in payload["errors"]]
         raise CliError("astra: the run was refused:\n" + "\n".join(lines), EXIT_REFUSED)
-    run = payload["run"]
-    return f"{run['name']}: {run['state']} — {run['reason']}"
+    return _changed(payload["run"], args)
 
 
 CHANGE_RUN = """mutation($name: String!) {{
@@ -120,22 +137,21 @@ CHANGE_RUN = """mutation($name: String!) {{
 }}"""
 
 
-def _change(api: Api, field: str, name: str) -> str:
-    payload = api.graphql(CHANGE_RUN.format(field=field), name=name)[field]
+def _change(api: Api, field: str, args: argparse.Namespace) -> str:
+    payload = api.graphql(CHANGE_RUN.format(field=field), name=args.run)[field]
     if payload["errors"]:
         error = payload["errors"][0]
         code = EXIT_NOT_FOUND if error["code"] == "JOB_NOT_FOUND" else EXIT_REFUSED
         raise CliError(f"astra: {error['message']}", code)
-    run = payload["run"]
-    return f"{run['name']}: {run['state']} — {run['reason']}"
+    return _changed(payload["run"], args)
 
 
 def cmd_stop(api: Api, args: argparse.Namespace) -> str:
-    return _change(api, "stopRun", args.run)
+    return _change(api, "stopRun", args)
 
 
 def cmd_delete(api: Api, args: argparse.Namespace) -> str:
-    return _change(api, "deleteRun", args.run)
+    return _change(api, "deleteRun", args)
 
 
 GOODPUT = f"""query($by: GoodputScope!, $start: DateTime) {{
@@ -169,13 +185,13 @@ def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
         if run is None:
             raise CliError(f"astra: no run named '{args.run}' in this workspace", EXIT_NOT_FOUND)
         if args.json:
-            return json.dumps(run, indent=2)
+            return as_json(run)
         return goodput_table.table("run", [(run["name"], run["goodput"])], None)
     if args.weeks is not None:
         weeks = api.graphql(GOODPUT_WEEKLY, by=args.by.upper(), weeks=args.weeks)
         found = weeks["goodputWeekly"]
         if args.json:
-            return json.dumps(found, indent=2)
+            return as_json(found)
         return "\n\n".join(
             f"Week {w['week']}\n"
             + goodput_table.table(args.by, _rows(w["report"]), w["report"]["total"])
@@ -184,7 +200,7 @@ def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
     start = (datetime.now(UTC) - timedelta(days=args.days)).isoformat()
     report = api.graphql(GOODPUT, by=args.by.upper(), start=start)["goodput"]
     if args.json:
-        return json.dumps(report, indent=2)
+        return as_json(report)
     return goodput_table.table(args.by, _rows(report), report["total"])
 
 
@@ -196,7 +212,7 @@ FOLLOW = """subscription($w: String!, $tail: Int!) {
 def cmd_gpus(api: Api, args: argparse.Namespace) -> str:
     """Every GPU the workspace may use: `gpu-07/0  NVIDIA H100 80GB HBM3  97%  ok  held by …`."""
     gpus = api.graphql(GPUS)["gpus"]
-    return json.dumps(gpus, indent=2) if args.json else "\n".join(g["line"] for g in gpus)
+    return as_json(gpus) if args.json else "\n".join(g["line"] for g in gpus)
 
 
 def _worker(api: Api, name: str) -> dict[str, Any]:
@@ -214,26 +230,36 @@ def _worker(api: Api, name: str) -> dict[str, Any]:
 
 def cmd_logs(api: Api, args: argparse.Namespace) -> str:
     """A worker's last lines (a run: its first worker); with -f, its new lines as they are
-    written until it ends, then how it ended (the exit status says whether it completed)."""
+    written until it ends, then a blank line and how it ended (seed L-8: the exit status says
+    whether it completed)."""
     if not args.follow:
         params = {} if args.tail is None else {"tail": args.tail}
         found = api.get(f"/tasks/{args.worker}/logs", **params)
-        return str(found["logs"]).rstrip("\n")
+        return as_json(found) if args.json else str(found["logs"]).rstrip("\n")
     worker = _worker(api, args.worker)
-    for chunk in follow_log(api, worker["name"], args.tail or 0):
+    tail = FOLLOW_TAIL if args.tail is None else args.tail
+    for chunk in subscribe(api, FOLLOW, "followLog", w=worker["name"], tail=tail):
+        if args.json:
+            print(json.dumps(chunk, ensure_ascii=False), flush=True)
+            continue
         if chunk["missed"]:
             print(f"[… {chunk['missed']} lines missed]", flush=True)
         if chunk["text"]:
             sys.stdout.write(chunk["text"])
             sys.stdout.flush()
     end = _ended(api, worker["name"])
-    line = f"{end['name']}: {end['status']} — {end['reason']}"
+    if args.json:
+        line = json.dumps(end, ensure_ascii=False)
+    else:
+        print(flush=True)
+        line = f"{end['name']}: {args.paint.state(end['status'])} — {end['reason']}"
     if end["status"] != "Completed":
         raise CliError(line, EXIT_FAILED)
     return line
 
 
 ENDING_WAIT_S = 30.0
+FOLLOW_TAIL = 10  # -f starts with the last lines, as tail -f does
 
 
 def _ended(api: Api, name: str) -> dict[str, Any]:
@@ -247,39 +273,71 @@ def _ended(api: Api, name: str) -> dict[str, Any]:
         time.sleep(0.2)
 
 
-def follow_log(api: Api, worker: str, tail: int) -> Iterator[dict[str, Any]]:
-    """The followLog subscription over a WebSocket (graphql-transport-ws), chunk by chunk."""
-    try:
-        with connect(api.websocket_url, subprotocols=[Subprotocol("graphql-transport-ws")]) as ws:
-            token = api.target.token
-            ws.send(
-                json.dumps(
-                    {"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}}
-                )
-            )
-            json.loads(ws.recv())
-            query = {"query": FOLLOW, "variables": {"w": worker, "tail": tail}}
-            ws.send(json.dumps({"id": "1", "type": "subscribe", "payload": query}))
-            for raw in ws:
-                message = json.loads(raw)
-                if message["type"] == "next":
-                    payload = message["payload"]
-                    if payload.get("errors"):
-                        raise CliError(f"astra: {payload['errors'][0]['message']}", EXIT_REFUSED)
-                    yield payload["data"]["followLog"]
-                elif message["type"] == "error":
-                    raise CliError(f"astra: {message['payload'][0]['message']}", EXIT_REFUSED)
-                elif message["type"] == "complete":
-                    return
-    except (OSError, InvalidHandshake) as exc:
-        raise CliError(
-            f"astra: cannot follow at {api.websocket_url}: {exc}", EXIT_UNREACHABLE
-        ) from None
+EVENT_FIELDS = "id kind state reason run worker createdAt"
+EVENTS = f"""query($name: String, $kind: String, $limit: Int!) {{
+  events(name: $name, kind: $kind, limit: $limit) {{ events {{ {EVENT_FIELDS} }} }}
+}}"""
+FOLLOW_EVENTS = f"""subscription($name: String, $kind: String, $after: Int) {{
+  events(name: $name, kind: $kind, after: $after) {{ {EVENT_FIELDS} }}
+}}"""
+EVENT_COLUMNS = (("TIME", 21), ("KIND", 16), ("NAME", 26), ("STATE", 12))
+
+
+def format_event(event: dict[str, Any], paint: Paint = PLAIN) -> str:
+    """``2026-11-29 15:04:05  run.state  llama-sft  Running  2 of 2 workers running``."""
+    time_, kind, name, state = (
+        cell(when(event["createdAt"], "%Y-%m-%d %H:%M:%S"), 21),
+        cell(event["kind"], 16),
+        cell(event["worker"] or event["run"] or "-", 26),
+        cell(event["state"] or "-", 12),
+    )
+    return f"{time_}{kind}{name}{paint.state(state, event['state'])}{event['reason']}"
+
+
+EVENTS_HEADER = "".join(f"{title:<{width}}" for title, width in EVENT_COLUMNS) + "REASON"
+
+
+def cmd_events(api: Api, args: argparse.Namespace) -> str:
+    """The workspace's events, oldest first, the newest last (seed L-43, L-46); with -f, then
+    each new one as it happens, until interrupted."""
+    page = api.graphql(EVENTS, name=args.run, kind=args.kind, limit=args.limit)["events"]
+    events = list(reversed(page["events"]))
+    if not args.follow:
+        if args.json:
+            return as_json(events)
+        return "\n".join([EVENTS_HEADER, *(format_event(e, args.paint) for e in events)])
+    print(as_json(events) if args.json else EVENTS_HEADER, flush=True)
+    if not args.json:
+        for event in events:
+            print(format_event(event, args.paint), flush=True)
+    after = events[-1]["id"] if events else None
+    for event in subscribe(
+        api, FOLLOW_EVENTS, "events", name=args.run, kind=args.kind, after=after
+    ):
+        line = (
+            json.dumps(event, ensure_ascii=False) if args.json else format_event(event, args.paint)
+        )
+        print(line, flush=True)
+    return ""
+
+
+HISTORY_BY_API = (
+    "astra does not print history. Use the API:\n"
+    '  curl -sS "$API/jobs/{run}" -H "Authorization: Bearer $ASTRA_TOKEN" '
+    "| jq -c '.history[] | [.transition_at, .state, .reason]'\n"
+    "or follow its events: astra astraeus events --run {run} -f"
+)
 
 
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError("must be a whole number of 1 or more")
+    return int(text)
+
+
+def _whole(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError("must be a whole number of 0 or more")
     return int(text)
 
 
@@ -314,10 +372,18 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("worker")
     logs.add_argument("-f", "--follow", action="store_true", help="follow until it ends")
     logs.add_argument(
-        "--tail", type=_positive, help="the last N lines (1 000; with -f: none, new lines only)"
+        "--tail", type=_whole, help="the last N lines (1 000; with -f: 10, then each new one)"
     )
     command("stop", cmd_stop, "wind a run down; it ends Stopped").add_argument("run")
     command("delete", cmd_delete, "delete a run, its workers and their logs").add_argument("run")
+    events = command("events", cmd_events, "the workspace's events, the newest last")
+    events.add_argument("--run", help="only this run's and its workers' events")
+    events.add_argument("--kind", help="only this kind: run.state, worker.state, alert.firing, …")
+    events.add_argument("--limit", type=_positive, default=50, help="the last N events (50)")
+    events.add_argument("-f", "--follow", action="store_true", help="then each new one")
+    history = sub.add_parser("history", help="astra does not print history: where to find it")
+    history.add_argument("run")
+    history.set_defaults(json=False)
     submit = command("submit", cmd_submit, "submit a run from its JSON specification")
     submit.add_argument("spec", help="a JSON file, or - for standard input")
     submit.add_argument("--name", help="submit under this name instead of the file's")
@@ -326,12 +392,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.paint = Paint(wanted(sys.stdout))
     try:
+        if args.command == "history":  # seed L-45: say where the history is instead
+            raise CliError(HISTORY_BY_API.format(run=args.run), EXIT_USAGE)
         api = Api(resolve_target())
-        print(args.func(api, args))
+        printed = args.func(api, args)
+        if printed:
+            print(printed)
     except CliError as error:
-        print(str(error), file=sys.stderr)
+        print(Paint(wanted(sys.stderr)).error(str(error)), file=sys.stderr)
         return error.exit_code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     return EXIT_OK
 
 

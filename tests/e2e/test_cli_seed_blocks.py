@@ -1,0 +1,290 @@
+"""`astra astraeus` against live servers, compared line by line with the seeds' terminal blocks.
+
+The goodput table comes from the seed's two runs played through the real services (a fake
+clock, two hours ago) and served by `astraeus up`; the status, workers, gpus and logs blocks
+from a real run, llama-sft, on three machines named as in the seed, whose agents present
+simulated GPUs as the seed's model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.live import AgentProcess, Server, running, serving_seed_week
+from tests.support import Tenancy
+from tests.test_cli_goodput import SEED_BLOCK
+
+ASTRA = str(Path(sys.executable).parent / "astra")
+MODEL = "NVIDIA H100 80GB HBM3"
+
+
+def astra(server: Server, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**server.env_for(token), "HOME": str(server.log.parent)}
+    return subprocess.run(
+        [ASTRA, "astraeus", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+# -- the goodput table (seed G-24 … G-26) ----------------------------------------------------
+
+
+def seed_layout(name: str, values: list[str]) -> str:
+    """A row laid out as the seed's block lays out its rows: the name, then each figure
+    right-aligned to the end of its column's header."""
+    header = SEED_BLOCK.splitlines()[1]
+    ends = [m.end() for m in re.finditer(r"\S+", header)][1:]
+    row = name
+    for value, end in zip(values, ends, strict=True):
+        row += value.rjust(end - len(row))
+    return row
+
+
+def figures(ledger: dict[str, Any]) -> list[str]:
+    """A ledger of the REST API as the seed's columns: HELD USED GOODPUT IDLE STALLED START
+    RESTART FAILURE PREEMPT WAITING."""
+    held = ledger["held_gpu_hours"]
+    goodput = ledger.get("goodput")
+    return [
+        f"{ledger['allocated_gpu_hours']:.1f}",
+        f"{ledger['productive_gpu_hours']:.1f}",
+        "-" if goodput is None else f"{goodput:.0%}",
+        *(
+            f"{held[c]:.1f}"
+            for c in ("idle", "stalled", "starting", "restart", "failure", "preemption")
+        ),
+        f"{ledger['waiting_gpu_hours']:.1f}",
+    ]
+
+
+def test_the_layout_rebuilds_the_seeds_own_rows() -> None:
+    seed = SEED_BLOCK.splitlines()
+    for row in seed[2:5]:
+        name, *values = row.split()
+        assert seed_layout(name, values) == row
+
+
+@pytest.fixture(scope="module")
+def seed_week(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Tenancy]]:
+    with serving_seed_week(tmp_path_factory.mktemp("seed-week") / "data") as found:
+        yield found
+
+
+def test_goodput_by_run_is_the_seeds_block_with_the_weeks_figures(
+    seed_week: tuple[Server, Tenancy],
+) -> None:
+    # seed G-24: `astra astraeus goodput --by run --days 7`
+    server, tenancy = seed_week
+    token = tenancy.member_token
+    printed = astra(server, token, "goodput", "--by", "run", "--days", "7")
+    assert printed.returncode == 0, printed.stderr
+    start = (datetime.now(UTC) - timedelta(days=7)).isoformat()
+    api = httpx.get(
+        f"{server.url}/v1/goodput",
+        params={"by": "run", "start": start},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    seed = SEED_BLOCK.splitlines()
+    expected = [
+        seed[0],  # GPU-hours
+        seed[1],  # RUN HELD USED GOODPUT …
+        *(seed_layout(row["name"], figures(row)) for row in api["ledgers"]),
+        seed_layout("TOTAL", figures(api["total"])),
+        seed[5],  # the blank line
+        seed[6],  # USED = productive …
+    ]
+    assert [row["name"] for row in api["ledgers"]] == ["llm", "sweep-7"]
+    assert printed.stdout.splitlines() == expected
+    # seed G-26: one run's own ledger since it was submitted
+    own = astra(server, token, "goodput", "--run", "llm")
+    ledger = httpx.get(
+        f"{server.url}/v1/runs/llm/goodput", headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    assert own.stdout.splitlines() == [
+        seed[0],
+        seed[1],
+        seed_layout("llm", figures(ledger)),
+        seed[5],
+        seed[6],
+    ]
+
+
+def test_goodput_by_week_and_pool(seed_week: tuple[Server, Tenancy]) -> None:
+    # seed G-25: `astra astraeus goodput --weeks 8 --by pool`
+    server, tenancy = seed_week
+    token = tenancy.member_token
+    printed = astra(server, token, "goodput", "--weeks", "8", "--by", "pool")
+    assert printed.returncode == 0, printed.stderr
+    weekly = httpx.get(
+        f"{server.url}/v1/goodput/weekly",
+        params={"weeks": 8, "by": "pool"},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()["weeks"]
+    assert len(weekly) == 8
+    seed = SEED_BLOCK.splitlines()
+    pool_header = seed_layout("POOL", seed[1].split()[1:])
+    expected: list[str] = []
+    for week in weekly:
+        expected += [f"Week {week['week']}", seed[0], pool_header]
+        expected += [seed_layout(row["name"], figures(row)) for row in week["ledgers"]]
+        expected += [seed_layout("TOTAL", figures(week["total"])), seed[5], seed[6], ""]
+    assert printed.stdout.splitlines() == expected[:-1]
+    assert sum(1 for week in weekly if week["ledgers"]) >= 1  # the scenario's week has a row
+
+
+# -- status, workers, gpus and logs -f (seed L-8, L-29, L-30, L-39) --------------------------
+
+# Each rank prints the seed's two lines, then steps with its GPUs busy (97% and 96%) until
+# told to finish.
+WORKLOAD = """\
+import json, os, pathlib, sys, time
+rank = os.environ["RANK"]
+progress = pathlib.Path(os.environ["ASTRAEUS_PROGRESS_FILE"])
+print(f"[rank{rank}]: step 1200 loss 1.873 lr 2.0e-05", flush=True)
+print(f"[rank{rank}]: step 1210 loss 1.869 lr 2.0e-05", flush=True)
+step = 1210
+while not pathlib.Path(sys.argv[1]).exists():
+    step += 1
+    progress.write_text(json.dumps({"step": step, "gpu_utilization": [0.97, 0.96]}))
+    time.sleep(0.5)
+"""
+
+
+def until(
+    call: Callable[[], subprocess.CompletedProcess[str]],
+    done: Callable[[str], bool],
+    seconds: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    deadline = time.monotonic() + seconds
+    while True:
+        found = call()
+        if done(found.stdout) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def llama_sft(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str, Path]]:
+    """A live server, three machines of two GPUs (gpu-07, gpu-08, gpu-09) and llama-sft, two
+    workers of two GPUs, running; the path that, once it exists, lets the workers finish."""
+    root = tmp_path_factory.mktemp("llama-sft")
+    go = root / "go"
+    with running(root / "data", local_agent=False) as (server, token):
+        agents = [
+            AgentProcess(server, name, root / name, gpus=2, model=MODEL)
+            for name in ("gpu-07", "gpu-08", "gpu-09")
+        ]
+        try:
+            for agent in agents:
+                agent.start()
+                # each machine joins before the next, so they are placed in the seed's order
+                name = agent.data_dir.name
+                joined = until(
+                    lambda: astra(server, token, "gpus"), lambda out, name=name: name in out, 30
+                )
+                assert name in joined.stdout, agent.log.read_text()[-2000:]
+            spec = {
+                "name": "llama-sft",
+                "workers": 2,
+                "gpus": 2,
+                "restart_policy": "never",
+                "command": ["python3", "-c", WORKLOAD, str(go)],
+            }
+            (root / "llama-sft.json").write_text(json.dumps(spec))
+            submitted = astra(server, token, "submit", str(root / "llama-sft.json"))
+            assert submitted.returncode == 0, submitted.stderr
+            yield server, token, go
+        finally:
+            go.touch()
+            for agent in agents:
+                agent.kill()
+
+
+def test_status_and_workers_are_the_seeds_blocks(llama_sft: tuple[Server, str, Path]) -> None:
+    server, token, _ = llama_sft
+    # seed L-29
+    seed = [
+        "llama-sft: Running — 2 of 2 workers running",
+        "  llama-sft-0  Running  gpu-07  Container running",
+        "  llama-sft-1  Running  gpu-08  Container running",
+    ]
+    status = until(
+        lambda: astra(server, token, "status", "llama-sft"), lambda out: out.splitlines() == seed
+    )
+    assert status.stdout.splitlines() == seed, (
+        astra(server, token, "events", "--run", "llama-sft").stdout
+        + astra(server, token, "gpus").stdout
+    )
+    # seed L-30
+    workers = astra(server, token, "workers", "llama-sft")
+    assert workers.stdout.splitlines() == [
+        "WORKER                        RANK   STATE       MACHINE               REASON",
+        "llama-sft-0                   0      Running     gpu-07                Container running",
+        "llama-sft-1                   1      Running     gpu-08                Container running",
+    ]
+
+
+def test_gpus_holds_the_seeds_lines(llama_sft: tuple[Server, str, Path]) -> None:
+    # seed L-39: the seed's three lines, and the three it leaves out, in order
+    server, token, _ = llama_sft
+    expected = [
+        f"gpu-07/0  {MODEL}  97%  ok  held by llama-sft",
+        f"gpu-07/1  {MODEL}  96%  ok  held by llama-sft",
+        f"gpu-08/0  {MODEL}  97%  ok  held by llama-sft",
+        f"gpu-08/1  {MODEL}  96%  ok  held by llama-sft",
+        f"gpu-09/0  {MODEL}  0%  ok  free",
+        f"gpu-09/1  {MODEL}  0%  ok  free",
+    ]
+    gpus = until(lambda: astra(server, token, "gpus"), lambda out: out.splitlines() == expected)
+    assert gpus.stdout.splitlines() == expected
+    seed = [
+        "gpu-07/0  NVIDIA H100 80GB HBM3  97%  ok  held by llama-sft",
+        "gpu-07/1  NVIDIA H100 80GB HBM3  96%  ok  held by llama-sft",
+        "gpu-09/0  NVIDIA H100 80GB HBM3  0%  ok  free",
+    ]
+    assert [line for line in expected if line in seed] == seed
+
+
+def test_logs_follow_is_the_seeds_block(llama_sft: tuple[Server, str, Path]) -> None:
+    # seed L-8: `astra astraeus logs llama-sft-1 -f`, until the worker ends
+    server, token, go = llama_sft
+    until(lambda: astra(server, token, "status", "llama-sft"), lambda out: "Running —" in out)
+    env = {**server.env_for(token), "HOME": str(server.log.parent)}
+    follow = subprocess.Popen(
+        [ASTRA, "astraeus", "logs", "llama-sft-1", "-f"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.5)
+    go.touch()
+    out, err = follow.communicate(timeout=90)
+    assert (follow.returncode, err) == (0, "")
+    assert out.splitlines() == [
+        "[rank1]: step 1200 loss 1.873 lr 2.0e-05",
+        "[rank1]: step 1210 loss 1.869 lr 2.0e-05",
+        "",
+        "llama-sft-1: Completed — Exited with code 0",
+    ]
+    # the run's events, the newest last: how it started and how it ended
+    events = until(
+        lambda: astra(server, token, "events", "--run", "llama-sft", "--kind", "run.state"),
+        lambda out: "Completed" in out,
+    )
+    header, *rows = events.stdout.splitlines()
+    assert header.split() == ["TIME", "KIND", "NAME", "STATE", "REASON"]
+    assert [row.split(None, 5)[3:] for row in rows][-2:] == [
+        ["llama-sft", "Running", "2 of 2 workers running"],
+        ["llama-sft", "Completed", "2 of 2 workers completed"],
+    ]
