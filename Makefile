@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup up serve test test-fast lint typecheck schema schema-check services bench proto clean
+.PHONY: help setup up serve test test-fast lint typecheck schema schema-check services bench proto clean \
+  console console-test browser screenshots
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -27,7 +28,33 @@ proto: ## generate the agent protocol's Python code into gen/ (never edited by h
 	  --pyi_out=gen $(PROTO)
 	touch gen/astraeus/__init__.py gen/astraeus/agent/__init__.py gen/astraeus/agent/v1/__init__.py
 
-setup: $(STAMP) ## create .venv and install Astraeus with its development tools
+setup: $(STAMP) console ## create .venv, install Astraeus with its development tools, build the console
+
+# The console (frontend/): npm packages from package-lock.json, then the bundle the server serves.
+CONSOLE_STAMP := frontend/node_modules/.installed
+CONSOLE_SOURCES := $(shell find frontend/src -type f 2>/dev/null) frontend/index.html \
+  frontend/vite.config.ts frontend/tsconfig.json
+
+$(CONSOLE_STAMP): frontend/package.json frontend/package-lock.json
+	cd frontend && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+frontend/dist/index.html: $(CONSOLE_STAMP) $(CONSOLE_SOURCES)
+	cd frontend && npm run --silent build
+
+console: frontend/dist/index.html ## build the console into frontend/dist (type check, then Vite)
+
+console-test: $(CONSOLE_STAMP) ## the console's component tests (Vitest, jsdom)
+	cd frontend && npm test --silent
+
+browser: ## install Debian's chromium for the console's browser tests when missing (needs root)
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends chromium; } || \
+	  echo "browser: chromium is missing and this is not root: the browser tests will skip"; }
+
+screenshots: setup browser ## the console's browser tests, saving screenshots to docs/screenshots
+	ASTRAEUS_SCREENSHOTS=docs/screenshots $(BIN)/pytest -q tests/e2e/test_console.py
 
 up: setup ## run Astraeus embedded: SQLite in ~/.local/share/astraeus, prints the URL and token
 	$(BIN)/astraeus up
@@ -52,7 +79,7 @@ schema-check: setup ## fail when schema.graphql is stale
 	$(BIN)/python -c "from backend.schema.schema import sdl, SDL_PATH; import sys; \
 	sys.exit(0 if SDL_PATH.read_text() == sdl() else 'schema.graphql is stale: run make schema')"
 
-test: setup services lint typecheck schema-check ## every check and every test, SQLite and PostgreSQL
+test: setup services browser lint typecheck schema-check console-test ## every check and every test, SQLite and PostgreSQL, and the console's
 	$(BIN)/pytest
 
 test-fast: setup ## the tests only

@@ -1,0 +1,59 @@
+import { cleanup, fireEvent, render, screen } from "@testing-library/react";
+import { afterEach, describe, expect, it } from "vitest";
+
+import { STYLE } from "../categories";
+import { SWEEP_7 } from "../testing/ledgers";
+import { Summary } from "../pages/Goodput";
+import { Legend } from "./Legend";
+import { StackedBar } from "./StackedBar";
+
+afterEach(cleanup);
+
+describe("StackedBar", () => {
+  it("draws a segment per category in its colour, to the page's scale", () => {
+    const picked: string[] = [];
+    const { container } = render(
+      <StackedBar ledger={SWEEP_7} name="sweep-7" scale={2 * (146.5 + 18.0)} onSegment={(c) => picked.push(c)} />,
+    );
+    const fill = container.querySelector<HTMLElement>(".bar-fill")!;
+    expect(fill.style.width).toBe("50%");
+    const idle = screen.getByRole("button", { name: "sweep-7 Idle: 21.0 GPU-hours" });
+    expect(idle.style.background).toBe(hexToRgb(STYLE.idle.colour));
+    fireEvent.click(idle);
+    expect(picked).toEqual(["idle"]);
+    expect(container.querySelectorAll(".segment")).toHaveLength(5);
+  });
+});
+
+describe("Summary", () => {
+  it("shows goodput, held, productive, not productive with the biggest loss, and waiting", () => {
+    const { container } = render(<Summary total={SWEEP_7} />);
+    const figure = (name: string) => container.querySelector(`[data-figure="${name}"]`)?.textContent;
+    expect(figure("goodput")).toBe("77%");
+    expect(figure("held")).toBe("146.5 GPU-h");
+    expect(figure("productive")).toBe("112.4 GPU-h");
+    expect(figure("not-productive")).toBe("34.1 GPU-h biggest loss: Idle 21.0");
+    expect(figure("waiting")).toBe("18.0 GPU-h");
+  });
+});
+
+describe("Legend", () => {
+  it("names every category once", () => {
+    render(<Legend />);
+    expect(screen.getAllByRole("listitem").map((li) => li.textContent)).toEqual([
+      "Productive",
+      "Idle",
+      "Stalled",
+      "Starting",
+      "Restart",
+      "Failure",
+      "Preemption",
+      "Waiting",
+    ]);
+  });
+});
+
+function hexToRgb(hex: string): string {
+  const n = parseInt(hex.slice(1), 16);
+  return `rgb(${(n >> 16) & 255}, ${(n >> 8) & 255}, ${n & 255})`;
+}

@@ -1,0 +1,38 @@
+import { STYLE, type Category } from "../categories";
+import { gpuHours } from "../format";
+import { segments, type Ledger } from "../ledger";
+
+interface Props {
+  ledger: Ledger;
+  name: string;
+  // The longest bar on the page: bars are drawn to one scale so rows compare.
+  scale: number;
+  onSegment?: (category: Category) => void;
+}
+
+export function StackedBar({ ledger, name, scale, onSegment }: Props) {
+  const asked = ledger.allocatedGpuHours + ledger.waitingGpuHours;
+  const width = scale > 0 ? (asked / scale) * 100 : 0;
+  return (
+    <div className="bar" role="group" aria-label={`Where ${name}'s GPU time went`}>
+      <div className="bar-fill" style={{ width: `${width}%` }}>
+        {segments(ledger).map((s) => {
+          const style = STYLE[s.category];
+          const title = `${style.label}: ${gpuHours(s.gpuHours)} GPU-hours`;
+          return (
+            <button
+              key={s.category}
+              type="button"
+              className={`segment segment-${s.category}`}
+              style={{ width: `${s.share * 100}%`, background: style.colour }}
+              title={title}
+              aria-label={`${name} ${title}`}
+              data-category={s.category}
+              onClick={() => onSegment?.(s.category)}
+            />
+          );
+        })}
+      </div>
+    </div>
+  );
+}

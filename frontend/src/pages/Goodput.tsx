@@ -1,0 +1,362 @@
+// Goodput (seed goodput.txt, "In the console"): goodput, GPU time held, productive, not
+// productive (with the biggest loss) and waiting; workers stalled and stragglers now and
+// threshold alerts firing, listed first; then a row per run, machine, pool or workspace with
+// a bar of where its time went. By week (8) shows the last eight weeks. A bar's segment opens
+// the worker intervals behind it.
+import { useEffect, useState } from "react";
+
+import { STYLE, type Category } from "../categories";
+import { Legend } from "../components/Legend";
+import { StackedBar } from "../components/StackedBar";
+import { gpuHours, percent, when } from "../format";
+import { biggestHeldLoss, LEDGER_FIELDS, notProductive, type Ledger } from "../ledger";
+import { useQuery } from "../useQuery";
+
+export type Scope = "RUN" | "MACHINE" | "POOL" | "WORKSPACE";
+const SCOPES: Scope[] = ["RUN", "MACHINE", "POOL", "WORKSPACE"];
+const SCOPE_LABEL: Record<Scope, string> = {
+  RUN: "Runs",
+  MACHINE: "Machines",
+  POOL: "Pools",
+  WORKSPACE: "Workspaces",
+};
+const ROWS = 200;
+
+interface Row {
+  name: string;
+  ledger: Ledger;
+}
+
+interface Report {
+  start: string;
+  end: string;
+  rowCount: number;
+  total: Ledger;
+  rows: Row[];
+}
+
+interface Attention {
+  run: string;
+  worker: string;
+  kind: string;
+  since: string;
+  reason: string;
+  machine: string | null;
+}
+
+interface Alert {
+  metric: string;
+  subject: string;
+  reason: string;
+  firedAt: string;
+}
+
+const REPORT = `goodput(by: $by, start: $start, workspace: $ws) {
+    start end rowCount total { ${LEDGER_FIELDS} } rows(first: ${ROWS}) { name ledger { ${LEDGER_FIELDS} } }
+  }`;
+const PAGE = `query Goodput($by: GoodputScope!, $start: DateTime, $ws: String) {
+  ${REPORT}
+  attention(workspace: $ws) { run worker kind since reason machine }
+  alertsFiring { metric subject reason firedAt }
+}`;
+const WEEKLY = `query Weekly($by: GoodputScope!, $ws: String) {
+  goodputWeekly(by: $by, weeks: 8, workspace: $ws) {
+    week report { start end rowCount total { ${LEDGER_FIELDS} } rows(first: ${ROWS}) { name ledger { ${LEDGER_FIELDS} } } }
+  }
+}`;
+
+export function Goodput({ workspace }: { workspace: string }) {
+  const [by, setBy] = useState<Scope>("RUN");
+  const [weekly, setWeekly] = useState(false);
+  const [picked, setPicked] = useState<{ name: string; category: Category; start: string; end: string } | null>(
+    null,
+  );
+  const [start] = useState(() => new Date(Date.now() - 7 * 24 * 3600 * 1000).toISOString());
+  const page = useQuery<{ goodput: Report; attention: Attention[]; alertsFiring: Alert[] }>(PAGE, {
+    by,
+    start,
+    ws: workspace,
+  });
+  const weeks = useQuery<{ goodputWeekly: { week: string; report: Report }[] }>(
+    WEEKLY,
+    { by, ws: workspace },
+    weekly,
+  );
+
+  return (
+    <main className="page" aria-labelledby="goodput-title">
+      <header className="page-head">
+        <h1 id="goodput-title">Goodput</h1>
+        <div className="controls">
+          <label>
+            By{" "}
+            <select value={by} onChange={(e) => setBy(e.target.value as Scope)} aria-label="By">
+              {SCOPES.map((s) => (
+                <option key={s} value={s}>
+                  {SCOPE_LABEL[s]}
+                </option>
+              ))}
+            </select>
+          </label>
+          <div className="tabs" role="tablist">
+            <button role="tab" aria-selected={!weekly} onClick={() => setWeekly(false)}>
+              Last 7 days
+            </button>
+            <button role="tab" aria-selected={weekly} onClick={() => setWeekly(true)}>
+              By week (8)
+            </button>
+          </div>
+        </div>
+      </header>
+      {page.error && <p className="error" role="alert">{page.error}</p>}
+      {page.data && <NeedsAttention attention={page.data.attention} alerts={page.data.alertsFiring} />}
+      {!weekly && page.loading && !page.data && <p className="muted">Loading…</p>}
+      {!weekly && page.data && (
+        <ReportView
+          report={page.data.goodput}
+          by={by}
+          onSegment={(name, category) =>
+            setPicked({ name, category, start: page.data!.goodput.start, end: page.data!.goodput.end })
+          }
+        />
+      )}
+      {weekly && weeks.error && <p className="error" role="alert">{weeks.error}</p>}
+      {weekly && weeks.loading && !weeks.data && <p className="muted">Loading…</p>}
+      {weekly &&
+        weeks.data?.goodputWeekly
+          .slice()
+          .reverse()
+          .map(({ week, report }) => (
+            <section key={week} aria-label={`Week ${week}`}>
+              <h2>Week {week}</h2>
+              <ReportView
+                report={report}
+                by={by}
+                onSegment={(name, category) => setPicked({ name, category, start: report.start, end: report.end })}
+              />
+            </section>
+          ))}
+      {picked && <Intervals by={by} workspace={workspace} {...picked} onClose={() => setPicked(null)} />}
+      <Legend />
+    </main>
+  );
+}
+
+function NeedsAttention({ attention, alerts }: { attention: Attention[]; alerts: Alert[] }) {
+  if (attention.length === 0 && alerts.length === 0) return null;
+  return (
+    <section className="attention" aria-label="Needs attention">
+      <h2>Needs attention</h2>
+      <ul>
+        {attention.map((a) => (
+          <li key={`${a.kind}-${a.worker}`}>
+            <strong>{a.kind === "stalled" ? "Stalled" : "Straggler"}</strong> {a.worker}
+            {a.machine ? ` on ${a.machine}` : ""}: {a.reason} <span className="muted">since {when(a.since)}</span>
+          </li>
+        ))}
+        {alerts.map((a) => (
+          <li key={`${a.metric}-${a.subject}`}>
+            <strong>Alert</strong> {a.subject}: {a.reason} <span className="muted">since {when(a.firedAt)}</span>
+          </li>
+        ))}
+      </ul>
+    </section>
+  );
+}
+
+export function Summary({ total }: { total: Ledger }) {
+  const loss = biggestHeldLoss(total);
+  return (
+    <dl className="summary">
+      <div>
+        <dt>Goodput</dt>
+        <dd data-figure="goodput">{percent(total.goodput)}</dd>
+      </div>
+      <div>
+        <dt>GPU time held</dt>
+        <dd data-figure="held">{gpuHours(total.allocatedGpuHours)} GPU-h</dd>
+      </div>
+      <div>
+        <dt>Productive</dt>
+        <dd data-figure="productive">{gpuHours(total.productiveGpuHours)} GPU-h</dd>
+      </div>
+      <div>
+        <dt>Not productive</dt>
+        <dd data-figure="not-productive">
+          {gpuHours(notProductive(total))} GPU-h
+          {loss && (
+            <span className="muted">
+              {" "}
+              biggest loss: {STYLE[loss.category as Category]?.label ?? loss.category} {gpuHours(loss.heldGpuHours)}
+            </span>
+          )}
+        </dd>
+      </div>
+      <div>
+        <dt>Waiting</dt>
+        <dd data-figure="waiting">{gpuHours(total.waitingGpuHours)} GPU-h</dd>
+      </div>
+    </dl>
+  );
+}
+
+function ReportView({
+  report,
+  by,
+  onSegment,
+}: {
+  report: Report;
+  by: Scope;
+  onSegment: (name: string, category: Category) => void;
+}) {
+  const scale = Math.max(0, ...report.rows.map((r) => r.ledger.allocatedGpuHours + r.ledger.waitingGpuHours));
+  return (
+    <>
+      <Summary total={report.total} />
+      {report.rows.length === 0 ? (
+        <p className="empty">
+          No GPU time in this period. Submit a run (astra astraeus submit spec.json) and its time appears here
+          within a minute.
+        </p>
+      ) : (
+        <table className="ledger">
+          <thead>
+            <tr>
+              <th scope="col">{by === "RUN" ? "Run" : by === "MACHINE" ? "Machine" : by === "POOL" ? "Pool" : "Workspace"}</th>
+              <th scope="col" className="num">
+                Held
+              </th>
+              <th scope="col" className="num">
+                Used
+              </th>
+              <th scope="col" className="num">
+                Goodput
+              </th>
+              <th scope="col" className="num">
+                Waiting
+              </th>
+              <th scope="col">Where the time went</th>
+            </tr>
+          </thead>
+          <tbody>
+            {report.rows.map((r) => (
+              <tr key={r.name} data-row={r.name}>
+                <th scope="row">{r.name}</th>
+                <td className="num" data-figure="held">
+                  {gpuHours(r.ledger.allocatedGpuHours)}
+                </td>
+                <td className="num" data-figure="used">
+                  {gpuHours(r.ledger.productiveGpuHours)}
+                </td>
+                <td className="num" data-figure="goodput">
+                  {percent(r.ledger.goodput)}
+                </td>
+                <td className="num" data-figure="waiting">
+                  {gpuHours(r.ledger.waitingGpuHours)}
+                </td>
+                <td className="bar-cell">
+                  <StackedBar ledger={r.ledger} name={r.name} scale={scale} onSegment={(c) => onSegment(r.name, c)} />
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+      {report.rowCount > report.rows.length && (
+        <p className="muted">
+          The {report.rows.length} that held the most of {report.rowCount}.
+        </p>
+      )}
+    </>
+  );
+}
+
+interface Interval {
+  worker: string;
+  machine: string | null;
+  start: string;
+  end: string;
+  category: string;
+  held: boolean;
+  gpus: number;
+}
+
+const INTERVALS = `query Intervals($by: GoodputScope!, $name: String!, $category: String, $start: DateTime, $end: DateTime, $ws: String) {
+  goodputIntervals(by: $by, name: $name, category: $category, start: $start, end: $end, workspace: $ws, limit: 500) {
+    worker machine start end category held gpus
+  }
+}`;
+
+function Intervals(props: {
+  by: Scope;
+  workspace: string;
+  name: string;
+  category: Category;
+  start: string;
+  end: string;
+  onClose: () => void;
+}) {
+  const { by, workspace, name, category, start, end, onClose } = props;
+  // Waiting is every category's time not held: all the intervals, then the ones not held.
+  const found = useQuery<{ goodputIntervals: Interval[] }>(INTERVALS, {
+    by,
+    name,
+    category: category === "waiting" ? null : category,
+    start,
+    end,
+    ws: workspace,
+  });
+  const rows = (found.data?.goodputIntervals ?? []).filter((i) => (category === "waiting" ? !i.held : i.held));
+  useEffect(() => {
+    const close = (e: KeyboardEvent) => e.key === "Escape" && onClose();
+    window.addEventListener("keydown", close);
+    return () => window.removeEventListener("keydown", close);
+  }, [onClose]);
+  return (
+    <section className="intervals" aria-label={`${STYLE[category].label} intervals of ${name}`}>
+      <header>
+        <h2>
+          {STYLE[category].label} of {name}: the worker intervals behind it
+        </h2>
+        <button type="button" onClick={onClose}>
+          Close
+        </button>
+      </header>
+      {found.error && <p className="error">{found.error}</p>}
+      {found.loading && <p className="muted">Loading…</p>}
+      {found.data && rows.length === 0 && <p className="empty">No intervals.</p>}
+      {rows.length > 0 && (
+        <table className="ledger">
+          <thead>
+            <tr>
+              <th scope="col">Worker</th>
+              <th scope="col">Machine</th>
+              <th scope="col">From</th>
+              <th scope="col">To</th>
+              <th scope="col" className="num">
+                GPUs
+              </th>
+              <th scope="col" className="num">
+                GPU-hours
+              </th>
+            </tr>
+          </thead>
+          <tbody>
+            {rows.map((i) => (
+              <tr key={`${i.worker}-${i.start}-${i.held}`}>
+                <td>{i.worker}</td>
+                <td>{i.machine ?? "—"}</td>
+                <td>{when(i.start)}</td>
+                <td>{when(i.end)}</td>
+                <td className="num">{i.gpus}</td>
+                <td className="num">
+                  {gpuHours(((new Date(i.end).getTime() - new Date(i.start).getTime()) / 3.6e6) * i.gpus)}
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+    </section>
+  );
+}

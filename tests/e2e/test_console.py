@@ -1,0 +1,197 @@
+"""The console in a real headless Chromium (Debian's, driven by Playwright) against a live
+server: the goodput page's figures are the API's (issue 8; seed G-30, G-31).
+
+Screenshots go to a temporary folder, or to $ASTRAEUS_SCREENSHOTS (`make screenshots` sets
+docs/screenshots) at 1280 by 800.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.live import Server, serving_seed_week
+from tests.support import Tenancy
+
+ROOT = Path(__file__).resolve().parents[2]
+DIST = ROOT / "frontend" / "dist"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Chromium as this machine kind runs it: no sandbox as root, and no background connections
+# (the closed network refuses them).
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+sync_api = pytest.importorskip("playwright.sync_api")
+pytestmark = [
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason="Debian's chromium is not installed (apt-get install chromium; .ci/run does)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def seed_week(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Tenancy]]:
+    assert (DIST / "index.html").is_file(), "the console is not built: run make console"
+    data_dir = tmp_path_factory.mktemp("console") / "data"
+    with serving_seed_week(data_dir, console_dir=str(DIST)) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def screenshots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("ASTRAEUS_SCREENSHOTS") or tmp_path)
+    folder = folder if folder.is_absolute() else ROOT / folder
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def sign_in(page: Any, server: Server, token: str) -> None:
+    page.goto(f"{server.url}/")
+    page.get_by_label("API token").fill(token)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(re.compile(r".*/o/default/w/default/goodput$"))
+
+
+def one_decimal(value: float) -> str:
+    return f"{value:,.1f}"
+
+
+def near_percent(text: str, ratio: float) -> bool:
+    return abs(float(text.rstrip("%")) - ratio * 100) <= 0.5
+
+
+def test_the_goodput_page_shows_the_apis_figures(
+    seed_week: tuple[Server, Tenancy], page: Any, tmp_path: Path
+) -> None:
+    # seed G-30: goodput, GPU time held, productive, not productive (with the biggest loss),
+    # waiting, then a row per run with a bar of where its time went
+    server, tenancy = seed_week
+    sign_in(page, server, tenancy.member_token)
+    page.locator('tr[data-row="sweep-7"]').wait_for()
+    start = (datetime.now(UTC) - timedelta(days=7)).isoformat()
+    api = httpx.get(
+        f"{server.url}/v1/goodput",
+        params={"by": "run", "start": start},
+        headers={"Authorization": f"Bearer {tenancy.member_token}"},
+    ).json()
+
+    total = api["total"]
+    summary = page.locator(".summary")
+    assert near_percent(summary.locator('[data-figure="goodput"]').inner_text(), total["goodput"])
+    held = summary.locator('[data-figure="held"]').inner_text()
+    assert held == f"{one_decimal(total['allocated_gpu_hours'])} GPU-h"
+    productive = summary.locator('[data-figure="productive"]').inner_text()
+    assert productive == f"{one_decimal(total['productive_gpu_hours'])} GPU-h"
+    not_productive = total["allocated_gpu_hours"] - total["productive_gpu_hours"]
+    shown = summary.locator('[data-figure="not-productive"]').inner_text()
+    assert shown.startswith(f"{one_decimal(not_productive)} GPU-h")
+    biggest = max(
+        (c for c in total["held_gpu_hours"] if c != "productive"),
+        key=lambda c: total["held_gpu_hours"][c],
+    )
+    assert f"biggest loss: {biggest.capitalize()}" in shown
+    waiting = summary.locator('[data-figure="waiting"]').inner_text()
+    assert waiting == f"{one_decimal(total['waiting_gpu_hours'])} GPU-h"
+
+    rows = page.locator("tr[data-row]")
+    assert rows.evaluate_all("rs => rs.map(r => r.dataset.row)") == ["llm", "sweep-7"]
+    for ledger in api["ledgers"]:
+        row = page.locator(f'tr[data-row="{ledger["name"]}"]')
+        assert row.locator('[data-figure="held"]').inner_text() == one_decimal(
+            ledger["allocated_gpu_hours"]
+        )
+        assert row.locator('[data-figure="used"]').inner_text() == one_decimal(
+            ledger["productive_gpu_hours"]
+        )
+        assert near_percent(row.locator('[data-figure="goodput"]').inner_text(), ledger["goodput"])
+        assert row.locator('[data-figure="waiting"]').inner_text() == one_decimal(
+            ledger["waiting_gpu_hours"]
+        )
+        # one segment per category with time in it, waiting last
+        shown_parts = row.locator(".segment").evaluate_all("ss => ss.map(s => s.dataset.category)")
+        held_parts = [c for c, v in ledger["held_gpu_hours"].items() if v > 0]
+        expected = [c for c in CATEGORY_ORDER if c in held_parts]
+        expected += ["waiting"] if ledger["waiting_gpu_hours"] > 0 else []
+        assert shown_parts == expected
+    page.screenshot(path=str(screenshots(tmp_path) / "goodput.png"), full_page=True)
+
+
+CATEGORY_ORDER = ("productive", "idle", "stalled", "starting", "restart", "failure", "preemption")
+
+
+def test_a_segment_opens_the_intervals_behind_it(
+    seed_week: tuple[Server, Tenancy], page: Any, tmp_path: Path
+) -> None:
+    # issue 8: click a bar segment to see the worker intervals behind it (seed G-19)
+    server, tenancy = seed_week
+    sign_in(page, server, tenancy.member_token)
+    page.locator('tr[data-row="sweep-7"] .segment-preemption').click()
+    panel = page.get_by_role("region", name="Preemption intervals of sweep-7")
+    panel.locator("tbody tr").first.wait_for()
+    intervals = httpx.get(
+        f"{server.url}/v1/goodput/intervals",
+        params={"by": "run", "name": "sweep-7", "category": "preemption"},
+        headers={"Authorization": f"Bearer {tenancy.member_token}"},
+    ).json()["intervals"]
+    held = [i for i in intervals if i["held"]]
+    cells = panel.locator("tbody tr td:first-child").all_inner_texts()
+    assert cells == [i["worker"] for i in held] and cells == ["sweep-7-0"]
+    page.screenshot(path=str(screenshots(tmp_path) / "goodput-intervals.png"), full_page=True)
+    page.keyboard.press("Escape")
+    assert panel.count() == 0
+
+
+def test_by_week_shows_the_last_eight_weeks(seed_week: tuple[Server, Tenancy], page: Any) -> None:
+    # seed G-30: By week (8) shows the last eight weeks
+    server, tenancy = seed_week
+    sign_in(page, server, tenancy.member_token)
+    page.get_by_role("tab", name="By week (8)").click()
+    weeks = page.locator("section[aria-label^='Week ']")
+    weeks.nth(7).wait_for()
+    assert weeks.count() == 8
+    newest = weeks.first.get_attribute("aria-label")
+    assert newest == f"Week {datetime.now(UTC).strftime('%G-W%V')}"
+
+
+def test_a_wrong_token_is_told_so(seed_week: tuple[Server, Tenancy], page: Any) -> None:
+    server, _ = seed_week
+    page.goto(f"{server.url}/")
+    page.get_by_label("API token").fill("astx_" + "9" * 40)
+    page.get_by_role("button", name="Sign in").click()
+    assert "A valid API token is required" in page.get_by_role("alert").inner_text()
