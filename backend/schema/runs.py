@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
 import strawberry
 from strawberry.scalars import JSON
@@ -11,6 +11,7 @@ from strawberry.scalars import JSON
 from backend import models
 from backend.lifecycle.rules import is_straggler
 from backend.resolvers.context import Info
+from backend.runs import failures
 from backend.runs import service as runs
 from backend.runs.rules import task_counts
 from backend.scheduling import service as scheduling
@@ -115,6 +116,26 @@ class Worker:
             mounts=cast(JSON, spec.get("mounts") or []),
         )
 
+    @strawberry.field(
+        description="Its failure turned into advice: its own end when it failed, else its last "
+        "failure (a worker restarting in a loop); null when it never failed."
+    )
+    def advice(self) -> FailureAdvice | None:
+        failure = failures.worker_failure(
+            self.state, self.reason, self.exit_code, cast(dict[str, Any] | None, self.last_failure)
+        )
+        if failure is None:
+            return None
+        reason, exit_code = failure
+        found = failures.classify(reason, exit_code)
+        return FailureAdvice(
+            reason=reason,
+            exit_code=exit_code,
+            kind=found.kind.value,
+            look_at=found.look_at,
+            open=found.open,
+        )
+
     @strawberry.field(description="Its own state changes with their reasons, newest first.")
     async def history(self, info: Info) -> list[HistoryEntry]:
         rows = await info.context.loaders.history_by_worker.load(int(self.id))
@@ -125,6 +146,21 @@ class Worker:
         if self._machine_id is None:
             return None
         return await info.context.loaders.machine_name.load(self._machine_id)
+
+
+@strawberry.type(
+    description="What a failure means and where to look: the seed's table of reasons (Debug a "
+    "failed run, step 2)."
+)
+class FailureAdvice:
+    reason: str = strawberry.field(description="The failure's reason, as the worker said it.")
+    exit_code: int | None
+    kind: str = strawberry.field(
+        description="program, command_not_found, out_of_memory, image_pull, time_limit, "
+        "machine_lost, retry_budget, preempted, signal or other."
+    )
+    look_at: str = strawberry.field(description="The seed's Look at sentence.")
+    open: str = strawberry.field(description="What to open beside it: log, memory or machine.")
 
 
 @strawberry.type(description="A job of one or more workers that start together.")
@@ -165,6 +201,18 @@ class Run:
     async def workers(self, info: Info) -> list[Worker]:
         rows = await info.context.loaders.workers_by_run.load(int(self.id))
         return [Worker.from_model(w) for w in rows]
+
+    @strawberry.field(
+        description="The worker that failed the run for good (the one its reason names; seed "
+        "L-59), while the run is Failed."
+    )
+    async def failed_worker(self, info: Info) -> Worker | None:
+        if self.state != "Failed":
+            return None
+        rows = await info.context.loaders.workers_by_run.load(int(self.id))
+        failed = [(w.name, w.state_since) for w in rows if w.state == "Failed"]
+        name = failures.first_failed(self.reason, failed)
+        return next((Worker.from_model(w) for w in rows if w.name == name), None)
 
     @strawberry.field(description="Every state change of the run, oldest first.")
     async def history(self, info: Info) -> list[HistoryEntry]:

@@ -1,0 +1,75 @@
+"""The failure panel's data: the worker that failed a run for good and its advice; a worker
+restarting after a failure explains its last one (seed L-48, L-49, L-50, L-58, L-59)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from backend.db import Database
+from tests.graphql.test_goodput import graphql
+from tests.lifecycle.world import World
+from tests.support import FakeClock, Tenancy
+
+QUERY = """query($name: String!) { run(name: $name) { state reason
+  failedWorker { name state advice { reason exitCode kind lookAt open } lastFailure }
+  workers { name state reason restartAt restarts advice { reason kind lookAt } } } }"""
+
+
+@pytest.fixture
+async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
+    world = World(db, clock, tenancy)
+    await world.machine("gpu-07")
+    await world.machine("gpu-08")
+    return world
+
+
+async def test_a_failed_gang_names_its_first_failure_and_advises(
+    client: httpx.AsyncClient, world: World, tenancy: Tenancy
+) -> None:
+    await world.submit(workers=2, gpus=8, restart_policy="never")
+    await world.schedule()
+    await world.start("llama-sft-0", "llama-sft-1")
+    world.clock.advance(seconds=30)
+    await world.report(
+        "llama-sft-1", "exited", exit_code=1, reason="Exited with code 1", log_tail="Traceback"
+    )
+    world.clock.advance(seconds=5)
+    await world.report("llama-sft-0", "exited", exit_code=143)  # stopped with its gang
+    run = (await graphql(client, tenancy.member_token, QUERY, name="llama-sft"))["data"]["run"]
+    assert (run["state"], run["reason"]) == (
+        "Failed",
+        "Worker llama-sft-1 failed on gpu-08: Exited with code 1; the gang does not run without it",
+    )
+    failed = run["failedWorker"]
+    assert failed["name"] == "llama-sft-1"
+    assert failed["advice"] == {
+        "reason": "Exited with code 1",
+        "exitCode": 1,
+        "kind": "program",
+        "lookAt": "Your program: its log.",
+        "open": "log",
+    }
+    assert failed["lastFailure"]["log_tail"] == "Traceback"
+    stopped = next(w for w in run["workers"] if w["name"] == "llama-sft-0")
+    assert stopped["state"] == "Stopped" and stopped["advice"] is None  # a consequence only
+
+
+async def test_a_worker_restarting_explains_its_last_failure(
+    client: httpx.AsyncClient, world: World, tenancy: Tenancy
+) -> None:
+    await world.submit(workers=1, gpus=8)
+    await world.schedule()
+    await world.start("llama-sft-0")
+    await world.report(
+        "llama-sft-0",
+        "exited",
+        exit_code=137,
+        reason="OOMKilled: the container exceeded its memory limit",
+    )
+    run = (await graphql(client, tenancy.member_token, QUERY, name="llama-sft"))["data"]["run"]
+    assert run["failedWorker"] is None  # the run has not failed: it restarts
+    [worker] = run["workers"]
+    assert (worker["state"], worker["restarts"]) == ("Pending", 0)
+    assert worker["advice"]["kind"] == "out_of_memory"
+    assert worker["advice"]["lookAt"].startswith("Memory: the Memory chart near the limit.")
