@@ -54,7 +54,7 @@ browser: ## install Debian's chromium for the console's browser tests when missi
 	  echo "browser: chromium is missing and this is not root: the browser tests will skip"; }
 
 screenshots: setup browser ## the console's browser tests, saving screenshots to docs/screenshots
-	ASTRAEUS_SCREENSHOTS=docs/screenshots $(BIN)/pytest -q tests/e2e/test_console.py
+	ASTRAEUS_SCREENSHOTS=docs/screenshots $(BIN)/pytest -q tests/e2e/test_console.py tests/e2e/test_console_runs.py
 
 up: setup ## run Astraeus embedded: SQLite in ~/.local/share/astraeus, prints the URL and token
 	$(BIN)/astraeus up

@@ -43,6 +43,7 @@ class Loaders:
     run: DataLoader[int, Run | None]
     user_name: DataLoader[int, str]
     machine_name: DataLoader[int, str]
+    cluster_name: DataLoader[int, str]
     webhook_deliveries: DataLoader[int, list[tuple[WebhookDelivery, str]]]
     # A run's ledger since it was submitted, by (run id, submitted at).
     run_ledger: DataLoader[tuple[int, datetime], Ledger]
@@ -61,6 +62,7 @@ class Loaders:
             run=_grouped(db, runs.runs_by_id, lambda: None),
             user_name=_grouped(db, runs.user_names, str),
             machine_name=_grouped(db, runs.machine_names, str),
+            cluster_name=_grouped(db, runs.cluster_names, str),
             webhook_deliveries=_grouped(db, webhooks.recent_deliveries, list),
             run_ledger=DataLoader(load_fn=run_ledgers),
         )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.models import Event, Machine, Run, Secret, StateTransition, User, Worker
+from backend.models import Cluster, Event, Machine, Run, Secret, StateTransition, User, Worker
 from backend.runs.rules import ENDED_RUN_STATES
 
 
@@ -120,6 +120,13 @@ async def user_names(session: AsyncSession, user_ids: Sequence[int]) -> dict[int
 async def machine_names(session: AsyncSession, machine_ids: Sequence[int]) -> dict[int, str]:
     rows = await session.execute(
         select(Machine.id, Machine.name).where(Machine.id.in_(machine_ids))
+    )
+    return {row.id: row.name for row in rows}
+
+
+async def cluster_names(session: AsyncSession, cluster_ids: Sequence[int]) -> dict[int, str]:
+    rows = await session.execute(
+        select(Cluster.id, Cluster.name).where(Cluster.id.in_(cluster_ids))
     )
     return {row.id: row.name for row in rows}
 

@@ -298,6 +298,10 @@ async def machine_names(session: AsyncSession, machine_ids: Sequence[int]) -> di
     return await repository.machine_names(session, machine_ids)
 
 
+async def cluster_names(session: AsyncSession, cluster_ids: Sequence[int]) -> dict[int, str]:
+    return await repository.cluster_names(session, cluster_ids)
+
+
 async def stop_run(
     session: AsyncSession,
     clock: Clock,

@@ -175,6 +175,7 @@ class Run:
     ended_at: datetime | None
     spec: JSON = strawberry.field(description="The specification, as Run again opens it.")
     _created_by_id: strawberry.Private[int | None]
+    _cluster_id: strawberry.Private[int]
 
     @classmethod
     def from_model(cls, row: models.Run) -> Run:
@@ -189,7 +190,12 @@ class Run:
             ended_at=row.ended_at,
             spec=cast(JSON, row.spec),
             _created_by_id=row.created_by_id,
+            _cluster_id=row.cluster_id,
         )
+
+    @strawberry.field(description="The cluster it runs on (a worker's page is under it).")
+    async def cluster(self, info: Info) -> str:
+        return await info.context.loaders.cluster_name.load(self._cluster_id)
 
     @strawberry.field(description="Who submitted it.")
     async def created_by(self, info: Info) -> str | None:

@@ -1,27 +1,36 @@
-import { useCallback, useEffect, useState } from "react";
+import { useCallback, useEffect, useState, type ReactNode } from "react";
 
 import { signOut, token } from "./api";
+import { Link, Navigate } from "./nav";
 import { Goodput } from "./pages/Goodput";
+import { RunPage } from "./pages/RunPage";
+import { RunsPage } from "./pages/RunsPage";
 import { SignIn } from "./pages/SignIn";
-import { goodputPath, parse } from "./routes";
+import { WorkerPage } from "./pages/WorkerPage";
+import { goodputPath, parse, runsPath, type Route } from "./routes";
 
 export function App() {
-  const [path, setPath] = useState(window.location.pathname);
+  const [location, setLocation] = useState(() => ({
+    path: window.location.pathname,
+    search: window.location.search,
+  }));
   const go = useCallback((to: string) => {
     window.history.pushState(null, "", to);
-    setPath(to);
+    setLocation({ path: window.location.pathname, search: window.location.search });
+    window.scrollTo?.(0, 0);
   }, []);
   useEffect(() => {
-    const back = () => setPath(window.location.pathname);
+    const back = () => setLocation({ path: window.location.pathname, search: window.location.search });
     window.addEventListener("popstate", back);
     return () => window.removeEventListener("popstate", back);
   }, []);
 
-  const route = parse(path);
-  if (route.page === "signin" || !token()) return <SignIn go={go} />;
-  if (route.page === "home") {
-    return <SignIn go={go} />;
-  }
+  const route = parse(location.path, location.search);
+  return <Navigate.Provider value={go}>{page(route, go)}</Navigate.Provider>;
+}
+
+function page(route: Route, go: (path: string) => void): ReactNode {
+  if (route.page === "signin" || route.page === "home" || !token()) return <SignIn go={go} />;
   if (route.page === "notfound") {
     return (
       <main className="page">
@@ -32,23 +41,21 @@ export function App() {
       </main>
     );
   }
+  const { org, workspace } = route;
+  const section = route.page === "goodput" ? "goodput" : "runs";
   return (
     <div className="shell">
       <nav className="menu" aria-label="Astraeus">
         <strong className="brand">Astraeus</strong>
         <span className="muted">
-          {route.org} / {route.workspace}
+          {org} / {workspace}
         </span>
-        <a
-          href={goodputPath(route.org, route.workspace)}
-          aria-current="page"
-          onClick={(e) => {
-            e.preventDefault();
-            go(goodputPath(route.org, route.workspace));
-          }}
-        >
+        <MenuLink to={goodputPath(org, workspace)} current={section === "goodput"}>
           Goodput
-        </a>
+        </MenuLink>
+        <MenuLink to={runsPath(org, workspace)} current={section === "runs"}>
+          Runs
+        </MenuLink>
         <button
           type="button"
           className="link"
@@ -60,7 +67,20 @@ export function App() {
           Sign out
         </button>
       </nav>
-      <Goodput workspace={route.workspace} />
+      {route.page === "goodput" && <Goodput org={org} workspace={workspace} />}
+      {route.page === "runs" && <RunsPage org={org} workspace={workspace} />}
+      {route.page === "run" && (
+        <RunPage org={org} workspace={workspace} run={route.run} tab={route.tab} worker={route.worker} />
+      )}
+      {route.page === "worker" && <WorkerPage org={org} workspace={workspace} worker={route.worker} />}
     </div>
+  );
+}
+
+function MenuLink({ to, current, children }: { to: string; current: boolean; children: ReactNode }) {
+  return (
+    <span aria-current={current ? "page" : undefined} className="menu-item">
+      <Link to={to}>{children}</Link>
+    </span>
   );
 }

@@ -44,3 +44,17 @@ export async function graphql<T>(query: string, variables: Record<string, unknow
   }
   return body.data as T;
 }
+
+// A call of the REST shim (/v1), for what the seeds give only there: its JSON, or an ApiError
+// with the server's code and sentence.
+export async function rest<T>(path: string): Promise<T> {
+  let answer: Response;
+  try {
+    answer = await fetch(`/v1${path}`, { headers: { Authorization: `Bearer ${token() ?? ""}` } });
+  } catch {
+    throw new ApiError("Astraeus does not answer: is the server running?", "UNREACHABLE");
+  }
+  const body = (await answer.json().catch(() => ({}))) as T & { code?: string; message?: string };
+  if (!answer.ok) throw new ApiError(body.message ?? `The server answered ${answer.status}.`, body.code ?? null);
+  return body;
+}

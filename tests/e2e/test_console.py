@@ -7,9 +7,6 @@ docs/screenshots) at 1280 by 800.
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,74 +15,18 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.browser import NEEDS_CHROMIUM, console_dir, screenshots, sign_in
 from tests.e2e.live import Server, serving_seed_week
 from tests.support import Tenancy
 
-ROOT = Path(__file__).resolve().parents[2]
-DIST = ROOT / "frontend" / "dist"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# Chromium as this machine kind runs it: no sandbox as root, and no background connections
-# (the closed network refuses them).
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-sync_api = pytest.importorskip("playwright.sync_api")
-pytestmark = [
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists(),
-        reason="Debian's chromium is not installed (apt-get install chromium; .ci/run does)",
-    ),
-]
+pytestmark = [NEEDS_CHROMIUM]
 
 
 @pytest.fixture(scope="module")
 def seed_week(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Tenancy]]:
-    assert (DIST / "index.html").is_file(), "the console is not built: run make console"
     data_dir = tmp_path_factory.mktemp("console") / "data"
-    with serving_seed_week(data_dir, console_dir=str(DIST)) as found:
+    with serving_seed_week(data_dir, console_dir=console_dir()) as found:
         yield found
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    try:
-        yield context.new_page()
-    finally:
-        context.close()
-
-
-def screenshots(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("ASTRAEUS_SCREENSHOTS") or tmp_path)
-    folder = folder if folder.is_absolute() else ROOT / folder
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def sign_in(page: Any, server: Server, token: str) -> None:
-    page.goto(f"{server.url}/")
-    page.get_by_label("API token").fill(token)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(re.compile(r".*/o/default/w/default/goodput$"))
 
 
 def one_decimal(value: float) -> str:

@@ -10,6 +10,8 @@ import { Legend } from "../components/Legend";
 import { StackedBar } from "../components/StackedBar";
 import { gpuHours, percent, when } from "../format";
 import { biggestHeldLoss, LEDGER_FIELDS, notProductive, type Ledger } from "../ledger";
+import { Link } from "../nav";
+import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
 
 export type Scope = "RUN" | "MACHINE" | "POOL" | "WORKSPACE";
@@ -65,7 +67,7 @@ const WEEKLY = `query Weekly($by: GoodputScope!, $ws: String) {
   }
 }`;
 
-export function Goodput({ workspace }: { workspace: string }) {
+export function Goodput({ org, workspace }: { org: string; workspace: string }) {
   const [by, setBy] = useState<Scope>("RUN");
   const [weekly, setWeekly] = useState(false);
   const [picked, setPicked] = useState<{ name: string; category: Category; start: string; end: string } | null>(
@@ -115,6 +117,7 @@ export function Goodput({ workspace }: { workspace: string }) {
         <ReportView
           report={page.data.goodput}
           by={by}
+          runLink={(run) => runPath(org, workspace, run)}
           onSegment={(name, category) =>
             setPicked({ name, category, start: page.data!.goodput.start, end: page.data!.goodput.end })
           }
@@ -132,6 +135,7 @@ export function Goodput({ workspace }: { workspace: string }) {
               <ReportView
                 report={report}
                 by={by}
+                runLink={(run) => runPath(org, workspace, run)}
                 onSegment={(name, category) => setPicked({ name, category, start: report.start, end: report.end })}
               />
             </section>
@@ -203,10 +207,12 @@ export function Summary({ total }: { total: Ledger }) {
 function ReportView({
   report,
   by,
+  runLink,
   onSegment,
 }: {
   report: Report;
   by: Scope;
+  runLink: (run: string) => string;
   onSegment: (name: string, category: Category) => void;
 }) {
   const scale = Math.max(0, ...report.rows.map((r) => r.ledger.allocatedGpuHours + r.ledger.waitingGpuHours));
@@ -241,7 +247,7 @@ function ReportView({
           <tbody>
             {report.rows.map((r) => (
               <tr key={r.name} data-row={r.name}>
-                <th scope="row">{r.name}</th>
+                <th scope="row">{by === "RUN" ? <Link to={runLink(r.name)}>{r.name}</Link> : r.name}</th>
                 <td className="num" data-figure="held">
                   {gpuHours(r.ledger.allocatedGpuHours)}
                 </td>

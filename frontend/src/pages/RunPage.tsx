@@ -1,0 +1,467 @@
+// A run's page (seed logs-metrics-debugging.txt): its state and sentence, who started it and
+// when; the readout; its goodput and bar; the failure panel with the seed's advice and Its log;
+// the Restarting in a loop panel; Run again; tabs Workers, Logs, Metrics and History.
+import { useEffect, useState } from "react";
+
+import { graphql, rest } from "../api";
+import { StackedBar } from "../components/StackedBar";
+import { formatDuration, parseDuration } from "../durations";
+import { when } from "../format";
+import { LEDGER_FIELDS, type Ledger } from "../ledger";
+import { LogView } from "../logs/LogView";
+import { Link, useNavigate } from "../nav";
+import { runPath, runsPath, workerPath, type RunTab } from "../routes";
+import { useQuery } from "../useQuery";
+import { Metrics } from "./Metrics";
+import { Summary } from "./Goodput";
+
+export interface Advice {
+  reason: string;
+  exitCode: number | null;
+  kind: string;
+  lookAt: string;
+  open: string;
+}
+
+export interface LastFailure {
+  reason?: string;
+  failed_at?: string;
+  exit_code?: number | null;
+  log_tail?: string | null;
+}
+
+export interface Worker {
+  name: string;
+  rank: number;
+  state: string;
+  reason: string;
+  stateSince: string;
+  gpus: number;
+  gpuIds: number[];
+  restarts: number;
+  restartAt: string | null;
+  exitCode: number | null;
+  lastFailure: LastFailure | null;
+  machine: string | null;
+  straggler: boolean;
+  advice: Advice | null;
+}
+
+interface HistoryEntry {
+  transitionAt: string;
+  state: string;
+  reason: string;
+}
+
+export interface Run {
+  name: string;
+  cluster: string;
+  state: string;
+  reason: string;
+  priority: number;
+  createdAt: string;
+  stateSince: string;
+  endedAt: string | null;
+  createdBy: string | null;
+  spec: Record<string, unknown>;
+  history: HistoryEntry[];
+  pendingReasons: { machine: string; reason: string }[];
+  goodput: Ledger;
+  failedWorker: Worker | null;
+  workers: Worker[];
+}
+
+export const WORKER_FIELDS = `name rank state reason stateSince gpus gpuIds restarts restartAt exitCode lastFailure
+  machine straggler advice { reason exitCode kind lookAt open }`;
+const RUN = `query Run($name: String!, $ws: String) {
+  run(name: $name, workspace: $ws) {
+    name cluster state reason priority createdAt stateSince endedAt createdBy spec
+    history { transitionAt state reason }
+    pendingReasons { machine reason }
+    goodput { ${LEDGER_FIELDS} }
+    failedWorker { ${WORKER_FIELDS} }
+    workers { ${WORKER_FIELDS} }
+  }
+}`;
+
+const TABS: { tab: RunTab; label: string }[] = [
+  { tab: "workers", label: "Workers" },
+  { tab: "logs", label: "Logs" },
+  { tab: "metrics", label: "Metrics" },
+  { tab: "history", label: "History" },
+];
+
+export function RunPage(props: { org: string; workspace: string; run: string; tab: RunTab; worker: string | null }) {
+  const { org, workspace, run: name, tab, worker } = props;
+  const go = useNavigate();
+  const found = useQuery<{ run: Run | null }>(RUN, { name, ws: workspace }, true, 10_000);
+  const [again, setAgain] = useState(false);
+  const run = found.data?.run;
+  if (found.error) {
+    return (
+      <main className="page">
+        <p className="error" role="alert">
+          {found.error}
+        </p>
+      </main>
+    );
+  }
+  if (!found.data) return <main className="page muted">Loading…</main>;
+  if (!run) {
+    return (
+      <main className="page">
+        <h1>{name}</h1>
+        <p className="empty">
+          No run named {name} in workspace {workspace}. <Link to={runsPath(org, workspace)}>See its runs</Link>.
+        </p>
+      </main>
+    );
+  }
+  const logWorker = worker ?? run.failedWorker?.name ?? run.workers[0]?.name ?? "";
+  const open = (next: RunTab, w?: string) => go(runPath(org, workspace, name, next, w));
+  return (
+    <main className="page" aria-labelledby="run-title">
+      <header className="page-head">
+        <div>
+          <h1 id="run-title">
+            {run.name} <span className={`state state-${run.state.toLowerCase()}`}>{run.state}</span>
+          </h1>
+          <p className="sentence">{run.reason}</p>
+          <p className="muted">
+            Started by {run.createdBy ?? "someone"} at {when(run.createdAt)} · cluster {run.cluster}
+          </p>
+        </div>
+        <button type="button" onClick={() => setAgain(true)}>
+          Run again
+        </button>
+      </header>
+      {again && <RunAgain run={run} onClose={() => setAgain(false)} onCreated={(n) => go(runPath(org, workspace, n))} />}
+      <Readout run={run} />
+      {run.failedWorker && <FailurePanel run={run} worker={run.failedWorker} onLog={(w) => open("logs", w)} onMemory={() => open("metrics")} />}
+      <RestartLoops workers={run.workers} onLog={(w) => open("logs", w)} />
+      {run.state === "Pending" && run.pendingReasons.length > 0 && (
+        <section className="panel" aria-label="Why it waits">
+          <h2>Why it waits, machine by machine</h2>
+          <ul>
+            {run.pendingReasons.map((r) => (
+              <li key={r.machine}>
+                <strong>{r.machine}</strong>: {r.reason}
+              </li>
+            ))}
+          </ul>
+        </section>
+      )}
+      <section aria-label="Goodput of the run">
+        <h2>Goodput</h2>
+        <Summary total={run.goodput} />
+        <StackedBar ledger={run.goodput} name={run.name} scale={run.goodput.allocatedGpuHours + run.goodput.waitingGpuHours} />
+      </section>
+      <div className="tabs tabs-wide" role="tablist" aria-label="Run">
+        {TABS.map((t) => (
+          <button key={t.tab} role="tab" aria-selected={tab === t.tab} onClick={() => open(t.tab, worker ?? undefined)}>
+            {t.label}
+          </button>
+        ))}
+      </div>
+      <div role="tabpanel">
+        {tab === "workers" && <WorkersTable org={org} workspace={workspace} run={run} onLog={(w) => open("logs", w)} />}
+        {tab === "logs" && logWorker && (
+          <LogView workers={run.workers.map((w) => w.name)} worker={logWorker} onWorker={(w) => open("logs", w)} />
+        )}
+        {tab === "metrics" && <Metrics match={[`run:${run.name}`]} by="worker" />}
+        {tab === "history" && <History entries={run.history} />}
+      </div>
+    </main>
+  );
+}
+
+interface TaskMetrics {
+  tasks: { name: string; metrics: Record<string, number | Record<string, number>> }[];
+}
+
+function values(metric: number | Record<string, number> | undefined): number[] {
+  if (metric === undefined) return [];
+  return typeof metric === "number" ? [metric] : Object.values(metric);
+}
+
+// Workers running of total, GPUs, Machines, Time left or Runtime, Using now (GPU %, cores,
+// memory), Priority with how it starts and fails.
+function Readout({ run }: { run: Run }) {
+  const [now, setNow] = useState<TaskMetrics | null>(null);
+  useEffect(() => {
+    if (run.state !== "Running") return;
+    let live = true;
+    const load = () =>
+      rest<TaskMetrics>(`/tasks?job=${encodeURIComponent(run.name)}`).then(
+        (found) => live && setNow(found),
+        () => undefined,
+      );
+    void load();
+    const timer = window.setInterval(load, 15_000);
+    return () => {
+      live = false;
+      window.clearInterval(timer);
+    };
+  }, [run.name, run.state]);
+  const running = run.workers.filter((w) => w.state === "Running").length;
+  const gpus = run.workers.reduce((sum, w) => sum + w.gpus, 0);
+  const machines = new Set(run.workers.map((w) => w.machine).filter(Boolean)).size;
+  const firstRunning = run.history.find((h) => h.state === "Running")?.transitionAt;
+  const ended = run.endedAt ? new Date(run.endedAt).getTime() : Date.now();
+  const runtime = firstRunning ? ended - new Date(firstRunning).getTime() : null;
+  const limit = parseDuration(run.spec.time_limit as string | undefined);
+  const clock =
+    limit !== null && runtime !== null && !run.endedAt
+      ? { label: "Time left", value: formatDuration(limit - runtime) }
+      : { label: "Runtime", value: runtime === null ? "—" : formatDuration(runtime) };
+  const tasks = now?.tasks ?? [];
+  const utilisation = tasks.flatMap((t) => values(t.metrics.task_gpu_utilization_ratio));
+  const gpuPercent = utilisation.length ? `${Math.round((utilisation.reduce((a, b) => a + b, 0) / utilisation.length) * 100)}%` : "—";
+  const cores = tasks.flatMap((t) => values(t.metrics.task_cpu_usage_cores)).reduce((a, b) => a + b, 0);
+  const memory = tasks.flatMap((t) => values(t.metrics.task_memory_used_bytes)).reduce((a, b) => a + b, 0);
+  const restartPolicy = (run.spec.restart_policy as string | undefined) ?? "on_failure";
+  const maxRestarts = (run.spec.max_restarts as number | undefined) ?? 10;
+  const fails =
+    restartPolicy === "never" ? "a failure ends it" : `restarts on failure, up to ${maxRestarts} in a row`;
+  const starts = run.workers.length > 1 ? `${run.workers.length} workers start together` : "starts alone";
+  return (
+    <dl className="summary readout" aria-label="Readout">
+      <div>
+        <dt>Workers running</dt>
+        <dd data-figure="workers">
+          {running} of {run.workers.length}
+        </dd>
+      </div>
+      <div>
+        <dt>GPUs</dt>
+        <dd data-figure="gpus">{gpus}</dd>
+      </div>
+      <div>
+        <dt>Machines</dt>
+        <dd data-figure="machines">{machines}</dd>
+      </div>
+      <div>
+        <dt>{clock.label}</dt>
+        <dd data-figure="clock">{clock.value}</dd>
+      </div>
+      <div>
+        <dt>Using now</dt>
+        <dd data-figure="using">
+          {run.state === "Running" && tasks.some((t) => Object.keys(t.metrics).length > 0)
+            ? `${gpuPercent} GPU · ${cores.toFixed(1)} cores · ${(memory / 2 ** 30).toFixed(1)} GiB`
+            : "—"}
+        </dd>
+      </div>
+      <div>
+        <dt>Priority</dt>
+        <dd data-figure="priority">
+          {run.priority}
+          <span className="muted">
+            {" "}
+            {starts}; {fails}
+          </span>
+        </dd>
+      </div>
+    </dl>
+  );
+}
+
+function FailurePanel({
+  run,
+  worker,
+  onLog,
+  onMemory,
+}: {
+  run: Run;
+  worker: Worker;
+  onLog: (worker: string) => void;
+  onMemory: () => void;
+}) {
+  const advice = worker.advice;
+  const tail = worker.lastFailure?.log_tail;
+  return (
+    <section className="panel failure" aria-label="Why it failed">
+      <h2>Why it failed</h2>
+      <p className="sentence">{run.reason}</p>
+      {advice && (
+        <p>
+          <strong>Look at:</strong> <span data-figure="advice">{advice.lookAt}</span>
+        </p>
+      )}
+      <div className="actions">
+        <button type="button" onClick={() => onLog(worker.name)}>
+          Its log
+        </button>
+        {advice?.open === "memory" && (
+          <button type="button" onClick={onMemory}>
+            Memory chart
+          </button>
+        )}
+      </div>
+      {tail && (
+        <details>
+          <summary>The last lines it wrote before it failed</summary>
+          <pre className="log">{tail}</pre>
+        </details>
+      )}
+    </section>
+  );
+}
+
+// Workers that failed and wait to start again: the last failure, its advice and its 50 lines.
+function RestartLoops({ workers, onLog }: { workers: Worker[]; onLog: (worker: string) => void }) {
+  const looping = workers.filter((w) => w.lastFailure && w.restartAt && w.state !== "Failed");
+  if (looping.length === 0) return null;
+  return (
+    <section className="panel restarting" aria-label="Restarting in a loop">
+      <h2>Restarting in a loop</h2>
+      {looping.map((w) => (
+        <div key={w.name}>
+          <p>
+            <strong>{w.name}</strong> restarted {w.restarts} {w.restarts === 1 ? "time" : "times"}; its last failure:{" "}
+            {w.lastFailure?.reason}. Next start at {when(w.restartAt!)}.
+          </p>
+          {w.advice && <p>Look at: {w.advice.lookAt}</p>}
+          <button type="button" onClick={() => onLog(w.name)}>
+            Its log
+          </button>
+          {w.lastFailure?.log_tail && <pre className="log">{w.lastFailure.log_tail}</pre>}
+        </div>
+      ))}
+    </section>
+  );
+}
+
+function WorkersTable({
+  org,
+  workspace,
+  run,
+  onLog,
+}: {
+  org: string;
+  workspace: string;
+  run: Run;
+  onLog: (worker: string) => void;
+}) {
+  return (
+    <table className="ledger" aria-label="Workers">
+      <thead>
+        <tr>
+          <th scope="col">Worker</th>
+          <th scope="col">State</th>
+          <th scope="col">What it means</th>
+          <th scope="col">Machine</th>
+          <th scope="col" className="num">
+            GPUs
+          </th>
+          <th scope="col" className="num">
+            Exit code
+          </th>
+          <th scope="col" className="num">
+            Restarts
+          </th>
+          <th scope="col">
+            <span className="visually-hidden">Log</span>
+          </th>
+        </tr>
+      </thead>
+      <tbody>
+        {run.workers.map((w) => (
+          <tr key={w.name} data-row={w.name}>
+            <th scope="row">
+              <Link to={workerPath(org, workspace, run.cluster, w.name)}>{w.name}</Link>
+              {w.straggler && <span className="badge">straggler</span>}
+            </th>
+            <td>
+              <span className={`state state-${w.state.toLowerCase()}`}>{w.state}</span>
+            </td>
+            <td className="wrap">{w.reason}</td>
+            <td>{w.machine ?? "—"}</td>
+            <td className="num">{w.gpuIds.length ? w.gpuIds.join(", ") : w.gpus}</td>
+            <td className="num">{w.exitCode ?? "—"}</td>
+            <td className="num">{w.restarts}</td>
+            <td>
+              <button type="button" className="small" onClick={() => onLog(w.name)} aria-label={`Log of ${w.name}`}>
+                Log
+              </button>
+            </td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
+export function History({ entries, newestFirst = false }: { entries: HistoryEntry[]; newestFirst?: boolean }) {
+  const rows = newestFirst ? entries : entries.slice().reverse();
+  return (
+    <table className="ledger" aria-label="History">
+      <thead>
+        <tr>
+          <th scope="col">When</th>
+          <th scope="col">State</th>
+          <th scope="col">Why</th>
+        </tr>
+      </thead>
+      <tbody>
+        {rows.map((h, i) => (
+          <tr key={`${h.transitionAt}-${i}`}>
+            <td>{when(h.transitionAt)}</td>
+            <td>
+              <span className={`state state-${h.state.toLowerCase()}`}>{h.state}</span>
+            </td>
+            <td className="wrap">{h.reason}</td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
+const CREATE = `mutation($spec: JSON!) { createRun(spec: $spec) { run { name } errors { code field message } } }`;
+
+// Run again: the specification as JSON under a new name, edited, then submitted.
+function RunAgain({ run, onClose, onCreated }: { run: Run; onClose: () => void; onCreated: (name: string) => void }) {
+  const [text, setText] = useState(() => JSON.stringify({ ...run.spec, name: `${run.name}-2` }, null, 2));
+  const [errors, setErrors] = useState<string[]>([]);
+  const submit = async () => {
+    let spec: unknown;
+    try {
+      spec = JSON.parse(text);
+    } catch (err) {
+      setErrors([`The specification is not JSON: ${(err as Error).message}`]);
+      return;
+    }
+    try {
+      const { createRun } = await graphql<{
+        createRun: { run: { name: string } | null; errors: { field: string | null; message: string }[] };
+      }>(CREATE, { spec });
+      if (createRun.errors.length) setErrors(createRun.errors.map((e) => `${e.field ?? "spec"}: ${e.message}`));
+      else if (createRun.run) onCreated(createRun.run.name);
+    } catch (err) {
+      setErrors([(err as Error).message]);
+    }
+  };
+  return (
+    <section className="panel" role="dialog" aria-label="Run again">
+      <h2>Run again</h2>
+      <p className="muted">Its specification as JSON, under a new name: change what you need, then submit.</p>
+      <textarea aria-label="Specification" value={text} onChange={(e) => setText(e.target.value)} rows={14} spellCheck={false} />
+      {errors.length > 0 && (
+        <ul className="error" role="alert">
+          {errors.map((e) => (
+            <li key={e}>{e}</li>
+          ))}
+        </ul>
+      )}
+      <div className="actions">
+        <button type="button" onClick={submit}>
+          Submit
+        </button>
+        <button type="button" onClick={onClose}>
+          Cancel
+        </button>
+      </div>
+    </section>
+  );
+}

@@ -1,0 +1,155 @@
+// A worker's page, /o/<org>/w/<workspace>/workers/<cluster>/<worker> (seed L-27, L-28): its
+// machine, GPU ids, what it asked for, restarts, exit code; How it was started; Log, Metrics
+// (with a range) and History tabs.
+import { useState } from "react";
+
+import { when } from "../format";
+import { LogView } from "../logs/LogView";
+import { runOf } from "../names";
+import { Link } from "../nav";
+import { runPath } from "../routes";
+import { useQuery } from "../useQuery";
+import { Metrics } from "./Metrics";
+import { History, WORKER_FIELDS, type Worker } from "./RunPage";
+
+interface Started {
+  image: string | null;
+  command: string[] | null;
+  user: string | null;
+  gpuIds: number[];
+  restartPolicy: string;
+  timeLimit: string | null;
+  rank: number;
+  environment: Record<string, string>;
+  mounts: unknown[];
+}
+
+interface Found {
+  run: {
+    name: string;
+    spec: Record<string, unknown>;
+    workers: (Worker & { started: Started; history: { transitionAt: string; state: string; reason: string }[] })[];
+  } | null;
+}
+
+const QUERY = `query($run: String!, $ws: String) { run(name: $run, workspace: $ws) { name spec workers {
+  ${WORKER_FIELDS}
+  started { image command user gpuIds restartPolicy timeLimit rank environment mounts }
+  history { transitionAt state reason } } } }`;
+
+type Tab = "log" | "metrics" | "history";
+
+export function WorkerPage({ org, workspace, worker: name }: { org: string; workspace: string; worker: string }) {
+  const run = runOf(name);
+  const found = useQuery<Found>(QUERY, { run, ws: workspace }, true, 10_000);
+  const [tab, setTab] = useState<Tab>("log");
+  if (found.error) return <main className="page error" role="alert">{found.error}</main>;
+  if (!found.data) return <main className="page muted">Loading…</main>;
+  const worker = found.data.run?.workers.find((w) => w.name === name);
+  if (!found.data.run || !worker) {
+    return (
+      <main className="page">
+        <h1>{name}</h1>
+        <p className="empty">No worker named {name} in workspace {workspace}.</p>
+      </main>
+    );
+  }
+  const spec = found.data.run.spec;
+  const asked = [
+    `${worker.gpus} GPU${worker.gpus === 1 ? "" : "s"}`,
+    spec.cpu !== undefined ? `${String(spec.cpu)} cores` : null,
+    spec.memory_bytes ? `${(Number(spec.memory_bytes) / 2 ** 30).toFixed(0)} GiB` : null,
+  ].filter(Boolean);
+  const s = worker.started;
+  return (
+    <main className="page" aria-labelledby="worker-title">
+      <header className="page-head">
+        <div>
+          <h1 id="worker-title">
+            {worker.name} <span className={`state state-${worker.state.toLowerCase()}`}>{worker.state}</span>
+          </h1>
+          <p className="sentence">{worker.reason}</p>
+          <p className="muted">
+            Rank {worker.rank} of <Link to={runPath(org, workspace, run)}>{run}</Link> · since {when(worker.stateSince)}
+          </p>
+        </div>
+      </header>
+      <dl className="summary" aria-label="Worker">
+        <div>
+          <dt>Machine</dt>
+          <dd data-figure="machine">{worker.machine ?? "—"}</dd>
+        </div>
+        <div>
+          <dt>GPU ids</dt>
+          <dd data-figure="gpu-ids">{worker.gpuIds.length ? worker.gpuIds.join(", ") : "—"}</dd>
+        </div>
+        <div>
+          <dt>Asked for</dt>
+          <dd data-figure="asked">{asked.join(", ")}</dd>
+        </div>
+        <div>
+          <dt>Restarts</dt>
+          <dd data-figure="restarts">{worker.restarts}</dd>
+        </div>
+        <div>
+          <dt>Exit code</dt>
+          <dd data-figure="exit-code">{worker.exitCode ?? "—"}</dd>
+        </div>
+      </dl>
+      {worker.advice && (
+        <section className="panel failure" aria-label="Its failure">
+          <h2>Its failure: {worker.advice.reason}</h2>
+          <p>Look at: {worker.advice.lookAt}</p>
+          {worker.lastFailure?.log_tail && <pre className="log">{worker.lastFailure.log_tail}</pre>}
+        </section>
+      )}
+      <section className="panel" aria-label="How it was started">
+        <h2>How it was started</h2>
+        <dl className="facts">
+          <dt>Image</dt>
+          <dd>{s.image ?? "none (a process on the machine)"}</dd>
+          <dt>Command</dt>
+          <dd>
+            <code>{(s.command ?? []).join(" ")}</code>
+          </dd>
+          <dt>User</dt>
+          <dd>{s.user ?? "the agent's"}</dd>
+          <dt>GPU ids</dt>
+          <dd>{s.gpuIds.join(", ") || "—"}</dd>
+          <dt>Restart policy</dt>
+          <dd>{s.restartPolicy}</dd>
+          <dt>Time limit</dt>
+          <dd>{s.timeLimit ?? "none"}</dd>
+          <dt>Rank</dt>
+          <dd>{s.rank}</dd>
+          <dt>Environment</dt>
+          <dd>
+            {Object.keys(s.environment).length === 0
+              ? "—"
+              : Object.entries(s.environment).map(([k, v]) => (
+                  <div key={k}>
+                    <code>
+                      {k}={v}
+                    </code>
+                  </div>
+                ))}
+          </dd>
+          <dt>Mounts</dt>
+          <dd>{s.mounts.length === 0 ? "—" : <code>{JSON.stringify(s.mounts)}</code>}</dd>
+        </dl>
+      </section>
+      <div className="tabs tabs-wide" role="tablist" aria-label="Worker">
+        {(["log", "metrics", "history"] as Tab[]).map((t) => (
+          <button key={t} role="tab" aria-selected={tab === t} onClick={() => setTab(t)}>
+            {t === "log" ? "Log" : t === "metrics" ? "Metrics" : "History"}
+          </button>
+        ))}
+      </div>
+      <div role="tabpanel">
+        {tab === "log" && <LogView workers={[worker.name]} worker={worker.name} onWorker={() => undefined} />}
+        {tab === "metrics" && <Metrics match={[`worker:${worker.name}`]} by="worker" />}
+        {tab === "history" && <History entries={worker.history} newestFirst />}
+      </div>
+    </main>
+  );
+}

@@ -1,0 +1,187 @@
+"""The console's run and worker pages in headless Chromium against `astraeus up` with its local
+agent and real runs (issue 8): a followed log shows a new line within 2 s, Find… and Errors only
+filter, Download saves <worker>.log, a failed run shows its failure panel and the seed's advice,
+Its log opens that worker's log; screenshots of each tab and of a worker's page."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.browser import NEEDS_CHROMIUM, console_dir, screenshots, sign_in
+from tests.e2e.live import Server, running
+
+pytestmark = [NEEDS_CHROMIUM]
+
+# A line every half second with the time it was written; every fifth an error-like one.
+CHATTY = """\
+import time, astraeus_progress
+for i in range(240):
+    if i % 5 == 4:
+        print(f"CUDA error: injected {i} at {time.time():.3f}", flush=True)
+    else:
+        print(f"tick {i} at {time.time():.3f}", flush=True)
+    astraeus_progress.report(i)
+    time.sleep(0.5)
+"""
+BROKEN = """\
+print("loading the data set", flush=True)
+print("Traceback (most recent call last):", flush=True)
+print("RuntimeError: boom", flush=True)
+raise SystemExit(1)
+"""
+
+
+def create(server: Server, token: str, spec: dict[str, Any]) -> None:
+    answer = httpx.post(
+        f"{server.url}/graphql",
+        json={
+            "query": "mutation($s: JSON!) { createRun(spec: $s) { errors { message } } }",
+            "variables": {"s": spec},
+        },
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    assert answer["data"]["createRun"]["errors"] == [], answer
+
+
+def until_state(server: Server, token: str, run: str, state: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = httpx.get(
+            f"{server.url}/v1/jobs/{run}", headers={"Authorization": f"Bearer {token}"}
+        ).json()
+        if found.get("status") == state:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{run} never became {state}")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+    root = tmp_path_factory.mktemp("console-runs")
+    with running(root / "data", console_dir=console_dir()) as (server, token):
+        create(server, token, {"name": "chatty", "gpus": 1, "command": ["python3", "-c", CHATTY]})
+        create(
+            server,
+            token,
+            {
+                "name": "broken",
+                "gpus": 1,
+                "restart_policy": "never",
+                "command": ["python3", "-c", BROKEN],
+            },
+        )
+        until_state(server, token, "chatty", "Running")
+        until_state(server, token, "broken", "Failed")
+        yield server, token
+
+
+# Resolves with how long ago (seconds) the newest line the page shows was written, as soon as
+# a new line appears.
+NEW_LINE_AGE = """() => new Promise((resolve) => {
+  const pre = document.querySelector("pre.log");
+  const seen = pre.querySelectorAll(".log-line").length;
+  const look = new MutationObserver(() => {
+    const lines = pre.querySelectorAll(".log-line");
+    if (lines.length <= seen) return;
+    const written = /at (\\d+\\.\\d+)$/.exec(lines[lines.length - 1].textContent);
+    if (!written) return;
+    look.disconnect();
+    resolve(Date.now() / 1000 - parseFloat(written[1]));
+  });
+  look.observe(pre, { childList: true, subtree: true });
+})"""
+
+
+def test_following_a_running_workers_log(
+    live: tuple[Server, str], page: Any, tmp_path: Path
+) -> None:
+    # seed L-9 … L-12: the Logs tab follows one worker, Find…, Errors only, Download
+    server, token = live
+    shots = screenshots(tmp_path)
+    sign_in(page, server, token)
+    page.goto(f"{server.url}/o/default/w/default/runs/chatty")
+    page.get_by_role("table", name="Workers").locator('tr[data-row="chatty-0"]').wait_for()
+    page.screenshot(path=str(shots / "run-workers.png"), full_page=True)
+
+    page.get_by_role("button", name="Log of chatty-0").click()
+    page.wait_for_url("**/runs/chatty?tab=logs&worker=chatty-0")
+    page.locator(".log-line", has_text="tick").first.wait_for()
+    ages = [page.evaluate(NEW_LINE_AGE) for _ in range(3)]
+    assert max(ages) < 2.0, ages  # issue 8: a new line within 2 s of being written
+
+    errors = page.locator('[data-figure="errors"]')
+    page.wait_for_function(
+        "() => /^[1-9]\\d* error-like/.test("
+        "document.querySelector('[data-figure=\"errors\"]').textContent)"
+    )
+    assert errors.inner_text().endswith(("error-like line", "error-like lines"))
+    page.get_by_label("Errors only").check()
+    shown = page.locator(".log-line").all_inner_texts()
+    assert shown and all(line.startswith("CUDA error: injected") for line in shown)
+    page.get_by_label("Errors only").uncheck()
+    page.get_by_label("Find…").fill("tick 1 ")
+    assert page.locator(".log-line").all_inner_texts()[0].startswith("tick 1 at ")
+    page.get_by_label("Find…").fill("")
+    page.screenshot(path=str(shots / "run-logs.png"), full_page=True)
+
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download").click()
+    assert download.value.suggested_filename == "chatty-0.log"
+    saved = tmp_path / "chatty-0.log"
+    download.value.save_as(saved)
+    assert saved.read_text().startswith("tick 0 at ")
+
+    page.get_by_role("tab", name="Metrics").click()
+    page.locator('figure[data-metric="task_gpu_utilization_ratio"] .u-wrap').wait_for(
+        timeout=45_000
+    )
+    page.screenshot(path=str(shots / "run-metrics.png"), full_page=True)
+    page.get_by_role("tab", name="History").click()
+    history = page.get_by_role("table", name="History")
+    assert history.locator("tbody tr").first.inner_text().split("\t")[1] == "Running"
+    page.screenshot(path=str(shots / "run-history.png"), full_page=True)
+
+
+def test_a_failed_run_shows_its_failure_and_advice(
+    live: tuple[Server, str], page: Any, tmp_path: Path
+) -> None:
+    # seed L-48, L-49, L-50: the failure panel turns the reason into advice and offers Its log
+    server, token = live
+    sign_in(page, server, token)
+    page.goto(f"{server.url}/o/default/w/default/runs/broken")
+    panel = page.get_by_role("region", name="Why it failed")
+    panel.wait_for()
+    assert panel.locator(".sentence").inner_text().startswith("Worker broken-0 failed")
+    assert panel.locator('[data-figure="advice"]').inner_text() == "Your program: its log."
+    page.screenshot(path=str(screenshots(tmp_path) / "run-failed.png"), full_page=True)
+    panel.get_by_role("button", name="Its log").click()
+    page.wait_for_url("**/runs/broken?tab=logs&worker=broken-0")
+    page.locator(".log-line", has_text="RuntimeError: boom").wait_for()
+
+
+def test_a_workers_page(live: tuple[Server, str], page: Any, tmp_path: Path) -> None:
+    # seed L-27, L-28: machine, GPU ids, what it asked for, restarts, exit code; How it was
+    # started
+    server, token = live
+    sign_in(page, server, token)
+    page.goto(f"{server.url}/o/default/w/default/workers/local/chatty-0")
+    page.get_by_role("heading", name="chatty-0").wait_for()
+    worker = httpx.get(
+        f"{server.url}/v1/tasks/chatty-0", headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    figures = page.get_by_label("Worker", exact=True)
+    assert figures.locator('[data-figure="machine"]').inner_text() == worker["placement"]["machine"]
+    assert figures.locator('[data-figure="gpu-ids"]').inner_text() == ", ".join(
+        str(i) for i in worker["placement"]["gpu_ids"]
+    )
+    assert figures.locator('[data-figure="asked"]').inner_text().startswith("1 GPU")
+    started = page.get_by_role("region", name="How it was started")
+    assert "python3 -c import time" in started.inner_text()
+    page.locator(".log-line", has_text="tick").first.wait_for()
+    page.screenshot(path=str(screenshots(tmp_path) / "worker.png"), full_page=True)
