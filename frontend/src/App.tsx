@@ -7,7 +7,11 @@ import { RunPage } from "./pages/RunPage";
 import { RunsPage } from "./pages/RunsPage";
 import { SignIn } from "./pages/SignIn";
 import { WorkerPage } from "./pages/WorkerPage";
-import { goodputPath, parse, runsPath, type Route } from "./routes";
+import { EventsPage } from "./pages/EventsPage";
+import { GpusPage } from "./pages/GpusPage";
+import { MachinesPage } from "./pages/MachinesPage";
+import { goodputPath, parse, sectionPath, type Route } from "./routes";
+import { useQuery } from "./useQuery";
 
 export function App() {
   const [location, setLocation] = useState(() => ({
@@ -41,21 +45,38 @@ function page(route: Route, go: (path: string) => void): ReactNode {
       </main>
     );
   }
+  return <Shell route={route} go={go} />;
+}
+
+type Section = "goodput" | "runs" | "gpus" | "events" | "machines";
+
+function Shell({ route, go }: { route: Exclude<Route, { page: "signin" | "home" | "notfound" }>; go: (path: string) => void }) {
   const { org, workspace } = route;
-  const section = route.page === "goodput" ? "goodput" : "runs";
+  const viewer = useQuery<{ viewer: { isOrgAdmin: boolean; user: string } }>("{ viewer { user isOrgAdmin } }", {}, true, 0);
+  const section: Section =
+    route.page === "run" ? "runs" : route.page === "worker" ? "runs" : route.page;
+  const items: { section: Section; label: string; to: string }[] = [
+    { section: "goodput", label: "Goodput", to: goodputPath(org, workspace) },
+    { section: "runs", label: "Runs", to: sectionPath(org, workspace, "runs") },
+    { section: "gpus", label: "GPUs", to: sectionPath(org, workspace, "gpus") },
+    { section: "events", label: "Events", to: sectionPath(org, workspace, "events") },
+  ];
+  if (viewer.data?.viewer.isOrgAdmin) {
+    items.push({ section: "machines", label: "Machines", to: sectionPath(org, workspace, "machines") });
+  }
   return (
     <div className="shell">
       <nav className="menu" aria-label="Astraeus">
         <strong className="brand">Astraeus</strong>
         <span className="muted">
           {org} / {workspace}
+          {viewer.data ? ` · ${viewer.data.viewer.user}` : ""}
         </span>
-        <MenuLink to={goodputPath(org, workspace)} current={section === "goodput"}>
-          Goodput
-        </MenuLink>
-        <MenuLink to={runsPath(org, workspace)} current={section === "runs"}>
-          Runs
-        </MenuLink>
+        {items.map((item) => (
+          <MenuLink key={item.section} to={item.to} current={section === item.section}>
+            {item.label}
+          </MenuLink>
+        ))}
         <button
           type="button"
           className="link"
@@ -73,6 +94,9 @@ function page(route: Route, go: (path: string) => void): ReactNode {
         <RunPage org={org} workspace={workspace} run={route.run} tab={route.tab} worker={route.worker} />
       )}
       {route.page === "worker" && <WorkerPage org={org} workspace={workspace} worker={route.worker} />}
+      {route.page === "gpus" && <GpusPage org={org} workspace={workspace} />}
+      {route.page === "events" && <EventsPage org={org} workspace={workspace} />}
+      {route.page === "machines" && <MachinesPage />}
     </div>
   );
 }

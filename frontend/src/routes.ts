@@ -5,6 +5,9 @@ export type Route =
   | { page: "home" }
   | { page: "goodput"; org: string; workspace: string }
   | { page: "runs"; org: string; workspace: string }
+  | { page: "gpus"; org: string; workspace: string }
+  | { page: "events"; org: string; workspace: string }
+  | { page: "machines"; org: string; workspace: string }
   | { page: "run"; org: string; workspace: string; run: string; tab: RunTab; worker: string | null }
   | { page: "worker"; org: string; workspace: string; cluster: string; worker: string }
   | { page: "notfound"; path: string };
@@ -21,7 +24,9 @@ export function parse(path: string, search = ""): Route {
     if (rest.length === 0 || (rest.length === 1 && rest[0] === "goodput")) {
       return { page: "goodput", org, workspace };
     }
-    if (rest.length === 1 && rest[0] === "runs") return { page: "runs", org, workspace };
+    if (rest.length === 1 && (rest[0] === "runs" || rest[0] === "gpus" || rest[0] === "events" || rest[0] === "machines")) {
+      return { page: rest[0], org, workspace };
+    }
     if (rest.length === 2 && rest[0] === "runs") {
       const query = new URLSearchParams(search);
       const tab = TABS.find((t) => t === query.get("tab")) ?? "workers";
@@ -54,4 +59,8 @@ export function runPath(org: string, workspace: string, run: string, tab?: RunTa
 
 export function workerPath(org: string, workspace: string, cluster: string, worker: string): string {
   return `${base(org, workspace)}/workers/${encodeURIComponent(cluster)}/${encodeURIComponent(worker)}`;
+}
+
+export function sectionPath(org: string, workspace: string, section: "runs" | "gpus" | "events" | "machines"): string {
+  return `${base(org, workspace)}/${section}`;
 }

@@ -185,3 +185,40 @@ def test_a_workers_page(live: tuple[Server, str], page: Any, tmp_path: Path) -> 
     assert "python3 -c import time" in started.inner_text()
     page.locator(".log-line", has_text="tick").first.wait_for()
     page.screenshot(path=str(screenshots(tmp_path) / "worker.png"), full_page=True)
+
+
+def test_gpus_events_and_machines(live: tuple[Server, str], page: Any, tmp_path: Path) -> None:
+    # seed L-39 (every GPU, its use, health and holder), L-44/L-46 (the workspace's events,
+    # live), machines for the organisation's admins
+    server, token = live
+    shots = screenshots(tmp_path)
+    sign_in(page, server, token)
+    page.get_by_role("link", name="GPUs").click()
+    page.wait_for_url("**/o/default/w/default/gpus")
+    gpus = httpx.post(
+        f"{server.url}/graphql",
+        json={"query": "{ gpus { machine index heldBy } }"},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()["data"]["gpus"]
+    rows = page.locator("tr[data-row]")
+    rows.first.wait_for()
+    assert rows.evaluate_all("rs => rs.map(r => r.dataset.row)") == [
+        f"{g['machine']}/{g['index']}" for g in gpus
+    ]
+    held = [f"{g['machine']}/{g['index']}" for g in gpus if g["heldBy"] == "chatty"]
+    holder = page.locator(f'tr[data-row="{held[0]}"] [data-figure="holder"]')
+    assert holder.inner_text() == "chatty"
+    page.screenshot(path=str(shots / "gpus.png"), full_page=True)
+
+    page.get_by_role("link", name="Events").click()
+    events = page.get_by_role("table", name="Events")
+    events.locator("tbody tr").first.wait_for()
+    create(server, token, {"name": "late", "gpus": 1, "command": ["true"]})
+    # the new run's first event arrives live, on top
+    page.locator("tbody tr").first.filter(has_text="late").wait_for(timeout=10_000)
+    page.screenshot(path=str(shots / "events.png"), full_page=True)
+
+    page.get_by_role("link", name="Machines").click()  # the admin's token: an admin's menu
+    machines = page.get_by_role("table", name="Machines")
+    machines.locator('tr[data-row="local"]').wait_for()
+    assert machines.locator('tr[data-row="local"]').inner_text().split("\t")[3] == "ready"

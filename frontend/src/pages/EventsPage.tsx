@@ -1,0 +1,118 @@
+// The workspace's events (seed L-43, L-44, L-46): newest first, of one run or kind, older ones
+// a page at a time; new ones arrive live through the events subscription.
+import { useEffect, useState } from "react";
+
+import { graphql } from "../api";
+import { when } from "../format";
+import { subscribe } from "../live";
+import { Link } from "../nav";
+import { runPath } from "../routes";
+
+interface Event {
+  id: number;
+  kind: string;
+  state: string | null;
+  reason: string;
+  run: string | null;
+  worker: string | null;
+  createdAt: string;
+}
+
+const FIELDS = "id kind state reason run worker createdAt";
+const PAGE = `query($name: String, $kind: String, $before: Int, $ws: String) {
+  events(name: $name, kind: $kind, limit: 100, before: $before, workspace: $ws) { events { ${FIELDS} } nextBefore } }`;
+const LIVE = `subscription($name: String, $kind: String, $after: Int, $ws: String) {
+  events(name: $name, kind: $kind, after: $after, workspace: $ws) { ${FIELDS} } }`;
+const KINDS = ["", "run.state", "worker.state", "run.deleted", "alert.firing", "alert.resolved"];
+
+export function EventsPage({ org, workspace }: { org: string; workspace: string }) {
+  const [name, setName] = useState("");
+  const [kind, setKind] = useState("");
+  const [events, setEvents] = useState<Event[]>([]);
+  const [next, setNext] = useState<number | null>(null);
+  const [error, setError] = useState<string | null>(null);
+  const filters = { name: name.trim() || null, kind: kind || null, ws: workspace };
+  const key = JSON.stringify(filters);
+
+  useEffect(() => {
+    let live = true;
+    let stop = () => undefined as void;
+    setEvents([]);
+    setError(null);
+    graphql<{ events: { events: Event[]; nextBefore: number | null } }>(PAGE, { ...filters, before: null }).then(
+      ({ events: page }) => {
+        if (!live) return;
+        setEvents(page.events);
+        setNext(page.nextBefore);
+        const after = page.events[0]?.id ?? null;
+        stop = subscribe<Event>(LIVE, { ...filters, after }, {
+          next: (event) => setEvents((shown) => (shown.some((e) => e.id === event.id) ? shown : [event, ...shown])),
+          error: (message) => setError(message),
+        });
+      },
+      (err: Error) => live && setError(err.message),
+    );
+    return () => {
+      live = false;
+      stop();
+    };
+  }, [key]);
+
+  const older = async () => {
+    const { events: page } = await graphql<{ events: { events: Event[]; nextBefore: number | null } }>(PAGE, {
+      ...filters,
+      before: next,
+    });
+    setEvents((shown) => shown.concat(page.events));
+    setNext(page.nextBefore);
+  };
+
+  return (
+    <main className="page" aria-labelledby="events-title">
+      <header className="page-head">
+        <h1 id="events-title">Events</h1>
+        <div className="controls">
+          <input type="search" placeholder="Run" aria-label="Run" value={name} onChange={(e) => setName(e.target.value)} />
+          <select aria-label="Kind" value={kind} onChange={(e) => setKind(e.target.value)}>
+            {KINDS.map((k) => (
+              <option key={k} value={k}>
+                {k || "every kind"}
+              </option>
+            ))}
+          </select>
+        </div>
+      </header>
+      {error && <p className="error" role="alert">{error}</p>}
+      {events.length === 0 && !error && <p className="empty">No events yet.</p>}
+      {events.length > 0 && (
+        <table className="ledger" aria-label="Events">
+          <thead>
+            <tr>
+              <th scope="col">When</th>
+              <th scope="col">Kind</th>
+              <th scope="col">Run or worker</th>
+              <th scope="col">State</th>
+              <th scope="col">Why</th>
+            </tr>
+          </thead>
+          <tbody>
+            {events.map((e) => (
+              <tr key={e.id} data-event={e.id}>
+                <td>{when(e.createdAt)}</td>
+                <td>{e.kind}</td>
+                <td>{e.run ? <Link to={runPath(org, workspace, e.run)}>{e.worker ?? e.run}</Link> : (e.worker ?? "—")}</td>
+                <td>{e.state ? <span className={`state state-${e.state.toLowerCase()}`}>{e.state}</span> : "—"}</td>
+                <td className="wrap">{e.reason}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+      {next !== null && (
+        <button type="button" className="small" onClick={() => void older()}>
+          Older
+        </button>
+      )}
+    </main>
+  );
+}

@@ -1,0 +1,94 @@
+// Every GPU the workspace may use (seed L-39): machine and index, model, utilisation now,
+// health and which run holds it.
+import { Link } from "../nav";
+import { runPath } from "../routes";
+import { useQuery } from "../useQuery";
+
+interface Gpu {
+  machine: string;
+  index: number;
+  model: string;
+  memoryBytes: number;
+  health: string;
+  healthReason: string;
+  utilization: number | null;
+  heldBy: string | null;
+  heldElsewhere: boolean;
+}
+
+const GPUS = `query($ws: String) { gpus(workspace: $ws) {
+  machine index model memoryBytes health healthReason utilization heldBy heldElsewhere } }`;
+
+export function GpusPage({ org, workspace }: { org: string; workspace: string }) {
+  const found = useQuery<{ gpus: Gpu[] }>(GPUS, { ws: workspace }, true, 15_000);
+  const gpus = found.data?.gpus ?? [];
+  const free = gpus.filter((g) => !g.heldBy && !g.heldElsewhere).length;
+  return (
+    <main className="page" aria-labelledby="gpus-title">
+      <header className="page-head">
+        <h1 id="gpus-title">GPUs</h1>
+        {found.data && (
+          <span className="muted">
+            {gpus.length} GPUs, {free} free
+          </span>
+        )}
+      </header>
+      {found.error && <p className="error" role="alert">{found.error}</p>}
+      {found.data && gpus.length === 0 && (
+        <p className="empty">No machine has joined yet: start an agent with astraeus agent (astraeus up starts one here).</p>
+      )}
+      {gpus.length > 0 && (
+        <table className="ledger">
+          <thead>
+            <tr>
+              <th scope="col">GPU</th>
+              <th scope="col">Model</th>
+              <th scope="col" className="num">
+                Memory
+              </th>
+              <th scope="col">Utilisation</th>
+              <th scope="col">Health</th>
+              <th scope="col">Held by</th>
+            </tr>
+          </thead>
+          <tbody>
+            {gpus.map((g) => {
+              const id = `${g.machine}/${g.index}`;
+              const use = g.utilization === null ? null : Math.round(g.utilization * 100);
+              return (
+                <tr key={id} data-row={id}>
+                  <th scope="row">{id}</th>
+                  <td>{g.model}</td>
+                  <td className="num">{(g.memoryBytes / 2 ** 30).toFixed(0)} GiB</td>
+                  <td data-figure="utilization">
+                    {use === null ? (
+                      "—"
+                    ) : (
+                      <span className="meter" title={`${use}%`}>
+                        <span style={{ width: `${use}%` }} />
+                        <em>{use}%</em>
+                      </span>
+                    )}
+                  </td>
+                  <td className={g.health === "ok" ? "" : "error"} title={g.healthReason}>
+                    {g.health}
+                    {g.health !== "ok" && g.healthReason ? `: ${g.healthReason}` : ""}
+                  </td>
+                  <td data-figure="holder">
+                    {g.heldBy ? (
+                      <Link to={runPath(org, workspace, g.heldBy)}>{g.heldBy}</Link>
+                    ) : g.heldElsewhere ? (
+                      <span className="muted">another workspace</span>
+                    ) : (
+                      <span className="muted">free</span>
+                    )}
+                  </td>
+                </tr>
+              );
+            })}
+          </tbody>
+        </table>
+      )}
+    </main>
+  );
+}

@@ -1,0 +1,117 @@
+// For the organisation's admins: every machine of its clusters with its pool, state and reason,
+// GPUs and unhealthy ones, last heard from; and the pools.
+import { when } from "../format";
+import { useQuery } from "../useQuery";
+
+interface Machine {
+  name: string;
+  cluster: string;
+  pool: string | null;
+  state: string;
+  reason: string;
+  cpuCores: number;
+  memoryBytes: number;
+  gpus: number;
+  unhealthyGpus: number;
+  lastSeenAt: string | null;
+}
+
+interface Pool {
+  name: string;
+  cluster: string;
+  machines: number;
+  gpus: number;
+  unhealthyGpus: number;
+}
+
+const QUERY = `{ machines { name cluster pool state reason cpuCores memoryBytes gpus unhealthyGpus lastSeenAt }
+  pools { name cluster machines gpus unhealthyGpus } }`;
+
+export function MachinesPage() {
+  const found = useQuery<{ machines: Machine[]; pools: Pool[] }>(QUERY, {}, true, 15_000);
+  return (
+    <main className="page" aria-labelledby="machines-title">
+      <h1 id="machines-title">Machines</h1>
+      {found.error && <p className="error" role="alert">{found.error}</p>}
+      {found.data && found.data.machines.length === 0 && (
+        <p className="empty">No machine has joined: start an agent with an agent token (astraeus token create --agent).</p>
+      )}
+      {found.data && found.data.machines.length > 0 && (
+        <table className="ledger" aria-label="Machines">
+          <thead>
+            <tr>
+              <th scope="col">Machine</th>
+              <th scope="col">Cluster</th>
+              <th scope="col">Pool</th>
+              <th scope="col">State</th>
+              <th scope="col">Why</th>
+              <th scope="col" className="num">
+                GPUs
+              </th>
+              <th scope="col" className="num">
+                Cores
+              </th>
+              <th scope="col" className="num">
+                Memory
+              </th>
+              <th scope="col">Last heard from</th>
+            </tr>
+          </thead>
+          <tbody>
+            {found.data.machines.map((m) => (
+              <tr key={`${m.cluster}/${m.name}`} data-row={m.name}>
+                <th scope="row">{m.name}</th>
+                <td>{m.cluster}</td>
+                <td>{m.pool ?? "—"}</td>
+                <td>
+                  <span className={`state state-${m.state.toLowerCase()}`}>{m.state}</span>
+                </td>
+                <td className="wrap">{m.reason}</td>
+                <td className="num">
+                  {m.gpus}
+                  {m.unhealthyGpus > 0 && <span className="error"> ({m.unhealthyGpus} unhealthy)</span>}
+                </td>
+                <td className="num">{m.cpuCores}</td>
+                <td className="num">{(m.memoryBytes / 2 ** 30).toFixed(0)} GiB</td>
+                <td>{m.lastSeenAt ? when(m.lastSeenAt) : "never"}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+      {found.data && found.data.pools.length > 0 && (
+        <>
+          <h2>Pools</h2>
+          <table className="ledger" aria-label="Pools">
+            <thead>
+              <tr>
+                <th scope="col">Pool</th>
+                <th scope="col">Cluster</th>
+                <th scope="col" className="num">
+                  Machines
+                </th>
+                <th scope="col" className="num">
+                  GPUs
+                </th>
+                <th scope="col" className="num">
+                  Unhealthy
+                </th>
+              </tr>
+            </thead>
+            <tbody>
+              {found.data.pools.map((p) => (
+                <tr key={`${p.cluster}/${p.name}`}>
+                  <th scope="row">{p.name}</th>
+                  <td>{p.cluster}</td>
+                  <td className="num">{p.machines}</td>
+                  <td className="num">{p.gpus}</td>
+                  <td className="num">{p.unhealthyGpus}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </>
+      )}
+    </main>
+  );
+}
