@@ -549,15 +549,15 @@ async def bench_tick(url: str, trials: int, profile: bool) -> dict[str, Any]:
 # -- the report ----------------------------------------------------------------------------------
 
 
-def populate_ledgers(url: str, runs: int, days: int) -> dict[str, Any]:
-    """``runs`` runs with ``days`` whole days of hourly cells each (productive and idle, held),
-    their workspace's cells, and the daily cells summed from the hours."""
+def populate_ledgers(url: str, runs: int, days: int, day1: datetime = DAY1) -> dict[str, Any]:
+    """``runs`` runs with ``days`` whole days of hourly cells each from ``day1`` (productive and
+    idle, held), their workspace's cells, and the daily cells summed from the hours."""
     rng = random.Random(11)
     per_hour = 10 * GPUS * 3600.0  # a run of 10 workers of 8 GPUs
     with psycopg.connect(url) as conn:
         org, cluster, ws = tenancy(conn, T0)
         run_ids = copy_runs(conn, cluster, ws, runs, 10)
-        hours = [DAY1 + timedelta(hours=h) for h in range(days * 24)]
+        hours = [day1 + timedelta(hours=h) for h in range(days * 24)]
         statement = f"COPY goodput_hours (hour, {CELL}, gpu_seconds) FROM STDIN (FORMAT BINARY)"
         with conn.cursor().copy(statement) as copy:
             copy.set_types(LEDGER_TYPES)

@@ -12,7 +12,7 @@ import { LogView } from "../logs/LogView";
 import { Link, useNavigate } from "../nav";
 import { runPath, runsPath, workerPath, type RunTab } from "../routes";
 import { useQuery } from "../useQuery";
-import { Metrics } from "./Metrics";
+import { Metrics } from "./LazyMetrics";
 import { Summary } from "./Goodput";
 
 export interface Advice {

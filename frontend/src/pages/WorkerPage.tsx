@@ -9,7 +9,7 @@ import { runOf } from "../names";
 import { Link } from "../nav";
 import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
-import { Metrics } from "./Metrics";
+import { Metrics } from "./LazyMetrics";
 import { History, WORKER_FIELDS, type Worker } from "./RunPage";
 
 interface Started {
