@@ -1,5 +1,6 @@
-"""What a failure means and where to look (seed logs-metrics-debugging.txt, "Debug a failed run,
-step by step", 2: classify it by the worker's reason and exit code).
+"""What a failure or a wait means and where to look (seed logs-metrics-debugging.txt, "Debug a
+failed run, step by step", 2: classify it by the worker's reason and exit code; and "Debug a
+run that does not start").
 
     Reason                                       Look at
     Exited with code 1 (or any 1 to 125)         Your program: its log.
@@ -31,6 +32,14 @@ class FailureKind(StrEnum):
     PREEMPTED = "preempted"
     SIGNAL = "signal"
     OTHER = "other"
+    # why a run does not start
+    MACHINES = "machines"
+    QUEUE = "queue"
+    PLAN = "plan"
+    CREDENTIAL = "credential"
+    DRIVE = "drive"
+    PULLING = "pulling"
+    BARRIER = "barrier"
 
 
 @dataclass(frozen=True)
@@ -132,3 +141,68 @@ def first_failed(run_reason: str, failed: list[tuple[str, Any]]) -> str | None:
     if named:
         return named.group(1)
     return min(failed, key=lambda f: f[1])[0] if failed else None
+
+
+# Debug a run that does not start: It is … / Look at …
+WAITS: tuple[tuple[tuple[str, ...], Advice], ...] = (
+    (
+        ("No machine fits", "Gang cannot be placed whole"),
+        Advice(FailureKind.MACHINES, "The per-machine reasons: Read a pending reason.", "machines"),
+    ),
+    (
+        ("Queued behind", "Next to run", "Waits for namespace quota"),
+        Advice(FailureKind.QUEUE, "The queue, not the machines: Priorities.", "queue"),
+    ),
+    (
+        ("Cannot plan workers",),
+        Advice(
+            FailureKind.PLAN,
+            "The GPU count does not split as asked: change machines or the count.",
+            "spec",
+        ),
+    ),
+    (
+        ("waiting for external secret",),
+        Advice(
+            FailureKind.CREDENTIAL,
+            "The credential has not reached the machine: open the credential to see whether the "
+            "machine could fetch it.",
+            "credential",
+        ),
+    ),
+    (
+        ("Waiting for data volume", "Waiting for drive"),
+        Advice(
+            FailureKind.DRIVE,
+            "The drive: open it to see whether it is reachable or still copying.",
+            "drive",
+        ),
+    ),
+    (
+        ("Pulling image",),
+        Advice(
+            FailureKind.PULLING,
+            "A large image on a slow link. Later runs on that machine reuse it.",
+            "log",
+        ),
+    ),
+    (
+        ("Starting together",),
+        Advice(
+            FailureKind.BARRIER,
+            "One member is still preparing or pulling; after 15 minutes at the barrier the gang "
+            "is requeued.",
+            "workers",
+        ),
+    ),
+)
+
+
+def waiting(reasons: list[str]) -> tuple[Advice, str] | None:
+    """Why a run does not start, from its reason and its workers' (the first that says): the
+    advice and the reason it explains."""
+    for reason in reasons:
+        for starts, advice in WAITS:
+            if reason.startswith(starts):
+                return advice, reason
+    return None

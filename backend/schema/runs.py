@@ -120,21 +120,14 @@ class Worker:
         description="Its failure turned into advice: its own end when it failed, else its last "
         "failure (a worker restarting in a loop); null when it never failed."
     )
-    def advice(self) -> FailureAdvice | None:
+    def advice(self) -> Advice | None:
         failure = failures.worker_failure(
             self.state, self.reason, self.exit_code, cast(dict[str, Any] | None, self.last_failure)
         )
         if failure is None:
             return None
         reason, exit_code = failure
-        found = failures.classify(reason, exit_code)
-        return FailureAdvice(
-            reason=reason,
-            exit_code=exit_code,
-            kind=found.kind.value,
-            look_at=found.look_at,
-            open=found.open,
-        )
+        return Advice.of(failures.classify(reason, exit_code), reason, exit_code)
 
     @strawberry.field(description="Its own state changes with their reasons, newest first.")
     async def history(self, info: Info) -> list[HistoryEntry]:
@@ -149,18 +142,32 @@ class Worker:
 
 
 @strawberry.type(
-    description="What a failure means and where to look: the seed's table of reasons (Debug a "
-    "failed run, step 2)."
+    description="What a failure or a wait means and where to look: the seed's tables (Debug a "
+    "failed run, step 2; Debug a run that does not start)."
 )
-class FailureAdvice:
+class Advice:
     reason: str = strawberry.field(description="The failure's reason, as the worker said it.")
     exit_code: int | None
     kind: str = strawberry.field(
-        description="program, command_not_found, out_of_memory, image_pull, time_limit, "
-        "machine_lost, retry_budget, preempted, signal or other."
+        description="A failure: program, command_not_found, out_of_memory, image_pull, "
+        "time_limit, machine_lost, retry_budget, preempted, signal or other; a wait: machines, "
+        "queue, plan, credential, drive, pulling or barrier."
     )
     look_at: str = strawberry.field(description="The seed's Look at sentence.")
-    open: str = strawberry.field(description="What to open beside it: log, memory or machine.")
+    open: str = strawberry.field(
+        description="What to open beside it: log, memory, machine, machines, queue, spec, "
+        "credential, drive or workers."
+    )
+
+    @classmethod
+    def of(cls, found: failures.Advice, reason: str, exit_code: int | None = None) -> Advice:
+        return cls(
+            reason=reason,
+            exit_code=exit_code,
+            kind=found.kind.value,
+            look_at=found.look_at,
+            open=found.open,
+        )
 
 
 @strawberry.type(description="A job of one or more workers that start together.")
@@ -219,6 +226,18 @@ class Run:
         failed = [(w.name, w.state_since) for w in rows if w.state == "Failed"]
         name = failures.first_failed(self.reason, failed)
         return next((Worker.from_model(w) for w in rows if w.name == name), None)
+
+    @strawberry.field(
+        description="Why it does not start, and where to look (seed: Debug a run that does not "
+        "start), from its reason or its workers'; null when it is not waiting to start."
+    )
+    async def wait_advice(self, info: Info) -> Advice | None:
+        if self.state not in ("Pending", "Preparing", "Starting"):
+            return None
+        rows = await info.context.loaders.workers_by_run.load(int(self.id))
+        reasons = [self.reason, *(w.reason for w in rows)]
+        found = failures.waiting(reasons)
+        return None if found is None else Advice.of(*found)
 
     @strawberry.field(description="Every state change of the run, oldest first.")
     async def history(self, info: Info) -> list[HistoryEntry]:

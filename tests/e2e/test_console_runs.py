@@ -222,3 +222,20 @@ def test_gpus_events_and_machines(live: tuple[Server, str], page: Any, tmp_path:
     machines = page.get_by_role("table", name="Machines")
     machines.locator('tr[data-row="local"]').wait_for()
     assert machines.locator('tr[data-row="local"]').inner_text().split("\t")[3] == "ready"
+
+
+def test_a_run_that_does_not_start_says_where_to_look(
+    live: tuple[Server, str], page: Any, tmp_path: Path
+) -> None:
+    # seed L-63: Pending with Cannot plan workers → the GPU count does not split as asked
+    server, token = live
+    create(server, token, {"name": "too-big", "gpus": 64, "command": ["true"]})
+    sign_in(page, server, token)
+    page.goto(f"{server.url}/o/default/w/default/runs/too-big")
+    panel = page.get_by_role("region", name="Why it waits")
+    panel.wait_for()
+    assert panel.locator(".sentence").inner_text().startswith("Cannot plan workers:")
+    assert panel.locator('[data-figure="wait-advice"]').inner_text() == (
+        "The GPU count does not split as asked: change machines or the count."
+    )
+    page.screenshot(path=str(screenshots(tmp_path) / "run-pending.png"), full_page=True)

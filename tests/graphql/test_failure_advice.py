@@ -73,3 +73,32 @@ async def test_a_worker_restarting_explains_its_last_failure(
     assert (worker["state"], worker["restarts"]) == ("Pending", 0)
     assert worker["advice"]["kind"] == "out_of_memory"
     assert worker["advice"]["lookAt"].startswith("Memory: the Memory chart near the limit.")
+
+
+async def test_a_run_that_does_not_start_says_where_to_look(
+    client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    # seed L-61: no machine fits; L-45: at the barrier (Starting together)
+    world = World(db, clock, tenancy)
+    await world.submit(workers=2, gpus=8)
+    await world.schedule()
+    query = """{ run(name: "llama-sft") { state waitAdvice { reason kind lookAt open } } }"""
+    run = (await graphql(client, tenancy.member_token, query))["data"]["run"]
+    assert run["state"] == "Pending"
+    assert run["waitAdvice"] == {
+        "reason": "No machine fits: local has no ready machine",
+        "kind": "machines",
+        "lookAt": "The per-machine reasons: Read a pending reason.",
+        "open": "machines",
+    }
+    await world.machine("gpu-07")
+    await world.machine("gpu-08")
+    await world.schedule()
+    await world.report("llama-sft-0", "ready")
+    run = (await graphql(client, tenancy.member_token, query))["data"]["run"]
+    assert (run["state"], run["waitAdvice"]["kind"]) == ("Starting", "barrier")
+    assert run["waitAdvice"]["reason"] == "Starting together: 1 of 2 ready"
+    await world.report("llama-sft-1", "ready")
+    await world.start("llama-sft-0", "llama-sft-1")
+    run = (await graphql(client, tenancy.member_token, query))["data"]["run"]
+    assert (run["state"], run["waitAdvice"]) == ("Running", None)

@@ -13,7 +13,7 @@ from backend.lifecycle.rules import (
     preempted_sentence,
     time_limit_sentence,
 )
-from backend.runs.failures import FailureKind, classify, first_failed, worker_failure
+from backend.runs.failures import FailureKind, classify, first_failed, waiting, worker_failure
 
 
 @pytest.mark.parametrize(
@@ -107,3 +107,70 @@ def test_the_run_reason_names_the_first_worker_that_failed() -> None:
     assert first_failed(named, [("llama-sft-0", t0), ("llama-sft-1", t1)]) == "llama-sft-1"
     assert first_failed("Failed", [("a-1", t1), ("a-0", t0)]) == "a-0"
     assert first_failed("Failed", []) is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "kind", "look_at"),
+    [
+        (
+            "No machine fits: local has no ready machine",
+            FailureKind.MACHINES,
+            "The per-machine reasons: Read a pending reason.",
+        ),
+        (
+            "Gang cannot be placed whole: room for 1 of 2 workers of 4 GPUs",
+            FailureKind.MACHINES,
+            "The per-machine reasons: Read a pending reason.",
+        ),
+        ("Queued behind llama-70b", FailureKind.QUEUE, "The queue, not the machines: Priorities."),
+        (
+            "Next to run: waiting for sweep-7 to stop",
+            FailureKind.QUEUE,
+            "The queue, not the machines: Priorities.",
+        ),
+        (
+            "Waits for namespace quota: team-a holds 16 of 16 GPUs",
+            FailureKind.QUEUE,
+            "The queue, not the machines: Priorities.",
+        ),
+        (
+            "Cannot plan workers: 3 workers of 5 GPUs are more than …",
+            FailureKind.PLAN,
+            "The GPU count does not split as asked: change machines or the count.",
+        ),
+        (
+            "waiting for external secret hf-token",
+            FailureKind.CREDENTIAL,
+            "The credential has not reached the machine: open the credential to see whether the "
+            "machine could fetch it.",
+        ),
+        (
+            "Waiting for drive datasets to be filled",
+            FailureKind.DRIVE,
+            "The drive: open it to see whether it is reachable or still copying.",
+        ),
+        (
+            "Pulling image ghcr.io/acme/train:v9",
+            FailureKind.PULLING,
+            "A large image on a slow link. Later runs on that machine reuse it.",
+        ),
+        (
+            "Starting together: 1 of 2 ready",
+            FailureKind.BARRIER,
+            "One member is still preparing or pulling; after 15 minutes at the barrier the gang "
+            "is requeued.",
+        ),
+    ],
+)
+def test_each_wait_of_the_seeds_table_has_its_advice(
+    reason: str, kind: FailureKind, look_at: str
+) -> None:
+    # seed L-61 … L-67: Debug a run that does not start
+    found = waiting(["Run created", reason])
+    assert found is not None
+    advice, said = found
+    assert (advice.kind, advice.look_at, said) == (kind, look_at, reason)
+
+
+def test_a_run_going_well_needs_no_advice() -> None:
+    assert waiting(["2 of 2 workers running", "Container running"]) is None

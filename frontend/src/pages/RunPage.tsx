@@ -68,6 +68,7 @@ export interface Run {
   pendingReasons: { machine: string; reason: string }[];
   goodput: Ledger;
   failedWorker: Worker | null;
+  waitAdvice: Advice | null;
   workers: Worker[];
 }
 
@@ -80,6 +81,7 @@ const RUN = `query Run($name: String!, $ws: String) {
     pendingReasons { machine reason }
     goodput { ${LEDGER_FIELDS} }
     failedWorker { ${WORKER_FIELDS} }
+    waitAdvice { reason exitCode kind lookAt open }
     workers { ${WORKER_FIELDS} }
   }
 }`;
@@ -139,16 +141,31 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
       <Readout run={run} />
       {run.failedWorker && <FailurePanel run={run} worker={run.failedWorker} onLog={(w) => open("logs", w)} onMemory={() => open("metrics")} />}
       <RestartLoops workers={run.workers} onLog={(w) => open("logs", w)} />
-      {run.state === "Pending" && run.pendingReasons.length > 0 && (
-        <section className="panel" aria-label="Why it waits">
-          <h2>Why it waits, machine by machine</h2>
-          <ul>
-            {run.pendingReasons.map((r) => (
-              <li key={r.machine}>
-                <strong>{r.machine}</strong>: {r.reason}
-              </li>
-            ))}
-          </ul>
+      {run.waitAdvice && (
+        <section className="panel waiting" aria-label="Why it waits">
+          <h2>Why it does not start</h2>
+          <p className="sentence">{run.waitAdvice.reason}</p>
+          <p>
+            <strong>Look at:</strong> <span data-figure="wait-advice">{run.waitAdvice.lookAt}</span>
+          </p>
+          {run.waitAdvice.open === "machines" && run.pendingReasons.length > 0 && (
+            <ul aria-label="Per machine">
+              {run.pendingReasons.map((r) => (
+                <li key={r.machine}>
+                  <strong>{r.machine}</strong>: {r.reason}
+                </li>
+              ))}
+            </ul>
+          )}
+          {run.waitAdvice.open === "workers" && (
+            <ul aria-label="Its gang">
+              {run.workers.map((w) => (
+                <li key={w.name}>
+                  <strong>{w.name}</strong>: {w.reason}
+                </li>
+              ))}
+            </ul>
+          )}
         </section>
       )}
       <section aria-label="Goodput of the run">
@@ -315,6 +332,10 @@ function RestartLoops({ workers, onLog }: { workers: Worker[]; onLog: (worker: s
   return (
     <section className="panel restarting" aria-label="Restarting in a loop">
       <h2>Restarting in a loop</h2>
+      <p className="muted">
+        Each failure doubles the wait, up to 5 minutes; after 10 restarts in a row it gives up; 10 minutes running
+        resets the count.
+      </p>
       {looping.map((w) => (
         <div key={w.name}>
           <p>
