@@ -35,21 +35,12 @@ import httpx
 
 from bench.common import fresh_database, median, save
 from bench.goodput import populate_ledgers
+from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
 FRONTEND = ROOT / "frontend"
 DIST = FRONTEND / "dist"
 BIN = Path(sys.executable).parent
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ROWS = 200
 
 
@@ -182,7 +173,7 @@ def load_times(base: str, token: str, trials: int) -> dict[str, list[float]]:
     rendered = f"document.querySelectorAll('tr[data-row]').length === {ROWS}"
     out: dict[str, list[float]] = {"console": [], "bare": []}
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             for _ in range(trials):
                 for case, path in (("console", "/o/bench/w/default/goodput"), ("bare", "/bare")):

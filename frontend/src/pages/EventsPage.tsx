@@ -7,6 +7,7 @@ import { when } from "../format";
 import { subscribe } from "../live";
 import { Link } from "../nav";
 import { runPath } from "../routes";
+import { Head, StateBadge } from "../components/Table";
 
 interface Event {
   id: number;
@@ -86,22 +87,14 @@ export function EventsPage({ org, workspace }: { org: string; workspace: string 
       {events.length === 0 && !error && <p className="empty">No events yet.</p>}
       {events.length > 0 && (
         <table className="ledger" aria-label="Events">
-          <thead>
-            <tr>
-              <th scope="col">When</th>
-              <th scope="col">Kind</th>
-              <th scope="col">Run or worker</th>
-              <th scope="col">State</th>
-              <th scope="col">Why</th>
-            </tr>
-          </thead>
+          <Head columns={["When", "Kind", "Run or worker", "State", "Why"]} />
           <tbody>
             {events.map((e) => (
               <tr key={e.id} data-event={e.id}>
                 <td>{when(e.createdAt)}</td>
                 <td>{e.kind}</td>
                 <td>{e.run ? <Link to={runPath(org, workspace, e.run)}>{e.worker ?? e.run}</Link> : (e.worker ?? "—")}</td>
-                <td>{e.state ? <span className={`state state-${e.state.toLowerCase()}`}>{e.state}</span> : "—"}</td>
+                <td>{e.state ? <StateBadge state={e.state} /> : "—"}</td>
                 <td className="wrap">{e.reason}</td>
               </tr>
             ))}

@@ -13,6 +13,7 @@ import { biggestHeldLoss, LEDGER_FIELDS, notProductive, type Ledger } from "../l
 import { Link } from "../nav";
 import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
+import { Head } from "../components/Table";
 
 export type Scope = "RUN" | "MACHINE" | "POOL" | "WORKSPACE";
 const SCOPES: Scope[] = ["RUN", "MACHINE", "POOL", "WORKSPACE"];
@@ -22,6 +23,7 @@ const SCOPE_LABEL: Record<Scope, string> = {
   POOL: "Pools",
   WORKSPACE: "Workspaces",
 };
+const SCOPE_COLUMN: Record<Scope, string> = { RUN: "Run", MACHINE: "Machine", POOL: "Pool", WORKSPACE: "Workspace" };
 const ROWS = 200;
 
 interface Row {
@@ -226,24 +228,16 @@ function ReportView({
         </p>
       ) : (
         <table className="ledger">
-          <thead>
-            <tr>
-              <th scope="col">{by === "RUN" ? "Run" : by === "MACHINE" ? "Machine" : by === "POOL" ? "Pool" : "Workspace"}</th>
-              <th scope="col" className="num">
-                Held
-              </th>
-              <th scope="col" className="num">
-                Used
-              </th>
-              <th scope="col" className="num">
-                Goodput
-              </th>
-              <th scope="col" className="num">
-                Waiting
-              </th>
-              <th scope="col">Where the time went</th>
-            </tr>
-          </thead>
+          <Head
+            columns={[
+              SCOPE_COLUMN[by],
+              { label: "Held", num: true },
+              { label: "Used", num: true },
+              { label: "Goodput", num: true },
+              { label: "Waiting", num: true },
+              "Where the time went",
+            ]}
+          />
           <tbody>
             {report.rows.map((r) => (
               <tr key={r.name} data-row={r.name}>
@@ -333,20 +327,7 @@ function Intervals(props: {
       {found.data && rows.length === 0 && <p className="empty">No intervals.</p>}
       {rows.length > 0 && (
         <table className="ledger">
-          <thead>
-            <tr>
-              <th scope="col">Worker</th>
-              <th scope="col">Machine</th>
-              <th scope="col">From</th>
-              <th scope="col">To</th>
-              <th scope="col" className="num">
-                GPUs
-              </th>
-              <th scope="col" className="num">
-                GPU-hours
-              </th>
-            </tr>
-          </thead>
+          <Head columns={["Worker", "Machine", "From", "To", { label: "GPUs", num: true }, { label: "GPU-hours", num: true }]} />
           <tbody>
             {rows.map((i) => (
               <tr key={`${i.worker}-${i.start}-${i.held}`}>

@@ -3,6 +3,7 @@
 import { Link } from "../nav";
 import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
+import { Head } from "../components/Table";
 
 interface Gpu {
   machine: string;
@@ -39,18 +40,7 @@ export function GpusPage({ org, workspace }: { org: string; workspace: string })
       )}
       {gpus.length > 0 && (
         <table className="ledger">
-          <thead>
-            <tr>
-              <th scope="col">GPU</th>
-              <th scope="col">Model</th>
-              <th scope="col" className="num">
-                Memory
-              </th>
-              <th scope="col">Utilisation</th>
-              <th scope="col">Health</th>
-              <th scope="col">Held by</th>
-            </tr>
-          </thead>
+          <Head columns={["GPU", "Model", { label: "Memory", num: true }, "Utilisation", "Health", "Held by"]} />
           <tbody>
             {gpus.map((g) => {
               const id = `${g.machine}/${g.index}`;

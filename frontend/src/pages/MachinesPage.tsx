@@ -2,6 +2,7 @@
 // GPUs and unhealthy ones, last heard from; and the pools.
 import { when } from "../format";
 import { useQuery } from "../useQuery";
+import { Head, StateBadge } from "../components/Table";
 
 interface Machine {
   name: string;
@@ -38,25 +39,7 @@ export function MachinesPage() {
       )}
       {found.data && found.data.machines.length > 0 && (
         <table className="ledger" aria-label="Machines">
-          <thead>
-            <tr>
-              <th scope="col">Machine</th>
-              <th scope="col">Cluster</th>
-              <th scope="col">Pool</th>
-              <th scope="col">State</th>
-              <th scope="col">Why</th>
-              <th scope="col" className="num">
-                GPUs
-              </th>
-              <th scope="col" className="num">
-                Cores
-              </th>
-              <th scope="col" className="num">
-                Memory
-              </th>
-              <th scope="col">Last heard from</th>
-            </tr>
-          </thead>
+          <Head columns={["Machine", "Cluster", "Pool", "State", "Why", { label: "GPUs", num: true }, { label: "Cores", num: true }, { label: "Memory", num: true }, "Last heard from"]} />
           <tbody>
             {found.data.machines.map((m) => (
               <tr key={`${m.cluster}/${m.name}`} data-row={m.name}>
@@ -64,7 +47,7 @@ export function MachinesPage() {
                 <td>{m.cluster}</td>
                 <td>{m.pool ?? "—"}</td>
                 <td>
-                  <span className={`state state-${m.state.toLowerCase()}`}>{m.state}</span>
+                  <StateBadge state={m.state} />
                 </td>
                 <td className="wrap">{m.reason}</td>
                 <td className="num">
@@ -83,21 +66,7 @@ export function MachinesPage() {
         <>
           <h2>Pools</h2>
           <table className="ledger" aria-label="Pools">
-            <thead>
-              <tr>
-                <th scope="col">Pool</th>
-                <th scope="col">Cluster</th>
-                <th scope="col" className="num">
-                  Machines
-                </th>
-                <th scope="col" className="num">
-                  GPUs
-                </th>
-                <th scope="col" className="num">
-                  Unhealthy
-                </th>
-              </tr>
-            </thead>
+            <Head columns={["Pool", "Cluster", { label: "Machines", num: true }, { label: "GPUs", num: true }, { label: "Unhealthy", num: true }]} />
             <tbody>
               {found.data.pools.map((p) => (
                 <tr key={`${p.cluster}/${p.name}`}>

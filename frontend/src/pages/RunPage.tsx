@@ -14,6 +14,7 @@ import { runPath, runsPath, workerPath, type RunTab } from "../routes";
 import { useQuery } from "../useQuery";
 import { Metrics } from "./LazyMetrics";
 import { Summary } from "./Goodput";
+import { Head, Sentences, StateBadge } from "../components/Table";
 
 export interface Advice {
   reason: string;
@@ -126,7 +127,7 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
       <header className="page-head">
         <div>
           <h1 id="run-title">
-            {run.name} <span className={`state state-${run.state.toLowerCase()}`}>{run.state}</span>
+            {run.name} <StateBadge state={run.state} />
           </h1>
           <p className="sentence">{run.reason}</p>
           <p className="muted">
@@ -149,22 +150,10 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
             <strong>Look at:</strong> <span data-figure="wait-advice">{run.waitAdvice.lookAt}</span>
           </p>
           {run.waitAdvice.open === "machines" && run.pendingReasons.length > 0 && (
-            <ul aria-label="Per machine">
-              {run.pendingReasons.map((r) => (
-                <li key={r.machine}>
-                  <strong>{r.machine}</strong>: {r.reason}
-                </li>
-              ))}
-            </ul>
+            <Sentences label="Per machine" items={run.pendingReasons.map((r) => ({ name: r.machine, sentence: r.reason }))} />
           )}
           {run.waitAdvice.open === "workers" && (
-            <ul aria-label="Its gang">
-              {run.workers.map((w) => (
-                <li key={w.name}>
-                  <strong>{w.name}</strong>: {w.reason}
-                </li>
-              ))}
-            </ul>
+            <Sentences label="Its gang" items={run.workers.map((w) => ({ name: w.name, sentence: w.reason }))} />
           )}
         </section>
       )}
@@ -366,26 +355,18 @@ function WorkersTable({
 }) {
   return (
     <table className="ledger" aria-label="Workers">
-      <thead>
-        <tr>
-          <th scope="col">Worker</th>
-          <th scope="col">State</th>
-          <th scope="col">What it means</th>
-          <th scope="col">Machine</th>
-          <th scope="col" className="num">
-            GPUs
-          </th>
-          <th scope="col" className="num">
-            Exit code
-          </th>
-          <th scope="col" className="num">
-            Restarts
-          </th>
-          <th scope="col">
-            <span className="visually-hidden">Log</span>
-          </th>
-        </tr>
-      </thead>
+      <Head
+        columns={[
+          "Worker",
+          "State",
+          "What it means",
+          "Machine",
+          { label: "GPUs", num: true },
+          { label: "Exit code", num: true },
+          { label: "Restarts", num: true },
+          { label: "Log", hidden: true },
+        ]}
+      />
       <tbody>
         {run.workers.map((w) => (
           <tr key={w.name} data-row={w.name}>
@@ -394,7 +375,7 @@ function WorkersTable({
               {w.straggler && <span className="badge">straggler</span>}
             </th>
             <td>
-              <span className={`state state-${w.state.toLowerCase()}`}>{w.state}</span>
+              <StateBadge state={w.state} />
             </td>
             <td className="wrap">{w.reason}</td>
             <td>{w.machine ?? "—"}</td>
@@ -417,19 +398,13 @@ export function History({ entries, newestFirst = false }: { entries: HistoryEntr
   const rows = newestFirst ? entries : entries.slice().reverse();
   return (
     <table className="ledger" aria-label="History">
-      <thead>
-        <tr>
-          <th scope="col">When</th>
-          <th scope="col">State</th>
-          <th scope="col">Why</th>
-        </tr>
-      </thead>
+      <Head columns={["When", "State", "Why"]} />
       <tbody>
         {rows.map((h, i) => (
           <tr key={`${h.transitionAt}-${i}`}>
             <td>{when(h.transitionAt)}</td>
             <td>
-              <span className={`state state-${h.state.toLowerCase()}`}>{h.state}</span>
+              <StateBadge state={h.state} />
             </td>
             <td className="wrap">{h.reason}</td>
           </tr>

@@ -5,6 +5,7 @@ import { when } from "../format";
 import { Link } from "../nav";
 import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
+import { Head, StateBadge } from "../components/Table";
 
 interface RunRow {
   name: string;
@@ -37,20 +38,7 @@ export function RunsPage({ org, workspace }: { org: string; workspace: string })
       )}
       {found.data && found.data.runs.length > 0 && (
         <table className="ledger">
-          <thead>
-            <tr>
-              <th scope="col">Run</th>
-              <th scope="col">State</th>
-              <th scope="col">Why</th>
-              <th scope="col" className="num">
-                Workers
-              </th>
-              <th scope="col" className="num">
-                GPUs
-              </th>
-              <th scope="col">Submitted</th>
-            </tr>
-          </thead>
+          <Head columns={["Run", "State", "Why", { label: "Workers", num: true }, { label: "GPUs", num: true }, "Submitted"]} />
           <tbody>
             {found.data.runs.map((r) => (
               <tr key={r.name} data-row={r.name}>
@@ -58,7 +46,7 @@ export function RunsPage({ org, workspace }: { org: string; workspace: string })
                   <Link to={runPath(org, workspace, r.name)}>{r.name}</Link>
                 </th>
                 <td>
-                  <span className={`state state-${r.state.toLowerCase()}`}>{r.state}</span>
+                  <StateBadge state={r.state} />
                 </td>
                 <td className="wrap">{r.reason}</td>
                 <td className="num">{r.workers.length}</td>

@@ -11,6 +11,7 @@ import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
 import { Metrics } from "./LazyMetrics";
 import { History, WORKER_FIELDS, type Worker } from "./RunPage";
+import { StateBadge } from "../components/Table";
 
 interface Started {
   image: string | null;
@@ -66,7 +67,7 @@ export function WorkerPage({ org, workspace, worker: name }: { org: string; work
       <header className="page-head">
         <div>
           <h1 id="worker-title">
-            {worker.name} <span className={`state state-${worker.state.toLowerCase()}`}>{worker.state}</span>
+            {worker.name} <StateBadge state={worker.state} />
           </h1>
           <p className="sentence">{worker.reason}</p>
           <p className="muted">
