@@ -136,3 +136,41 @@ def test_a_wrong_token_is_told_so(seed_week: tuple[Server, Tenancy], page: Any) 
     page.get_by_label("API token").fill("astx_" + "9" * 40)
     page.get_by_role("button", name="Sign in").click()
     assert "A valid API token is required" in page.get_by_role("alert").inner_text()
+
+
+def test_the_goodput_page_by_keyboard(seed_week: tuple[Server, Tenancy], page: Any) -> None:
+    # issue 8: keyboard reachable: Tab to a bar's segment, Enter opens its intervals, Escape
+    # closes them
+    server, tenancy = seed_week
+    sign_in(page, server, tenancy.member_token)
+    page.locator('tr[data-row="sweep-7"]').wait_for()
+    target = "sweep-7 Preemption"
+    for _ in range(60):
+        page.keyboard.press("Tab")
+        label = page.evaluate("document.activeElement.getAttribute('aria-label') || ''")
+        if label.startswith(target):
+            break
+    else:
+        raise AssertionError("Tab never reached sweep-7's preemption segment")
+    page.keyboard.press("Enter")
+    panel = page.get_by_role("region", name="Preemption intervals of sweep-7")
+    panel.locator("tbody tr").first.wait_for()
+    page.keyboard.press("Escape")
+    assert panel.count() == 0
+
+
+def test_a_laptop_screen_keeps_the_figures_in_view(
+    seed_week: tuple[Server, Tenancy], browser: Any
+) -> None:
+    # issue 8: usable on a laptop screen: at 1024 by 640 the menu goes above the page and
+    # nothing is wider than the window
+    server, tenancy = seed_week
+    context = browser.new_context(viewport={"width": 1024, "height": 640})
+    try:
+        page = context.new_page()
+        sign_in(page, server, tenancy.member_token)
+        page.locator('tr[data-row="sweep-7"]').wait_for()
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1024
+        assert page.locator(".summary").is_visible()
+    finally:
+        context.close()

@@ -239,3 +239,20 @@ def test_a_run_that_does_not_start_says_where_to_look(
         "The GPU count does not split as asked: change machines or the count."
     )
     page.screenshot(path=str(screenshots(tmp_path) / "run-pending.png"), full_page=True)
+
+
+def test_run_again_opens_the_spec_under_a_new_name(live: tuple[Server, str], page: Any) -> None:
+    # seed L-60: Run again opens its specification as JSON under a new name
+    server, token = live
+    sign_in(page, server, token)
+    page.goto(f"{server.url}/o/default/w/default/runs/broken")
+    page.get_by_role("button", name="Run again").click()
+    spec = page.get_by_label("Specification")
+    assert '"name": "broken-2"' in spec.input_value()
+    spec.fill(spec.input_value().replace('"gpus": 1', '"gpus": 0, "workers": 0'))
+    page.get_by_role("button", name="Submit").click()
+    assert "workers: must be at least 1" in page.get_by_role("alert").inner_text()
+    spec.fill(spec.input_value().replace('"gpus": 0, "workers": 0', '"gpus": 1'))
+    page.get_by_role("button", name="Submit").click()
+    page.wait_for_url("**/runs/broken-2")
+    page.get_by_role("heading", name="broken-2").wait_for()
