@@ -143,8 +143,12 @@ def test_following_a_running_workers_log(
     )
     page.screenshot(path=str(shots / "run-metrics.png"), full_page=True)
     page.get_by_role("tab", name="History").click()
+    # seed L-43: the run's History tab lists its events, newest first
     history = page.get_by_role("table", name="History")
-    assert history.locator("tbody tr").first.inner_text().split("\t")[1] == "Running"
+    history.locator("tbody tr").first.wait_for()
+    rows = [r.split("\t")[1:] for r in history.locator("tbody tr").all_inner_texts()]
+    assert rows[-1] == ["run.state", "chatty", "Pending", "Run created"]
+    assert ["worker.state", "chatty-0", "Running", "Container running"] in rows
     page.screenshot(path=str(shots / "run-history.png"), full_page=True)
 
 

@@ -29,10 +29,40 @@ const KINDS = ["", "run.state", "worker.state", "run.deleted", "alert.firing", "
 export function EventsPage({ org, workspace }: { org: string; workspace: string }) {
   const [name, setName] = useState("");
   const [kind, setKind] = useState("");
+  return (
+    <main className="page" aria-labelledby="events-title">
+      <header className="page-head">
+        <h1 id="events-title">Events</h1>
+        <div className="controls">
+          <input type="search" placeholder="Run" aria-label="Run" value={name} onChange={(e) => setName(e.target.value)} />
+          <select aria-label="Kind" value={kind} onChange={(e) => setKind(e.target.value)}>
+            {KINDS.map((k) => (
+              <option key={k} value={k}>
+                {k || "every kind"}
+              </option>
+            ))}
+          </select>
+        </div>
+      </header>
+      <EventLog org={org} workspace={workspace} name={name.trim() || null} kind={kind || null} label="Events" />
+    </main>
+  );
+}
+
+// Events newest first, older ones a page at a time, new ones on top as they happen: the
+// workspace's (the Events page) or one run's (its History tab, seed L-43).
+export function EventLog(props: {
+  org: string;
+  workspace: string;
+  name: string | null;
+  kind: string | null;
+  label: string;
+}) {
+  const { org, workspace, name, kind, label } = props;
   const [events, setEvents] = useState<Event[]>([]);
   const [next, setNext] = useState<number | null>(null);
   const [error, setError] = useState<string | null>(null);
-  const filters = { name: name.trim() || null, kind: kind || null, ws: workspace };
+  const filters = { name, kind, ws: workspace };
   const key = JSON.stringify(filters);
 
   useEffect(() => {
@@ -69,24 +99,11 @@ export function EventsPage({ org, workspace }: { org: string; workspace: string 
   };
 
   return (
-    <main className="page" aria-labelledby="events-title">
-      <header className="page-head">
-        <h1 id="events-title">Events</h1>
-        <div className="controls">
-          <input type="search" placeholder="Run" aria-label="Run" value={name} onChange={(e) => setName(e.target.value)} />
-          <select aria-label="Kind" value={kind} onChange={(e) => setKind(e.target.value)}>
-            {KINDS.map((k) => (
-              <option key={k} value={k}>
-                {k || "every kind"}
-              </option>
-            ))}
-          </select>
-        </div>
-      </header>
+    <>
       {error && <p className="error" role="alert">{error}</p>}
       {events.length === 0 && !error && <p className="empty">No events yet.</p>}
       {events.length > 0 && (
-        <table className="ledger" aria-label="Events">
+        <table className="ledger" aria-label={label}>
           <Head columns={["When", "Kind", "Run or worker", "State", "Why"]} />
           <tbody>
             {events.map((e) => (
@@ -106,6 +123,6 @@ export function EventsPage({ org, workspace }: { org: string; workspace: string 
           Older
         </button>
       )}
-    </main>
+    </>
   );
 }

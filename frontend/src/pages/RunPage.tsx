@@ -12,6 +12,7 @@ import { LogView } from "../logs/LogView";
 import { Link, useNavigate } from "../nav";
 import { runPath, runsPath, workerPath, type RunTab } from "../routes";
 import { useQuery } from "../useQuery";
+import { EventLog } from "./EventsPage";
 import { Metrics } from "./LazyMetrics";
 import { Summary } from "./Goodput";
 import { Head, Sentences, StateBadge } from "../components/Table";
@@ -175,7 +176,7 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
           <LogView workers={run.workers.map((w) => w.name)} worker={logWorker} onWorker={(w) => open("logs", w)} />
         )}
         {tab === "metrics" && <Metrics match={[`run:${run.name}`]} by="worker" />}
-        {tab === "history" && <History entries={run.history} />}
+        {tab === "history" && <EventLog org={org} workspace={workspace} name={run.name} kind={null} label="History" />}
       </div>
     </main>
   );
@@ -394,8 +395,9 @@ function WorkersTable({
   );
 }
 
-export function History({ entries, newestFirst = false }: { entries: HistoryEntry[]; newestFirst?: boolean }) {
-  const rows = newestFirst ? entries : entries.slice().reverse();
+// A worker's own transitions, newest first as the API gives them (seed L-43).
+export function History({ entries }: { entries: HistoryEntry[] }) {
+  const rows = entries;
   return (
     <table className="ledger" aria-label="History">
       <Head columns={["When", "State", "Why"]} />

@@ -149,7 +149,7 @@ export function WorkerPage({ org, workspace, worker: name }: { org: string; work
       <div role="tabpanel">
         {tab === "log" && <LogView workers={[worker.name]} worker={worker.name} onWorker={() => undefined} />}
         {tab === "metrics" && <Metrics match={[`worker:${worker.name}`]} by="worker" />}
-        {tab === "history" && <History entries={worker.history} newestFirst />}
+        {tab === "history" && <History entries={worker.history} />}
       </div>
     </main>
   );
