@@ -1,4 +1,12 @@
-# The Astraeus server: API (and, with later issues, the Dramatiq workers) from one image.
+# The Astraeus server: API, console and Dramatiq workers from one image.
+# The console is built with Node in a stage of its own; the image serves its dist/.
+FROM node:20-slim AS console
+WORKDIR /src
+COPY frontend/package.json frontend/package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY frontend ./
+RUN npm run build
+
 FROM python:3.11-slim AS server
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /opt/astraeus
@@ -6,6 +14,7 @@ COPY pyproject.toml README.md alembic.ini schema.graphql ./
 COPY backend ./backend
 COPY alembic ./alembic
 COPY proto ./proto
+COPY --from=console /src/dist ./frontend/dist
 RUN pip install --no-cache-dir 'grpcio-tools>=1.66' && mkdir -p gen \
     && python -m grpc_tools.protoc -I proto --python_out=gen --grpc_python_out=gen \
        proto/astraeus/agent/v1/agent.proto \

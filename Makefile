@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 .PHONY: help setup up serve test test-fast lint typecheck schema schema-check services bench proto clean \
-  console console-test browser screenshots
+  console console-test browser screenshots demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ screenshots: setup browser ## the console's browser tests, saving screenshots to
 up: setup ## run Astraeus embedded: SQLite in ~/.local/share/astraeus, prints the URL and token
 	$(BIN)/astraeus up
 
+demo: setup ## make up, and submit the example workloads (examples/): the console fills within minutes
+	$(BIN)/astraeus up --demo
+
 serve: setup ## run the API server only (set ASTRAEUS_DATABASE_URL; run `astraeus db upgrade` first)
 	$(BIN)/astraeus serve
 
@@ -66,8 +69,8 @@ services: ## start PostgreSQL and Redis if they are down (this machine kind's co
 	bash scripts/services.sh
 
 lint: setup ## ruff: lint and format check
-	$(BIN)/ruff check backend agent tests bench alembic/env.py
-	$(BIN)/ruff format --check backend agent tests bench alembic/env.py
+	$(BIN)/ruff check backend agent tests bench examples alembic/env.py
+	$(BIN)/ruff format --check backend agent tests bench examples alembic/env.py
 
 typecheck: setup ## mypy over backend/ and agent/
 	$(BIN)/mypy

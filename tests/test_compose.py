@@ -28,3 +28,14 @@ def test_the_server_processes_share_one_database_and_broker() -> None:
     envs = [services[n]["environment"] for n in ("migrate", "api", "worker", "scheduler")]
     assert all(e == envs[0] for e in envs)
     assert envs[0]["ASTRAEUS_BROKER"] == "redis"
+
+
+def test_the_image_serves_the_console_it_builds() -> None:
+    # issue 8: the console is served by the API server, in the image too: a Node stage builds
+    # frontend/ and its dist/ lands where Settings looks by default
+    dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
+    assert "FROM node:20-slim AS console" in dockerfile
+    assert "RUN npm ci" in dockerfile and "RUN npm run build" in dockerfile
+    assert "COPY --from=console /src/dist ./frontend/dist" in dockerfile
+    default = Settings(console_dir=None).resolved_console_dir
+    assert default.parts[-2:] == ("frontend", "dist")

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend import migrations
 from backend.access import service as access
+from backend.cli import demo
 from backend.clock import SystemClock
 from backend.config import Settings, get_settings
 from backend.db import Database
@@ -183,6 +184,11 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     print(f"  data: {settings.data_dir}", flush=True)
     settings.migrate_on_start = False
     agent = _start_local_agent(settings) if settings.local_agent and settings.agent_port else None
+    if getattr(args, "demo", False):
+        if token.exists():
+            demo.submit_in_background(settings.api_url, token.read_text().strip())
+        else:
+            print("  demo: no admin token in the data folder; the examples were not submitted")
     try:
         return cmd_serve(settings, argparse.Namespace(host=None, port=None))
     finally:
@@ -297,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run everything embedded (SQLite, migrations, set-up)")
     up.add_argument("--host")
     up.add_argument("--port", type=int)
+    up.add_argument(
+        "--demo",
+        action="store_true",
+        help="also submit the example workloads (examples/): training, a failure, an OOM kill, "
+        "an idle notebook and a stall",
+    )
     up.set_defaults(func=cmd_up)
 
     serve = sub.add_parser("serve", help="run the API server")

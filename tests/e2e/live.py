@@ -38,9 +38,16 @@ class Server:
     """`astraeus up` on a data folder of its own, on a free port."""
 
     def __init__(
-        self, data_dir: Path, port: int, *, local_agent: bool = True, **settings: str
+        self,
+        data_dir: Path,
+        port: int,
+        *,
+        local_agent: bool = True,
+        up_args: tuple[str, ...] = (),
+        **settings: str,
     ) -> None:
         self.data_dir = data_dir
+        self.up_args = up_args
         self.env = {
             **os.environ,
             "ASTRAEUS_DATA_DIR": str(data_dir),
@@ -57,7 +64,10 @@ class Server:
 
     def start(self) -> str:
         self.process = subprocess.Popen(
-            [ASTRAEUS, "up"], env=self.env, stdout=self.log.open("wb"), stderr=subprocess.STDOUT
+            [ASTRAEUS, "up", *self.up_args],
+            env=self.env,
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
