@@ -91,11 +91,5 @@ test-fast: setup ## the tests only
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) gen .pytest_cache .mypy_cache .ruff_cache
 
-bench: setup services browser ## the benchmarks (bench/), each beside a bare baseline measured in the same run
-	$(BIN)/python -m bench.scheduling_pass
-	$(BIN)/python -m bench.metrics_ingest
-	$(BIN)/python -m bench.log_tail
-	$(BIN)/python -m bench.log_follow
-	$(BIN)/python -m bench.agent_cpu
-	$(BIN)/python -m bench.goodput
-	$(BIN)/python -m bench.console
+bench: setup services browser ## every benchmark (bench/) beside its bare baseline; the table in bench/RESULTS.md
+	$(BIN)/python -m bench.run_all

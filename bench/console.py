@@ -57,7 +57,9 @@ def gzip_size(folder: Path) -> dict[str, int]:
 
 
 def bench_bundle() -> dict[str, Any]:
-    subprocess.run(["npm", "run", "--silent", "build"], cwd=FRONTEND, check=True)
+    subprocess.run(
+        ["npm", "run", "--silent", "build"], cwd=FRONTEND, check=True, capture_output=True
+    )
     ours = gzip_size(DIST / "assets")
     with tempfile.TemporaryDirectory() as out:
         subprocess.run(
@@ -76,6 +78,7 @@ def bench_bundle() -> dict[str, Any]:
             ],
             cwd=FRONTEND,
             check=True,
+            capture_output=True,
         )
         bare = gzip_size(Path(out))
     return {

@@ -1,0 +1,138 @@
+"""`make bench`: every benchmark, one after the other, each printing its figures beside its bare
+baseline; then bench/RESULTS.md: the machine, and what each printed, in one table.
+
+    python -m bench.run_all                 # all of them
+    python -m bench.run_all --only console  # some (repeatable); RESULTS.md keeps the others'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+from bench.common import ADMIN_URL, OUT
+
+BENCHES = (
+    "scheduling_pass",
+    "metrics_ingest",
+    "log_tail",
+    "log_follow",
+    "agent_cpu",
+    "goodput",
+    "console",
+)
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def machine() -> list[tuple[str, str]]:
+    """What the figures were measured on."""
+    cpu = "?"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        found = re.search(r"model name\s*:\s*(.+)", cpuinfo.read_text())
+        cpu = found.group(1).strip() if found else cpu
+    memory = "?"
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        found = re.search(r"MemTotal:\s+(\d+) kB", meminfo.read_text())
+        memory = f"{int(found.group(1)) / 2**20:.0f} GiB" if found else memory
+    try:
+        with psycopg.connect(ADMIN_URL) as conn:
+            postgres = str(conn.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
+    except psycopg.Error as exc:
+        postgres = f"not reachable ({exc.__class__.__name__})"
+
+    def version(*command: str) -> str:
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return "not installed"
+        return (done.stdout or done.stderr).strip().splitlines()[0] if done.returncode == 0 else "?"
+
+    return [
+        ("CPU", f"{cpu}, {os.cpu_count()} cores"),
+        ("memory", memory),
+        ("system", f"{platform.system()} {platform.release()} ({platform.machine()})"),
+        ("Python", platform.python_version()),
+        ("PostgreSQL", postgres),
+        ("Node.js", version("node", "--version")),
+        ("Chromium", version("chromium", "--version")),
+    ]
+
+
+def run(name: str) -> dict[str, object]:
+    """One benchmark in its own process, its output shown as it comes and kept."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", f"bench.{name}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        sys.stdout.write(line)
+        lines.append(line.rstrip("\n"))
+    code = process.wait()
+    return {
+        "name": name,
+        "seconds": time.monotonic() - started,
+        "exit_code": code,
+        # its figures: the lines it printed last (build tools' chatter before them is left out)
+        "printed": [line for line in lines if line.strip()][-12:],
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def write(results: dict[str, dict[str, object]]) -> str:
+    rows = ["| benchmark | measured | took | what it printed |", "|---|---|---|---|"]
+    for name in BENCHES:
+        r = results.get(name)
+        if r is None:
+            rows.append(f"| {name} | not run | | |")
+            continue
+        printed = "<br>".join(
+            str(line).replace("|", "\\|")
+            for line in r["printed"]  # type: ignore[attr-defined]
+        )
+        status = "" if r["exit_code"] == 0 else f" (exit code {r['exit_code']})"
+        rows.append(f"| {name} | {r['when']}{status} | {r['seconds']:.0f} s | {printed} |")
+    described = "\n".join(f"| {k} | {v} |" for k, v in machine())
+    text = (
+        "# Benchmark results\n\n"
+        "Written by `make bench` (bench/run_all.py). Every figure stands beside a bare baseline "
+        "measured in the same run on the same machine; read the ratios, not the times.\n\n"
+        "| machine | |\n|---|---|\n" + described + "\n\n" + "\n".join(rows) + "\n"
+    )
+    RESULTS.write_text(text)
+    (OUT / "run_all.json").write_text(json.dumps(results, indent=2))
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", action="append", choices=BENCHES)
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    kept = OUT / "run_all.json"
+    results: dict[str, dict[str, object]] = json.loads(kept.read_text()) if kept.exists() else {}
+    for name in args.only or BENCHES:
+        results[name] = run(name)
+    print()
+    print(write(results))
+    failed = [n for n, r in results.items() if r["exit_code"] != 0]
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
