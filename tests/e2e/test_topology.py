@@ -1,0 +1,261 @@
+"""The production topology without Docker (issue 9): PostgreSQL and Redis, two API processes,
+two Dramatiq worker processes, the scheduler and an agent on loopback. A run submitted through
+one replica runs on the agent connected to the other; its log is fetched through either (the
+request reaches the replica holding the machine's stream over Redis); the per-minute tick,
+sent also several times over by hand to the two workers' four threads, never counts a second
+twice: the run's GPU-seconds are exactly its GPUs times the time from submission to the mark.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import redis
+
+from tests.conftest import _postgres_database
+from tests.e2e.live import free_port
+
+ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
+REDIS_URL = "redis://127.0.0.1:6379/9"  # a database of its own, emptied before and after
+
+# A line every half second and a step each time, for three minutes.
+STEADY = """\
+import time, astraeus_progress
+for i in range(360):
+    print(f"line {i}", flush=True)
+    astraeus_progress.report(i)
+    time.sleep(0.5)
+"""
+
+
+@dataclass
+class Topology:
+    database_url: str
+    root: Path
+    env: dict[str, str]
+    admin: str = ""
+    apis: list[str] = field(default_factory=list)  # base URLs
+    agent_ports: list[int] = field(default_factory=list)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        log = (self.root / f"{name}.log").open("wb")
+        process = subprocess.Popen(
+            [ASTRAEUS, *args], env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT
+        )
+        self.processes[name] = process
+        return process
+
+    def cli(self, *args: str) -> str:
+        return subprocess.run(
+            [ASTRAEUS, *args], env=self.env, capture_output=True, text=True, check=True
+        ).stdout
+
+    def graphql(self, api: int, query: str, **variables: Any) -> dict[str, Any]:
+        answer = httpx.post(
+            f"{self.apis[api]}/graphql",
+            json={"query": query, "variables": variables},
+            headers={"Authorization": f"Bearer {self.admin}"},
+            timeout=30,
+        ).json()
+        assert not answer.get("errors"), answer
+        return dict(answer["data"])
+
+    def get(self, api: int, path: str) -> httpx.Response:
+        return httpx.get(
+            f"{self.apis[api]}/v1{path}",
+            headers={"Authorization": f"Bearer {self.admin}"},
+            timeout=30,
+        )
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(self.root.glob("*.log"))
+        )
+
+
+def healthy(url: str, process: subprocess.Popen[bytes], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the process ended"
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} never answered")
+
+
+@pytest.fixture(scope="module")
+def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
+    root = tmp_path_factory.mktemp("topology")
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    for url in _postgres_database():
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("ASTRAEUS_")},
+            "ASTRAEUS_DATABASE_URL": url,
+            "ASTRAEUS_BROKER": "redis",
+            "ASTRAEUS_REDIS_URL": REDIS_URL,
+            "ASTRAEUS_DATA_DIR": str(root / "data"),
+            "ASTRAEUS_CONSOLE_DIR": str(root / "no-console"),
+            "ASTRAEUS_SCHEDULER_INTERVAL": "1s",
+            "ASTRAEUS_LOG_LEVEL": "warning",
+        }
+        t = Topology(url, root, env)
+        try:
+            t.cli("db", "upgrade")
+            printed = t.cli("bootstrap")
+            found = re.search(r"token:\s+(astx_\S+)", printed)
+            assert found, printed
+            t.admin = found.group(1)
+            for i in range(2):
+                port, agent_port = free_port(), free_port()
+                t.apis.append(f"http://127.0.0.1:{port}")
+                t.agent_ports.append(agent_port)
+                api = t.start(
+                    f"api-{i}",
+                    "serve",
+                    ASTRAEUS_PORT=str(port),
+                    ASTRAEUS_AGENT_PORT=str(agent_port),
+                )
+                healthy(t.apis[i], api)
+            for i in range(2):
+                t.start(f"worker-{i}", "worker", "--threads", "2")
+            t.start("scheduler", "scheduler")
+            token = t.root / "m1.token"
+            token.write_text(t.cli("token", "create", "--agent", "--name", "m1"))
+            t.start(  # the machine's stream goes to the first replica only
+                "agent",
+                "agent",
+                "--server",
+                f"127.0.0.1:{t.agent_ports[0]}",
+                "--token-file",
+                str(token),
+                "--name",
+                "m1",
+                "--data-dir",
+                str(root / "m1"),
+                "--simulate-gpus",
+                "2",
+                "--heartbeat",
+                "1",
+                "--sample",
+                "1",
+            )
+            yield t
+        finally:
+            for process in t.processes.values():
+                if process.poll() is None:
+                    process.send_signal(signal.SIGINT)
+            for process in t.processes.values():
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+def until(check: Any, seconds: float, what: str, topology: Topology) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"{what}, in {seconds:g} s\n{topology.logs()}")
+
+
+def test_two_replicas_two_workers_one_agent(topology: Topology) -> None:
+    t = topology
+    # submitted through the second replica; the agent's stream is held by the first
+    spec = {"name": "steady", "gpus": 2, "command": ["python3", "-c", STEADY]}
+    created = t.graphql(
+        1,
+        "mutation($s: JSON!) { createRun(spec: $s) { run { name } errors { message } } }",
+        s=spec,
+    )
+    assert created["createRun"]["errors"] == []
+    until(
+        lambda: t.get(1, "/jobs/steady").json().get("status") == "Running",
+        60,
+        "steady never ran",
+        t,
+    )
+    # the log, asked of either replica: the second routes it to the first over Redis
+    for api in (0, 1):
+        logs = until(
+            lambda api=api: "line 3" in t.get(api, "/tasks/steady-0/logs?tail=50").text,
+            20,
+            f"replica {api} never got the log",
+            t,
+        )
+        assert logs
+    # the minute's tick, and extra ticks sent by hand: duplicates taken by four threads
+    from dramatiq.brokers.redis import RedisBroker
+
+    broker = RedisBroker(url=REDIS_URL)
+    try:
+        deadline = time.monotonic() + 150
+        while True:
+            for _ in range(4):
+                broker.enqueue(_message("accounting.tick"))
+            counted = _counted(t.database_url)
+            if counted and counted["run_seconds"] > 0 and counted["minutes"] >= 1.5:
+                break
+            assert time.monotonic() < deadline, t.logs()
+            time.sleep(5)
+    finally:
+        broker.close()
+    # conservation to the second: 2 GPUs times the time from submission to the mark, once
+    time.sleep(3)  # let any tick in flight commit
+    counted = _counted(t.database_url)
+    assert counted is not None
+    expected = 2 * (counted["mark"] - counted["created"]).total_seconds()
+    assert counted["run_seconds"] == pytest.approx(expected, abs=1e-6)
+    assert counted["workspace_seconds"] == pytest.approx(expected, abs=1e-6)
+
+
+def _message(actor: str) -> Any:
+    from dramatiq import Message
+
+    from backend.jobs.broker import QUEUE
+
+    return Message(queue_name=QUEUE, actor_name=actor, args=(), kwargs={}, options={})
+
+
+def _counted(url: str) -> dict[str, Any] | None:
+    with psycopg.connect(url) as conn:
+        mark = conn.execute("SELECT counted_until FROM accounting_marks").fetchone()
+        run = conn.execute("SELECT id, created_at FROM runs WHERE name = 'steady'").fetchone()
+        if not mark or not mark[0] or not run:
+            return None
+        run_seconds = conn.execute(
+            "SELECT coalesce(sum(gpu_seconds), 0) FROM goodput_hours "
+            "WHERE scope = 'run' AND scope_id = %s",
+            (run[0],),
+        ).fetchone()[0]  # type: ignore[index]
+        workspace_seconds = conn.execute(
+            "SELECT coalesce(sum(gpu_seconds), 0) FROM goodput_hours WHERE scope = 'workspace'"
+        ).fetchone()[0]  # type: ignore[index]
+    created: datetime = run[1]
+    return {
+        "mark": mark[0],
+        "created": created,
+        "minutes": (mark[0] - created).total_seconds() / 60,
+        "run_seconds": float(run_seconds),
+        "workspace_seconds": float(workspace_seconds),
+    }
