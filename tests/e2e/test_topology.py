@@ -31,10 +31,10 @@ from tests.e2e.live import free_port
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 REDIS_URL = "redis://127.0.0.1:6379/9"  # a database of its own, emptied before and after
 
-# A line every half second and a step each time, for three minutes.
+# A line every half second and a step each time, for ten minutes.
 STEADY = """\
 import time, astraeus_progress
-for i in range(360):
+for i in range(1200):
     print(f"line {i}", flush=True)
     astraeus_progress.report(i)
     time.sleep(0.5)
@@ -50,14 +50,25 @@ class Topology:
     apis: list[str] = field(default_factory=list)  # base URLs
     agent_ports: list[int] = field(default_factory=list)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    commands: dict[str, tuple[tuple[str, ...], dict[str, str]]] = field(default_factory=dict)
 
     def start(self, name: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
-        log = (self.root / f"{name}.log").open("wb")
+        log = (self.root / f"{name}.log").open("ab")
         process = subprocess.Popen(
             [ASTRAEUS, *args], env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT
         )
         self.processes[name] = process
+        self.commands[name] = (args, env)
         return process
+
+    def kill(self, name: str) -> None:
+        """As a machine or a process dies: SIGKILL, no goodbye."""
+        self.processes[name].kill()
+        self.processes[name].wait()
+
+    def restart(self, name: str) -> subprocess.Popen[bytes]:
+        args, env = self.commands[name]
+        return self.start(name, *args, **env)
 
     def cli(self, *args: str) -> str:
         return subprocess.run(
@@ -205,28 +216,81 @@ def test_two_replicas_two_workers_one_agent(topology: Topology) -> None:
         )
         assert logs
     # the minute's tick, and extra ticks sent by hand: duplicates taken by four threads
+    ticks_until(t, lambda c: c["run_seconds"] > 0 and c["minutes"] >= 1.5)
+    conserved(t)
+
+
+def ticks_until(t: Topology, done: Any, seconds: float = 150) -> dict[str, Any]:
+    """Four extra ticks every five seconds, beside the scheduler's, until ``done`` holds of
+    what is counted."""
     from dramatiq.brokers.redis import RedisBroker
 
     broker = RedisBroker(url=REDIS_URL)
     try:
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + seconds
         while True:
             for _ in range(4):
                 broker.enqueue(_message("accounting.tick"))
             counted = _counted(t.database_url)
-            if counted and counted["run_seconds"] > 0 and counted["minutes"] >= 1.5:
-                break
+            if counted and done(counted):
+                return counted
             assert time.monotonic() < deadline, t.logs()
             time.sleep(5)
     finally:
         broker.close()
-    # conservation to the second: 2 GPUs times the time from submission to the mark, once
+
+
+def conserved(t: Topology) -> None:
+    """Conservation to the second: 2 GPUs times the time from submission to the mark, once."""
     time.sleep(3)  # let any tick in flight commit
     counted = _counted(t.database_url)
     assert counted is not None
     expected = 2 * (counted["mark"] - counted["created"]).total_seconds()
     assert counted["run_seconds"] == pytest.approx(expected, abs=1e-6)
     assert counted["workspace_seconds"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_replica_holding_the_stream_dies(topology: Topology) -> None:
+    # issue 9: kill an API replica in the middle of log requests; the other says clearly why it
+    # cannot fetch the log, and once the replica is back the agent reconnects by itself
+    t = topology
+    t.kill("api-0")
+    answer = t.get(1, "/tasks/steady-0/logs?tail=5")
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == "TASK_LOG_UNAVAILABLE"
+    assert answer.json()["message"] == (
+        "The log of steady-0 could not be fetched: its machine did not answer."
+    )
+    assert t.get(1, "/jobs/steady").json()["status"] == "Running"  # the run goes on
+    healthy(t.apis[0], t.restart("api-0"))
+    until(
+        lambda: t.get(1, "/tasks/steady-0/logs?tail=5").status_code == 200,
+        60,
+        "the agent never came back to the restarted replica",
+        t,
+    )
+
+
+def test_a_worker_and_the_agent_die_in_the_middle_of_ticks(topology: Topology) -> None:
+    # issue 9: kill a Dramatiq worker and the agent while ticks go on: nothing is counted
+    # twice or lost, the run keeps running (its process outlives the agent), logs come back
+    t = topology
+    before = _counted(t.database_url)
+    assert before is not None
+    t.kill("worker-0")
+    t.kill("agent")
+    ticks_until(t, lambda c: c["mark"] > before["mark"])
+    t.restart("agent")
+    t.restart("worker-0")
+    until(
+        lambda: "line" in t.get(1, "/tasks/steady-0/logs?tail=5").text,
+        60,
+        "the restarted agent never served the log again",
+        t,
+    )
+    assert t.get(0, "/jobs/steady").json()["status"] == "Running"
+    ticks_until(t, lambda c: c["minutes"] >= before["minutes"] + 1.5)
+    conserved(t)
 
 
 def _message(actor: str) -> Any:
