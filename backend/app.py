@@ -57,6 +57,7 @@ class AstraeusGraphQL(GraphQL[Context, None]):
         """A browser cannot set headers on a WebSocket: its token comes in connection_init.
         Without a valid one the connection is closed (4403)."""
         if not await context.authenticate_connection():
+            # 4403 either way; the message says whether the token or the database is at fault
             raise ConnectionRejectionError(
                 {"message": context.auth_error or "A token is required."}
             )

@@ -11,6 +11,7 @@ import psycopg
 from sqlalchemy import JSON, BigInteger, DateTime, Integer, MetaData, event
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Dialect, Engine, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -126,6 +127,22 @@ def create_engine_for(url: str, *, pool_size: int = 10, echo: bool = False) -> A
     install_sqlite_pragmas(engine.sync_engine)
     install_sqlite_transactions(engine.sync_engine)
     return engine
+
+
+def database_away(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) says the database cannot be reached: a refused or
+    lost connection, a server shutting down. Not a SQL error, nor SQLite's busy file."""
+    seen: set[int] = set()
+    found: BaseException | None = error
+    while found is not None and id(found) not in seen:
+        seen.add(id(found))
+        if isinstance(found, DBAPIError) and found.connection_invalidated:
+            return True
+        if isinstance(found, psycopg.OperationalError | ConnectionError):
+            return True
+        wrapped = found.orig if isinstance(found, DBAPIError) else None
+        found = wrapped or found.__cause__ or found.__context__
+    return False
 
 
 class Database:

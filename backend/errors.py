@@ -54,3 +54,14 @@ class Unauthenticated(AstraeusError):
 class Forbidden(AstraeusError):
     def __init__(self, message: str) -> None:
         super().__init__(code="FORBIDDEN", message=message, status=403)
+
+
+class DatabaseUnavailable(AstraeusError):
+    """The database does not answer (restarting, unreachable): the request can be tried again."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            code="DATABASE_UNAVAILABLE",
+            message="Astraeus cannot reach its database just now; try again in a moment.",
+            status=503,
+        )

@@ -6,6 +6,7 @@ from typing import Any
 
 from strawberry.permission import BasePermission
 
+from backend.errors import DatabaseUnavailable
 from backend.resolvers.context import Info
 
 
@@ -16,4 +17,6 @@ class IsAuthenticated(BasePermission):
     error_extensions = {"code": "UNAUTHENTICATED"}
 
     def has_permission(self, source: Any, info: Info, **kwargs: Any) -> bool:
+        if info.context.database_away:
+            raise DatabaseUnavailable()  # not the token's fault: the caller may try again
         return info.context.principal is not None

@@ -14,8 +14,8 @@ from starlette.responses import JSONResponse, Response
 from backend.access import service as access
 from backend.access.rules import Principal
 from backend.clock import Clock
-from backend.db import Database
-from backend.errors import AstraeusError
+from backend.db import Database, database_away
+from backend.errors import AstraeusError, DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,10 @@ def endpoint(
                 return await handler(Call(request, principal, session, clock))
         except AstraeusError as error:
             return error_response(error)
-        except Exception:
+        except Exception as error:
+            if database_away(error):
+                log.warning("the database is away: %s %s", request.method, request.url.path)
+                return error_response(DatabaseUnavailable())
             log.exception("unexpected error in %s %s", request.method, request.url.path)
             return JSONResponse(
                 {"code": "INTERNAL", "message": "Unexpected error; it has been logged."},

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
 import strawberry
 from graphql import GraphQLError
-from strawberry.extensions import MaskErrors, ParserCache, ValidationCache
+from strawberry.extensions import MaskErrors, ParserCache, SchemaExtension, ValidationCache
 from strawberry.extensions.field_extension import FieldExtension
 from strawberry.permission import PermissionExtension
 
-from backend.errors import AstraeusError
+from backend.db import database_away
+from backend.errors import AstraeusError, DatabaseUnavailable
 from backend.resolvers import events as event_resolvers
 from backend.resolvers import goodput as goodput_resolvers
 from backend.resolvers import metrics as metric_resolvers
@@ -218,6 +219,34 @@ class Subscription:
     )
 
 
+class DatabaseErrors(SchemaExtension):
+    """An error of the database being away, wherever a resolver met it, is said as such, with
+    the code DATABASE_UNAVAILABLE (the caller may try again), instead of being masked."""
+
+    def on_operation(self) -> Iterator[None]:
+        yield
+        result = self.execution_context.result
+        if result is None or not result.errors:
+            return
+        result.errors = [_said(error) for error in result.errors]
+
+
+def _said(error: GraphQLError) -> GraphQLError:
+    original = error.original_error
+    if original is None:
+        return error
+    if not isinstance(original, DatabaseUnavailable) and not database_away(original):
+        return error
+    away = DatabaseUnavailable()
+    return GraphQLError(
+        away.message,
+        nodes=error.nodes,
+        path=error.path,
+        original_error=away,
+        extensions={"code": away.code},
+    )
+
+
 def _should_mask(error: GraphQLError) -> bool:
     """Errors the caller can act on are shown; anything unexpected is masked."""
     original = error.original_error
@@ -234,6 +263,7 @@ schema = strawberry.Schema(
     subscription=Subscription,
     extensions=[
         lambda: MaskErrors(should_mask_error=_should_mask),
+        DatabaseErrors,  # inside MaskErrors: it says these before MaskErrors looks
         lambda: ParserCache(maxsize=256),
         lambda: ValidationCache(maxsize=256),
     ],
