@@ -172,5 +172,9 @@ def test_a_laptop_screen_keeps_the_figures_in_view(
         page.locator('tr[data-row="sweep-7"]').wait_for()
         assert page.evaluate("document.documentElement.scrollWidth") <= 1024
         assert page.locator(".summary").is_visible()
+        # long sentences wrap instead of widening the page
+        page.get_by_role("link", name="Events").click()
+        page.get_by_role("table", name="Events").locator("tbody tr").first.wait_for()
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1024
     finally:
         context.close()
