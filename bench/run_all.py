@@ -89,7 +89,7 @@ def run(name: str) -> dict[str, object]:
         "seconds": time.monotonic() - started,
         "exit_code": code,
         # its figures: the lines it printed last (build tools' chatter before them is left out)
-        "printed": [line for line in lines if line.strip()][-12:],
+        "printed": [line for line in lines if line.strip()][-40:],
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 
