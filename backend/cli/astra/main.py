@@ -238,20 +238,24 @@ def cmd_logs(api: Api, args: argparse.Namespace) -> str:
         return as_json(found) if args.json else str(found["logs"]).rstrip("\n")
     worker = _worker(api, args.worker)
     tail = FOLLOW_TAIL if args.tail is None else args.tail
+    open_line = False  # the last text written ended inside a line
     for chunk in subscribe(api, FOLLOW, "followLog", w=worker["name"], tail=tail):
         if args.json:
             print(json.dumps(chunk, ensure_ascii=False), flush=True)
             continue
         if chunk["missed"]:
-            print(f"[… {chunk['missed']} lines missed]", flush=True)
+            print(("\n" if open_line else "") + f"[… {chunk['missed']} lines missed]", flush=True)
+            open_line = False
         if chunk["text"]:
             sys.stdout.write(chunk["text"])
             sys.stdout.flush()
+            open_line = not chunk["text"].endswith("\n")
     end = _ended(api, worker["name"])
     if args.json:
         line = json.dumps(end, ensure_ascii=False)
     else:
-        print(flush=True)
+        # a last line the worker left unfinished is ended, then the seed's blank line
+        print("\n" if open_line else "", flush=True)
         line = f"{end['name']}: {args.paint.state(end['status'])} — {end['reason']}"
     if end["status"] != "Completed":
         raise CliError(line, EXIT_FAILED)
