@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _DURATION_PART = re.compile(r"(\d+)(d|h|m|s)")
@@ -95,6 +95,18 @@ class Settings(BaseSettings):
     # Default: on with the embedded broker, off with Redis (run `astraeus worker` instead).
     run_jobs: bool | None = None
 
+    @model_validator(mode="after")
+    def _leases_checked_in_time(self) -> Settings:
+        # a lease check that finds the previous one over half a lease ago takes it that the
+        # database was away and renews every lease (backend/machines/service.py)
+        if self.scheduler_interval * 2 >= self.lease_time:
+            raise ValueError(
+                "ASTRAEUS_SCHEDULER_INTERVAL must be under half of ASTRAEUS_LEASE_TIME "
+                f"({format_duration(self.scheduler_interval)} is not under half of "
+                f"{format_duration(self.lease_time)})"
+            )
+        return self
+
     @property
     def runs_jobs_in_process(self) -> bool:
         if self.run_jobs is not None:
@@ -132,3 +144,15 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+def settings_problems(error: ValidationError) -> list[str]:
+    """A refused setting as its environment variable and the reason, one line each."""
+    lines = []
+    for problem in error.errors():
+        reason = str(problem["msg"]).removeprefix("Value error, ")
+        if problem["loc"]:
+            lines.append(f"ASTRAEUS_{str(problem['loc'][0]).upper()}: {reason}")
+        else:
+            lines.append(reason)
+    return lines

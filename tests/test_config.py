@@ -1,8 +1,9 @@
 from datetime import timedelta
 
 import pytest
+from pydantic import ValidationError
 
-from backend.config import Settings, format_duration, parse_duration
+from backend.config import Settings, format_duration, parse_duration, settings_problems
 
 
 @pytest.mark.parametrize(
@@ -63,3 +64,31 @@ def test_the_embedded_default_is_sqlite_in_the_data_folder(
     assert settings.resolved_database_url == f"sqlite:///{tmp_path}/astraeus.db"
     assert settings.is_embedded
     assert settings.should_migrate_on_start
+
+
+def test_leases_must_be_checked_more_often_than_every_half_lease(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a check that finds the previous one over half a lease ago renews every lease (the
+    # database was away): a slower scheduling pass would never let a lease expire
+    monkeypatch.setenv("ASTRAEUS_LEASE_TIME", "8s")
+    monkeypatch.setenv("ASTRAEUS_SCHEDULER_INTERVAL", "4s")
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    assert settings_problems(refused.value) == [
+        "ASTRAEUS_SCHEDULER_INTERVAL must be under half of ASTRAEUS_LEASE_TIME "
+        "(4s is not under half of 8s)"
+    ]
+    monkeypatch.setenv("ASTRAEUS_SCHEDULER_INTERVAL", "3s")
+    assert Settings().scheduler_interval == timedelta(seconds=3)
+
+
+def test_a_refused_setting_is_named_by_its_environment_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ASTRAEUS_LEASE_TIME", "soon")
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    assert settings_problems(refused.value) == [
+        "ASTRAEUS_LEASE_TIME: must be a duration such as 30s, 15m, 12h or 1h30m"
+    ]

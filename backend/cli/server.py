@@ -20,13 +20,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend import migrations
 from backend.access import service as access
 from backend.cli import demo
 from backend.clock import SystemClock
-from backend.config import Settings, get_settings
+from backend.config import Settings, get_settings, settings_problems
 from backend.db import Database
 from backend.errors import AstraeusError
 from backend.organizations import service as organizations
@@ -370,7 +371,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = get_settings()
+    try:
+        settings = get_settings()
+    except ValidationError as error:
+        for line in settings_problems(error):
+            print(f"astraeus: {line}", file=sys.stderr)
+        return 2
     try:
         return int(args.func(settings, args))
     except AstraeusError as error:

@@ -19,9 +19,9 @@ log = logging.getLogger(__name__)
 
 async def scheduling_pass() -> None:
     """Leases, then timers, then placement: each a transaction of its own, each idempotent."""
-    db, clock = runtime.database(), runtime.clock()
+    db, clock, settings = runtime.database(), runtime.clock(), runtime.settings()
     async with db.transaction() as session:
-        await machines.expire_leases(session, clock)
+        await machines.expire_leases(session, clock, settings.lease_time)
     async with db.transaction() as session:
         await lifecycle.check_timers(session, clock)
     async with db.transaction() as session:

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.models import Cluster, Gpu, Machine, Pool, Run, Worker
+from backend.models import Cluster, Gpu, LeaseCheck, Machine, Pool, Run, Worker
 from backend.runs.rules import ENDED_RUN_STATES
 
 
@@ -39,6 +39,26 @@ async def gpus_of(session: AsyncSession, machine_id: int) -> list[Gpu]:
     return list(
         await session.scalars(select(Gpu).where(Gpu.machine_id == machine_id).order_by(Gpu.index))
     )
+
+
+LEASE_CHECK_ID = 1
+
+
+async def record_lease_check(session: AsyncSession, now: datetime) -> datetime | None:
+    """Record this check of the leases, locked until commit (one check at a time), and return
+    when the one before it was, if any."""
+    updated = await session.execute(
+        update(LeaseCheck)
+        .where(LeaseCheck.id == LEASE_CHECK_ID)
+        .values(previous_at=LeaseCheck.checked_at, checked_at=now)
+    )
+    if not updated.rowcount:  # type: ignore[attr-defined]
+        session.add(LeaseCheck(id=LEASE_CHECK_ID, checked_at=now, previous_at=None))
+        await session.flush()
+        return None
+    check = await session.get(LeaseCheck, LEASE_CHECK_ID, populate_existing=True)
+    assert check is not None
+    return check.previous_at
 
 
 async def expired_machines(session: AsyncSession, now: datetime) -> list[Machine]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -15,6 +16,8 @@ from backend.lifecycle.rules import Effects
 from backend.machines import repository
 from backend.models import Gpu, Machine, Worker
 from backend.organizations import repository as organizations
+
+log = logging.getLogger(__name__)
 
 SIMULATED_GPU_MODEL = "Simulated GPU"
 
@@ -82,10 +85,25 @@ async def heartbeat(session: AsyncSession, clock: Clock, machine_id: int, lease:
     return await repository.extend_lease(session, machine_id, now, now + lease)
 
 
-async def expire_leases(session: AsyncSession, clock: Clock) -> Effects:
-    """Machines whose agent missed its heartbeats are lost; their workers fail with them."""
+async def expire_leases(session: AsyncSession, clock: Clock, lease: timedelta) -> Effects:
+    """Machines whose agent missed its heartbeats are lost; their workers fail with them.
+
+    Unless the check before this one is more than half a lease ago: then nothing could check
+    leases meanwhile, most likely because the database was away, and no agent could renew
+    its lease either. Every machine gets a whole lease to be heard from again instead (a
+    machine that really died meanwhile is found lost one lease later)."""
+    now = clock.now()
+    previous = await repository.record_lease_check(session, now)
+    if previous is not None and now - previous > lease / 2:
+        renewed = await repository.extend_all_leases(session, now + lease)
+        log.warning(
+            "leases were last checked %ds ago: %d machines get a whole lease to report again",
+            (now - previous).total_seconds(),
+            renewed,
+        )
+        return Effects()
     total = Effects()
-    for machine in await repository.expired_machines(session, clock.now()):
+    for machine in await repository.expired_machines(session, now):
         machine.state, machine.reason = "lost", "Machine lost: its lease expired"
         fx = await lifecycle.machine_lost(session, clock, machine.id)
         total.freed |= fx.freed

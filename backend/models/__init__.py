@@ -12,7 +12,7 @@ from backend.models.goodput import (
     GoodputOpenInterval,
 )
 from backend.models.history import Event, StateTransition
-from backend.models.machine import Gpu, Machine
+from backend.models.machine import Gpu, LeaseCheck, Machine
 from backend.models.metric import MetricMinute, MetricSample
 from backend.models.organization import Organization
 from backend.models.run import Run
@@ -37,6 +37,7 @@ __all__ = [
     "GoodputInterval",
     "GoodputOpenInterval",
     "Gpu",
+    "LeaseCheck",
     "Machine",
     "Membership",
     "MetricMinute",

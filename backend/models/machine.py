@@ -33,6 +33,19 @@ class Machine(HasId, HasCreatedAt, Base):
     last_seen_at: Mapped[datetime | None]
 
 
+class LeaseCheck(Base):
+    """When the machines' leases were last checked (one row). A check that finds the one
+    before it long past gives every machine a whole lease instead of taking it for lost:
+    while no check ran, the database (or every scheduler) was away, and an agent's heartbeats
+    may not have been written either."""
+
+    __tablename__ = "lease_checks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    checked_at: Mapped[datetime]
+    previous_at: Mapped[datetime | None]
+
+
 class Gpu(HasId, Base):
     """One GPU of a machine, as the agent reported it (NVML, or a simulated one)."""
 

@@ -214,7 +214,7 @@ async def test_a_lost_machine_fails_its_workers_and_they_restart(world: World) -
         gpu08 = await session.scalar(select(Machine).where(Machine.name == "gpu-08"))
         assert gpu08 is not None
         await machines.heartbeat(session, world.clock, gpu08.id, LEASE)
-        await machines.expire_leases(session, world.clock)
+        await machines.expire_leases(session, world.clock, LEASE)
     lost, survivor = await world.workers("llama-sft")
     assert (lost.state, lost.reason) == ("Failed", "Machine lost: its lease expired")
     assert lost.last_failure["reason"] == "Machine lost: its lease expired"
@@ -232,6 +232,51 @@ async def test_a_lost_machine_fails_its_workers_and_they_restart(world: World) -
         ("Stopped", "requeued:failure"),
         ("Pending", "requeued:failure"),
     ]
+
+
+async def expire_leases(world: World) -> None:
+    async with world.db.transaction() as session:
+        await machines.expire_leases(session, world.clock, LEASE)
+
+
+async def machine_states(world: World) -> dict[str, str]:
+    async with world.db.read() as session:
+        return {m.name: m.state for m in await session.scalars(select(Machine))}
+
+
+async def test_leases_do_not_expire_over_a_database_outage(world: World) -> None:
+    # issue 9: while the database is away no heartbeat is written and no lease is checked; the
+    # first check after it finds the one before it long past and gives every machine a whole
+    # lease, so a database restart longer than a lease does not fail every running worker
+    await running_gang(world)
+    await expire_leases(world)
+    world.clock.advance(seconds=LEASE.total_seconds() / 2)
+    await expire_leases(world)  # half a lease since the last check: an ordinary pass
+    world.clock.advance(seconds=LEASE.total_seconds() + 30)  # the outage
+    await expire_leases(world)
+    assert await machine_states(world) == {"gpu-07": "ready", "gpu-08": "ready"}
+    assert await world.status("llama-sft") == ("Running", "2 of 2 workers running")
+    # gpu-07's agent is heard from again; gpu-08's never is: lost one lease after the outage
+    async with world.db.transaction() as session:
+        gpu07 = await session.scalar(select(Machine).where(Machine.name == "gpu-07"))
+        assert gpu07 is not None
+        for _ in range(4):
+            world.clock.advance(seconds=20)
+            await machines.heartbeat(session, world.clock, gpu07.id, LEASE)
+            await machines.expire_leases(session, world.clock, LEASE)
+    assert await machine_states(world) == {"gpu-07": "ready", "gpu-08": "lost"}
+
+
+async def test_a_lease_check_half_a_lease_after_the_last_takes_machines_for_lost(
+    world: World,
+) -> None:
+    # the grace is for a gap over half a lease only: checks at that pace still find the dead
+    await running_gang(world)
+    for _ in range(3):
+        await expire_leases(world)
+        world.clock.advance(seconds=LEASE.total_seconds() / 2)
+    await expire_leases(world)
+    assert await machine_states(world) == {"gpu-07": "lost", "gpu-08": "lost"}
 
 
 async def test_preemption_queues_the_lower_priority_run_again(world: World) -> None:
