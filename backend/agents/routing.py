@@ -16,7 +16,9 @@ mode), otherwise through Redis:
   three keepalives; chunks for a follow nobody reads any more are answered with ``stop``.
 
 An answer that does not come within the asker's wait is no answer: ``None``, never an error,
-so the HTTP answer is 400 TASK_LOG_UNAVAILABLE, also when Redis is down.
+so the HTTP answer is 400 TASK_LOG_UNAVAILABLE. When Redis itself cannot be reached the asker
+says so (``REDIS_AWAY``); a relayed follow ends with that error as soon as the asker loses its
+channel, and the holder stops relaying once Redis stops taking its chunks.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from redis.exceptions import RedisError
 
 from backend.agents.stream import AgentService, LogChunkInfo
 from backend.config import Settings
-from backend.logs.service import LogText
+from backend.logs.service import LogText, LogUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,10 @@ FOLLOW_KEEPALIVE = 5.0  # seconds between the holder's "still here" on a quiet f
 SILENT_KEEPALIVES = 3  # an asker that hears nothing for this many keepalives stops waiting
 LISTEN_WAIT = 2.0  # seconds serving() waits for the channel before going on without it
 REDIS_TIMEOUT = 2.0  # seconds a Redis command may take before it counts as failed
+REDIS_AWAY = (
+    "this API replica does not hold its machine's stream, and Redis, which carries requests "
+    "between replicas, cannot be reached."
+)
 
 # A claim is refreshed only while it is this replica's or nobody's: a newer stream of the
 # machine, opened on another replica, is not taken back by an old one not yet closed.
@@ -153,6 +159,7 @@ class Backlog:
         self.chunks: deque[LogChunkInfo] = deque()
         self.missed = 0
         self.gone = False  # the holder's follow finished without the worker ending
+        self.lost = False  # the asker lost its Redis channel: nothing more can arrive
         self.arrived = asyncio.Event()
         self.heard = asyncio.get_running_loop().time()
 
@@ -186,7 +193,9 @@ class Backlog:
         """The next chunk; None once the holder's follow is over or it has gone silent."""
         loop = asyncio.get_running_loop()
         while not self.chunks:
-            if self.gone or loop.time() - self.heard > SILENT_KEEPALIVES * self.keepalive:
+            if self.gone or self.lost:
+                return None
+            if loop.time() - self.heard > SILENT_KEEPALIVES * self.keepalive:
                 return None
             self.arrived.clear()
             await _wait(self.arrived, self.keepalive)
@@ -343,7 +352,11 @@ class RedisRouter:
             except (RedisError, OSError) as error:
                 log.warning("lost this replica's Redis channel, listening again: %s", error)
             finally:
-                self.listening.clear()
+                if self.listening.is_set():
+                    self.listening.clear()
+                    for backlog in self.backlogs.values():  # their chunks can no longer come
+                        backlog.lost = True
+                        backlog.arrived.set()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
 
@@ -385,23 +398,42 @@ class RedisRouter:
         if not task.cancelled() and task.exception() is not None:
             log.error("log routing task failed", exc_info=task.exception())
 
-    async def _send(self, replica_id: str, **message: Any) -> bool:
-        """Publish to a replica's channel; False when nobody listens there (or Redis is down)."""
+    async def _publish(self, replica_id: str, /, **message: Any) -> bool:
+        """Publish to a replica's channel; False when nobody listens there. Raises RedisError
+        (or OSError) when Redis cannot be reached."""
+        body = json.dumps({**message, "from": self.replica_id}, ensure_ascii=False)
+        return int(await self.redis.publish(self._inbox(replica_id), body)) > 0
+
+    async def _send(self, replica_id: str, /, **message: Any) -> bool:
+        """As ``_publish``, False also when Redis is down: for answers, which nobody awaits."""
         try:
-            body = json.dumps({**message, "from": self.replica_id}, ensure_ascii=False)
-            return int(await self.redis.publish(self._inbox(replica_id), body)) > 0
+            return await self._publish(replica_id, **message)
         except (RedisError, OSError) as error:
             log.warning("could not reach replica %s through Redis: %s", replica_id, error)
             return False
 
+    async def _ask(self, for_worker: str, holder: str, /, **request: Any) -> bool:
+        """Send a request to the holder; False when it no longer listens (its claim has not
+        expired yet). Raises LogUnavailable when Redis cannot be reached."""
+        try:
+            return await self._publish(holder, **request)
+        except (RedisError, OSError) as error:
+            log.warning("log of %s: Redis could not be asked: %s", for_worker, error)
+            raise LogUnavailable(for_worker, REDIS_AWAY) from None
+
     async def _stop(self, holder: str, follow_id: str) -> None:
         await self._send(holder, type="stop", id=follow_id)
 
-    async def _holder(self, machine_id: int) -> str | None:
-        """The other replica holding the machine's stream, if one does and can answer us."""
+    async def _holder(self, machine_id: int, worker: str) -> str | None:
+        """The other replica holding the machine's stream, if one does. Raises LogUnavailable
+        when Redis cannot be reached, or our channel is down (no answer could reach us)."""
         if not self.listening.is_set():
-            return None  # the answer could not reach us
-        holder = await self.redis.get(self.claim_key(machine_id))
+            raise LogUnavailable(worker, REDIS_AWAY)
+        try:
+            holder = await self.redis.get(self.claim_key(machine_id))
+        except (RedisError, OSError) as error:
+            log.warning("log of %s: Redis could not be asked: %s", worker, error)
+            raise LogUnavailable(worker, REDIS_AWAY) from None
         if holder is None or holder == self.replica_id:
             return None  # nobody's, or ours from a stream this process no longer has
         return str(holder)
@@ -414,17 +446,14 @@ class RedisRouter:
         if self.local is not None and self.local.streams.get(machine_id) is not None:
             return await self.local.tail(machine_id, worker, lines, max_bytes, wait_s)
         deadline = asyncio.get_running_loop().time() + wait_s
-        try:
-            holder = await self._holder(machine_id)
-        except (RedisError, OSError) as error:
-            log.warning("log of %s: Redis could not be asked: %s", worker, error)
-            return None
+        holder = await self._holder(machine_id, worker)
         if holder is None:
             return None
         request_id = uuid.uuid4().hex
         answer = self.pending[request_id] = asyncio.get_running_loop().create_future()
         try:
-            if not await self._send(
+            if not await self._ask(
+                worker,
                 holder,
                 type="tail",
                 id=request_id,
@@ -440,6 +469,8 @@ class RedisRouter:
             await asyncio.wait({answer}, timeout=max(left, 0))
         finally:
             self.pending.pop(request_id, None)
+        if not answer.done() and not self.listening.is_set():
+            raise LogUnavailable(worker, REDIS_AWAY)  # the answer could not have reached us
         if not answer.done() or not answer.result().get("found"):
             return None
         found = answer.result()
@@ -479,8 +510,9 @@ class RedisRouter:
         holder = None
         over = False
         try:
-            holder = await self._holder(machine_id)
-            if holder is None or not await self._send(
+            holder = await self._holder(machine_id, worker)
+            if holder is None or not await self._ask(
+                worker,
                 holder,
                 type="follow",
                 id=follow_id,
@@ -497,9 +529,8 @@ class RedisRouter:
                 if over:
                     return
             over = True
-        except (RedisError, OSError) as error:
-            log.warning("log of %s: Redis could not be asked: %s", worker, error)
-            over = True
+            if backlog.lost:
+                raise LogUnavailable(worker, REDIS_AWAY)
         finally:
             del self.backlogs[follow_id]
             if holder is not None and not over:  # the reader went away: the holder stops

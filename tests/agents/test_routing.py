@@ -30,6 +30,7 @@ from backend.app import create_app
 from backend.config import Settings
 from backend.db import Database
 from backend.jobs import broker as job_broker
+from backend.logs.service import LogUnavailable
 from backend.models import Machine
 from tests.agents.test_agent_in_process import agent_for, wait_for, worker_state
 from tests.agents.test_stream import _port, machine_token  # noqa: F401  (a fixture)
@@ -324,13 +325,25 @@ async def test_a_holder_gone_silent_ends_the_follow_and_chunks_nobody_reads_are_
         }
 
 
-async def test_with_redis_down_a_router_answers_none_and_never_raises() -> None:
+REDIS_AWAY = (
+    "The log of llama-sft-0 could not be fetched: this API replica does not hold its machine's "
+    "stream, and Redis, which carries requests between replicas, cannot be reached."
+)
+
+
+async def test_with_redis_down_a_router_says_so_and_never_hangs() -> None:
+    # issue 9: what the user sees while Redis is away is a clear error
     router = RedisRouter(f"redis://127.0.0.1:{_port()}/0")
     started = time.monotonic()
     async with router.serving(None):
         router.stream_changed(3, held=True)  # claims wait for Redis to come back
-        assert await router.tail(7, "llama-sft-0", 5, MAX_BYTES, wait_s=5) is None
-        assert [c async for c in router.follow(7, "llama-sft-0")] == []
+        with pytest.raises(LogUnavailable) as tail:
+            await router.tail(7, "llama-sft-0", 5, MAX_BYTES, wait_s=5)
+        assert tail.value.message == REDIS_AWAY
+        with pytest.raises(LogUnavailable) as follow:
+            _ = [c async for c in router.follow(7, "llama-sft-0")]
+        assert follow.value.message == REDIS_AWAY
+        assert not router.backlogs
     assert time.monotonic() - started < 5  # start (2 s at most) and the answers: no hang
 
 
@@ -405,6 +418,7 @@ async def test_with_redis_down_the_log_endpoint_is_a_400_not_a_500(
         assert time.monotonic() - started < 5
     assert answer.status_code == 400
     assert answer.json()["code"] == "TASK_LOG_UNAVAILABLE"
+    assert answer.json()["message"] == REDIS_AWAY
 
 
 async def test_the_embedded_router_serves_the_log_endpoint_without_redis(
