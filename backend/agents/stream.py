@@ -27,8 +27,8 @@ from backend.access.rules import AgentPrincipal
 from backend.agents import service
 from backend.agents.service import HelloInfo, KnownWorker, WorkerEventInfo, agent_time
 from backend.clock import Clock
-from backend.db import Database
-from backend.errors import Unauthenticated
+from backend.db import Database, database_away
+from backend.errors import DatabaseUnavailable, Unauthenticated
 from backend.lifecycle.rules import Effects
 from backend.logs.service import LogText
 from backend.machines import service as machines
@@ -93,6 +93,9 @@ class MachineStream:
     last_command_sent: int = 0
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     follows: dict[int, Follow] = field(default_factory=dict)
+    # The machine's messages in the order they came, for the writer: applied to the database
+    # (waiting out an outage) and acknowledged in that order. Replies are answered at once.
+    received: asyncio.Queue[agent_pb2.AgentMessage] = field(default_factory=asyncio.Queue)
 
     def send(self, **body: Any) -> int:
         message_id = next(self.ids)
@@ -196,9 +199,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
         assert first is not None
         info = _hello_info(first.hello)
-        async with self.db.transaction() as session:
-            machine = await service.hello(session, self.clock, agent, info, self.lease)
-            to_stop, fx = await service.reconcile(session, self.clock, machine, info.workers)
+        try:
+            async with self.db.transaction() as session:
+                machine = await service.hello(session, self.clock, agent, info, self.lease)
+                to_stop, fx = await service.reconcile(session, self.clock, machine, info.workers)
+        except Exception as error:
+            if not database_away(error):
+                raise
+            await context.abort(grpc.StatusCode.UNAVAILABLE, DatabaseUnavailable().message)
+            raise  # abort raises; this keeps type checkers sure
         if fx.freed:
             self.on_freed()
         stream = self.streams.open(machine.id)
@@ -212,7 +221,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         for worker in to_stop:  # not this machine's any more: no command row to keep
             stream.send(command=agent_pb2.Command(kind=agent_pb2.COMMAND_KIND_STOP, worker=worker))
         tasks = [
-            asyncio.create_task(self._read(stream, machine, request_iterator)),
+            asyncio.create_task(self._read(stream, request_iterator)),
+            asyncio.create_task(self._write(stream, machine)),
             asyncio.create_task(self._deliver_commands(stream)),
         ]
         try:
@@ -300,16 +310,57 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         except Unauthenticated as error:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, error.message)
             raise  # abort raises; this keeps type checkers sure
+        except Exception as error:
+            if not database_away(error):
+                raise
+            await context.abort(grpc.StatusCode.UNAVAILABLE, DatabaseUnavailable().message)
+            raise
 
     async def _read(
-        self,
-        stream: MachineStream,
-        machine: Machine,
-        request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+        self, stream: MachineStream, request_iterator: AsyncIterator[agent_pb2.AgentMessage]
     ) -> None:
+        """Take the machine's messages as they come: replies (log lines asked for) are
+        answered at once, database or not; every message goes on to the writer."""
         try:
             async for message in request_iterator:
-                await self._apply(stream, machine, message)
+                if message.WhichOneof("body") == "reply":
+                    _answered(stream, message.reply)
+                stream.received.put_nowait(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("stream of machine %s failed", stream.machine_id)
+        finally:
+            stream.closed.set()
+
+    async def _write(self, stream: MachineStream, machine: Machine) -> None:
+        """Apply the machine's messages in order, acknowledging each once it is written.
+
+        While the database is away the message waits and is tried again; the stream, and the
+        log follows and tails that ride on it, go on. A heartbeat that waited is dropped: the
+        next one renews the lease (and leases were not checked while nothing could be written,
+        backend/machines/service.py)."""
+        try:
+            while True:
+                message = await stream.received.get()
+                backoff = OUTAGE_RETRY_START
+                while True:
+                    try:
+                        await self._apply(machine, message)
+                        break
+                    except Exception as error:
+                        if not database_away(error):
+                            raise
+                        if message.WhichOneof("body") == "heartbeat":
+                            break
+                        log.warning(
+                            "machine %s: the database is away; its message %d waits %.1fs",
+                            machine.name,
+                            message.id,
+                            backoff,
+                        )
+                        await asyncio.sleep(backoff)
+                        backoff = min(backoff * 2, OUTAGE_RETRY_CAP)
                 stream.send(ack=agent_pb2.Ack(up_to=message.id))
         except asyncio.CancelledError:
             raise
@@ -318,19 +369,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         finally:
             stream.closed.set()
 
-    async def _apply(
-        self, stream: MachineStream, machine: Machine, message: agent_pb2.AgentMessage
-    ) -> None:
+    async def _apply(self, machine: Machine, message: agent_pb2.AgentMessage) -> None:
         kind = message.WhichOneof("body")
-        if kind == "reply":
-            follow = stream.follows.get(message.reply.request_id)
-            if follow is not None and message.reply.WhichOneof("body") == "log":
-                follow.offer(message.reply.log)
-                return
-            future = stream.pending.get(message.reply.request_id)
-            if future is not None and not future.done():
-                future.set_result(message.reply)
-            return
         handler = self._handlers.get(kind or "")
         if handler is None:
             return
@@ -420,12 +460,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     }
 
     async def _deliver_commands(self, stream: MachineStream) -> None:
-        """Send the machine's new unacknowledged commands, in order, as they appear."""
+        """Send the machine's new unacknowledged commands, in order, as they appear (none
+        while the database is away)."""
         while not stream.closed.is_set():
-            async with self.db.read() as session:
-                commands = await service.commands_to_send(
-                    session, stream.machine_id, stream.last_command_sent
-                )
+            try:
+                async with self.db.read() as session:
+                    commands = await service.commands_to_send(
+                        session, stream.machine_id, stream.last_command_sent
+                    )
+            except Exception as error:
+                if not database_away(error):
+                    raise
+                commands = []
             for c in commands:
                 stream.send(
                     command=agent_pb2.Command(
@@ -438,6 +484,21 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 stream.last_command_sent = c.id
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stream.closed.wait(), self.poll_interval)
+
+
+OUTAGE_RETRY_START = 0.5  # seconds before a message the database could not take is retried
+OUTAGE_RETRY_CAP = 5.0
+
+
+def _answered(stream: MachineStream, reply: agent_pb2.Reply) -> None:
+    """A reply of the machine's to a request of ours: a followed log's lines, or an answer."""
+    follow = stream.follows.get(reply.request_id)
+    if follow is not None and reply.WhichOneof("body") == "log":
+        follow.offer(reply.log)
+        return
+    future = stream.pending.get(reply.request_id)
+    if future is not None and not future.done():
+        future.set_result(reply)
 
 
 def _json(payload: dict[str, Any]) -> str:

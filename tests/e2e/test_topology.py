@@ -1,9 +1,13 @@
 """The production topology without Docker (issue 9): PostgreSQL and Redis, two API processes,
-two Dramatiq worker processes, the scheduler and an agent on loopback. A run submitted through
-one replica runs on the agent connected to the other; its log is fetched through either (the
-request reaches the replica holding the machine's stream over Redis); the per-minute tick,
-sent also several times over by hand to the two workers' four threads, never counts a second
-twice: the run's GPU-seconds are exactly its GPUs times the time from submission to the mark.
+two Dramatiq worker processes, the scheduler and an agent on loopback. PostgreSQL and Redis are
+servers of this module's own (tests/e2e/services.py), so that the fault tests can kill them.
+
+A run submitted through one replica runs on the agent connected to the other; its log is
+fetched through either (the request reaches the replica holding the machine's stream over
+Redis); the per-minute tick, sent also several times over by hand to the two workers' four
+threads, never counts a second twice: the run's GPU-seconds are exactly its GPUs times the
+time from submission to the mark. Then each part is killed in the middle of ticks and log
+follows: an API replica, a worker, the agent, Redis, PostgreSQL.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,13 +28,14 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-import redis
 
-from tests.conftest import _postgres_database
 from tests.e2e.live import free_port
+from tests.e2e.services import MISSING, PrivatePostgres, PrivateRedis
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
-REDIS_URL = "redis://127.0.0.1:6379/9"  # a database of its own, emptied before and after
+ASTRA = str(Path(sys.executable).parent / "astra")
+
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=MISSING)
 
 # A line every half second and a step each time, for ten minutes.
 STEADY = """\
@@ -43,7 +49,8 @@ for i in range(1200):
 
 @dataclass
 class Topology:
-    database_url: str
+    postgres: PrivatePostgres
+    redis: PrivateRedis
     root: Path
     env: dict[str, str]
     admin: str = ""
@@ -69,6 +76,10 @@ class Topology:
     def restart(self, name: str) -> subprocess.Popen[bytes]:
         args, env = self.commands[name]
         return self.start(name, *args, **env)
+
+    @property
+    def database_url(self) -> str:
+        return self.postgres.url
 
     def cli(self, *args: str) -> str:
         return subprocess.run(
@@ -114,70 +125,70 @@ def healthy(url: str, process: subprocess.Popen[bytes], seconds: float = 60) -> 
 @pytest.fixture(scope="module")
 def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     root = tmp_path_factory.mktemp("topology")
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    for url in _postgres_database():
-        env = {
+    postgres, broker = PrivatePostgres(), PrivateRedis(root)
+    t = Topology(postgres, broker, root, env={})
+    try:
+        postgres.start()
+        postgres.create_database()
+        broker.start()
+        t.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("ASTRAEUS_")},
-            "ASTRAEUS_DATABASE_URL": url,
+            "ASTRAEUS_DATABASE_URL": postgres.url,
             "ASTRAEUS_BROKER": "redis",
-            "ASTRAEUS_REDIS_URL": REDIS_URL,
+            "ASTRAEUS_REDIS_URL": broker.url,
             "ASTRAEUS_DATA_DIR": str(root / "data"),
             "ASTRAEUS_CONSOLE_DIR": str(root / "no-console"),
             "ASTRAEUS_SCHEDULER_INTERVAL": "1s",
             "ASTRAEUS_LOG_LEVEL": "warning",
         }
-        t = Topology(url, root, env)
-        try:
-            t.cli("db", "upgrade")
-            printed = t.cli("bootstrap")
-            found = re.search(r"token:\s+(astx_\S+)", printed)
-            assert found, printed
-            t.admin = found.group(1)
-            for i in range(2):
-                port, agent_port = free_port(), free_port()
-                t.apis.append(f"http://127.0.0.1:{port}")
-                t.agent_ports.append(agent_port)
-                api = t.start(
-                    f"api-{i}",
-                    "serve",
-                    ASTRAEUS_PORT=str(port),
-                    ASTRAEUS_AGENT_PORT=str(agent_port),
-                )
-                healthy(t.apis[i], api)
-            for i in range(2):
-                t.start(f"worker-{i}", "worker", "--threads", "2")
-            t.start("scheduler", "scheduler")
-            token = t.root / "m1.token"
-            token.write_text(t.cli("token", "create", "--agent", "--name", "m1"))
-            t.start(  # the machine's stream goes to the first replica only
-                "agent",
-                "agent",
-                "--server",
-                f"127.0.0.1:{t.agent_ports[0]}",
-                "--token-file",
-                str(token),
-                "--name",
-                "m1",
-                "--data-dir",
-                str(root / "m1"),
-                "--simulate-gpus",
-                "2",
-                "--heartbeat",
-                "1",
-                "--sample",
-                "1",
+        t.cli("db", "upgrade")
+        printed = t.cli("bootstrap")
+        found = re.search(r"token:\s+(astx_\S+)", printed)
+        assert found, printed
+        t.admin = found.group(1)
+        for i in range(2):
+            port, agent_port = free_port(), free_port()
+            t.apis.append(f"http://127.0.0.1:{port}")
+            t.agent_ports.append(agent_port)
+            api = t.start(
+                f"api-{i}", "serve", ASTRAEUS_PORT=str(port), ASTRAEUS_AGENT_PORT=str(agent_port)
             )
-            yield t
-        finally:
-            for process in t.processes.values():
-                if process.poll() is None:
-                    process.send_signal(signal.SIGINT)
-            for process in t.processes.values():
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-            redis.Redis.from_url(REDIS_URL).flushdb()
+            healthy(t.apis[i], api)
+        for i in range(2):
+            t.start(f"worker-{i}", "worker", "--threads", "2")
+        t.start("scheduler", "scheduler")
+        token = t.root / "m1.token"
+        token.write_text(t.cli("token", "create", "--agent", "--name", "m1"))
+        t.start(  # the machine's stream goes to the first replica only
+            "agent",
+            "agent",
+            "--server",
+            f"127.0.0.1:{t.agent_ports[0]}",
+            "--token-file",
+            str(token),
+            "--name",
+            "m1",
+            "--data-dir",
+            str(root / "m1"),
+            "--simulate-gpus",
+            "2",
+            "--heartbeat",
+            "1",
+            "--sample",
+            "1",
+        )
+        yield t
+    finally:
+        for process in t.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        for process in t.processes.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        broker.stop()
+        postgres.stop()
 
 
 def until(check: Any, seconds: float, what: str, topology: Topology) -> Any:
@@ -225,7 +236,7 @@ def ticks_until(t: Topology, done: Any, seconds: float = 150) -> dict[str, Any]:
     what is counted."""
     from dramatiq.brokers.redis import RedisBroker
 
-    broker = RedisBroker(url=REDIS_URL)
+    broker = RedisBroker(url=t.redis.url)
     try:
         deadline = time.monotonic() + seconds
         while True:
@@ -291,6 +302,141 @@ def test_a_worker_and_the_agent_die_in_the_middle_of_ticks(topology: Topology) -
     assert t.get(0, "/jobs/steady").json()["status"] == "Running"
     ticks_until(t, lambda c: c["minutes"] >= before["minutes"] + 1.5)
     conserved(t)
+
+
+class Follow:
+    """``astra astraeus logs steady-0 -f --tail 0`` through one replica, read as it prints."""
+
+    def __init__(self, t: Topology, api: int) -> None:
+        env = {**t.env, "API": f"{t.apis[api]}/v1", "ASTRA_TOKEN": t.admin, "NO_COLOR": "1"}
+        self.process = subprocess.Popen(
+            [ASTRA, "astraeus", "logs", "steady-0", "-f", "--tail", "0"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def numbers(self) -> list[int]:
+        return [int(m.group(1)) for line in self.lines if (m := re.fullmatch(r"line (\d+)", line))]
+
+    def ended(self, seconds: float) -> tuple[int, str]:
+        """Its exit status and what it said on stderr, once it has ended by itself."""
+        code = self.process.wait(timeout=seconds)
+        assert self.process.stderr is not None
+        return code, self.process.stderr.read().strip()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            self.process.wait(timeout=10)
+
+
+def test_redis_dies_and_comes_back(topology: Topology) -> None:
+    # issue 9: Redis killed in the middle of ticks and log follows. It keeps nothing on disk:
+    # the queued ticks go with it, and the next ones count what they would have counted.
+    t = topology
+    before = _counted(t.database_url)
+    assert before is not None
+    direct, relayed = Follow(t, 0), Follow(t, 1)  # the second is carried through Redis
+    try:
+        until(lambda: direct.numbers() and relayed.numbers(), 30, "the follows never began", t)
+        t.redis.kill()
+        # the replica holding the machine's stream answers without Redis; the other says why not
+        assert "line" in t.get(0, "/tasks/steady-0/logs?tail=5").json()["logs"]
+        answer = t.get(1, "/tasks/steady-0/logs?tail=5")
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["code"] == "TASK_LOG_UNAVAILABLE"
+        assert answer.json()["message"] == (
+            "The log of steady-0 could not be fetched: this API replica does not hold its "
+            "machine's stream, and Redis, which carries requests between replicas, cannot be "
+            "reached."
+        )
+        code, said = relayed.ended(60)
+        assert code != 0
+        assert said.endswith(
+            "this API replica does not hold its machine's stream, and Redis, which carries "
+            "requests between replicas, cannot be reached."
+        ), said
+        for api in (0, 1):  # what needs only the database goes on
+            assert t.get(api, "/jobs/steady").json()["status"] == "Running"
+        seen = len(direct.numbers())
+        until(lambda: len(direct.numbers()) > seen + 4, 20, "the direct follow stopped", t)
+        t.redis.start()
+        # the replicas listen and claim their machines' streams again; the workers and the
+        # scheduler reconnect: nothing is restarted by hand
+        until(
+            lambda: t.get(1, "/tasks/steady-0/logs?tail=5").status_code == 200,
+            60,
+            "the log never came through Redis again",
+            t,
+        )
+        ticks_until(t, lambda c: c["mark"] > before["mark"])
+        conserved(t)
+        numbers = direct.numbers()
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))  # no line lost
+        assert direct.process.poll() is None
+    finally:
+        direct.close()
+        relayed.close()
+
+
+def test_postgresql_restarts(topology: Topology) -> None:
+    # issue 9: PostgreSQL stopped as by a power cut in the middle of ticks and a log follow,
+    # for longer than a machine's lease, then started again (WAL recovery)
+    t = topology
+    before = _counted(t.database_url)
+    assert before is not None
+    direct = Follow(t, 0)
+    try:
+        until(lambda: direct.numbers(), 30, "the follow never began", t)
+        t.postgres.crash()
+        away = time.monotonic()
+        for api in (0, 1):  # a clear error, and one the client may try again
+            answer = t.get(api, "/jobs/steady")
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["code"] == "DATABASE_UNAVAILABLE"
+            assert answer.json()["message"] == (
+                "Astraeus cannot reach its database just now; try again in a moment."
+            )
+        status = subprocess.run(
+            [ASTRA, "astraeus", "status", "steady"],
+            env={**t.env, "API": f"{t.apis[1]}/v1", "ASTRA_TOKEN": t.admin},
+            capture_output=True,
+            text=True,
+        )
+        assert (status.returncode, status.stderr) == (
+            3,  # as when the server cannot be reached: try again
+            "astra: Astraeus cannot reach its database just now; try again in a moment.\n",
+        )
+        # the machine's heartbeats cannot be written; the follow needs no database
+        seen = len(direct.numbers())
+        time.sleep(max(0.0, LEASE_S + 5 - (time.monotonic() - away)))
+        assert len(direct.numbers()) > seen + 2 * LEASE_S  # two lines a second
+        t.postgres.start()
+        # every process reconnects by itself; the machine is not taken for lost although its
+        # lease ran out while nothing could be written, so the run goes on
+        until(lambda: t.get(1, "/jobs/steady").status_code == 200, 60, "the API never came back", t)
+        ticks_until(t, lambda c: c["mark"] > before["mark"])
+        assert t.get(0, "/jobs/steady").json()["status"] == "Running"
+        machine = t.graphql(0, "{ machines { name state } }")["machines"]
+        assert machine == [{"name": "m1", "state": "ready"}], machine
+        conserved(t)
+        numbers = direct.numbers()
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+    finally:
+        direct.close()
+
+
+LEASE_S = 60  # the default lease: a machine not heard from for this long is lost
 
 
 def _message(actor: str) -> Any:

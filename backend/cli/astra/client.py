@@ -88,8 +88,11 @@ class Api:
         body = answer.json()
         if body.get("errors"):
             error = body["errors"][0]
-            code = (error.get("extensions") or {}).get("code")
-            exit_code = EXIT_USAGE if code == "UNAUTHENTICATED" else EXIT_REFUSED
+            code = str((error.get("extensions") or {}).get("code") or "")
+            exit_code = {
+                "UNAUTHENTICATED": EXIT_USAGE,
+                "DATABASE_UNAVAILABLE": EXIT_UNREACHABLE,  # as a server that cannot be reached
+            }.get(code, EXIT_REFUSED)
             raise CliError(f"astra: {error['message']}", exit_code)
         return dict(body["data"])
 
