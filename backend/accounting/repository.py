@@ -467,6 +467,10 @@ async def named_ledgers(
     10 000 runs reads 10 000 rows, not 20 000 or more)."""
     query = named_ledgers_query(scope, start, end, workspace_ids, cluster_id)
     connection = await session.connection()  # Core rows: no ORM loading for 10 000 of them
+    if _dialect(session) == "postgresql":
+        # PostgreSQL's JIT compiles this statement's sixteen sums every time: about 30 ms of
+        # a 7-day report over 10 000 runs, more than it saves on 340 000 cells
+        await connection.exec_driver_sql("SET LOCAL jit = off")
     n = len(CATEGORIES)
     return [
         NamedLedger(r[0], r[1], tuple(r[2 : 2 + n]), tuple(r[2 + n :]))
