@@ -82,6 +82,9 @@ class Follow:
                 )
 
 
+RECEIVED_MAX = 10_000
+
+
 @dataclass
 class MachineStream:
     """What the server holds for one connected machine."""
@@ -95,7 +98,11 @@ class MachineStream:
     follows: dict[int, Follow] = field(default_factory=dict)
     # The machine's messages in the order they came, for the writer: applied to the database
     # (waiting out an outage) and acknowledged in that order. Replies are answered at once.
-    received: asyncio.Queue[agent_pb2.AgentMessage] = field(default_factory=asyncio.Queue)
+    # Bounded: a machine whose messages cannot be written is read no faster than they are
+    # once this many wait (an hour and more of one machine's reports).
+    received: asyncio.Queue[agent_pb2.AgentMessage] = field(
+        default_factory=lambda: asyncio.Queue(maxsize=RECEIVED_MAX)
+    )
 
     def send(self, **body: Any) -> int:
         message_id = next(self.ids)
@@ -325,7 +332,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             async for message in request_iterator:
                 if message.WhichOneof("body") == "reply":
                     _answered(stream, message.reply)
-                stream.received.put_nowait(message)
+                await stream.received.put(message)
         except asyncio.CancelledError:
             raise
         except Exception:
