@@ -5,7 +5,7 @@ never asserted.
 The tick. 10 000 runs x 10 workers of 8 GPUs (100 000 workers) placed on 1 000 machines (nine
 in ten of them in one of 10 pools), every worker waiting at T0, starting at T0+1 min, running
 from T0+2 min (state_transitions, all accounted), one utilisation sample per worker's GPU 0
-and minute (about 80% of the minutes >= 0.05). ``accounting.tick()`` counts the minute
+and minute (about 80% of the minutes >= 0.05). ``counting.tick()`` counts the minute
 [T, T+1 min) with the clock at T+1 min 5 s, in one transaction, commit included; the mark
 (accounting_marks.counted_until) is put back to T and what the tick wrote is put back between
 trials. Two cases:
@@ -52,7 +52,7 @@ from typing import Any
 
 import psycopg
 
-from backend.accounting import repository
+from backend.accounting import counting, repository
 from backend.accounting import service as accounting
 from backend.accounting.rules import BUSY_UTILIZATION, Category, Period
 from backend.accounting.service import Viewer
@@ -359,11 +359,11 @@ def bare(url: str, start: datetime, intervals: bool) -> float:
 # -- the tick ------------------------------------------------------------------------------------
 
 
-async def tick(db: Database, now: datetime) -> tuple[float, float, accounting.TickResult]:
+async def tick(db: Database, now: datetime) -> tuple[float, float, counting.TickResult]:
     """One tick in its own transaction: (seconds with the commit, of which commit, result)."""
     start = time.perf_counter()
     async with db.transaction() as session:
-        result = await accounting.tick(session, FixedClock(now))
+        result = await counting.tick(session, FixedClock(now))
         committing = time.perf_counter()
     end = time.perf_counter()
     return end - start, end - committing, result

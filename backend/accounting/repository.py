@@ -78,6 +78,36 @@ async def unaccounted(session: AsyncSession, before: datetime) -> Unaccounted:
     return Unaccounted(ids, earliest)
 
 
+async def hold_mark(session: AsyncSession) -> datetime | None:
+    """How far the tick has counted, with its mark locked until commit (no tick counts
+    meanwhile; on SQLite the transaction already holds the one write lock)."""
+    query = select(AccountingMark.counted_until).where(AccountingMark.id == MARK_ID)
+    if _dialect(session) == "postgresql":
+        query = query.with_for_update()
+    return await session.scalar(query)
+
+
+async def unaccounted_of(session: AsyncSession, worker_ids: Sequence[int]) -> Unaccounted:
+    """These workers' transitions not counted yet, whenever they are dated."""
+    ids: list[int] = []
+    earliest: dict[int, datetime] = {}
+    dialect = _dialect(session)
+    for chunk in _batches(worker_ids, dialect):
+        rows = await session.execute(
+            select(
+                StateTransition.id, StateTransition.worker_id, StateTransition.transition_at
+            ).where(
+                StateTransition.accounted.is_(False),
+                _in(StateTransition.worker_id, chunk, dialect),
+            )
+        )
+        for id_, worker_id, at in rows:
+            ids.append(id_)
+            if worker_id is not None and (worker_id not in earliest or at < earliest[worker_id]):
+                earliest[worker_id] = at
+    return Unaccounted(ids, earliest)
+
+
 async def mark_accounted(session: AsyncSession, ids: Sequence[int]) -> None:
     """The transitions the tick read are counted. By id, not by time: one committed while the
     tick ran (dated before its end) stays to be counted by the next tick."""

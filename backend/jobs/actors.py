@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
+from backend.accounting import counting
 from backend.accounting import service as accounting
 from backend.alerts import service as alerts
 from backend.jobs import runtime
@@ -58,7 +59,7 @@ async def accounting_tick() -> None:
     mark, in one transaction with it (backend/accounting/service.py)."""
     db, clock = runtime.database(), runtime.clock()
     async with db.transaction() as session:
-        result = await accounting.tick(session, clock)
+        result = await counting.tick(session, clock)
     if result.recounted_from is not None:
         log.info("goodput: counted again from %s (a transition dated back)", result.recounted_from)
     # Then the alerts, on the ledgers just written (their own transaction: a failed

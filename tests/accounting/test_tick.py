@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from backend.accounting import repository, rules
+from backend.accounting import counting, repository, rules
 from backend.accounting import service as accounting
 from backend.accounting.rules import Category, Ledger, PhaseChange
 from backend.agents import service as agents
@@ -29,9 +29,9 @@ async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
     return World(db, clock, tenancy)
 
 
-async def tick(world: World) -> accounting.TickResult:
+async def tick(world: World) -> counting.TickResult:
     async with world.db.transaction() as session:
-        return await accounting.tick(session, world.clock)
+        return await counting.tick(session, world.clock)
 
 
 async def ledger(world: World, scope: str = "run") -> dict[tuple[str, bool], float]:
@@ -138,7 +138,7 @@ async def test_the_ledgers_equal_the_pure_computation_however_often_the_tick_run
         await world.report(f"llama-sft-{rank}", "exited", exit_code=143, reason="Stopped")
     world.clock.advance(minutes=2)
     await tick(world)
-    until = accounting.minute_floor(world.clock.now())
+    until = counting.minute_floor(world.clock.now())
     got = await ledger(world)
     assert got == await expected(world, until)
     # Conservation: two workers of 8 GPUs from submission to their end, every second.
@@ -168,9 +168,41 @@ async def test_a_tick_run_twice_or_late_counts_nothing_twice(world: World) -> No
     before = await ledger(world)
     world.clock.advance(hours=1, minutes=7)  # the server was down for an hour
     await tick(world)
-    until = accounting.minute_floor(world.clock.now())
+    until = counting.minute_floor(world.clock.now())
     assert await ledger(world) == await expected(world, until)
     assert sum((await ledger(world)).values()) > sum(before.values())
+
+
+@pytest.mark.parametrize("ticked", [True, False])
+async def test_a_run_deleted_between_ticks_is_counted_to_its_deletion(
+    world: World, ticked: bool
+) -> None:
+    # DESIGN §4 conservation: a run deleted while it runs (its workers, their history and
+    # their open intervals go with it) is counted to the second it was deleted, not to the
+    # tick before, and nothing after
+    await a_busy_and_an_idle_rank(world)
+    world.clock.advance(minutes=2, seconds=50)
+    await sample(world, {0: 0.9, 1: 0.01})
+    if ticked:
+        await tick(world)
+    world.clock.advance(seconds=25)
+    async with world.db.transaction() as session:
+        await lifecycle.delete_run(session, world.clock, await world.run("llama-sft"), "alice")
+    deleted = world.clock.now()
+    world.clock.advance(minutes=3)
+    await tick(world)
+    await tick(world)
+    got = await ledger(world)
+    assert sum(got.values()) == pytest.approx(2 * 8 * (deleted - T0).total_seconds())
+    assert got[(Category.WAITING.value, False)] == pytest.approx(2 * 8 * 37)
+    assert sum((await ledger(world, "workspace")).values()) == pytest.approx(sum(got.values()))
+    assert sum((await ledger(world, "machine")).values()) == pytest.approx(
+        sum(v for (_, held), v in got.items() if held)
+    )
+    intervals = await all_intervals(world)
+    assert max(i.end_at for i in intervals) == deleted  # none open, none past the deletion
+    async with world.db.read() as session:
+        assert await repository.open_intervals(session) == {}
 
 
 async def test_a_stall_found_later_moves_time_already_counted_into_stalled(world: World) -> None:
@@ -189,7 +221,7 @@ async def test_a_stall_found_later_moves_time_already_counted_into_stalled(world
         await world.timers()  # after five quiet minutes: stalled since its last progress
     # The stall was dated back to its last progress: the next tick counted again from there.
     assert [r.recounted_from for r in results if r.recounted_from] == [T0 + timedelta(minutes=1)]
-    until = accounting.minute_floor(world.clock.now())
+    until = counting.minute_floor(world.clock.now())
     got = await ledger(world)
     assert got == await expected(world, until)
     assert got[(Category.STALLED.value, True)] >= 4 * 6 * 60  # from its last progress on
@@ -229,7 +261,7 @@ async def test_whole_days_read_from_the_daily_cells_equal_the_hours(world: World
     first = T0.replace(hour=0, minute=0, second=0, microsecond=0)
     for start, end in (
         (first + timedelta(hours=2), first + timedelta(hours=46)),
-        (first + timedelta(hours=5), accounting.minute_floor(world.clock.now()).replace(minute=0)),
+        (first + timedelta(hours=5), counting.minute_floor(world.clock.now()).replace(minute=0)),
         (first + timedelta(hours=20), first + timedelta(hours=23)),
         (first + timedelta(hours=1), first + timedelta(hours=23)),
         (first, first + timedelta(days=2)),

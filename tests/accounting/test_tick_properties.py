@@ -1,7 +1,8 @@
 """Property tests of the tick on SQLite and PostgreSQL (hypothesis): random worker histories
 with transitions at any second, some recorded late (a stall dated back to the last
-progress), counted by ticks at random moments, retried and duplicated. What the tick wrote
-equals the pure computation over the whole history, to the second (DESIGN §4)."""
+progress), counted by ticks at random moments, retried and duplicated, the run maybe deleted
+at any second between them. What the tick wrote equals the pure computation over the whole
+history, to the second (DESIGN §4)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, select
 
-from backend.accounting import repository, rules
-from backend.accounting import service as accounting
+from backend.accounting import counting, repository, rules
 from backend.accounting.rules import Category, Interval, Ledger, PhaseChange
 from backend.db import Database
 from backend.lifecycle.rules import Phase
@@ -101,6 +101,7 @@ class Clock:
     histories=workers(),
     ticks=st.lists(st.integers(0, SPAN + 120), max_size=40),
     twice=st.booleans(),
+    deleted=st.one_of(st.none(), st.integers(1, SPAN)),
 )
 async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
     db: Database,
@@ -109,6 +110,7 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
     histories: list[list[tuple[int, str, int]]],
     ticks: list[int],
     twice: bool,
+    deleted: int | None,
 ) -> None:
     # DESIGN §4 invariants 1 (conservation, ticks retried, late, duplicated), 2 (transitions
     # split minutes), 3 (a late transition moves time already counted), 4 (intervals listed)
@@ -125,9 +127,12 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
     # Every change, as the pure rules read it, and as it is recorded (at its time + its delay).
     truth: dict[int, list[PhaseChange]] = {}
     recorded: list[tuple[datetime, StateTransition]] = []
+    gone = None if deleted is None else at(deleted)
     for worker_id, changes in zip(worker_ids, histories, strict=True):
         truth[worker_id] = [PhaseChange(T0, Phase.WAITING, 8)]
         for n, (second, phase, late) in enumerate(changes):
+            if gone is not None and at(second + late) >= gone:
+                continue  # not recorded before the run was deleted: never recorded
             machine = machine_ids[n % 2] if phase in ON_MACHINE else None
             truth[worker_id].append(PhaseChange(at(second), phase, 8, machine))
             row = StateTransition(
@@ -142,6 +147,8 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
                 machine_id=machine,
             )
             recorded.append((at(second + late), row))
+        if gone is not None:  # deleted: ended there (lifecycle.delete_run's transitions)
+            truth[worker_id].append(PhaseChange(gone, Phase.ENDED, 8))
     end = at(SPAN + 960)  # after the latest recording
     moments = [*sorted({at(t) for t in ticks}), end]
     async with db.transaction() as session:
@@ -157,18 +164,24 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
             for w in worker_ids
             for minute in range(SPAN // 60 + 17)
             if (value := busy(int(at(minute * 60).timestamp()) // 60)) is not None
+            and (gone is None or at(minute * 60 + 30) < gone)  # none once it is deleted
         )
     for moment in moments:
+        if gone is not None and gone <= moment:
+            await delete_run(db, run.id, worker_ids, recorded, gone)
+            gone = None
         due = [row for when, row in recorded if when <= moment and row.id is None]
         async with db.transaction() as session:
             session.add_all(due)
         for _ in range(2 if twice else 1):
             async with db.transaction() as session:
-                await accounting.tick(session, Clock(moment))
-    assert all(row.id is not None for _, row in recorded)
-    until = accounting.minute_floor(end)
+                await counting.tick(session, Clock(moment))
+    assert all(row.id is not None for _, row in recorded) or deleted is not None
+    until = counting.minute_floor(end)
 
     def utilisation(minute: datetime, _: datetime) -> float | None:
+        if deleted is not None and minute + timedelta(seconds=30) >= at(deleted):
+            return None  # its sample would have come after the deletion: there is none
         return busy(int(minute.timestamp()) // 60)
 
     pure = {w: rules.intervals(changes, T0, until, utilisation) for w, changes in truth.items()}
@@ -202,6 +215,36 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
         for i in mine:
             assert rules.hour_floor(i.start) == rules.hour_floor(i.end - timedelta(microseconds=1))
         assert merged(mine) == merged(parts)
+
+
+async def delete_run(
+    db: Database,
+    run_id: int,
+    worker_ids: list[int],
+    recorded: list[tuple[datetime, StateTransition]],
+    moment: datetime,
+) -> None:
+    """As lifecycle.delete_run does at ``moment``: what was recorded by then, each worker's
+    end, its time counted, then the workers (and their history) deleted."""
+    async with db.transaction() as session:
+        session.add_all(row for when, row in recorded if when < moment and row.id is None)
+        await repository.hold_mark(session)
+        session.add_all(
+            StateTransition(
+                run_id=run_id,
+                worker_id=w,
+                transition_at=moment,
+                state="Deleted",
+                reason="",
+                phase=Phase.ENDED.value,
+                held_gpus=0,
+                gpus=8,
+            )
+            for w in worker_ids
+        )
+        await session.flush()
+        await counting.count_deleted(session, worker_ids, moment)
+        await session.execute(delete(Worker).where(Worker.run_id == run_id))
 
 
 def merged(parts: list[Interval]) -> list[Interval]:

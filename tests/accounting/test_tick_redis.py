@@ -7,7 +7,7 @@ import asyncio
 
 from dramatiq.brokers.redis import RedisBroker
 
-from backend.accounting import service as accounting
+from backend.accounting import counting
 from backend.db import Database
 from backend.jobs import broker as job_broker
 from tests.accounting.test_tick import a_busy_and_an_idle_rank, expected, ledger, sample
@@ -30,6 +30,6 @@ async def test_an_hour_of_ticks_through_redis_equals_the_pure_computation(
         for _ in range(3):  # a retried, a duplicated and a concurrent tick every minute
             job_broker.send("accounting.tick")
         await asyncio.to_thread(redis_worker.join, job_broker.QUEUE, timeout=30_000)
-    until = accounting.minute_floor(clock.now())
+    until = counting.minute_floor(clock.now())
     assert await ledger(world) == await expected(world, until)
     assert sum((await ledger(world)).values()) > 2 * 8 * 3500

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backend.accounting import service as accounting
+from backend.accounting import counting
 from backend.db import Database
 from tests.accounting.test_tick import sample, tick
 from tests.lifecycle.world import World
@@ -120,7 +120,7 @@ async def test_nothing_held_has_no_goodput(
     await tick(world)
     body = (await get(client, tenancy.member_token, "/goodput", by="run")).json()
     [waits] = body["ledgers"]
-    counted = (accounting.minute_floor(clock.now()) - SEED_TIME).total_seconds()  # whole minutes
+    counted = (counting.minute_floor(clock.now()) - SEED_TIME).total_seconds()  # whole minutes
     assert "goodput" not in waits and waits["waiting_gpu_hours"] == pytest.approx(
         8 * counted / 3600
     )
