@@ -62,20 +62,36 @@ class Unaccounted:
     earliest: dict[int, datetime]
 
 
-async def unaccounted(session: AsyncSession, before: datetime) -> Unaccounted:
-    """The transitions before ``before`` not counted yet (the partial index holds only them)."""
-    rows = await session.execute(
-        select(StateTransition.id, StateTransition.worker_id, StateTransition.transition_at).where(
-            StateTransition.accounted.is_(False), StateTransition.transition_at < before
-        )
-    )
-    ids: list[int] = []
-    earliest: dict[int, datetime] = {}
+_UNACCOUNTED = select(
+    StateTransition.id, StateTransition.worker_id, StateTransition.transition_at
+).where(StateTransition.accounted.is_(False))
+
+
+def _gather(found: Unaccounted, rows: Iterable[Any]) -> None:
     for id_, worker_id, at in rows:
-        ids.append(id_)
+        found.ids.append(id_)
+        earliest = found.earliest
         if worker_id is not None and (worker_id not in earliest or at < earliest[worker_id]):
             earliest[worker_id] = at
-    return Unaccounted(ids, earliest)
+
+
+async def unaccounted(session: AsyncSession, before: datetime) -> Unaccounted:
+    """The transitions before ``before`` not counted yet (the partial index holds only them)."""
+    found = Unaccounted([], {})
+    _gather(
+        found, await session.execute(_UNACCOUNTED.where(StateTransition.transition_at < before))
+    )
+    return found
+
+
+async def unaccounted_of(session: AsyncSession, worker_ids: Sequence[int]) -> Unaccounted:
+    """These workers' transitions not counted yet, whenever they are dated."""
+    found = Unaccounted([], {})
+    dialect = _dialect(session)
+    for chunk in _batches(worker_ids, dialect):
+        query = _UNACCOUNTED.where(_in(StateTransition.worker_id, chunk, dialect))
+        _gather(found, await session.execute(query))
+    return found
 
 
 async def hold_mark(session: AsyncSession) -> datetime | None:
@@ -85,27 +101,6 @@ async def hold_mark(session: AsyncSession) -> datetime | None:
     if _dialect(session) == "postgresql":
         query = query.with_for_update()
     return await session.scalar(query)
-
-
-async def unaccounted_of(session: AsyncSession, worker_ids: Sequence[int]) -> Unaccounted:
-    """These workers' transitions not counted yet, whenever they are dated."""
-    ids: list[int] = []
-    earliest: dict[int, datetime] = {}
-    dialect = _dialect(session)
-    for chunk in _batches(worker_ids, dialect):
-        rows = await session.execute(
-            select(
-                StateTransition.id, StateTransition.worker_id, StateTransition.transition_at
-            ).where(
-                StateTransition.accounted.is_(False),
-                _in(StateTransition.worker_id, chunk, dialect),
-            )
-        )
-        for id_, worker_id, at in rows:
-            ids.append(id_)
-            if worker_id is not None and (worker_id not in earliest or at < earliest[worker_id]):
-                earliest[worker_id] = at
-    return Unaccounted(ids, earliest)
 
 
 async def mark_accounted(session: AsyncSession, ids: Sequence[int]) -> None:
