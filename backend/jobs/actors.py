@@ -106,6 +106,16 @@ async def webhooks_deliver() -> None:
             return
 
 
+async def webhooks_prune() -> None:
+    """Deliveries settled over 30 days ago deleted: the deliveries table stays the size of a
+    month of events, not of every event there ever was."""
+    db, clock = runtime.database(), runtime.clock()
+    async with db.transaction() as session:
+        deleted = await webhooks.prune(session, clock)
+    if deleted:
+        log.info("webhooks: %d deliveries settled over 30 days ago deleted", deleted)
+
+
 # A round lasts the HTTP timeout (5 s) at most, so a pass ends within about 13 s.
 SEND_BUDGET_S = 8.0
 
@@ -116,4 +126,5 @@ BODIES = {
     "accounting.tick": accounting_tick,
     "accounting.prune": accounting_prune,
     "webhooks.deliver": webhooks_deliver,
+    "webhooks.prune": webhooks_prune,
 }

@@ -84,11 +84,13 @@ WEBHOOKS_INTERVAL_S = 10.0  # events reach receivers within about this long
 
 async def periodic(settings: Settings) -> None:
     """Every periodic job at its own interval: the scheduling pass, metrics pruning, the
-    goodput tick every minute, and webhook deliveries every ten seconds."""
+    goodput tick every minute, webhook deliveries every ten seconds, and the pruning of
+    ledgers and deliveries past their retention."""
     await asyncio.gather(
         every(settings.scheduler_interval.total_seconds(), "scheduling.pass"),
         every(PRUNE_INTERVAL_S, "metrics.prune"),
         every(TICK_INTERVAL_S, "accounting.tick"),
         every(PRUNE_INTERVAL_S, "accounting.prune"),
         every(WEBHOOKS_INTERVAL_S, "webhooks.deliver"),
+        every(PRUNE_INTERVAL_S, "webhooks.prune"),
     )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import exists, func, insert, or_, select, update
+from sqlalchemy import delete, exists, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.events.rules import Cursor
@@ -226,3 +226,13 @@ async def recent_deliveries(
     for delivery, kind in rows:
         found.setdefault(delivery.webhook_id, []).append((delivery, kind))
     return found
+
+
+async def delete_settled_before(session: AsyncSession, before: datetime) -> int:
+    """Deliveries delivered or given up before ``before``: deleted; how many."""
+    result = await session.execute(
+        delete(WebhookDelivery).where(
+            or_(WebhookDelivery.delivered_at < before, WebhookDelivery.gave_up_at < before)
+        )
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ import secrets
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -31,6 +31,9 @@ from backend.webhooks import repository, rules
 HAND_OUT_BATCH = 1000  # events handed to one webhook per pass, at most
 SEND_BATCH = 16  # deliveries POSTed at a time
 RECENT_DELIVERIES = 20  # shown per webhook
+# Deliveries delivered or given up are kept this long (the recent ones a webhook lists), then
+# deleted: one a receiver never acknowledged stays until its twelfth attempt, however long.
+SETTLED_RETENTION = timedelta(days=30)
 
 
 async def create_webhook(
@@ -223,3 +226,8 @@ async def record(session: AsyncSession, clock: Clock, sent: Sequence[Sent]) -> i
         await repository.record(session, attempt.delivery.delivery_id, outcome)
         delivered += outcome.delivered_at is not None
     return delivered
+
+
+async def prune(session: AsyncSession, clock: Clock) -> int:
+    """Deliveries settled (delivered or given up) over SETTLED_RETENTION ago deleted."""
+    return await repository.delete_settled_before(session, clock.now() - SETTLED_RETENTION)

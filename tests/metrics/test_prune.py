@@ -147,5 +147,6 @@ async def test_the_periodic_jobs_include_pruning(settings: Settings) -> None:
         "metrics.prune",
         "scheduling.pass",
         "webhooks.deliver",
+        "webhooks.prune",
     ]
     broker.close()

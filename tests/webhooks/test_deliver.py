@@ -206,6 +206,35 @@ async def test_it_gives_up_after_twelve_failed_attempts(
     assert len(receiver.received) == 12
 
 
+async def test_settled_deliveries_are_deleted_after_30_days(
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    receiver: Receiver,
+    deliver: Deliver,
+    settings: Settings,
+) -> None:
+    # the deliveries table holds a month of events: delivered and given-up ones go after 30
+    # days (the webhooks.prune actor, every ten minutes); one still being retried stays
+    await subscribe(db, clock, tenancy, receiver.url)
+    receiver.statuses = [500]  # refused: to be retried in 10 s
+    await add_event(db, clock, "run.state", reason="refused once")
+    await deliver()
+    await add_event(db, clock, "run.state")  # delivered at once
+    await deliver()
+    [retried, delivered] = await deliveries(db)
+    assert delivered.delivered_at == clock.now() and retried.delivered_at is None
+    prune = actors.BODIES["webhooks.prune"]
+    clock.advance(days=30)
+    await prune()  # 30 days to the second: kept
+    assert len(await deliveries(db)) == 2
+    clock.advance(seconds=1)
+    await prune()
+    assert [d.id for d in await deliveries(db)] == [retried.id]
+    await prune()  # a redelivered message changes nothing
+    assert [d.id for d in await deliveries(db)] == [retried.id]
+
+
 async def test_a_receiver_that_is_not_listening(
     db: Database, clock: FakeClock, tenancy: Tenancy, deliver: Deliver
 ) -> None:
