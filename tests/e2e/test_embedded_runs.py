@@ -261,6 +261,15 @@ def _worker(live: tuple[Server, str], run: str) -> dict[str, Any]:
     return dict(answer["data"]["run"]["workers"][0])
 
 
+def _history(live: tuple[Server, str], run: str) -> str:
+    server, token = live
+    said = [
+        httpx.get(f"{server.url}/v1{path}", headers={"Authorization": f"Bearer {token}"}).json()
+        for path in (f"/jobs/{run}", f"/tasks/{run}-0")
+    ]
+    return f"{said}\n--- astraeus up's log\n{server.log.read_text()[-3000:]}"
+
+
 @pytest.mark.parametrize("run", list(WORKLOADS))
 def test_each_workload_ends_as_the_seed_says_with_its_snapshot_and_log(
     live: tuple[Server, str], run: str
@@ -274,7 +283,9 @@ def test_each_workload_ends_as_the_seed_says_with_its_snapshot_and_log(
     ) and time.monotonic() < deadline:
         time.sleep(0.3)
     worker = _worker(live, run)
-    assert (worker["state"], worker["reason"], worker["exitCode"]) == (state, reason, code)
+    assert (worker["state"], worker["reason"], worker["exitCode"]) == (state, reason, code), (
+        _history(live, run)  # what it went through, should this ever fail again
+    )
     snapshot = worker["lastFailure"]
     if state == "Failed":
         assert snapshot["reason"] == reason and snapshot["exit_code"] == code
