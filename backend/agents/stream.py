@@ -228,9 +228,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         for worker in to_stop:  # not this machine's any more: no command row to keep
             stream.send(command=agent_pb2.Command(kind=agent_pb2.COMMAND_KIND_STOP, worker=worker))
         tasks = [
-            asyncio.create_task(self._read(stream, request_iterator)),
-            asyncio.create_task(self._write(stream, machine)),
-            asyncio.create_task(self._deliver_commands(stream)),
+            asyncio.create_task(_ending_on_failure(stream, self._read(stream, request_iterator))),
+            asyncio.create_task(_ending_on_failure(stream, self._write(stream, machine))),
+            asyncio.create_task(_ending_on_failure(stream, self._deliver_commands(stream))),
         ]
         try:
             while not stream.closed.is_set():
@@ -328,53 +328,41 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     ) -> None:
         """Take the machine's messages as they come: replies (log lines asked for) are
         answered at once, database or not; every message goes on to the writer."""
-        try:
-            async for message in request_iterator:
-                if message.WhichOneof("body") == "reply":
-                    _answered(stream, message.reply)
-                await stream.received.put(message)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("stream of machine %s failed", stream.machine_id)
-        finally:
-            stream.closed.set()
+        async for message in request_iterator:
+            if message.WhichOneof("body") == "reply":
+                _answered(stream, message.reply)
+            await stream.received.put(message)
 
     async def _write(self, stream: MachineStream, machine: Machine) -> None:
-        """Apply the machine's messages in order, acknowledging each once it is written.
+        """Apply the machine's messages in order, acknowledging each once it is written."""
+        while True:
+            message = await stream.received.get()
+            await self._apply_when_possible(machine, message)
+            stream.send(ack=agent_pb2.Ack(up_to=message.id))
 
-        While the database is away the message waits and is tried again; the stream, and the
-        log follows and tails that ride on it, go on. A heartbeat that waited is dropped: the
-        next one renews the lease (and leases were not checked while nothing could be written,
-        backend/machines/service.py)."""
-        try:
-            while True:
-                message = await stream.received.get()
-                backoff = OUTAGE_RETRY_START
-                while True:
-                    try:
-                        await self._apply(machine, message)
-                        break
-                    except Exception as error:
-                        if not database_away(error):
-                            raise
-                        if message.WhichOneof("body") == "heartbeat":
-                            break
-                        log.warning(
-                            "machine %s: the database is away; its message %d waits %.1fs",
-                            machine.name,
-                            message.id,
-                            backoff,
-                        )
-                        await asyncio.sleep(backoff)
-                        backoff = min(backoff * 2, OUTAGE_RETRY_CAP)
-                stream.send(ack=agent_pb2.Ack(up_to=message.id))
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("stream of machine %s failed", machine.name)
-        finally:
-            stream.closed.set()
+    async def _apply_when_possible(self, machine: Machine, message: agent_pb2.AgentMessage) -> None:
+        """Apply the message; while the database is away it waits and is tried again (the
+        stream, and the log follows and tails that ride on it, go on). A heartbeat is not
+        kept waiting: the next one renews the lease (and leases were not checked while
+        nothing could be written, backend/machines/service.py)."""
+        backoff = OUTAGE_RETRY_START
+        while True:
+            try:
+                await self._apply(machine, message)
+                return
+            except Exception as error:
+                if not database_away(error):
+                    raise
+                if message.WhichOneof("body") == "heartbeat":
+                    return
+                log.warning(
+                    "machine %s: the database is away; its message %d waits %.1fs",
+                    machine.name,
+                    message.id,
+                    backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, OUTAGE_RETRY_CAP)
 
     async def _apply(self, machine: Machine, message: agent_pb2.AgentMessage) -> None:
         kind = message.WhichOneof("body")
@@ -495,6 +483,19 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
 OUTAGE_RETRY_START = 0.5  # seconds before a message the database could not take is retried
 OUTAGE_RETRY_CAP = 5.0
+
+
+async def _ending_on_failure(stream: MachineStream, loop: Awaitable[None]) -> None:
+    """One of the stream's loops: when it ends, or fails (but for a cancellation), so does
+    the stream."""
+    try:
+        await loop
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("stream of machine %s failed", stream.machine_id)
+    finally:
+        stream.closed.set()
 
 
 def _answered(stream: MachineStream, reply: agent_pb2.Reply) -> None:
