@@ -198,6 +198,11 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
             agent.wait(timeout=15)
 
 
+# The embedded machine's pool: every machine is in one, or the pool ledgers (`goodput --by
+# pool`, the pool's goodput_drop alert) would leave its time out.
+LOCAL_POOL = "local"
+
+
 def _start_local_agent(settings: Settings) -> subprocess.Popen[bytes] | None:
     """The embedded mode's machine: this one, joined with a machine token of the cluster."""
     token = settings.data_dir / "agent-token"
@@ -227,13 +232,16 @@ def _start_local_agent(settings: Settings) -> subprocess.Popen[bytes] | None:
         str(token),
         "--name",
         "local",
+        "--pool",
+        LOCAL_POOL,
         "--data-dir",
         str(settings.data_dir / "agent"),
         "--simulate-gpus",
         str(settings.local_agent_gpus),
     ]
     print(
-        f"  local agent: machine 'local', up to {settings.local_agent_gpus} simulated GPUs "
+        f"  local agent: machine 'local' in pool '{LOCAL_POOL}', up to "
+        f"{settings.local_agent_gpus} simulated GPUs "
         "without NVIDIA ones",
         flush=True,
     )

@@ -86,6 +86,25 @@ def test_a_gang_of_real_processes_runs_to_completion(
     ]
 
 
+def test_the_local_machine_is_in_a_pool(live: tuple[Server, str]) -> None:
+    # so that its time is in the pool ledgers too (seed G-25: `goodput --by pool`)
+    server, token = live
+    deadline = time.monotonic() + 30
+    while True:  # the local agent joins a moment after the server answers
+        answer = httpx.post(
+            f"{server.url}/graphql",
+            headers={"Authorization": f"Bearer {token}"},
+            json={"query": "{ machines { name pool state } pools { name machines } }"},
+        ).json()
+        if answer["data"]["machines"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert answer["data"] == {
+        "machines": [{"name": "local", "pool": "local", "state": "ready"}],
+        "pools": [{"name": "local", "machines": 1}],
+    }
+
+
 def test_a_failed_rank_fails_the_gang_and_a_missing_command_is_127(
     live: tuple[Server, str],
 ) -> None:
