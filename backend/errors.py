@@ -29,6 +29,11 @@ class AstraeusError(Exception):
     def __post_init__(self) -> None:
         super().__init__(self.message)
 
+    @property
+    def extensions(self) -> dict[str, str]:
+        """What GraphQL says beside the message (graphql-core reads it off the error)."""
+        return {"code": self.code}
+
 
 class NotFound(AstraeusError):
     def __init__(self, code: str, message: str) -> None:

@@ -361,7 +361,7 @@ def test_redis_dies_and_comes_back(topology: Topology) -> None:
             "reached."
         )
         code, said = relayed.ended(60)
-        assert code != 0
+        assert code == 3  # as when the server cannot be reached: worth trying again
         assert said.endswith(
             "this API replica does not hold its machine's stream, and Redis, which carries "
             "requests between replicas, cannot be reached."

@@ -30,6 +30,20 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+# Errors that say something could not be reached (the database, a machine), not that the
+# request was refused: the exit code of an unreachable server, worth trying again.
+UNREACHABLE_CODES = frozenset({"DATABASE_UNAVAILABLE", "TASK_LOG_UNAVAILABLE"})
+
+
+def exit_for(code: str) -> int:
+    """The exit code for an API error's code."""
+    if code == "UNAUTHENTICATED":
+        return EXIT_USAGE
+    if code.endswith("_NOT_FOUND"):
+        return EXIT_NOT_FOUND
+    return EXIT_UNREACHABLE if code in UNREACHABLE_CODES else EXIT_REFUSED
+
+
 @dataclass(frozen=True)
 class Target:
     api: str  # the REST base, ending in /v1, as the seeds' $API
@@ -89,11 +103,7 @@ class Api:
         if body.get("errors"):
             error = body["errors"][0]
             code = str((error.get("extensions") or {}).get("code") or "")
-            exit_code = {
-                "UNAUTHENTICATED": EXIT_USAGE,
-                "DATABASE_UNAVAILABLE": EXIT_UNREACHABLE,  # as a server that cannot be reached
-            }.get(code, EXIT_REFUSED)
-            raise CliError(f"astra: {error['message']}", exit_code)
+            raise CliError(f"astra: {error['message']}", exit_for(code))
         return dict(body["data"])
 
     def get(self, path: str, **params: Any) -> dict[str, Any]:
@@ -108,10 +118,11 @@ class Api:
         if answer.status_code == 200:
             return dict(answer.json())
         try:
-            message = answer.json().get("message") or answer.text
+            body = answer.json()
+            message, code = body.get("message") or answer.text, str(body.get("code") or "")
         except ValueError:
-            message = answer.text[:200]
-        exit_code = {401: EXIT_USAGE, 404: EXIT_NOT_FOUND}.get(answer.status_code, EXIT_REFUSED)
+            message, code = answer.text[:200], ""
+        exit_code = {401: EXIT_USAGE, 404: EXIT_NOT_FOUND}.get(answer.status_code, exit_for(code))
         if answer.status_code >= 500:
             exit_code = EXIT_UNREACHABLE
         raise CliError(f"astra: {message}", exit_code)

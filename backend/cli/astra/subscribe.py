@@ -10,7 +10,14 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import connect
 from websockets.typing import Subprotocol
 
-from backend.cli.astra.client import EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, Api, CliError
+from backend.cli.astra.client import (
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    Api,
+    CliError,
+    exit_for,
+)
 
 
 def subscribe(api: Api, query: str, field: str, **variables: Any) -> Iterator[dict[str, Any]]:
@@ -28,7 +35,9 @@ def subscribe(api: Api, query: str, field: str, **variables: Any) -> Iterator[di
                 if message["type"] == "next":
                     found = message["payload"]
                     if found.get("errors"):
-                        raise CliError(f"astra: {found['errors'][0]['message']}", EXIT_REFUSED)
+                        error = found["errors"][0]
+                        said = str((error.get("extensions") or {}).get("code") or "")
+                        raise CliError(f"astra: {error['message']}", exit_for(said))
                     yield found["data"][field]
                 elif message["type"] == "error":
                     raise CliError(f"astra: {message['payload'][0]['message']}", EXIT_REFUSED)
