@@ -22,7 +22,7 @@ from backend.app import create_app
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Base
-from tests.support import FakeClock, Tenancy, make_tenancy
+from tests.support import FakeClock, Tenancy, make_tenancy, server_settings
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "ASTRAEUS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -87,14 +87,7 @@ async def tenancy(db: Database, clock: FakeClock) -> Tenancy:
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Settings:
-    return Settings(
-        database_url=database_url,
-        data_dir=tmp_path / "data",
-        console_dir=tmp_path / "no-console",
-        migrate_on_start=False,
-        run_jobs=False,
-        agent_port=0,
-    )
+    return server_settings(database_url, tmp_path)
 
 
 @pytest.fixture

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access import service as access
+from backend.config import Settings
 from backend.db import Database
 from backend.models import Base
 from backend.organizations import service as organizations
@@ -105,3 +107,16 @@ async def row_counts(db: Database) -> dict[str, int]:
                 await session.scalar(select(func.count()).select_from(table)) or 0
             )
     return counts
+
+
+def server_settings(database_url: str, folder: Path) -> Settings:
+    """A server's settings for a test: its database, folders of its own, no migrations on
+    start, no in-process jobs, no agent endpoint."""
+    return Settings(
+        database_url=database_url,
+        data_dir=folder / "data",
+        console_dir=folder / "no-console",
+        migrate_on_start=False,
+        run_jobs=False,
+        agent_port=0,
+    )

@@ -12,8 +12,8 @@ import pytest
 from starlette.applications import Starlette
 
 from backend.app import create_app
-from backend.config import Settings
 from backend.db import Database, database_away
+from tests.support import server_settings
 
 AWAY = "Astraeus cannot reach its database just now; try again in a moment."
 # Nothing listens on port 1: every connection is refused, as while PostgreSQL restarts.
@@ -22,14 +22,7 @@ NOWHERE = "postgresql://postgres@127.0.0.1:1/astraeus"
 
 @pytest.fixture
 async def app(tmp_path: Path) -> AsyncIterator[Starlette]:
-    settings = Settings(
-        database_url=NOWHERE,
-        data_dir=tmp_path / "data",
-        console_dir=tmp_path / "no-console",
-        migrate_on_start=False,
-        run_jobs=False,
-        agent_port=0,
-    )
+    settings = server_settings(NOWHERE, tmp_path)
     database = Database.from_url(NOWHERE, pool_size=1)
     application = create_app(settings, database=database)
     async with application.router.lifespan_context(application):

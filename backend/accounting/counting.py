@@ -78,15 +78,16 @@ async def tick(session: AsyncSession, clock: Clock) -> TickResult:
     return TickResult(counted_from, until, recounted, workers + changed, intervals + written)
 
 
-async def count_deleted(session: AsyncSession, worker_ids: list[int], at: datetime) -> None:
+async def count_deleted(
+    session: AsyncSession, worker_ids: list[int], at: datetime, counted: datetime | None
+) -> None:
     """Workers about to be deleted with their run at ``at``: their time since the tick last
     counted it is counted now, while their history still exists, and their intervals end at
     ``at``. (Otherwise the next tick would find neither worker nor history, and the time
     between the last tick and the deletion would be lost.)
 
-    Call it after ``repository.hold_mark``, taken before ``at`` was read: no tick has counted
-    past ``at`` then, and none counts while the run goes."""
-    counted = await repository.hold_mark(session)
+    ``counted`` is what ``repository.hold_mark`` answered, called before ``at`` was read: no
+    tick has counted past ``at`` then, and none counts while the run goes."""
     pending = await repository.unaccounted_of(session, worker_ids)
     opened = await repository.open_intervals(session, worker_ids)
     until = at if counted is None else max(at, counted)

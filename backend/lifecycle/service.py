@@ -286,7 +286,7 @@ async def stop_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> Ef
 async def delete_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> Effects:
     """Deleted: the run stays listed (runs -a); its workers and their logs are removed, once
     their GPU time up to now is counted into the goodput ledgers."""
-    await accounting_repository.hold_mark(session)  # before the time is read: see count_deleted
+    counted = await accounting_repository.hold_mark(session)  # before now is read
     machines = await repository.machines_that_ran(session, run.id)
     now = clock.now()
     gang, fx = await apply(
@@ -294,7 +294,7 @@ async def delete_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> 
     )
     gang.run.deleted_at = now
     await session.flush()
-    await counting.count_deleted(session, [w.id for w in gang.workers], now)
+    await counting.count_deleted(session, [w.id for w in gang.workers], now, counted)
     await repository.delete_workers(session, run.id)
     return fx
 

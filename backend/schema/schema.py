@@ -238,13 +238,7 @@ def _said(error: GraphQLError) -> GraphQLError:
     if not isinstance(original, DatabaseUnavailable) and not database_away(original):
         return error
     away = DatabaseUnavailable()
-    return GraphQLError(
-        away.message,
-        nodes=error.nodes,
-        path=error.path,
-        original_error=away,
-        extensions={"code": away.code},
-    )
+    return GraphQLError(away.message, nodes=error.nodes, path=error.path, original_error=away)
 
 
 def _should_mask(error: GraphQLError) -> bool:

@@ -228,7 +228,7 @@ async def delete_run(
     end, its time counted, then the workers (and their history) deleted."""
     async with db.transaction() as session:
         session.add_all(row for when, row in recorded if when < moment and row.id is None)
-        await repository.hold_mark(session)
+        counted = await repository.hold_mark(session)
         session.add_all(
             StateTransition(
                 run_id=run_id,
@@ -243,7 +243,7 @@ async def delete_run(
             for w in worker_ids
         )
         await session.flush()
-        await counting.count_deleted(session, worker_ids, moment)
+        await counting.count_deleted(session, worker_ids, moment, counted)
         await session.execute(delete(Worker).where(Worker.run_id == run_id))
 
 
