@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -158,6 +160,16 @@ async def _agent_endpoint(
             await server.stop(grace=2)
 
 
+@functools.cache
+def freeze_what_started() -> None:
+    """Once a process: what the server loaded to start (modules, the schema, the pools) lives
+    as long as it does, so it leaves the garbage collector's care (gc.freeze, after a
+    collection). A full collection then walks only what requests made: without this, one
+    falls inside a 7-day report over 10 000 runs about every other time and adds 40-100 ms."""
+    gc.collect()
+    gc.freeze()
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -185,6 +197,7 @@ def create_app(
                 _agent_endpoint(settings, app.state.db, app.state.clock)
             )
             await stack.enter_async_context(_jobs(settings))
+            freeze_what_started()
             try:
                 yield
             finally:

@@ -117,3 +117,50 @@ def test_intervals_counted_before_0011_are_opened_and_closed_again(tmp_path: obj
         (2, "2026-11-02 10:03:00.000000"),
     ]
     engine.dispose()
+
+
+def test_running_totals_are_built_from_the_hours_counted_before_0013(tmp_path: object) -> None:
+    """0013: every run's running totals from its cells, one row an hour, none skipped."""
+    url = f"sqlite:///{tmp_path}/totals.db"
+    config = migrations.alembic_config(url)
+    command.upgrade(config, "0012")
+    engine = create_engine(sync_url(url))
+    cell = (
+        "INSERT INTO goodput_hours (hour, workspace_id, cluster_id, scope, scope_id, category, "
+        "held, gpu_seconds) VALUES (:hour, 1, 1, :scope, :id, :category, :held, :seconds)"
+    )
+    with engine.begin() as conn:
+        for hour, scope, scope_id, category, held, seconds in (
+            ("10", "run", 5, "waiting", False, 600.0),
+            ("10", "run", 5, "productive", True, 1200.0),
+            ("13", "run", 5, "idle", True, 3600.0),  # 11 and 12 without cells
+            ("10", "workspace", 1, "productive", True, 1200.0),  # not a run: no totals
+            ("11", "run", 6, "productive", True, 7.5),
+        ):
+            conn.execute(
+                text(cell),
+                {
+                    "hour": f"2026-11-02 {hour}:00:00.000000",
+                    "scope": scope,
+                    "id": scope_id,
+                    "category": category,
+                    "held": held,
+                    "seconds": seconds,
+                },
+            )
+    command.upgrade(config, "0013")
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT run_id, hour, last, waiting_not_held, productive_held, idle_held "
+                "FROM goodput_run_totals ORDER BY run_id, hour"
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        (5, "2026-11-02 10:00:00.000000", 0, 600.0, 1200.0, 0.0),
+        (5, "2026-11-02 11:00:00.000000", 0, 600.0, 1200.0, 0.0),
+        (5, "2026-11-02 12:00:00.000000", 0, 600.0, 1200.0, 0.0),
+        (5, "2026-11-02 13:00:00.000000", 1, 600.0, 1200.0, 3600.0),
+        (6, "2026-11-02 11:00:00.000000", 1, 0.0, 7.5, 0.0),
+    ]
+    engine.dispose()

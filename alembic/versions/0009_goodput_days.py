@@ -5,7 +5,6 @@ Revises: 0008
 """
 
 from collections.abc import Sequence
-from datetime import datetime
 
 import sqlalchemy as sa
 from alembic import op
@@ -39,19 +38,17 @@ def upgrade() -> None:
 
 def _days_from_hours() -> None:
     """The days of the hours counted before this table existed."""
+    hour_type = backend.db.UTCDateTime(timezone=True)
     hours = sa.table(
-        'goodput_hours', *(sa.column(c) for c in (
-            'hour', 'workspace_id', 'cluster_id', 'scope', 'scope_id', 'category', 'held',
+        'goodput_hours', sa.column('hour', hour_type), *(sa.column(c) for c in (
+            'workspace_id', 'cluster_id', 'scope', 'scope_id', 'category', 'held',
             'gpu_seconds',
         )),
     )
     days: dict[tuple[object, ...], float] = {}
-    hour_type = backend.db.UTCDateTime(timezone=True)
     bind = op.get_bind()
     for row in bind.execute(sa.select(hours)):
-        hour = hour_type.process_result_value(row.hour, bind.dialect)
-        if isinstance(hour, str):
-            hour = datetime.fromisoformat(hour)
+        hour = row.hour
         key = (hour.replace(hour=0, minute=0, second=0, microsecond=0), row.workspace_id,
                row.cluster_id, row.scope, row.scope_id, row.category, row.held)
         days[key] = days.get(key, 0.0) + row.gpu_seconds

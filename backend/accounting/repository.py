@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+import functools
+import json
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import BigInteger, String, any_, bindparam, delete, func, select, union_all, update
+from sqlalchemy import (
+    BigInteger,
+    String,
+    and_,
+    any_,
+    bindparam,
+    delete,
+    func,
+    or_,
+    select,
+    text,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.accounting.rules import CATEGORIES, PhaseChange
-from backend.db import driver_connection
+from backend.accounting.rules import CATEGORIES, HOUR, PhaseChange
+from backend.db import UTCDateTime, driver_connection
 from backend.lifecycle.repository import insert_many
 from backend.metrics.rules import BY_NAME
 from backend.models import (
@@ -23,6 +39,7 @@ from backend.models import (
     GoodputHour,
     GoodputInterval,
     GoodputOpenInterval,
+    GoodputRunTotal,
     Machine,
     MetricSample,
     Pool,
@@ -31,6 +48,7 @@ from backend.models import (
     Worker,
     Workspace,
 )
+from backend.models.goodput import TOTAL_CATEGORIES, TOTAL_COLUMNS
 from backend.runs.rules import ENDED_RUN_STATES
 
 T = TypeVar("T")
@@ -266,7 +284,9 @@ WITH busy AS (
   WHERE x.scope_id IS NOT NULL
   GROUP BY 1, 2, 3, 4, 5, 6
 ), hours AS ({hours}), days AS ({days})
-SELECT (SELECT count(*) FROM counted), (SELECT count(*) FROM closed)
+SELECT (SELECT count(*) FROM counted), (SELECT count(*) FROM closed),
+  array_agg(run_id), array_agg(workspace_id), array_agg(cluster_id)
+FROM (SELECT DISTINCT run_id, workspace_id, cluster_id FROM counted) AS runs
 """
 _STEADY_MINUTE = _STEADY_MINUTE_SQL.format(
     hours=_add_cells("goodput_hours", "hour"), days=_add_cells("goodput_days", "day")
@@ -297,7 +317,18 @@ async def count_steady_minute(
     )
     row = await cursor.fetchone()
     assert row is not None
-    return int(row[0]), int(row[1])
+    counted, closed, runs, workspaces, clusters = row
+    hour = minute.replace(minute=0)
+    await refresh_run_totals(
+        session,
+        {
+            run: RunTouch(workspace, cluster, hour, hour)
+            for run, workspace, cluster in zip(
+                runs or [], workspaces or [], clusters or [], strict=True
+            )
+        },
+    )
+    return int(counted), int(closed)
 
 
 async def minute_utilization(
@@ -380,6 +411,122 @@ async def add_to_hours(session: AsyncSession, cells: dict[CellKey, float]) -> No
                     column >= since.replace(hour=0), func.abs(model.gpu_seconds) < 1e-6
                 )
             )
+    touched: dict[int, RunTouch] = {}
+    for hour, workspace, cluster, scope, scope_id, *_ in cells:
+        if scope == "run":
+            touched[scope_id] = _touch(touched.get(scope_id), workspace, cluster, hour)
+    await refresh_run_totals(session, touched)
+
+
+@dataclass(frozen=True)
+class RunTouch:
+    """A run whose hourly cells changed: its workspace and cluster, and the first and last
+    hours that changed."""
+
+    workspace_id: int
+    cluster_id: int
+    first: datetime
+    last: datetime
+
+
+def _touch(touch: RunTouch | None, workspace: int, cluster: int, hour: datetime) -> RunTouch:
+    if touch is None:
+        return RunTouch(workspace, cluster, hour, hour)
+    return RunTouch(workspace, cluster, min(touch.first, hour), max(touch.last, hour))
+
+
+_TIME = UTCDateTime()
+_RUN_CELLS = ", ".join(
+    f"sum(CASE WHEN category = '{category}' AND {held} THEN gpu_seconds ELSE 0 END) "
+    f"AS {category}_{part}"
+    for part, held in (("held", "held"), ("not_held", "NOT held"))
+    for category in TOTAL_CATEGORIES
+)
+_TOTAL_HOUR = f"""
+WITH keys AS ({{keys}}), cells AS (
+  SELECT scope_id AS run_id, {_RUN_CELLS} FROM goodput_hours
+  WHERE hour = :hour AND scope = 'run' AND scope_id IN (SELECT run_id FROM keys)
+  GROUP BY scope_id
+)
+INSERT INTO goodput_run_totals (run_id, hour, workspace_id, cluster_id, last,
+  {", ".join(TOTAL_COLUMNS)})
+SELECT k.run_id, :hour, k.workspace_id, k.cluster_id, k.last,
+  {", ".join(f"coalesce(p.{c}, 0) + coalesce(c.{c}, 0)" for c in TOTAL_COLUMNS)}
+FROM keys k
+LEFT JOIN goodput_run_totals p ON p.run_id = k.run_id AND p.hour = :before
+LEFT JOIN cells c ON c.run_id = k.run_id
+WHERE true
+ON CONFLICT (run_id, hour) DO UPDATE SET last = excluded.last,
+  {", ".join(f"{c} = excluded.{c}" for c in TOTAL_COLUMNS)}
+"""
+_NOT_LAST = """
+WITH keys AS ({keys})
+UPDATE goodput_run_totals SET last = false
+WHERE hour = :before AND last AND run_id IN (SELECT run_id FROM keys)
+"""
+_LAST_ROWS = """
+WITH keys AS ({keys})
+SELECT run_id, hour FROM goodput_run_totals
+WHERE last AND run_id IN (SELECT run_id FROM keys)
+"""
+_KEYS = {
+    "postgresql": "SELECT * FROM unnest(CAST(:runs AS bigint[]), CAST(:workspaces AS bigint[]), "
+    "CAST(:clusters AS bigint[]), CAST(:lasts AS boolean[])) "
+    "AS k(run_id, workspace_id, cluster_id, last)",
+    "sqlite": "SELECT json_extract(value, '$[0]') AS run_id, "
+    "json_extract(value, '$[1]') AS workspace_id, json_extract(value, '$[2]') AS cluster_id, "
+    "json_extract(value, '$[3]') AS last FROM json_each(:keys)",
+}
+
+
+def _keys(dialect: str, keys: Sequence[tuple[int, int, int, bool]]) -> dict[str, Any]:
+    """The parameters of _KEYS: (run, workspace, cluster, last) each."""
+    if dialect == "postgresql":
+        runs, workspaces, clusters, lasts = (list(column) for column in zip(*keys, strict=True))
+        return {"runs": runs, "workspaces": workspaces, "clusters": clusters, "lasts": lasts}
+    return {"keys": json.dumps(keys)}
+
+
+async def refresh_run_totals(session: AsyncSession, touched: dict[int, RunTouch]) -> None:
+    """Bring the running totals of the ``touched`` runs (GoodputRunTotal) in line with their
+    hourly cells: every hour from the first that changed (or from the hour after the run's
+    last row, where hours were skipped) to the last of its rows or changes, each the hour
+    before plus its cells. Set-based: one statement an hour, whatever the number of runs (a
+    tick: one hour; after an outage or a stall found late: a few)."""
+    if not touched:
+        return
+    dialect = _dialect(session)
+    lasts: dict[int, datetime] = {}
+    for runs in _chunks(sorted(touched)):
+        rows = await session.execute(
+            text(_LAST_ROWS.format(keys=_KEYS[dialect])).columns(hour=_TIME),
+            _keys(dialect, [(run, 0, 0, False) for run in runs]),
+        )
+        lasts.update({r[0]: r[1] for r in rows})
+    spans: dict[int, tuple[RunTouch, datetime, datetime]] = {}
+    for run, touch in touched.items():
+        last = lasts.get(run)
+        first = touch.first if last is None else min(touch.first, last + HOUR)
+        spans[run] = (touch, first, touch.last if last is None else max(touch.last, last))
+    upsert = text(_TOTAL_HOUR.format(keys=_KEYS[dialect])).bindparams(
+        bindparam("hour", type_=_TIME), bindparam("before", type_=_TIME)
+    )
+    not_last = text(_NOT_LAST.format(keys=_KEYS[dialect])).bindparams(
+        bindparam("before", type_=_TIME)
+    )
+    hour = min(first for _, first, _ in spans.values())
+    end = max(last for _, _, last in spans.values())
+    while hour <= end:
+        in_force = [
+            (run, touch.workspace_id, touch.cluster_id, hour == last)
+            for run, (touch, first, last) in spans.items()
+            if first <= hour <= last
+        ]
+        for chunk in _chunks(in_force, 50_000 if dialect == "postgresql" else 5000):
+            params = {**_keys(dialect, chunk), "hour": hour, "before": hour - HOUR}
+            await session.execute(upsert, params)
+            await session.execute(not_last, params)
+        hour += HOUR
 
 
 async def _upsert(
@@ -467,10 +614,9 @@ async def hour_sums(
     return [(r[0], r[1], bool(r[2]), float(r[3])) for r in rows]
 
 
-@dataclass(frozen=True)
-class NamedLedger:
+class NamedLedger(NamedTuple):
     """A run's, machine's, pool's or workspace's GPU-seconds: by category held, and not held
-    (in the order of rules.CATEGORIES)."""
+    (in the order of rules.CATEGORIES). A tuple: a report over 10 000 runs makes as many."""
 
     scope_id: int
     name: str
@@ -490,17 +636,36 @@ async def named_ledgers(
     """Each run's, machine's, pool's or workspace's ledger over the hours [start, end), with
     its name, most held first: one row each, the categories as columns (a 7-day report over
     10 000 runs reads 10 000 rows, not 20 000 or more)."""
+    if scope == "run":
+        # the running totals hold what the hourly cells add up to, pruned hours included:
+        # the period starts where the cells still do, as when they are summed
+        kept_from = await session.scalar(select(func.min(GoodputHour.hour)))
+        if kept_from is None or max(start, kept_from) >= end:
+            return []
+        start = max(start, kept_from)
     query = named_ledgers_query(scope, start, end, workspace_ids, cluster_id)
-    connection = await session.connection()  # Core rows: no ORM loading for 10 000 of them
+    connection = await session.connection()
+    rows: Sequence[Sequence[Any]]
     if _dialect(session) == "postgresql":
-        # PostgreSQL's JIT compiles this statement's sixteen sums every time: about 30 ms of
-        # a 7-day report over 10 000 runs, more than it saves on 340 000 cells
-        await connection.exec_driver_sql("SET LOCAL jit = off")
+        # PostgreSQL's JIT compiles the sixteen sums every time: about 30 ms of a 7-day report
+        # by machine over 340 000 cells, more than it saves. By run, two index scans of a row
+        # a run: parallel workers take longer to start than they save.
+        await connection.exec_driver_sql(
+            "SET LOCAL jit = off; SET LOCAL max_parallel_workers_per_gather = 0"
+            if scope == "run"
+            else "SET LOCAL jit = off"
+        )
+        # psycopg's own tuples: SQLAlchemy's rows cost a fifth of a report over 10 000 runs
+        # (no column here needs its result processing: ids, names and floats)
+        compiled = query.compile(
+            dialect=connection.dialect, compile_kwargs={"render_postcompile": True}
+        )
+        pg = await driver_connection(session)
+        rows = await (await pg.execute(str(compiled), compiled.params)).fetchall()
+    else:
+        rows = (await connection.execute(query)).all()
     n = len(CATEGORIES)
-    return [
-        NamedLedger(r[0], r[1], tuple(r[2 : 2 + n]), tuple(r[2 + n :]))
-        for r in await connection.execute(query)
-    ]
+    return [NamedLedger(r[0], r[1], tuple(r[2 : 2 + n]), tuple(r[2 + n :])) for r in rows]
 
 
 def named_ledgers_query(
@@ -510,7 +675,10 @@ def named_ledgers_query(
     workspace_ids: Sequence[int] | None,
     cluster_id: int | None,
 ) -> Any:
-    """The statement of ``named_ledgers`` (the benchmarks run it bare)."""
+    """The statement of ``named_ledgers`` (the benchmarks run it bare). By run, from the
+    runs' running totals: ``start`` must not be before the first hour the cells still have."""
+    if scope == "run":
+        return _run_ledgers_query(start, end, workspace_ids, cluster_id)
     sums = _sums(scope, start, end, workspace_ids, cluster_id, None).subquery()
     columns = [
         func.coalesce(
@@ -534,6 +702,36 @@ def named_ledgers_query(
         select(pivot.c.scope_id, name, *list(pivot.c)[2:])
         .outerjoin(model, model.id == pivot.c.scope_id)  # a machine removed since: its id
         .order_by(pivot.c.held_total.desc(), name)  # as the seed: most held first
+    )
+
+
+def _run_ledgers_query(
+    start: datetime, end: datetime, workspace_ids: Sequence[int] | None, cluster_id: int | None
+) -> Any:
+    """Each run's time in the whole hours [start, end), from its running totals: its row at
+    end - 1 h (or its last, if it ended before) less its row at start - 1 h (none: it began
+    in the period), the categories as columns; most held first."""
+    totals = GoodputRunTotal.__table__
+    mine: list[Any] = []
+    if workspace_ids is not None:
+        mine.append(totals.c.workspace_id.in_(workspace_ids))
+    if cluster_id is not None:
+        mine.append(totals.c.cluster_id == cluster_id)
+    final = end - HOUR
+    ends = union_all(
+        select(totals).where(totals.c.hour == final, *mine),
+        select(totals).where(totals.c.last, totals.c.hour >= start, totals.c.hour < final, *mine),
+    ).subquery("ends")
+    since = totals.alias("since")
+    parts = [ends.c[c] - func.coalesce(since.c[c], 0.0) for c in TOTAL_COLUMNS]
+    held_total = functools.reduce(operator.add, parts[: len(CATEGORIES)])
+    name = func.coalesce(Run.name, func.cast(ends.c.run_id, String))
+    return (
+        select(ends.c.run_id, name, *parts)
+        .outerjoin(since, and_(since.c.run_id == ends.c.run_id, since.c.hour == start - HOUR))
+        .outerjoin(Run, Run.id == ends.c.run_id)  # a run deleted since: its id
+        .where(or_(*(func.abs(part) > NOTHING for part in parts)))
+        .order_by(held_total.desc(), name)  # as the seed: most held first
     )
 
 
@@ -826,8 +1024,11 @@ async def scope_id(
 
 async def prune(session: AsyncSession, before: datetime) -> tuple[int, int]:
     """Delete ledger hours (and whole days) and intervals older than ``before``; how many
-    hours and intervals."""
+    hours and intervals. The runs' running totals keep the hour before ``before``: a period
+    from there on is the difference of two rows."""
     hours = await session.execute(delete(GoodputHour).where(GoodputHour.hour < before))
+    totals = GoodputRunTotal.__table__
+    await session.execute(delete(totals).where(totals.c.hour < before - HOUR))
     await session.execute(delete(GoodputDay).where(GoodputDay.day < before.replace(hour=0)))
     intervals = await session.execute(
         delete(GoodputInterval).where(GoodputInterval.end_at <= before)

@@ -10,6 +10,7 @@ from backend.models.goodput import (
     GoodputHour,
     GoodputInterval,
     GoodputOpenInterval,
+    GoodputRunTotal,
 )
 from backend.models.history import Event, StateTransition
 from backend.models.machine import Gpu, LeaseCheck, Machine
@@ -36,6 +37,7 @@ __all__ = [
     "GoodputHour",
     "GoodputInterval",
     "GoodputOpenInterval",
+    "GoodputRunTotal",
     "Gpu",
     "LeaseCheck",
     "Machine",

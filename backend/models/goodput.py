@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, Float, Index, Integer, String, UniqueConstraint
+from sqlalchemy import Boolean, Column, Float, Index, Integer, String, Table, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import BigId, UTCDateTime
@@ -133,3 +133,58 @@ class GoodputOpenInterval(Base):
     held: Mapped[bool] = mapped_column(Boolean)
     machine_id: Mapped[int | None] = mapped_column(BigId)
     pool_id: Mapped[int | None] = mapped_column(BigId)
+
+
+# The categories of rules.CATEGORIES, in its order (a test holds them equal): a run's running
+# totals keep one column each for the time held and the time not held.
+TOTAL_CATEGORIES = (
+    "productive",
+    "idle",
+    "stalled",
+    "starting",
+    "restart",
+    "failure",
+    "preemption",
+    "waiting",
+)
+TOTAL_COLUMNS = tuple(
+    f"{category}_{part}" for part in ("held", "not_held") for category in TOTAL_CATEGORIES
+)
+
+
+class GoodputRunTotal(Base):
+    """A run's GPU-seconds from its first counted hour to the end of ``hour``, by category,
+    held and not held: what its hourly cells add up to so far.
+
+    A run has one row for every hour from its first cell's to its last cell's, none skipped
+    (an hour without cells repeats the one before), and ``last`` marks the latest. Its time in
+    any whole hours [start, end) is then two rows apart: the row at end - 1 h (or its last
+    row, if it ended before) less the row at start - 1 h. A 7-day report over 10 000 runs
+    reads 20 000 rows instead of 10 000 x 168 x its categories. The tick keeps the rows up
+    to date from the hourly cells it writes (repository.refresh_run_totals), recomputing
+    every hour from the earliest it changed."""
+
+    __table__ = Table(
+        "goodput_run_totals",
+        Base.metadata,
+        Column("run_id", BigId, primary_key=True, autoincrement=False),
+        Column("hour", UTCDateTime(), primary_key=True),
+        Column("workspace_id", BigId, nullable=False),
+        Column("cluster_id", BigId, nullable=False),
+        Column("last", Boolean, nullable=False),
+        *(Column(name, Float, nullable=False) for name in TOTAL_COLUMNS),
+        Index("ix_goodput_run_totals_hour_workspace_id", "hour", "workspace_id"),
+        # the latest row of each run: found by run (the tick) and by hour (a run that ended)
+        Index(
+            "ix_goodput_run_totals_last_run_id",
+            "run_id",
+            postgresql_where=text("last"),
+            sqlite_where=text("last"),
+        ),
+        Index(
+            "ix_goodput_run_totals_last_hour",
+            "hour",
+            postgresql_where=text("last"),
+            sqlite_where=text("last"),
+        ),
+    )

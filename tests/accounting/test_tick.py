@@ -12,12 +12,14 @@ from sqlalchemy import select
 
 from backend.accounting import counting, repository, rules
 from backend.accounting import service as accounting
-from backend.accounting.rules import Category, Ledger, PhaseChange
+from backend.accounting.rules import Category, Ledger, Period, PhaseChange
+from backend.accounting.service import Viewer
 from backend.agents import service as agents
 from backend.db import Database
 from backend.lifecycle import service as lifecycle
 from backend.metrics.rules import SampleIn
-from backend.models import GoodputHour, MetricSample, StateTransition, Worker
+from backend.models import GoodputHour, GoodputRunTotal, MetricSample, Run, StateTransition, Worker
+from tests.accounting.totals import assert_run_totals_match_the_hours
 from tests.lifecycle.world import World
 from tests.support import SEED_TIME, FakeClock, Tenancy
 
@@ -41,6 +43,13 @@ async def ledger(world: World, scope: str = "run") -> dict[tuple[str, bool], flo
         for r in rows:
             out[(r.category, r.held)] += r.gpu_seconds
     return {k: round(v, 3) for k, v in out.items() if round(v, 3)}
+
+
+async def run_id_of(world: World, name: str) -> int:
+    async with world.db.read() as session:
+        found = await session.scalar(select(Run.id).where(Run.name == name))
+    assert found is not None
+    return found
 
 
 async def all_intervals(world: World) -> list[repository.IntervalRow]:
@@ -225,6 +234,8 @@ async def test_a_stall_found_later_moves_time_already_counted_into_stalled(world
     got = await ledger(world)
     assert got == await expected(world, until)
     assert got[(Category.STALLED.value, True)] >= 4 * 6 * 60  # from its last progress on
+    async with world.db.read() as session:
+        await assert_run_totals_match_the_hours(session)  # the hours taken back, too
     intervals = await all_intervals(world)
     stalled = [i for i in intervals if i.category == "stalled"]
     assert stalled[0].start_at == T0 + timedelta(minutes=1)
@@ -277,5 +288,93 @@ async def test_whole_days_read_from_the_daily_cells_equal_the_hours(world: World
             naive: dict[tuple[int, str, bool], float] = defaultdict(float)
             for r in rows:
                 naive[(r.scope_id, r.category, r.held)] += r.gpu_seconds
+            report = await accounting.report(session, Viewer(None), "run", Period(start, end))
         expected = {k: round(v, 3) for k, v in naive.items() if round(v, 3)}
         assert {k[:3]: round(k[3], 3) for k in mixed} == expected, (start, end)
+        # by run, the report reads two rows of each run's running totals: the same figures
+        run_id = await run_id_of(world, "llama-sft")
+        by_run = {
+            (run_id, c.value, held): round(seconds, 3)
+            for row in report.rows
+            for held, part in ((True, row.ledger.held), (False, row.ledger.not_held))
+            for c, seconds in part.items()
+            if round(seconds, 3)
+        }
+        assert by_run == expected, (start, end)
+    async with world.db.read() as session:
+        await assert_run_totals_match_the_hours(session)
+
+
+async def test_a_report_by_run_from_before_the_pruned_hours_sums_the_hours_still_kept(
+    world: World,
+) -> None:
+    # G-43 with G-18: the running totals keep the hour before the pruned ones
+    await a_busy_and_an_idle_rank(world)
+    for _ in range(5):
+        world.clock.advance(hours=1)
+        await sample(world, {0: 0.9, 1: 0.0})
+        await tick(world)
+    first = T0.replace(minute=0, second=0, microsecond=0)
+    async with world.db.transaction() as session:
+        await repository.prune(session, first + timedelta(hours=2))
+    async with world.db.read() as session:
+        hours = await session.scalars(select(GoodputRunTotal.__table__.c.hour))
+        assert min(hours) == first + timedelta(hours=1)  # the hour before the first kept
+        period = Period(first - timedelta(days=1), first + timedelta(hours=6))
+        report = await accounting.report(session, Viewer(None), "run", period)
+        kept = await session.scalars(select(GoodputHour).where(GoodputHour.scope == "run"))
+        naive: dict[tuple[str, bool], float] = defaultdict(float)
+        for r in kept:
+            naive[(r.category, r.held)] += r.gpu_seconds
+    [row] = report.rows
+    got = {
+        (c.value, held): round(seconds, 3)
+        for held, part in ((True, row.ledger.held), (False, row.ledger.not_held))
+        for c, seconds in part.items()
+        if round(seconds, 3)
+    }
+    assert got == {k: round(v, 3) for k, v in naive.items() if round(v, 3)}
+    assert got[(Category.PRODUCTIVE.value, True)] > 0
+
+
+async def test_running_totals_fill_the_hours_between_cells_and_follow_a_change_back(
+    world: World,
+) -> None:
+    # G-18: any whole hours of a run are two rows of its running totals apart, however its
+    # cells come (an hour without cells; a cell changed hours later; taken back to nothing)
+    await world.submit(workers=1, gpus=4)
+    async with world.db.read() as session:
+        run = (await session.scalars(select(Run))).one()
+    run_id, ws, cluster = run.id, run.workspace_id, run.cluster_id
+    hour = T0.replace(minute=0, second=0, microsecond=0)
+
+    def cell(at: datetime, category: str, held: bool) -> repository.CellKey:
+        return (at, ws, cluster, "run", run_id, category, held)
+
+    steps: list[dict[repository.CellKey, float]] = [
+        {cell(hour, "waiting", False): 600.0},
+        {cell(hour + timedelta(hours=3), "productive", True): 3600.0},  # two hours skipped
+        {cell(hour + timedelta(hours=1), "idle", True): 60.0},  # an earlier hour, later
+        {cell(hour + timedelta(hours=1), "idle", True): -60.0},  # taken back: emptied
+        {cell(hour, "waiting", False): -600.0, cell(hour, "starting", True): 600.0},
+    ]
+    for step in steps:
+        async with world.db.transaction() as session:
+            await repository.add_to_hours(session, step)
+        async with world.db.read() as session:
+            await assert_run_totals_match_the_hours(session)
+    async with world.db.read() as session:
+        rows = (
+            await session.execute(
+                select(GoodputRunTotal.__table__).order_by(GoodputRunTotal.__table__.c.hour)
+            )
+        ).all()
+        period = Period(hour + timedelta(hours=1), hour + timedelta(hours=4))
+        report = await accounting.report(session, Viewer(None), "run", period)
+    assert [r.hour for r in rows] == [hour + timedelta(hours=h) for h in range(4)]
+    assert [r.last for r in rows] == [False, False, False, True]
+    assert [r.starting_held for r in rows] == [600.0] * 4
+    assert [r.waiting_not_held for r in rows] == [0.0] * 4
+    [row] = report.rows
+    assert row.ledger.held[Category.PRODUCTIVE] == 3600.0
+    assert row.ledger.held[Category.STARTING] == 0.0

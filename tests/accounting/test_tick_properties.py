@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from sqlalchemy import delete, select
 
 from backend.accounting import counting, repository, rules
-from backend.accounting.rules import Category, Interval, Ledger, PhaseChange
+from backend.accounting import service as accounting
+from backend.accounting.rules import Category, Interval, Ledger, Period, PhaseChange
+from backend.accounting.service import Viewer
 from backend.db import Database
 from backend.lifecycle.rules import Phase
 from backend.metrics.rules import BY_NAME
@@ -25,11 +27,13 @@ from backend.models import (
     GoodputHour,
     GoodputInterval,
     GoodputOpenInterval,
+    GoodputRunTotal,
     MetricSample,
     Run,
     StateTransition,
     Worker,
 )
+from tests.accounting.totals import assert_run_totals_match_the_hours
 from tests.lifecycle.world import World
 from tests.support import SEED_TIME, FakeClock, Tenancy
 
@@ -73,6 +77,7 @@ async def forget(db: Database) -> None:
         for model in (
             GoodputHour,
             GoodputDay,
+            GoodputRunTotal,
             GoodputInterval,
             GoodputOpenInterval,
             AccountingMark,
@@ -195,7 +200,20 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
             workspace_ids=None,
             limit=100_000,
         )
+        await assert_run_totals_match_the_hours(session)
+        report = await accounting.report(
+            session,
+            Viewer(None),
+            "run",
+            Period(rules.hour_floor(T0), rules.hour_floor(until) + rules.HOUR),
+        )
     expected = Ledger.of(i for parts in pure.values() for i in parts)
+    # The report by run (from the running totals) says the same.
+    for c in Category:
+        held = sum(row.ledger.held[c] for row in report.rows)
+        not_held = sum(row.ledger.not_held[c] for row in report.rows)
+        assert round(held, 3) == round(expected.held[c], 3), c
+        assert round(not_held, 3) == round(expected.not_held[c], 3), c
     got: dict[tuple[str, bool], float] = defaultdict(float)
     for _, category, held, seconds in cells:
         got[(category, held)] += seconds
