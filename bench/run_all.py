@@ -94,12 +94,21 @@ def run(name: str) -> dict[str, object]:
     }
 
 
+def written_rows() -> dict[str, str]:
+    """The rows RESULTS.md has now, by benchmark (a fresh checkout has no run_all.json)."""
+    if not RESULTS.exists():
+        return {}
+    rows = [line for line in RESULTS.read_text().splitlines() if line.startswith("| ")]
+    return {row.split(" | ", 1)[0][2:]: row for row in rows}
+
+
 def write(results: dict[str, dict[str, object]]) -> str:
     rows = ["| benchmark | measured | took | what it printed |", "|---|---|---|---|"]
+    earlier = written_rows()
     for name in BENCHES:
         r = results.get(name)
         if r is None:
-            rows.append(f"| {name} | not run | | |")
+            rows.append(earlier.get(name, f"| {name} | not run | | |"))
             continue
         printed = "<br>".join(
             str(line).replace("|", "\\|")

@@ -17,7 +17,9 @@ from sqlalchemy import (
     any_,
     bindparam,
     delete,
+    false,
     func,
+    literal_column,
     or_,
     select,
     text,
@@ -25,6 +27,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -643,27 +646,31 @@ async def named_ledgers(
         if kept_from is None or max(start, kept_from) >= end:
             return []
         start = max(start, kept_from)
-    query = named_ledgers_query(scope, start, end, workspace_ids, cluster_id)
     connection = await session.connection()
     rows: Sequence[Sequence[Any]]
-    if _dialect(session) == "postgresql":
-        # PostgreSQL's JIT compiles the sixteen sums every time: about 30 ms of a 7-day report
-        # by machine over 340 000 cells, more than it saves. By run, two index scans of a row
-        # a run: parallel workers take longer to start than they save.
-        await connection.exec_driver_sql(
-            "SET LOCAL jit = off; SET LOCAL max_parallel_workers_per_gather = 0"
-            if scope == "run"
-            else "SET LOCAL jit = off"
-        )
+    if _dialect(session) != "postgresql":
+        query = named_ledgers_query(scope, start, end, workspace_ids, cluster_id)
+        rows = (await connection.execute(query)).all()
+    elif scope == "run":
+        # two index scans of a row a run: parallel workers take longer to start than they save
+        await connection.exec_driver_sql("SET LOCAL max_parallel_workers_per_gather = 0")
         # psycopg's own tuples: SQLAlchemy's rows cost a fifth of a report over 10 000 runs
         # (no column here needs its result processing: ids, names and floats)
+        pg = await driver_connection(session)
+        workspaces = None if workspace_ids is None else len(workspace_ids)
+        sql = _run_ledgers_sql(workspaces, cluster_id is not None)
+        params = _run_ledgers_params(start, end, workspace_ids, cluster_id)
+        rows = await (await pg.execute(sql, params)).fetchall()
+    else:
+        # PostgreSQL's JIT compiles the sixteen sums every time: about 30 ms of a 7-day report
+        # by machine over 340 000 cells, more than it saves
+        await connection.exec_driver_sql("SET LOCAL jit = off")
+        query = named_ledgers_query(scope, start, end, workspace_ids, cluster_id)
         compiled = query.compile(
             dialect=connection.dialect, compile_kwargs={"render_postcompile": True}
         )
-        pg = await driver_connection(session)
+        pg = await driver_connection(session)  # its own tuples, as above
         rows = await (await pg.execute(str(compiled), compiled.params)).fetchall()
-    else:
-        rows = (await connection.execute(query)).all()
     n = len(CATEGORIES)
     return [NamedLedger(r[0], r[1], tuple(r[2 : 2 + n]), tuple(r[2 + n :])) for r in rows]
 
@@ -711,30 +718,63 @@ def _run_ledgers_query(
     """Each run's time in the whole hours [start, end), from its running totals: its row at
     end - 1 h (or its last, if it ended before) less its row at start - 1 h (none: it began
     in the period), the categories as columns; most held first."""
+    statement = _run_ledgers_statement(
+        None if workspace_ids is None else len(workspace_ids), cluster_id is not None
+    )
+    return statement.params(_run_ledgers_params(start, end, workspace_ids, cluster_id))
+
+
+def _run_ledgers_params(
+    start: datetime, end: datetime, workspace_ids: Sequence[int] | None, cluster_id: int | None
+) -> dict[str, Any]:
+    params: dict[str, Any] = {"start": start, "final": end - HOUR, "before": start - HOUR}
+    params.update({f"workspace_{i}": w for i, w in enumerate(workspace_ids or ())})
+    if cluster_id is not None:
+        params["cluster"] = cluster_id
+    return params
+
+
+@functools.lru_cache(maxsize=64)
+def _run_ledgers_statement(workspaces: int | None, by_cluster: bool) -> Any:
+    """The statement of ``_run_ledgers_query`` with its values as parameters (start, final,
+    before, workspace_0…, cluster): made and compiled once per shape, not per report."""
     totals = GoodputRunTotal.__table__
     mine: list[Any] = []
-    if workspace_ids is not None:
-        mine.append(totals.c.workspace_id.in_(workspace_ids))
-    if cluster_id is not None:
-        mine.append(totals.c.cluster_id == cluster_id)
-    final = end - HOUR
+    if workspaces is not None:
+        ids = [bindparam(f"workspace_{i}", type_=BigInteger) for i in range(workspaces)]
+        mine.append(totals.c.workspace_id.in_(ids) if ids else false())
+    if by_cluster:
+        mine.append(totals.c.cluster_id == bindparam("cluster", type_=BigInteger))
+    start = bindparam("start", type_=_TIME)
+    final = bindparam("final", type_=_TIME)
     ends = union_all(
         select(totals).where(totals.c.hour == final, *mine),
         select(totals).where(totals.c.last, totals.c.hour >= start, totals.c.hour < final, *mine),
     ).subquery("ends")
     since = totals.alias("since")
-    parts = [ends.c[c] - func.coalesce(since.c[c], 0.0) for c in TOTAL_COLUMNS]
+    # literals, not parameters: the statement is compiled once for every report
+    zero: Any = literal_column("0.0")
+    nothing: Any = literal_column(repr(NOTHING))
+    parts = [ends.c[c] - func.coalesce(since.c[c], zero) for c in TOTAL_COLUMNS]
     held_total = functools.reduce(operator.add, parts[: len(CATEGORIES)])
     name = func.coalesce(Run.name, func.cast(ends.c.run_id, String))
+    before = bindparam("before", type_=_TIME)
     return (
         select(ends.c.run_id, name, *parts)
-        .outerjoin(since, and_(since.c.run_id == ends.c.run_id, since.c.hour == start - HOUR))
+        .outerjoin(since, and_(since.c.run_id == ends.c.run_id, since.c.hour == before))
         .outerjoin(Run, Run.id == ends.c.run_id)  # a run deleted since: its id
-        .where(or_(*(func.abs(part) > NOTHING for part in parts)))
+        .where(or_(*(func.abs(part) > nothing for part in parts)))
         .order_by(held_total.desc(), name)  # as the seed: most held first
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _run_ledgers_sql(workspaces: int | None, by_cluster: bool) -> str:
+    """That statement as psycopg takes it (PostgreSQL)."""
+    return str(_run_ledgers_statement(workspaces, by_cluster).compile(dialect=_PSYCOPG))
+
+
+_PSYCOPG = PGDialect_psycopg()
 _NAMED: dict[str, Any] = {"run": Run, "machine": Machine, "pool": Pool, "workspace": Workspace}
 
 
