@@ -51,7 +51,7 @@ from backend.models import (
     Worker,
     Workspace,
 )
-from backend.models.goodput import TOTAL_CATEGORIES, TOTAL_COLUMNS
+from backend.models.goodput import TOTAL_COLUMNS
 from backend.runs.rules import ENDED_RUN_STATES
 
 T = TypeVar("T")
@@ -440,10 +440,10 @@ def _touch(touch: RunTouch | None, workspace: int, cluster: int, hour: datetime)
 
 _TIME = UTCDateTime()
 _RUN_CELLS = ", ".join(
-    f"sum(CASE WHEN category = '{category}' AND {held} THEN gpu_seconds ELSE 0 END) "
-    f"AS {category}_{part}"
+    f"sum(CASE WHEN category = '{category.value}' AND {held} THEN gpu_seconds ELSE 0 END) "
+    f"AS {category.value}_{part}"
     for part, held in (("held", "held"), ("not_held", "NOT held"))
-    for category in TOTAL_CATEGORIES
+    for category in CATEGORIES
 )
 _TOTAL_HOUR = f"""
 WITH keys AS ({{keys}}), cells AS (

@@ -5,6 +5,7 @@ from datetime import datetime
 from sqlalchemy import Boolean, Column, Float, Index, Integer, String, Table, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from backend.accounting.rules import CATEGORIES
 from backend.db import BigId, UTCDateTime
 from backend.models.base import Base, HasId
 
@@ -135,20 +136,10 @@ class GoodputOpenInterval(Base):
     pool_id: Mapped[int | None] = mapped_column(BigId)
 
 
-# The categories of rules.CATEGORIES, in its order (a test holds them equal): a run's running
-# totals keep one column each for the time held and the time not held.
-TOTAL_CATEGORIES = (
-    "productive",
-    "idle",
-    "stalled",
-    "starting",
-    "restart",
-    "failure",
-    "preemption",
-    "waiting",
-)
+# A run's running totals keep one column for each category's time held, then one for each
+# category's time not held, in the order of rules.CATEGORIES (a report reads them so).
 TOTAL_COLUMNS = tuple(
-    f"{category}_{part}" for part in ("held", "not_held") for category in TOTAL_CATEGORIES
+    f"{category.value}_{part}" for part in ("held", "not_held") for category in CATEGORIES
 )
 
 

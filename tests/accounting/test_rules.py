@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.accounting.rules import (
-    CATEGORIES,
     Category,
     Interval,
     Ledger,
@@ -18,7 +17,6 @@ from backend.accounting.rules import (
     intervals,
 )
 from backend.lifecycle.rules import Phase
-from backend.models.goodput import TOTAL_CATEGORIES, TOTAL_COLUMNS
 
 T0 = datetime(2026, 10, 5, 9, 58, 30, tzinfo=UTC)  # a Monday, just before an hour turns
 
@@ -154,9 +152,3 @@ def test_counting_in_any_ticks_gives_the_same_ledger(
     if split.goodput is not None:
         assert split.goodput == split.productive / split.allocated
     assert split.lost == split.asked - split.productive
-
-
-def test_the_running_totals_have_a_column_per_category_held_and_not_held() -> None:
-    # the table's columns follow rules.CATEGORIES: a report reads them in that order
-    assert tuple(c.value for c in CATEGORIES) == TOTAL_CATEGORIES
-    assert TOTAL_COLUMNS[: len(CATEGORIES)] == tuple(f"{c.value}_held" for c in CATEGORIES)
