@@ -378,3 +378,29 @@ async def test_running_totals_fill_the_hours_between_cells_and_follow_a_change_b
     [row] = report.rows
     assert row.ledger.held[Category.PRODUCTIVE] == 3600.0
     assert row.ledger.held[Category.STARTING] == 0.0
+
+
+async def test_a_run_submitted_after_one_was_deleted_starts_a_ledger_of_its_own(
+    world: World,
+) -> None:
+    # G-18: a deleted run stays (runs -a), with its ledger; a new run of its name has its own
+    await a_busy_and_an_idle_rank(world)
+    world.clock.advance(minutes=5)
+    await tick(world)
+    first = await world.run("llama-sft")
+    async with world.db.transaction() as session:
+        await lifecycle.delete_run(session, world.clock, first, "alice")
+    world.clock.advance(minutes=1)
+    await tick(world)
+    again = await world.submit(gpus=8)
+    assert again.id != first.id
+    world.clock.advance(minutes=2)
+    await tick(world)
+    async with world.db.read() as session:
+        ledger = (
+            await accounting.run_ledgers(session, [(again.id, again.created_at)], world.clock.now())
+        )[again.id]
+    assert ledger.held[Category.PRODUCTIVE] == 0.0  # the deleted run's busy rank is not its
+    waited = counting.minute_floor(world.clock.now()) - again.created_at
+    assert round(ledger.not_held[Category.WAITING], 3) == round(2 * 8 * waited.total_seconds(), 3)
+    assert round(ledger.allocated, 3) == 0.0  # not placed: nothing held
