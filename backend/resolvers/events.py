@@ -3,19 +3,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator
 
 from backend.errors import InvalidInput
 from backend.events import service as events
+from backend.events.bell import bell_of
 from backend.events.rules import Cursor, advance, parse_listing
 from backend.logs import service as logs
 from backend.resolvers.context import Info
 from backend.schema.events import Event, EventPage, LogChunk
-
-# How often a subscriber looks for new events. Events are rows, written by whichever
-# replica or worker process: reading them is what works across processes.
-EVENT_POLL_SECONDS = 1.0
 
 
 async def follow_log(
@@ -52,18 +48,21 @@ async def events_feed(
     # what was already handed on is skipped (the webhooks' rule, events.rules.advance).
     cursor = Cursor(start, start, None)
     handed: set[int] = set()
-    while True:
-        async with info.context.db.read() as session:
-            found = await events.after(session, target, cursor.cursor, name=name, kind=kind)
-        fresh = [v for v in found if v.id not in handed]
-        for view in fresh:
-            handed.add(view.id)
-            yield Event.of(view)
-        looked_to = max((v.id for v in found), default=cursor.horizon)
-        cursor = advance(cursor, looked_to, info.context.clock.now())
-        handed = {i for i in handed if i > cursor.cursor}
-        if not fresh:
-            await asyncio.sleep(EVENT_POLL_SECONDS)
+    bell = bell_of(info.context.db)  # one look a second for all subscribers of this process
+    async with bell.listening():
+        while True:
+            rings = bell.rings
+            async with info.context.db.read() as session:
+                found = await events.after(session, target, cursor.cursor, name=name, kind=kind)
+            fresh = [v for v in found if v.id not in handed]
+            for view in fresh:
+                handed.add(view.id)
+                yield Event.of(view)
+            looked_to = max((v.id for v in found), default=cursor.horizon)
+            cursor = advance(cursor, looked_to, info.context.clock.now())
+            handed = {i for i in handed if i > cursor.cursor}
+            if not fresh:
+                await bell.wait(rings)
 
 
 async def events_page(

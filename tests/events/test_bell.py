@@ -1,0 +1,111 @@
+"""The events bell on SQLite and PostgreSQL: one look at the events a second per process,
+however many subscribers wait, and every one of them woken by a new event, late ones too."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from backend.db import Database
+from backend.events.bell import Bell
+from backend.models import Event, Organization
+from tests.support import SEED_TIME, FakeClock, Tenancy
+
+
+async def add_event(db: Database, event_id: int | None = None) -> None:
+    async with db.transaction() as session:
+        organization = await session.scalar(select(Organization.id).limit(1))
+        assert organization is not None
+        session.add(
+            Event(
+                id=event_id,
+                organization_id=organization,
+                kind="quota",
+                reason="a test event",
+                data={},
+                created_at=SEED_TIME,
+            )
+        )
+
+
+async def waiting(bell: Bell, subscribers: int) -> list[asyncio.Task[None]]:
+    """Subscribers waiting on the bell after its first look (which rings: what became visible
+    between a subscriber's read and its wait must wake it)."""
+    ready = asyncio.Event()
+
+    async def subscriber() -> None:
+        async with bell.listening():
+            await ready.wait()
+            await bell.wait(bell.rings)
+
+    tasks = [asyncio.create_task(subscriber()) for _ in range(subscribers)]
+    await asyncio.sleep(0.3)
+    assert bell.looks >= 1  # its first look made
+    ready.set()
+    await asyncio.sleep(0.1)
+    return tasks
+
+
+async def test_twenty_subscribers_share_one_look_a_second_and_all_wake_at_a_new_event(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    await add_event(db)
+    bell = Bell(db, look_seconds=0.2, idle_seconds=30.0, settle=timedelta(0))
+    tasks = await waiting(bell, 20)
+    looks = bell.looks
+    await asyncio.sleep(1.0)
+    assert 3 <= bell.looks - looks <= 7  # five looks in a second of 0.2 s ones, not 100
+    assert not any(t.done() for t in tasks)
+    await add_event(db)
+    done, _ = await asyncio.wait(tasks, timeout=2.0)
+    assert len(done) == 20  # all of them, well before their 30 s
+    await asyncio.sleep(0.5)
+    looks = bell.looks
+    await asyncio.sleep(0.6)
+    assert bell.looks == looks  # nobody waits: the bell does not look
+
+
+async def test_an_event_that_becomes_visible_after_a_newer_one_rings_too(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    # ids are taken when written; a transaction may commit after one that took a larger id
+    if db.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has one writer at a time: its ids become visible in order")
+    bell = Bell(db, look_seconds=0.1, idle_seconds=30.0, settle=timedelta(seconds=1.5))
+    async with bell.listening():
+        await asyncio.sleep(1.7)  # looked for longer than it waits for late commits
+        async with db.transaction() as late:
+            organization = await late.scalar(select(Organization.id).limit(1))
+            late.add(
+                Event(
+                    organization_id=organization,
+                    kind="quota",
+                    reason="committed late",
+                    data={},
+                    created_at=SEED_TIME,
+                )
+            )
+            await late.flush()  # its id is taken
+            await add_event(db)  # a larger id, committed first
+            await asyncio.sleep(0.3)  # the bell has seen that newest id
+            tasks = await waiting(bell, 3)
+        # the late transaction commits, well within the 1.5 s: its event's id is below the
+        # newest the bell saw
+        done, _ = await asyncio.wait(tasks, timeout=2.0)
+        assert len(done) == 3
+
+
+async def test_a_subscriber_waits_not_for_a_ring_that_came_after_its_read(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    bell = Bell(db, look_seconds=0.2, idle_seconds=30.0, settle=timedelta(0))
+    async with bell.listening():
+        await asyncio.sleep(0.3)
+        assert bell.looks >= 1  # its first look made
+        rings = bell.rings  # taken before the subscriber's read
+        await add_event(db)  # visible after its read
+        await asyncio.sleep(0.5)  # the bell rang meanwhile
+        await asyncio.wait_for(bell.wait(rings), timeout=0.1)  # at once
