@@ -52,6 +52,7 @@ HOLDER_SHARE = 0.8  # of the asker's wait, what the holder waits for the machine
 FOLLOW_BUFFER = 64  # chunks a relayed follow keeps for a reader that is behind
 FOLLOW_KEEPALIVE = 5.0  # seconds between the holder's "still here" on a quiet follow
 SILENT_KEEPALIVES = 3  # an asker that hears nothing for this many keepalives stops waiting
+LISTEN_RETRY_MAX = 1.0  # seconds between attempts to listen again, at most
 LISTEN_WAIT = 2.0  # seconds serving() waits for the channel before going on without it
 REDIS_TIMEOUT = 2.0  # seconds a Redis command may take before it counts as failed
 REDIS_AWAY = (
@@ -358,7 +359,10 @@ class RedisRouter:
                         backlog.lost = True
                         backlog.arrived.set()
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+            # at most a second: until it listens again, log requests through this replica
+            # answer that Redis cannot be reached, so it listens within a second of Redis's
+            # return (one connection attempt a second meanwhile costs Redis nothing)
+            backoff = min(backoff * 2, LISTEN_RETRY_MAX)
 
     def _dispatch(self, data: str) -> None:
         try:

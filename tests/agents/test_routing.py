@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import sys
 import time
 import uuid
@@ -34,6 +35,7 @@ from backend.logs.service import LogUnavailable
 from backend.models import Machine
 from tests.agents.test_agent_in_process import agent_for, wait_for, worker_state
 from tests.agents.test_stream import _port, machine_token  # noqa: F401  (a fixture)
+from tests.e2e.services import PrivateRedis
 from tests.lifecycle.world import World
 from tests.rest.test_jobs import auth
 from tests.support import FakeClock, Tenancy
@@ -453,3 +455,36 @@ async def test_the_embedded_router_serves_the_log_endpoint_without_redis(
         "logs": "line 18\nline 19\n",
         "archived": True,
     }
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is needed")
+async def test_a_replica_listens_again_within_a_second_or_so_of_redis_coming_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # issue 9: until it listens again, log requests through it answer that Redis cannot be
+    # reached; after a long outage it used to wait 5 s between attempts
+    redis = PrivateRedis(tmp_path)
+    redis.start()
+    router = RedisRouter(redis.url)
+
+    def attempts() -> int:
+        return sum("listening again" in r.getMessage() for r in caplog.records)
+
+    try:
+        async with router.serving(None):
+            assert router.listening.is_set()
+            redis.kill()
+            await asyncio.sleep(10)  # long enough for a growing wait to reach its ceiling
+            assert not router.listening.is_set()
+            failed = attempts()
+
+            async def another_failed() -> bool:  # the moment one fails: the longest wait
+                return attempts() > failed
+
+            await wait_for("an attempt to listen again", another_failed, seconds=10)
+            redis.start()  # the same port
+            back = time.monotonic()
+            await asyncio.wait_for(router.listening.wait(), timeout=10)
+            assert time.monotonic() - back < 2.0  # a second between attempts at most
+    finally:
+        redis.stop()
