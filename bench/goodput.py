@@ -606,11 +606,6 @@ def populate_ledgers(url: str, runs: int, days: int, day1: datetime = DAY1) -> d
 
 # The runs' running totals as the tick keeps them (every run has cells every hour here): by
 # run and hour, the sums of its cells up to that hour, the latest marked last.
-_CELL_SUMS = ", ".join(
-    f"coalesce(sum(gpu_seconds) FILTER (WHERE category = '{c.split('_')[0]}' AND "
-    f"{'NOT ' if c.endswith('_not_held') else ''}held), 0) AS {c}"
-    for c in TOTAL_COLUMNS
-)
 _RUNNING = ", ".join(f"sum({c}) OVER (PARTITION BY scope_id ORDER BY hour)" for c in TOTAL_COLUMNS)
 RUN_TOTALS = f"""
 INSERT INTO goodput_run_totals (run_id, hour, workspace_id, cluster_id, last,
@@ -618,7 +613,7 @@ INSERT INTO goodput_run_totals (run_id, hour, workspace_id, cluster_id, last,
 SELECT scope_id, hour, workspace_id, cluster_id, hour = max(hour) OVER (PARTITION BY scope_id),
   {_RUNNING}
 FROM (
-  SELECT scope_id, hour, workspace_id, cluster_id, {_CELL_SUMS}
+  SELECT scope_id, hour, workspace_id, cluster_id, {repository.RUN_CELL_SUMS}
   FROM goodput_hours WHERE scope = 'run'
   GROUP BY scope_id, hour, workspace_id, cluster_id
 ) AS cells

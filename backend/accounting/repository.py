@@ -439,7 +439,8 @@ def _touch(touch: RunTouch | None, workspace: int, cluster: int, hour: datetime)
 
 
 _TIME = UTCDateTime()
-_RUN_CELLS = ", ".join(
+# A run's cells of an hour as the columns of its running totals (GROUP BY the run and hour).
+RUN_CELL_SUMS = ", ".join(
     f"sum(CASE WHEN category = '{category.value}' AND {held} THEN gpu_seconds ELSE 0 END) "
     f"AS {category.value}_{part}"
     for part, held in (("held", "held"), ("not_held", "NOT held"))
@@ -447,7 +448,7 @@ _RUN_CELLS = ", ".join(
 )
 _TOTAL_HOUR = f"""
 WITH keys AS ({{keys}}), cells AS (
-  SELECT scope_id AS run_id, {_RUN_CELLS} FROM goodput_hours
+  SELECT scope_id AS run_id, {RUN_CELL_SUMS} FROM goodput_hours
   WHERE hour = :hour AND scope = 'run' AND scope_id IN (SELECT run_id FROM keys)
   GROUP BY scope_id
 )
