@@ -7,10 +7,19 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
+from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
 from backend.config import format_duration, parse_duration
 from backend.errors import FieldError, InvalidInput
@@ -20,7 +29,7 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FILE_NAME = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._-]{1,128}$")
 
 # Set by Astraeus for every worker, so that torchrun-style code runs unmodified as a gang.
-RESERVED_ENVIRONMENT = frozenset(
+SET_BY_ASTRAEUS = frozenset(
     {
         "RANK",
         "WORLD_SIZE",
@@ -32,9 +41,89 @@ RESERVED_ENVIRONMENT = frozenset(
         "ASTRAEUS_WORKER",
     }
 )
+# Read by the container runtime (NVIDIA Container Toolkit), CUDA or ROCm to choose which GPUs a
+# process sees, in what order, and with which driver: a worker uses the GPUs it was given, so
+# only Astraeus sets them.
+DEVICE_SELECTION = frozenset(
+    {
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "NVIDIA_REQUIRE_CUDA",
+        "CUDA_DEVICE_ORDER",
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+    }
+)
+RESERVED_ENVIRONMENT = SET_BY_ASTRAEUS | DEVICE_SELECTION
+# Every name with this prefix is Astraeus's own (its settings, a worker's drives, progress file,
+# secrets folder...), listed or not.
+RESERVED_PREFIX = "ASTRAEUS_"
+
+# Control characters (C0, DEL and C1) are refused in every string of a specification. Command
+# arguments and variable values are free text that may span lines (a `python3 -c` script): they
+# keep tab, newline and carriage return, and refuse NUL, the rest of C0 and DEL.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 MAX_WORKERS = 4096
 MAX_GPUS_PER_WORKER = 1024
+
+
+def reserved_reason(name: str) -> str | None:
+    """Why a specification may not set the variable ``name``, or None when it may."""
+    if name in SET_BY_ASTRAEUS:
+        return "is set by Astraeus for every worker"
+    if name in DEVICE_SELECTION:
+        return "selects devices, which Astraeus does for every worker"
+    if name.startswith(RESERVED_PREFIX):
+        return f"starts with {RESERVED_PREFIX}, which is reserved for Astraeus"
+    return None
+
+
+def _refuse_control(value: object, control: re.Pattern[str]) -> None:
+    if isinstance(value, str) and (found := control.search(value)):
+        raise ValueError(f"must not contain control characters (found U+{ord(found[0]):04X})")
+
+
+def _control_free(control: re.Pattern[str]) -> WrapValidator:
+    """Refuses a control character before any other check of the string (its pattern)."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        _refuse_control(value, control)
+        result = handler(value)
+        if not isinstance(value, str):  # bytes made into a string
+            _refuse_control(result, control)
+        return result
+
+    return WrapValidator(check)
+
+
+# A name, key, path or word: no control character at all.
+Line = Annotated[str, _control_free(CONTROL)]
+# A command argument or a variable's value: tab, newline and carriage return allowed.
+Text = Annotated[str, _control_free(CONTROL_IN_TEXT)]
+
+
+def _environment_name(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
+    name: str = handler(value)
+    if not ENV_NAME.match(name):
+        raise ValueError("is not a valid variable name")
+    if reason := reserved_reason(name):
+        raise ValueError(reason)
+    return name
+
+
+EnvironmentName = Annotated[Line, WrapValidator(_environment_name)]
+
+
+class _Refusals(ValueError):
+    """Several fields refused together by a check across fields, each with its own path."""
+
+    def __init__(self, fields: list[FieldError]) -> None:
+        super().__init__("; ".join(str(f) for f in fields))
+        self.fields = fields
 
 
 class _Strict(BaseModel):
@@ -54,12 +143,12 @@ def _absolute(value: str | None) -> str | None:
 class Mount(_Strict):
     """A drive (a named folder on the machine, kept between runs) at a path of the worker."""
 
-    drive: str = Field(pattern=NAME_PATTERN)
-    path: str
+    drive: Line = Field(pattern=NAME_PATTERN)
+    path: Line
     read_only: bool = False
     # A folder on the machine copied into the drive, when the drive is still empty, before
     # the worker starts ("Waiting for drive … to be filled" meanwhile).
-    fill_from: str | None = None
+    fill_from: Line | None = None
 
     _paths = field_validator("path", "fill_from")(_absolute)
 
@@ -67,9 +156,9 @@ class Mount(_Strict):
 class Credential(_Strict):
     """A secret of the workspace given to the worker as a variable or as a file."""
 
-    secret: str = Field(pattern=NAME_PATTERN)
-    env: str | None = None
-    file: str | None = None
+    secret: Line = Field(pattern=NAME_PATTERN)
+    env: Line | None = None
+    file: Line | None = None
 
     @field_validator("env")
     @classmethod
@@ -95,6 +184,7 @@ class Credential(_Strict):
 def _canonical_duration(value: Any, *, positive: bool) -> str | None:
     if value is None:
         return None
+    _refuse_control(value, CONTROL)
     parsed = parse_duration(value)
     if positive and parsed <= timedelta(0):
         raise ValueError("must be longer than 0s")
@@ -104,18 +194,19 @@ def _canonical_duration(value: Any, *, positive: bool) -> str | None:
 class RunSpec(_Strict):
     """What one run asks for. Resources are per worker."""
 
-    name: str = Field(pattern=NAME_PATTERN)
-    cluster: str | None = None
-    pool: str | None = None
+    name: Line = Field(pattern=NAME_PATTERN)
+    cluster: Line | None = None
+    pool: Line | None = None
     workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
     gpus: int = Field(default=0, ge=0, le=MAX_GPUS_PER_WORKER)
     cpu: float = Field(default=1.0, gt=0, le=4096)
     memory_bytes: int | None = Field(default=None, gt=0)
     per_gpu: PerGpu | None = None
-    image: str | None = Field(default=None, min_length=1, max_length=512)
-    command: list[str] | None = None
-    user: str | None = Field(default=None, min_length=1, max_length=64)
-    environment: dict[str, str] = Field(default_factory=dict)
+    image: Line | None = Field(default=None, min_length=1, max_length=512)
+    command: list[Text] | None = None
+    user: Line | None = Field(default=None, min_length=1, max_length=64)
+    # Names are checked one by one (syntax, then reserved); see reserved_reason.
+    environment: dict[EnvironmentName, Text] = Field(default_factory=dict)
     mounts: list[Mount] = Field(default_factory=list)
     credentials: list[Credential] = Field(default_factory=list)
     priority: int = Field(default=50, ge=0, le=100)
@@ -139,33 +230,34 @@ class RunSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunSpec:
-        problems = []
-        for key in self.environment:
-            if not ENV_NAME.match(key):
-                problems.append(f"environment.{key}: is not a valid variable name")
-            elif key in RESERVED_ENVIRONMENT:
-                problems.append(f"environment.{key}: is set by Astraeus for every worker")
+        problems: list[FieldError] = []
         if self.image is None and self.command is None:
-            problems.append("command: is required when no image is given")
+            problems.append(FieldError("command", "is required when no image is given"))
         if self.memory_bytes is not None and self.per_gpu and self.per_gpu.memory_bytes:
             problems.append(
-                "per_gpu.memory_bytes: give memory_bytes or per_gpu.memory_bytes, not both"
+                FieldError(
+                    "per_gpu.memory_bytes", "give memory_bytes or per_gpu.memory_bytes, not both"
+                )
             )
         if self.per_gpu and self.per_gpu.memory_bytes and self.gpus == 0:
-            problems.append("per_gpu.memory_bytes: the worker asks for no GPUs")
+            problems.append(FieldError("per_gpu.memory_bytes", "the worker asks for no GPUs"))
         for i, c in enumerate(self.credentials):
-            if c.env in RESERVED_ENVIRONMENT:
-                problems.append(f"credentials[{i}].env: is set by Astraeus for every worker")
-            elif c.env is not None and c.env in self.environment:
-                problems.append(f"credentials[{i}].env: is also given in environment")
+            if c.env is None:
+                continue
+            if reason := reserved_reason(c.env):
+                problems.append(FieldError(f"credentials[{i}].env", reason))
+            elif c.env in self.environment:
+                problems.append(FieldError(f"credentials[{i}].env", "is also given in environment"))
         targets = [c.env or f"file:{c.file}" for c in self.credentials]
         if len(targets) != len(set(targets)):
-            problems.append("credentials: two credentials go to the same variable or file")
+            problems.append(
+                FieldError("credentials", "two credentials go to the same variable or file")
+            )
         paths = [m.path for m in self.mounts]
         if len(paths) != len(set(paths)):
-            problems.append("mounts: two mounts share a path")
+            problems.append(FieldError("mounts", "two mounts share a path"))
         if problems:
-            raise ValueError("|".join(problems))
+            raise _Refusals(problems)
         return self
 
     @property
@@ -185,7 +277,12 @@ class RunSpec(_Strict):
         return self.model_dump(mode="json")
 
 
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\u{ord(match[0]):04x}"
+
+
 def _path(loc: tuple[int | str, ...]) -> str:
+    """``mounts[0].path``; a key of the input is shown with its control characters escaped."""
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -193,7 +290,8 @@ def _path(loc: tuple[int | str, ...]) -> str:
         elif part in {"[key]"}:
             continue
         else:
-            out += f".{part}" if out else str(part)
+            part = CONTROL.sub(_escaped, part)
+            out += f".{part}" if out else part
     return out or "spec"
 
 
@@ -233,10 +331,10 @@ def _field_errors(error: ErrorDetails) -> list[FieldError]:
     kind = error["type"]
     ctx = error.get("ctx", {})
     if kind == "value_error":
-        message = str(ctx.get("error", error["msg"]))
-        if path == "spec" and ": " in message:
-            return [FieldError(*part.split(": ", 1)) for part in message.split("|")]
-        return [FieldError(path, message)]
+        cause = ctx.get("error")
+        if isinstance(cause, _Refusals):
+            return list(cause.fields)
+        return [FieldError(path, str(cause if cause is not None else error["msg"]))]
     describe = _MESSAGES.get(kind)
     return [FieldError(path, describe(ctx) if describe else error["msg"])]
 

@@ -73,6 +73,33 @@ async def test_a_refused_specification_writes_nothing(
     assert await row_counts(db) == before
 
 
+async def test_a_specification_with_a_reserved_variable_or_a_control_character_writes_nothing(
+    db: Database, tenancy: Tenancy, clock: FakeClock
+) -> None:
+    # issue 17
+    alice = await _principal(db, tenancy.member_token)
+    before = await row_counts(db)
+    with pytest.raises(InvalidInput) as caught:
+        async with db.transaction() as session:
+            await runs.create_run(
+                session,
+                clock,
+                alice,
+                run_spec(
+                    command=["python3", "-c", "print(1)\x00"],
+                    environment={"NVIDIA_VISIBLE_DEVICES": "all", "ASTRAEUS_RUN_JOBS": "1"},
+                    mounts=[{"drive": "data", "path": "/data\n"}],
+                ),
+            )
+    assert [str(f) for f in caught.value.fields] == [
+        "command[2]: must not contain control characters (found U+0000)",
+        "environment.NVIDIA_VISIBLE_DEVICES: selects devices, which Astraeus does for every worker",
+        "environment.ASTRAEUS_RUN_JOBS: starts with ASTRAEUS_, which is reserved for Astraeus",
+        "mounts[0].path: must not contain control characters (found U+000A)",
+    ]
+    assert await row_counts(db) == before
+
+
 async def test_a_live_run_name_is_taken_in_its_workspace_only(
     db: Database, tenancy: Tenancy, clock: FakeClock
 ) -> None:

@@ -3,6 +3,8 @@
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backend.errors import FieldError, InvalidInput
 from backend.runs.spec import parse_spec
@@ -189,4 +191,189 @@ def test_credentials_go_to_one_variable_or_one_file_each() -> None:
         ("credentials[0].env", "is set by Astraeus for every worker"),
         ("credentials[1].env", "is also given in environment"),
         ("credentials", "two credentials go to the same variable or file"),
+    ]
+
+
+# issue 17: variables that select devices or Astraeus's behaviour are Astraeus's alone.
+SET_BY_ASTRAEUS = "is set by Astraeus for every worker"
+SELECTS_DEVICES = "selects devices, which Astraeus does for every worker"
+ASTRAEUS_PREFIX = "starts with ASTRAEUS_, which is reserved for Astraeus"
+CONTROL_CHARACTERS = [chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)]]
+LINE_BREAKS_AND_TAB = ["\t", "\n", "\r"]
+
+
+def control(character: str) -> str:
+    return f"must not contain control characters (found U+{ord(character):04X})"
+
+
+# issue 17
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("RANK", SET_BY_ASTRAEUS),
+        ("CUDA_VISIBLE_DEVICES", SET_BY_ASTRAEUS),
+        ("ASTRAEUS_RUN", SET_BY_ASTRAEUS),
+        ("ASTRAEUS_WORKER", SET_BY_ASTRAEUS),
+        ("NVIDIA_VISIBLE_DEVICES", SELECTS_DEVICES),
+        ("NVIDIA_DRIVER_CAPABILITIES", SELECTS_DEVICES),
+        ("NVIDIA_REQUIRE_CUDA", SELECTS_DEVICES),
+        ("CUDA_DEVICE_ORDER", SELECTS_DEVICES),
+        ("HIP_VISIBLE_DEVICES", SELECTS_DEVICES),
+        ("ROCR_VISIBLE_DEVICES", SELECTS_DEVICES),
+        ("GPU_DEVICE_ORDINAL", SELECTS_DEVICES),
+        ("ASTRAEUS_", ASTRAEUS_PREFIX),
+        ("ASTRAEUS_PROGRESS_FILE", ASTRAEUS_PREFIX),
+        ("ASTRAEUS_DRIVE_DATA", ASTRAEUS_PREFIX),
+        ("ASTRAEUS_SECRETS_DIR", ASTRAEUS_PREFIX),
+        ("ASTRAEUS_AGENT_TOKEN", ASTRAEUS_PREFIX),
+    ],
+)
+def test_a_reserved_variable_is_refused_in_environment_and_as_a_credential(
+    name: str, reason: str
+) -> None:
+    assert refused(run_spec(environment={name: "0"})) == [FieldError(f"environment.{name}", reason)]
+    assert refused(run_spec(credentials=[{"secret": "token", "env": name}])) == [
+        FieldError("credentials[0].env", reason)
+    ]
+
+
+# issue 17: a prefix rule, not a list
+@settings(max_examples=200, deadline=None)
+@given(suffix=st.from_regex(r"[A-Za-z0-9_]*", fullmatch=True))
+def test_every_name_starting_with_astraeus_is_refused(suffix: str) -> None:
+    name = f"ASTRAEUS_{suffix}"
+    expected = SET_BY_ASTRAEUS if name in {"ASTRAEUS_RUN", "ASTRAEUS_WORKER"} else ASTRAEUS_PREFIX
+    assert refused(run_spec(environment={name: "x"})) == [
+        FieldError(f"environment.{name}", expected)
+    ]
+    assert refused(run_spec(credentials=[{"secret": "token", "env": name}])) == [
+        FieldError("credentials[0].env", expected)
+    ]
+
+
+# issue 17: the rule names exact variables (case matters), not every name that looks alike
+def test_names_near_the_reserved_ones_are_the_users() -> None:
+    environment = {
+        "astraeus_run": "1",
+        "MY_ASTRAEUS_RUN": "1",
+        "ASTRAEUS": "1",
+        "NVIDIA_TF32_OVERRIDE": "0",
+        "CUDA_HOME": "/usr/local/cuda",
+        "CUDA_LAUNCH_BLOCKING": "1",
+        "NCCL_DEBUG": "WARN",
+    }
+    assert parse_spec(run_spec(environment=environment)).environment == environment
+
+
+# issue 17: a variable's name is checked with the other fields, all reported at once
+def test_a_reserved_variable_is_reported_with_the_other_bad_fields() -> None:
+    assert refused(run_spec(workers=0, environment={"NVIDIA_VISIBLE_DEVICES": "all"})) == [
+        FieldError("workers", "must be at least 1"),
+        FieldError("environment.NVIDIA_VISIBLE_DEVICES", SELECTS_DEVICES),
+    ]
+
+
+# issue 17: a name with '|' or ': ' in it is one refused field (it was a server error)
+@pytest.mark.parametrize("name", ["X|Y", "A: B", "A|B: C|D"])
+def test_an_odd_variable_name_is_one_refused_field(name: str) -> None:
+    assert refused(run_spec(environment={name: "1"})) == [
+        FieldError(f"environment.{name}", "is not a valid variable name")
+    ]
+
+
+# issue 17: scripts span lines
+def test_command_arguments_and_variable_values_may_span_lines_with_tabs() -> None:
+    script = "import os\nfor k in sorted(os.environ):\n\tprint(k)\r\n"
+    spec = parse_spec(
+        run_spec(
+            command=["python3", "-c", script],
+            environment={"BANNER": "line one\nline two\tcolumn\r\n"},
+        )
+    )
+    assert spec.command == ["python3", "-c", script]
+    assert spec.environment == {"BANNER": "line one\nline two\tcolumn\r\n"}
+    assert parse_spec(spec.to_json()) == spec
+
+
+# issue 17
+def test_nul_in_a_command_argument_is_refused_naming_the_argument() -> None:
+    assert refused(run_spec(command=["python3", "-c", "print(1)\x00"])) == [
+        FieldError("command[2]", "must not contain control characters (found U+0000)")
+    ]
+
+
+# issue 17: free text refuses every C0 control character but tab, newline and carriage return,
+# and DEL
+@pytest.mark.parametrize(
+    "character", [c for c in CONTROL_CHARACTERS[:0x21] if c not in LINE_BREAKS_AND_TAB]
+)
+def test_free_text_refuses_control_characters_but_line_breaks_and_tab(character: str) -> None:
+    text = f"before{character}after"
+    assert refused(run_spec(command=["sh", "-c", text])) == [
+        FieldError("command[2]", control(character))
+    ]
+    assert refused(run_spec(command=[text])) == [FieldError("command[0]", control(character))]
+    assert refused(run_spec(environment={"NOTE": text})) == [
+        FieldError("environment.NOTE", control(character))
+    ]
+
+
+# issue 17: every other string refuses every control character, tab and line breaks included
+@pytest.mark.parametrize("character", CONTROL_CHARACTERS)
+def test_names_keys_and_paths_refuse_every_control_character(character: str) -> None:
+    c = character
+    spec = run_spec(
+        name=f"run{c}",
+        cluster=f"local{c}",
+        pool=f"{c}a100",
+        image=f"nvcr.io/nvidia/pytorch:24.05{c}",
+        user=f"1000{c}",
+        time_limit=f"12h{c}",
+        stall_timeout=f"{c}",
+        mounts=[{"drive": f"data{c}", "path": f"/data{c}", "fill_from": f"/srv/{c}data"}],
+        credentials=[
+            {"secret": f"hf{c}token", "env": f"HF_TOKEN{c}"},
+            {"secret": "ssh-key", "file": f"id{c}rsa"},
+        ],
+    )
+    assert refused(spec) == [
+        FieldError("name", control(c)),
+        FieldError("cluster", control(c)),
+        FieldError("pool", control(c)),
+        FieldError("image", control(c)),
+        FieldError("user", control(c)),
+        FieldError("mounts[0].drive", control(c)),
+        FieldError("mounts[0].path", control(c)),
+        FieldError("mounts[0].fill_from", control(c)),
+        FieldError("credentials[0].secret", control(c)),
+        FieldError("credentials[0].env", control(c)),
+        FieldError("credentials[1].file", control(c)),
+        FieldError("time_limit", control(c)),
+        FieldError("stall_timeout", control(c)),
+    ]
+
+
+# issue 17: a variable's name is checked like a name; the path shows it escaped
+@pytest.mark.parametrize("character", CONTROL_CHARACTERS)
+def test_a_variable_name_refuses_every_control_character(character: str) -> None:
+    escaped = f"\\u{ord(character):04x}"
+    assert refused(run_spec(environment={f"HF{character}HOME": "/cache"})) == [
+        FieldError(f"environment.HF{escaped}HOME", control(character))
+    ]
+
+
+# issue 17: the first control character is the one named
+def test_the_first_control_character_is_named() -> None:
+    assert refused(run_spec(image="a\x1b[31mb\x00")) == [
+        FieldError("image", "must not contain control characters (found U+001B)")
+    ]
+    assert refused(run_spec(environment={"A": "\tok\x7f\x00"})) == [
+        FieldError("environment.A", "must not contain control characters (found U+007F)")
+    ]
+
+
+# issue 17: an unknown field's name is shown escaped too
+def test_an_unknown_field_with_a_control_character_is_named_escaped() -> None:
+    assert refused(run_spec(**{"gpu\x00s": 1})) == [
+        FieldError("gpu\\u0000s", "is not a field of a run specification")
     ]
