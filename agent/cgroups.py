@@ -1,19 +1,26 @@
-"""Each worker in a control group of its own: a memory limit, and OOM kills seen as such.
+"""Each worker in a control group of its own: memory and CPU limits, OOM kills seen as such.
 
-cgroup v2 where the machine has it (one unified hierarchy), v1 otherwise (the memory and
-cpuacct controllers). Without a writable hierarchy the worker runs without a limit, and the
-agent says so once in its log.
+cgroup v2 where the machine has it (one unified hierarchy), v1 otherwise (the memory, cpu and
+cpuacct controllers). Groups live under ``astraeus/<install>/<worker id>``: ``install`` names
+the agent's data folder, so two agents (or two Astraeus installs) on one machine never share a
+group, and the worker's id (never its name) tells workers apart. The group's files belong to
+root: a workload, which never runs as root, cannot raise its own limits. Without a writable
+hierarchy the worker runs without limits, and the agent says so once in its log.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 GROUP = "astraeus"
+CPU_PERIOD_US = 100_000
+MIN_CPU_QUOTA_US = 1_000  # the kernel's floor
 
 
 def _writable(path: Path) -> bool:
@@ -42,18 +49,38 @@ class WorkerCgroup:
 
     version: int
     memory: Path
-    cpu: Path | None
+    cpu: Path | None  # where CPU time is counted (v1: cpuacct)
+    cpu_limit: Path | None = None  # where CPU time is limited (v1: cpu; v2: the group)
 
     def limit_memory(self, limit: int | None) -> None:
         name = "memory.max" if self.version == 2 else "memory.limit_in_bytes"
         value = str(limit) if limit else ("max" if self.version == 2 else "-1")
         (self.memory / name).write_text(value)
 
+    def limit_cpu(self, cores: float | None) -> bool:
+        """At most ``cores`` cores of CPU time (CFS quota over a 100 ms period); False where
+        this machine gives no CPU controller."""
+        if self.cpu_limit is None:
+            return False
+        quota = max(MIN_CPU_QUOTA_US, round(cores * CPU_PERIOD_US)) if cores else None
+        if self.version == 2:
+            value = f"{quota} {CPU_PERIOD_US}" if quota else f"max {CPU_PERIOD_US}"
+            (self.cpu_limit / "cpu.max").write_text(value)
+        else:
+            (self.cpu_limit / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (self.cpu_limit / "cpu.cfs_quota_us").write_text(str(quota or -1))
+        return True
+
+    def folders(self) -> list[Path]:
+        """The group's folders, one per hierarchy it is in."""
+        out: list[Path] = []
+        for folder in (self.memory, self.cpu, self.cpu_limit):
+            if folder is not None and all(folder.resolve() != f.resolve() for f in out):
+                out.append(folder)
+        return out
+
     def procs_files(self) -> list[Path]:
-        files = [self.memory / "cgroup.procs"]
-        if self.cpu is not None and self.cpu != self.memory:
-            files.append(self.cpu / "cgroup.procs")
-        return files
+        return [folder / "cgroup.procs" for folder in self.folders()]
 
     def oom_kills(self) -> int:
         if self.version == 2:
@@ -73,44 +100,62 @@ class WorkerCgroup:
         ns = _read_int(self.cpu / "cpuacct.usage")
         return ns / 1e9 if ns is not None else None
 
+    def pids(self) -> list[int]:
+        with contextlib.suppress(OSError, ValueError):
+            return [int(p) for p in (self.memory / "cgroup.procs").read_text().split()]
+        return []
+
+    def kill_all(self, rounds: int = 20) -> None:
+        """SIGKILL every process in the group, also those that left the worker's process group
+        (a daemon, setsid); again while any forked meanwhile."""
+        kill_file = self.memory / "cgroup.kill"
+        for _ in range(rounds):
+            pids = self.pids()
+            if not pids:
+                return
+            if self.version == 2 and kill_file.exists():
+                with contextlib.suppress(OSError):
+                    kill_file.write_text("1")
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+
     def remove(self) -> None:
-        for folder in {self.memory, self.cpu} - {None}:
+        for folder in self.folders():
             with contextlib.suppress(OSError):
-                folder.rmdir()  # type: ignore[union-attr]
+                folder.rmdir()
 
 
-def create(worker: str, root: Path = ROOT) -> WorkerCgroup | None:
-    """A fresh group for the worker, or None where this machine gives the agent none."""
-    if (root / "cgroup.controllers").exists() and _writable(root):
-        folder = root / GROUP / worker
-        with contextlib.suppress(OSError):
-            (root / GROUP).mkdir(exist_ok=True)
-            with contextlib.suppress(OSError):
-                (root / GROUP / "cgroup.subtree_control").write_text("+memory +cpu")
-            folder.mkdir(exist_ok=True)
-            return WorkerCgroup(2, folder, folder)
+def _v1_group(root: Path, controller: str, install: str, key: str) -> Path | None:
+    """The worker's folder in one v1 controller, made; None where the agent may not."""
+    if not _writable(root / controller):
         return None
-    memory_root = root / "memory"
-    if not _writable(memory_root):
-        return None
+    folder = root / controller / GROUP / install / key
     try:
-        memory = memory_root / GROUP / worker
-        memory.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    cpu = None
-    cpuacct_root = root / "cpuacct"
-    if _writable(cpuacct_root):
+    return folder
+
+
+def create(key: str, install: str, root: Path = ROOT) -> WorkerCgroup | None:
+    """A fresh group for the worker known here as ``key``, under the install's own root; None
+    where this machine gives the agent none."""
+    if (root / "cgroup.controllers").exists() and _writable(root):
+        folder = root / GROUP / install / key
         with contextlib.suppress(OSError):
-            cpu = cpuacct_root / GROUP / worker
-            cpu.mkdir(parents=True, exist_ok=True)
-    return WorkerCgroup(1, memory, cpu)
-
-
-JOIN_THEN_EXEC = 'echo $$ > "$1" && { [ -z "$2" ] || echo $$ > "$2"; } && shift 2 && exec "$@"'
-
-
-def join_then_exec(group: WorkerCgroup) -> list[str]:
-    """The start of an argv that puts its own process in the group, then becomes the command."""
-    files = [str(f) for f in group.procs_files()] + [""]
-    return ["/bin/sh", "-c", JOIN_THEN_EXEC, "astraeus-worker", files[0], files[1]]
+            for parent in (root / GROUP, root / GROUP / install):
+                parent.mkdir(exist_ok=True)
+                with contextlib.suppress(OSError):
+                    (parent / "cgroup.subtree_control").write_text("+memory +cpu")
+            folder.mkdir(exist_ok=True)
+            cpu_limit = folder if (folder / "cpu.max").exists() else None
+            return WorkerCgroup(2, folder, folder, cpu_limit)
+        return None
+    memory = _v1_group(root, "memory", install, key)
+    if memory is None:
+        return None
+    cpuacct = _v1_group(root, "cpuacct", install, key)
+    cpu = _v1_group(root, "cpu", install, key)
+    return WorkerCgroup(1, memory, cpuacct, cpu)

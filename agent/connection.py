@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import hashlib
 import logging
+import os
 import random
 import time
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 from agent import docker, prepare
 from agent.executor import Exit, ProcessWorker
 from agent.gpus import GpuDevice, NvmlSampler
+from agent.identity import WorkloadUsers, workload_dir
 from agent.logs import LogFollower, WorkerLog
 from agent.metrics import Sampler
 from agent.outbox import Outbox
@@ -40,6 +42,10 @@ FOLLOW_POLL_S = 0.2
 PASSING = {"reply", "heartbeat", "secret_request"}
 # A follower waits while this many messages are queued for the server (it skips ahead later).
 QUEUE_HIGH_WATER = 256
+PROTOCOL = 2  # workers named by id (proto Hello.protocol)
+# Answers to Connect that another try would get again: the agent stops, saying why.
+UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
+FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 
 
 @dataclass
@@ -58,23 +64,42 @@ class AgentConfig:
     executor: str = "process"  # or "docker": containers through the Docker Engine API
     docker_socket: str = docker.SOCKET
     nvml: NvmlSampler | None = None
+    # Who workloads run as (agent/identity.py), and what of the machine they may reach:
+    # folders drives may be filled from, folders mount paths may be linked in (none: only
+    # under the worker's own folder).
+    users: WorkloadUsers = field(default_factory=WorkloadUsers)
+    fill_roots: tuple[Path, ...] = ()
+    mount_roots: tuple[Path, ...] = ()
+
+    @property
+    def install(self) -> str:
+        """Names this agent's data folder: two agents on one machine share no control group."""
+        return hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:12]
+
+    @property
+    def workload_dir(self) -> Path:
+        """Where the workers' folders and the drives are (agent/identity.py)."""
+        return workload_dir(self.data_dir, self.users)
 
 
 @dataclass
 class Agent:
     config: AgentConfig
-    workers: dict[str, Worker] = field(default_factory=dict)
+    # Everything of a worker on this machine is keyed by the server's id for it, never its
+    # name: two workspaces may both run `train` here.
+    workers: dict[int, Worker] = field(default_factory=dict)
     queue: asyncio.Queue[agent_pb2.AgentMessage] = field(default_factory=asyncio.Queue)
     running: set[asyncio.Task[Any]] = field(default_factory=set)
     follows: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    ended: dict[str, int] = field(default_factory=dict)  # reported ends not yet acknowledged
-    preparing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    secret_answers: dict[str, asyncio.Future[agent_pb2.SecretValues]] = field(default_factory=dict)
+    ended: dict[int, int] = field(default_factory=dict)  # reported ends not yet acknowledged
+    preparing: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    secret_answers: dict[int, asyncio.Future[agent_pb2.SecretValues]] = field(default_factory=dict)
     backoff_cap: float = BACKOFF_CAP
     outbox: Outbox = field(init=False)
     sampler: Sampler = field(init=False)
 
     def __post_init__(self) -> None:
+        private_folders(self.config.data_dir, self.config.workload_dir)
         self.outbox = Outbox(self.config.data_dir / "outbox")
         self.sampler = Sampler(self.config.nvml)
 
@@ -84,11 +109,11 @@ class Agent:
 
     @property
     def worker_root(self) -> Path:
-        return self.config.data_dir / "workers"
+        return self.config.workload_dir / "workers"
 
     @property
     def drive_root(self) -> Path:
-        return self.config.data_dir / "drives"
+        return self.config.workload_dir / "drives"
 
     def _send(self, durable: bool = True, **body: Any) -> None:
         """Queue a message; kept in the outbox until acknowledged unless it is a passing one."""
@@ -101,7 +126,7 @@ class Agent:
         self, worker: Worker, state: int, exit: Exit | None = None, reason: str = ""
     ) -> None:
         event = agent_pb2.WorkerEvent(
-            worker=worker.name,
+            worker_id=worker.worker_id,
             attempt=worker.attempt,
             state=state,
             at_ms=int(time.time() * 1000),
@@ -117,25 +142,41 @@ class Agent:
 
     # --- executors ------------------------------------------------------------------------
 
-    def _new_worker(self, name: str, payload: dict[str, Any]) -> Worker:
-        log_ = WorkerLog(self.log_root, name)
-        folder = self.worker_root / name
+    def _new_worker(self, worker_id: int, payload: dict[str, Any]) -> Worker:
+        log_ = WorkerLog(self.log_root, str(worker_id))
+        folder = self.worker_root / str(worker_id)
+        if self.config.users.switch:  # a user id of its own, free among the kept workers
+            taken = {int(w.payload["uid"]) for w in self.workers.values() if "uid" in w.payload}
+            with contextlib.suppress(LookupError):  # none free: start() says so
+                payload = {**payload, "uid": self.config.users.free_uid(taken)}
         if self.config.executor == "docker":
             drives = prepare.drive_folder(self.drive_root, payload, "x").parent
-            return docker.ContainerWorker(
-                name, payload, log_, folder, engine=self._engine(), drives=drives
+            container = docker.ContainerWorker(
+                worker_id, payload, log_, folder, engine=self._engine(), drives=drives
             )
-        return ProcessWorker(name, payload, log_, folder, drive_root=self.drive_root)
+            container.users, container.install = self.config.users, self.config.install
+            return container
+        return self._process_worker(
+            ProcessWorker(worker_id, payload, log_, folder, drive_root=self.drive_root)
+        )
+
+    def _process_worker(self, worker: ProcessWorker) -> ProcessWorker:
+        c = self.config
+        worker.users, worker.install = c.users, c.install
+        worker.fill_roots, worker.mount_roots = c.fill_roots, c.mount_roots
+        return worker
 
     def _adopt_worker(self, folder: Path) -> Worker | None:
         if docker.is_container_folder(folder):
             adopted = docker.ContainerWorker.adopt(folder, self.log_root, self._engine())
             if adopted is not None:
                 adopted.drives = prepare.drive_folder(self.drive_root, adopted.payload, "x").parent
+                adopted.users, adopted.install = self.config.users, self.config.install
             return adopted
         process = ProcessWorker.adopt(folder, self.log_root)
         if process is not None:
             process.drive_root = self.drive_root
+            self._process_worker(process)
         return process
 
     def _engine(self) -> docker.Engine:
@@ -151,7 +192,7 @@ class Agent:
             worker = self._adopt_worker(folder)
             if worker is None:
                 continue
-            self.workers[worker.name] = worker
+            self.workers[worker.worker_id] = worker
             if worker.started:
                 self._watch(worker)
             else:
@@ -164,7 +205,9 @@ class Agent:
         if self.config.executor == "docker":
             # Containers of workers this agent no longer has (deleted while it was away).
             with contextlib.suppress(Exception):
-                await docker.remove_orphans(self._engine(), set(self.workers))
+                install = self.config.install
+                kept = {f"{install}-{k}" for k in self.workers}
+                await docker.remove_orphans(self._engine(), kept, install)
         sampling = asyncio.create_task(self._sample_forever())
         backoff = BACKOFF_START
         try:
@@ -173,7 +216,7 @@ class Agent:
                 try:
                     await self._session()
                 except grpc.aio.AioRpcError as error:
-                    if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    if error.code() in (UNAUTHENTICATED, FAILED_PRECONDITION):
                         raise SystemExit(f"astraeus agent: {error.details()}") from None
                     log.warning("stream to %s ended: %s", self.config.server, error.details())
                 if time.monotonic() - started > 60:
@@ -187,13 +230,13 @@ class Agent:
     def _hello(self) -> agent_pb2.AgentMessage:
         c = self.config
         known = [
-            agent_pb2.KnownWorker(worker=w.name, attempt=w.attempt, ended=w.exited.is_set())
+            agent_pb2.KnownWorker(worker_id=w.worker_id, attempt=w.attempt, ended=w.exited.is_set())
             for w in self.workers.values()
         ]
         known += [
-            agent_pb2.KnownWorker(worker=name, attempt=attempt, ended=True)
-            for name, attempt in self.ended.items()
-            if name not in self.workers
+            agent_pb2.KnownWorker(worker_id=worker_id, attempt=attempt, ended=True)
+            for worker_id, attempt in self.ended.items()
+            if worker_id not in self.workers
         ]
         return agent_pb2.AgentMessage(
             id=0,
@@ -213,8 +256,9 @@ class Agent:
                     )
                     for g in c.gpus
                 ],
-                agent_version="0.1.0",
-                workers=sorted(known, key=lambda k: k.worker),
+                agent_version="0.2.0",
+                protocol=PROTOCOL,
+                workers=sorted(known, key=lambda k: k.worker_id),
             ),
         )
 
@@ -263,9 +307,9 @@ class Agent:
         elif kind == "ack":
             self.outbox.acknowledge(message.ack.up_to)
             self.ended = {
-                name: attempt
-                for name, attempt in self.ended.items()
-                if any(_ends(m, name) for m in self.outbox.pending())
+                worker_id: attempt
+                for worker_id, attempt in self.ended.items()
+                if any(_ends(m, worker_id) for m in self.outbox.pending())
             }
         elif kind == "command":
             await self._command(message.command)
@@ -275,7 +319,7 @@ class Agent:
         elif kind == "log_follow_start":
             self._follow(message.id, message.log_follow_start)
         elif kind == "secret_values":
-            waiting = self.secret_answers.pop(message.secret_values.worker, None)
+            waiting = self.secret_answers.pop(message.secret_values.worker_id, None)
             if waiting is not None and not waiting.done():
                 waiting.set_result(message.secret_values)
         elif kind == "log_follow_stop":
@@ -291,37 +335,38 @@ class Agent:
 
     def _reply_tail(self, request_id: int, request: agent_pb2.LogTailRequest) -> None:
         """The last lines of a worker's log, cut to the bytes asked for (its end)."""
-        text, archived = WorkerLog(self.log_root, request.worker).tail(
+        text, archived = WorkerLog(self.log_root, str(request.worker_id)).tail(
             request.lines or 1000, timestamps=request.timestamps
         )
         data = text.encode()
         if request.max_bytes and len(data) > request.max_bytes:
             text = data[-request.max_bytes :].decode(errors="ignore")
         self._reply(
-            request_id, agent_pb2.LogChunk(worker=request.worker, text=text, archived=archived)
+            request_id,
+            agent_pb2.LogChunk(worker_id=request.worker_id, text=text, archived=archived),
         )
 
     def _follow(self, request_id: int, request: agent_pb2.LogFollowStart) -> None:
         follow_id = request.follow_id or str(request_id)
         task = asyncio.create_task(
-            self._stream_log(request_id, request), name=f"follow:{request.worker}"
+            self._stream_log(request_id, request), name=f"follow:{request.worker_id}"
         )
         self.follows[follow_id] = task
         task.add_done_callback(lambda _: self.follows.pop(follow_id, None))
 
     async def _stream_log(self, request_id: int, request: agent_pb2.LogFollowStart) -> None:
         """Send the worker's new lines as they are written, until it ends or the server stops."""
-        name = request.worker
-        worker = self.workers.get(name)
-        wlog = WorkerLog(self.log_root, name)
+        key = request.worker_id
+        worker = self.workers.get(key)
+        wlog = WorkerLog(self.log_root, str(key))
         if request.tail_lines:
             text, archived = wlog.tail(request.tail_lines)
             if text:
                 self._reply(
-                    request_id, agent_pb2.LogChunk(worker=name, text=text, archived=archived)
+                    request_id, agent_pb2.LogChunk(worker_id=key, text=text, archived=archived)
                 )
         if worker is None or worker.exited.is_set():
-            self._reply(request_id, agent_pb2.LogChunk(worker=name, ended=True))
+            self._reply(request_id, agent_pb2.LogChunk(worker_id=key, ended=True))
             return
         follower = LogFollower(wlog)
         missed = 0
@@ -332,41 +377,43 @@ class Agent:
                 if text or missed:
                     self._reply(
                         request_id,
-                        agent_pb2.LogChunk(worker=name, text=text, missed_lines=missed),
+                        agent_pb2.LogChunk(worker_id=key, text=text, missed_lines=missed),
                     )
                     missed = 0
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(worker.exited.wait(), FOLLOW_POLL_S)
-        self._reply(request_id, agent_pb2.LogChunk(worker=name, text=follower.rest(), ended=True))
+        self._reply(request_id, agent_pb2.LogChunk(worker_id=key, text=follower.rest(), ended=True))
 
     # --- commands -------------------------------------------------------------------------
 
     async def _command(self, command: agent_pb2.Command) -> None:
-        name = command.worker
+        key = command.worker_id
         worker: Worker | None
+        if not key:
+            return  # names no worker (a command of a server before ids): nothing to do
         if command.kind == agent_pb2.COMMAND_KIND_START:
-            payload = json.loads(command.payload_json or "{}")
-            current = self.workers.get(name)
+            payload = start_payload(command.start)
+            current = self.workers.get(key)
             if current is not None and current.attempt == int(payload.get("attempt", 0)):
                 return  # delivered again after a reconnect
             if current is not None:
                 await current.stop()
-            worker = self._new_worker(name, payload)
+            worker = self._new_worker(key, payload)
             worker.keep()
-            self.workers[name] = worker
+            self.workers[key] = worker
             self._begin(worker)
         elif command.kind == agent_pb2.COMMAND_KIND_RELEASE:
-            worker = self.workers.get(name)
+            worker = self.workers.get(key)
             if worker is not None and not worker.started and not worker.exited.is_set():
                 await worker.start()
                 self.report(worker, agent_pb2.WORKER_STATE_RUNNING)
                 self._watch(worker)
         elif command.kind == agent_pb2.COMMAND_KIND_STOP:
-            worker = self.workers.get(name)
+            worker = self.workers.get(key)
             if worker is None:
                 return
             if not worker.started:
-                preparing = self.preparing.pop(name, None)
+                preparing = self.preparing.pop(key, None)
                 if preparing is not None:
                     preparing.cancel()
                 worker.exited.set()
@@ -377,14 +424,14 @@ class Agent:
             else:
                 await worker.stop()
         elif command.kind == agent_pb2.COMMAND_KIND_DELETE:
-            preparing = self.preparing.pop(name, None)
+            preparing = self.preparing.pop(key, None)
             if preparing is not None:
                 preparing.cancel()
-            worker = self.workers.pop(name, None)
+            worker = self.workers.pop(key, None)
             if worker is not None:
                 await worker.stop()
                 worker.release()
-            WorkerLog(self.log_root, name).delete()
+            WorkerLog(self.log_root, str(key)).delete()
 
     # --- preparing: credentials and drives --------------------------------------------------
 
@@ -397,8 +444,8 @@ class Agent:
             self.report(worker, agent_pb2.WORKER_STATE_READY)
             return
         task = asyncio.create_task(self._prepare(worker))
-        self.preparing[worker.name] = task
-        task.add_done_callback(lambda _: self.preparing.pop(worker.name, None))
+        self.preparing[worker.worker_id] = task
+        task.add_done_callback(lambda _: self.preparing.pop(worker.worker_id, None))
 
     async def _prepare(self, worker: Worker) -> None:
         said = ""
@@ -411,7 +458,7 @@ class Agent:
 
         credentials = worker.payload.get("credentials") or []
         while credentials:
-            answer = await self._ask_secrets(worker.name)
+            answer = await self._ask_secrets(worker)
             if answer is not None and not answer.missing:
                 worker.secrets = dict(answer.values)
                 break
@@ -420,7 +467,13 @@ class Agent:
             await asyncio.sleep(self.config.prepare_poll_seconds)
         for drive, source, folder in prepare.drives_to_fill(worker.payload, self.drive_root):
             preparing(prepare.waiting_for_drive(drive))
-            problem = await asyncio.to_thread(prepare.fill_drive, source, folder)
+            problem = await asyncio.to_thread(
+                prepare.fill_drive,
+                source,
+                folder,
+                allowed_roots=self.config.fill_roots,
+                gid=worker.workspace_gid if isinstance(worker, ProcessWorker) else None,
+            )
             if problem is not None:
                 self._ended_before_start(worker, Exit(None, problem))
                 return
@@ -440,18 +493,20 @@ class Agent:
         self.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
         self._forget(worker)
 
-    async def _ask_secrets(self, worker: str) -> agent_pb2.SecretValues | None:
+    async def _ask_secrets(self, worker: Worker) -> agent_pb2.SecretValues | None:
         """The worker's secret values from the server; None when it does not answer in time."""
         answer: asyncio.Future[agent_pb2.SecretValues] = asyncio.get_running_loop().create_future()
-        self.secret_answers[worker] = answer
-        self._send(durable=False, secret_request=agent_pb2.SecretRequest(worker=worker))
+        key = worker.worker_id
+        self.secret_answers[key] = answer
+        asked = agent_pb2.SecretRequest(worker_id=key, attempt=worker.attempt)
+        self._send(durable=False, secret_request=asked)
         try:
             return await asyncio.wait_for(answer, self.config.prepare_poll_seconds * 2)
         except TimeoutError:
             return None
         finally:
-            if self.secret_answers.get(worker) is answer:
-                del self.secret_answers[worker]
+            if self.secret_answers.get(key) is answer:
+                del self.secret_answers[key]
 
     def _watch(self, worker: Worker) -> None:
         task = asyncio.create_task(self._until_exit(worker))
@@ -460,12 +515,12 @@ class Agent:
 
     async def _until_exit(self, worker: Worker) -> None:
         exit = await worker.wait()
-        if self.workers.get(worker.name) is not worker:
+        if self.workers.get(worker.worker_id) is not worker:
             return  # deleted meanwhile
         worker.exited.set()
         # Followers read to the end before the log is archived.
         await asyncio.sleep(0)
-        mine = f"follow:{worker.name}"
+        mine = f"follow:{worker.worker_id}"
         for follow in [t for t in self.follows.values() if t.get_name() == mine]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(follow), 2)
@@ -475,10 +530,10 @@ class Agent:
 
     def _forget(self, worker: Worker) -> None:
         """The end is in the outbox: the runtime folder may go; Hello names it until acked."""
-        self.ended[worker.name] = worker.attempt
+        self.ended[worker.worker_id] = worker.attempt
         worker.release()
-        if self.workers.get(worker.name) is worker:
-            del self.workers[worker.name]
+        if self.workers.get(worker.worker_id) is worker:
+            del self.workers[worker.worker_id]
 
     # --- samples --------------------------------------------------------------------------
 
@@ -496,7 +551,7 @@ class Agent:
         for w in workers:
             if isinstance(w, docker.ContainerWorker) and w.started and not w.exited.is_set():
                 with contextlib.suppress(Exception):  # an engine that does not answer: next time
-                    readings[w.name] = await w.sample()
+                    readings[w.worker_id] = await w.sample()
         look = self.sampler.look(workers, readings)
         for progress in look.progress:
             self._send(progress=progress)
@@ -507,9 +562,62 @@ class Agent:
                 self._send(gpu_health=agent_pb2.GpuHealth(index=index, healthy=False, reason=fault))
 
 
-def _ends(message: agent_pb2.AgentMessage, worker: str) -> bool:
+def private_folders(data_dir: Path, workloads: Path) -> None:
+    """The agent's folders are its own: workloads may pass through to their own folder (0711:
+    no listing), and read nothing else (logs, the outbox: 0700)."""
+    for folder, mode in (
+        (data_dir, 0o711),
+        (data_dir / "logs", 0o700),
+        (data_dir / "outbox", 0o700),
+        (workloads, 0o711),
+        (workloads / "workers", 0o711),
+        (workloads / "drives", 0o711),
+    ):
+        folder.mkdir(mode=mode, parents=True, exist_ok=True)
+        if folder.is_symlink() or folder.stat().st_uid != os.geteuid():
+            raise SystemExit(f"astraeus agent: {folder} is not this agent's own folder")
+        folder.chmod(mode)
+
+
+def start_payload(start: agent_pb2.StartWorker) -> dict[str, Any]:
+    """The typed start message as the payload kept in the worker's folder (payload.json)."""
+    payload: dict[str, Any] = {
+        "worker": start.worker,
+        "run": start.run,
+        "rank": start.rank,
+        "attempt": start.attempt,
+        "workspace_id": start.workspace_id,
+        "image": start.image or None,
+        "command": list(start.command),
+        "user": start.user or None,
+        "working_dir": start.working_dir or None,
+        "environment": dict(start.environment),
+        "astraeus_environment": dict(start.astraeus_environment),
+        "mounts": [
+            {
+                "drive": m.drive,
+                "path": m.path,
+                "fill_from": m.fill_from or None,
+                "read_only": m.read_only,
+            }
+            for m in start.mounts
+        ],
+        "credentials": [
+            {"secret": c.secret, "env": c.env or None, "file": c.file or None}
+            for c in start.credentials
+        ],
+        "cpu": start.cpu if start.HasField("cpu") else None,
+        "memory_limit_bytes": (
+            start.memory_limit_bytes if start.HasField("memory_limit_bytes") else None
+        ),
+        "gpu_ids": list(start.gpu_ids),
+    }
+    return payload
+
+
+def _ends(message: agent_pb2.AgentMessage, worker_id: int) -> bool:
     return (
         message.WhichOneof("body") == "worker_event"
-        and message.worker_event.worker == worker
+        and message.worker_event.worker_id == worker_id
         and message.worker_event.state == agent_pb2.WORKER_STATE_EXITED
     )

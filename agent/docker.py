@@ -45,6 +45,7 @@ import httpx
 
 from agent import cgroups, prepare, shim
 from agent.executor import LOST, OOM_KILLED, PAYLOAD, SDK, STOP_GRACE_SECONDS, Exit, exited_with
+from agent.identity import WorkloadUsers
 from agent.logs import WorkerLog
 
 log = logging.getLogger("astraeus.agent")
@@ -361,8 +362,11 @@ def create_body(
     image_env: Iterable[str] | None = None,
     sdk: Path = SDK,
     secrets: dict[str, str] | None = None,
+    user: str | None = None,
 ) -> dict[str, Any]:
-    """``POST /containers/create``'s body for a worker's start payload."""
+    """``POST /containers/create``'s body for a worker's start payload. ``user`` (uid:gid) is
+    who it runs as where the agent chose (agent/identity.py); else the spec's, or the image's.
+    Setuid programs in the image give it nothing (no-new-privileges)."""
     host: dict[str, Any] = {
         # Gangs reach rank 0 at MASTER_ADDR (its machine's name) and MASTER_PORT.
         "NetworkMode": "host",
@@ -374,6 +378,7 @@ def create_body(
         "Binds": [f"{run_folder}:{CONTAINER_RUN}", f"{sdk}:{CONTAINER_SDK}:ro"],
         # The engine keeps a bounded log of its own; ours is the WorkerLog.
         "LogConfig": {"Type": "local", "Config": {}},
+        "SecurityOpt": ["no-new-privileges"],
     }
     for mount in payload.get("mounts") or []:
         bind = f"{drives / mount['drive']}:{mount['path']}"
@@ -403,8 +408,8 @@ def create_body(
     }
     if payload.get("command"):
         body["Cmd"] = [str(a) for a in payload["command"]]
-    if payload.get("user"):
-        body["User"] = str(payload["user"])
+    if user or payload.get("user"):
+        body["User"] = user or str(payload["user"])
     if payload.get("working_dir"):
         body["WorkingDir"] = str(payload["working_dir"])
     return body
@@ -557,9 +562,15 @@ async def removals_done() -> None:
     await asyncio.gather(*_removals, return_exceptions=True)
 
 
-async def remove_orphans(engine: Engine, kept: Collection[str]) -> list[str]:
-    """Remove Astraeus' containers whose workers this agent no longer keeps (after adopt)."""
-    gone = orphans(await engine.containers(worker_filters()), kept)
+async def remove_orphans(engine: Engine, kept: Collection[str], install: str) -> list[str]:
+    """Remove this install's containers whose workers this agent no longer keeps (after adopt);
+    another agent's on the same engine are not its to remove."""
+    ours = [
+        c
+        for c in await engine.containers(worker_filters())
+        if str((c.get("Labels") or {}).get(LABEL_WORKER, "")).startswith(f"{install}-")
+    ]
+    gone = orphans(ours, kept)
     for container in gone:
         await engine.remove(container)
     return gone
@@ -586,9 +597,12 @@ PullReport = Callable[[str], Awaitable[None]]
 
 @dataclass
 class ContainerWorker:
-    """One worker as a container: its start payload, its log, its container once started."""
+    """One worker as a container: its start payload, its log, its container once started.
 
-    name: str
+    Known on the machine by the server's id for it (labels, container names, folders): two
+    workspaces' workers may share a name."""
+
+    worker_id: int
     payload: dict[str, Any]
     log: WorkerLog
     folder: Path
@@ -605,10 +619,22 @@ class ContainerWorker:
     copying: asyncio.Task[None] | None = None
     # Credentials' values, in memory only (never in payload.json); given at start.
     secrets: dict[str, str] = field(default_factory=dict)
+    users: WorkloadUsers = field(default_factory=WorkloadUsers)
+    install: str = "default"  # names the agent's data folder: two agents may share an engine
+
+    @property
+    def key(self) -> str:
+        """How its containers are labelled and named: this install's, this worker's."""
+        return f"{self.install}-{self.worker_id}"
 
     @property
     def attempt(self) -> int:
         return int(self.payload.get("attempt", 0))
+
+    @property
+    def name(self) -> str:
+        """The worker's name, for people (log lines of the agent)."""
+        return str(self.payload.get("worker") or self.worker_id)
 
     @property
     def image(self) -> str | None:
@@ -628,10 +654,12 @@ class ContainerWorker:
         for stale in (shim.EXIT, CONTAINER, LOGGED_AT):
             (self.folder / stale).unlink(missing_ok=True)
         shutil.rmtree(self.run_folder, ignore_errors=True)
+        self.folder.chmod(0o711)
         self.run_folder.mkdir()
-        # The container's user may be anyone; the folder is this worker's alone.
+        # The container's user may be anyone (an image's own), unless the agent chose it
+        # (start: then the folder becomes that user's alone).
         self.run_folder.chmod(0o777)
-        shim.write_atomically(self.folder / PAYLOAD, json.dumps(self.payload))
+        shim.write_atomically(self.folder / PAYLOAD, json.dumps(self.payload), private=True)
 
     @classmethod
     def adopt(
@@ -647,7 +675,9 @@ class ContainerWorker:
         except (OSError, ValueError):
             shutil.rmtree(folder, ignore_errors=True)
             return None
-        worker = cls(folder.name, payload, WorkerLog(log_root, folder.name), folder)
+        if not folder.name.isdigit():
+            return None  # not a worker's folder (an agent before ids: left as it is)
+        worker = cls(int(folder.name), payload, WorkerLog(log_root, folder.name), folder)
         if engine is not None:
             worker.engine = engine
         worker.container_id = _read_text(folder / CONTAINER)
@@ -726,22 +756,40 @@ class ContainerWorker:
             self._not_started(_said(error), code)
 
     async def _create_and_start(self) -> None:
-        for stale in await self.engine.containers(worker_filters(self.name)):
+        for stale in await self.engine.containers(worker_filters(self.key)):
             await self.engine.remove(stale["Id"])  # an earlier attempt, or a half start
         credentials = self.payload.get("credentials") or []
-        prepare.write_secret_files(credentials, self.secrets, self.run_folder / SECRETS, mode=0o444)
+        user = None
+        try:
+            identity = self.users.of_worker(self.payload)
+        except (LookupError, ValueError) as error:
+            raise EngineError(400, str(error.args[0])) from None
+        if identity is not None:
+            # As for a process: a user of its own, never root; its run folder its alone.
+            user = f"{identity.uid}:{identity.gid}"
+            os.chown(self.run_folder, identity.uid, identity.gid)
+            self.run_folder.chmod(0o700)
+            owner = (identity.uid, identity.gid)
+            prepare.write_secret_files(
+                credentials, self.secrets, self.run_folder / SECRETS, owner=owner
+            )
+        else:
+            prepare.write_secret_files(
+                credentials, self.secrets, self.run_folder / SECRETS, mode=0o444
+            )
         body = create_body(
-            self.name,
+            self.key,
             self.payload,
             run_folder=self.run_folder,
             drives=self.drives or self.folder.parent.parent / "drives",
             image_env=self.image_env,
             secrets=self.secrets,
+            user=user,
         )
         created = await self.engine.call(
             "POST",
             "/containers/create",
-            params={"name": container_name(self.name, self.attempt)},
+            params={"name": container_name(self.key, self.attempt)},
             body=body,
         )
         self.container_id = str(created["Id"])
@@ -770,7 +818,7 @@ class ContainerWorker:
     async def _container(self) -> str | None:
         """The container's id: as written down, else found by its labels."""
         if self.container_id is None:
-            found = await self.engine.containers(worker_filters(self.name, self.attempt))
+            found = await self.engine.containers(worker_filters(self.key, self.attempt))
             if found:
                 self.container_id = str(found[0]["Id"])
                 shim.write_atomically(self.folder / CONTAINER, self.container_id)

@@ -1,8 +1,12 @@
 """The process executor: each worker a process group of its own on this machine, kept by a shim.
 
-A worker's runtime folder (``<data>/workers/<worker>/``) holds what a restarted agent needs to
-take it back: the start payload, the shim's pid, the worker's process group, its progress
-file, and how it ended. The log lives apart (``<data>/logs/<worker>/``) and outlives it.
+A worker's runtime folder (``<data>/workers/<worker id>/``, the agent's: 0711, its files 0600)
+holds what a restarted agent needs to take it back: the start payload, the shim's pid, the
+worker's process group, and how it ended. Inside it, ``home/`` is the workload's own (its
+user's alone, 0700): its working folder, progress file, secret files and drive links. The log
+lives apart (``<data>/logs/<worker id>/``, the agent's) and outlives it. The workload runs as
+an unprivileged user (agent/identity.py), in a clean environment, in control groups it cannot
+write (agent/cgroups.py).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import cgroups, prepare, shim
+from agent.identity import Identity, WorkloadUsers, base_environment, workload_dir
 from agent.logs import WorkerLog
 
 STOP_GRACE_SECONDS = 10.0
@@ -26,7 +31,10 @@ ADOPTED_POLL_SECONDS = 1.0
 PAYLOAD = "payload.json"
 SHIM_PID = "shim.pid"
 PROGRESS = "progress"
+HOME = "home"
+LINKS = "links.json"
 SDK = Path(__file__).parent / "sdk"
+SDK_MODULE = "astraeus_progress.py"
 LOST = "Lost: its process ended while the agent was away"
 OOM_KILLED = shim.OOM_KILLED
 exited_with = shim.exited_with
@@ -57,9 +65,12 @@ def _is_shim(pid: int) -> bool:
 
 @dataclass
 class ProcessWorker:
-    """One worker: its start payload, its log, and its shim once released."""
+    """One worker: its start payload, its log, and its shim once released.
 
-    name: str
+    Known on the machine by the server's id for it (folders, logs, control groups): two
+    workspaces' workers may share a name."""
+
+    worker_id: int
     payload: dict[str, Any]
     log: WorkerLog
     folder: Path
@@ -71,21 +82,43 @@ class ProcessWorker:
     # Credentials' values, in memory only (never in payload.json); given at start.
     secrets: dict[str, str] = field(default_factory=dict)
     drive_root: Path | None = None
+    users: WorkloadUsers = field(default_factory=WorkloadUsers)
+    install: str = "default"  # names the agent's data folder: the control groups' root
+    fill_roots: tuple[Path, ...] = ()
+    mount_roots: tuple[Path, ...] = ()
 
     @property
     def attempt(self) -> int:
         return int(self.payload.get("attempt", 0))
 
     @property
+    def name(self) -> str:
+        """The worker's name, for people (log lines of the agent)."""
+        return str(self.payload.get("worker") or self.worker_id)
+
+    @property
+    def home(self) -> Path:
+        """The workload's own folder: its user's alone."""
+        return self.folder / HOME
+
+    @property
     def progress_file(self) -> Path:
-        return self.folder / PROGRESS
+        return self.home / PROGRESS
+
+    @property
+    def workspace_gid(self) -> int | None:
+        with contextlib.suppress(ValueError):
+            return self.users.workspace_gid(int(self.payload.get("workspace_id") or 0))
+        return None
 
     def keep(self) -> None:
         """Write the start payload down: a worker at the barrier survives the agent too."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        for stale in (shim.EXIT, shim.WORKER_PID, SHIM_PID, PROGRESS):
+        self.folder.mkdir(mode=0o711, parents=True, exist_ok=True)
+        self.folder.chmod(0o711)  # its user passes through to home/, and sees nothing else
+        for stale in (shim.EXIT, shim.WORKER_PID, SHIM_PID, LINKS):
             (self.folder / stale).unlink(missing_ok=True)
-        shim.write_atomically(self.folder / PAYLOAD, json.dumps(self.payload))
+        shutil.rmtree(self.home, ignore_errors=True)  # an earlier attempt's, its user's
+        shim.write_atomically(self.folder / PAYLOAD, json.dumps(self.payload), private=True)
 
     @classmethod
     def adopt(cls, folder: Path, log_root: Path) -> ProcessWorker | None:
@@ -95,7 +128,9 @@ class ProcessWorker:
         except (OSError, ValueError):
             shutil.rmtree(folder, ignore_errors=True)
             return None
-        worker = cls(folder.name, payload, WorkerLog(log_root, folder.name), folder)
+        if not folder.name.isdigit():
+            return None  # not a worker's folder (an agent before ids: left as it is)
+        worker = cls(int(folder.name), payload, WorkerLog(log_root, folder.name), folder)
         worker.started = (folder / SHIM_PID).exists()
         spec = folder / shim.SPEC
         if spec.exists():
@@ -105,54 +140,97 @@ class ProcessWorker:
 
     @property
     def secrets_folder(self) -> Path:
-        return self.folder / "secrets"
+        return self.home / "secrets"
 
-    def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAEUS_")}
+    def environment(self, identity: Identity | None, drives: dict[str, str]) -> dict[str, str]:
+        """A clean environment: a few basics, the spec's variables, the credentials, the
+        drives, then Astraeus' own. Nothing of the agent's."""
+        env = base_environment(identity, str(self.home))
         env.update(self.payload.get("environment") or {})
         credentials = self.payload.get("credentials") or []
         env.update(
             prepare.credential_variables(credentials, self.secrets, str(self.secrets_folder))
         )
-        if self.drive_root is not None:
-            env.update(prepare.expose_drives(self.payload, self.drive_root))
+        env.update(drives)
         env.update(self.payload.get("astraeus_environment") or {})
         env["ASTRAEUS_PROGRESS_FILE"] = str(self.progress_file)
         # `import astraeus_progress` works in the worker; its own PYTHONPATH comes first.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(SDK)) if p)
+        sdk = str(self.folder / "sdk")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), sdk) if p)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
+    def _make_home(self, identity: Identity | None) -> None:
+        """The workload's own folder, made anew; and the progress SDK beside it (the agent's
+        own copy may be in a folder its user cannot read)."""
+        self.home.mkdir(mode=0o700)
+        if identity is not None:
+            os.chown(self.home, identity.uid, identity.gid)
+        sdk = self.folder / "sdk"
+        sdk.mkdir(mode=0o755, exist_ok=True)
+        sdk.chmod(0o755)
+        shutil.copyfile(SDK / SDK_MODULE, sdk / SDK_MODULE)
+        (sdk / SDK_MODULE).chmod(0o644)
+
+    def _not_started(self, reason: str, code: int | None = None) -> None:
+        shim.record_exit(self.folder, code, reason)
+
     async def start(self) -> None:
-        """Start the shim, which starts the command; the log begins anew."""
+        """Start the shim, which starts the command as the workload's user; the log begins
+        anew. A worker that cannot start (its user, a mount) ends with the reason."""
         command = list(self.payload.get("command") or [])
         self.log.begin()
         self.started = True
+        try:
+            identity = self.users.of_worker(self.payload)
+        except (LookupError, ValueError) as error:
+            return self._not_started(str(error.args[0]))
+        self._make_home(identity)
+        owner = (identity.uid, identity.gid) if identity is not None else None
         credentials = self.payload.get("credentials") or []
-        prepare.write_secret_files(credentials, self.secrets, self.secrets_folder)
+        prepare.write_secret_files(credentials, self.secrets, self.secrets_folder, owner=owner)
+        exposed = prepare.Exposed()
+        if self.drive_root is not None:
+            exposed = prepare.expose_drives(
+                self.payload,
+                self.drive_root,
+                home=self.home,
+                mount_roots=self.mount_roots,
+                gid=self.workspace_gid,
+            )
+            if exposed.problem is not None:
+                return self._not_started(exposed.problem)
+            links = {"links": [str(p) for p in exposed.links]}
+            links["folders"] = [str(p) for p in exposed.folders]
+            shim.write_atomically(self.folder / LINKS, json.dumps(links), private=True)
         if not command:
-            shim.record_exit(self.folder, 127, exited_with(127))
-            return
-        self.cgroup = cgroups.create(self.name)
-        argv = command
+            return self._not_started(exited_with(127), 127)
+        self.cgroup = cgroups.create(str(self.worker_id), self.install)
         group = None
         if self.cgroup is not None:
             self.cgroup.limit_memory(self.payload.get("memory_limit_bytes"))
-            # The process enters its group itself, before its command runs (a shell that
-            # joins, then execs): nothing it allocates escapes the limit.
-            argv = [*cgroups.join_then_exec(self.cgroup), *command]
+            self.cgroup.limit_cpu(self.payload.get("cpu"))
             group = {
                 "version": self.cgroup.version,
                 "memory": str(self.cgroup.memory),
                 "cpu": str(self.cgroup.cpu) if self.cgroup.cpu else None,
+                "cpu_limit": str(self.cgroup.cpu_limit) if self.cgroup.cpu_limit else None,
             }
         spec = {
-            "worker": self.name,
-            "argv": argv,
-            "env": self.environment(),
-            "cwd": self.payload.get("working_dir"),
+            "worker": str(self.worker_id),
+            "argv": command,
+            "env": self.environment(identity, exposed.variables),
+            "cwd": self.payload.get("working_dir") or str(self.home),
             "log_root": str(self.log.folder.parent),
             "cgroup": group,
+            # agent/enter.py: the process joins these groups itself, as root, before its
+            # command runs (nothing it forks escapes them), then becomes the workload's user.
+            "cgroup_procs": [str(f) for f in self.cgroup.procs_files()] if self.cgroup else [],
+            "identity": (
+                {"uid": identity.uid, "gid": identity.gid, "groups": list(identity.groups)}
+                if identity is not None
+                else None
+            ),
         }
         # The spec holds the credentials' values: readable by the agent's user only.
         shim.write_atomically(self.folder / shim.SPEC, json.dumps(spec), private=True)
@@ -210,11 +288,25 @@ class ProcessWorker:
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGKILL)
+            self._kill_the_rest()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wait(), STOP_GRACE_SECONDS)
 
+    def _kill_the_rest(self) -> None:
+        """Processes of the worker that left its process group (setsid, a daemon) are still
+        in its control group: they end too."""
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+
     def release(self) -> None:
-        """The worker is gone and reported: its group and runtime folder go too."""
+        """The worker is gone and reported: whatever it left running, its links at mount
+        paths, its group and its runtime folder go too."""
+        self._kill_the_rest()
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            made = json.loads((self.folder / LINKS).read_text())
+            prepare.remove_links(
+                [Path(p) for p in made["links"]], [Path(p) for p in made["folders"]]
+            )
         if self.cgroup is not None:
             self.cgroup.remove()
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -223,6 +315,12 @@ class ProcessWorker:
 def end_left_workers(data_dir: Path) -> None:
     """Kill every worker (and its shim) an agent left running in ``data_dir``: workers outlive
     their agent by design, so taking a machine out of service (or a test) ends them here."""
+    data_dir = workload_dir(data_dir, WorkloadUsers())
+    for spec_file in data_dir.glob(f"workers/*/{shim.SPEC}"):
+        with contextlib.suppress(OSError, ValueError):
+            group = shim.cgroup_of(json.loads(spec_file.read_text()))
+            if group is not None:
+                group.kill_all()  # what left the process group, too
     for pid_file in data_dir.glob(f"workers/*/{shim.WORKER_PID}"):
         with contextlib.suppress(OSError, ValueError):
             os.killpg(int(pid_file.read_text()), signal.SIGKILL)

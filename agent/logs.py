@@ -27,8 +27,9 @@ READ_BLOCK = 64 * 1024
 
 
 class WorkerLog:
-    def __init__(self, root: Path, worker: str) -> None:
-        self.folder = root / worker
+    def __init__(self, root: Path, key: str) -> None:
+        """The log of the worker known on this machine as ``key`` (the server's id for it)."""
+        self.folder = root / key
         self.current = self.folder / "current.log"
         self.archived = self.folder / "archived.log"
 

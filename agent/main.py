@@ -12,6 +12,7 @@ from pathlib import Path
 
 from agent.connection import Agent, AgentConfig
 from agent.gpus import SIMULATED_MODEL, NvmlSampler, discover
+from agent.identity import GID_BASE, WorkloadUsers
 
 
 def machine_memory_bytes() -> int:
@@ -63,6 +64,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--docker-socket", default="/var/run/docker.sock", help="the Docker engine's socket"
     )
+    parser.add_argument(
+        "--allow-user",
+        action="append",
+        default=_listed("ASTRAEUS_AGENT_ALLOWED_USERS", ","),
+        metavar="NAME",
+        help="a user of this machine a run's spec may ask to run as (repeatable; root never); "
+        "other workloads run as a user id of their own (--workload-uids)",
+    )
+    parser.add_argument(
+        "--workload-uids",
+        type=_id_range,
+        default=_id_range(os.environ.get("ASTRAEUS_AGENT_WORKLOAD_UIDS", "2000000-2065535")),
+        metavar="FIRST-LAST",
+        help="user ids the agent gives workloads, one per worker (none in /etc/passwd needed)",
+    )
+    parser.add_argument(
+        "--workload-gid-base",
+        type=int,
+        default=int(os.environ.get("ASTRAEUS_AGENT_WORKLOAD_GID_BASE", GID_BASE)),
+        help="a workspace's workers share the group this plus its id (its drives' group)",
+    )
+    parser.add_argument(
+        "--fill-from-root",
+        action="append",
+        type=Path,
+        default=[Path(p) for p in _listed("ASTRAEUS_AGENT_FILL_FROM_ROOTS", ":")],
+        metavar="FOLDER",
+        help="a folder drives may be filled from (fill_from), with what is under it; none by "
+        "default: fill_from is refused",
+    )
+    parser.add_argument(
+        "--mount-root",
+        action="append",
+        type=Path,
+        default=[Path(p) for p in _listed("ASTRAEUS_AGENT_MOUNT_ROOTS", ":")],
+        metavar="FOLDER",
+        help="a folder mount paths may be linked under; none by default: only relative paths "
+        "(under the worker's own folder)",
+    )
+
+
+def _listed(variable: str, separator: str) -> list[str]:
+    return [item for item in os.environ.get(variable, "").split(separator) if item]
+
+
+def _id_range(text: str) -> tuple[int, int]:
+    first, _, last = text.partition("-")
+    try:
+        low, high = int(first), int(last)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a range such as 2000000-2065535"
+        ) from None
+    if not 0 < low <= high:
+        raise argparse.ArgumentTypeError(f"{text!r} must be FIRST-LAST with 0 < FIRST <= LAST")
+    return low, high
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,6 +146,13 @@ def run(args: argparse.Namespace) -> int:
         sample_seconds=args.sample,
         executor=args.executor,
         docker_socket=args.docker_socket,
+        users=WorkloadUsers(
+            allowed=frozenset(args.allow_user) - {"root"},
+            uids=args.workload_uids,
+            gid_base=args.workload_gid_base,
+        ),
+        fill_roots=tuple(p.resolve() for p in args.fill_from_root),
+        mount_roots=tuple(p.resolve() for p in args.mount_root),
     )
     if config.gpus and not config.gpus[0].is_simulated:
         config.nvml = NvmlSampler()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -29,12 +31,15 @@ from agent.logs import WorkerLog
 class SampledWorker(Protocol):
     """What the sampler reads of a worker, whichever executor runs it."""
 
-    name: str
+    worker_id: int
     payload: dict[str, Any]
     log: WorkerLog
     started: bool
     exited: asyncio.Event
     cgroup: WorkerCgroup | None
+
+    @property
+    def attempt(self) -> int: ...
 
     @property
     def progress_file(self) -> Path: ...
@@ -69,11 +74,31 @@ def _utilization(value: Any) -> float | tuple[float, ...] | None:
     return float(value)
 
 
+PROGRESS_MAX_BYTES = 4096
+
+
+def _read_small(path: Path) -> str | None:
+    """The file's first bytes, as root reads a file its workload owns: never through a link
+    (it could point at any file of the machine), never a FIFO that blocks, never all of a
+    file the workload made huge."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, PROGRESS_MAX_BYTES).decode(errors="replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_progress(path: Path) -> ProgressReport | None:
     """The workload's last report: a JSON object (the SDK's), or a bare step number."""
-    try:
-        text = path.read_text().strip()
-    except OSError:
+    text = _read_small(path)
+    if text is None:
         return None
     if not text:
         return None
@@ -130,12 +155,12 @@ class Sampler:
     def __init__(self, nvml: NvmlSampler | None, clock: Callable[[], float] = time.time) -> None:
         self.nvml = nvml
         self.clock = clock
-        self.seen: dict[str, WorkerSeen] = {}
+        self.seen: dict[int, WorkerSeen] = {}
 
     def look(
         self,
         workers: Iterable[SampledWorker],
-        readings: dict[str, dict[str, float]] | None = None,
+        readings: dict[int, dict[str, float]] | None = None,
     ) -> Look:
         """One look at the running workers; ``readings`` are what an executor measured itself
         (a container's figures from its engine), by worker and metric."""
@@ -143,21 +168,33 @@ class Sampler:
         at_ms = int(now * 1000)
         out = Look()
         running = [w for w in workers if w.started and not w.exited.is_set()]
-        for gone in set(self.seen) - {w.name for w in running}:
+        for gone in set(self.seen) - {w.worker_id for w in running}:
             del self.seen[gone]
         for worker in running:
-            seen = self.seen.setdefault(worker.name, WorkerSeen())
+            seen = self.seen.setdefault(worker.worker_id, WorkerSeen())
             self._progress(worker, seen, now, at_ms, out)
             self._cgroup(worker, seen, now, at_ms, out)
-            for metric, value in (readings or {}).get(worker.name, {}).items():
-                self._sample(out, worker.name, metric, at_ms, value)
+            for metric, value in (readings or {}).get(worker.worker_id, {}).items():
+                self._sample(out, worker, metric, at_ms, value)
             self._gpus(worker, seen, now, at_ms, out)
         return out
 
     def _sample(
-        self, out: Look, worker: str, metric: str, at_ms: int, value: float, gpu: int | None = None
+        self,
+        out: Look,
+        worker: SampledWorker,
+        metric: str,
+        at_ms: int,
+        value: float,
+        gpu: int | None = None,
     ) -> None:
-        sample = agent_pb2.Sample(worker=worker, metric=metric, at_ms=at_ms, value=value)
+        sample = agent_pb2.Sample(
+            worker_id=worker.worker_id,
+            attempt=worker.attempt,
+            metric=metric,
+            at_ms=at_ms,
+            value=value,
+        )
         if gpu is not None:
             sample.gpu = gpu
         out.samples.append(sample)
@@ -176,7 +213,11 @@ class Sampler:
                     if seen.report is None or report.step != seen.report.step:
                         seen.stepped_at = now
                     seen.report = report
-                    progress = agent_pb2.Progress(worker=worker.name, at_ms=int(mtime * 1000))
+                    progress = agent_pb2.Progress(
+                        worker_id=worker.worker_id,
+                        attempt=worker.attempt,
+                        at_ms=int(mtime * 1000),
+                    )
                     progress.step = report.step
                     if report.loss is not None:
                         progress.loss = report.loss
@@ -188,7 +229,11 @@ class Sampler:
         if size != seen.log_size:
             seen.log_size = size
             if not reported:
-                out.progress.append(agent_pb2.Progress(worker=worker.name, at_ms=at_ms))
+                out.progress.append(
+                    agent_pb2.Progress(
+                        worker_id=worker.worker_id, attempt=worker.attempt, at_ms=at_ms
+                    )
+                )
 
     def _cgroup(
         self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
@@ -200,15 +245,15 @@ class Sampler:
         if cpu is not None:
             if seen.cpu_seconds is not None and seen.cpu_at is not None and now > seen.cpu_at:
                 cores = max(cpu - seen.cpu_seconds, 0.0) / (now - seen.cpu_at)
-                self._sample(out, worker.name, "task_cpu_usage_cores", at_ms, cores)
+                self._sample(out, worker, "task_cpu_usage_cores", at_ms, cores)
             seen.cpu_seconds, seen.cpu_at = cpu, now
         used = group.memory_used()
         if used is not None:
-            self._sample(out, worker.name, "task_memory_used_bytes", at_ms, float(used))
+            self._sample(out, worker, "task_memory_used_bytes", at_ms, float(used))
         limit = worker.payload.get("memory_limit_bytes")
         if limit:
-            self._sample(out, worker.name, "task_memory_limit_bytes", at_ms, float(limit))
-        self._sample(out, worker.name, "task_oom_kills_total", at_ms, float(group.oom_kills()))
+            self._sample(out, worker, "task_memory_limit_bytes", at_ms, float(limit))
+        self._sample(out, worker, "task_oom_kills_total", at_ms, float(group.oom_kills()))
 
     def _gpus(
         self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
@@ -216,9 +261,7 @@ class Sampler:
         for position, index in enumerate(worker.payload.get("gpu_ids") or []):
             if self.nvml is not None:
                 for metric, value in self.nvml.read(int(index)).items():
-                    self._sample(out, worker.name, metric, at_ms, value, gpu=int(index))
+                    self._sample(out, worker, metric, at_ms, value, gpu=int(index))
             else:
                 busy = simulated_utilization(seen, now, position)
-                self._sample(
-                    out, worker.name, "task_gpu_utilization_ratio", at_ms, busy, gpu=int(index)
-                )
+                self._sample(out, worker, "task_gpu_utilization_ratio", at_ms, busy, gpu=int(index))

@@ -58,11 +58,11 @@ class Outbox:
         elif message.WhichOneof("body") == "metrics":
             self._bound_batches()
         elif message.WhichOneof("body") == "progress":
-            worker = message.progress.worker
+            worker_id = message.progress.worker_id
             for earlier in [
                 i
                 for i, m in self.messages.items()
-                if m.WhichOneof("body") == "progress" and m.progress.worker == worker
+                if m.WhichOneof("body") == "progress" and m.progress.worker_id == worker_id
             ]:
                 del self.messages[earlier]
         self.messages[message.id] = message

@@ -9,7 +9,9 @@ role containerd's shim plays for a container).
     python -m agent.shim <worker folder>
 
 The folder holds ``spec.json`` (written by the agent); the shim adds ``worker.pid`` (the
-worker's process group) and, at the end, ``exit.json`` (code, reason, time).
+worker's process group) and, at the end, ``exit.json`` (code, reason, time). The worker's
+process begins as ``agent/enter.py``, which joins its control group and becomes the workload's
+user before the command runs: the shim itself stays root, the workload never is.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from agent.cgroups import WorkerCgroup
 from agent.logs import WorkerLog
 
 OOM_KILLED = "OOMKilled: the container exceeded its memory limit"
+ENTER = str(Path(__file__).with_name("enter.py"))
 SPEC = "spec.json"
 WORKER_PID = "worker.pid"
 EXIT = "exit.json"
@@ -67,8 +70,13 @@ def cgroup_of(spec: dict[str, Any]) -> WorkerCgroup | None:
     group = spec.get("cgroup")
     if not group:
         return None
-    cpu = group.get("cpu")
-    return WorkerCgroup(int(group["version"]), Path(group["memory"]), Path(cpu) if cpu else None)
+    cpu, cpu_limit = group.get("cpu"), group.get("cpu_limit")
+    return WorkerCgroup(
+        int(group["version"]),
+        Path(group["memory"]),
+        Path(cpu) if cpu else None,
+        Path(cpu_limit) if cpu_limit else None,
+    )
 
 
 def run(folder: Path) -> int:
@@ -77,13 +85,15 @@ def run(folder: Path) -> int:
     group = cgroup_of(spec)
     kills_before = group.oom_kills() if group else 0
     try:
+        # An empty environment and an isolated interpreter: nothing of the spec's reaches
+        # a root process (enter.py gives the command its environment as it execs it).
         child = subprocess.Popen(
-            spec["argv"],
+            [sys.executable, "-I", "-S", ENTER, str(folder)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=spec["env"],
-            cwd=spec.get("cwd") or None,
+            env={},
+            cwd="/",
             start_new_session=True,
         )
     except OSError as error:

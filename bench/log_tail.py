@@ -39,13 +39,14 @@ from backend.access import service as access
 from backend.agents.stream import AgentService, serve
 from backend.clock import SystemClock
 from backend.db import Database
+from backend.logs.service import WorkerRef
 from backend.models import Cluster
 from backend.organizations import service as organizations
 from bench.common import fresh_database, median, save
 
 LINES = 1000
 MAX_BYTES = 900 * 1024
-WORKER = "llama-sft-0"
+WORKER = WorkerRef(41, "llama-sft-0")  # the machine knows it by id (issue 17)
 MACHINE = "bench-gpu-01"
 
 Probe = Callable[[], Awaitable[str]]
@@ -68,7 +69,7 @@ def training_line(i: int) -> str:
 
 def write_log(log_root: Path, lines: int) -> str:
     """The worker's log on the agent's disk, appended in blocks as a worker's output is."""
-    log = WorkerLog(log_root, WORKER)
+    log = WorkerLog(log_root, str(WORKER.id))
     log.begin()
     block: list[str] = []
     for i in range(lines):
@@ -149,7 +150,7 @@ class BareServicer(agent_pb2_grpc.AgentServicer):
 
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         await context.read()  # the client's first message opens the stream
-        request = agent_pb2.LogTailRequest(worker=WORKER, lines=LINES, max_bytes=MAX_BYTES)
+        request = agent_pb2.LogTailRequest(worker_id=WORKER.id, lines=LINES, max_bytes=MAX_BYTES)
         message_id = 0
         while True:
             answer = await self.asks.get()
@@ -184,7 +185,7 @@ async def bare(text: str) -> AsyncIterator[Probe]:
     address = free_address()
     server.add_insecure_port(address)
     await server.start()
-    chunk = agent_pb2.LogChunk(worker=WORKER, text=text)
+    chunk = agent_pb2.LogChunk(worker_id=WORKER.id, text=text)
     client = asyncio.create_task(_bare_client(address, chunk))
 
     async def probe() -> str:

@@ -58,12 +58,12 @@ def populate(url: str, machines: int, workers_per_machine: int) -> dict[str, Any
             ).fetchone()[0]
             for m in range(machines)
         ]
-        placed: dict[int, list[str]] = {}
+        placed: dict[int, list[int]] = {}  # the ids of the workers on each machine
         for m, machine_id in enumerate(machine_ids):
             for w in range(workers_per_machine):
                 name = f"run-{m}-{w}"
-                _running_run(conn, ws, cluster, name, workers=1, machine_id=machine_id)
-                placed.setdefault(machine_id, []).append(f"{name}-0")
+                ids = _running_run(conn, ws, cluster, name, workers=1, machine_id=machine_id)
+                placed.setdefault(machine_id, []).extend(ids)
         conn.execute("ANALYZE")
     return {"organization": org, "workspace": ws, "placed": placed}
 
@@ -93,7 +93,7 @@ def _running_run(
 
 
 def machine_batches(
-    placed: dict[int, list[str]], total: int, batch: int
+    placed: dict[int, list[int]], total: int, batch: int
 ) -> list[tuple[int, list[SampleIn]]]:
     """Each machine's samples, tick after tick, cut into batches; machines take turns."""
     rng = random.Random(7)
@@ -145,17 +145,17 @@ def empty_table(url: str) -> None:
 
 def resolved(url: str, batches: list[tuple[int, list[SampleIn]]]) -> list[list[tuple[Any, ...]]]:
     with psycopg.connect(url) as conn:
-        ids = dict(conn.execute("SELECT name, id FROM workers").fetchall())
+        attempts = dict(conn.execute("SELECT id, attempt FROM workers").fetchall())
     out = []
     for machine_id, samples in batches:
-        rows, dropped = to_rows(samples, ids, machine_id)
+        rows, dropped = to_rows(samples, attempts, machine_id)
         assert dropped.total == 0
         out.append(rows)
     return out
 
 
 def bench_ingest(
-    url: str, placed: dict[int, list[str]], total: int, batch: int, trials: int
+    url: str, placed: dict[int, list[int]], total: int, batch: int, trials: int
 ) -> dict[str, Any]:
     batches = machine_batches(placed, total, batch)
     rows = resolved(url, batches)
@@ -393,7 +393,7 @@ def bench_ranges(url: str, cluster: dict[str, Any], ticks: int, repeat: int) -> 
     return out
 
 
-def bare_without_fk(url: str, placed: dict[int, list[str]], total: int, trials: int) -> float:
+def bare_without_fk(url: str, placed: dict[int, list[int]], total: int, trials: int) -> float:
     """What the foreign key to workers costs: the same bare COPY once the key is dropped.
     Run last, on a database thrown away afterwards."""
     rows = resolved(url, machine_batches(placed, total, 10_000))

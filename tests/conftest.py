@@ -22,7 +22,7 @@ from backend.app import create_app
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Base
-from tests.support import FakeClock, Tenancy, make_tenancy, server_settings
+from tests.support import FakeClock, Tenancy, make_tenancy, searchable, server_settings
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "ASTRAEUS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -73,6 +73,12 @@ async def db(database_url: str) -> AsyncIterator[Database]:
     finally:
         await _empty_all_tables(database)
         await database.dispose()
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """pytest's folder for the test, searchable by workloads' users (tests/support.py)."""
+    return searchable(tmp_path)
 
 
 @pytest.fixture

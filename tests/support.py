@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +19,27 @@ from backend.models import Base
 from backend.organizations import service as organizations
 
 SEED_TIME = datetime(2026, 10, 1, 1, 2, 11, 402117, tzinfo=UTC)
+
+
+def searchable(folder: Path) -> Path:
+    """The folder and those above it, up to /tmp, made searchable by other users (0711, no
+    listing): an agent running as root keeps its workloads' own folders in its data folder, and
+    they run as users of their own, who must be able to reach them (issue 17). pytest makes
+    its temporary folders 0700."""
+    for each in [folder, *folder.parents]:
+        if each == Path("/tmp") or each.stat().st_uid != os.geteuid():
+            break
+        each.chmod(each.stat().st_mode | 0o111)
+    return folder
+
+
+# The Python a workload's command runs. An agent running as root starts workloads as users of
+# their own, who cannot read /root (where this interpreter may live): they get Debian's.
+WORKLOAD_PYTHON = (
+    "/usr/bin/python3"
+    if os.geteuid() == 0 and os.path.exists("/usr/bin/python3")
+    else sys.executable
+)
 
 
 class FakeClock:

@@ -41,13 +41,13 @@ async def workers_on_machine(session: AsyncSession, machine_id: int) -> list[Wor
 
 
 async def record_gpu_utilization(
-    session: AsyncSession, machine_id: int, means: dict[str, float]
+    session: AsyncSession, machine_id: int, means: dict[int, float]
 ) -> None:
     """Fold each worker's newest mean GPU utilisation into its recent one (halving the old)."""
-    for name, mean in means.items():
+    for worker_id, mean in means.items():
         await session.execute(
             update(Worker)
-            .where(Worker.machine_id == machine_id, Worker.name == name)
+            .where(Worker.machine_id == machine_id, Worker.id == worker_id)
             .values(
                 gpu_utilization=case(
                     (Worker.gpu_utilization.is_(None), mean),

@@ -42,7 +42,7 @@ from redis.exceptions import RedisError
 
 from backend.agents.stream import AgentService, LogChunkInfo
 from backend.config import Settings
-from backend.logs.service import LogText, LogUnavailable
+from backend.logs.service import LogText, LogUnavailable, WorkerRef
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +84,12 @@ class LogRouter(Protocol):
         """Answer for the machines whose stream ``local`` holds, while inside."""
 
     async def tail(
-        self, machine_id: int, worker: str, lines: int, max_bytes: int, wait_s: float
+        self, machine_id: int, worker: WorkerRef, lines: int, max_bytes: int, wait_s: float
     ) -> LogText | None:
         """The worker's last lines, or None when no replica's machine answers within wait_s."""
 
     def follow(
-        self, machine_id: int, worker: str, tail_lines: int = 0
+        self, machine_id: int, worker: WorkerRef, tail_lines: int = 0
     ) -> AsyncGenerator[LogChunkInfo, None]:
         """As ``AgentService.follow``, from whichever replica holds the stream; closing it
         (``contextlib.aclosing``) tells the machine to stop."""
@@ -134,14 +134,14 @@ class LocalRouter:
             self.local = None
 
     async def tail(
-        self, machine_id: int, worker: str, lines: int, max_bytes: int, wait_s: float
+        self, machine_id: int, worker: WorkerRef, lines: int, max_bytes: int, wait_s: float
     ) -> LogText | None:
         if self.local is None:
             return None
         return await self.local.tail(machine_id, worker, lines, max_bytes, wait_s)
 
     async def follow(
-        self, machine_id: int, worker: str, tail_lines: int = 0
+        self, machine_id: int, worker: WorkerRef, tail_lines: int = 0
     ) -> AsyncGenerator[LogChunkInfo, None]:
         if self.local is None:
             return
@@ -428,16 +428,16 @@ class RedisRouter:
     async def _stop(self, holder: str, follow_id: str) -> None:
         await self._send(holder, type="stop", id=follow_id)
 
-    async def _holder(self, machine_id: int, worker: str) -> str | None:
+    async def _holder(self, machine_id: int, worker: WorkerRef) -> str | None:
         """The other replica holding the machine's stream, if one does. Raises LogUnavailable
         when Redis cannot be reached, or our channel is down (no answer could reach us)."""
         if not self.listening.is_set():
-            raise LogUnavailable(worker, REDIS_AWAY)
+            raise LogUnavailable(worker.name, REDIS_AWAY)
         try:
             holder = await self.redis.get(self.claim_key(machine_id))
         except (RedisError, OSError) as error:
-            log.warning("log of %s: Redis could not be asked: %s", worker, error)
-            raise LogUnavailable(worker, REDIS_AWAY) from None
+            log.warning("log of %s: Redis could not be asked: %s", worker.name, error)
+            raise LogUnavailable(worker.name, REDIS_AWAY) from None
         if holder is None or holder == self.replica_id:
             return None  # nobody's, or ours from a stream this process no longer has
         return str(holder)
@@ -445,7 +445,7 @@ class RedisRouter:
     # --- tails ---------------------------------------------------------------------------
 
     async def tail(
-        self, machine_id: int, worker: str, lines: int, max_bytes: int, wait_s: float
+        self, machine_id: int, worker: WorkerRef, lines: int, max_bytes: int, wait_s: float
     ) -> LogText | None:
         if self.local is not None and self.local.streams.get(machine_id) is not None:
             return await self.local.tail(machine_id, worker, lines, max_bytes, wait_s)
@@ -457,13 +457,14 @@ class RedisRouter:
         answer = self.pending[request_id] = asyncio.get_running_loop().create_future()
         try:
             if not await self._ask(
-                worker,
+                worker.name,
                 holder,
                 type="tail",
                 id=request_id,
                 reply_to=self.replica_id,
                 machine=machine_id,
-                worker=worker,
+                worker=worker.name,
+                worker_id=worker.id,
                 lines=lines,
                 max_bytes=max_bytes,
                 wait_s=wait_s * HOLDER_SHARE,
@@ -474,18 +475,20 @@ class RedisRouter:
         finally:
             self.pending.pop(request_id, None)
         if not answer.done() and not self.listening.is_set():
-            raise LogUnavailable(worker, REDIS_AWAY)  # the answer could not have reached us
+            raise LogUnavailable(worker.name, REDIS_AWAY)  # the answer could not have reached us
         if not answer.done() or not answer.result().get("found"):
             return None
         found = answer.result()
-        return LogText(worker=worker, text=str(found["text"]), archived=bool(found["archived"]))
+        return LogText(
+            worker=worker.name, text=str(found["text"]), archived=bool(found["archived"])
+        )
 
     async def _answer_tail(self, request: dict[str, Any]) -> None:
         found = None
         if self.local is not None:
             found = await self.local.tail(
                 int(request["machine"]),
-                str(request["worker"]),
+                _worker_of(request),
                 int(request["lines"]),
                 int(request["max_bytes"]),
                 float(request["wait_s"]),
@@ -502,7 +505,7 @@ class RedisRouter:
     # --- follows -------------------------------------------------------------------------
 
     async def follow(
-        self, machine_id: int, worker: str, tail_lines: int = 0
+        self, machine_id: int, worker: WorkerRef, tail_lines: int = 0
     ) -> AsyncGenerator[LogChunkInfo, None]:
         if self.local is not None and self.local.streams.get(machine_id) is not None:
             async with _closing(self.local.follow(machine_id, worker, tail_lines)) as chunks:
@@ -516,13 +519,14 @@ class RedisRouter:
         try:
             holder = await self._holder(machine_id, worker)
             if holder is None or not await self._ask(
-                worker,
+                worker.name,
                 holder,
                 type="follow",
                 id=follow_id,
                 reply_to=self.replica_id,
                 machine=machine_id,
-                worker=worker,
+                worker=worker.name,
+                worker_id=worker.id,
                 tail_lines=tail_lines,
             ):
                 over = True
@@ -534,7 +538,7 @@ class RedisRouter:
                     return
             over = True
             if backlog.lost:
-                raise LogUnavailable(worker, REDIS_AWAY)
+                raise LogUnavailable(worker.name, REDIS_AWAY)
         finally:
             del self.backlogs[follow_id]
             if holder is not None and not over:  # the reader went away: the holder stops
@@ -549,7 +553,7 @@ class RedisRouter:
         try:
             if self.local is not None:
                 chunks = self.local.follow(
-                    int(request["machine"]), str(request["worker"]), int(request["tail_lines"])
+                    int(request["machine"]), _worker_of(request), int(request["tail_lines"])
                 )
                 async with _closing(chunks):
                     async for chunk in chunks:
@@ -579,3 +583,8 @@ class RedisRouter:
             if not await self._send(asker, type="alive", id=follow_id):
                 relay.cancel()
                 return
+
+
+def _worker_of(request: dict[str, Any]) -> WorkerRef:
+    """The worker a relayed request names: its id for the machine, its name for sentences."""
+    return WorkerRef(int(request["worker_id"]), str(request["worker"]))

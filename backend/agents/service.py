@@ -37,7 +37,7 @@ LOST_BY_AGENT = "Lost: the agent on {machine} no longer has it"
 class KnownWorker:
     """A worker an agent says it has: running, at the barrier, or ended and not yet told."""
 
-    worker: str
+    worker_id: int
     attempt: int
     ended: bool
 
@@ -54,7 +54,7 @@ class HelloInfo:
 
 @dataclass(frozen=True)
 class WorkerEventInfo:
-    worker: str
+    worker_id: int
     attempt: int | None
     kind: str  # preparing | pulling | ready | running | exited
     at: datetime
@@ -88,35 +88,35 @@ async def hello(
 
 async def reconcile(
     session: AsyncSession, clock: Clock, machine: Machine, known: tuple[KnownWorker, ...]
-) -> tuple[list[str], Effects]:
+) -> tuple[list[int], Effects]:
     """After a Hello, agree with the agent on what runs there.
 
     The agent's workers that are no longer this machine's (their run moved on while the agent
-    was away: lost lease, stopped, deleted) are to be stopped: their names are returned. The
+    was away: lost lease, stopped, deleted) are to be stopped: their ids are returned. The
     workers this machine should have, which the agent had reported and no longer knows of,
     failed: their end is written with a sentence that says so.
     """
-    placed = {w.name: w for w in await repository.workers_on_machine(session, machine.id)}
+    placed = {w.id: w for w in await repository.workers_on_machine(session, machine.id)}
     to_stop = [
-        k.worker
+        k.worker_id
         for k in known
         if not k.ended
         and (
-            (w := placed.get(k.worker)) is None
+            (w := placed.get(k.worker_id)) is None
             or w.attempt != k.attempt
             or w.state not in lifecycle_rules.PLACED_STATES
         )
     ]
-    names = {k.worker for k in known}
+    ids = {k.worker_id for k in known}
     total = Effects()
     for w in placed.values():
-        if w.name in names or w.state not in lifecycle_rules.PLACED_STATES or not w.ready:
+        if w.id in ids or w.state not in lifecycle_rules.PLACED_STATES or not w.ready:
             continue
         fx = await lifecycle.report(
             session,
             clock,
             machine_id=machine.id,
-            worker_name=w.name,
+            worker_id=w.id,
             kind="exited",
             attempt=w.attempt,
             reason=LOST_BY_AGENT.format(machine=machine.name),
@@ -136,7 +136,7 @@ async def worker_event(
         session,
         clock,
         machine_id=machine_id,
-        worker_name=event.worker,
+        worker_id=event.worker_id,
         kind=EVENT_KINDS[event.kind],
         at=event.at,
         attempt=event.attempt,
@@ -150,7 +150,8 @@ async def progress(
     session: AsyncSession,
     clock: Clock,
     machine_id: int,
-    worker: str,
+    worker_id: int,
+    attempt: int | None,
     step: int | None,
     at: datetime,
 ) -> Effects:
@@ -159,7 +160,8 @@ async def progress(
         session,
         clock,
         machine_id=machine_id,
-        worker_name=worker,
+        worker_id=worker_id,
+        attempt=attempt,
         kind="progress",
         at=at,
         step=step,
@@ -174,12 +176,12 @@ async def metrics(session: AsyncSession, machine_id: int, samples: list[SampleIn
     return stored
 
 
-def gpu_utilization_means(samples: list[SampleIn]) -> dict[str, float]:
-    """Each worker's mean GPU utilisation over a batch (all its GPUs, all its samples)."""
-    sums: dict[str, list[float]] = {}
+def gpu_utilization_means(samples: list[SampleIn]) -> dict[int, float]:
+    """Each worker's mean GPU utilisation over a batch (all its GPUs, all its samples), by id."""
+    sums: dict[int, list[float]] = {}
     for s in samples:
         if s.metric == "task_gpu_utilization_ratio":
-            total = sums.setdefault(s.worker, [0.0, 0.0])
+            total = sums.setdefault(s.worker_id, [0.0, 0.0])
             total[0] += s.value
             total[1] += 1
     return {worker: total / count for worker, (total, count) in sums.items()}

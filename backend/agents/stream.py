@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,11 +29,11 @@ from backend.clock import Clock
 from backend.db import Database, database_away
 from backend.errors import DatabaseUnavailable, Unauthenticated
 from backend.lifecycle.rules import Effects
-from backend.logs.service import LogText
+from backend.logs.service import LogText, WorkerRef
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
 from backend.metrics.rules import SampleIn
-from backend.models import Machine
+from backend.models import AgentCommand, Machine
 from backend.secrets import service as secrets
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,9 @@ class Follow:
                 dropped = self.chunks.get_nowait()
                 self.missed += dropped.missed_lines + dropped.text.count("\n")
                 self.chunks.put_nowait(
-                    agent_pb2.LogChunk(worker=chunk.worker, ended=True, missed_lines=self.missed)
+                    agent_pb2.LogChunk(
+                        worker_id=chunk.worker_id, ended=True, missed_lines=self.missed
+                    )
                 )
 
 
@@ -171,7 +172,7 @@ def _hello_info(hello: agent_pb2.Hello) -> HelloInfo:
             GpuInfo(g.index, g.uuid, g.model, g.memory_bytes, g.healthy, g.health_reason)
             for g in hello.gpus
         ],
-        workers=tuple(KnownWorker(k.worker, k.attempt, k.ended) for k in hello.workers),
+        workers=tuple(KnownWorker(k.worker_id, k.attempt, k.ended) for k in hello.workers),
     )
 
 
@@ -205,6 +206,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "The first message must be a Hello."
             )
         assert first is not None
+        if first.hello.protocol < PROTOCOL:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, OLD_AGENT)
         info = _hello_info(first.hello)
         try:
             async with self.db.transaction() as session:
@@ -225,8 +228,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             )
         )
         stream.send(ack=agent_pb2.Ack(up_to=first.id))
-        for worker in to_stop:  # not this machine's any more: no command row to keep
-            stream.send(command=agent_pb2.Command(kind=agent_pb2.COMMAND_KIND_STOP, worker=worker))
+        for worker_id in to_stop:  # not this machine's any more: no command row to keep
+            stream.send(
+                command=agent_pb2.Command(kind=agent_pb2.COMMAND_KIND_STOP, worker_id=worker_id)
+            )
         tasks = [
             asyncio.create_task(_ending_on_failure(stream, self._read(stream, request_iterator))),
             asyncio.create_task(_ending_on_failure(stream, self._write(stream, machine))),
@@ -251,23 +256,23 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             log.info("machine %s disconnected", machine.name)
 
     async def tail(
-        self, machine_id: int, worker: str, lines: int, max_bytes: int, wait_s: float
+        self, machine_id: int, worker: WorkerRef, lines: int, max_bytes: int, wait_s: float
     ) -> LogText | None:
         """Ask the machine for a worker's last lines; None when it is not here or silent."""
         stream = self.streams.get(machine_id)
         if stream is None:
             return None
-        request = agent_pb2.LogTailRequest(worker=worker, lines=lines, max_bytes=max_bytes)
+        request = agent_pb2.LogTailRequest(worker_id=worker.id, lines=lines, max_bytes=max_bytes)
         try:
             reply = await stream.request(wait_s, log_tail=request)
         except TimeoutError:
             return None
         if reply.WhichOneof("body") != "log":
             return None
-        return LogText(worker=worker, text=reply.log.text, archived=reply.log.archived)
+        return LogText(worker=worker.name, text=reply.log.text, archived=reply.log.archived)
 
     async def follow(
-        self, machine_id: int, worker: str, tail_lines: int = 0
+        self, machine_id: int, worker: WorkerRef, tail_lines: int = 0
     ) -> AsyncIterator[LogChunkInfo]:
         """A worker's new log lines as its machine writes them, until it ends.
 
@@ -285,7 +290,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             agent_pb2.ServerMessage(
                 id=request_id,
                 log_follow_start=agent_pb2.LogFollowStart(
-                    worker=worker, follow_id=str(request_id), tail_lines=tail_lines
+                    worker_id=worker.id, follow_id=str(request_id), tail_lines=tail_lines
                 ),
             )
         )
@@ -385,7 +390,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     ) -> Effects:
         e = message.worker_event
         event = WorkerEventInfo(
-            worker=e.worker,
+            worker_id=e.worker_id,
             attempt=e.attempt or None,
             kind=_STATES[e.state],
             at=agent_time(e.at_ms, self.clock.now()),
@@ -401,7 +406,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         p = message.progress
         step = p.step if p.HasField("step") else None
         at = agent_time(p.at_ms, self.clock.now())
-        return await service.progress(session, self.clock, machine.id, p.worker, step, at)
+        return await service.progress(
+            session, self.clock, machine.id, p.worker_id, p.attempt or None, step, at
+        )
 
     async def _gpu_health(
         self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
@@ -421,14 +428,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def _secret_request(
         self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
     ) -> None:
-        worker = message.secret_request.worker
-        found = await secrets.values_for_worker(session, machine.id, worker)
+        asked = message.secret_request
+        found = await secrets.values_for_worker(session, machine.id, asked.worker_id, asked.attempt)
         stream = self.streams.get(machine.id)
         if found is None or stream is None:
-            return  # not this machine's worker: it gets nothing
+            return  # not this machine's worker (or not this attempt): it gets nothing
         stream.send(
             secret_values=agent_pb2.SecretValues(
-                worker=worker, values=found.values, missing=found.missing
+                worker_id=asked.worker_id, values=found.values, missing=found.missing
             )
         )
 
@@ -439,7 +446,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             session,
             machine.id,
             [
-                SampleIn(s.worker, s.metric, s.gpu if s.HasField("gpu") else None, s.at_ms, s.value)
+                SampleIn(
+                    s.worker_id,
+                    s.metric,
+                    s.gpu if s.HasField("gpu") else None,
+                    s.at_ms,
+                    s.value,
+                    s.attempt or None,
+                )
                 for s in message.metrics.samples
             ],
         )
@@ -472,8 +486,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     command=agent_pb2.Command(
                         command_id=c.id,
                         kind=_COMMANDS[c.kind],
-                        worker=c.worker_name,
-                        payload_json=_json(c.payload),
+                        worker_id=c.target_worker_id or 0,
+                        start=start_message(c) if c.kind == "start" else None,
                     )
                 )
                 stream.last_command_sent = c.id
@@ -481,6 +495,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 await asyncio.wait_for(stream.closed.wait(), self.poll_interval)
 
 
+# The protocol revision agents must speak: 2 names workers by id (issue 17).
+PROTOCOL = 2
+OLD_AGENT = (
+    "This agent speaks an older protocol, which names workers by name: upgrade it to the "
+    "server's version."
+)
 OUTAGE_RETRY_START = 0.5  # seconds before a message the database could not take is retried
 OUTAGE_RETRY_CAP = 5.0
 
@@ -509,8 +529,45 @@ def _answered(stream: MachineStream, reply: agent_pb2.Reply) -> None:
         future.set_result(reply)
 
 
-def _json(payload: dict[str, Any]) -> str:
-    return json.dumps(payload, separators=(",", ":"), default=str)
+def start_message(command: AgentCommand) -> agent_pb2.StartWorker:
+    """A start command's stored payload as the protocol's typed message."""
+    p = command.payload
+    start = agent_pb2.StartWorker(
+        worker=command.worker_name,
+        run=str(p.get("run") or ""),
+        rank=int(p.get("rank") or 0),
+        attempt=int(p.get("attempt") or 0),
+        workspace_id=int(p.get("workspace_id") or 0),
+        image=str(p.get("image") or ""),
+        command=[str(a) for a in p.get("command") or []],
+        user=str(p.get("user") or ""),
+        working_dir=str(p.get("working_dir") or ""),
+        environment={str(k): str(v) for k, v in (p.get("environment") or {}).items()},
+        astraeus_environment={
+            str(k): str(v) for k, v in (p.get("astraeus_environment") or {}).items()
+        },
+        mounts=[
+            agent_pb2.Mount(
+                drive=m["drive"],
+                path=m["path"],
+                fill_from=m.get("fill_from") or "",
+                read_only=bool(m.get("read_only")),
+            )
+            for m in p.get("mounts") or []
+        ],
+        credentials=[
+            agent_pb2.Credential(
+                secret=c["secret"], env=c.get("env") or "", file=c.get("file") or ""
+            )
+            for c in p.get("credentials") or []
+        ],
+        gpu_ids=[int(i) for i in p.get("gpu_ids") or []],
+    )
+    if p.get("cpu") is not None:
+        start.cpu = float(p["cpu"])
+    if p.get("memory_limit_bytes") is not None:
+        start.memory_limit_bytes = int(p["memory_limit_bytes"])
+    return start
 
 
 async def serve(service_: AgentService, address: str) -> grpc.aio.Server:

@@ -14,11 +14,14 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -31,6 +34,9 @@ from backend.config import Settings, get_settings, settings_problems
 from backend.db import Database
 from backend.errors import AstraeusError
 from backend.organizations import service as organizations
+
+if TYPE_CHECKING:
+    import uvicorn
 
 T = TypeVar("T")
 
@@ -147,26 +153,45 @@ def cmd_agent_token_create(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from backend.app import create_app
-
     if args.host:
         settings.host = args.host
     if args.port:
         settings.port = args.port
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        proxy_headers=True,
+    return _serve(_api_server(settings))
+
+
+def _api_server(settings: Settings) -> uvicorn.Server:
+    import uvicorn
+
+    from backend.app import create_app
+
+    return uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            proxy_headers=True,
+        )
     )
-    return 0
+
+
+def _serve(server: uvicorn.Server) -> int:
+    """What ``uvicorn.run`` does with one process: serve until a signal, 3 if it never started."""
+    from uvicorn.main import STARTUP_FAILURE
+
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0 if server.started else STARTUP_FAILURE
 
 
 def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     """Everything on one machine: migrations, first-run set-up, then the server."""
+    # The database (every workspace's secrets) and the tokens: this user's alone. The local
+    # agent's workloads, which run as users of their own, keep their folders elsewhere when
+    # they cannot reach into it (agent/identity.py).
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    settings.data_dir.chmod(0o700)
     migrations.upgrade(settings.resolved_database_url)
     bootstrap_args = argparse.Namespace(
         organization="default", cluster="local", workspace="default", admin="admin"
@@ -184,18 +209,23 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  export ASTRA_TOKEN=$(cat {token}) ASTRALYX_TOKEN=$(cat {token})")
     print(f"  data: {settings.data_dir}", flush=True)
     settings.migrate_on_start = False
-    agent = _start_local_agent(settings) if settings.local_agent and settings.agent_port else None
+    command = None
+    if settings.local_agent and settings.agent_port:
+        command = _local_agent_command(settings)
+    server = _api_server(settings)
+    agent = LocalAgent(command, serving=lambda: not server.should_exit) if command else None
+    if agent is not None:
+        agent.start()
     if getattr(args, "demo", False):
         if token.exists():
             demo.submit_in_background(settings.api_url, token.read_text().strip())
         else:
             print("  demo: no admin token in the data folder; the examples were not submitted")
     try:
-        return cmd_serve(settings, argparse.Namespace(host=None, port=None))
+        return _serve(server)
     finally:
         if agent is not None:
-            agent.terminate()
-            agent.wait(timeout=15)
+            agent.stop()
 
 
 # The embedded machine's pool: every machine is in one, or the pool ledgers (`goodput --by
@@ -203,7 +233,7 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
 LOCAL_POOL = "local"
 
 
-def _start_local_agent(settings: Settings) -> subprocess.Popen[bytes] | None:
+def _local_agent_command(settings: Settings) -> list[str] | None:
     """The embedded mode's machine: this one, joined with a machine token of the cluster."""
     token = settings.data_dir / "agent-token"
     if not token.exists():
@@ -238,6 +268,8 @@ def _start_local_agent(settings: Settings) -> subprocess.Popen[bytes] | None:
         str(settings.data_dir / "agent"),
         "--simulate-gpus",
         str(settings.local_agent_gpus),
+        "--end-with-parent",
+        str(os.getpid()),
     ]
     print(
         f"  local agent: machine 'local' in pool '{LOCAL_POOL}', up to "
@@ -245,24 +277,101 @@ def _start_local_agent(settings: Settings) -> subprocess.Popen[bytes] | None:
         "without NVIDIA ones",
         flush=True,
     )
-    return subprocess.Popen(command, preexec_fn=_end_with_parent)
+    return command
 
 
-def _end_with_parent() -> None:
-    """Linux: the local agent gets SIGTERM when `astraeus up` dies, however it dies."""
+# Starting the local agent again after it exits: 1 s, doubling up to 30 s; an agent that stayed
+# up 60 s starts the wait over at 1 s.
+RESTART_DELAY_FIRST = 1.0
+RESTART_DELAY_MAX = 30.0
+RESTART_DELAY_RESET_AFTER = 60.0
+
+
+def next_restart_delay(previous: float | None, stayed_up: float) -> float:
+    """Seconds to wait before starting the local agent again, after the wait before it
+    (``None``: the first exit) and the seconds it stayed up."""
+    if previous is None or stayed_up >= RESTART_DELAY_RESET_AFTER:
+        return RESTART_DELAY_FIRST
+    return min(previous * 2, RESTART_DELAY_MAX)
+
+
+class LocalAgent:
+    """`astraeus up`'s local agent, started again whenever it exits while the server serves, so
+    that the machine is not lost while the server is fine (issue 17). Its workers outlive it: the
+    agent started again takes them back from its data folder.
+
+    One thread starts each agent process and waits for it. The agent asks for SIGTERM when its
+    parent dies (``--end-with-parent``), and Linux sends it when the *thread* that started it
+    ends: the thread therefore lives until its agent has exited, and ``stop`` ends the agent
+    before the thread. No ``preexec_fn``: the server's threads (gRPC's among them) make running
+    Python between fork and exec unsafe, and without one the child is spawned by vfork."""
+
+    def __init__(self, command: list[str], *, serving: Callable[[], bool]) -> None:
+        self.command = command
+        self.serving = serving
+        self.process: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # no agent starts once `stop` has begun
+        self._thread = threading.Thread(target=self._supervise, name="local-agent", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 15) -> None:
+        """No more starts first, then the agent ends as `up` ends it: SIGTERM, then SIGKILL after
+        ``timeout`` seconds."""
+        with self._lock:
+            self._stopping.set()
+            process = self.process
+        if process is not None:
+            process.terminate()
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._thread.join(timeout=timeout)
+
+    def _ending(self) -> bool:
+        return self._stopping.is_set() or not self.serving()
+
+    def _supervise(self) -> None:
+        delay: float | None = None
+        while True:
+            started = time.monotonic()
+            outcome = self._run_agent()
+            if outcome is None or self._ending():
+                return
+            delay = next_restart_delay(delay, time.monotonic() - started)
+            print(f"local agent {outcome}; starting it again in {delay:g}s", flush=True)
+            if self._stopping.wait(delay):
+                return
+
+    def _run_agent(self) -> str | None:
+        """Start the agent and wait until it exits: how it ended, or None when `up` ends."""
+        with self._lock:
+            if self._ending():
+                return None
+            try:
+                self.process = subprocess.Popen(self.command)
+            except OSError as error:
+                return f"could not start ({error})"
+        return f"exited with code {self.process.wait()}"
+
+
+def _end_with_parent(parent: int) -> None:
+    """Linux: this agent gets SIGTERM when `astraeus up` (``parent``) dies, however it dies."""
     import ctypes
-    import signal
 
     with contextlib.suppress(OSError, AttributeError):
         pr_set_pdeathsig = 1
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before the signal was asked for
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     """A Dramatiq worker process: runs the actors (scheduling passes) sent through Redis."""
-    import signal
-    import threading
-
     import dramatiq
 
     from backend.jobs import broker as job_broker
@@ -300,6 +409,8 @@ def cmd_scheduler(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_agent(settings: Settings, args: argparse.Namespace) -> int:
     from agent.main import run
 
+    if args.end_with_parent:
+        _end_with_parent(args.end_with_parent)
     return run(args)
 
 
@@ -333,6 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     from agent.main import add_arguments
 
     add_arguments(agent)
+    # `astraeus up`'s local agent: end when that process does (its pid)
+    agent.add_argument("--end-with-parent", type=int, metavar="PID", help=argparse.SUPPRESS)
     agent.set_defaults(func=cmd_agent)
 
     scheduler = sub.add_parser(

@@ -46,9 +46,10 @@ async def run_ids_on_machine(session: AsyncSession, machine_id: int) -> list[int
     return list(rows)
 
 
-async def worker_by_name(session: AsyncSession, machine_id: int, name: str) -> Worker | None:
+async def placed_worker(session: AsyncSession, machine_id: int, worker_id: int) -> Worker | None:
+    """The worker with this id, when it is placed on this machine (else None)."""
     return await session.scalar(
-        select(Worker).where(Worker.machine_id == machine_id, Worker.name == name)
+        select(Worker).where(Worker.id == worker_id, Worker.machine_id == machine_id)
     )
 
 

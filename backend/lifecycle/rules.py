@@ -257,7 +257,8 @@ class Command:
     """What a machine's agent must do for one worker."""
 
     machine_id: int
-    worker_id: int | None
+    # The machine knows the worker by this id alone (names repeat across workspaces).
+    worker_id: int
     worker_name: str
     kind: str  # start | release | stop | delete
     payload: dict[str, Any] = field(default_factory=dict)
@@ -857,7 +858,7 @@ def delete(run: RunView, by: str, at: datetime, fx: Effects, *, machines: set[in
             )
     for machine_id in sorted(machines):
         for w in run.workers:
-            fx.commands.append(Command(machine_id, None, w.name, "delete", {}))
+            fx.commands.append(Command(machine_id, w.id, w.name, "delete", {}))
     run.ended_at = run.ended_at or at
     run.restart_at = None
     _set_run(fx, run, DELETED, f"Deleted by {by}", at)

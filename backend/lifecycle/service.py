@@ -217,7 +217,9 @@ async def persist(
     batch.commands.extend(
         {
             "machine_id": c.machine_id,
-            "worker_id": c.worker_id,
+            # A delete command outlives the worker's row: only its target id stays.
+            "worker_id": c.worker_id if c.kind != "delete" else None,
+            "target_worker_id": c.worker_id,
             "worker_name": c.worker_name,
             "kind": c.kind,
             "payload": c.payload,
@@ -307,7 +309,7 @@ async def report(
     clock: Clock,
     *,
     machine_id: int,
-    worker_name: str,
+    worker_id: int,
     kind: str,
     at: datetime | None = None,
     attempt: int | None = None,
@@ -317,11 +319,13 @@ async def report(
     step: int | None = None,
 ) -> Effects:
     """A worker's state as its machine's agent saw it: preparing, pulling, ready, running,
-    progress, exited. A report for a worker the machine no longer runs changes nothing."""
+    progress, exited. A report for a worker the machine does not run (another machine's, or
+    one moved on), or for an attempt other than the one it runs, changes nothing."""
     when = at or clock.now()
-    worker = await repository.worker_by_name(session, machine_id, worker_name)
-    if worker is None:
+    worker = await repository.placed_worker(session, machine_id, worker_id)
+    if worker is None or (attempt is not None and attempt != worker.attempt):
         return Effects()
+    worker_name = worker.name
 
     def rule(view: RunView, fx: Effects) -> None:
         w = view.worker(worker_name)

@@ -21,6 +21,15 @@ ANSWER_WITHIN_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
+class WorkerRef:
+    """A worker as its machine knows it (the server's id: names repeat across workspaces) and
+    as people do (its name, for sentences)."""
+
+    id: int
+    name: str
+
+
+@dataclass(frozen=True)
 class LogText:
     worker: str
     text: str
@@ -34,11 +43,11 @@ class LogSource(Protocol):
     which carries requests between replicas, cannot be reached."""
 
     async def tail(
-        self, machine_id: int, worker: str, lines: int, max_bytes: int, wait_s: float
+        self, machine_id: int, worker: WorkerRef, lines: int, max_bytes: int, wait_s: float
     ) -> LogText | None: ...
 
     def follow(
-        self, machine_id: int, worker: str, tail_lines: int = 0
+        self, machine_id: int, worker: WorkerRef, tail_lines: int = 0
     ) -> AsyncGenerator[Chunk, None]: ...
 
 
@@ -87,7 +96,7 @@ class LogUnavailable(AstraeusError):
 
 async def locate(
     session: AsyncSession, principal: Principal, name: str, *, workspace: str | None = None
-) -> tuple[str, int]:
+) -> tuple[WorkerRef, int]:
     """The worker (a run's name means its first worker) and the machine that keeps its log."""
     ws = await runs.workspace_for(session, principal, workspace)
     worker = await repository.worker_in_workspace(session, ws.id, name)
@@ -100,16 +109,18 @@ async def locate(
     machine_id = worker.machine_id or await repository.last_machine(session, worker.id)
     if machine_id is None:
         raise NotPlaced(worker.name)
-    return worker.name, machine_id
+    return WorkerRef(worker.id, worker.name), machine_id
 
 
-async def fetch(source: LogSource | None, machine_id: int, worker: str, lines: int) -> LogText:
+async def fetch(
+    source: LogSource | None, machine_id: int, worker: WorkerRef, lines: int
+) -> LogText:
     """Ask the machine; no database is needed (or held) while it answers."""
     if source is None:
-        raise LogUnavailable(worker, "this server takes no agent connections.")
+        raise LogUnavailable(worker.name, "this server takes no agent connections.")
     text = await source.tail(machine_id, worker, lines, MAX_BYTES, ANSWER_WITHIN_SECONDS)
     if text is None:
-        raise LogUnavailable(worker, "its machine did not answer.")
+        raise LogUnavailable(worker.name, "its machine did not answer.")
     return text
 
 
@@ -127,17 +138,17 @@ def parse_follow_tail(lines: int) -> int:
 
 
 async def follow(
-    source: LogSource | None, machine_id: int, worker: str, tail: int
+    source: LogSource | None, machine_id: int, worker: WorkerRef, tail: int
 ) -> AsyncIterator[Chunk]:
     """The worker's new lines as its machine writes them, until the worker ends (the last
     chunk says ``ended``). A machine that is not connected, or that goes before the worker
     ends, is a TASK_LOG_UNAVAILABLE error: the follower knows it saw no end."""
     if source is None:
-        raise LogUnavailable(worker, "no machine is connected to this server")
+        raise LogUnavailable(worker.name, "no machine is connected to this server")
     ended = False
     async with contextlib.aclosing(source.follow(machine_id, worker, tail)) as chunks:
         async for chunk in chunks:
             ended = chunk.ended
             yield chunk
     if not ended:
-        raise LogUnavailable(worker, "its machine is not connected")
+        raise LogUnavailable(worker.name, "its machine is not connected")

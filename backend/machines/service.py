@@ -159,7 +159,7 @@ async def gpu_fault(
         session,
         clock,
         machine_id=machine.id,
-        worker_name=holder.name,
+        worker_id=holder.id,
         kind="exited",
         reason=f"GPU fault on {machine.name}/{index}: {reason}",
     )

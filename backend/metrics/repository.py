@@ -60,12 +60,12 @@ def _is_postgresql(session: AsyncSession) -> bool:
 # -- ingest --------------------------------------------------------------------------------------
 
 
-async def workers_on_machine(session: AsyncSession, machine_id: int) -> dict[str, int]:
-    """The workers placed on the machine now, by name (the name is what its agent knows)."""
+async def workers_on_machine(session: AsyncSession, machine_id: int) -> dict[int, int]:
+    """The workers placed on the machine now: their attempts, by id."""
     rows = await session.execute(
-        select(Worker.name, Worker.id).where(Worker.machine_id == machine_id)
+        select(Worker.id, Worker.attempt).where(Worker.machine_id == machine_id)
     )
-    return {row.name: row.id for row in rows}
+    return {row.id: row.attempt for row in rows}
 
 
 async def insert_samples(session: AsyncSession, rows: Sequence[Row]) -> int:

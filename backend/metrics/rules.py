@@ -64,11 +64,13 @@ MINUTE_MS = 60_000
 class SampleIn:
     """One sample as a machine's agent sends it."""
 
-    worker: str
+    worker_id: int
     metric: str
     gpu: int | None
     at_ms: int
     value: float
+    # The attempt it was taken in; None: not said (taken as the one running).
+    attempt: int | None = None
 
 
 # (worker_id, ts, value, machine_id, metric, gpu): the sample tables' column order.
@@ -92,15 +94,17 @@ class Dropped:
 
 
 def to_rows(
-    samples: Iterable[SampleIn], workers: Mapping[str, int], machine_id: int
+    samples: Iterable[SampleIn], workers: Mapping[int, int], machine_id: int
 ) -> tuple[list[Row], Dropped]:
-    """The rows to store for a machine's samples, given the workers placed on it by name."""
+    """The rows to store for a machine's samples, given the workers placed on it (their
+    attempts by id): a sample of another machine's worker, or of another attempt, is dropped."""
     rows: list[Row] = []
     dropped = Dropped()
     for s in samples:
-        worker_id = workers.get(s.worker)
+        attempt = workers.get(s.worker_id)
         metric = BY_NAME.get(s.metric)
-        if worker_id is None:
+        worker_id = s.worker_id
+        if attempt is None or (s.attempt is not None and s.attempt != attempt):
             dropped.unknown_worker += 1
         elif metric is None:
             dropped.unknown_metric += 1

@@ -21,8 +21,11 @@ class AgentCommand(HasId, HasCreatedAt, Base):
     __table_args__ = (Index("ix_agent_commands_machine_id_acked_at", "machine_id", "acked_at"),)
 
     machine_id: Mapped[int] = mapped_column(BigId, ForeignKey("machines.id", ondelete="CASCADE"))
-    # The worker's name, kept when the worker row is deleted (a delete command outlives it).
+    # The worker's name, for people: two workspaces' workers may share it on one machine.
     worker_name: Mapped[str] = mapped_column(String(80))
+    # The worker's id, kept when the worker row is deleted (a delete command outlives it):
+    # what the agent keys everything of the worker by.
+    target_worker_id: Mapped[int | None] = mapped_column(BigId)
     worker_id: Mapped[int | None] = mapped_column(
         BigId, ForeignKey("workers.id", ondelete="SET NULL")
     )

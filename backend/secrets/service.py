@@ -96,15 +96,16 @@ async def delete_secret(
 
 
 async def values_for_worker(
-    session: AsyncSession, machine_id: int, worker_name: str
+    session: AsyncSession, machine_id: int, worker_id: int, attempt: int
 ) -> SecretValues | None:
     """The values of the secrets a worker placed on this machine names; None if not placed here.
 
-    Only the credentials of the worker's own run, and only to the machine it is placed on."""
+    Only the credentials of the worker's own run, only to the machine it is placed on, and only
+    for the attempt it runs there now."""
     worker = await session.scalar(
-        select(Worker).where(Worker.machine_id == machine_id, Worker.name == worker_name)
+        select(Worker).where(Worker.id == worker_id, Worker.machine_id == machine_id)
     )
-    if worker is None:
+    if worker is None or worker.attempt != attempt:
         return None
     run = await session.get(Run, worker.run_id)
     assert run is not None

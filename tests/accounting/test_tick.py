@@ -110,8 +110,7 @@ async def sample(world: World, busy: dict[int, float] | dict[str, float]) -> Non
             at_ms = int(world.clock.now().timestamp() * 1000)
             value = busy.get(w.name, busy.get(w.rank, 0.0))  # type: ignore[call-overload]
             samples = [
-                SampleIn(w.name, "task_gpu_utilization_ratio", gpu, at_ms, value)
-                for gpu in w.gpu_ids
+                SampleIn(w.id, "task_gpu_utilization_ratio", gpu, at_ms, value) for gpu in w.gpu_ids
             ]
             await agents.metrics(session, w.machine_id, samples)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -17,10 +16,11 @@ from agent.connection import Agent, AgentConfig
 from agent.gpus import simulated
 from backend.agents.stream import AgentService, LogChunkInfo, serve
 from backend.db import Database
+from backend.logs.service import WorkerRef
 from backend.models import Machine, Worker
 from tests.agents.test_stream import _port, machine_token  # noqa: F401  (a fixture)
 from tests.lifecycle.world import World
-from tests.support import FakeClock, Tenancy
+from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
 
 PRINTS = (
     "import time\nfor i in range(20):\n    print(f'line {i}', flush=True)\n    time.sleep(0.1)\n"
@@ -85,7 +85,7 @@ async def test_following_a_real_workers_log_streams_its_lines_until_it_ends(
 
         await wait_for("the machine", joined)
         world = World(db, clock, tenancy)
-        await world.submit(workers=1, gpus=1, command=[sys.executable, "-c", PRINTS])
+        await world.submit(workers=1, gpus=1, command=[WORKLOAD_PYTHON, "-c", PRINTS])
         await world.schedule()
 
         async def running_now() -> bool:
@@ -94,9 +94,11 @@ async def test_following_a_real_workers_log_streams_its_lines_until_it_ends(
         await wait_for("running", running_now)
         async with db.read() as session:
             machine = await session.scalar(select(Machine).where(Machine.name == "gpu-07"))
-        assert machine is not None
+            row = await session.scalar(select(Worker).where(Worker.name == "llama-sft-0"))
+        assert machine is not None and row is not None
+        worker = WorkerRef(row.id, row.name)
         chunks: list[LogChunkInfo] = [
-            c async for c in svc.follow(machine.id, "llama-sft-0", tail_lines=1000)
+            c async for c in svc.follow(machine.id, worker, tail_lines=1000)
         ]
         assert chunks[-1].ended
         lines = "".join(c.text for c in chunks).splitlines()
@@ -108,7 +110,7 @@ async def test_following_a_real_workers_log_streams_its_lines_until_it_ends(
             return await worker_state(db, "llama-sft-0") == "Completed"
 
         await wait_for("completed", ended)
-        tail = await svc.tail(machine.id, "llama-sft-0", 5, 900 * 1024, wait_s=5)
+        tail = await svc.tail(machine.id, worker, 5, 900 * 1024, wait_s=5)
         assert tail is not None and tail.archived
         assert tail.text.splitlines() == [f"line {i}" for i in range(15, 20)]
     finally:

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -31,17 +30,19 @@ from backend.app import create_app
 from backend.config import Settings
 from backend.db import Database
 from backend.jobs import broker as job_broker
-from backend.logs.service import LogUnavailable
-from backend.models import Machine
+from backend.logs.service import LogUnavailable, WorkerRef
+from backend.models import Machine, Worker
 from tests.agents.test_agent_in_process import agent_for, wait_for, worker_state
 from tests.agents.test_stream import _port, machine_token  # noqa: F401  (a fixture)
 from tests.e2e.services import PrivateRedis
 from tests.lifecycle.world import World
 from tests.rest.test_jobs import auth
-from tests.support import FakeClock, Tenancy
+from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 MAX_BYTES = 900 * 1024
+# A worker no database holds: for routers spoken to by hand (the machine knows it by id).
+LLAMA = WorkerRef(41, "llama-sft-0")
 
 
 def prints(lines: int) -> str:
@@ -125,15 +126,20 @@ async def claimed_by(redis: Redis, prefix: str, replica_id: str, machine: int) -
     await wait_for(f"the claim of {replica_id}", claimed)
 
 
-async def run_worker(db: Database, clock: FakeClock, tenancy: Tenancy, lines: int) -> None:
+async def run_worker(db: Database, clock: FakeClock, tenancy: Tenancy, lines: int) -> WorkerRef:
+    """Runs llama-sft-0, printing ``lines`` lines: the worker, as its machine knows it."""
     world = World(db, clock, tenancy)
-    await world.submit(workers=1, gpus=1, command=[sys.executable, "-c", prints(lines)])
+    await world.submit(workers=1, gpus=1, command=[WORKLOAD_PYTHON, "-c", prints(lines)])
     await world.schedule()
 
     async def running() -> bool:
         return await worker_state(db, "llama-sft-0") == "Running"
 
     await wait_for("running", running)
+    async with db.read() as session:
+        row = await session.scalar(select(Worker).where(Worker.name == "llama-sft-0"))
+    assert row is not None
+    return WorkerRef(row.id, row.name)
 
 
 async def completed(db: Database) -> None:
@@ -172,10 +178,10 @@ async def test_a_replica_without_the_stream_follows_and_tails_through_the_one_ho
         machine = await machine_id(db)
         await claimed_by(redis, prefix, a.router.replica_id, machine)
         assert not b.service.streams.by_machine
-        await run_worker(db, clock, tenancy, lines=30)
+        worker = await run_worker(db, clock, tenancy, lines=30)
 
         # A reader that goes away: the holder hears of it and tells the machine to stop.
-        follower = b.router.follow(machine, "llama-sft-0", tail_lines=1000)
+        follower = b.router.follow(machine, worker, tail_lines=1000)
         first = await anext(follower)
         assert first.text.splitlines()[0] == "line 0"
         await follower.aclose()
@@ -183,7 +189,7 @@ async def test_a_replica_without_the_stream_follows_and_tails_through_the_one_ho
         await until("the stop", lambda: not held.follows and not a.router.relays)
 
         # A reader to the end: the lines as they are written, then the end.
-        chunks = [c async for c in b.router.follow(machine, "llama-sft-0", tail_lines=1000)]
+        chunks = [c async for c in b.router.follow(machine, worker, tail_lines=1000)]
         assert chunks[-1].ended
         assert text_of(chunks) == numbered(0, 30)
         assert len(chunks) > 2
@@ -192,7 +198,7 @@ async def test_a_replica_without_the_stream_follows_and_tails_through_the_one_ho
         await until("the relay's end", lambda: not a.router.relays)
 
         await completed(db)
-        tail = await b.router.tail(machine, "llama-sft-0", 5, MAX_BYTES, wait_s=5)
+        tail = await b.router.tail(machine, worker, 5, MAX_BYTES, wait_s=5)
         assert tail is not None
         assert (tail.worker, tail.archived) == ("llama-sft-0", True)
         assert tail.text.splitlines() == numbered(25, 30)
@@ -215,8 +221,8 @@ async def test_a_reader_that_falls_behind_is_told_how_many_lines_it_missed(
         await until("the machine", lambda: bool(a.service.streams.by_machine))
         machine = await machine_id(db)
         await claimed_by(redis, prefix, a.router.replica_id, machine)
-        await run_worker(db, clock, tenancy, lines=20)
-        follower = b.router.follow(machine, "llama-sft-0", tail_lines=1000)
+        worker = await run_worker(db, clock, tenancy, lines=20)
+        follower = b.router.follow(machine, worker, tail_lines=1000)
         chunks = [await anext(follower)]
         await completed(db)  # meanwhile some 10 chunks came for a backlog of 2
         await asyncio.sleep(0.5)
@@ -256,8 +262,8 @@ async def test_once_the_stream_closes_the_claim_goes_and_other_replicas_answer_n
 
         await wait_for("the claim to go", released, seconds=0.5)
         started = time.monotonic()
-        assert await b.router.tail(machine, "llama-sft-0", 5, MAX_BYTES, wait_s=5) is None
-        assert [c async for c in b.router.follow(machine, "llama-sft-0")] == []
+        assert await b.router.tail(machine, LLAMA, 5, MAX_BYTES, wait_s=5) is None
+        assert [c async for c in b.router.follow(machine, LLAMA)] == []
         assert time.monotonic() - started < 0.5
 
 
@@ -268,8 +274,8 @@ async def test_the_claim_of_a_replica_that_died_is_answered_none_at_once_then_ex
     async with router.serving(None):
         await redis.set(f"{prefix}:machine:7", "gone-replica", px=300)
         started = time.monotonic()
-        assert await router.tail(7, "llama-sft-0", 5, MAX_BYTES, wait_s=5) is None
-        assert [c async for c in router.follow(7, "llama-sft-0")] == []
+        assert await router.tail(7, LLAMA, 5, MAX_BYTES, wait_s=5) is None
+        assert [c async for c in router.follow(7, LLAMA)] == []
         assert time.monotonic() - started < 0.5  # nobody listens on its channel: no wait
         await asyncio.sleep(0.4)
         assert not await redis.exists(f"{prefix}:machine:7")
@@ -292,14 +298,16 @@ async def test_a_holder_gone_silent_ends_the_follow_and_chunks_nobody_reads_are_
     async with router.serving(None), redis.pubsub() as ghost:
         await ghost.subscribe(f"{prefix}:replica:ghost")
         await redis.set(f"{prefix}:machine:7", "ghost", px=10_000)
-        follower = router.follow(7, "llama-sft-0", tail_lines=10)
+        follower = router.follow(7, LLAMA, tail_lines=10)
         reading = asyncio.ensure_future(anext(follower))
         request = await next_message(ghost)
-        assert {k: request[k] for k in ("type", "reply_to", "machine", "worker", "tail_lines")} == {
+        keys = ("type", "reply_to", "machine", "worker", "worker_id", "tail_lines")
+        assert {k: request[k] for k in keys} == {
             "type": "follow",
             "reply_to": router.replica_id,
             "machine": 7,
-            "worker": "llama-sft-0",
+            "worker": "llama-sft-0",  # for sentences
+            "worker_id": 41,  # what the holder asks its machine for
             "tail_lines": 10,
         }
         chunk = {
@@ -340,10 +348,10 @@ async def test_with_redis_down_a_router_says_so_and_never_hangs() -> None:
     async with router.serving(None):
         router.stream_changed(3, held=True)  # claims wait for Redis to come back
         with pytest.raises(LogUnavailable) as tail:
-            await router.tail(7, "llama-sft-0", 5, MAX_BYTES, wait_s=5)
+            await router.tail(7, LLAMA, 5, MAX_BYTES, wait_s=5)
         assert tail.value.message == REDIS_AWAY
         with pytest.raises(LogUnavailable) as follow:
-            _ = [c async for c in router.follow(7, "llama-sft-0")]
+            _ = [c async for c in router.follow(7, LLAMA)]
         assert follow.value.message == REDIS_AWAY
         assert not router.backlogs
     assert time.monotonic() - started < 5  # start (2 s at most) and the answers: no hang
@@ -440,9 +448,9 @@ async def test_the_embedded_router_serves_the_log_endpoint_without_redis(
         router = app.state.agents
         assert isinstance(router, routing.LocalRouter)
         await until("the machine", lambda: router.local and router.local.streams.by_machine)
-        await run_worker(db, clock, tenancy, lines=20)
+        worker = await run_worker(db, clock, tenancy, lines=20)
         machine = await machine_id(db)
-        chunks = [c async for c in router.follow(machine, "llama-sft-0", tail_lines=1000)]
+        chunks = [c async for c in router.follow(machine, worker, tail_lines=1000)]
         assert chunks[-1].ended
         assert text_of(chunks) == numbered(0, 20)
         await completed(db)

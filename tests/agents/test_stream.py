@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -97,6 +96,7 @@ def hello(machine: str = "gpu-07", gpus: int = 2) -> agent_pb2.Hello:
             for i in range(gpus)
         ],
         agent_version="test",
+        protocol=2,
     )
 
 
@@ -119,21 +119,24 @@ async def test_a_machine_joins_receives_its_commands_and_reports_its_workers(
         await world.schedule()
         start = await agent.receive("command")
         assert start.command.kind == agent_pb2.COMMAND_KIND_START
-        assert start.command.worker == "llama-sft-0"
-        payload = json.loads(start.command.payload_json)
-        assert payload["astraeus_environment"]["CUDA_VISIBLE_DEVICES"] == "0,1"
-        assert payload["command"] == ["python", "train.py"]
+        worker = (await world.workers("llama-sft"))[0]
+        assert start.command.worker_id == worker.id  # the machine knows it by id alone
+        assert start.command.start.worker == "llama-sft-0"  # its name, for people
+        assert start.command.start.attempt == 1
+        assert start.command.start.astraeus_environment["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert list(start.command.start.command) == ["python", "train.py"]
 
         agent.send(command_ack=agent_pb2.CommandAck(command_ids=[start.command.command_id]))
         for state in (agent_pb2.WORKER_STATE_READY, agent_pb2.WORKER_STATE_RUNNING):
             agent.send(
-                worker_event=agent_pb2.WorkerEvent(worker="llama-sft-0", attempt=1, state=state)
+                worker_event=agent_pb2.WorkerEvent(worker_id=worker.id, attempt=1, state=state)
             )
         release = await agent.receive("command")
         assert release.command.kind == agent_pb2.COMMAND_KIND_RELEASE
+        assert release.command.worker_id == worker.id
         last = agent.send(
             worker_event=agent_pb2.WorkerEvent(
-                worker="llama-sft-0",
+                worker_id=worker.id,
                 attempt=1,
                 state=agent_pb2.WORKER_STATE_EXITED,
                 exit_code=0,
@@ -162,11 +165,11 @@ async def test_a_failure_snapshot_reaches_the_worker(
         world = World(db, clock, tenancy)
         await world.submit(workers=1, gpus=1, restart_policy="never")
         await world.schedule()
-        await agent.receive("command")
+        start = await agent.receive("command")
         tail = "".join(f"line {i}\n" for i in range(50))
         last = agent.send(
             worker_event=agent_pb2.WorkerEvent(
-                worker="llama-sft-0",
+                worker_id=start.command.worker_id,
                 attempt=1,
                 state=agent_pb2.WORKER_STATE_EXITED,
                 exit_code=137,
@@ -206,14 +209,34 @@ async def test_a_wrong_token_or_no_hello_is_refused(
     await agent.close()
 
 
+async def test_an_agent_of_the_protocol_that_named_workers_is_refused(
+    endpoint: str, machine_token: str, db: Database
+) -> None:
+    # issue 17: an older agent would name workers by name, which repeat across workspaces
+    agent = Agent(endpoint, machine_token)
+    old = hello()
+    old.ClearField("protocol")
+    agent.send(hello=old)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await agent.receive("welcome")
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.details() == (
+        "This agent speaks an older protocol, which names workers by name: upgrade it to the "
+        "server's version."
+    )
+    await agent.close()
+    async with db.read() as session:
+        assert await session.scalar(select(Machine).where(Machine.name == "gpu-07")) is None
+
+
 def test_a_full_follow_buffer_counts_every_line_it_drops() -> None:
     from backend.agents.stream import FOLLOW_BUFFER, Follow
 
     follow = Follow()
     for i in range(FOLLOW_BUFFER):
-        follow.offer(agent_pb2.LogChunk(worker="w", text=f"line {i}\n"))
-    follow.offer(agent_pb2.LogChunk(worker="w", text="x\ny\n"))  # no room: 2 lines missed
-    follow.offer(agent_pb2.LogChunk(worker="w", text="z\n", ended=True))
+        follow.offer(agent_pb2.LogChunk(worker_id=7, text=f"line {i}\n"))
+    follow.offer(agent_pb2.LogChunk(worker_id=7, text="x\ny\n"))  # no room: 2 lines missed
+    follow.offer(agent_pb2.LogChunk(worker_id=7, text="z\n", ended=True))
     chunks = []
     while not follow.chunks.empty():
         chunks.append(follow.chunks.get_nowait())

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -148,11 +148,39 @@ def serving(data_dir: Path, **options: Any) -> Iterator[tuple[Server, str]]:
         server.stop()
 
 
+class Api:
+    """A user's calls to a live server, with a token: GraphQL and the REST shim."""
+
+    def __init__(self, server: Server, token: str) -> None:
+        self.server, self.url, self.token = server, server.url, token
+        self.headers = {"Authorization": f"Bearer {token}"}
+
+    def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
+        answer = httpx.post(
+            f"{self.url}/graphql",
+            headers=self.headers,
+            json={"query": query, "variables": variables},
+            timeout=20,
+        ).json()
+        assert "errors" not in answer, answer
+        return dict(answer["data"])
+
+    def get(self, path: str) -> Any:
+        return httpx.get(f"{self.url}/v1{path}", headers=self.headers, timeout=20).json()
+
+
 class AgentProcess:
     """`astraeus agent` joining a live server as a machine of the cluster "local"."""
 
     def __init__(
-        self, server: Server, name: str, data_dir: Path, *, gpus: int = 8, model: str = ""
+        self,
+        server: Server,
+        name: str,
+        data_dir: Path,
+        *,
+        gpus: int = 8,
+        model: str = "",
+        extra: Sequence[str] = (),
     ) -> None:
         self.server = server
         self.data_dir = data_dir
@@ -177,6 +205,7 @@ class AgentProcess:
             "1",
             "--sample",
             "1",
+            *extra,
         ]
         self.log = data_dir.parent / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import httpx
 import pytest
 
 from tests.e2e.live import AgentProcess, Server, free_port
+from tests.support import WORKLOAD_PYTHON
 
 SURVIVOR = (
     "import time, astraeus_progress\n"
@@ -50,9 +50,9 @@ class Cluster:
         self.token = token.group(1)
         self.agents: dict[str, AgentProcess] = {}
 
-    def agent(self, name: str) -> AgentProcess:
+    def agent(self, name: str, *extra: str) -> AgentProcess:
         if name not in self.agents:
-            self.agents[name] = AgentProcess(self.server, name, self.root / name)
+            self.agents[name] = AgentProcess(self.server, name, self.root / name, extra=extra)
         return self.agents[name]
 
     def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
@@ -115,10 +115,10 @@ def test_killing_the_agent_mid_run_loses_no_state_change_or_snapshot(cluster: Cl
     agent = cluster.agent("m1")
     agent.start()
     cluster.submit(
-        name="survivor", gpus=1, restart_policy="never", command=[sys.executable, "-c", SURVIVOR]
+        name="survivor", gpus=1, restart_policy="never", command=[WORKLOAD_PYTHON, "-c", SURVIVOR]
     )
     cluster.submit(
-        name="failer", gpus=1, restart_policy="never", command=[sys.executable, "-c", FAILER]
+        name="failer", gpus=1, restart_policy="never", command=[WORKLOAD_PYTHON, "-c", FAILER]
     )
     cluster.wait(
         "both running",
@@ -155,7 +155,7 @@ def test_a_server_restart_loses_no_state_change_and_no_machine(cluster: Cluster)
     agent = cluster.agent("m1")
     agent.start()
     cluster.submit(
-        name="failer", gpus=1, restart_policy="never", command=[sys.executable, "-c", FAILER]
+        name="failer", gpus=1, restart_policy="never", command=[WORKLOAD_PYTHON, "-c", FAILER]
     )
     cluster.wait("running", lambda: cluster.status("failer") == "Running")
     assert cluster.server.process is not None
@@ -169,7 +169,7 @@ def test_a_server_restart_loses_no_state_change_and_no_machine(cluster: Cluster)
     assert (failer["state"], failer["reason"]) == ("Failed", "Exited with code 1")
     assert failer["lastFailure"]["log_tail"].splitlines()[-1] == "fatal: boom"
     # The machine had a whole lease to come back after the server did: not lost.
-    cluster.submit(name="after", gpus=1, command=[sys.executable, "-c", "print('ok')"])
+    cluster.submit(name="after", gpus=1, command=[WORKLOAD_PYTHON, "-c", "print('ok')"])
     cluster.wait("placed on m1 again", lambda: cluster.status("after") == "Completed")
 
 
@@ -179,13 +179,14 @@ def test_an_agent_away_past_its_lease_loses_its_machine_and_the_run_moves(
     first = cluster.agent("m1")
     first.start()
     cluster.wait("m1 joined", lambda: _joined(first))
-    cluster.submit(name="mover", gpus=8, command=[sys.executable, "-c", HANGS])
+    cluster.submit(name="mover", gpus=8, command=[WORKLOAD_PYTHON, "-c", HANGS])
     cluster.wait("running on m1", lambda: cluster.status("mover") == "Running")
     second = cluster.agent("m2")
     second.start()
     cluster.wait("m2 joined", lambda: _joined(second))
 
-    orphan = int((first.data_dir / "workers" / "mover-0" / "worker.pid").read_text())
+    (pid_file,) = (first.data_dir / "workers").glob("*/worker.pid")  # by id, not name
+    orphan = int(pid_file.read_text())
     first.kill()
     cluster.wait(
         "placed again on m2",
@@ -221,7 +222,7 @@ def test_a_worker_that_prints_nothing_is_found_stalled(cluster: Cluster) -> None
         gpus=1,
         stall_timeout="3s",
         on_stall="keep",
-        command=[sys.executable, "-c", HANGS],
+        command=[WORKLOAD_PYTHON, "-c", HANGS],
     )
     cluster.wait(
         "stalled",
@@ -241,7 +242,7 @@ def test_a_workload_reporting_steps_is_never_stalled_and_its_samples_arrive(
         gpus=2,
         stall_timeout="2s",
         restart_policy="never",
-        command=[sys.executable, "-c", SURVIVOR],
+        command=[WORKLOAD_PYTHON, "-c", SURVIVOR],
     )
     started_ms = int(time.time() * 1000)
     cluster.wait("completed", lambda: cluster.status("stepper") == "Completed")
@@ -301,7 +302,9 @@ def test_a_worker_waits_for_its_external_secret_then_gets_it_and_its_filled_driv
     (source / "hello.txt").write_text("hi from the drive")
     mount = tmp_path / "mnt" / "data"
     mount.parent.mkdir()
-    cluster.agent("m1").start()
+    # issue 17: the machine's owner allows filling drives from, and linking them under, these
+    roots = ["--fill-from-root", str(tmp_path), "--mount-root", str(mount.parent)]
+    cluster.agent("m1", *roots).start()
     declared = cluster.graphql(
         'mutation { setSecret(name: "hf-token") { secret { name external isSet } } }'
     )
@@ -316,7 +319,7 @@ def test_a_worker_waits_for_its_external_secret_then_gets_it_and_its_filled_driv
             {"secret": "hf-token", "file": "token.txt"},
         ],
         mounts=[{"drive": "data", "path": str(mount), "fill_from": str(source)}],
-        command=[sys.executable, "-c", USES_CREDENTIALS],
+        command=[WORKLOAD_PYTHON, "-c", USES_CREDENTIALS],
     )
     cluster.wait(
         "waiting for the secret",

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.e2e.live import AgentProcess, Server, running, serving_seed_week
-from tests.support import Tenancy
+from tests.support import Tenancy, searchable
 from tests.test_cli_goodput import SEED_BLOCK
 
 ASTRA = str(Path(sys.executable).parent / "astra")
@@ -177,7 +177,7 @@ def until(
 def llama_sft(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str, Path]]:
     """A live server, three machines of two GPUs (gpu-07, gpu-08, gpu-09) and llama-sft, two
     workers of two GPUs, running; the path that, once it exists, lets the workers finish."""
-    root = tmp_path_factory.mktemp("llama-sft")
+    root = searchable(tmp_path_factory.mktemp("llama-sft"))  # the workers look for `go`
     go = root / "go"
     with running(root / "data", local_agent=False) as (server, token):
         agents = [

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.e2e.live import Server, running
+from tests.support import WORKLOAD_PYTHON
 
 STEPS = (
     "import os, time\n"
@@ -64,7 +65,7 @@ def llama_sft(live: tuple[Server, str]) -> dict[str, Any]:
     """The gang of the seed's examples, run to its end once for the tests that read it."""
     submit(
         live,
-        {"name": "llama-sft", "workers": 2, "gpus": 4, "command": [sys.executable, "-c", STEPS]},
+        {"name": "llama-sft", "workers": 2, "gpus": 4, "command": [WORKLOAD_PYTHON, "-c", STEPS]},
     )
     return job_when_ended(live, "llama-sft")
 
@@ -80,9 +81,10 @@ def test_a_gang_of_real_processes_runs_to_completion(
         ["Completed", "2 of 2 workers completed"],
     ]
     server, _ = live
-    log = server.log.parent / "data" / "agent" / "logs" / "llama-sft-1" / "archived.log"
-    assert log.read_text().splitlines() == [
-        f"[rank1]: step {i}0 loss 1.8 world 2" for i in range(3)
+    # Each worker's log is kept under its id (issue 17: names repeat across workspaces).
+    logs = (server.log.parent / "data" / "agent" / "logs").glob("*/archived.log")
+    assert sorted(log.read_text().splitlines() for log in logs) == [
+        [f"[rank{rank}]: step {i}0 loss 1.8 world 2" for i in range(3)] for rank in (0, 1)
     ]
 
 
@@ -115,7 +117,7 @@ def test_a_failed_rank_fails_the_gang_and_a_missing_command_is_127(
             "workers": 2,
             "gpus": 1,
             "restart_policy": "never",
-            "command": [sys.executable, "-c", CRASH],
+            "command": [WORKLOAD_PYTHON, "-c", CRASH],
         },
     )
     submit(
@@ -205,7 +207,7 @@ def test_a_worker_never_placed_has_no_log(live: tuple[Server, str]) -> None:
 def _cgroups_here() -> bool:
     from agent import cgroups
 
-    probe = cgroups.create("astraeus-probe")
+    probe = cgroups.create("probe", "astraeus-test")
     if probe is None:
         return False
     probe.remove()
@@ -222,7 +224,7 @@ def test_a_worker_past_its_memory_limit_is_oom_killed(live: tuple[Server, str]) 
             "gpus": 1,
             "memory_bytes": 64 * 2**20,
             "restart_policy": "never",
-            "command": [sys.executable, "-c", "x = bytearray(400 * 2**20); print(len(x))"],
+            "command": [WORKLOAD_PYTHON, "-c", "x = bytearray(400 * 2**20); print(len(x))"],
         },
     )
     job = job_when_ended(live, "hungry")
@@ -244,12 +246,12 @@ NOISY_FAILURE = (
 HANG = "import time; print('loading', flush=True); time.sleep(600)"
 WORKLOADS = {
     "steps": (
-        {"command": [sys.executable, "-c", "for i in range(3): print(f'step {i}')"]},
+        {"command": [WORKLOAD_PYTHON, "-c", "for i in range(3): print(f'step {i}')"]},
         ("Completed", "Exited with code 0", 0),
         ["step 0", "step 1", "step 2"],
     ),
     "exits": (
-        {"command": [sys.executable, "-c", NOISY_FAILURE]},
+        {"command": [WORKLOAD_PYTHON, "-c", NOISY_FAILURE]},
         ("Failed", "Exited with code 3", 3),
         [f"epoch {i:03d} " + "x" * 400 for i in range(120)],
     ),
@@ -259,7 +261,7 @@ WORKLOADS = {
         None,  # the shell's own sentence, checked below
     ),
     "hangs": (
-        {"command": [sys.executable, "-c", HANG], "stall_timeout": "3s", "on_stall": "keep"},
+        {"command": [WORKLOAD_PYTHON, "-c", HANG], "stall_timeout": "3s", "on_stall": "keep"},
         ("Running", "Stalled: no progress for 3s", None),
         ["loading"],
     ),

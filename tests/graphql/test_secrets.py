@@ -7,7 +7,7 @@ import httpx
 from sqlalchemy import select
 
 from backend.db import Database
-from backend.models import Machine
+from backend.models import Machine, Worker
 from backend.secrets import service as secrets
 from tests.graphql.test_schema import CREATE, gql
 from tests.lifecycle.world import World
@@ -105,9 +105,17 @@ async def test_only_the_machine_running_the_worker_gets_the_values(
     await world.schedule()
     async with db.read() as session:
         machines = list(await session.scalars(select(Machine).order_by(Machine.id)))
+        worker = await session.scalar(select(Worker).where(Worker.name == "llama-sft-0"))
+        assert worker is not None
         answers: list[Any] = [
-            await secrets.values_for_worker(session, m.id, "llama-sft-0") for m in machines
+            await secrets.values_for_worker(session, m.id, worker.id, worker.attempt)
+            for m in machines
         ]
+        # issue 17: the machine running it, asking for another attempt, gets nothing either
+        stale = await secrets.values_for_worker(
+            session, worker.machine_id or 0, worker.id, worker.attempt - 1
+        )
     placed = [a for a in answers if a is not None]
     assert len(placed) == 1 and placed[0].values == {"hf-token": "hf_abc"}
     assert placed[0].missing == []
+    assert stale is None

@@ -526,7 +526,7 @@ async def test_without_progress_reports_a_stragglers_pace_is_its_gpu_utilisation
         for w in await world.workers("llama-sft"):
             assert w.machine_id is not None
             samples = [
-                SampleIn(w.name, "task_gpu_utilization_ratio", gpu, 0, busy[w.rank])
+                SampleIn(w.id, "task_gpu_utilization_ratio", gpu, 0, busy[w.rank])
                 for gpu in w.gpu_ids
             ]
             async with world.db.transaction() as session:

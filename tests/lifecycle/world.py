@@ -84,7 +84,7 @@ class World:
                 session,
                 self.clock,
                 machine_id=row.machine_id,
-                worker_name=worker,
+                worker_id=row.id,
                 kind=kind,
                 **fields,
             )

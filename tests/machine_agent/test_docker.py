@@ -42,6 +42,7 @@ from agent.executor import SDK, Exit, ProcessWorker
 from agent.logs import WorkerLog
 
 PAYLOAD: dict[str, Any] = {
+    "worker": "llama-sft-1",
     "image": "nvcr.io/nvidia/pytorch:24.05-py3",
     "command": ["torchrun", "train.py", "--steps", "1000"],
     "user": "1000:1000",
@@ -72,11 +73,25 @@ PAYLOAD: dict[str, Any] = {
 # --- the create body ---------------------------------------------------------------------
 
 
+def test_the_agent_chosen_user_wins_over_the_specs_and_setuid_gives_nothing() -> None:
+    # issue 17: an agent running as root names the container's user (never root)
+    body = create_body(
+        "default-41",
+        PAYLOAD,
+        run_folder=Path("/var/lib/astraeus/workers/41/run"),
+        drives=Path("/var/lib/astraeus/drives"),
+        user="2000001:2100002",
+    )
+    assert body["User"] == "2000001:2100002"
+    assert body["HostConfig"]["SecurityOpt"] == ["no-new-privileges"]
+    assert body["Labels"]["astraeus.worker"] == "default-41"
+
+
 def test_a_start_payload_becomes_the_create_body() -> None:
     body = create_body(
-        "llama-sft-1",
+        "41",
         PAYLOAD,
-        run_folder=Path("/var/lib/astraeus/workers/llama-sft-1/run"),
+        run_folder=Path("/var/lib/astraeus/workers/41/run"),
         drives=Path("/var/lib/astraeus/drives"),
         image_env=["PATH=/usr/local/bin:/usr/bin", "PYTHONPATH=/opt/lib"],
     )
@@ -98,7 +113,8 @@ def test_a_start_payload_becomes_the_create_body() -> None:
             "PYTHONPATH=/opt/lib:/astraeus/sdk",
             "PYTHONUNBUFFERED=1",
         ],
-        "Labels": {"astraeus.worker": "llama-sft-1", "astraeus.attempt": "3"},
+        # The worker's id, never its name: two workspaces may both run llama-sft-1 here.
+        "Labels": {"astraeus.worker": "41", "astraeus.attempt": "3"},
         "Tty": False,
         "OpenStdin": False,
         "AttachStdin": False,
@@ -109,12 +125,13 @@ def test_a_start_payload_becomes_the_create_body() -> None:
             "Init": True,
             "ShmSize": 8 * 2**30,
             "Binds": [
-                "/var/lib/astraeus/workers/llama-sft-1/run:/astraeus/run",
+                "/var/lib/astraeus/workers/41/run:/astraeus/run",
                 f"{SDK}:/astraeus/sdk:ro",
                 "/var/lib/astraeus/drives/datasets:/data:ro",
                 "/var/lib/astraeus/drives/checkpoints:/ckpt",
             ],
             "LogConfig": {"Type": "local", "Config": {}},
+            "SecurityOpt": ["no-new-privileges"],
             "Memory": 64 * 2**30,
             "MemorySwap": 64 * 2**30,
             "NanoCpus": 7_500_000_000,
@@ -127,7 +144,7 @@ def test_a_start_payload_becomes_the_create_body() -> None:
 
 def test_a_bare_payload_asks_for_nothing_it_did_not_ask_for() -> None:
     payload = {"image": "busybox:1.36", "attempt": 1, "astraeus_environment": {"RANK": "0"}}
-    body = create_body("w-0", payload, run_folder=Path("/r"), drives=Path("/d"))
+    body = create_body("40", payload, run_folder=Path("/r"), drives=Path("/d"))
     # No command: the image's own; no user, limits or GPUs: the engine's defaults.
     assert "Cmd" not in body and "User" not in body and "WorkingDir" not in body
     host = body["HostConfig"]
@@ -139,7 +156,7 @@ def test_a_bare_payload_asks_for_nothing_it_did_not_ask_for() -> None:
         "PYTHONPATH=/astraeus/sdk",
         "PYTHONUNBUFFERED=1",
     ]
-    assert body["Labels"] == {"astraeus.worker": "w-0", "astraeus.attempt": "1"}
+    assert body["Labels"] == {"astraeus.worker": "40", "astraeus.attempt": "1"}
 
 
 def test_the_runs_own_pythonpath_comes_before_the_images_and_the_sdk_last() -> None:
@@ -155,8 +172,8 @@ def test_a_worker_without_gpus_keeps_cuda_visible_devices_empty() -> None:
 
 
 def test_the_container_is_found_again_by_its_labels() -> None:
-    assert json.loads(worker_filters("llama-sft-1", 3)) == {
-        "label": ["astraeus.worker=llama-sft-1", "astraeus.attempt=3"]
+    assert json.loads(worker_filters("41", 3)) == {
+        "label": ["astraeus.worker=41", "astraeus.attempt=3"]
     }
     assert json.loads(worker_filters()) == {"label": ["astraeus.worker"]}
 
@@ -166,22 +183,22 @@ def test_containers_whose_workers_the_agent_no_longer_keeps_are_orphans() -> Non
     listed = [
         {
             "Id": "8dfafdbc3a40",
-            "Names": ["/astraeus-llama-sft-1-3"],
+            "Names": ["/astraeus-41-3"],
             "Image": "nvcr.io/nvidia/pytorch:24.05-py3",
-            "Labels": {"astraeus.worker": "llama-sft-1", "astraeus.attempt": "3"},
+            "Labels": {"astraeus.worker": "41", "astraeus.attempt": "3"},
             "State": "running",
             "Status": "Up 2 hours",
         },
         {
             "Id": "9cd87474be90",
-            "Names": ["/astraeus-old-run-0-1"],
-            "Labels": {"astraeus.worker": "old-run-0", "astraeus.attempt": "1"},
+            "Names": ["/astraeus-17-1"],
+            "Labels": {"astraeus.worker": "17", "astraeus.attempt": "1"},
             "State": "exited",
             "Status": "Exited (0) 3 minutes ago",
         },
         {"Id": "3176a2479c92", "Names": ["/someone-elses"], "Labels": {}, "State": "running"},
     ]
-    assert orphans(listed, {"llama-sft-1"}) == ["9cd87474be90"]
+    assert orphans(listed, {"41"}) == ["9cd87474be90"]
 
 
 # --- the image ---------------------------------------------------------------------------
@@ -448,7 +465,7 @@ STATS_V1: dict[str, Any] = json.loads("""
 
 # The same on cgroup v2, one-shot (no earlier reading), host network (no "networks").
 STATS_V2: dict[str, Any] = json.loads("""
-{"name": "/astraeus-llama-sft-1-3",
+{"name": "/astraeus-41-3",
  "id": "8dfafdbc3a40c4c3a4e3c1ca7a4b1b2c5a0e7f4d1e3b8a9c6d2f0e1b7a3c5d9e",
  "read": "2026-10-01T03:12:40.000000000Z", "preread": "0001-01-01T00:00:00Z",
  "pids_stats": {"current": 12, "limit": 4611686018427387903},
@@ -511,16 +528,23 @@ def test_api_version_is_ours_where_the_engine_has_it() -> None:
 # --- the worker's folder -----------------------------------------------------------------
 
 
-def make_worker(tmp_path: Path, payload: dict[str, Any], name: str = "w-0") -> ContainerWorker:
+def make_worker(
+    tmp_path: Path, payload: dict[str, Any], worker_id: int = 40, name: str = "w-0"
+) -> ContainerWorker:
+    """A worker as the agent makes one: known by its id, its name in the payload."""
+    key = str(worker_id)
     return ContainerWorker(
-        name, payload, WorkerLog(tmp_path / "logs", name), tmp_path / "workers" / name
+        worker_id,
+        {"worker": name, **payload},
+        WorkerLog(tmp_path / "logs", key),
+        tmp_path / "workers" / key,
     )
 
 
 def test_a_kept_worker_is_taken_back_with_its_container(tmp_path: Path) -> None:
     worker = make_worker(tmp_path, {"image": "busybox:1.36", "attempt": 2})
     worker.keep()
-    assert worker.progress_file == tmp_path / "workers/w-0/run/progress"
+    assert worker.progress_file == tmp_path / "workers/40/run/progress"
     assert worker.progress_file.parent.stat().st_mode & 0o777 == 0o777  # any container user
     waiting = ContainerWorker.adopt(worker.folder, tmp_path / "logs")
     assert waiting is not None and not waiting.started  # at the barrier
@@ -528,9 +552,10 @@ def test_a_kept_worker_is_taken_back_with_its_container(tmp_path: Path) -> None:
     running = ContainerWorker.adopt(worker.folder, tmp_path / "logs")
     assert running is not None
     assert (running.started, running.container_id, running.attempt) == (True, "8dfafdbc3a40", 2)
+    assert (running.worker_id, running.name) == (40, "w-0")
     assert ContainerWorker.adopt(tmp_path / "workers" / "nothing", tmp_path / "logs") is None
     # A restarted agent tells a container's folder from a process's.
-    process = ProcessWorker("p-0", {"attempt": 1}, worker.log, tmp_path / "workers" / "p-0")
+    process = ProcessWorker(42, {"attempt": 1}, worker.log, tmp_path / "workers" / "42")
     process.keep()
     assert is_container_folder(worker.folder) and not is_container_folder(process.folder)
 
@@ -541,8 +566,10 @@ needs_engine = pytest.mark.skipif(not docker.on_engine(), reason="no Docker engi
 IMAGE = "busybox:1.36"
 
 
-async def _run(tmp_path: Path, name: str, **payload: Any) -> tuple[ContainerWorker, Exit]:
-    worker = make_worker(tmp_path, {"image": IMAGE, "attempt": 1, **payload}, name)
+async def _run(
+    tmp_path: Path, worker_id: int, name: str, **payload: Any
+) -> tuple[ContainerWorker, Exit]:
+    worker = make_worker(tmp_path, {"image": IMAGE, "attempt": 1, **payload}, worker_id, name)
     worker.keep()
     assert await worker.prepare() is None
     await worker.start()
@@ -555,6 +582,7 @@ async def test_a_container_runs_with_its_environment_progress_and_log(tmp_path: 
     script = 'echo "out $RANK"; echo err >&2; echo 5 > "$ASTRAEUS_PROGRESS_FILE"; exit 3'
     worker, ended = await _run(
         tmp_path,
+        9001,
         "e2e-exit",
         command=["sh", "-c", script],
         astraeus_environment={"RANK": "1"},
@@ -577,7 +605,7 @@ async def test_a_container_runs_with_its_environment_progress_and_log(tmp_path: 
 async def test_a_command_not_in_the_image_ends_127_with_the_engines_message(
     tmp_path: Path,
 ) -> None:
-    worker, ended = await _run(tmp_path, "e2e-127", command=["trian.py"])
+    worker, ended = await _run(tmp_path, 9002, "e2e-127", command=["trian.py"])
     assert ended == Exit(127, "Exited with code 127")
     # The init execs the command: its message is the log ("exec trian.py failed: No such …").
     assert "trian.py" in worker.log.snapshot()
@@ -588,7 +616,7 @@ async def test_a_command_not_in_the_image_ends_127_with_the_engines_message(
 async def test_a_start_the_engine_refuses_ends_the_worker_with_its_message(
     tmp_path: Path,
 ) -> None:
-    worker, ended = await _run(tmp_path, "e2e-refused", command=["true"], user="no-such-user")
+    worker, ended = await _run(tmp_path, 9003, "e2e-refused", command=["true"], user="no-such-user")
     assert ended == Exit(128, "Exited with code 128")  # the engine's code for a failed start
     assert "no-such-user" in worker.log.snapshot()
     await release(worker)
@@ -597,7 +625,7 @@ async def test_a_start_the_engine_refuses_ends_the_worker_with_its_message(
 @needs_engine
 async def test_a_container_over_its_memory_limit_ends_oom_killed(tmp_path: Path) -> None:
     worker, ended = await _run(
-        tmp_path, "e2e-oom", command=["tail", "/dev/zero"], memory_limit_bytes=32 * 2**20
+        tmp_path, 9004, "e2e-oom", command=["tail", "/dev/zero"], memory_limit_bytes=32 * 2**20
     )
     assert ended == Exit(137, "OOMKilled: the container exceeded its memory limit")
     await release(worker)
@@ -606,7 +634,7 @@ async def test_a_container_over_its_memory_limit_ends_oom_killed(tmp_path: Path)
 @needs_engine
 async def test_an_image_that_cannot_be_pulled_ends_err_image_pull(tmp_path: Path) -> None:
     worker = make_worker(
-        tmp_path, {"image": "astraeus-tests/no-such-image:nope", "attempt": 1}, "e2e-pull"
+        tmp_path, {"image": "astraeus-tests/no-such-image:nope", "attempt": 1}, 9005, "e2e-pull"
     )
     worker.keep()
     reasons: list[str] = []
@@ -623,7 +651,7 @@ async def test_an_image_that_cannot_be_pulled_ends_err_image_pull(tmp_path: Path
 @needs_engine
 async def test_a_stopped_container_ends_on_sigterm(tmp_path: Path) -> None:
     worker = make_worker(
-        tmp_path, {"image": IMAGE, "attempt": 1, "command": ["sleep", "300"]}, "e2e-stop"
+        tmp_path, {"image": IMAGE, "attempt": 1, "command": ["sleep", "300"]}, 9006, "e2e-stop"
     )
     worker.keep()
     await worker.prepare()
@@ -639,7 +667,10 @@ async def test_a_restarted_agent_takes_the_container_back_without_repeating_its_
 ) -> None:
     script = "echo one; echo two; sleep 3; echo three"
     worker = make_worker(
-        tmp_path, {"image": IMAGE, "attempt": 1, "command": ["sh", "-c", script]}, "e2e-adopt"
+        tmp_path,
+        {"image": IMAGE, "attempt": 1, "command": ["sh", "-c", script]},
+        9007,
+        "e2e-adopt",
     )
     worker.keep()
     await worker.prepare()
@@ -667,6 +698,7 @@ async def test_a_running_container_is_sampled_through_the_engine(tmp_path: Path)
             "command": ["sh", "-c", "while :; do :; done"],
             "memory_limit_bytes": 64 * 2**20,
         },
+        9008,
         "e2e-sample",
     )
     worker.keep()
@@ -687,21 +719,21 @@ async def test_a_running_container_is_sampled_through_the_engine(tmp_path: Path)
 
 @needs_engine
 async def test_containers_left_by_released_workers_are_removed_as_orphans(tmp_path: Path) -> None:
-    worker, _ = await _run(tmp_path, "e2e-orphan", command=["true"])
+    worker, _ = await _run(tmp_path, 9009, "e2e-orphan", command=["true"])
     assert worker.container_id is not None
     worker.container_id = None  # released, but its removal never ran (the agent stopped)
     worker.release()
     others = await worker.engine.containers(worker_filters())
-    kept = {c["Labels"]["astraeus.worker"] for c in others} - {"e2e-orphan"}
+    kept = {c["Labels"]["astraeus.worker"] for c in others} - {"9009"}
     assert len(await docker.remove_orphans(worker.engine, kept)) == 1
-    assert await worker.engine.containers(worker_filters("e2e-orphan")) == []
+    assert await worker.engine.containers(worker_filters("9009")) == []
 
 
 async def release(worker: ContainerWorker) -> None:
     worker.release()
     await docker.removals_done()
     if worker.container_id is not None:
-        assert await worker.engine.containers(worker_filters(worker.name)) == []
+        assert await worker.engine.containers(worker_filters(str(worker.worker_id))) == []
 
 
 def cgroup_v2() -> bool:
@@ -713,7 +745,7 @@ async def test_a_container_that_ended_while_the_agent_was_away_keeps_its_log_and
     tmp_path: Path,
 ) -> None:
     payload = {"image": IMAGE, "attempt": 1, "command": ["sh", "-c", "echo a; echo b; exit 4"]}
-    worker = make_worker(tmp_path, payload, "e2e-away")
+    worker = make_worker(tmp_path, payload, 9010, "e2e-away")
     worker.keep()
     await worker.prepare()
     await worker.start()

@@ -11,7 +11,7 @@ from agent.logs import LogFollower, WorkerLog
 
 
 def test_a_follower_reads_whole_lines_as_they_are_written(tmp_path: Path) -> None:
-    log = WorkerLog(tmp_path, "w-0")
+    log = WorkerLog(tmp_path, "41")
     log.begin()
     log.append(b"before\n")
     follower = LogFollower(log)  # from now on
@@ -27,7 +27,7 @@ def test_a_follower_reads_whole_lines_as_they_are_written(tmp_path: Path) -> Non
 def test_a_follower_that_falls_behind_skips_ahead_and_counts_what_it_missed(
     tmp_path: Path,
 ) -> None:
-    log = WorkerLog(tmp_path, "w-0")
+    log = WorkerLog(tmp_path, "41")
     log.begin()
     follower = LogFollower(log)
     line = b"x" * 99 + b"\n"  # 100 bytes
@@ -41,7 +41,7 @@ def test_a_follower_that_falls_behind_skips_ahead_and_counts_what_it_missed(
 
 def test_the_snapshot_is_the_last_50_lines_at_most_16_kib(tmp_path: Path) -> None:
     # seed L-47: the last 50 lines of output (at most 16 KiB)
-    log = WorkerLog(tmp_path, "w-0")
+    log = WorkerLog(tmp_path, "41")
     log.begin()
     log.append("".join(f"line {i}\n" for i in range(200)).encode())
     assert log.snapshot().splitlines() == [f"line {i}" for i in range(150, 200)]
@@ -50,7 +50,7 @@ def test_the_snapshot_is_the_last_50_lines_at_most_16_kib(tmp_path: Path) -> Non
 
 
 def test_an_archived_log_keeps_the_last_1000_lines_until_a_new_process(tmp_path: Path) -> None:
-    log = WorkerLog(tmp_path, "w-0")
+    log = WorkerLog(tmp_path, "41")
     log.begin()
     log.append("".join(f"{i}\n" for i in range(1500)).encode())
     log.archive()
@@ -61,7 +61,7 @@ def test_an_archived_log_keeps_the_last_1000_lines_until_a_new_process(tmp_path:
 
 
 def test_each_line_can_be_shown_with_the_time_it_arrived(tmp_path: Path) -> None:
-    log = WorkerLog(tmp_path, "w-0")
+    log = WorkerLog(tmp_path, "41")
     log.begin()
     t = 1_790_000_000_000  # 2026-09-21T...
     log.append(b"first\nsecond\n", at_ms=t)
@@ -81,7 +81,7 @@ def test_a_tail_reads_from_the_end_and_a_cut_log_keeps_its_times(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(logs, "MAX_LOG_BYTES", 10_000)
-    log = WorkerLog(tmp_path, "w-0")
+    log = WorkerLog(tmp_path, "41")
     log.begin()
     for i in range(500):
         log.append(f"line {i:04d}\n".encode(), at_ms=1_790_000_000_000 + i * 1000)

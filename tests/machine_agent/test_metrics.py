@@ -13,10 +13,14 @@ from agent.metrics import ProgressReport, Sampler, read_progress
 
 def worker(tmp_path: Path, **payload: object) -> ProcessWorker:
     w = ProcessWorker(
-        "w-0", {"attempt": 1, **payload}, WorkerLog(tmp_path / "logs", "w-0"), tmp_path / "w"
+        41,
+        {"worker": "w-0", "attempt": 1, **payload},
+        WorkerLog(tmp_path / "logs", "41"),
+        tmp_path / "workers" / "41",
     )
     w.keep()
     w.log.begin()
+    w.home.mkdir(mode=0o700)  # as start() makes it: the workload's own folder, progress in it
     w.started = True
     return w
 
@@ -68,7 +72,7 @@ def test_progress_and_output_are_reported_once_each_time_they_change(tmp_path: P
     w = worker(tmp_path)
     w.progress_file.write_text(json.dumps({"step": 3, "loss": 0.5}))
     look = sampler.look([w])
-    assert [(p.worker, p.step, p.loss) for p in look.progress] == [("w-0", 3, 0.5)]
+    assert [(p.worker_id, p.attempt, p.step, p.loss) for p in look.progress] == [(41, 1, 3, 0.5)]
     assert sampler.look([w]).progress == []  # nothing new
     w.log.append(b"a line\n")
     [output] = sampler.look([w]).progress

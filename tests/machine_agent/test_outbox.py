@@ -12,11 +12,11 @@ from agent import outbox as outbox_module
 from agent.outbox import Outbox
 
 
-def event(box: Outbox, worker: str = "llama-sft-0") -> agent_pb2.AgentMessage:
+def event(box: Outbox, worker_id: int = 41) -> agent_pb2.AgentMessage:
     message = agent_pb2.AgentMessage(
         id=box.next_id(),
         worker_event=agent_pb2.WorkerEvent(
-            worker=worker, attempt=1, state=agent_pb2.WORKER_STATE_EXITED, log_tail="boom\n"
+            worker_id=worker_id, attempt=1, state=agent_pb2.WORKER_STATE_EXITED, log_tail="boom\n"
         ),
     )
     box.put(message)
@@ -25,7 +25,7 @@ def event(box: Outbox, worker: str = "llama-sft-0") -> agent_pb2.AgentMessage:
 
 def test_state_changes_survive_a_restart_until_acknowledged(tmp_path: Path) -> None:
     box = Outbox(tmp_path)
-    first, second = event(box), event(box, "llama-sft-1")
+    first, second = event(box), event(box, 42)
     box.put(agent_pb2.AgentMessage(id=box.next_id(), heartbeat=agent_pb2.Heartbeat()))
 
     again = Outbox(tmp_path)  # the agent restarted
@@ -57,10 +57,10 @@ def test_metric_batches_are_bounded_and_progress_keeps_only_the_latest(tmp_path:
     for step in (1, 2, 3):
         box.put(
             agent_pb2.AgentMessage(
-                id=box.next_id(), progress=agent_pb2.Progress(worker="w-0", step=step)
+                id=box.next_id(), progress=agent_pb2.Progress(worker_id=41, step=step)
             )
         )
-    box.put(agent_pb2.AgentMessage(id=box.next_id(), progress=agent_pb2.Progress(worker="w-1")))
+    box.put(agent_pb2.AgentMessage(id=box.next_id(), progress=agent_pb2.Progress(worker_id=42)))
     progress = [m.progress for m in box.pending() if m.WhichOneof("body") == "progress"]
-    assert [(p.worker, p.step) for p in progress] == [("w-0", 3), ("w-1", 0)]
+    assert [(p.worker_id, p.step) for p in progress] == [(41, 3), (42, 0)]
     assert not list(tmp_path.glob("*.pb"))  # neither is written to disk

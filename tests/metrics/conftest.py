@@ -4,14 +4,16 @@ gpu-07 and gpu-08, and team-b's sweep-7 on gpu-09."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import pytest
+from sqlalchemy import select
 
 from backend.db import Database
 from backend.metrics import service as metrics
 from backend.metrics.service import SampleIn
+from backend.models import Worker
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 
@@ -21,6 +23,7 @@ SECOND = 1000
 MINUTE = 60 * SECOND
 HOUR = 60 * MINUTE
 DAY = 24 * HOUR
+NO_WORKER = 10**12  # an id no worker has
 
 
 def at(ms: int) -> datetime:
@@ -51,8 +54,17 @@ async def placed(db: Database, clock: FakeClock, tenancy: Tenancy) -> Placed:
 
 
 async def ingest(db: Database, machine_id: int, samples: Sequence[SampleIn]) -> int:
+    """Ingest samples written with workers' names for readability: each name becomes the
+    worker's id (what an agent sends), a name of no worker an id of none."""
     async with db.transaction() as session:
-        return await metrics.ingest(session, machine_id, samples)
+        ids = {name: id_ for name, id_ in await session.execute(select(Worker.name, Worker.id))}
+        by_id = [
+            replace(s, worker_id=ids.get(s.worker_id, NO_WORKER))
+            if isinstance(s.worker_id, str)
+            else s
+            for s in samples
+        ]
+        return await metrics.ingest(session, machine_id, by_id)
 
 
 def series(

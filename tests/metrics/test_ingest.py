@@ -69,21 +69,24 @@ async def test_what_cannot_be_placed_is_dropped_and_counted_never_refused(
 
 
 def test_the_reasons_for_dropping_are_counted_apart() -> None:
-    workers = {"llama-sft-0": 1}
+    # issue 17: the machine names workers by id and attempt; worker 1 runs its attempt 2 here
+    workers = {1: 2}
     rows, dropped = rules.to_rows(
         [
-            SampleIn("llama-sft-0", "task_cpu_usage_cores", None, T0, 1.0),
-            SampleIn("gone-0", "task_cpu_usage_cores", None, T0, 1.0),
-            SampleIn("llama-sft-0", "task_unknown", None, T0, 1.0),
-            SampleIn("llama-sft-0", "task_gpu_utilization_ratio", None, T0, 1.0),
-            SampleIn("llama-sft-0", "task_cpu_usage_cores", None, T0, float("inf")),
+            SampleIn(1, "task_cpu_usage_cores", None, T0, 1.0),
+            SampleIn(1, "task_cpu_usage_cores", None, T0 + 1, 2.0, attempt=2),
+            SampleIn(1, "task_cpu_usage_cores", None, T0 + 2, 3.0, attempt=1),  # an old attempt
+            SampleIn(9, "task_cpu_usage_cores", None, T0, 1.0),  # not placed here
+            SampleIn(1, "task_unknown", None, T0, 1.0),
+            SampleIn(1, "task_gpu_utilization_ratio", None, T0, 1.0),
+            SampleIn(1, "task_cpu_usage_cores", None, T0, float("inf")),
         ],
         workers,
         machine_id=7,
     )
-    assert rows == [(1, T0, 1.0, 7, 1, -1)]
-    assert dropped == rules.Dropped(unknown_worker=1, unknown_metric=1, bad_gpu=1, bad_value=1)
-    assert dropped.total == 4
+    assert rows == [(1, T0, 1.0, 7, 1, -1), (1, T0 + 1, 2.0, 7, 1, -1)]
+    assert dropped == rules.Dropped(unknown_worker=2, unknown_metric=1, bad_gpu=1, bad_value=1)
+    assert dropped.total == 5
 
 
 async def test_a_batch_resent_after_a_reconnect_is_stored_once(

@@ -92,10 +92,10 @@ async def test_a_runs_tasks_have_the_seeds_fields(
             session,
             worker.machine_id,
             [
-                SampleIn("llama-sft-0", "task_cpu_usage_cores", None, at, 3.5),
-                SampleIn("llama-sft-0", "task_gpu_utilization_ratio", 0, at - 5000, 0.5),
-                SampleIn("llama-sft-0", "task_gpu_utilization_ratio", 0, at, 0.97),
-                SampleIn("llama-sft-0", "task_gpu_utilization_ratio", 1, at, 0.95),
+                SampleIn(worker.id, "task_cpu_usage_cores", None, at, 3.5),
+                SampleIn(worker.id, "task_gpu_utilization_ratio", 0, at - 5000, 0.5),
+                SampleIn(worker.id, "task_gpu_utilization_ratio", 0, at, 0.97),
+                SampleIn(worker.id, "task_gpu_utilization_ratio", 1, at, 0.95),
             ],
         )
     answer = await client.get(
