@@ -564,7 +564,9 @@ class Agent:
 
 def private_folders(data_dir: Path, workloads: Path) -> None:
     """The agent's folders are its own: workloads may pass through to their own folder (0711:
-    no listing), and read nothing else (logs, the outbox: 0700)."""
+    no listing), and read nothing else (logs, the outbox: 0700). The two roots may be links
+    the machine's owner made; nothing inside them may be."""
+    data_dir, workloads = data_dir.resolve(), workloads.resolve()
     for folder, mode in (
         (data_dir, 0o711),
         (data_dir / "logs", 0o700),

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 
 from agent.executor import end_left_workers
+from agent.identity import WorkloadUsers, workload_dir
 from backend import migrations
 from backend.db import Database
 from tests.accounting.seed_week import play_seed_week
@@ -26,6 +28,16 @@ from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy, make_tenancy
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
+
+
+def end_agent(data_dir: Path) -> None:
+    """End the workers an agent of this data folder left, and remove the folder its workloads
+    had outside it (/var/lib/astraeus-agent/<install>, when the data folder was out of their
+    reach: agent/identity.py)."""
+    end_left_workers(data_dir)
+    workloads = workload_dir(data_dir, WorkloadUsers())
+    if workloads != data_dir:
+        shutil.rmtree(workloads, ignore_errors=True)
 
 
 def free_port() -> int:
@@ -97,7 +109,7 @@ class Server:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        end_left_workers(self.data_dir / "agent")
+        end_agent(self.data_dir / "agent")
 
     def env_for(self, token: str) -> dict[str, str]:
         return {**os.environ, "API": f"{self.url}/v1", "ASTRA_TOKEN": token}
@@ -226,4 +238,4 @@ class AgentProcess:
 
     def end(self) -> None:
         self.kill()
-        end_left_workers(self.data_dir)
+        end_agent(self.data_dir)
