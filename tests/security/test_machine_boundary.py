@@ -243,20 +243,26 @@ def test_a_hostile_workload_runs_unprivileged_and_reaches_nothing_but_its_own(
     assert a.status("train") == "Running"  # the victim never noticed
 
 
-def test_fill_from_outside_the_allowed_folders_is_refused_and_copies_nothing(
-    cluster: Cluster,
-) -> None:
-    b = cluster.team_b
-    errors = b.submit(
-        name="thief",
+def ended_before_starting(client: Client, name: str, mounts: list[dict[str, str]]) -> str:
+    """Submit a run with these mounts; the reason its worker ended with before it started."""
+    errors = client.submit(
+        name=name,
         gpus=1,
         restart_policy="never",
-        mounts=[{"drive": "loot", "path": str(cluster.mounts / "loot"), "fill_from": "/etc"}],
+        mounts=mounts,
         command=[WORKLOAD_PYTHON, "-c", "print('never runs')"],
     )
     assert errors == []
-    wait_for("the thief ended", lambda: b.status("thief") == "Failed")
-    reason = b.worker("thief-0")["last_failure"]["reason"]
+    wait_for(f"{name} ended", lambda: client.status(name) == "Failed")
+    assert client.log(f"{name}-0") == []  # its command never ran
+    return str(client.worker(f"{name}-0")["last_failure"]["reason"])
+
+
+def test_fill_from_outside_the_allowed_folders_is_refused_and_copies_nothing(
+    cluster: Cluster,
+) -> None:
+    mount = {"drive": "loot", "path": str(cluster.mounts / "loot"), "fill_from": "/etc"}
+    reason = ended_before_starting(cluster.team_b, "thief", [mount])
     assert reason == "fill_from is not allowed on this machine"
     drives = cluster.workers_root.parent / "drives"
     assert not list(drives.rglob("loot"))  # nothing was copied
@@ -266,40 +272,23 @@ def test_fill_from_outside_the_allowed_folders_is_refused_and_copies_nothing(
 def test_a_mount_path_over_an_existing_link_is_refused_and_the_link_kept(
     cluster: Cluster,
 ) -> None:
-    b = cluster.team_b
     link = cluster.mounts / "shared"
     link.symlink_to("/etc")
-    errors = b.submit(
-        name="squatter",
-        gpus=1,
-        restart_policy="never",
-        mounts=[{"drive": "mine", "path": str(link)}],
-        command=[WORKLOAD_PYTHON, "-c", "print('never runs')"],
+    reason = ended_before_starting(
+        cluster.team_b, "squatter", [{"drive": "mine", "path": str(link)}]
     )
-    assert errors == []
-    wait_for("the squatter ended", lambda: b.status("squatter") == "Failed")
-    reason = b.worker("squatter-0")["last_failure"]["reason"]
     assert reason == "mounts[0].path already exists on this machine"
     assert link.is_symlink() and os.readlink(link) == "/etc"  # nothing changed
 
 
 def test_a_mount_path_outside_the_allowed_folders_is_refused(cluster: Cluster) -> None:
-    b = cluster.team_b
-    errors = b.submit(
-        name="planter",
-        gpus=1,
-        restart_policy="never",
-        mounts=[{"drive": "mine", "path": "/usr/local/bin/astraeus-planted"}],
-        command=[WORKLOAD_PYTHON, "-c", "print('never runs')"],
-    )
-    assert errors == []
-    wait_for("the planter ended", lambda: b.status("planter") == "Failed")
-    reason = b.worker("planter-0")["last_failure"]["reason"]
+    planted = "/usr/local/bin/astraeus-planted"
+    reason = ended_before_starting(cluster.team_b, "planter", [{"drive": "mine", "path": planted}])
     assert reason == (
         "mounts[0].path must be relative (under the worker's own folder) or under a folder "
         f"this machine allows: {cluster.mounts.resolve()}"
     )
-    assert not os.path.lexists("/usr/local/bin/astraeus-planted")
+    assert not os.path.lexists(planted)
 
 
 def test_device_and_astraeus_variables_and_control_characters_are_refused(
