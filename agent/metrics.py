@@ -239,8 +239,8 @@ class Sampler:
         self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
     ) -> None:
         group = worker.cgroup
-        if group is None:
-            return
+        if group is None or not group.pids():
+            return  # no group, or its process has not joined it yet: nothing of the worker's
         cpu = group.cpu_seconds()
         if cpu is not None:
             if seen.cpu_seconds is not None and seen.cpu_at is not None and now > seen.cpu_at:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from agent.cgroups import WorkerCgroup
 from agent.executor import ProcessWorker
 from agent.gpus import GpuCounters, health_change
 from agent.logs import WorkerLog
@@ -77,6 +78,22 @@ def test_progress_and_output_are_reported_once_each_time_they_change(tmp_path: P
     w.log.append(b"a line\n")
     [output] = sampler.look([w]).progress
     assert not output.HasField("step")  # output alone: progress without a step
+
+
+def test_a_group_no_process_has_joined_yet_is_not_sampled(tmp_path: Path) -> None:
+    # The worker's process joins its group itself (agent/enter.py), a moment after it starts:
+    # an empty group's memory (0) is not the worker's.
+    group = tmp_path / "group"
+    group.mkdir()
+    (group / "memory.usage_in_bytes").write_text("4448256\n")
+    (group / "cgroup.procs").write_text("")
+    w = worker(tmp_path)
+    w.cgroup = WorkerCgroup(1, group, None)
+    sampler = Sampler(None)
+    assert [s.metric for s in sampler.look([w]).samples] == []
+    (group / "cgroup.procs").write_text("4242\n")
+    used = [s.value for s in sampler.look([w]).samples if s.metric == "task_memory_used_bytes"]
+    assert used == [4448256.0]
 
 
 def test_gpu_faults_are_named_once() -> None:
