@@ -112,7 +112,10 @@ def test_a_segment_opens_the_intervals_behind_it(
     ).json()["intervals"]
     held = [i for i in intervals if i["held"]]
     cells = panel.locator("tbody tr td:first-child").all_inner_texts()
-    assert cells == [i["worker"] for i in held] and cells == ["sweep-7-0"]
+    # one worker's preemption; the interval is cut in two when it crosses a UTC hour, which
+    # it does when the seed week was played at some minutes of the hour
+    assert cells == [i["worker"] for i in held] and set(cells) == {"sweep-7-0"}
+    assert 1 <= len(cells) <= 2
     page.screenshot(path=str(screenshots(tmp_path) / "goodput-intervals.png"), full_page=True)
     page.keyboard.press("Escape")
     assert panel.count() == 0
