@@ -1,15 +1,21 @@
 """The run specification: the JSON a user submits and "Run again" opens. Pure validation.
 
 Every refused value is reported with its field's path and the reason, all at once.
+
+Every part is bounded, and a refusal names the bound: a specification travels whole to each of
+its workers' machines in one start command, which must fit in a gRPC message (4 MiB) with room
+to spare, so one user's run cannot block a machine's command channel.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -70,6 +76,63 @@ CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 MAX_WORKERS = 4096
 MAX_GPUS_PER_WORKER = 1024
 
+KIB = 1024
+MIB = 1024 * KIB
+# A start command carries the specification's image, command, environment and mounts (at most
+# about 1 MiB together) and a worker's secret values come in a message of their own (at most
+# 32 of 64 KiB: 2 MiB), both well within gRPC's 4 MiB.
+MAX_SPEC_BYTES = 1 * MIB  # the whole specification, as JSON
+MAX_VALUE_BYTES = 64 * KIB  # one variable's value
+MAX_ENVIRONMENT_BYTES = 256 * KIB  # every variable's name and value together
+MAX_VARIABLES = 1024
+MAX_ARGUMENT_BYTES = 64 * KIB  # one command argument (Linux refuses one over 128 KiB)
+MAX_COMMAND_BYTES = 256 * KIB  # the command's arguments together
+MAX_ARGUMENTS = 4096
+MAX_MOUNTS = 64
+MAX_CREDENTIALS = 32
+MAX_PATH_CHARACTERS = 4096  # PATH_MAX
+MAX_NAME_CHARACTERS = 128  # a variable's, cluster's or pool's name
+MAX_SHOWN_KEY = 64  # characters of a refused key shown in a field's path
+
+
+def format_size(size: int, *, bound: bool = False) -> str:
+    """A measured size (``5.0 MiB``, ``12 bytes``) or a bound (``64 KiB``)."""
+    for unit, scale in (("MiB", MIB), ("KiB", KIB)):
+        if size >= scale:
+            return f"{size // scale} {unit}" if bound else f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
+
+
+def _over(what: str, limit: int, size: int) -> str:
+    return f"{what} at most {format_size(limit, bound=True)} (this one is {format_size(size)})"
+
+
+def _bounded(what: str, limit: int) -> AfterValidator:
+    """Refuses a string over ``limit`` bytes of UTF-8: "a value is at most 64 KiB (…)"."""
+
+    def check(value: str) -> str:
+        size = len(value.encode())
+        if size > limit:
+            raise ValueError(_over(f"{what} is", limit, size))
+        return value
+
+    return AfterValidator(check)
+
+
+def _refuse_long(what: str, limit: int, value: str) -> None:
+    if len(value) > limit:
+        raise ValueError(f"{what} is at most {limit} characters (this one has {len(value)})")
+
+
+def _characters(what: str, limit: int) -> AfterValidator:
+    """Refuses a string over ``limit`` characters: "a path is at most 4096 characters (…)"."""
+
+    def check(value: str) -> str:
+        _refuse_long(what, limit, value)
+        return value
+
+    return AfterValidator(check)
+
 
 def reserved_reason(name: str) -> str | None:
     """Why a specification may not set the variable ``name``, or None when it may."""
@@ -108,6 +171,7 @@ Text = Annotated[str, _control_free(CONTROL_IN_TEXT)]
 
 def _environment_name(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
     name: str = handler(value)
+    _refuse_long("a name", MAX_NAME_CHARACTERS, name)  # before its pattern
     if not ENV_NAME.match(name):
         raise ValueError("is not a valid variable name")
     if reason := reserved_reason(name):
@@ -116,6 +180,10 @@ def _environment_name(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
 
 
 EnvironmentName = Annotated[Line, WrapValidator(_environment_name)]
+Value = Annotated[Text, _bounded("a value", MAX_VALUE_BYTES)]
+Argument = Annotated[Text, _bounded("an argument", MAX_ARGUMENT_BYTES)]
+MountPath = Annotated[Line, _characters("a path", MAX_PATH_CHARACTERS)]
+Name = Annotated[Line, _characters("a name", MAX_NAME_CHARACTERS)]
 
 
 class _Refusals(ValueError):
@@ -144,11 +212,11 @@ class Mount(_Strict):
     """A drive (a named folder on the machine, kept between runs) at a path of the worker."""
 
     drive: Line = Field(pattern=NAME_PATTERN)
-    path: Line
+    path: MountPath
     read_only: bool = False
     # A folder on the machine copied into the drive, when the drive is still empty, before
     # the worker starts ("Waiting for drive … to be filled" meanwhile).
-    fill_from: Line | None = None
+    fill_from: MountPath | None = None
 
     _paths = field_validator("path", "fill_from")(_absolute)
 
@@ -157,7 +225,7 @@ class Credential(_Strict):
     """A secret of the workspace given to the worker as a variable or as a file."""
 
     secret: Line = Field(pattern=NAME_PATTERN)
-    env: Line | None = None
+    env: Name | None = None
     file: Line | None = None
 
     @field_validator("env")
@@ -195,20 +263,22 @@ class RunSpec(_Strict):
     """What one run asks for. Resources are per worker."""
 
     name: Line = Field(pattern=NAME_PATTERN)
-    cluster: Line | None = None
-    pool: Line | None = None
+    cluster: Name | None = None
+    pool: Name | None = None
     workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
     gpus: int = Field(default=0, ge=0, le=MAX_GPUS_PER_WORKER)
     cpu: float = Field(default=1.0, gt=0, le=4096)
     memory_bytes: int | None = Field(default=None, gt=0)
     per_gpu: PerGpu | None = None
     image: Line | None = Field(default=None, min_length=1, max_length=512)
-    command: list[Text] | None = None
+    command: list[Argument] | None = Field(default=None, max_length=MAX_ARGUMENTS)
     user: Line | None = Field(default=None, min_length=1, max_length=64)
     # Names are checked one by one (syntax, then reserved); see reserved_reason.
-    environment: dict[EnvironmentName, Text] = Field(default_factory=dict)
-    mounts: list[Mount] = Field(default_factory=list)
-    credentials: list[Credential] = Field(default_factory=list)
+    environment: dict[EnvironmentName, Value] = Field(
+        default_factory=dict, max_length=MAX_VARIABLES
+    )
+    mounts: list[Mount] = Field(default_factory=list, max_length=MAX_MOUNTS)
+    credentials: list[Credential] = Field(default_factory=list, max_length=MAX_CREDENTIALS)
     priority: int = Field(default=50, ge=0, le=100)
     restart_policy: Literal["on_failure", "never"] = "on_failure"
     max_restarts: int = Field(default=10, ge=0, le=100)
@@ -256,9 +326,32 @@ class RunSpec(_Strict):
         paths = [m.path for m in self.mounts]
         if len(paths) != len(set(paths)):
             problems.append(FieldError("mounts", "two mounts share a path"))
+        problems.extend(self._totals())
         if problems:
             raise _Refusals(problems)
         return self
+
+    def _totals(self) -> list[FieldError]:
+        """Bounds of parts taken together, checked once each item is within its own."""
+        environment = sum(len(k.encode()) + len(v.encode()) for k, v in self.environment.items())
+        command = sum(len(a.encode()) for a in self.command or [])
+        problems = [
+            FieldError(field, _over(what, limit, size))
+            for field, what, limit, size in (
+                ("environment", "names and values are", MAX_ENVIRONMENT_BYTES, environment),
+                ("command", "the arguments are", MAX_COMMAND_BYTES, command),
+            )
+            if size > limit
+        ]
+        if not problems:  # the whole, as the start command carries it
+            size = len(json.dumps(self.to_json(), separators=(",", ":")).encode())
+            if size > MAX_SPEC_BYTES:
+                problems.append(
+                    FieldError(
+                        "spec", _over("a specification is", MAX_SPEC_BYTES, size) + " as JSON"
+                    )
+                )
+        return problems
 
     @property
     def time_limit_delta(self) -> timedelta | None:
@@ -290,6 +383,8 @@ def _path(loc: tuple[int | str, ...]) -> str:
         elif part in {"[key]"}:
             continue
         else:
+            if len(part) > MAX_SHOWN_KEY:  # a refused key may be huge: show its start
+                part = f"{part[:MAX_SHOWN_KEY]}…"
             part = CONTROL.sub(_escaped, part)
             out += f".{part}" if out else part
     return out or "spec"
@@ -323,6 +418,10 @@ _MESSAGES = {
     ),
     "string_too_short": lambda ctx: "must not be empty",
     "string_too_long": lambda ctx: f"must be at most {ctx['max_length']} characters",
+    "too_long": lambda ctx: (
+        f"must have at most {ctx['max_length']} items"
+        + (f" (this one has {ctx['actual_length']})" if ctx.get("actual_length") else "")
+    ),
 }
 
 

@@ -1,5 +1,6 @@
 """The run specification: every refused value names its field and the reason."""
 
+import time
 from typing import Any
 
 import pytest
@@ -377,3 +378,111 @@ def test_an_unknown_field_with_a_control_character_is_named_escaped() -> None:
     assert refused(run_spec(**{"gpu\x00s": 1})) == [
         FieldError("gpu\\u0000s", "is not a field of a run specification")
     ]
+
+
+# --- bounds (issue 18): a specification travels whole in one start command ---------------
+
+KIB, MIB = 1024, 2**20
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            {"environment": {"BIG": "x" * 5 * MIB}},
+            "environment.BIG: a value is at most 64 KiB (this one is 5.0 MiB)",
+        ),
+        (
+            {"environment": {f"V{i}": "x" * 60_000 for i in range(5)}},
+            "environment: names and values are at most 256 KiB (this one is 293.0 KiB)",
+        ),
+        (
+            {"environment": {f"V{i}": "" for i in range(1025)}},
+            "environment: must have at most 1024 items",
+        ),
+        (
+            {"environment": {"A" * 100_000: "1"}},
+            f"environment.{'A' * 64}…: a name is at most 128 characters (this one has 100000)",
+        ),
+        (
+            {"command": ["python", "y" * 70_000]},
+            "command[1]: an argument is at most 64 KiB (this one is 68.4 KiB)",
+        ),
+        (
+            {"command": ["python"] + ["y" * 60_000] * 5},
+            "command: the arguments are at most 256 KiB (this one is 293.0 KiB)",
+        ),
+        (
+            {"command": ["true"] * 4097},
+            "command: must have at most 4096 items (this one has 4097)",
+        ),
+        (
+            {"mounts": [{"drive": "data", "path": "/" + "a" * 5000}]},
+            "mounts[0].path: a path is at most 4096 characters (this one has 5001)",
+        ),
+        (
+            {"mounts": [{"drive": "data", "path": "/d", "fill_from": "/" + "a" * 4096}]},
+            "mounts[0].fill_from: a path is at most 4096 characters (this one has 4097)",
+        ),
+        (
+            {"mounts": [{"drive": "data", "path": f"/d{i}"} for i in range(65)]},
+            "mounts: must have at most 64 items (this one has 65)",
+        ),
+        (
+            {"credentials": [{"secret": "token", "env": f"T{i}"} for i in range(33)]},
+            "credentials: must have at most 32 items (this one has 33)",
+        ),
+        (
+            {"credentials": [{"secret": "token", "env": "T" * 129}]},
+            "credentials[0].env: a name is at most 128 characters (this one has 129)",
+        ),
+        ({"cluster": "c" * 200}, "cluster: a name is at most 128 characters (this one has 200)"),
+        ({"pool": "p" * 129}, "pool: a name is at most 128 characters (this one has 129)"),
+    ],
+)
+def test_each_bound_is_named_with_its_field_and_the_size_found(
+    overrides: dict[str, Any], expected: str
+) -> None:
+    assert [str(f) for f in refused(run_spec(**overrides))] == [expected]
+
+
+def test_a_value_is_measured_in_bytes_of_utf8() -> None:
+    # 21 846 three-byte characters: 64 KiB and 2 bytes
+    fields = refused(run_spec(environment={"GREETING": "€" * 21_846}))
+    assert [str(f) for f in fields] == [
+        "environment.GREETING: a value is at most 64 KiB (this one is 64.0 KiB)"
+    ]
+
+
+def test_items_at_their_bounds_are_accepted() -> None:
+    at_bounds = run_spec(
+        command=["python"] + ["y" * 64 * KIB] * 3 + ["z" * (64 * KIB - 6)],
+        environment={"V" + "A" * 127: "x" * (64 * KIB - 128 - 6)} | {"W": "x" * 64 * KIB},
+        mounts=[{"drive": "data", "path": "/" + "a" * 4095}],
+    )
+    spec = parse_spec(at_bounds)
+    assert sum(len(a) for a in spec.command or []) == 256 * KIB
+
+
+def test_the_whole_specification_is_bounded_once_each_part_is_within_its_own() -> None:
+    # Each part within its bound, together past 1 MiB: the start command stays far from 4 MiB.
+    big = run_spec(
+        image="i" * 512,
+        command=["python"] + ["y" * 65_000] * 4,
+        environment={f"V{i}": "x" * 65_000 for i in range(4)},
+        mounts=[
+            {"drive": "data", "path": f"/{i}" + "a" * 4090, "fill_from": "/" + "b" * 4095}
+            for i in range(64)
+        ],
+        credentials=[{"secret": "token", "file": f"{i}" + "f" * 120} for i in range(32)],
+    )
+    [field] = refused(big)
+    assert field.field == "spec"
+    assert field.reason.startswith("a specification is at most 1 MiB (this one is 1.")
+    assert field.reason.endswith(" MiB) as JSON")
+
+
+def test_a_five_mib_value_is_refused_quickly() -> None:
+    began = time.monotonic()
+    refused(run_spec(environment={"BIG": "x" * 5 * MIB}, command=["python", "y" * 5 * MIB]))
+    assert time.monotonic() - began < 1.0
