@@ -22,6 +22,7 @@ from backend.app import create_app
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Base
+from backend.secrets import crypto
 from tests.support import FakeClock, Tenancy, make_tenancy, searchable, server_settings
 
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -39,6 +40,15 @@ def _postgres_database() -> Iterator[str]:
     finally:
         with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session", autouse=True)
+def encryption_keys() -> Iterator[crypto.Keyring]:
+    """The keys secrets are encrypted with in this test process (never the user's key file)."""
+    keys = crypto.Keyring([crypto.Fernet.generate_key().decode()])
+    crypto.configure(keys)
+    yield keys
+    crypto.configure(None)
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgresql"])

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, String, Text, UniqueConstraint
+from sqlalchemy import ForeignKey, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import BigId, UTCDateTime
 from backend.models.base import Base, HasCreatedAt, HasId
+from backend.secrets.crypto import EncryptedText
 
 
 class Secret(HasId, HasCreatedAt, Base):
@@ -24,6 +25,7 @@ class Secret(HasId, HasCreatedAt, Base):
         BigId, ForeignKey("workspaces.id", ondelete="CASCADE"), index=True
     )
     name: Mapped[str] = mapped_column(String(63))
-    value: Mapped[str | None] = mapped_column(Text)
+    # Encrypted at rest (backend/secrets/crypto.py).
+    value: Mapped[str | None] = mapped_column(EncryptedText())
     external: Mapped[bool]
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

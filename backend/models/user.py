@@ -58,3 +58,5 @@ class ApiToken(HasId, HasCreatedAt, Base):
     )
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
+    # None: never expires. A token is refused from this time on.
+    expires_at: Mapped[datetime | None]
