@@ -11,6 +11,7 @@ from backend.events.bell import bell_of
 from backend.events.rules import Cursor, advance, parse_listing
 from backend.logs import service as logs
 from backend.resolvers.context import Info
+from backend.resolvers.streams import while_token_holds
 from backend.schema.events import Event, EventPage, LogChunk
 
 
@@ -18,7 +19,14 @@ async def follow_log(
     info: Info, worker: str, tail: int = 0, workspace: str | None = None
 ) -> AsyncGenerator[LogChunk, None]:
     """A worker's new log lines (a run's name: its first worker) as its machine writes them,
-    beginning with its last ``tail`` lines, until it ends."""
+    beginning with its last ``tail`` lines, until it ends (or its token is revoked)."""
+    async for chunk in while_token_holds(info, _follow_log(info, worker, tail, workspace)):
+        yield chunk
+
+
+async def _follow_log(
+    info: Info, worker: str, tail: int, workspace: str | None
+) -> AsyncGenerator[LogChunk, None]:
     principal = info.context.require_principal()
     lines = logs.parse_follow_tail(tail)
     async with info.context.db.read() as session:
@@ -38,7 +46,21 @@ async def events_feed(
     after: int | None = None,
 ) -> AsyncGenerator[Event, None]:
     """The workspace's events from now on (or after the id ``after``), oldest first, as they
-    happen: of one run (``name``) or kind (``run.state``; ``run``: every run event)."""
+    happen: of one run (``name``) or kind (``run.state``; ``run``: every run event), until the
+    token is revoked or expires."""
+    source = _events_feed(info, organization, workspace, name, kind, after)
+    async for event in while_token_holds(info, source):
+        yield event
+
+
+async def _events_feed(
+    info: Info,
+    organization: str | None,
+    workspace: str | None,
+    name: str | None,
+    kind: str | None,
+    after: int | None,
+) -> AsyncGenerator[Event, None]:
     principal = info.context.require_principal()
     async with info.context.db.read() as session:
         target = await events.workspace_of(session, principal, organization, workspace)

@@ -1,0 +1,43 @@
+"""GraphQL types of user API tokens: as listings show them, never their secret."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import strawberry
+
+from backend.access.repository import TokenRow
+from backend.schema.common import UserError
+
+
+@strawberry.type(description="A user's API token. Its secret was shown once, when made.")
+class ApiToken:
+    id: int
+    prefix: str = strawberry.field(description="The token's first characters, to tell it apart.")
+    name: str
+    user: str
+    workspace: str | None
+    created_at: datetime
+    expires_at: datetime | None = strawberry.field(description="None: it never expires.")
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+    @classmethod
+    def of(cls, row: TokenRow) -> ApiToken:
+        return cls(
+            id=row.id,
+            prefix=row.prefix,
+            name=row.name,
+            user=row.user_name,
+            workspace=row.workspace_name,
+            created_at=row.created_at,
+            expires_at=row.expires_at,
+            last_used_at=row.last_used_at,
+            revoked_at=row.revoked_at,
+        )
+
+
+@strawberry.type
+class ApiTokenPayload:
+    token: ApiToken | None
+    errors: list[UserError]
