@@ -4,7 +4,6 @@ stalls, progress and samples (issue 4's acceptance; seed L-29, L-45, L-48)."""
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,10 +43,8 @@ class Cluster:
             lease_time="8s",
             scheduler_interval="1s",
         )
-        printed = self.server.start()
-        token = re.search(r"token:\s+(astx_\S+)", printed)
-        assert token, printed
-        self.token = token.group(1)
+        self.server.start()
+        self.token = self.server.admin_token
         self.agents: dict[str, AgentProcess] = {}
 
     def agent(self, name: str, *extra: str) -> AgentProcess:

@@ -110,8 +110,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     mounts.mkdir()
     # The machine's owner allows mount paths under this folder, and fill_from from nowhere.
     options = {"agent_mount_roots": str(mounts), "lease_time": "60s"}
-    with serving(root / "data", **options) as (server, printed):
-        admin = printed.split("token:")[1].split()[0]
+    with serving(root / "data", **options) as (server, _):
+        admin = server.admin_token
         server.cli("workspace", "create", "team-b")
         bob = server.cli("token", "create", "--workspace", "team-b", "--user", "bob").split()[-1]
         yield Cluster(server, Client(server, admin), Client(server, bob), mounts)
