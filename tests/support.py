@@ -72,6 +72,9 @@ async def make_tenancy(db: Database, clock: FakeClock) -> Tenancy:
         assert boot is not None
         org = await organizations.organization_by_name(session, "default")
         ws_a = await organizations.workspace_by_name(session, org.id, "default")
+        # The seed's scenarios give runs priorities up to 90: default's admin allows them.
+        # team-b keeps the default ceiling (50).
+        await organizations.set_priority_ceiling(session, org.id, "default", 100)
         ws_b = await organizations.create_workspace(
             session, clock, organization_id=org.id, name="team-b"
         )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from sqlalchemy import ForeignKey, String, UniqueConstraint
+from sqlalchemy import Boolean, ForeignKey, String, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import BigId
@@ -17,6 +17,9 @@ class Cluster(HasId, HasCreatedAt, Base):
         BigId, ForeignKey("organizations.id", ondelete="CASCADE"), index=True
     )
     name: Mapped[str] = mapped_column(String(63))
+    # The admins' policy: may a higher-priority run preempt a run of another workspace that
+    # holds more than its quota here? Without it, runs preempt only their own workspace's.
+    preempt_over_quota: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Pool(HasId, HasCreatedAt, Base):

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
-from sqlalchemy import ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import ForeignKey, Integer, String, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import BigId
 from backend.models.base import Base, HasCreatedAt, HasId
+
+DEFAULT_PRIORITY_CEILING = 50  # a run's default priority: members may not go above it
 
 
 class Workspace(HasId, HasCreatedAt, Base):
@@ -17,6 +19,12 @@ class Workspace(HasId, HasCreatedAt, Base):
         BigId, ForeignKey("organizations.id", ondelete="CASCADE"), index=True
     )
     name: Mapped[str] = mapped_column(String(63))
+    # The highest priority its members may give a run; its organisation's admins set it.
+    priority_ceiling: Mapped[int] = mapped_column(
+        Integer,
+        default=DEFAULT_PRIORITY_CEILING,
+        server_default=text(str(DEFAULT_PRIORITY_CEILING)),
+    )
 
 
 class WorkspaceQuota(HasId, Base):

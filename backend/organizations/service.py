@@ -7,10 +7,14 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access import service as access
+from backend.access.rules import Principal
 from backend.clock import Clock
-from backend.errors import Conflict, FieldError, InvalidInput, NotFound
+from backend.errors import Conflict, FieldError, Forbidden, InvalidInput, NotFound
 from backend.models import Cluster, Organization, Pool, Workspace
 from backend.organizations import repository
+
+# A run's priority is 0 to 100 (backend/runs/spec.py); so is a ceiling on it.
+MIN_PRIORITY, MAX_PRIORITY = 0, 100
 
 
 @dataclass(frozen=True)
@@ -122,3 +126,34 @@ async def placement_target(
             [FieldError("pool", f"no pool named '{pool}' in cluster '{chosen.name}'")],
         )
     return chosen, found_pool
+
+
+async def set_priority_ceiling(
+    session: AsyncSession, organization_id: int, workspace: str, ceiling: int
+) -> Workspace:
+    """The highest priority a workspace's runs may ask for; runs already submitted keep theirs."""
+    if not MIN_PRIORITY <= ceiling <= MAX_PRIORITY:
+        raise InvalidInput(
+            "INVALID_CEILING",
+            [FieldError("ceiling", f"must be from {MIN_PRIORITY} to {MAX_PRIORITY}")],
+        )
+    ws = await workspace_by_name(session, organization_id, workspace)
+    ws.priority_ceiling = ceiling
+    await session.flush()
+    return ws
+
+
+async def set_preemption_policy(
+    session: AsyncSession, organization_id: int, cluster: str, preempt_over_quota: bool
+) -> Cluster:
+    """Whether a cluster's higher-priority runs may preempt runs of other workspaces holding
+    more than their quota there; without it, runs preempt only their own workspace's."""
+    found = await cluster_by_name(session, organization_id, cluster)
+    found.preempt_over_quota = preempt_over_quota
+    await session.flush()
+    return found
+
+
+def require_admin(principal: Principal, what: str) -> None:
+    if not principal.is_org_admin:
+        raise Forbidden(f"Only the organisation's admins set {what}.")

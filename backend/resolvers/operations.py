@@ -6,6 +6,7 @@ from backend.alerts import service as alerts
 from backend.errors import AstraeusError
 from backend.jobs import broker as job_broker
 from backend.machines import service as machines
+from backend.organizations import service as organizations
 from backend.resolvers.context import Info
 from backend.runs import service as runs
 from backend.schema.common import UserError
@@ -13,9 +14,13 @@ from backend.schema.operations import (
     Alert,
     MachinePayload,
     MachineState,
+    PreemptionPolicy,
+    PreemptionPolicyPayload,
     Threshold,
     ThresholdPayload,
     WorkerAttention,
+    WorkspaceSettings,
+    WorkspaceSettingsPayload,
 )
 
 
@@ -53,6 +58,39 @@ async def drain_machine(info: Info, cluster: str, machine: str) -> MachinePayloa
         return MachinePayload(machine=None, errors=UserError.from_error(error))
     job_broker.nudge_scheduler()  # its runs wait to be placed again elsewhere
     return MachinePayload(machine=state, errors=[])
+
+
+async def set_priority_ceiling(
+    info: Info, workspace: str, ceiling: int
+) -> WorkspaceSettingsPayload:
+    principal = info.context.require_principal()
+    try:
+        async with info.context.db.transaction() as session:
+            organizations.require_admin(principal, "a workspace's priority ceiling")
+            ws = await organizations.set_priority_ceiling(
+                session, principal.organization_id, workspace, ceiling
+            )
+            found = WorkspaceSettings(name=ws.name, priority_ceiling=ws.priority_ceiling)
+    except AstraeusError as error:
+        return WorkspaceSettingsPayload(workspace=None, errors=UserError.from_error(error))
+    return WorkspaceSettingsPayload(workspace=found, errors=[])
+
+
+async def set_preemption_policy(
+    info: Info, cluster: str, preempt_over_quota: bool
+) -> PreemptionPolicyPayload:
+    principal = info.context.require_principal()
+    try:
+        async with info.context.db.transaction() as session:
+            organizations.require_admin(principal, "a cluster's preemption policy")
+            row = await organizations.set_preemption_policy(
+                session, principal.organization_id, cluster, preempt_over_quota
+            )
+            policy = PreemptionPolicy(cluster=row.name, preempt_over_quota=row.preempt_over_quota)
+    except AstraeusError as error:
+        return PreemptionPolicyPayload(policy=None, errors=UserError.from_error(error))
+    job_broker.nudge_scheduler()  # runs may now make room by preempting over-quota ones
+    return PreemptionPolicyPayload(policy=policy, errors=[])
 
 
 async def attention(info: Info, workspace: str | None = None) -> list[WorkerAttention]:

@@ -45,6 +45,17 @@ async def workspace_for(
     return found
 
 
+def _check_priority(ws: Workspace, spec: RunSpec) -> None:
+    """A run's priority is at most its workspace's ceiling, which only organisation admins set:
+    no member outranks other workspaces by a number of their own (admins included: they raise
+    the ceiling first)."""
+    if spec.priority > ws.priority_ceiling:
+        raise InvalidInput(
+            "INVALID_SPEC",
+            [FieldError("priority", f"at most {ws.priority_ceiling} in workspace {ws.name}")],
+        )
+
+
 async def _check_credentials(session: AsyncSession, workspace_id: int, spec: RunSpec) -> None:
     """Each credential names a secret of the workspace (set, or declared external)."""
     if not spec.credentials:
@@ -78,6 +89,7 @@ async def create_run(
     )
     if await repository.get_live_run_by_name(session, ws.id, spec.name) is not None:
         raise _name_taken(spec.name)
+    _check_priority(ws, spec)
     await _check_credentials(session, ws.id, spec)
     plan = plan_new_run(spec, clock.now())
     stored_spec = spec.to_json() | {"cluster": cluster.name, "pool": pool.name if pool else None}

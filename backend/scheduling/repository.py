@@ -35,8 +35,14 @@ async def cluster_ids(session: AsyncSession) -> list[int]:
     return list(await session.scalars(select(Cluster.id).order_by(Cluster.id)))
 
 
-async def cluster_name(session: AsyncSession, cluster_id: int) -> str:
-    return str(await session.scalar(select(Cluster.name).where(Cluster.id == cluster_id)))
+async def cluster_policy(session: AsyncSession, cluster_id: int) -> tuple[str, bool]:
+    """The cluster's name, and whether its admins let runs preempt over-quota workspaces."""
+    row = (
+        await session.execute(
+            select(Cluster.name, Cluster.preempt_over_quota).where(Cluster.id == cluster_id)
+        )
+    ).one()
+    return str(row.name), bool(row.preempt_over_quota)
 
 
 async def machines(session: AsyncSession, cluster_id: int) -> list[tuple[Machine, str | None]]:

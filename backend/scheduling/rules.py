@@ -8,6 +8,10 @@ placed for want of room holds its place: the runs behind it that would use the s
 are "Queued behind" it (no backfill), so a large gang is never starved by small ones. A run
 waiting for its namespace quota, one that can never fit, or one in its restart wait holds
 nothing up.
+
+Workspaces never meet: a reason names a run only to that run's own workspace ("Queued behind
+a run of another workspace"), and a run preempts only its own workspace's runs, or, where the
+cluster's admins allow it, runs of a workspace holding more than its quota there.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from datetime import datetime
 from backend.lifecycle.rules import Placement
 
 GIB = 2**30
+ANOTHER_WORKSPACE = "a run of another workspace"
 
 
 def _gib(value: int) -> str:
@@ -119,10 +124,31 @@ class Quota:
 @dataclass
 class Plan:
     placements: dict[int, list[Placement]] = field(default_factory=dict)
-    # victim run id -> the name of the run it makes room for
+    # victim run id -> the run it makes room for, as the victim's workspace may read it
     preemptions: dict[int, str] = field(default_factory=dict)
     # run id -> the sentence that says why it is still pending (absent: keep its own)
     reasons: dict[int, str] = field(default_factory=dict)
+    # What the sentences say, as ids: run -> the run it is queued behind; run -> the runs it
+    # waits for to stop; victim -> the run it makes room for.
+    blockers: dict[int, int] = field(default_factory=dict)
+    waits: dict[int, list[int]] = field(default_factory=dict)
+    preempted_for: dict[int, int] = field(default_factory=dict)
+
+
+def seen_from(workspace_id: int, other_workspace_id: int, name: str) -> str:
+    """A run's name as a reason of a run of ``workspace_id`` may show it."""
+    return name if workspace_id == other_workspace_id else ANOTHER_WORKSPACE
+
+
+def _runs_seen_from(ask: Ask, holders: list[Holder]) -> str:
+    """The runs a reason of the ask names: its own workspace's by name, the others counted."""
+    own = [h.name for h in holders if h.workspace_id == ask.workspace_id]
+    others = len(holders) - len(own)
+    if others == 1:
+        own.append(ANOTHER_WORKSPACE)
+    elif others > 1:
+        own.append(f"{others} runs of other workspaces")
+    return ", ".join(own)
 
 
 class _Room:
@@ -282,14 +308,19 @@ def _quota_wait(ask: Ask, quota: Quota | None, used: int) -> str | None:
     )
 
 
-def _choose_victims(room: _Room, ask: Ask, holders: list[Holder]) -> list[Holder] | None:
-    """The lower-priority runs whose room, given back, lets the gang fit, at least cost."""
+def _choose_victims(
+    room: _Room, ask: Ask, holders: list[Holder], over_quota: dict[int, int]
+) -> list[Holder] | None:
+    """The lower-priority runs whose room, given back, lets the gang fit, at least cost: the
+    ask's own workspace's, and those of workspaces still over their quota (``over_quota``: the
+    GPUs above it, where the admins' policy allows preempting them)."""
     candidates = sorted(
         (
             h
             for h in holders
             if h.priority < ask.priority
             and not h.stopping
+            and (h.workspace_id == ask.workspace_id or over_quota.get(h.workspace_id, 0) > 0)
             and any(held.machine_id in room.machines for held in h.held)
         ),
         key=lambda h: (h.priority, h.cost, h.run_id),
@@ -318,12 +349,24 @@ def plan(
     now: datetime,
     *,
     cluster: str,
+    preempt_over_quota: bool = False,
 ) -> Plan:
     """Decide, for one cluster, which pending gangs are placed where and which runs are preempted.
 
     ``used_gpus`` is each workspace's GPUs held on the cluster now; ``quotas`` its limits.
+    ``preempt_over_quota``: the cluster's admins let a run preempt runs of other workspaces
+    holding more than their quota, until they are back within it.
     """
     result = Plan()
+    over_quota = (
+        {
+            ws: used_gpus.get(ws, 0) - q.limit
+            for ws, q in quotas.items()
+            if used_gpus.get(ws, 0) > q.limit
+        }
+        if preempt_over_quota
+        else {}
+    )
     # Copies: the machines given are left as they were.
     room = _Room(replace(m, free_gpus=list(m.free_gpus)) for m in machines if m.state == "ready")
     used = dict(used_gpus)
@@ -349,7 +392,9 @@ def plan(
             continue
         blocker = _blocker(blocked, ask.pool)
         if blocker is not None:
-            result.reasons[ask.run_id] = f"Queued behind {blocker.name}"
+            result.blockers[ask.run_id] = blocker.run_id
+            name = seen_from(ask.workspace_id, blocker.workspace_id, blocker.name)
+            result.reasons[ask.run_id] = f"Queued behind {name}"
             continue
         fit = _best_fit(room, ask)
         if fit is not None:
@@ -357,7 +402,9 @@ def plan(
             used[ask.workspace_id] = used.get(ask.workspace_id, 0) + ask.total_gpus
             continue
         blocked[ask.pool] = ask
-        result.reasons[ask.run_id] = _wait_reason(room, ask, holders, freeing, result, cluster)
+        result.reasons[ask.run_id] = _wait_reason(
+            room, ask, holders, freeing, result, cluster, over_quota
+        )
     return result
 
 
@@ -375,6 +422,7 @@ def _wait_reason(
     freeing: list[Holder],
     result: Plan,
     cluster: str,
+    over_quota: dict[int, int],
 ) -> str:
     """Why the run at the head of its queue waits, and the preemptions that make it room."""
     waiting_for = [h for h in freeing if h.priority < ask.priority]
@@ -386,12 +434,19 @@ def _wait_reason(
                 waiting_for = rest
         for h in waiting_for:
             freeing.remove(h)
-        return f"Next to run: waiting for {', '.join(h.name for h in waiting_for)} to stop"
-    victims = _choose_victims(room, ask, [h for h in holders if h.run_id not in result.preemptions])
+        result.waits[ask.run_id] = [h.run_id for h in waiting_for]
+        return f"Next to run: waiting for {_runs_seen_from(ask, waiting_for)} to stop"
+    victims = _choose_victims(
+        room, ask, [h for h in holders if h.run_id not in result.preemptions], over_quota
+    )
     if victims:
         for h in victims:
-            result.preemptions[h.run_id] = ask.name
-        return f"Next to run: waiting for {', '.join(h.name for h in victims)} to stop"
+            result.preemptions[h.run_id] = seen_from(h.workspace_id, ask.workspace_id, ask.name)
+            result.preempted_for[h.run_id] = ask.run_id
+            if h.workspace_id != ask.workspace_id:
+                over_quota[h.workspace_id] -= sum(len(held.gpu_ids) for held in h.held)
+        result.waits[ask.run_id] = [h.run_id for h in victims]
+        return f"Next to run: waiting for {_runs_seen_from(ask, victims)} to stop"
     if not room.has_machines(ask.pool):
         where = f"pool {ask.pool} of {cluster}" if ask.pool else cluster
         return f"No machine fits: {where} has no ready machine"

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.lifecycle import rules as lifecycle_rules
 from backend.lifecycle import service as lifecycle
@@ -28,6 +29,8 @@ from backend.scheduling.rules import (
 )
 
 MASTER_PORTS = range(29500, 30500)
+# The machine states a workspace's members see in a run's per-machine reasons.
+MEMBERS_SEE = ("ready", "draining")
 
 
 @dataclass
@@ -135,10 +138,11 @@ class Inputs:
     used: dict[int, int]
     cluster: str
     reasons: dict[int, str]
+    preempt_over_quota: bool
 
 
 async def _inputs(session: AsyncSession, cluster_id: int, now: datetime) -> Inputs:
-    cluster = await repository.cluster_name(session, cluster_id)
+    cluster, preempt_over_quota = await repository.cluster_policy(session, cluster_id)
     machines = await repository.machines(session, cluster_id)
     placed = await repository.placed_workers(session, cluster_id)
     rooms = _rooms(machines, await repository.gpus(session, cluster_id), placed)
@@ -150,7 +154,16 @@ async def _inputs(session: AsyncSession, cluster_id: int, now: datetime) -> Inpu
         for ws_id, name, limit in await repository.quotas(session, cluster_id)
     }
     asks = [_ask(r, names[r.workspace_id]) for r in pending]
-    return Inputs(asks, rooms, holders, quotas, used, cluster, {r.id: r.reason for r in pending})
+    return Inputs(
+        asks,
+        rooms,
+        holders,
+        quotas,
+        used,
+        cluster,
+        {r.id: r.reason for r in pending},
+        preempt_over_quota,
+    )
 
 
 async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> PassResult:
@@ -159,7 +172,14 @@ async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> Pass
     now = clock.now()
     given = await _inputs(session, cluster_id, now)
     decided = plan(
-        given.asks, given.rooms, given.holders, given.quotas, given.used, now, cluster=given.cluster
+        given.asks,
+        given.rooms,
+        given.holders,
+        given.quotas,
+        given.used,
+        now,
+        cluster=given.cluster,
+        preempt_over_quota=given.preempt_over_quota,
     )
     result = PassResult()
     await _preempt(session, decided, now, result)
@@ -228,11 +248,19 @@ async def schedule_all(session: AsyncSession, clock: Clock) -> dict[int, PassRes
     }
 
 
-async def pending_reasons(session: AsyncSession, clock: Clock, run: Run) -> list[tuple[str, str]]:
-    """Read a pending reason: why each machine of its cluster does or does not take a worker."""
+async def pending_reasons(
+    session: AsyncSession, clock: Clock, principal: Principal, run: Run
+) -> list[tuple[str, str]]:
+    """Read a pending reason: why each machine of its cluster does or does not take a worker.
+
+    A workspace's members see the machines its runs may be placed on now or later (ready or
+    draining); lost and removed machines are their organisation's admins' alone."""
     given = await _inputs(session, run.cluster_id, clock.now())
     ask = next((a for a in given.asks if a.run_id == run.id), None)
     if ask is None:
         names = await repository.workspace_names(session, [run.workspace_id])
         ask = _ask(run, names.get(run.workspace_id, ""))
-    return machine_reasons(ask, given.rooms)
+    rooms = given.rooms
+    if not principal.is_org_admin:
+        rooms = [m for m in rooms if m.state in MEMBERS_SEE]
+    return machine_reasons(ask, rooms)

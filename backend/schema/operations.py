@@ -47,6 +47,37 @@ class ThresholdPayload:
     errors: list[UserError]
 
 
+@strawberry.type(description="A workspace, as its organisation's admins set it.")
+class WorkspaceSettings:
+    name: str
+    priority_ceiling: int = strawberry.field(
+        description="The highest priority its runs may ask for (default 50); above it a run "
+        "is refused at submit."
+    )
+
+
+@strawberry.type
+class WorkspaceSettingsPayload:
+    workspace: WorkspaceSettings | None
+    errors: list[UserError]
+
+
+@strawberry.type(description="A cluster's preemption policy, as its organisation's admins set it.")
+class PreemptionPolicy:
+    cluster: str
+    preempt_over_quota: bool = strawberry.field(
+        description="Whether a higher-priority run may preempt runs of another workspace that "
+        "holds more than its quota on the cluster; otherwise runs preempt only their own "
+        "workspace's."
+    )
+
+
+@strawberry.type
+class PreemptionPolicyPayload:
+    policy: PreemptionPolicy | None
+    errors: list[UserError]
+
+
 @strawberry.type(description="A machine, as its operators see it.")
 class MachineState:
     name: str

@@ -251,7 +251,7 @@ class Run:
         principal = info.context.require_principal()
         async with info.context.db.read() as session:
             run = await runs.get_run_by_id(session, principal, int(self.id))
-            rows = await scheduling.pending_reasons(session, info.context.clock, run)
+            rows = await scheduling.pending_reasons(session, info.context.clock, principal, run)
         return [MachineReason(machine=m, reason=r) for m, r in rows]
 
     @strawberry.field(description="Where its GPU time went since it was submitted.")

@@ -96,12 +96,13 @@ def holder(
     cost: float = 100.0,
     stopping: bool = False,
     cpu: float = 1,
+    workspace_id: int = 1,
 ) -> Holder:
     return Holder(
         run_id=run_id,
         name=name,
         priority=priority,
-        workspace_id=9,
+        workspace_id=workspace_id,
         held=tuple(Held(m, tuple(ids), cpu, 0) for m, ids in on),
         cost=cost,
         stopping=stopping,
@@ -114,8 +115,19 @@ def run_plan(
     holders: list[Holder] | None = None,
     quotas: dict[int, Quota] | None = None,
     used: dict[int, int] | None = None,
+    *,
+    preempt_over_quota: bool = False,
 ) -> Plan:
-    return plan(asks, machines, holders or [], quotas or {}, used or {}, NOW, cluster=CLUSTER)
+    return plan(
+        asks,
+        machines,
+        holders or [],
+        quotas or {},
+        used or {},
+        NOW,
+        cluster=CLUSTER,
+        preempt_over_quota=preempt_over_quota,
+    )
 
 
 # -- placing gangs ------------------------------------------------------------------------------
@@ -511,6 +523,87 @@ def test_runs_of_two_pools_each_preempt_their_own_victims() -> None:
     assert result.reasons == {
         10: "Next to run: waiting for low-a to stop",
         11: "Next to run: waiting for low-h to stop",
+    }
+
+
+# -- workspaces never meet -----------------------------------------------------------------------
+
+
+def test_a_run_queued_behind_another_workspaces_run_is_not_told_its_name() -> None:
+    # issue 18: a reason names a run only to that run's own workspace
+    machines = [machine(1, "node-a", free=[0, 1])]
+    asks = [
+        ask(10, "secret-big", gpus=4, workspace_id=2, workspace="audio"),
+        ask(11, "mine-big", gpus=4, queued=1),
+        ask(12, "mine", gpus=1, queued=2),
+    ]
+    result = run_plan(asks, machines)
+    assert result.reasons == {
+        10: "No machine fits: none has room now for a worker of 4 GPUs, 1 core",
+        11: "Queued behind a run of another workspace",
+        12: "Queued behind a run of another workspace",
+    }
+    assert result.blockers == {11: 10, 12: 10}
+    # Within a workspace the seed's sentence names the run.
+    same = run_plan([ask(10, "big", gpus=4), ask(11, "small", gpus=1, queued=1)], machines)
+    assert same.reasons[11] == "Queued behind big"
+
+
+def test_by_default_a_run_preempts_only_its_own_workspaces_runs() -> None:
+    # issue 18: a member's own number never stops another workspace's run
+    machines = [machine(1, "node-a", free=[])]
+    holders = [
+        holder(20, "theirs", on=[(1, [0, 1, 2, 3])], cost=1, workspace_id=2),
+        holder(21, "mine", on=[(1, [4, 5, 6, 7])], cost=900),
+    ]
+    result = run_plan([ask(10, "urgent", gpus=4, priority=100)], machines, holders)
+    assert result.preemptions == {21: "urgent"}
+    assert result.reasons == {10: "Next to run: waiting for mine to stop"}
+    alone = run_plan([ask(10, "urgent", gpus=4, priority=100)], machines, holders[:1])
+    assert alone.preemptions == {}
+    assert alone.reasons == {
+        10: "No machine fits: none has room now for a worker of 4 GPUs, 1 core"
+    }
+
+
+def test_the_admins_policy_lets_a_run_preempt_a_workspace_over_its_quota_unnamed() -> None:
+    # issue 18: preempting another workspace's run needs the policy and that workspace over quota
+    machines = [machine(1, "node-a", free=[])]
+    holders = [
+        holder(20, "over-1", on=[(1, [0, 1, 2, 3])], cost=1, workspace_id=2),
+        holder(21, "over-2", on=[(1, [4, 5, 6, 7])], cost=2, workspace_id=2),
+    ]
+    quotas = {2: Quota("audio", CLUSTER, 4)}  # lowered: it holds 8
+    asks = [ask(10, "urgent", gpus=4, priority=90), ask(11, "next", gpus=4, priority=90, queued=1)]
+    result = run_plan(asks, machines, holders, quotas, {2: 8}, preempt_over_quota=True)
+    # One run brings audio back within its quota; its other run is spared.
+    assert result.preemptions == {20: "a run of another workspace"}
+    assert result.preempted_for == {20: 10}
+    assert result.reasons == {
+        10: "Next to run: waiting for a run of another workspace to stop",
+        11: "Queued behind urgent",
+    }
+    assert result.waits == {10: [20]}
+    # Within its quota, or without the policy, nothing of audio's is preempted.
+    within = run_plan(
+        asks, machines, holders, {2: Quota("audio", CLUSTER, 8)}, {2: 8}, preempt_over_quota=True
+    )
+    assert within.preemptions == {}
+    without = run_plan(asks, machines, holders, quotas, {2: 8})
+    assert without.preemptions == {}
+
+
+def test_a_run_waiting_for_other_workspaces_stopping_runs_counts_them_unnamed() -> None:
+    machines = [machine(1, "node-a", free=[])]
+    holders = [
+        holder(20, "theirs-a", on=[(1, [0, 1])], stopping=True, workspace_id=2),
+        holder(21, "theirs-b", on=[(1, [2, 3])], stopping=True, workspace_id=3),
+        holder(22, "mine", on=[(1, [4, 5])], stopping=True),
+    ]
+    result = run_plan([ask(10, "urgent", gpus=6, priority=5)], machines, holders)
+    assert result.preemptions == {}
+    assert result.reasons == {
+        10: "Next to run: waiting for mine, 2 runs of other workspaces to stop"
     }
 
 

@@ -232,10 +232,20 @@ def rooms_at_each_turn(s: Scenario, result: Plan) -> dict[int, dict[int, Free]]:
     return out
 
 
-def named_in(reason: str) -> list[str]:
+def named_in(reason: str, a: Ask, waited: list[Holder]) -> list[str]:
+    """The runs a "Next to run" reason names, checked against the runs the plan says it waits
+    for: its own workspace's by name, the others' counted, never named (issue 18)."""
     prefix, suffix = "Next to run: waiting for ", " to stop"
     assert reason.startswith(prefix) and reason.endswith(suffix), reason
-    return reason[len(prefix) : -len(suffix)].split(", ")
+    own = [h.name for h in waited if h.workspace_id == a.workspace_id]
+    others = len(waited) - len(own)
+    shown = list(own)
+    if others == 1:
+        shown.append("a run of another workspace")
+    elif others > 1:
+        shown.append(f"{others} runs of other workspaces")
+    assert reason == f"{prefix}{', '.join(shown)}{suffix}"
+    return own
 
 
 # -- properties -----------------------------------------------------------------------------------
@@ -324,7 +334,7 @@ def test_no_backfill_past_a_run_waiting_for_room(s: Scenario) -> None:
     result = s.plan()
     queue = order(s.asks)
     position = {a.run_id: i for i, a in enumerate(queue)}
-    by_name = {a.name: a for a in s.asks}
+    by_id = {a.run_id: a for a in s.asks}
     for a in queue:
         reason = result.reasons.get(a.run_id, "")
         if reason.startswith(ROOM_WAITS):
@@ -335,7 +345,9 @@ def test_no_backfill_past_a_run_waiting_for_room(s: Scenario) -> None:
             ]
             assert later_placed == [], (a.name, reason)
         if reason.startswith("Queued behind "):
-            blocker = by_name[reason.removeprefix("Queued behind ")]
+            blocker = by_id[result.blockers[a.run_id]]
+            name = blocker.name if blocker.workspace_id == a.workspace_id else None
+            assert reason == f"Queued behind {name or 'a run of another workspace'}"
             assert position[blocker.run_id] < position[a.run_id]
             assert result.reasons[blocker.run_id].startswith(ROOM_WAITS)
             assert same_machines(a, blocker)
@@ -455,22 +467,25 @@ def test_preemption_takes_only_lower_priority_runs_and_only_what_is_needed(s: Sc
     # seed L-62
     result = s.plan()
     holders = {h.run_id: h for h in s.holders}
-    asks_by_name = {a.name: a for a in s.asks}
-    holders_by_name = {h.name: h for h in s.holders}
+    asks_by_id = {a.run_id: a for a in s.asks}
     rooms = rooms_at_each_turn(s, result)
     for victim_id, preemptor in result.preemptions.items():
-        victim, a = holders[victim_id], asks_by_name[preemptor]
+        victim, a = holders[victim_id], asks_by_id[result.preempted_for[victim_id]]
         assert victim.priority < a.priority
         assert not victim.stopping
         assert a.run_id not in result.placements
-        assert victim.name in named_in(result.reasons[a.run_id])
+        assert victim.run_id in result.waits[a.run_id]
+        # issue 18: only its own workspace's runs (no policy here), named to them
+        assert victim.workspace_id == a.workspace_id
+        assert preemptor == a.name
     promised: set[str] = set()
     for a in order(s.asks):
         reason = result.reasons.get(a.run_id, "")
         if not reason.startswith("Next to run"):
             continue
-        waited = [holders_by_name[n] for n in named_in(reason)]
-        victims = [h for h in waited if result.preemptions.get(h.run_id) == a.name]
+        waited = [holders[i] for i in result.waits[a.run_id]]
+        named_in(reason, a, waited)
+        victims = [h for h in waited if result.preempted_for.get(h.run_id) == a.run_id]
         room = rooms[a.run_id]
         assert workers_that_fit(s, room, a) < a.workers
         # The runs it waits for make room for it, and each of them is needed.
@@ -501,3 +516,37 @@ def test_plan_does_not_change_what_it_is_given(s: Scenario) -> None:
     machines = copy.deepcopy(s.machines)
     plan(s.asks, machines, s.holders, s.quotas, s.used, NOW, cluster=CLUSTER)
     assert machines == s.machines
+
+
+@SETTINGS
+@given(scenarios())
+def test_with_the_admins_policy_only_workspaces_over_their_quota_lose_runs_to_others(
+    s: Scenario,
+) -> None:
+    # issue 18: another workspace's run is preempted only under the policy, while over quota
+    result = plan(
+        copy.deepcopy(s.asks),
+        copy.deepcopy(s.machines),
+        copy.deepcopy(s.holders),
+        dict(s.quotas),
+        dict(s.used),
+        NOW,
+        cluster=CLUSTER,
+        preempt_over_quota=True,
+    )
+    holders = {h.run_id: h for h in s.holders}
+    taken: dict[int, int] = defaultdict(int)  # GPUs already preempted from each workspace
+    for a in order(s.asks):
+        victims = [holders[v] for v, by in result.preempted_for.items() if by == a.run_id]
+        for victim in victims:
+            assert victim.priority < a.priority
+            if victim.workspace_id == a.workspace_id:
+                assert result.preemptions[victim.run_id] == a.name
+                continue
+            assert result.preemptions[victim.run_id] == "a run of another workspace"
+            # Over its quota when this run's victims were chosen.
+            limit = s.quotas[victim.workspace_id].limit
+            assert s.used[victim.workspace_id] - taken[victim.workspace_id] > limit
+        for victim in victims:
+            if victim.workspace_id != a.workspace_id:
+                taken[victim.workspace_id] += sum(len(h.gpu_ids) for h in victim.held)
