@@ -36,6 +36,7 @@ from backend.access import service as access
 from backend.agents.stream import AgentService, serve
 from backend.clock import SystemClock
 from backend.db import Database
+from backend.machine_identity import service as identity
 from backend.models import Cluster, MetricSample, Run, Worker
 from backend.organizations import service as organizations
 from backend.runs import service as runs
@@ -94,7 +95,7 @@ async def tokens(db: Database, clock: SystemClock) -> tuple[str, str]:
         assert boot is not None
         cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
         assert cluster is not None
-        issued = await access.issue_agent_token(
+        issued = await identity.issue_join_token(
             session, clock, organization_id=cluster.organization_id, cluster_id=cluster.id
         )
     return boot.token, issued.secret

@@ -35,11 +35,11 @@ from sqlalchemy import select
 from agent.connection import Agent, AgentConfig
 from agent.gpus import simulated
 from agent.logs import WorkerLog
-from backend.access import service as access
 from backend.agents.stream import AgentService, serve
 from backend.clock import SystemClock
 from backend.db import Database
 from backend.logs.service import WorkerRef
+from backend.machine_identity import service as identity
 from backend.models import Cluster
 from backend.organizations import service as organizations
 from bench.common import fresh_database, median, save
@@ -92,7 +92,7 @@ async def agent_token(db: Database, clock: SystemClock) -> str:
         await organizations.bootstrap(session, clock)
         cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
         assert cluster is not None
-        issued = await access.issue_agent_token(
+        issued = await identity.issue_join_token(
             session, clock, organization_id=cluster.organization_id, cluster_id=cluster.id
         )
     return issued.secret

@@ -36,6 +36,20 @@ async def ack_commands(
     )
 
 
+async def set_aside_command(
+    session: AsyncSession, machine_id: int, command_id: int, at: datetime
+) -> AgentCommand | None:
+    command = await session.scalar(
+        select(AgentCommand).where(
+            AgentCommand.id == command_id, AgentCommand.machine_id == machine_id
+        )
+    )
+    if command is not None:
+        command.acked_at = at
+        await session.flush()
+    return command
+
+
 async def workers_on_machine(session: AsyncSession, machine_id: int) -> list[Worker]:
     return list(await session.scalars(select(Worker).where(Worker.machine_id == machine_id)))
 

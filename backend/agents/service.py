@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.access.rules import AgentPrincipal
 from backend.agents import repository
 from backend.clock import Clock
 from backend.lifecycle import rules as lifecycle_rules
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import Effects
+from backend.machine_identity.rules import MachinePrincipal
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
 from backend.metrics import service as metrics_service
@@ -71,7 +71,7 @@ def agent_time(ms: int, now: datetime) -> datetime:
 
 
 async def hello(
-    session: AsyncSession, clock: Clock, agent: AgentPrincipal, info: HelloInfo, lease: timedelta
+    session: AsyncSession, clock: Clock, agent: MachinePrincipal, info: HelloInfo, lease: timedelta
 ) -> Machine:
     return await machines.register(
         session,
@@ -206,3 +206,35 @@ async def commands_to_send(
 async def acknowledge(session: AsyncSession, clock: Clock, machine_id: int, ids: list[int]) -> None:
     if ids:
         await repository.ack_commands(session, machine_id, ids, clock.now())
+
+
+async def undeliverable(
+    session: AsyncSession, clock: Clock, machine_id: int, command_id: int, reason: str
+) -> Effects:
+    """A command the machine's stream cannot carry is set aside (as if carried out, so the
+    stream goes on with the next), and the worker it was for fails with ``reason``."""
+    command = await repository.set_aside_command(session, machine_id, command_id, clock.now())
+    if command is None or command.target_worker_id is None:
+        return Effects()
+    attempt = command.payload.get("attempt") if command.kind == "start" else None
+    return await fail_worker(session, clock, machine_id, command.target_worker_id, attempt, reason)
+
+
+async def fail_worker(
+    session: AsyncSession,
+    clock: Clock,
+    machine_id: int,
+    worker_id: int,
+    attempt: int | None,
+    reason: str,
+) -> Effects:
+    """The server ends a worker placed on this machine that cannot be started, saying why."""
+    return await lifecycle.report(
+        session,
+        clock,
+        machine_id=machine_id,
+        worker_id=worker_id,
+        kind="exited",
+        attempt=int(attempt) if attempt else None,
+        reason=reason,
+    )

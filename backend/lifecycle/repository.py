@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.models import (
@@ -97,3 +98,20 @@ def add(
     session: AsyncSession, *rows: StateTransition | Event | AgentCommand | Run | Worker
 ) -> None:
     session.add_all(rows)
+
+
+async def clear_pending_commands(
+    session: AsyncSession, worker_ids: Sequence[int], at: datetime
+) -> None:
+    """Set aside the workers' commands no machine has carried out yet, but their deletes: a
+    deleted run's start that never reached its machine is never sent."""
+    if worker_ids:
+        await session.execute(
+            update(AgentCommand)
+            .where(
+                AgentCommand.target_worker_id.in_(worker_ids),
+                AgentCommand.acked_at.is_(None),
+                AgentCommand.kind != "delete",
+            )
+            .values(acked_at=at)
+        )

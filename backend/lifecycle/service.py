@@ -297,6 +297,7 @@ async def delete_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> 
     gang.run.deleted_at = now
     await session.flush()
     await counting.count_deleted(session, [w.id for w in gang.workers], now, counted)
+    await repository.clear_pending_commands(session, [w.id for w in gang.workers], now)
     await repository.delete_workers(session, run.id)
     return fx
 

@@ -110,6 +110,20 @@ async def expire_leases(session: AsyncSession, clock: Clock, lease: timedelta) -
     return total
 
 
+async def lose(
+    session: AsyncSession, clock: Clock, cluster_id: int, name: str, reason: str
+) -> Effects:
+    """The machine is lost now (its credential was revoked): its workers fail with it and are
+    placed elsewhere, as for an expired lease. A machine never registered changes nothing."""
+    machine = await repository.get_machine(session, cluster_id, name)
+    if machine is None:
+        return Effects()
+    machine.state, machine.reason = "lost", reason
+    machine.lease_expires_at = clock.now()
+    await session.flush()
+    return await lifecycle.machine_lost(session, clock, machine.id)
+
+
 async def grant_restart_grace(session: AsyncSession, clock: Clock, lease: timedelta) -> int:
     """An agent endpoint (re)started: every machine gets a whole lease to reconnect to it.
 

@@ -14,6 +14,7 @@ from backend.models.goodput import (
 )
 from backend.models.history import Event, StateTransition
 from backend.models.machine import Gpu, LeaseCheck, Machine
+from backend.models.machine_credential import JoinToken, MachineCredential
 from backend.models.metric import MetricMinute, MetricSample
 from backend.models.organization import Organization
 from backend.models.run import Run
@@ -39,8 +40,10 @@ __all__ = [
     "GoodputOpenInterval",
     "GoodputRunTotal",
     "Gpu",
+    "JoinToken",
     "LeaseCheck",
     "Machine",
+    "MachineCredential",
     "Membership",
     "MetricMinute",
     "MetricSample",

@@ -11,11 +11,15 @@ import grpc
 import pytest
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.access import service as access
+from backend.agents import service as agents
 from backend.agents.stream import AgentService, serve
 from backend.db import Database
-from backend.models import AgentCommand, Cluster, Gpu, Machine
+from backend.lifecycle import service as lifecycle
+from backend.machine_identity import service as identity
+from backend.machine_identity.rules import hash_token
+from backend.models import AgentCommand, Cluster, Gpu, JoinToken, Machine, Run
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 
@@ -39,13 +43,15 @@ async def endpoint(db: Database, clock: FakeClock, tenancy: Tenancy) -> AsyncIte
 
 @pytest.fixture
 async def machine_token(db: Database, clock: FakeClock, tenancy: Tenancy) -> str:
+    """Machine gpu-07's own credential, as its agent gets it for a join token."""
     async with db.transaction() as session:
         cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
         assert cluster is not None
-        issued = await access.issue_agent_token(
+        joining = await identity.issue_join_token(
             session, clock, organization_id=cluster.organization_id, cluster_id=cluster.id
         )
-    return issued.secret
+        credential = await identity.join(session, clock, joining.secret, "gpu-07")
+    return credential.secret
 
 
 class Agent:
@@ -244,3 +250,252 @@ def test_a_full_follow_buffer_counts_every_line_it_drops() -> None:
     kept = sum(c.text.count("\n") for c in chunks)
     # Every line is either delivered or counted as missed: FOLLOW_BUFFER + 2 + 1 in all.
     assert kept + chunks[-1].missed_lines == FOLLOW_BUFFER + 3
+
+
+async def refusal(agent: Agent) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await agent.receive("welcome")
+    await agent.close()
+    return caught.value.code(), str(caught.value.details())
+
+
+async def machine_names(db: Database) -> list[str]:
+    async with db.read() as session:
+        return list(await session.scalars(select(Machine.name).order_by(Machine.name)))
+
+
+@pytest.mark.parametrize(
+    ("change", "sentence"),
+    [
+        (
+            {"cpu_cores": float("nan")},
+            "Hello refused: cpu_cores must be a number above 0 and at most 4096 (got nan).",
+        ),
+        (
+            {"cpu_cores": float("inf")},
+            "Hello refused: cpu_cores must be a number above 0 and at most 4096 (got inf).",
+        ),
+        (
+            {"cpu_cores": -4.0},
+            "Hello refused: cpu_cores must be a number above 0 and at most 4096 (got -4.0).",
+        ),
+        (
+            {"memory_bytes": 2**50},
+            "Hello refused: memory_bytes must be above 0 and at most 70368744177664 (64 TiB) "
+            f"(got {2**50}).",
+        ),
+        (
+            {"gpus": 3000},
+            "Hello refused: gpus must list at most 64 GPUs (got 3000).",
+        ),
+        (
+            {"model": "M" * 1000},
+            "Hello refused: gpus[0].model must be at most 128 characters (got 1000).",
+        ),
+    ],
+)
+async def test_registration_fields_out_of_bounds_are_refused_with_a_sentence(
+    endpoint: str, machine_token: str, db: Database, change: dict[str, object], sentence: str
+) -> None:
+    change = dict(change)  # the parameters are shared by both databases' runs
+    message = hello(gpus=int(change.pop("gpus", 2)))  # type: ignore[call-overload]
+    if "model" in change:
+        message.gpus[0].model = str(change.pop("model"))
+    for name, value in change.items():
+        setattr(message, name, value)
+    agent = Agent(endpoint, machine_token)
+    agent.send(hello=message)
+    assert await refusal(agent) == (grpc.StatusCode.INVALID_ARGUMENT, sentence)
+    assert await machine_names(db) == []  # nothing was registered
+
+
+async def test_a_name_that_is_empty_too_long_or_not_a_host_name_is_refused(
+    endpoint: str, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    async with db.transaction() as session:
+        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        assert cluster is not None
+        legacy = await access_legacy_token(session, clock, cluster)
+    for name, problem in [
+        ("", "machine must not be empty"),
+        ("n" * 100_000, "machine must be at most 253 characters (got 100000)"),
+        (
+            "evil/../x",
+            "machine may hold only letters, digits, '-', '.' and '_', beginning and ending with "
+            "a letter or a digit",
+        ),
+    ]:
+        agent = Agent(endpoint, legacy)
+        agent.send(hello=hello(machine=name))
+        assert await refusal(agent) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Hello refused: {problem}.",
+        )
+    assert await machine_names(db) == []
+
+
+async def access_legacy_token(session: AsyncSession, clock: FakeClock, cluster: Cluster) -> str:
+    """A cluster machine token as made before credentials (migration 0015 keeps them so)."""
+    secret = "astx_" + "legacy" * 7
+    session.add(
+        JoinToken(
+            token_hash=hash_token(secret),
+            prefix=secret[:12],
+            name="old",
+            organization_id=cluster.organization_id,
+            cluster_id=cluster.id,
+            legacy=True,
+            created_at=clock.now(),
+        )
+    )
+    await session.flush()
+    return secret
+
+
+async def test_a_credential_registers_only_its_own_machine(
+    endpoint: str, machine_token: str, db: Database, clock: FakeClock
+) -> None:
+    agent = Agent(endpoint, machine_token)  # gpu-07's
+    agent.send(hello=hello(machine="gpu-08"))
+    assert await refusal(agent) == (
+        grpc.StatusCode.PERMISSION_DENIED,
+        "This credential belongs to machine 'gpu-07': it cannot register as 'gpu-08'.",
+    )
+    # A cluster machine token from before credentials cannot pose as a machine that has one.
+    async with db.transaction() as session:
+        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        assert cluster is not None
+        legacy = await access_legacy_token(session, clock, cluster)
+    agent = Agent(endpoint, legacy)
+    agent.send(hello=hello(machine="gpu-07"))
+    assert await refusal(agent) == (
+        grpc.StatusCode.PERMISSION_DENIED,
+        "Machine 'gpu-07' has a credential of its own: a cluster machine token cannot "
+        "register as it.",
+    )
+    assert await machine_names(db) == []
+
+
+async def test_a_join_token_joins_once_and_never_connects(
+    endpoint: str, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    async with db.transaction() as session:
+        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        assert cluster is not None
+        token = (
+            await identity.issue_join_token(
+                session, clock, organization_id=cluster.organization_id, cluster_id=cluster.id
+            )
+        ).secret
+    agent = Agent(endpoint, token)
+    agent.send(hello=hello())
+    assert await refusal(agent) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "This is a join token: `astraeus agent` exchanges it for the machine's own credential; "
+        "it does not connect as a machine.",
+    )
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        bearer = (("authorization", f"Bearer {token}"),)
+        joined = await stub.Join(agent_pb2.JoinRequest(machine="gpu-07"), metadata=bearer)
+        assert joined.machine == "gpu-07" and joined.credential.startswith("astm_")
+        with pytest.raises(grpc.aio.AioRpcError) as again:
+            await stub.Join(agent_pb2.JoinRequest(machine="evil"), metadata=bearer)
+    assert again.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    agent = Agent(endpoint, joined.credential)
+    agent.send(hello=hello())
+    await agent.receive("welcome")
+    await agent.close()
+    assert await machine_names(db) == ["gpu-07"]
+
+
+async def test_a_bad_gpu_health_index_is_refused_and_the_stream_goes_on(
+    endpoint: str, machine_token: str, db: Database
+) -> None:
+    agent = Agent(endpoint, machine_token)
+    try:
+        agent.send(hello=hello())
+        await agent.receive("welcome")
+        agent.send(gpu_health=agent_pb2.GpuHealth(index=4_000_000, healthy=False, reason="x"))
+        last = agent.send(gpu_health=agent_pb2.GpuHealth(index=1, healthy=False, reason="XID 79"))
+        while (await agent.receive("ack")).ack.up_to < last:
+            pass
+        async with db.read() as session:
+            health = list(await session.execute(select(Gpu.index, Gpu.health).order_by(Gpu.index)))
+        assert [tuple(h) for h in health] == [(0, "ok"), (1, "unhealthy")]
+    finally:
+        await agent.close()
+
+
+async def test_a_revoked_credential_closes_the_stream_and_the_machine_is_lost(
+    endpoint: str, machine_token: str, db: Database, clock: FakeClock
+) -> None:
+    agent = Agent(endpoint, machine_token)
+    agent.send(hello=hello())
+    await agent.receive("welcome")
+    async with db.transaction() as session:
+        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        assert cluster is not None
+        await identity.revoke_credential(session, clock, cluster, "gpu-07")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await agent.receive("never")
+    await agent.close()
+    assert (caught.value.code(), caught.value.details()) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "This machine's credential was revoked by an organisation admin.",
+    )
+    async with db.read() as session:
+        machine = await session.scalar(select(Machine).where(Machine.name == "gpu-07"))
+    assert machine is not None and machine.state == "lost"
+
+
+async def test_a_command_over_the_stream_limit_fails_its_worker_and_the_next_one_arrives(
+    endpoint: str, machine_token: str, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    world = World(db, clock, tenancy)
+    await world.machine("gpu-07", gpus=2)
+    await world.submit(name="huge", workers=1, gpus=1)
+    await world.schedule()
+    (huge,) = await world.workers("huge")
+    async with db.transaction() as session:  # a start made before specs were bounded
+        start = await session.scalar(
+            select(AgentCommand).where(AgentCommand.target_worker_id == huge.id)
+        )
+        assert start is not None
+        start.payload = {**start.payload, "environment": {"BIG": "x" * (5 * 2**20)}}
+    await world.submit(name="small", workers=1, gpus=1)
+    await world.schedule()
+    agent = Agent(endpoint, machine_token)
+    try:
+        agent.send(hello=hello(gpus=2))
+        command = await agent.receive("command")
+        (small,) = await world.workers("small")
+        assert command.command.worker_id == small.id  # the channel was not blocked
+        reason = (
+            "Its start command is 5.0 MiB, over the 3.9 MiB a machine's stream carries: make "
+            "the spec's environment, command and mounts smaller."
+        )
+        deadline = asyncio.get_running_loop().time() + 10
+        while (await world.workers("huge"))[0].last_failure is None:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+        (failed,) = await world.workers("huge")
+        assert failed.last_failure is not None and failed.last_failure["reason"] == reason
+    finally:
+        await agent.close()
+
+
+async def test_deleting_a_run_clears_its_pending_commands(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    world = World(db, clock, tenancy)
+    machine = await world.machine("gpu-07", gpus=2)
+    run = await world.submit(workers=1, gpus=1)
+    await world.schedule()
+    async with db.transaction() as session:
+        row = await session.get(Run, run.id)
+        assert row is not None
+        await lifecycle.delete_run(session, clock, row, "alice")
+    async with db.read() as session:
+        pending = await agents.commands_to_send(session, machine, 0)
+    assert [c.kind for c in pending] == ["delete"]  # the start never reaches the machine

@@ -1,0 +1,104 @@
+"""All SQL of machine identity."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.models import JoinToken, MachineCredential
+
+
+async def join_token_by_hash(session: AsyncSession, token_hash: str) -> JoinToken | None:
+    return await session.scalar(
+        select(JoinToken).where(JoinToken.token_hash == token_hash).with_for_update()
+    )
+
+
+async def credential_by_hash(session: AsyncSession, token_hash: str) -> MachineCredential | None:
+    return await session.scalar(
+        select(MachineCredential).where(
+            MachineCredential.token_hash == token_hash, MachineCredential.revoked_at.is_(None)
+        )
+    )
+
+
+async def live_credentials(
+    session: AsyncSession, cluster_id: int, machine: str
+) -> list[MachineCredential]:
+    return list(
+        await session.scalars(
+            select(MachineCredential).where(
+                MachineCredential.cluster_id == cluster_id,
+                MachineCredential.machine == machine,
+                MachineCredential.revoked_at.is_(None),
+            )
+        )
+    )
+
+
+async def credential_is_live(session: AsyncSession, credential_id: int) -> bool:
+    found = await session.scalar(
+        select(MachineCredential.id).where(
+            MachineCredential.id == credential_id, MachineCredential.revoked_at.is_(None)
+        )
+    )
+    return found is not None
+
+
+async def legacy_token_is_live(session: AsyncSession, token_id: int) -> bool:
+    found = await session.scalar(
+        select(JoinToken.id).where(JoinToken.id == token_id, JoinToken.revoked_at.is_(None))
+    )
+    return found is not None
+
+
+async def join_tokens(session: AsyncSession, cluster_id: int) -> list[JoinToken]:
+    return list(
+        await session.scalars(
+            select(JoinToken).where(JoinToken.cluster_id == cluster_id).order_by(JoinToken.id)
+        )
+    )
+
+
+async def credentials(session: AsyncSession, cluster_id: int) -> list[MachineCredential]:
+    return list(
+        await session.scalars(
+            select(MachineCredential)
+            .where(MachineCredential.cluster_id == cluster_id)
+            .order_by(MachineCredential.machine, MachineCredential.id)
+        )
+    )
+
+
+async def join_token(session: AsyncSession, cluster_id: int, token_id: int) -> JoinToken | None:
+    return await session.scalar(
+        select(JoinToken).where(JoinToken.id == token_id, JoinToken.cluster_id == cluster_id)
+    )
+
+
+async def legacy_token_by_hash(session: AsyncSession, token_hash: str) -> JoinToken | None:
+    return await session.scalar(
+        select(JoinToken).where(
+            JoinToken.token_hash == token_hash,
+            JoinToken.legacy.is_(True),
+            JoinToken.revoked_at.is_(None),
+        )
+    )
+
+
+async def mark_credential_used(session: AsyncSession, credential_id: int, at: datetime) -> None:
+    await session.execute(
+        update(MachineCredential)
+        .where(MachineCredential.id == credential_id)
+        .values(last_used_at=at)
+    )
+
+
+async def mark_join_token_used(session: AsyncSession, token_id: int, at: datetime) -> None:
+    await session.execute(update(JoinToken).where(JoinToken.id == token_id).values(last_used_at=at))
+
+
+def add(session: AsyncSession, *rows: object) -> None:
+    session.add_all(rows)

@@ -1,0 +1,123 @@
+"""Pure rules of the machines domain: what a machine may say about itself when it registers.
+No database, no clock."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+# A machine's name: a host name (letters, digits, '-', '.', '_'), beginning and ending with a
+# letter or a digit, as a DNS name is at most.
+NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+MAX_NAME = 253
+MAX_POOL = 63
+MAX_CPU_CORES = 4096.0
+MAX_MEMORY_BYTES = 64 * 2**40  # 64 TiB
+MAX_GPUS = 64
+MAX_GPU_INDEX = 1023
+MAX_GPU_MEMORY_BYTES = 4 * 2**40
+MAX_UUID = 96
+MAX_MODEL = 128
+MAX_HEALTH_REASON = 500
+MAX_VERSION = 64
+MAX_KNOWN_WORKERS = 10_000
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    index: int
+    uuid: str
+    model: str
+    memory_bytes: int
+    health_reason: str
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """What an agent's Hello says of its machine."""
+
+    name: str
+    pool: str
+    cpu_cores: float
+    memory_bytes: int
+    gpus: tuple[GpuFacts, ...]
+    agent_version: str
+    known_workers: int
+
+
+def name_problem(field: str, name: str, longest: int = MAX_NAME) -> str | None:
+    if not name:
+        return f"{field} must not be empty"
+    if len(name) > longest:
+        return f"{field} must be at most {longest} characters (got {len(name)})"
+    if not NAME.fullmatch(name):
+        return (
+            f"{field} may hold only letters, digits, '-', '.' and '_', beginning and ending with "
+            "a letter or a digit"
+        )
+    return None
+
+
+def registration_problem(facts: MachineFacts) -> str | None:
+    """The first thing wrong with what a machine says of itself, as a sentence naming the field
+    and its bound; None when all of it is within bounds."""
+    checks = (
+        name_problem("machine", facts.name),
+        name_problem("pool", facts.pool, MAX_POOL) if facts.pool else None,
+        _cpu_problem(facts.cpu_cores),
+        _bounded("memory_bytes", facts.memory_bytes, MAX_MEMORY_BYTES, "64 TiB"),
+        _text("agent_version", facts.agent_version, MAX_VERSION),
+        (
+            f"workers must list at most {MAX_KNOWN_WORKERS} (got {facts.known_workers})"
+            if facts.known_workers > MAX_KNOWN_WORKERS
+            else None
+        ),
+        _gpus_problem(facts.gpus),
+    )
+    return next((problem for problem in checks if problem), None)
+
+
+def _cpu_problem(cores: float) -> str | None:
+    if not math.isfinite(cores) or not 0 < cores <= MAX_CPU_CORES:
+        return f"cpu_cores must be a number above 0 and at most {MAX_CPU_CORES:g} (got {cores})"
+    return None
+
+
+def _bounded(field: str, value: int, most: int, said: str) -> str | None:
+    if not 0 < value <= most:
+        return f"{field} must be above 0 and at most {most} ({said}) (got {value})"
+    return None
+
+
+def _text(field: str, value: str, longest: int) -> str | None:
+    if len(value) > longest:
+        return f"{field} must be at most {longest} characters (got {len(value)})"
+    return None
+
+
+def _gpus_problem(gpus: tuple[GpuFacts, ...]) -> str | None:
+    if len(gpus) > MAX_GPUS:
+        return f"gpus must list at most {MAX_GPUS} GPUs (got {len(gpus)})"
+    seen: set[int] = set()
+    for i, gpu in enumerate(gpus):
+        field = f"gpus[{i}]"
+        if gpu.index > MAX_GPU_INDEX:
+            return f"{field}.index must be at most {MAX_GPU_INDEX} (got {gpu.index})"
+        if gpu.index in seen:
+            return f"{field}.index repeats GPU {gpu.index}"
+        seen.add(gpu.index)
+        problem = (
+            _text(f"{field}.uuid", gpu.uuid, MAX_UUID)
+            or _text(f"{field}.model", gpu.model, MAX_MODEL)
+            or _text(f"{field}.health_reason", gpu.health_reason, MAX_HEALTH_REASON)
+            or (
+                f"{field}.memory_bytes must be at most {MAX_GPU_MEMORY_BYTES} (4 TiB) "
+                f"(got {gpu.memory_bytes})"
+                if gpu.memory_bytes > MAX_GPU_MEMORY_BYTES
+                else None
+            )
+        )
+        if problem:
+            return problem
+    return None

@@ -1,0 +1,216 @@
+"""Join tokens and machine credentials, on SQLite and PostgreSQL: a join token is exchanged for a
+credential bound to one machine's name; a credential registers only its machine; a revoked one
+makes the machine lost at once."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select
+
+from backend.db import Database
+from backend.errors import InvalidInput, Unauthenticated
+from backend.machine_identity import service as identity
+from backend.machine_identity.rules import JOIN_ONLY, REVOKED, UNKNOWN, hash_token
+from backend.machines import service as machines
+from backend.models import Cluster, JoinToken, Machine, MachineCredential
+from tests.lifecycle.world import World
+from tests.support import FakeClock, Tenancy
+
+LEASE = timedelta(seconds=60)
+
+
+async def local_cluster(db: Database) -> Cluster:
+    async with db.read() as session:
+        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+    assert cluster is not None
+    return cluster
+
+
+async def join_token(db: Database, clock: FakeClock, **options: object) -> str:
+    cluster = await local_cluster(db)
+    async with db.transaction() as session:
+        issued = await identity.issue_join_token(
+            session,
+            clock,
+            organization_id=cluster.organization_id,
+            cluster_id=cluster.id,
+            **options,  # type: ignore[arg-type]
+        )
+    return issued.secret
+
+
+async def join(db: Database, clock: FakeClock, token: str, machine: str) -> str:
+    async with db.transaction() as session:
+        return (await identity.join(session, clock, token, machine)).secret
+
+
+async def refused_join(db: Database, clock: FakeClock, token: str, machine: str) -> str:
+    with pytest.raises(identity.JoinRefused) as refused:
+        await join(db, clock, token, machine)
+    return refused.value.message
+
+
+async def credentials_of(db: Database, machine: str) -> int:
+    async with db.read() as session:
+        found = await session.scalar(
+            select(func.count()).where(MachineCredential.machine == machine)
+        )
+    return int(found or 0)
+
+
+async def test_a_join_token_is_exchanged_once_for_a_credential_of_that_machine_alone(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    token = await join_token(db, clock)
+    credential = await join(db, clock, token, "gpu-01")
+    assert credential.startswith("astm_") and token.startswith("astj_")
+    async with db.read() as session:
+        principal = await identity.authenticate(session, credential)
+        assert principal.machine == "gpu-01" and not principal.legacy
+        assert await identity.registration_refusal(session, principal, "gpu-01") is None
+        assert await identity.registration_refusal(session, principal, "gpu-02") == (
+            "This credential belongs to machine 'gpu-01': it cannot register as 'gpu-02'."
+        )
+        stored = await session.scalar(select(MachineCredential))
+    assert stored is not None and stored.token_hash == hash_token(credential)
+    assert credential not in (stored.token_hash, stored.prefix)  # only its digest is kept
+
+    # Used once (its default): no second machine joins with it.
+    assert await refused_join(db, clock, token, "evil") == (
+        "The join token has been used as many times as it allows: an admin makes another "
+        "(astraeus agent-token create)."
+    )
+    assert await credentials_of(db, "evil") == 0
+
+
+async def test_a_machine_with_a_credential_cannot_be_joined_again_or_posed_as(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    token = await join_token(db, clock, uses=5)
+    await join(db, clock, token, "gpu-01")
+    assert await refused_join(db, clock, token, "gpu-01") == (
+        "Machine 'gpu-01' already has a credential of its own: its agent connects with it. "
+        "To join it again, an admin revokes that credential first "
+        "(astraeus machine-credential revoke gpu-01)."
+    )
+    assert await credentials_of(db, "gpu-01") == 1
+    async with db.read() as session:
+        with pytest.raises(Unauthenticated) as refused:
+            await identity.authenticate(session, token)  # a join token does not connect
+    assert refused.value.message == JOIN_ONLY
+
+
+async def test_an_expired_or_revoked_join_token_and_a_bad_name_are_refused(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    expiring = await join_token(db, clock, expires_in=timedelta(hours=1))
+    clock.advance(hours=1)
+    assert await refused_join(db, clock, expiring, "gpu-01") == (
+        f"The join token expired at {clock.now():%Y-%m-%d %H:%M} UTC: an admin makes another "
+        "(astraeus agent-token create)."
+    )
+    revoked = await join_token(db, clock)
+    cluster = await local_cluster(db)
+    async with db.transaction() as session:
+        row = await session.scalar(
+            select(JoinToken).where(JoinToken.token_hash == hash_token(revoked))
+        )
+        assert row is not None
+        await identity.revoke_join_token(session, clock, cluster, row.id)
+    assert (
+        await refused_join(db, clock, revoked, "gpu-01") == "The join token is unknown or revoked."
+    )
+    fresh = await join_token(db, clock)
+    assert await refused_join(db, clock, fresh, "x" * 300) == (
+        "The machine's name is refused: machine must be at most 253 characters (got 300)."
+    )
+    assert await refused_join(db, clock, fresh, "") == (
+        "The machine's name is refused: machine must not be empty."
+    )
+    assert await credentials_of(db, "gpu-01") == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "field", "message"),
+    [
+        ({"expires_in": timedelta(0)}, "expires", "expires must be a duration between 1s and 365d"),
+        (
+            {"expires_in": timedelta(days=400)},
+            "expires",
+            "expires must be a duration between 1s and 365d",
+        ),
+        ({"uses": 0}, "uses", "uses must be between 1 and 10000"),
+    ],
+)
+async def test_a_join_token_without_a_bounded_life_is_refused(
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    options: dict[str, object],
+    field: str,
+    message: str,
+) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        await join_token(db, clock, **options)
+    assert [(f.field, f.reason) for f in refused.value.fields] == [(field, message)]
+    async with db.read() as session:
+        assert await session.scalar(select(func.count()).select_from(JoinToken)) == 0
+
+
+async def test_a_revoked_credential_makes_its_machine_lost_and_its_workers_placed_again(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    cluster = await local_cluster(db)
+    credential = await join(db, clock, await join_token(db, clock), "gpu-01")
+    async with db.transaction() as session:
+        await machines.register(
+            session,
+            clock,
+            cluster_id=cluster.id,
+            name="gpu-01",
+            cpu_cores=32,
+            memory_bytes=256 * 2**30,
+            gpus=[machines.GpuInfo(i, f"SIM-{i}", "Simulated GPU", 80 * 2**30) for i in range(2)],
+            lease=LEASE,
+        )
+    world = World(db, clock, tenancy)
+    await world.submit(workers=1, gpus=2)
+    await world.schedule()
+    assert (await world.workers("llama-sft"))[0].machine_id is not None
+
+    async with db.transaction() as session:
+        revoked, fx = await identity.revoke_credential(session, clock, cluster, "gpu-01")
+    assert [c.machine for c in revoked] == ["gpu-01"] and fx.freed
+    async with db.read() as session:
+        machine = await session.scalar(select(Machine).where(Machine.name == "gpu-01"))
+        principal_refusal = None
+        try:
+            await identity.authenticate(session, credential)
+        except Unauthenticated as error:
+            principal_refusal = error.message
+    assert machine is not None
+    assert (machine.state, machine.reason) == ("lost", "Machine lost: " + REVOKED)
+    assert principal_refusal == UNKNOWN
+    (worker,) = await world.workers("llama-sft")
+    assert worker.machine_id is None  # waiting to be placed elsewhere, as for a lost lease
+    assert (await world.status("llama-sft"))[0] == "Pending"
+
+
+async def test_a_stream_learns_its_credential_was_revoked(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    cluster = await local_cluster(db)
+    credential = await join(db, clock, await join_token(db, clock), "gpu-01")
+    async with db.read() as session:
+        principal = await identity.authenticate(session, credential)
+        assert await identity.still_valid(session, principal) is None
+    async with db.transaction() as session:
+        await identity.revoke_credential(session, clock, cluster, "gpu-01")
+    async with db.read() as session:
+        assert await identity.still_valid(session, principal) == REVOKED
+    # Revoked, the machine joins again with a new join token.
+    again = await join(db, clock, await join_token(db, clock), "gpu-01")
+    async with db.read() as session:
+        assert (await identity.authenticate(session, again)).machine == "gpu-01"
