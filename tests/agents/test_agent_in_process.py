@@ -17,7 +17,7 @@ from agent.gpus import simulated
 from backend.agents.stream import AgentService, LogChunkInfo, serve
 from backend.db import Database
 from backend.logs.service import WorkerRef
-from backend.models import Machine, Worker
+from backend.models import AgentCommand, Machine, Worker
 from tests.agents.test_stream import _port, machine_token  # noqa: F401  (a fixture)
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
@@ -113,6 +113,46 @@ async def test_following_a_real_workers_log_streams_its_lines_until_it_ends(
         tail = await svc.tail(machine.id, worker, 5, 900 * 1024, wait_s=5)
         assert tail is not None and tail.archived
         assert tail.text.splitlines() == [f"line {i}" for i in range(15, 20)]
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+
+async def test_a_start_command_over_the_stream_limit_fails_its_worker_and_the_agent_goes_on(
+    service: tuple[AgentService, str],
+    machine_token: str,  # noqa: F811
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    tmp_path: Path,
+) -> None:
+    """Before issue 18 the agent's channel refused the message (over gRPC's 4 MiB), the agent
+    connected again and was sent it again, forever: no command reached the machine any more."""
+    _, address = service
+    world = World(db, clock, tenancy)
+    await world.machine("gpu-07", gpus=2)
+    await world.submit(name="huge", workers=1, gpus=1, command=[WORKLOAD_PYTHON, "-c", "1"])
+    await world.schedule()
+    async with db.transaction() as session:  # as large as a spec could once make it
+        start = await session.scalar(select(AgentCommand).where(AgentCommand.kind == "start"))
+        assert start is not None
+        start.payload = {**start.payload, "environment": {"BIG": "x" * (5 * 2**20)}}
+    await world.submit(name="small", workers=1, gpus=1, command=[WORKLOAD_PYTHON, "-c", "1"])
+    await world.schedule()
+    running = asyncio.create_task(agent_for(address, machine_token, tmp_path).run_forever())
+    try:
+
+        async def small_done() -> bool:
+            return await worker_state(db, "small-0") == "Completed"
+
+        await wait_for("the next run's worker completed", small_done)
+        (huge,) = await world.workers("huge")
+        assert huge.last_failure is not None
+        assert huge.last_failure["reason"] == (
+            "Its start command is 5.0 MiB, over the 3.9 MiB a machine's stream carries: make "
+            "the spec's environment, command and mounts smaller."
+        )
     finally:
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
