@@ -51,6 +51,10 @@ MUTATIONS = {
     "{ machine { name } errors { code } } }",
     "setThreshold": 'mutation { setThreshold(cluster: "local", name: "gpu_faults", value: 9) '
     "{ threshold { name } errors { code } } }",
+    "setPriorityCeiling": 'mutation { setPriorityCeiling(workspace: "default", ceiling: 100) '
+    "{ workspace { name } errors { code } } }",
+    "setPreemptionPolicy": 'mutation { setPreemptionPolicy(cluster: "local", '
+    "preemptOverQuota: true) { policy { cluster } errors { code } } }",
     "setSecret": 'mutation { setSecret(name: "hf-token", value: "stolen", workspace: "default") '
     "{ secret { name } errors { code } } }",
     "deleteSecret": 'mutation { deleteSecret(name: "hf-token", workspace: "default") '

@@ -1,0 +1,78 @@
+"""Priority ceilings and the preemption policy through GraphQL (issue 18): organisation admins
+set them; a member's run above its workspace's ceiling is refused with a field error."""
+
+from typing import Any
+
+import httpx
+
+from tests.graphql.test_schema import CREATE, gql
+from tests.support import Tenancy, run_spec
+
+CEILING = """mutation($ws: String!, $ceiling: Int!) {
+  setPriorityCeiling(workspace: $ws, ceiling: $ceiling) {
+    workspace { name priorityCeiling } errors { code field message }
+  }
+}"""
+POLICY = """mutation($cluster: String!, $allow: Boolean!) {
+  setPreemptionPolicy(cluster: $cluster, preemptOverQuota: $allow) {
+    policy { cluster preemptOverQuota } errors { code field message }
+  }
+}"""
+
+
+def refused(answer: Any, field: str) -> list[dict[str, Any]]:
+    payload = answer["data"][field]
+    assert [k for k, v in payload.items() if k != "errors" and v is not None] == []
+    return payload["errors"]  # type: ignore[no-any-return]
+
+
+async def test_a_run_above_the_ceiling_is_refused_with_a_field_error(
+    client: httpx.AsyncClient, tenancy: Tenancy
+) -> None:
+    answer = await gql(client, tenancy.other_token, CREATE, spec=run_spec(priority=51))
+    assert refused(answer, "createRun") == [
+        {"code": "INVALID_SPEC", "field": "priority", "message": "at most 50 in workspace team-b"}
+    ]
+    assert (await gql(client, tenancy.other_token, "{ runs(all: true) { name } }"))["data"] == {
+        "runs": []
+    }
+    accepted = await gql(client, tenancy.other_token, CREATE, spec=run_spec(priority=50))
+    assert accepted["data"]["createRun"]["errors"] == []
+
+
+async def test_only_organisation_admins_set_a_workspaces_ceiling(
+    client: httpx.AsyncClient, tenancy: Tenancy
+) -> None:
+    for member in (tenancy.other_token, tenancy.member_token, tenancy.foreign_token):
+        answer = await gql(client, member, CEILING, ws="team-b", ceiling=100)
+        assert [e["code"] for e in refused(answer, "setPriorityCeiling")] == ["FORBIDDEN"]
+    still = await gql(client, tenancy.other_token, CREATE, spec=run_spec(priority=51))
+    assert refused(still, "createRun")[0]["field"] == "priority"
+    bad = await gql(client, tenancy.admin_token, CEILING, ws="team-b", ceiling=101)
+    assert refused(bad, "setPriorityCeiling") == [
+        {"code": "INVALID_CEILING", "field": "ceiling", "message": "must be from 0 to 100"}
+    ]
+    raised = await gql(client, tenancy.admin_token, CEILING, ws="team-b", ceiling=70)
+    assert raised["data"]["setPriorityCeiling"] == {
+        "workspace": {"name": "team-b", "priorityCeiling": 70},
+        "errors": [],
+    }
+    accepted = await gql(client, tenancy.other_token, CREATE, spec=run_spec(priority=70))
+    assert accepted["data"]["createRun"]["errors"] == []
+    over = await gql(client, tenancy.other_token, CREATE, spec=run_spec(name="b2", priority=71))
+    assert refused(over, "createRun")[0]["message"] == "at most 70 in workspace team-b"
+
+
+async def test_only_organisation_admins_set_the_preemption_policy(
+    client: httpx.AsyncClient, tenancy: Tenancy
+) -> None:
+    for member in (tenancy.other_token, tenancy.member_token, tenancy.foreign_token):
+        answer = await gql(client, member, POLICY, cluster="local", allow=True)
+        assert [e["code"] for e in refused(answer, "setPreemptionPolicy")] == ["FORBIDDEN"]
+    allowed = await gql(client, tenancy.admin_token, POLICY, cluster="local", allow=True)
+    assert allowed["data"]["setPreemptionPolicy"] == {
+        "policy": {"cluster": "local", "preemptOverQuota": True},
+        "errors": [],
+    }
+    missing = await gql(client, tenancy.admin_token, POLICY, cluster="nowhere", allow=True)
+    assert [e["code"] for e in refused(missing, "setPreemptionPolicy")] == ["CLUSTER_NOT_FOUND"]
