@@ -315,7 +315,7 @@ class Agent:
             await self._command(message.command)
             self._send(command_ack=agent_pb2.CommandAck(command_ids=[message.command.command_id]))
         elif kind == "log_tail":
-            self._reply_tail(message.id, message.log_tail)
+            self._keep(asyncio.create_task(self._reply_tail(message.id, message.log_tail)))
         elif kind == "log_follow_start":
             self._follow(message.id, message.log_follow_start)
         elif kind == "secret_values":
@@ -333,10 +333,17 @@ class Agent:
         # A reply needs no resending: the server waits for it only so long.
         self._send(durable=False, reply=agent_pb2.Reply(request_id=request_id, log=chunk))
 
-    def _reply_tail(self, request_id: int, request: agent_pb2.LogTailRequest) -> None:
-        """The last lines of a worker's log, cut to the bytes asked for (its end)."""
-        text, archived = WorkerLog(self.log_root, str(request.worker_id)).tail(
-            request.lines or 1000, timestamps=request.timestamps
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+
+    async def _reply_tail(self, request_id: int, request: agent_pb2.LogTailRequest) -> None:
+        """The last lines of a worker's log, cut to the bytes asked for (its end). Read in a
+        thread: the stream's heartbeats and commands go on meanwhile."""
+        text, archived = await asyncio.to_thread(
+            WorkerLog(self.log_root, str(request.worker_id)).tail,
+            request.lines or 1000,
+            timestamps=request.timestamps,
         )
         data = text.encode()
         if request.max_bytes and len(data) > request.max_bytes:
@@ -360,7 +367,7 @@ class Agent:
         worker = self.workers.get(key)
         wlog = WorkerLog(self.log_root, str(key))
         if request.tail_lines:
-            text, archived = wlog.tail(request.tail_lines)
+            text, archived = await asyncio.to_thread(wlog.tail, request.tail_lines)
             if text:
                 self._reply(
                     request_id, agent_pb2.LogChunk(worker_id=key, text=text, archived=archived)
@@ -372,7 +379,7 @@ class Agent:
         missed = 0
         while not worker.exited.is_set():
             if self.queue.qsize() < QUEUE_HIGH_WATER:
-                text, skipped = follower.read()
+                text, skipped = await asyncio.to_thread(follower.read)
                 missed += skipped
                 if text or missed:
                     self._reply(
@@ -382,7 +389,8 @@ class Agent:
                     missed = 0
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(worker.exited.wait(), FOLLOW_POLL_S)
-        self._reply(request_id, agent_pb2.LogChunk(worker_id=key, text=follower.rest(), ended=True))
+        rest = await asyncio.to_thread(follower.rest)
+        self._reply(request_id, agent_pb2.LogChunk(worker_id=key, text=rest, ended=True))
 
     # --- commands -------------------------------------------------------------------------
 
@@ -525,7 +533,7 @@ class Agent:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(follow), 2)
         self.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
-        worker.log.archive()
+        await asyncio.to_thread(worker.log.archive)
         self._forget(worker)
 
     def _forget(self, worker: Worker) -> None:

@@ -5,8 +5,14 @@ lines are kept as the archived log, served until a new process of the same worke
 them. Logs are never sent anywhere unless asked.
 
 Beside each log, ``.times`` says when its output arrived: one fixed-size record (byte offset,
-Unix milliseconds) per write, so the time of any line is found by a binary search, and a tail
-can show each line with its time (``docker logs -t`` style) without the text carrying it.
+Unix milliseconds) per write in a new millisecond, so the time of any line is found by a binary
+search, and a tail can show each line with its time (``docker logs -t`` style) without the text
+carrying it.
+
+Every read is bounded, so that one workload cannot stall the machine: a line is cut at 64 KiB
+with a marker as it is written; a tail reads at most 1 MiB from the file's end, backwards a
+block at a time (a log of one 62 MiB line is never read whole); an archive keeps at most
+1 000 lines and 1 MiB and says what it left out. The agent calls these off its event loop.
 """
 
 from __future__ import annotations
@@ -17,13 +23,19 @@ import struct
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 ARCHIVED_LINES = 1000
+ARCHIVED_BYTES = 2**20
 SNAPSHOT_LINES = 50
 SNAPSHOT_BYTES = 16 * 1024
 MAX_LOG_BYTES = 64 * 2**20  # the current log is cut back to its last half past this
 TIME = struct.Struct("<QQ")  # (byte offset where a write began, Unix milliseconds)
 READ_BLOCK = 64 * 1024
+LINE_BYTES = 64 * 1024  # a line is kept to this many bytes, then the marker
+LINE_CUT = b" [line cut: a log line is kept to 64 KiB]"
+TAIL_BYTES = 2**20  # a tail reads at most this much of a log's end
+EARLIER_CUT = "[earlier output not kept: {size} (an archived log keeps its last 1 MiB)]\n"
 
 
 class WorkerLog:
@@ -32,6 +44,8 @@ class WorkerLog:
         self.folder = root / key
         self.current = self.folder / "current.log"
         self.archived = self.folder / "archived.log"
+        self.line: LineCutter | None = None  # the writer's; read from the file's end at first
+        self.last_ms: int | None = None  # of the last time record written
 
     def begin(self) -> None:
         """A new process of the worker: its log replaces what was shown before."""
@@ -40,24 +54,37 @@ class WorkerLog:
         _times(self.current).write_bytes(b"")
         self.archived.unlink(missing_ok=True)
         _times(self.archived).unlink(missing_ok=True)
+        self.line, self.last_ms = LineCutter(), None
 
     def append(self, data: bytes, at_ms: int | None = None) -> None:
-        """Add output that arrived at ``at_ms`` (now by default)."""
+        """Add output that arrived at ``at_ms`` (now by default), each line cut at 64 KiB."""
+        if self.line is None:
+            self.line = LineCutter.after(self.current)
+        data = self.line.cut(data)
         if not data:
             return
         with self.current.open("ab") as f:
             offset = f.tell()
             f.write(data)
-        with _times(self.current).open("ab") as f:
-            f.write(TIME.pack(offset, at_ms if at_ms is not None else int(time.time() * 1000)))
+        ms = at_ms if at_ms is not None else int(time.time() * 1000)
+        if ms != self.last_ms:  # writes in one millisecond share its record
+            with _times(self.current).open("ab") as f:
+                f.write(TIME.pack(offset, ms))
+            self.last_ms = ms
         if offset + len(data) > MAX_LOG_BYTES:
             self._cut_back()
 
     def _cut_back(self) -> None:
-        data = self.current.read_bytes()
-        cut = len(data) // 2
-        cut += data[cut:].find(b"\n") + 1
-        self.current.write_bytes(data[cut:])
+        """Keep the log's last half (from a line's start), moved a block at a time."""
+        with self.current.open("r+b") as f:
+            size = f.seek(0, 2)
+            cut = _next_line_start(f, size // 2, size)
+            written = 0
+            while block := _read_at(f, cut + written, 1 << 20):
+                f.seek(written)
+                f.write(block)
+                written += len(block)
+            f.truncate(written)
         _keep_times_from(_times(self.current), _times(self.current), cut)
 
     def size(self) -> int:
@@ -68,11 +95,12 @@ class WorkerLog:
             return 0
 
     def tail(self, lines: int, *, timestamps: bool = False) -> tuple[str, bool]:
-        """The last lines, and whether they come from a process that no longer exists; with
-        ``timestamps``, each line begins with the time it arrived (RFC 3339, UTC, ms)."""
+        """The last lines (of at most the log's last 1 MiB), and whether they come from a
+        process that no longer exists; with ``timestamps``, each line begins with the time it
+        arrived (RFC 3339, UTC, ms)."""
         for path, archived in ((self.current, False), (self.archived, True)):
             if path.exists():
-                data, start = _last_lines_at(path, lines)
+                data, start = _last_lines_at(path, lines, TAIL_BYTES)
                 if timestamps:
                     data = _stamped(data, start, _times(path))
                 return data.decode(errors="replace"), archived
@@ -80,7 +108,8 @@ class WorkerLog:
 
     def snapshot(self) -> str:
         """The failure snapshot's output: the last 50 lines, at most 16 KiB."""
-        text = _last_lines(self.current, SNAPSHOT_LINES) if self.current.exists() else ""
+        exists = self.current.exists()
+        text = _last_lines(self.current, SNAPSHOT_LINES, SNAPSHOT_BYTES) if exists else ""
         data = text.encode()
         if len(data) > SNAPSHOT_BYTES:
             data = data[-SNAPSHOT_BYTES:]
@@ -88,11 +117,15 @@ class WorkerLog:
         return text
 
     def archive(self) -> None:
-        """The process is gone: keep its last 1 000 lines (and when they arrived)."""
+        """The process is gone: keep its last 1 000 lines, at most 1 MiB (and when they
+        arrived); a first line says how many bytes before them the byte bound left out."""
         if self.current.exists():
-            data, start = _last_lines_at(self.current, ARCHIVED_LINES)
-            self.archived.write_bytes(data)
-            _keep_times_from(_times(self.current), _times(self.archived), start)
+            data, start = _last_lines_at(self.current, ARCHIVED_LINES, ARCHIVED_BYTES)
+            marker = b""
+            if start > 0 and len(data.splitlines()) < ARCHIVED_LINES:  # the byte bound cut
+                marker = EARLIER_CUT.format(size=_size(start)).encode()
+            self.archived.write_bytes(marker + data)
+            _keep_times_from(_times(self.current), _times(self.archived), start, len(marker))
             self.current.unlink()
             _times(self.current).unlink(missing_ok=True)
 
@@ -104,29 +137,116 @@ def _times(log: Path) -> Path:
     return log.with_suffix(".times")
 
 
-def _last_lines_at(path: Path, count: int) -> tuple[bytes, int]:
-    """The last ``count`` lines of a file and the byte offset they start at, read from its
-    end a block at a time (a tail of a 64 MiB log reads kilobytes, not the whole log)."""
+class LineCutter:
+    """Cuts each line a writer gives at ``LINE_BYTES``, with ``LINE_CUT`` after the kept part;
+    the rest of the line, up to its newline, is dropped (however many writes it spans)."""
+
+    def __init__(self, length: int = 0, cutting: bool = False) -> None:
+        self.length = length  # bytes of the unfinished last line kept so far
+        self.cutting = cutting  # that line was cut: drop until its newline
+
+    @classmethod
+    def after(cls, log: Path) -> LineCutter:
+        """Carry on the log's unfinished last line (the writer may be a new process)."""
+        try:
+            with log.open("rb") as f:
+                size = f.seek(0, 2)
+                end = _read_at(f, max(size - LINE_BYTES - len(LINE_CUT), 0), size)
+        except OSError:
+            return cls()
+        if end.endswith(LINE_CUT):
+            return cls(LINE_BYTES, cutting=True)
+        newline = end.rfind(b"\n")
+        if newline < 0 and len(end) < size:  # a line longer than any this writer keeps
+            return cls(LINE_BYTES)
+        return cls(len(end) - newline - 1)
+
+    def cut(self, data: bytes) -> bytes:
+        """What of ``data`` is kept: linear in its length."""
+        out: list[bytes] = []
+        start = 0
+        while start < len(data):
+            newline = data.find(b"\n", start)
+            end = len(data) if newline < 0 else newline
+            if not self.cutting:
+                room = max(LINE_BYTES - self.length, 0)
+                if end - start <= room:
+                    out.append(data[start:end])
+                    self.length += end - start
+                else:
+                    kept = _whole_characters(data[start : start + room])
+                    out += [kept, LINE_CUT]
+                    self.length += len(kept)
+                    self.cutting = True
+            if newline < 0:
+                break
+            out.append(b"\n")
+            self.length, self.cutting = 0, False
+            start = newline + 1
+        return b"".join(out)
+
+
+def _whole_characters(data: bytes) -> bytes:
+    """``data`` without a UTF-8 character cut at its end (at most 3 bytes shorter)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:
+            return data
+        if byte >= 0xC0:  # a character's first byte: whole when its length fits
+            length = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return data if length <= back else data[:-back]
+    return data
+
+
+def _read_at(f: BinaryIO, position: int, size: int) -> bytes:
+    f.seek(position)
+    return f.read(size)
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("MiB", 2**20), ("KiB", 1024)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
+
+
+def _next_line_start(f: BinaryIO, position: int, end: int) -> int:
+    """The first line start at or after ``position`` (``end`` when none), read forwards."""
+    if position == 0:
+        return 0
+    while position < end:
+        block = _read_at(f, position - 1, READ_BLOCK + 1)
+        newline = block.find(b"\n")
+        if newline >= 0:
+            return position + newline
+        position += len(block) - 1
+    return end
+
+
+def _last_lines_at(path: Path, count: int, limit: int) -> tuple[bytes, int]:
+    """The last ``count`` lines of a file within its last ``limit`` bytes, and the byte offset
+    they start at: read from the end a block at a time, so linear in what is read (a tail of a
+    64 MiB log reads at most ``limit``, never the whole log)."""
     with path.open("rb") as f:
         end = f.seek(0, 2)
-        position, data, newlines = end, b"", 0
-        while position > 0 and newlines <= count:
-            step = min(READ_BLOCK, position)
+        position, blocks, newlines = end, [], 0
+        while position > 0 and newlines <= count and end - position < limit:
+            step = min(READ_BLOCK, position, limit - (end - position))
             position -= step
-            f.seek(position)
-            block = f.read(step)
+            block = _read_at(f, position, step)
             newlines += block.count(b"\n")
-            data = block + data
-    # Past the first block read, the first piece may be part of a line: never kept, as more
-    # than ``count`` newlines were read.
-    pieces = data.splitlines(keepends=True)
+            blocks.append(block)
+        whole = position == 0 or _read_at(f, position - 1, 1) == b"\n"
+    pieces = b"".join(reversed(blocks)).splitlines(keepends=True)
+    if not whole and pieces:
+        pieces = pieces[1:]  # part of a line that began before what was read: never shown
     kept = pieces[-count:] if count else []
     size = sum(len(p) for p in kept)
     return b"".join(kept), end - size
 
 
-def _last_lines(path: Path, count: int) -> str:
-    return _last_lines_at(path, count)[0].decode(errors="replace")
+def _last_lines(path: Path, count: int, limit: int) -> str:
+    return _last_lines_at(path, count, limit)[0].decode(errors="replace")
 
 
 def _time_records(times: Path, start: int = 0) -> list[tuple[int, int]]:
@@ -151,15 +271,16 @@ def _time_records(times: Path, start: int = 0) -> list[tuple[int, int]]:
     return [TIME.unpack_from(raw, i) for i in range(0, len(raw), TIME.size)]
 
 
-def _keep_times_from(source: Path, target: Path, start: int) -> None:
-    """The records of the bytes from ``start`` on, renumbered from 0 (a cut or an archive)."""
-    records = _time_records(source)
+def _keep_times_from(source: Path, target: Path, start: int, shift: int = 0) -> None:
+    """The records of the bytes from ``start`` on, renumbered from ``shift`` (a cut, or an
+    archive that begins with a marker of ``shift`` bytes)."""
+    records = _time_records(source, start)
     kept: list[tuple[int, int]] = []
     for offset, ms in records:
         if offset <= start:
-            kept = [(0, ms)]  # the write the kept text begins in
+            kept = [(0, ms)]  # the write the kept text begins in (and the marker)
         else:
-            kept.append((offset - start, ms))
+            kept.append((offset - start + shift, ms))
     target.write_bytes(b"".join(TIME.pack(o, ms) for o, ms in kept))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,135 @@ def test_a_tail_reads_from_the_end_and_a_cut_log_keeps_its_times(
         "2026-09-21T14:21:38.000Z line 0498",
         "2026-09-21T14:21:39.000Z line 0499",
     ]
+
+
+# --- bounds (issue 18): one workload's log never stalls the machine ------------------------
+
+MIB = 2**20
+
+
+def test_a_long_line_is_cut_at_64_kib_with_a_marker_across_writes(tmp_path: Path) -> None:
+    log = WorkerLog(tmp_path, "41")
+    log.begin()
+    log.append(b"short\n")
+    for _ in range(40):  # one line of 2.5 MiB in 64 KiB writes, as the shim reads a pipe
+        log.append(b"x" * 65536)
+    log.append(b"x" * 100 + b"\nafter\n")
+    text, _ = log.tail(10)
+    lines = text.splitlines()
+    assert lines[0] == "short"
+    assert lines[1] == "x" * logs.LINE_BYTES + logs.LINE_CUT.decode()
+    assert lines[2:] == ["after"]
+    assert log.size() == 6 + logs.LINE_BYTES + len(logs.LINE_CUT) + 1 + 6
+
+
+def test_a_new_writer_carries_on_the_line_the_last_one_left(tmp_path: Path) -> None:
+    # The shim is a process of its own; a second WorkerLog reads the unfinished line's length.
+    first = WorkerLog(tmp_path, "41")
+    first.begin()
+    first.append(b"done\n" + b"a" * 60_000)
+    WorkerLog(tmp_path, "41").append(b"b" * 10_000)
+    WorkerLog(tmp_path, "41").append(b"c" * 10 + b"\nnext\n")
+    lines = first.tail(10)[0].splitlines()
+    assert lines == [
+        "done",
+        "a" * 60_000 + "b" * (logs.LINE_BYTES - 60_000) + logs.LINE_CUT.decode(),
+        "next",
+    ]
+
+
+def test_a_cut_keeps_utf8_characters_whole(tmp_path: Path) -> None:
+    log = WorkerLog(tmp_path, "41")
+    log.begin()
+    log.append(b"a" + "€".encode() * 30_000 + b"\n")
+    line = log.tail(1)[0].rstrip("\n")
+    assert "\ufffd" not in line
+    assert line == "a" + "€" * ((logs.LINE_BYTES - 1) // 3) + logs.LINE_CUT.decode()
+
+
+def test_a_62_mib_one_line_log_is_kept_to_64_kib_and_tailed_at_once(tmp_path: Path) -> None:
+    log = WorkerLog(tmp_path, "41")
+    log.begin()
+    chunk = b"z" * 65536
+    began = time.monotonic()
+    for _ in range(62 * 16):
+        log.append(chunk)
+    written = time.monotonic() - began
+    assert log.size() == logs.LINE_BYTES + len(logs.LINE_CUT)
+    began = time.monotonic()
+    for _ in range(4):
+        text, _ = log.tail(1000, timestamps=True)
+    assert time.monotonic() - began < 0.5
+    assert text.endswith(logs.LINE_CUT.decode())
+    assert len(text) < logs.LINE_BYTES + 100
+    assert written < 5.0  # a write is linear in its size: dropping costs next to nothing
+    assert len(logs._times(log.current).read_bytes()) <= 62 * 16 * logs.TIME.size
+
+
+def test_a_tail_of_a_62_mib_line_left_by_an_older_agent_reads_1_mib_from_its_end(
+    tmp_path: Path,
+) -> None:
+    # A log written before lines were cut (or by anything else): one line, no newline.
+    log = WorkerLog(tmp_path, "41")
+    log.begin()
+    with log.current.open("wb") as f:
+        for _ in range(62):
+            f.write(b"q" * MIB)
+    began = time.monotonic()
+    for _ in range(4):
+        assert log.tail(1000) == ("", False)  # part of a line, never shown as a whole one
+    assert time.monotonic() - began < 0.5
+    with log.current.open("ab") as f:
+        f.write(b"\nlast words\n")
+    assert log.tail(1000) == ("last words\n", False)
+    assert len(log.snapshot()) == len("last words\n")
+
+
+def test_a_tail_reads_at_most_1_mib_of_many_cut_lines(tmp_path: Path) -> None:
+    log = WorkerLog(tmp_path, "41")
+    log.begin()
+    for i in range(40):
+        log.append(f"{i:02d}".encode() + b"w" * 70_000 + b"\n")
+    text, _ = log.tail(10_000)
+    data = text.encode()
+    assert len(data) <= logs.TAIL_BYTES
+    line = logs.LINE_BYTES + len(logs.LINE_CUT) + 1
+    assert len(text.splitlines()) == logs.TAIL_BYTES // line
+    assert text.splitlines()[-1].startswith("39")
+
+
+def test_an_archive_is_bounded_in_bytes_and_says_what_it_left_out(tmp_path: Path) -> None:
+    log = WorkerLog(tmp_path, "41")
+    log.begin()
+    t = 1_790_000_000_000
+    for i in range(50):  # 50 lines of 64 KiB: 3.2 MiB, past the archive's 1 MiB
+        log.append(f"{i:02d}".encode() + b"v" * 70_000 + b"\n", at_ms=t + i * 1000)
+    log.archive()
+    text, archived = log.tail(10_000, timestamps=True)
+    assert archived
+    lines = text.splitlines()
+    kept = logs.ARCHIVED_BYTES // (logs.LINE_BYTES + len(logs.LINE_CUT) + 1)
+    left_out = (50 - kept) * (logs.LINE_BYTES + len(logs.LINE_CUT) + 1)
+    first = logs._rfc3339(t + (50 - kept) * 1000)  # the marker shows the first kept write's
+    assert lines[0] == (
+        f"{first} [earlier output not kept: "
+        f"{left_out / MIB:.1f} MiB (an archived log keeps its last 1 MiB)]"
+    )
+    assert len(lines) == kept + 1
+    assert lines[1].startswith(f"{first} {50 - kept:02d}vvv")
+    assert lines[-1].split(" ", 1)[1].startswith("49vvv")
+    assert log.archived.stat().st_size <= logs.ARCHIVED_BYTES + 200
+
+
+def test_a_log_cut_back_keeps_its_last_half_from_a_line_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs, "MAX_LOG_BYTES", 3 * MIB)
+    log = WorkerLog(tmp_path, "41")
+    log.begin()
+    for i in range(400):
+        log.append(f"{i:04d} ".encode() + b"u" * 9_994 + b"\n")
+    assert log.size() <= 3 * MIB
+    lines = log.tail(10_000)[0].splitlines()
+    assert all(len(line) == 9_999 for line in lines)
+    assert lines[-1].startswith("0399 ")
