@@ -6,15 +6,40 @@ Revises: 0017
 
 from collections.abc import Sequence
 
+import sqlalchemy as sa
+
+import backend.db
+from alembic import op
+
 revision: str = "0018"
 down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+UNSETTLED = "delivered_at IS NULL AND gave_up_at IS NULL"
+
 
 def upgrade() -> None:
-    pass
+    with op.batch_alter_table("webhooks", schema=None) as batch_op:
+        batch_op.add_column(
+            sa.Column("sending_until", backend.db.UTCDateTime(timezone=True), nullable=True)
+        )
+    with op.batch_alter_table("webhook_deliveries", schema=None) as batch_op:
+        batch_op.create_index(
+            "ix_webhook_deliveries_unsettled",
+            ["webhook_id", "event_id"],
+            unique=False,
+            postgresql_where=sa.text(UNSETTLED),
+            sqlite_where=sa.text(UNSETTLED),
+        )
 
 
 def downgrade() -> None:
-    pass
+    with op.batch_alter_table("webhook_deliveries", schema=None) as batch_op:
+        batch_op.drop_index(
+            "ix_webhook_deliveries_unsettled",
+            postgresql_where=sa.text(UNSETTLED),
+            sqlite_where=sa.text(UNSETTLED),
+        )
+    with op.batch_alter_table("webhooks", schema=None) as batch_op:
+        batch_op.drop_column("sending_until")

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 from backend.accounting import counting
 from backend.accounting import service as accounting
 from backend.alerts import service as alerts
+from backend.clock import Clock
+from backend.db import Database
 from backend.jobs import runtime
 from backend.lifecycle import service as lifecycle
 from backend.machines import service as machines
 from backend.metrics import service as metrics
 from backend.scheduling import service as scheduling
 from backend.webhooks import service as webhooks
+from backend.webhooks.sender import Sender
 
 log = logging.getLogger(__name__)
 
@@ -82,28 +86,58 @@ async def accounting_prune() -> None:
 
 
 async def webhooks_deliver() -> None:
-    """New events handed to each webhook's deliveries, then the due deliveries POSTed.
+    """New events handed to each webhook's deliveries, then the due ones sent.
 
-    Handing out is one transaction; each round of sending claims a batch in a short
-    transaction, POSTs it with none open, and records the answers in another. Rounds go on
-    while full batches are due, for SEND_BUDGET_S at most; what is left waits for the next
-    pass (every 10 s)."""
+    Handing out and claiming are a short transaction each; the sending goes on in this
+    process's event loop after the pass returns (each webhook's deliveries one at a time, in
+    order, none past rules.TIMEOUT_S), so a pass takes a worker for SEND_WAIT_S at most however
+    long receivers take, and passes every 2 s find new events and free room at once."""
     db, clock = runtime.database(), runtime.clock()
     async with db.transaction() as session:
         await webhooks.hand_out(session, clock)
-    started = time.monotonic()
-    while time.monotonic() - started < SEND_BUDGET_S:
-        async with db.transaction() as session:
-            due = await webhooks.claim_due(session, clock)
-        if not due:
-            return
-        sent = await webhooks.send(due)
-        async with db.transaction() as session:
-            delivered = await webhooks.record(session, clock, sent)
-        if delivered < len(sent):
-            log.info("webhooks: %d of %d deliveries failed", len(sent) - delivered, len(sent))
-        if len(due) < webhooks.SEND_BATCH:
-            return
+    room = SENDING_AT_ONCE - sum(_sending.values())
+    async with db.transaction() as session:
+        due = await webhooks.claim_due(session, clock, room)
+    if not due:
+        return
+    task = asyncio.create_task(_send(due))
+    _sending[task] = len(due)
+    task.add_done_callback(_sending.pop)
+    await asyncio.wait([task], timeout=SEND_WAIT_S)
+
+
+async def _send(due: list[webhooks.Outgoing]) -> None:
+    db, clock, settings = runtime.database(), runtime.clock(), runtime.settings()
+    async with webhooks.sending(settings, clock) as sender:
+        failed = await asyncio.gather(*(_send_in_order(db, clock, sender, d) for d in due))
+    if sum(failed):
+        log.info("webhooks: %d deliveries failed", sum(failed))
+
+
+async def _send_in_order(
+    db: Database, clock: Clock, sender: Sender, first: webhooks.Outgoing
+) -> int:
+    """A webhook's due deliveries, one after the other, for IN_ORDER_S at most (then it is let
+    go, and claimed again in its turn). How many attempts failed."""
+    started, failed = time.monotonic(), 0
+    delivery: webhooks.Outgoing | None = first
+    while delivery is not None:
+        sent = await sender.send(delivery)
+        failed += sent.status is None or not 200 <= sent.status < 300
+        go_on = time.monotonic() - started < IN_ORDER_S
+        try:
+            async with db.transaction() as session:
+                delivery = await webhooks.record(session, clock, sent, go_on=go_on)
+        except Exception:  # the claim runs out and the delivery is sent again (at least once)
+            log.exception("webhooks: could not record an attempt")
+            return failed
+    return failed
+
+
+async def webhooks_sent() -> None:
+    """Every delivery this process is sending, done (tests, and a worker shutting down)."""
+    while _sending:
+        await asyncio.gather(*list(_sending), return_exceptions=True)
 
 
 async def webhooks_prune() -> None:
@@ -116,8 +150,15 @@ async def webhooks_prune() -> None:
         log.info("webhooks: %d deliveries settled over 30 days ago deleted", deleted)
 
 
-# A round lasts the HTTP timeout (5 s) at most, so a pass ends within about 13 s.
-SEND_BUDGET_S = 8.0
+# Deliveries one process has in flight at once, all workspaces together (each workspace
+# has at most rules.WORKSPACE_IN_FLIGHT of them).
+SENDING_AT_ONCE = 64
+# How long a pass waits for its deliveries before leaving them to the event loop: quick
+# receivers are recorded within the pass, slow ones hold no worker.
+SEND_WAIT_S = 1.0
+# A webhook's backlog is sent in order by one pass for this long, then it waits its turn.
+IN_ORDER_S = 20.0
+_sending: dict[asyncio.Task[None], int] = {}  # each pass's sending: how many webhooks
 
 
 BODIES = {

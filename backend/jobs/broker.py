@@ -79,12 +79,12 @@ async def every(interval: float, name: str) -> None:
 # Old metric samples grow by the minute; pruning them ten minutes late costs nothing.
 TICK_INTERVAL_S = 60.0  # the goodput tick: every minute, counting whole minutes
 PRUNE_INTERVAL_S = 600.0
-WEBHOOKS_INTERVAL_S = 10.0  # events reach receivers within about this long
+WEBHOOKS_INTERVAL_S = 2.0  # events reach receivers within about this long
 
 
 async def periodic(settings: Settings) -> None:
     """Every periodic job at its own interval: the scheduling pass, metrics pruning, the
-    goodput tick every minute, webhook deliveries every ten seconds, and the pruning of
+    goodput tick every minute, webhook deliveries every two seconds, and the pruning of
     ledgers and deliveries past their retention."""
     await asyncio.gather(
         every(settings.scheduler_interval.total_seconds(), "scheduling.pass"),

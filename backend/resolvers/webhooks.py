@@ -29,7 +29,13 @@ async def create_webhook(
     try:
         async with info.context.db.transaction() as session:
             row = await webhooks.create_webhook(
-                session, info.context.clock, principal, url, kinds or [], workspace=workspace
+                session,
+                info.context.clock,
+                principal,
+                url,
+                kinds or [],
+                workspace=workspace,
+                policy=info.context.webhook_policy,
             )
     except AstraeusError as error:
         return CreateWebhookPayload(webhook=None, secret=None, errors=UserError.from_error(error))

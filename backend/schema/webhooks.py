@@ -35,7 +35,9 @@ class WebhookDelivery:
     gave_up_at: datetime | None
     last_status: int | None = strawberry.field(description="The receiver's last HTTP status.")
     last_error: str | None = strawberry.field(
-        description="Why the last failed attempt failed: 'HTTP 500', 'connection refused', …"
+        description="Why the last failed attempt failed: 'failed: HTTP 500' (the receiver's "
+        "status), 'failed' (no answer in 5 s, or none at all) or 'refused: private address' "
+        "(its host is, or resolved to, a loopback, link-local or private address)."
     )
 
     @classmethod
@@ -56,8 +58,9 @@ class WebhookDelivery:
 
 
 @strawberry.type(
-    description="A subscription of the workspace: its events POSTed to url as JSON, signed "
-    "with HMAC-SHA256 (X-Astraeus-Signature: sha256=<hex>), at least once, retried with backoff."
+    description="A subscription of the workspace: its events POSTed to url as JSON, at least "
+    "once and in order, retried with backoff, signed (X-Astraeus-Signature: t=<unix time>,"
+    "v1=<hex HMAC-SHA256 of '<t>.<body>' with the secret>; refuse a t over 5 minutes old)."
 )
 class Webhook:
     id: strawberry.ID

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, exists, func, insert, or_, select, update
+from sqlalchemy import delete, exists, false, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.events.rules import Cursor
 from backend.models import Event, Webhook, WebhookDelivery, Workspace
-from backend.webhooks.rules import Outcome
+from backend.webhooks.rules import Head, Outcome
 
 
 def add(session: AsyncSession, webhook: Webhook) -> None:
@@ -47,9 +47,12 @@ async def get_active(session: AsyncSession, workspace_id: int, webhook_id: int) 
 
 
 async def active_ids(session: AsyncSession) -> list[int]:
+    """Webhooks not deleted whose workspace has events past their cursor: the others have
+    nothing to hand out (a pass every 2 s costs them this one statement)."""
+    newer = exists().where(Event.workspace_id == Webhook.workspace_id, Event.id > Webhook.cursor)
     return list(
         await session.scalars(
-            select(Webhook.id).where(Webhook.disabled_at.is_(None)).order_by(Webhook.id)
+            select(Webhook.id).where(Webhook.disabled_at.is_(None), newer).order_by(Webhook.id)
         )
     )
 
@@ -126,30 +129,102 @@ def _unsettled() -> Any:
     return WebhookDelivery.delivered_at.is_(None) & WebhookDelivery.gave_up_at.is_(None)
 
 
-async def claim_due(session: AsyncSession, now: datetime, until: datetime, limit: int) -> list[int]:
-    """Take up to ``limit`` deliveries due now (of webhooks not deleted), oldest due first,
-    by moving their next attempt to ``until``. Concurrent passes take different ones: rows
-    another holds are skipped (PostgreSQL), and the UPDATE re-checks that each is still due."""
-    due = (
+async def lock_claims(session: AsyncSession) -> None:
+    """Claims are taken one pass at a time (until the transaction ends), so that no two passes
+    both see a workspace under its cap and both send: PostgreSQL's transaction-scoped
+    advisory lock; on SQLite the write lock, taken before anything is read."""
+    if session.get_bind().dialect.name == "postgresql":
+        await session.execute(select(func.pg_advisory_xact_lock(CLAIM_LOCK)))
+    else:
+        await session.execute(
+            update(Webhook).where(false()).values(sending_until=Webhook.sending_until)
+        )
+
+
+CLAIM_LOCK = 0x77656268  # "webh": the advisory lock's key
+
+
+def _idle(now: datetime) -> Any:
+    return or_(Webhook.sending_until.is_(None), Webhook.sending_until <= now)
+
+
+async def due_heads(session: AsyncSession, now: datetime) -> list[Head]:
+    """Each webhook's oldest unsettled delivery, where that is due and no pass is sending the
+    webhook's deliveries (of webhooks not deleted)."""
+    head = (
         select(WebhookDelivery.id)
-        .join(Webhook, Webhook.id == WebhookDelivery.webhook_id)
-        .where(_unsettled(), WebhookDelivery.next_attempt_at <= now, Webhook.disabled_at.is_(None))
-        .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
-        .limit(limit)
-        .with_for_update(of=WebhookDelivery, skip_locked=True)
+        .where(WebhookDelivery.webhook_id == Webhook.id, _unsettled())
+        .order_by(WebhookDelivery.event_id)
+        .limit(1)
+        .correlate(Webhook)
+        .scalar_subquery()
     )
-    claimed = await session.scalars(
-        update(WebhookDelivery)
+    rows = await session.execute(
+        select(
+            Webhook.id, Webhook.workspace_id, WebhookDelivery.id, WebhookDelivery.next_attempt_at
+        )
+        .join(WebhookDelivery, WebhookDelivery.id == head)
         .where(
-            WebhookDelivery.id.in_(due.scalar_subquery()),
-            _unsettled(),
+            Webhook.disabled_at.is_(None),
+            _idle(now),
             WebhookDelivery.next_attempt_at <= now,
         )
-        .values(next_attempt_at=until)
-        .returning(WebhookDelivery.id)
+    )
+    return [Head(*row) for row in rows]
+
+
+async def in_flight(session: AsyncSession, now: datetime) -> dict[int, int]:
+    """How many webhooks of each workspace are being sent now."""
+    rows = await session.execute(
+        select(Webhook.workspace_id, func.count())
+        .where(Webhook.sending_until > now)
+        .group_by(Webhook.workspace_id)
+    )
+    return {workspace: int(count) for workspace, count in rows}
+
+
+async def claim(
+    session: AsyncSession, webhook_ids: Sequence[int], now: datetime, until: datetime
+) -> None:
+    """These webhooks are sent by this pass until ``until`` (or until it lets them go)."""
+    if not webhook_ids:
+        return
+    await session.execute(
+        update(Webhook)
+        .where(Webhook.id.in_(webhook_ids), _idle(now))
+        .values(sending_until=until)
         .execution_options(synchronize_session=False)
     )
-    return sorted(claimed)
+
+
+async def extend_claim(session: AsyncSession, webhook_id: int, until: datetime | None) -> None:
+    """Held until ``until``, or let go (None)."""
+    await session.execute(
+        update(Webhook)
+        .where(Webhook.id == webhook_id)
+        .values(sending_until=until)
+        .execution_options(synchronize_session=False)
+    )
+
+
+async def next_head(session: AsyncSession, webhook_id: int, now: datetime) -> int | None:
+    """The webhook's oldest unsettled delivery, if it is due (and the webhook not deleted)."""
+    found = (
+        await session.execute(
+            select(WebhookDelivery.id, WebhookDelivery.next_attempt_at)
+            .join(Webhook, Webhook.id == WebhookDelivery.webhook_id)
+            .where(
+                WebhookDelivery.webhook_id == webhook_id,
+                Webhook.disabled_at.is_(None),
+                _unsettled(),
+            )
+            .order_by(WebhookDelivery.event_id)
+            .limit(1)
+        )
+    ).first()
+    if found is None or found.next_attempt_at > now:
+        return None
+    return int(found.id)
 
 
 @dataclass(frozen=True)
@@ -157,6 +232,7 @@ class ToSend:
     """What sending one delivery needs."""
 
     delivery_id: int
+    webhook_id: int
     attempts: int
     last_error: str | None
     url: str
@@ -169,6 +245,7 @@ async def outgoing(session: AsyncSession, delivery_ids: Sequence[int]) -> list[T
     rows = await session.execute(
         select(
             WebhookDelivery.id,
+            WebhookDelivery.webhook_id,
             WebhookDelivery.attempts,
             WebhookDelivery.last_error,
             Webhook.url,

@@ -2,34 +2,34 @@
 
 A workspace subscribes a URL (with, optionally, the kinds of events it wants) and is given a
 secret once. The ``webhooks.deliver`` actor then, every few seconds: hands each webhook's
-new events to deliveries (``hand_out``, one transaction); claims the deliveries that are due
-(``claim_due``, a short transaction); POSTs them with no transaction open (``send``); and
-records what the receivers answered (``record``).
+new events to deliveries (``hand_out``, one transaction); claims the webhooks whose oldest
+delivery is due, fairly between workspaces (``claim_due``, a short transaction); POSTs each
+with no transaction open (``sending``, backend/webhooks/sender.py); and records what the
+receiver answered, going on with that webhook's next delivery (``record``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 
-import httpx
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.clock import Clock
+from backend.config import Settings
 from backend.errors import InvalidInput, NotFound
 from backend.events import service as events
 from backend.events.rules import Cursor, advance
 from backend.models import Webhook, WebhookDelivery
 from backend.runs import service as runs
-from backend.webhooks import repository, rules
+from backend.webhooks import repository, rules, sender
+from backend.webhooks.addresses import Policy
+from backend.webhooks.sender import Outgoing, Sent
 
 HAND_OUT_BATCH = 1000  # events handed to one webhook per pass, at most
-SEND_BATCH = 16  # deliveries POSTed at a time
 RECENT_DELIVERIES = 20  # shown per webhook
 # Deliveries delivered or given up are kept this long (the recent ones a webhook lists), then
 # deleted: one a receiver never acknowledged stays until its twelfth attempt, however long.
@@ -44,11 +44,13 @@ async def create_webhook(
     kinds: Sequence[str] = (),
     *,
     workspace: str | None = None,
+    policy: Policy | None = None,
 ) -> Webhook:
     """Subscribe a URL to the workspace's events from now on; its secret is made here and
-    shown to the caller only in the answer to this request."""
+    shown to the caller only in the answer to this request. A URL naming an address inside
+    (``policy``: the admin's allow-list aside) is refused now; a name, at each delivery."""
     wanted = list(dict.fromkeys(kinds))
-    problems = rules.check(url, wanted)
+    problems = rules.check(url, wanted, policy)
     if problems:
         raise InvalidInput("INVALID_WEBHOOK", problems)
     ws = await runs.workspace_for(session, principal, workspace)
@@ -126,106 +128,71 @@ async def _hand_out_to(session: AsyncSession, webhook_id: int, now: datetime) ->
     return len(event_ids)
 
 
-@dataclass(frozen=True)
-class Outgoing:
-    """A delivery claimed by this pass, ready to send."""
-
-    delivery_id: int
-    event_id: int
-    attempts: int
-    last_error: str | None
-    url: str
-    body: bytes
-    headers: dict[str, str]
-
-
-@dataclass(frozen=True)
-class Sent:
-    """What one POST got: a status, or why there was none."""
-
-    delivery: Outgoing
-    status: int | None
-    error: str | None
-
-
-async def claim_due(session: AsyncSession, clock: Clock) -> list[Outgoing]:
-    """Up to SEND_BATCH deliveries due now, claimed by this pass for rules.CLAIM."""
+async def claim_due(session: AsyncSession, clock: Clock, room: int) -> list[Outgoing]:
+    """Up to ``room`` due deliveries, one per webhook (its oldest unsettled one), shared
+    fairly between workspaces, none past a workspace's rules.WORKSPACE_IN_FLIGHT; each
+    webhook claimed by this pass for rules.CLAIM."""
     now = clock.now()
-    claimed = await repository.claim_due(session, now, now + rules.CLAIM, SEND_BATCH)
-    if not claimed:
+    if room <= 0:
+        return []
+    await repository.lock_claims(session)
+    heads = await repository.due_heads(session, now)
+    picked = rules.fair_share(heads, await repository.in_flight(session, now), room)
+    await repository.claim(session, [h.webhook_id for h in picked], now, now + rules.CLAIM)
+    return await _outgoing(session, [h.delivery_id for h in picked])
+
+
+async def _outgoing(session: AsyncSession, delivery_ids: Sequence[int]) -> list[Outgoing]:
+    if not delivery_ids:
         return []
     found = []
-    for row in await repository.outgoing(session, claimed):
-        event = row.event
-        view = events.view(event, row.workspace)
-        content = rules.body(view)
+    for row in await repository.outgoing(session, delivery_ids):
+        view = events.view(row.event, row.workspace)
         found.append(
             Outgoing(
                 delivery_id=row.delivery_id,
-                event_id=event.id,
+                webhook_id=row.webhook_id,
+                event_id=row.event.id,
+                kind=row.event.kind,
                 attempts=row.attempts,
                 last_error=row.last_error,
                 url=row.url,
-                body=content,
-                headers=rules.headers(view, row.secret, content),
+                secret=row.secret,
+                body=rules.body(view),
             )
         )
     return found
 
 
-async def send(deliveries: Sequence[Outgoing]) -> list[Sent]:
-    """POST each delivery, all at once. No database here: nothing is held open while a
-    receiver takes its time."""
-    timeout = httpx.Timeout(rules.TIMEOUT_S)
-    async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
-        return list(await asyncio.gather(*(_post(client, d) for d in deliveries)))
+def policy(settings: Settings) -> Policy:
+    """Where webhooks may be sent: the admin's allow-list, the server's addresses and ports."""
+    return sender.policy_for(settings)
 
 
-async def _post(client: httpx.AsyncClient, delivery: Outgoing) -> Sent:
-    try:
-        async with asyncio.timeout(rules.TIMEOUT_S):
-            # Streamed and never read: only the status counts, however big the answer.
-            async with client.stream(
-                "POST", delivery.url, content=delivery.body, headers=delivery.headers
-            ) as response:
-                return Sent(delivery, response.status_code, None)
-    except (TimeoutError, httpx.TimeoutException):
-        return Sent(delivery, None, f"timed out after {rules.TIMEOUT_S:g}s")
-    except Exception as error:  # whatever a receiver does fails its attempt, not the pass
-        return Sent(delivery, None, _why(error))
+def sending(settings: Settings, clock: Clock) -> AbstractAsyncContextManager[sender.Sender]:
+    """What sends a pass's deliveries: destinations checked against the settings' allow-list
+    and the server's own addresses and ports."""
+    return sender.sending(sender.policy_for(settings), clock)
 
 
-def _why(error: BaseException) -> str:
-    """A short reason for an attempt that got no answer."""
-    cause: BaseException | None = error
-    while cause is not None:
-        if isinstance(cause, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(cause, ConnectionResetError):
-            return "connection reset"
-        if isinstance(cause, socket.gaierror):
-            return "could not resolve the host"
-        cause = cause.__cause__ or cause.__context__
-    message = str(error)
-    return (f"{type(error).__name__}: {message}" if message else type(error).__name__)[:1000]
-
-
-async def record(session: AsyncSession, clock: Clock, sent: Sequence[Sent]) -> int:
-    """Delivered on a 2xx; otherwise tried again after the backoff, or given up. Returns how
-    many were delivered."""
+async def record(
+    session: AsyncSession, clock: Clock, sent: Sent, *, go_on: bool = False
+) -> Outgoing | None:
+    """Delivered on a 2xx; otherwise tried again after the backoff, or given up. Then, with
+    ``go_on``, once this one is settled: the webhook's next delivery if it is due, still
+    claimed by this pass (in order, one at a time); else the webhook is let go."""
     now = clock.now()
-    delivered = 0
-    for attempt in sent:
-        outcome = rules.after_attempt(
-            attempt.delivery.attempts,
-            attempt.status,
-            attempt.error,
-            attempt.delivery.last_error,
-            now,
-        )
-        await repository.record(session, attempt.delivery.delivery_id, outcome)
-        delivered += outcome.delivered_at is not None
-    return delivered
+    done = sent.delivery
+    outcome = rules.after_attempt(done.attempts, sent.status, sent.error, done.last_error, now)
+    await repository.record(session, done.delivery_id, outcome)
+    settled = outcome.delivered_at is not None or outcome.gave_up_at is not None
+    if go_on and settled:
+        following = await repository.next_head(session, done.webhook_id, now)
+        if following is not None:
+            await repository.extend_claim(session, done.webhook_id, now + rules.CLAIM)
+            return (await _outgoing(session, [following]))[0]
+    await repository.extend_claim(session, done.webhook_id, None)
+    return None
 
 
 async def prune(session: AsyncSession, clock: Clock) -> int:

@@ -1,18 +1,23 @@
 """Webhooks through GraphQL: created with their secret shown once, listed with their latest
-deliveries and never their secret, deleted; kept in their workspace; bad URLs refused."""
+deliveries and never their secret, deleted; kept in their workspace; bad URLs refused, and
+addresses inside unless the admin's allow-list names them (the receivers here are on
+loopback, which these tests' server allows)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import event, select
 
+from backend.config import Settings
 from backend.db import Database
 from backend.models import Event, Webhook, Workspace
 from backend.webhooks import service as webhooks
+from backend.webhooks.addresses import parse_networks
 from tests.graphql.test_schema import gql
-from tests.support import FakeClock, Tenancy, row_counts
+from tests.support import FakeClock, Tenancy, row_counts, server_settings
 from tests.webhooks.receiver import receiving
 
 WEBHOOK = "id url kinds createdAt"
@@ -31,6 +36,13 @@ LIST = (
     f"query($workspace: String) {{ webhooks(workspace: $workspace) {{ {WEBHOOK} {DELIVERIES} }} }}"
 )
 URL = "https://hooks.example.com/astraeus"
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Any) -> Settings:
+    """A server whose admin allows webhooks to loopback (where the receivers are)."""
+    allow = parse_networks("127.0.0.0/8")
+    return server_settings(database_url, tmp_path).model_copy(update={"webhook_allow": allow})
 
 
 async def create(client: httpx.AsyncClient, token: str, **variables: Any) -> Any:
@@ -55,22 +67,29 @@ async def add_event(db: Database, clock: FakeClock, kind: str = "run.state") -> 
         return row.id
 
 
-async def deliver(db: Database, clock: FakeClock) -> None:
-    """One pass of the webhooks.deliver actor, step by step through the service."""
+async def deliver(db: Database, clock: FakeClock, settings: Settings) -> None:
+    """One pass of the webhooks.deliver actor, step by step through the service: each
+    webhook's first due delivery sent."""
     async with db.transaction() as session:
         await webhooks.hand_out(session, clock)
     async with db.transaction() as session:
-        due = await webhooks.claim_due(session, clock)
-    sent = await webhooks.send(due)
-    async with db.transaction() as session:
-        await webhooks.record(session, clock, sent)
+        due = await webhooks.claim_due(session, clock, room=64)
+    async with webhooks.sending(settings, clock) as sender:
+        for delivery in due:
+            sent = await sender.send(delivery)
+            async with db.transaction() as session:
+                await webhooks.record(session, clock, sent)
 
 
 async def test_the_secret_is_shown_once_and_deliveries_are_listed(
-    client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
+    client: httpx.AsyncClient,
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    settings: Settings,
 ) -> None:
     with receiving() as receiver:
-        receiver.statuses = [500]
+        receiver.statuses = [204, 500]
         created = await create(client, tenancy.member_token, url=receiver.url, kinds=["run"])
         assert created["errors"] == []
         secret = created["secret"]
@@ -82,38 +101,38 @@ async def test_the_secret_is_shown_once_and_deliveries_are_listed(
             "kinds": ["run"],
             "createdAt": "2026-10-01T01:02:11.402117+00:00",
         }
-        failed = await add_event(db, clock)
-        await deliver(db, clock)
+        delivered = await add_event(db, clock)
+        await deliver(db, clock, settings)
         clock.advance(seconds=5)
-        delivered = await add_event(db, clock, "run.created")
+        failed = await add_event(db, clock, "run.created")
         await add_event(db, clock, "worker.state")  # not a kind it wants
-        await deliver(db, clock)
+        await deliver(db, clock, settings)
     listed = await gql(client, tenancy.member_token, LIST)
     assert listed["data"]["webhooks"] == [
         hook
         | {
             "deliveries": [
                 {
-                    "eventId": str(delivered),
-                    "kind": "run.created",
-                    "status": "DELIVERED",
-                    "attempts": 0,
-                    "nextAttemptAt": None,
-                    "deliveredAt": "2026-10-01T01:02:16.402117+00:00",
-                    "gaveUpAt": None,
-                    "lastStatus": 204,
-                    "lastError": None,
-                },
-                {
                     "eventId": str(failed),
-                    "kind": "run.state",
+                    "kind": "run.created",
                     "status": "RETRYING",
                     "attempts": 1,
-                    "nextAttemptAt": "2026-10-01T01:02:21.402117+00:00",
+                    "nextAttemptAt": "2026-10-01T01:02:26.402117+00:00",
                     "deliveredAt": None,
                     "gaveUpAt": None,
                     "lastStatus": 500,
-                    "lastError": "HTTP 500",
+                    "lastError": "failed: HTTP 500",
+                },
+                {
+                    "eventId": str(delivered),
+                    "kind": "run.state",
+                    "status": "DELIVERED",
+                    "attempts": 0,
+                    "nextAttemptAt": None,
+                    "deliveredAt": "2026-10-01T01:02:11.402117+00:00",
+                    "gaveUpAt": None,
+                    "lastStatus": 204,
+                    "lastError": None,
                 },
             ]
         }
@@ -203,7 +222,11 @@ async def test_an_org_admin_names_a_workspace_and_a_deleted_webhook_is_gone(
 
 
 async def test_webhooks_with_deliveries_take_a_fixed_number_of_statements(
-    client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
+    client: httpx.AsyncClient,
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    settings: Settings,
 ) -> None:
     async def selects() -> int:
         seen: list[str] = []
@@ -222,11 +245,43 @@ async def test_webhooks_with_deliveries_take_a_fixed_number_of_statements(
     with receiving() as receiver:
         await create(client, tenancy.member_token, url=receiver.url)
         await add_event(db, clock)
-        await deliver(db, clock)
+        await deliver(db, clock, settings)
         one = await selects()
         for _ in range(4):
             await create(client, tenancy.member_token, url=receiver.url)
         for _ in range(3):
             await add_event(db, clock)
-        await deliver(db, clock)
+        await deliver(db, clock, settings)
     assert await selects() == one
+
+
+async def test_addresses_inside_are_refused_naming_the_field_unless_allowed(
+    client: httpx.AsyncClient, db: Database, tenancy: Tenancy
+) -> None:
+    # this server's admin allows loopback (127.0.0.0/8), not its own port (8080) nor the rest
+    before = await row_counts(db)
+    for url in (
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[::1]:5432/",
+        "http://10.0.0.5/hook",
+        "http://0x0a000005/hook",
+        "http://[fd00::1]/",
+        "http://127.0.0.1:8080/graphql",
+        "http://localhost:8080/",
+    ):
+        answer = await create(client, tenancy.member_token, url=url)
+        assert answer == {
+            "webhook": None,
+            "secret": None,
+            "errors": [
+                {
+                    "code": "INVALID_WEBHOOK",
+                    "field": "url",
+                    "message": "refused: private address (loopback, link-local and private "
+                    "ones only if allowed)",
+                }
+            ],
+        }, url
+    assert await row_counts(db) == before
+    allowed = await create(client, tenancy.member_token, url="http://127.0.0.1:9000/hook")
+    assert allowed["errors"] == []

@@ -1,9 +1,13 @@
 """A real HTTP receiver on a free loopback port, in a thread: what webhooks are sent to in
-the tests. It keeps every request and answers each with the next status it is told to."""
+the tests. It keeps every request and answers each with the next status it is told to.
+Loopback is inside: the tests allow it as an admin would (ASTRAEUS_WEBHOOK_ALLOW).
+
+And a receiver that never answers: it takes each connection and says nothing."""
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,7 +60,7 @@ class Receiver:
 
 
 @contextmanager
-def receiving() -> Iterator[Receiver]:
+def receiving(host: str = "127.0.0.1", port: int = 0) -> Iterator[Receiver]:
     receiver: Receiver
 
     class Handler(BaseHTTPRequestHandler):
@@ -76,8 +80,8 @@ def receiving() -> Iterator[Receiver]:
     class Server(ThreadingHTTPServer):
         request_queue_size = 128  # a pass opens many connections at once
 
-    server = Server(("127.0.0.1", 0), Handler)
-    receiver = Receiver(url=f"http://127.0.0.1:{server.server_address[1]}/hooks/astraeus")
+    server = Server((host, port), Handler)
+    receiver = Receiver(url=f"http://{host}:{server.server_address[1]}/hooks/astraeus")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -86,3 +90,35 @@ def receiving() -> Iterator[Receiver]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@dataclass
+class Stalling:
+    url: str
+    connections: list[socket.socket] = field(default_factory=list)
+
+
+@contextmanager
+def stalling(host: str = "127.0.0.1") -> Iterator[Stalling]:
+    """Accepts every connection, reads nothing, answers nothing, until the block ends."""
+    listener = socket.create_server((host, 0), backlog=256)
+    stalled = Stalling(url=f"http://{host}:{listener.getsockname()[1]}/never")
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            stalled.connections.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield stalled
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join()
+        for conn in stalled.connections:
+            conn.close()

@@ -1,16 +1,20 @@
 """Webhook deliveries end to end: the actor's body, a real receiver over HTTP, a fake clock.
 
-Events become deliveries, are POSTed signed with their id, retried with backoff until a 2xx
-or 12 failures, filtered by kind, and handed out once even when passes run at once."""
+Events become deliveries, are POSTed signed with their id and the time, retried with backoff
+until a 2xx or 12 failures, in order per webhook, filtered by kind, handed out once even when
+passes run at once, and fairly between workspaces. Receivers here listen on loopback, which
+the tests' settings allow (as an admin's ASTRAEUS_WEBHOOK_ALLOW would)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -22,20 +26,37 @@ from backend.db import Database
 from backend.jobs import actors, runtime
 from backend.models import Event, Webhook, WebhookDelivery, Workspace
 from backend.webhooks import service as webhooks
+from backend.webhooks.addresses import Policy, parse_networks
 from tests.lifecycle.world import World
-from tests.support import SEED_TIME, FakeClock, Tenancy
-from tests.webhooks.receiver import Receiver, receiving
+from tests.support import SEED_TIME, FakeClock, Tenancy, server_settings
+from tests.webhooks.receiver import Receiver, receiving, stalling
 
 Deliver = Callable[[], Awaitable[None]]
 
 
+LOOPBACK = parse_networks("127.0.0.0/8")
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Any) -> Settings:
+    """A server's settings that allow webhooks to loopback (where the receivers are)."""
+    return server_settings(database_url, tmp_path).model_copy(update={"webhook_allow": LOOPBACK})
+
+
 @pytest.fixture
 async def deliver(settings: Settings, clock: FakeClock) -> AsyncIterator[Deliver]:
-    """The ``webhooks.deliver`` actor's body, on the test's database and clock."""
+    """The ``webhooks.deliver`` actor's body, on the test's database and clock, and then the
+    sending it left going (in a server, that goes on in the worker's event loop)."""
     runtime.configure(settings, clock)
+
+    async def deliver_and_wait() -> None:
+        await actors.BODIES["webhooks.deliver"]()
+        await actors.webhooks_sent()
+
     try:
-        yield actors.BODIES["webhooks.deliver"]
+        yield deliver_and_wait
     finally:
+        await actors.webhooks_sent()
         await runtime.database().dispose()
         runtime.configure(settings)
 
@@ -51,11 +72,22 @@ async def principal(db: Database, clock: FakeClock, tenancy: Tenancy) -> Princip
 
 
 async def subscribe(
-    db: Database, clock: FakeClock, tenancy: Tenancy, url: str, kinds: list[str] | None = None
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    url: str,
+    kinds: list[str] | None = None,
+    *,
+    token: str | None = None,
 ) -> Webhook:
-    caller = await principal(db, clock, tenancy)
+    caller = await World(db, clock, tenancy).principal(token)
     async with db.transaction() as session:
-        return await webhooks.create_webhook(session, clock, caller, url, kinds or [])
+        return await webhooks.create_webhook(
+            session, clock, caller, url, kinds or [], policy=ALLOWED
+        )
+
+
+ALLOWED = Policy(allow=LOOPBACK)
 
 
 async def add_event(
@@ -88,8 +120,11 @@ async def deliveries(db: Database) -> list[WebhookDelivery]:
         )
 
 
-def signed(secret: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def signed(secret: str, body: bytes, at: datetime) -> str:
+    """What a receiver checks: v1 is the HMAC-SHA256 of "<t>.<body>" with the secret."""
+    t = int(at.timestamp())
+    mac = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={t},v1={mac}"
 
 
 async def test_events_are_posted_signed_with_their_id(
@@ -139,7 +174,9 @@ async def test_events_are_posted_signed_with_their_id(
         assert request.path == "/hooks/astraeus"
         assert request.headers["x-astraeus-event-id"] == str(content["id"])
         assert request.headers["x-astraeus-event-kind"] == content["kind"]
-        assert request.headers["x-astraeus-signature"] == signed(webhook.secret, request.body)
+        assert request.headers["x-astraeus-signature"] == signed(
+            webhook.secret, request.body, clock.now()
+        )
         assert request.headers["user-agent"] == "astraeus-webhooks"
         assert request.headers["content-type"] == "application/json"
     assert [
@@ -154,12 +191,16 @@ async def test_events_are_posted_signed_with_their_id(
 async def test_a_failing_receiver_gets_the_event_again_after_the_backoff(
     db: Database, clock: FakeClock, tenancy: Tenancy, receiver: Receiver, deliver: Deliver
 ) -> None:
-    await subscribe(db, clock, tenancy, receiver.url)
+    webhook = await subscribe(db, clock, tenancy, receiver.url)
     event = await add_event(db, clock, "run.state")
     receiver.statuses = [500]
     await deliver()
     [delivery] = await deliveries(db)
-    assert (delivery.attempts, delivery.last_status, delivery.last_error) == (1, 500, "HTTP 500")
+    assert (delivery.attempts, delivery.last_status, delivery.last_error) == (
+        1,
+        500,
+        "failed: HTTP 500",
+    )
     assert delivery.next_attempt_at == SEED_TIME + timedelta(seconds=10)
     assert delivery.delivered_at is None
 
@@ -171,7 +212,9 @@ async def test_a_failing_receiver_gets_the_event_again_after_the_backoff(
     assert receiver.event_ids == [event, event]
     first, second = receiver.received
     assert first.body == second.body
-    assert first.headers["x-astraeus-signature"] == second.headers["x-astraeus-signature"]
+    # each attempt signed at its own time: a receiver refusing old ones takes the retry
+    assert first.headers["x-astraeus-signature"] == signed(webhook.secret, first.body, SEED_TIME)
+    assert second.headers["x-astraeus-signature"] == signed(webhook.secret, first.body, clock.now())
     [delivery] = await deliveries(db)
     assert (delivery.attempts, delivery.delivered_at, delivery.last_status) == (
         1,
@@ -198,7 +241,7 @@ async def test_it_gives_up_after_twelve_failed_attempts(
     assert (delivery.attempts, delivery.gave_up_at, delivery.last_error) == (
         12,
         clock.now(),
-        "HTTP 500",
+        "failed: HTTP 500",
     )
     assert len(receiver.received) == 12
     clock.advance(days=1)
@@ -218,10 +261,10 @@ async def test_settled_deliveries_are_deleted_after_30_days(
     # days (the webhooks.prune actor, every ten minutes); one still being retried stays
     await subscribe(db, clock, tenancy, receiver.url)
     receiver.statuses = [500]  # refused: to be retried in 10 s
-    await add_event(db, clock, "run.state", reason="refused once")
-    await deliver()
-    await add_event(db, clock, "run.state")  # delivered at once
-    await deliver()
+    with receiving() as other:
+        await subscribe(db, clock, tenancy, other.url)  # delivered at once
+        await add_event(db, clock, "run.state")
+        await deliver()
     [retried, delivered] = await deliveries(db)
     assert delivered.delivered_at == clock.now() and retried.delivered_at is None
     prune = actors.BODIES["webhooks.prune"]
@@ -245,11 +288,7 @@ async def test_a_receiver_that_is_not_listening(
     await add_event(db, clock, "run.state")
     await deliver()
     [delivery] = await deliveries(db)
-    assert (delivery.attempts, delivery.last_status, delivery.last_error) == (
-        1,
-        None,
-        "connection refused",
-    )
+    assert (delivery.attempts, delivery.last_status, delivery.last_error) == (1, None, "failed")
 
 
 async def test_kinds_filter_what_a_webhook_gets(
@@ -361,4 +400,120 @@ async def test_a_deleted_webhook_gets_nothing_more(
     await deliver()
     assert len(receiver.received) == 1
     [delivery] = await deliveries(db)
-    assert (delivery.attempts, delivery.last_error) == (1, "HTTP 503")
+    assert (delivery.attempts, delivery.last_error) == (1, "failed: HTTP 503")
+
+
+async def test_a_webhooks_deliveries_go_in_order_one_at_a_time(
+    db: Database, clock: FakeClock, tenancy: Tenancy, receiver: Receiver, deliver: Deliver
+) -> None:
+    await subscribe(db, clock, tenancy, receiver.url)
+    first, second, third = [await add_event(db, clock, "run.state") for _ in range(3)]
+    receiver.statuses = [500]
+    await deliver()
+    # the first failed: the others wait behind it, untried
+    assert [r.event_id for r in receiver.received] == [first]
+    assert [(d.event_id, d.attempts, d.delivered_at) for d in await deliveries(db)] == [
+        (first, 1, None),
+        (second, 0, None),
+        (third, 0, None),
+    ]
+    clock.advance(seconds=9)
+    await deliver()
+    assert len(receiver.received) == 1
+    clock.advance(seconds=1)
+    await deliver()  # the first again, then the others after it, in one pass
+    assert [r.event_id for r in receiver.received] == [first, first, second, third]
+    assert all(d.delivered_at == clock.now() for d in await deliveries(db))
+
+
+async def test_one_given_up_lets_the_next_go(
+    db: Database, clock: FakeClock, tenancy: Tenancy, receiver: Receiver, deliver: Deliver
+) -> None:
+    await subscribe(db, clock, tenancy, receiver.url)
+    first, second = [await add_event(db, clock, "run.state") for _ in range(2)]
+    receiver.statuses = [500] * 12
+    for _ in range(12):
+        await deliver()
+        [head, _] = await deliveries(db)
+        clock.moment = head.next_attempt_at
+    assert [r.event_id for r in receiver.received] == [first] * 12 + [second]
+    [gave_up, delivered] = await deliveries(db)
+    assert (gave_up.attempts, gave_up.gave_up_at is not None) == (12, True)
+    assert delivered.delivered_at is not None
+
+
+async def test_a_workspace_whose_receivers_never_answer_holds_back_no_other(
+    db: Database, clock: FakeClock, tenancy: Tenancy, receiver: Receiver, deliver: Deliver
+) -> None:
+    # 40 webhooks of 'default' to a receiver that takes connections and never answers; one
+    # of team-b's: its event goes out at once, and 'default' has 4 deliveries out at a time
+    with stalling() as stalled:
+        for _ in range(40):
+            await subscribe(db, clock, tenancy, stalled.url)
+        await subscribe(db, clock, tenancy, receiver.url, token=tenancy.other_token)
+        await add_event(db, clock, "run.state")
+        theirs = await add_event(db, clock, "run.state", workspace="team-b")
+        started = time.monotonic()
+        await actors.BODIES["webhooks.deliver"]()  # the pass, without waiting for what it left
+        assert receiver.event_ids == [theirs]
+        assert time.monotonic() - started < 10  # not behind 'default''s 5 s timeouts
+        await actors.BODIES["webhooks.deliver"]()  # a second pass finds 'default' at its cap
+        await actors.webhooks_sent()
+        assert len(stalled.connections) == 4
+    tried = [d for d in await deliveries(db) if d.attempts]
+    assert [(d.attempts, d.last_status, d.last_error) for d in tried] == [(1, None, "failed")] * 4
+
+
+async def test_addresses_inside_are_refused_when_sent(
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    receiver: Receiver,
+    database_url: str,
+    tmp_path: Any,
+) -> None:
+    # created where loopback was allowed; sent by a server that allows none: refused at the
+    # delivery, also for a name (this machine's) that resolves inside, and nothing reached
+    host = socket.gethostname()
+    resolved = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    if all(ipaddress.ip_address(a).is_global for a in resolved):
+        pytest.skip(f"{host} resolves to no address inside")
+    port = receiver.url.split(":")[2].split("/")[0]
+    await subscribe(db, clock, tenancy, receiver.url)
+    await subscribe(db, clock, tenancy, f"http://{host}:{port}/hooks/astraeus")
+    await add_event(db, clock, "run.state")
+    strict = server_settings(database_url, tmp_path)
+    runtime.configure(strict, clock)
+    try:
+        await actors.BODIES["webhooks.deliver"]()
+        await actors.webhooks_sent()
+    finally:
+        await runtime.database().dispose()
+        runtime.configure(strict)
+    assert receiver.received == []
+    assert [(d.attempts, d.last_status, d.last_error) for d in await deliveries(db)] == [
+        (1, None, "refused: private address")
+    ] * 2
+
+
+async def test_the_servers_own_port_is_refused_even_where_loopback_is_allowed(
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    receiver: Receiver,
+    settings: Settings,
+) -> None:
+    port = int(receiver.url.split(":")[2].split("/")[0])
+    await subscribe(db, clock, tenancy, receiver.url)
+    await add_event(db, clock, "run.state")
+    itself = settings.model_copy(update={"port": port})
+    runtime.configure(itself, clock)
+    try:
+        await actors.BODIES["webhooks.deliver"]()
+        await actors.webhooks_sent()
+    finally:
+        await runtime.database().dispose()
+        runtime.configure(settings)
+    assert receiver.received == []
+    [delivery] = await deliveries(db)
+    assert delivery.last_error == "refused: private address"

@@ -12,7 +12,8 @@ import pytest
 from backend.errors import FieldError
 from backend.events.rules import SETTLE, Cursor, EventView, advance
 from backend.webhooks import rules
-from backend.webhooks.rules import DeliveryStatus
+from backend.webhooks.addresses import Policy, parse_networks
+from backend.webhooks.rules import DeliveryStatus, Head
 from tests.support import SEED_TIME
 
 NOW = SEED_TIME
@@ -22,7 +23,8 @@ NOW = SEED_TIME
     ("url", "problem"),
     [
         ("https://hooks.example.com/astraeus?team=ml", None),
-        ("http://127.0.0.1:8080/hook", None),
+        ("http://93.184.215.14:8080/hook", None),
+        ("http://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]/hook", None),
         ("HTTPS://Example.com", None),
         ("", "is required"),
         ("   ", "is required"),
@@ -40,6 +42,50 @@ NOW = SEED_TIME
 )
 def test_urls(url: str, problem: str | None) -> None:
     assert rules.check_url(url) == problem
+
+
+INSIDE = "refused: private address (loopback, link-local and private ones only if allowed)"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:5432/",
+        "http://127.0.0.1:6379/",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[::1]:8080/",
+        "http://0x7f000001/",
+        "http://2130706433/",
+        "http://127.1/",
+        "http://0177.0.0.1/",
+        "http://10.0.0.5/hook",
+        "http://172.16.3.4/hook",
+        "http://192.168.1.1/hook",
+        "http://100.64.0.1/hook",
+        "http://0.0.0.0:8080/",
+        "http://224.0.0.1/",
+        "http://[fe80::1]/",
+        "http://[fd00::2]/",
+        "http://[::ffff:127.0.0.1]/",
+        "http://[::ffff:a9fe:a9fe]/",
+        "http://localhost:8080/",
+        "http://api.localhost/",
+        "https://LOCALHOST./",
+    ],
+)
+def test_urls_naming_an_address_inside_are_refused(url: str) -> None:
+    assert rules.check_url(url) == INSIDE
+
+
+def test_an_admins_allow_list_lets_its_networks_through() -> None:
+    allowed = Policy(allow=parse_networks("10.20.0.0/16,127.0.0.1"), own_ports=frozenset({8080}))
+    assert rules.check_url("http://10.20.3.4/hook", allowed) is None
+    assert rules.check_url("http://127.0.0.1:9000/hook", allowed) is None
+    assert rules.check_url("http://localhost:9000/hook", allowed) is None
+    assert rules.check_url("http://10.21.0.1/hook", allowed) == INSIDE
+    assert rules.check_url("http://127.0.0.2:9000/hook", allowed) == INSIDE
+    # the server's own port, allowed or not
+    assert rules.check_url("http://127.0.0.1:8080/graphql", allowed) == INSIDE
 
 
 def test_the_longest_url_is_accepted() -> None:
@@ -86,14 +132,19 @@ def test_the_body_and_its_signature() -> None:
             '"created_at":"2026-10-01T01:02:11.402117Z","data":{"exit_code":1}}'
         ).encode()
     )
-    expected = hmac.new(b"whsec_k", content, hashlib.sha256).hexdigest()
-    assert rules.headers(event, "whsec_k", content) == {
+    # t: the attempt's time in whole seconds; v1: HMAC-SHA256 of "<t>.<body>"
+    t = 1790816531
+    assert int(NOW.timestamp()) == t
+    expected = hmac.new(b"whsec_k", f"{t}.".encode() + content, hashlib.sha256).hexdigest()
+    assert rules.headers(event.id, event.kind, "whsec_k", content, NOW) == {
         "Content-Type": "application/json",
         "User-Agent": "astraeus-webhooks",
         "X-Astraeus-Event-Id": "42",
         "X-Astraeus-Event-Kind": "worker.state",
-        "X-Astraeus-Signature": f"sha256={expected}",
+        "X-Astraeus-Signature": f"t={t},v1={expected}",
     }
+    later = rules.signature("whsec_k", content, NOW + timedelta(seconds=10))
+    assert later.startswith(f"t={t + 10},v1=") and later != f"t={t},v1={expected}"
 
 
 def test_backoff_doubles_from_ten_seconds_up_to_an_hour() -> None:
@@ -103,34 +154,35 @@ def test_backoff_doubles_from_ten_seconds_up_to_an_hour() -> None:
 
 def test_an_attempt_delivers_on_2xx_only() -> None:
     for status in (200, 202, 204, 299):
-        done = rules.after_attempt(2, status, None, "HTTP 500", NOW)
+        done = rules.after_attempt(2, status, None, "failed: HTTP 500", NOW)
         assert (done.attempts, done.delivered_at, done.last_status, done.last_error) == (
             2,
             NOW,
             status,
-            "HTTP 500",  # what failed before stays readable
+            "failed: HTTP 500",  # what failed before stays readable
         )
     for status in (199, 301, 404, 500):
         failed = rules.after_attempt(2, status, None, None, NOW)
         assert (failed.attempts, failed.delivered_at, failed.last_error) == (
             3,
             None,
-            f"HTTP {status}",
+            f"failed: HTTP {status}",
         )
         assert failed.next_attempt_at == NOW + timedelta(seconds=40)
-    refused = rules.after_attempt(0, None, "connection refused", None, NOW)
-    assert (refused.attempts, refused.last_status, refused.last_error) == (
-        1,
-        None,
-        "connection refused",
-    )
+    for why in ("failed", "refused: private address"):
+        refused = rules.after_attempt(0, None, why, None, NOW)
+        assert (refused.attempts, refused.last_status, refused.last_error) == (1, None, why)
 
 
 def test_the_twelfth_failure_gives_up() -> None:
     eleventh = rules.after_attempt(10, 500, None, None, NOW)
     assert (eleventh.attempts, eleventh.gave_up_at) == (11, None)
     twelfth = rules.after_attempt(11, 500, None, None, NOW)
-    assert (twelfth.attempts, twelfth.gave_up_at, twelfth.last_error) == (12, NOW, "HTTP 500")
+    assert (twelfth.attempts, twelfth.gave_up_at, twelfth.last_error) == (
+        12,
+        NOW,
+        "failed: HTTP 500",
+    )
     assert rules.status(None, NOW, 12) is DeliveryStatus.GAVE_UP
     assert rules.status(NOW, None, 3) is DeliveryStatus.DELIVERED
     assert rules.status(None, None, 3) is DeliveryStatus.RETRYING
@@ -149,3 +201,27 @@ def test_the_cursor_moves_to_a_horizon_once_it_has_settled() -> None:
     assert advance(seen, 12, settled) == Cursor(12, 12, settled)
     # Nothing new: it stays.
     assert advance(Cursor(15, 15, NOW), 15, settled) == Cursor(15, 15, settled)
+
+
+def head(webhook: int, workspace: int, waited_s: float) -> Head:
+    return Head(webhook, workspace, webhook * 10, NOW - timedelta(seconds=waited_s))
+
+
+def test_workspaces_take_turns_each_under_its_cap() -> None:
+    # workspace 1 has 40 webhooks due, waiting longest; 2 and 3 one each
+    heads = [head(w, 1, 100 - w) for w in range(1, 41)] + [head(50, 2, 5), head(60, 3, 1)]
+    taken = rules.fair_share(heads, {}, room=64)
+    assert [(h.workspace_id, h.webhook_id) for h in taken] == [
+        (1, 1),
+        (2, 50),
+        (3, 60),
+        (1, 2),
+        (1, 3),
+        (1, 4),
+    ]
+    # with 3 of workspace 1's already out, one more of it; little room: one each in turn
+    assert [h.webhook_id for h in rules.fair_share(heads, {1: 3}, room=64)] == [1, 50, 60]
+    assert [h.webhook_id for h in rules.fair_share(heads, {1: 4}, room=64)] == [50, 60]
+    assert [h.webhook_id for h in rules.fair_share(heads, {}, room=2)] == [1, 50]
+    assert rules.fair_share(heads, {}, room=0) == []
+    assert rules.WORKSPACE_IN_FLIGHT == 4
