@@ -38,6 +38,8 @@ QUERIES = {
     "goodputIntervals": '{ goodputIntervals(by: RUN, name: "llama-sft", workspace: "default") '
     "{ worker } }",
     "webhooks": '{ webhooks(workspace: "default") { url } }',
+    "joinTokens": '{ joinTokens(cluster: "local") { prefix } }',
+    "machineCredentials": '{ machineCredentials(cluster: "local") { machine } }',
 }
 MUTATIONS = {
     "createRun": 'mutation { createRun(spec: {name: "mine", command: ["true"]}, '
@@ -53,6 +55,8 @@ MUTATIONS = {
     "{ threshold { name } errors { code } } }",
     "setPriorityCeiling": 'mutation { setPriorityCeiling(workspace: "default", ceiling: 100) '
     "{ workspace { name } errors { code } } }",
+    "setQuota": 'mutation { setQuota(workspace: "default", cluster: "local", gpus: 0) '
+    "{ quota { gpus } errors { code } } }",
     "setPreemptionPolicy": 'mutation { setPreemptionPolicy(cluster: "local", '
     "preemptOverQuota: true) { policy { cluster } errors { code } } }",
     "setSecret": 'mutation { setSecret(name: "hf-token", value: "stolen", workspace: "default") '
@@ -63,6 +67,11 @@ MUTATIONS = {
     'workspace: "default") { webhook { url } errors { code } } }',
     "deleteWebhook": 'mutation { deleteWebhook(id: "WEBHOOK") '
     "{ webhook { url } errors { code } } }",
+    "createJoinToken": 'mutation { createJoinToken(cluster: "local") { secret errors { code } } }',
+    "revokeJoinToken": 'mutation { revokeJoinToken(cluster: "local", id: 1) '
+    "{ joinToken { prefix } errors { code } } }",
+    "revokeMachineCredential": 'mutation { revokeMachineCredential(cluster: "local", '
+    'machine: "gpu-07") { credentials { machine } errors { code } } }',
 }
 SECRETS = ("llama-sft", "gpu-07", "hf-token", "s3cr3t", "team.example")
 

@@ -1,0 +1,86 @@
+"""Resolvers of machine identity: organisation admins make and revoke join tokens, list and
+revoke machines' credentials."""
+
+from __future__ import annotations
+
+from backend.config import parse_duration
+from backend.errors import AstraeusError, FieldError, InvalidInput
+from backend.jobs import broker as job_broker
+from backend.machine_identity import service as identity
+from backend.resolvers.context import Info
+from backend.schema.common import UserError
+from backend.schema.machine_identity import (
+    JoinToken,
+    JoinTokenPayload,
+    MachineCredential,
+    MachineCredentialPayload,
+)
+
+
+async def join_tokens(info: Info, cluster: str = "local") -> list[JoinToken]:
+    principal = info.context.require_principal()
+    async with info.context.db.read() as session:
+        found = await identity.admin_cluster(session, principal, cluster)
+        return [JoinToken.from_model(t) for t in await identity.list_join_tokens(session, found)]
+
+
+async def machine_credentials(info: Info, cluster: str = "local") -> list[MachineCredential]:
+    principal = info.context.require_principal()
+    async with info.context.db.read() as session:
+        found = await identity.admin_cluster(session, principal, cluster)
+        rows = await identity.list_credentials(session, found)
+        return [MachineCredential.from_model(c) for c in rows]
+
+
+async def create_join_token(
+    info: Info, cluster: str = "local", expires: str = "24h", uses: int = 1, name: str = ""
+) -> JoinTokenPayload:
+    principal = info.context.require_principal()
+    try:
+        try:
+            expires_in = parse_duration(expires)
+        except ValueError as error:
+            raise InvalidInput("INVALID_JOIN_TOKEN", [FieldError("expires", str(error))]) from None
+        async with info.context.db.transaction() as session:
+            found = await identity.admin_cluster(session, principal, cluster)
+            issued = await identity.issue_join_token(
+                session,
+                info.context.clock,
+                organization_id=found.organization_id,
+                cluster_id=found.id,
+                expires_in=expires_in,
+                uses=uses,
+                name=name,
+            )
+            rows = await identity.list_join_tokens(session, found)
+            token = next(JoinToken.from_model(t) for t in rows if t.id == issued.token_id)
+    except AstraeusError as error:
+        return JoinTokenPayload(join_token=None, secret=None, errors=UserError.from_error(error))
+    return JoinTokenPayload(join_token=token, secret=issued.secret, errors=[])
+
+
+async def revoke_join_token(info: Info, id: int, cluster: str = "local") -> JoinTokenPayload:
+    principal = info.context.require_principal()
+    try:
+        async with info.context.db.transaction() as session:
+            found = await identity.admin_cluster(session, principal, cluster)
+            row = await identity.revoke_join_token(session, info.context.clock, found, id)
+            token = JoinToken.from_model(row)
+    except AstraeusError as error:
+        return JoinTokenPayload(join_token=None, secret=None, errors=UserError.from_error(error))
+    return JoinTokenPayload(join_token=token, secret=None, errors=[])
+
+
+async def revoke_machine_credential(
+    info: Info, machine: str, cluster: str = "local"
+) -> MachineCredentialPayload:
+    principal = info.context.require_principal()
+    try:
+        async with info.context.db.transaction() as session:
+            found = await identity.admin_cluster(session, principal, cluster)
+            rows, _ = await identity.revoke_credential(session, info.context.clock, found, machine)
+            revoked = [MachineCredential.from_model(c) for c in rows]
+    except AstraeusError as error:
+        return MachineCredentialPayload(credentials=[], errors=UserError.from_error(error))
+    job_broker.nudge_scheduler()  # its workers wait to be placed again elsewhere
+    return MachineCredentialPayload(credentials=revoked, errors=[])
