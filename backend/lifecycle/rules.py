@@ -25,6 +25,9 @@ RESTART_COUNT_RESET = timedelta(minutes=10)
 BARRIER_TIMEOUT = timedelta(minutes=15)
 # A straggler: a gang member at under half its gang's median pace for three minutes or more.
 STRAGGLER_PACE = 0.5
+# A failure snapshot keeps the last 16 KiB of output (seed L-47), whatever a machine sends.
+SNAPSHOT_BYTES = 16 * 1024
+SNAPSHOT_CUT = "[earlier output cut: a failure snapshot keeps the last 16 KiB]\n"
 STRAGGLER_AFTER = timedelta(minutes=3)
 
 
@@ -521,6 +524,14 @@ def is_straggler(w: WorkerView | Any, now: datetime) -> bool:
 # -- endings -----------------------------------------------------------------------------------
 
 
+def snapshot_output(text: str) -> str:
+    """The last 16 KiB of a failure's output; a first line says when more came."""
+    data = text.encode()
+    if len(data) <= SNAPSHOT_BYTES:
+        return text
+    return SNAPSHOT_CUT + data[-SNAPSHOT_BYTES:].decode(errors="ignore")
+
+
 def worker_exited(
     run: RunView,
     w: WorkerView,
@@ -551,7 +562,7 @@ def worker_exited(
             "reason": reason,
             "failed_at": at,
             "exit_code": exit_code,
-            "log_tail": log_tail,
+            "log_tail": snapshot_output(log_tail),
         }
         machine = w.machine_name
         _release_room(w)

@@ -110,6 +110,18 @@ async def test_a_failed_worker_fails_the_gang_with_the_seeds_sentence(world: Wor
     assert [p[2] for p in await world.phases("llama-sft-0")][-2:] == ["stopping:failure", "ended"]
 
 
+async def test_a_failure_snapshot_keeps_16_kib_whatever_the_machine_sends(world: World) -> None:
+    # issue 18: the agent sends at most 16 KiB; a machine that sends 3 MiB is cut, with a marker
+    await running_gang(world, restart_policy="never")
+    await world.report("llama-sft-1", "exited", exit_code=1, log_tail="a" * 3 * 2**20 + "end\n")
+    failed = (await world.workers("llama-sft"))[1]
+    assert failed.last_failure["log_tail"] == (
+        "[earlier output cut: a failure snapshot keeps the last 16 KiB]\n"
+        + "a" * (16 * 1024 - 4)
+        + "end\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("exit_code", "reason", "expected"),
     [
