@@ -944,8 +944,8 @@ class ContainerWorker:
             reader = FrameReader()
             async for chunk in answer.aiter_bytes():
                 data, after, errors = new_output(reader.feed(chunk), after)
-                if data:
-                    self.log.append(data)
+                if data:  # in a thread: a log cut back moves up to 32 MiB
+                    await asyncio.to_thread(self.log.append, data)
                     _write_quickly(self.folder / LOGGED_AT, str(after))
                 for error in errors:
                     log.warning("docker log of %s: %s", self.name, error)
