@@ -164,3 +164,71 @@ def test_running_totals_are_built_from_the_hours_counted_before_0013(tmp_path: o
         (6, "2026-11-02 11:00:00.000000", 1, 0.0, 7.5, 0.0),
     ]
     engine.dispose()
+
+
+def test_cluster_machine_tokens_made_before_0015_become_legacy_join_tokens(
+    tmp_path: object,
+) -> None:
+    """0015: a cluster's machine token keeps its digest as a legacy join token (it works until
+    an admin revokes it); user tokens stay where they are. Going down, it is a machine token
+    again."""
+    url = f"sqlite:///{tmp_path}/legacy.db"
+    config = migrations.alembic_config(url)
+    command.upgrade(config, "0014")
+    engine = create_engine(sync_url(url))
+    token = (
+        "INSERT INTO api_tokens (token_hash, prefix, name, kind, user_id, organization_id, "
+        "workspace_id, cluster_id, created_at, revoked_at) VALUES (:hash, 'astx_abc', :name, "
+        ":kind, NULL, 1, NULL, :cluster, '2026-11-02 10:00:00.000000', :revoked)"
+    )
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO organizations (id, name, created_at) "
+                "VALUES (1, 'o', '2026-11-02 10:00:00')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO clusters (id, organization_id, name, created_at) "
+                "VALUES (1, 1, 'local', '2026-11-02 10:00:00')"
+            )
+        )
+        for digest, name, kind, cluster, revoked in (
+            ("a" * 64, "local", "agent", 1, None),
+            ("b" * 64, "gone", "agent", 1, "2026-11-02 11:00:00.000000"),
+            ("c" * 64, "script", "user", None, None),
+        ):
+            conn.execute(
+                text(token),
+                {
+                    "hash": digest,
+                    "name": name,
+                    "kind": kind,
+                    "cluster": cluster,
+                    "revoked": revoked,
+                },
+            )
+    command.upgrade(config, "0015")
+    with engine.connect() as conn:
+        joined = conn.execute(
+            text(
+                "SELECT token_hash, name, cluster_id, legacy, expires_at, uses_left, revoked_at "
+                "FROM join_tokens ORDER BY token_hash"
+            )
+        ).all()
+        kept = conn.execute(text("SELECT token_hash, kind FROM api_tokens")).all()
+    assert [tuple(r) for r in joined] == [
+        ("a" * 64, "local", 1, 1, None, None, None),
+        ("b" * 64, "gone", 1, 1, None, None, "2026-11-02 11:00:00.000000"),
+    ]
+    assert [tuple(r) for r in kept] == [("c" * 64, "user")]
+    command.downgrade(config, "0014")
+    with engine.connect() as conn:
+        back = conn.execute(text("SELECT token_hash, kind FROM api_tokens ORDER BY token_hash"))
+        assert [tuple(r) for r in back] == [
+            ("a" * 64, "agent"),
+            ("b" * 64, "agent"),
+            ("c" * 64, "user"),
+        ]
+    engine.dispose()

@@ -214,3 +214,40 @@ async def test_a_stream_learns_its_credential_was_revoked(
     again = await join(db, clock, await join_token(db, clock), "gpu-01")
     async with db.read() as session:
         assert (await identity.authenticate(session, again)).machine == "gpu-01"
+
+
+async def test_up_rotates_its_own_legacy_token_and_a_credential_its_agent_lost(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    """`astraeus up` with an agent folder holding no credential: the machine token it made
+    before credentials is revoked, a credential `local` had is revoked, and a one-use join
+    token for an hour takes their place."""
+    cluster = await local_cluster(db)
+    legacy = "astx_" + "made-by-up-before-0015" * 2
+    async with db.transaction() as session:
+        session.add(
+            JoinToken(
+                token_hash=hash_token(legacy),
+                prefix=legacy[:12],
+                name="local",
+                organization_id=cluster.organization_id,
+                cluster_id=cluster.id,
+                legacy=True,
+                created_at=clock.now(),
+            )
+        )
+    old = await join(db, clock, legacy, "local")  # its agent joined with it, then lost it
+    async with db.transaction() as session:
+        issued = await identity.rejoin_token(session, clock, cluster, "local", legacy)
+    async with db.read() as session:
+        for gone in (legacy, old):
+            with pytest.raises(Unauthenticated):
+                await identity.authenticate(session, gone)
+        token = await session.scalar(
+            select(JoinToken).where(JoinToken.token_hash == hash_token(issued.secret))
+        )
+    assert token is not None
+    assert (token.uses_left, token.expires_at) == (1, clock.now() + timedelta(hours=1))
+    again = await join(db, clock, issued.secret, "local")
+    async with db.read() as session:
+        assert (await identity.authenticate(session, again)).machine == "local"
