@@ -225,3 +225,17 @@ def test_a_log_cut_back_keeps_its_last_half_from_a_line_start(
     lines = log.tail(10_000)[0].splitlines()
     assert all(len(line) == 9_999 for line in lines)
     assert lines[-1].startswith("0399 ")
+
+
+def test_a_follower_brings_a_long_line_cut_with_its_marker(tmp_path: Path) -> None:
+    log = WorkerLog(tmp_path, "41")
+    log.begin()
+    follower = LogFollower(log)
+    for _ in range(62):  # 62 MiB, one line, no newline yet
+        log.append(b"f" * MIB)
+    assert follower.read() == ("", 0)  # no whole line yet: nothing, and nothing held
+    log.append(b"f\nnext\n")
+    cut = "f" * logs.LINE_BYTES + logs.LINE_CUT.decode()
+    assert follower.read() == (f"{cut}\nnext\n", 0)
+    log.append(b"last, without its newline")
+    assert follower.rest() == "last, without its newline\n"
