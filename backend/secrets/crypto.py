@@ -44,6 +44,7 @@ class Keyring:
     def __init__(self, keys: list[str]) -> None:
         if not keys:
             raise KeyUnavailable("no encryption key")
+        self.keys = tuple(keys)
         try:
             self._fernet = MultiFernet([Fernet(k.encode()) for k in keys])
         except ValueError as error:

@@ -19,6 +19,7 @@ from backend.errors import FieldError, InvalidInput, NotFound
 from backend.models import Run, Secret, Worker
 from backend.runs import service as runs
 from backend.runs.spec import NAME_PATTERN
+from backend.secrets import repository
 
 MAX_VALUE_BYTES = 64 * 1024
 
@@ -115,3 +116,9 @@ async def values_for_worker(
     )
     values = {r.name: r.value for r in rows if r.value is not None}
     return SecretValues(values, [n for n in dict.fromkeys(names) if n not in values])
+
+
+async def reencrypt(session: AsyncSession) -> int:
+    """Every stored secret encrypted again with the first configured key (after a new key was
+    put first, so that the old one can then be dropped): how many."""
+    return await repository.rewrite_stored_secrets(session)

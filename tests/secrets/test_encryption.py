@@ -109,3 +109,26 @@ def test_0017_encrypts_the_values_stored_clear_before_it(tmp_path: Path) -> None
     command.downgrade(migrations.alembic_config(url), "0016")
     with sqlite3.connect(tmp_path / "astraeus.db") as conn:
         assert conn.execute("SELECT value FROM secrets WHERE name = 'A'").fetchone() == (VALUE,)
+
+
+async def test_reencrypt_moves_every_stored_secret_to_the_first_key(
+    db: Database, clock: FakeClock, tenancy: Tenancy, encryption_keys: crypto.Keyring
+) -> None:
+    async with db.transaction() as session:
+        member = await access.authenticate(session, tenancy.member_token, clock.now())
+        await secrets.set_secret(session, clock, member, "hf-token", VALUE)
+        hook = await webhooks.create_webhook(session, clock, member, "https://hooks.example.com/a")
+        signing = hook.secret
+    before = await _stored(db, "SELECT value FROM secrets")
+    new_key = crypto.Fernet.generate_key().decode()
+    try:
+        crypto.configure(crypto.Keyring([new_key, *encryption_keys.keys]))
+        async with db.transaction() as session:
+            assert await secrets.reencrypt(session) == 2
+        crypto.configure(crypto.Keyring([new_key]))  # the old key dropped
+        async with db.read() as session:
+            assert await session.scalar(select(Secret.value)) == VALUE
+            assert await session.scalar(select(Webhook.secret)) == signing
+        assert await _stored(db, "SELECT value FROM secrets") != before
+    finally:
+        crypto.configure(encryption_keys)
