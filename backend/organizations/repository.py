@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.models import Cluster, Organization, Pool, Workspace
+from backend.models import Cluster, Organization, Pool, Workspace, WorkspaceQuota
 
 
 async def count_organizations(session: AsyncSession) -> int:
@@ -41,6 +41,20 @@ async def get_pool_by_name(session: AsyncSession, cluster_id: int, name: str) ->
     return await session.scalar(
         select(Pool).where(Pool.cluster_id == cluster_id, Pool.name == name)
     )
+
+
+async def get_quota(
+    session: AsyncSession, workspace_id: int, cluster_id: int
+) -> WorkspaceQuota | None:
+    return await session.scalar(
+        select(WorkspaceQuota).where(
+            WorkspaceQuota.workspace_id == workspace_id, WorkspaceQuota.cluster_id == cluster_id
+        )
+    )
+
+
+async def delete(session: AsyncSession, row: object) -> None:
+    await session.delete(row)
 
 
 def add(session: AsyncSession, *rows: object) -> None:

@@ -10,7 +10,7 @@ from backend.access import service as access
 from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.errors import Conflict, FieldError, Forbidden, InvalidInput, NotFound
-from backend.models import Cluster, Organization, Pool, Workspace
+from backend.models import Cluster, Organization, Pool, Workspace, WorkspaceQuota
 from backend.organizations import repository
 
 # A run's priority is 0 to 100 (backend/runs/spec.py); so is a ceiling on it.
@@ -152,6 +152,28 @@ async def set_preemption_policy(
     found.preempt_over_quota = preempt_over_quota
     await session.flush()
     return found
+
+
+async def set_quota(
+    session: AsyncSession, organization_id: int, workspace: str, cluster: str, gpus: int | None
+) -> int | None:
+    """The most GPUs a workspace's runs may hold at once on a cluster; None: no quota. Runs
+    already placed keep their GPUs: a workspace above a lowered quota is over it until they end
+    (or, where the cluster's policy allows, until other workspaces' runs preempt them)."""
+    if gpus is not None and gpus < 0:
+        raise InvalidInput("INVALID_QUOTA", [FieldError("gpus", "must be 0 or more")])
+    ws = await workspace_by_name(session, organization_id, workspace)
+    found = await cluster_by_name(session, organization_id, cluster)
+    quota = await repository.get_quota(session, ws.id, found.id)
+    if gpus is None:
+        if quota is not None:
+            await repository.delete(session, quota)
+    elif quota is None:
+        repository.add(session, WorkspaceQuota(workspace_id=ws.id, cluster_id=found.id, gpus=gpus))
+    else:
+        quota.gpus = gpus
+    await session.flush()
+    return gpus
 
 
 def require_admin(principal: Principal, what: str) -> None:

@@ -16,6 +16,8 @@ from backend.schema.operations import (
     MachineState,
     PreemptionPolicy,
     PreemptionPolicyPayload,
+    Quota,
+    QuotaPayload,
     Threshold,
     ThresholdPayload,
     WorkerAttention,
@@ -91,6 +93,20 @@ async def set_preemption_policy(
         return PreemptionPolicyPayload(policy=None, errors=UserError.from_error(error))
     job_broker.nudge_scheduler()  # runs may now make room by preempting over-quota ones
     return PreemptionPolicyPayload(policy=policy, errors=[])
+
+
+async def set_quota(info: Info, workspace: str, cluster: str, gpus: int | None) -> QuotaPayload:
+    principal = info.context.require_principal()
+    try:
+        async with info.context.db.transaction() as session:
+            organizations.require_admin(principal, "quotas")
+            limit = await organizations.set_quota(
+                session, principal.organization_id, workspace, cluster, gpus
+            )
+    except AstraeusError as error:
+        return QuotaPayload(quota=None, errors=UserError.from_error(error))
+    job_broker.nudge_scheduler()  # runs waiting for the quota may fit now
+    return QuotaPayload(quota=Quota(workspace=workspace, cluster=cluster, gpus=limit), errors=[])
 
 
 async def attention(info: Info, workspace: str | None = None) -> list[WorkerAttention]:

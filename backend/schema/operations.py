@@ -62,6 +62,23 @@ class WorkspaceSettingsPayload:
     errors: list[UserError]
 
 
+@strawberry.type(
+    description="A workspace's GPU quota on a cluster, as its organisation's admins set it."
+)
+class Quota:
+    workspace: str
+    cluster: str
+    gpus: int | None = strawberry.field(
+        description="The most GPUs its runs may hold at once there; null: no quota."
+    )
+
+
+@strawberry.type
+class QuotaPayload:
+    quota: Quota | None
+    errors: list[UserError]
+
+
 @strawberry.type(description="A cluster's preemption policy, as its organisation's admins set it.")
 class PreemptionPolicy:
     cluster: str

@@ -76,3 +76,28 @@ async def test_only_organisation_admins_set_the_preemption_policy(
     }
     missing = await gql(client, tenancy.admin_token, POLICY, cluster="nowhere", allow=True)
     assert [e["code"] for e in refused(missing, "setPreemptionPolicy")] == ["CLUSTER_NOT_FOUND"]
+
+
+QUOTA = """mutation($ws: String!, $gpus: Int) {
+  setQuota(workspace: $ws, cluster: "local", gpus: $gpus) {
+    quota { workspace cluster gpus } errors { code field message }
+  }
+}"""
+
+
+async def test_only_organisation_admins_set_quotas(
+    client: httpx.AsyncClient, tenancy: Tenancy
+) -> None:
+    for member in (tenancy.other_token, tenancy.member_token, tenancy.foreign_token):
+        answer = await gql(client, member, QUOTA, ws="team-b", gpus=100)
+        assert [e["code"] for e in refused(answer, "setQuota")] == ["FORBIDDEN"]
+    bad = await gql(client, tenancy.admin_token, QUOTA, ws="team-b", gpus=-1)
+    assert refused(bad, "setQuota") == [
+        {"code": "INVALID_QUOTA", "field": "gpus", "message": "must be 0 or more"}
+    ]
+    for gpus in (0, 4, None):
+        answer = await gql(client, tenancy.admin_token, QUOTA, ws="team-b", gpus=gpus)
+        assert answer["data"]["setQuota"] == {
+            "quota": {"workspace": "team-b", "cluster": "local", "gpus": gpus},
+            "errors": [],
+        }

@@ -54,12 +54,30 @@ async def reasons_seen_by(db: Database, workspace: str) -> list[str]:
         return [r for r in found if r]
 
 
-async def set_quota(db: Database, workspace: str, gpus: int) -> None:
+async def set_quota(db: Database, workspace: str, gpus: int | None) -> None:
     async with db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
-        ws = await session.scalar(select(Workspace).where(Workspace.name == workspace))
-        assert cluster and ws
-        session.add(WorkspaceQuota(workspace_id=ws.id, cluster_id=cluster.id, gpus=gpus))
+        org = await organizations.organization_by_name(session, "default")
+        await organizations.set_quota(session, org.id, workspace, "local", gpus)
+
+
+async def quotas(db: Database) -> list[tuple[str, int]]:
+    async with db.read() as session:
+        rows = await session.execute(
+            select(Workspace.name, WorkspaceQuota.gpus)
+            .join(Workspace, Workspace.id == WorkspaceQuota.workspace_id)
+            .join(Cluster, Cluster.id == WorkspaceQuota.cluster_id)
+            .where(Cluster.name == "local")
+        )
+        return [(name, gpus) for name, gpus in rows]
+
+
+async def test_an_admin_sets_changes_and_removes_a_quota(world: World, db: Database) -> None:
+    await set_quota(db, "team-b", 8)
+    await set_quota(db, "team-b", 4)
+    assert await quotas(db) == [("team-b", 4)]
+    await set_quota(db, "team-b", None)
+    await set_quota(db, "team-b", None)
+    assert await quotas(db) == []
 
 
 async def allow_over_quota_preemption(db: Database) -> None:
