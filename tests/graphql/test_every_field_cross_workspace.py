@@ -40,6 +40,7 @@ QUERIES = {
     "webhooks": '{ webhooks(workspace: "default") { url } }',
     "joinTokens": '{ joinTokens(cluster: "local") { prefix } }',
     "machineCredentials": '{ machineCredentials(cluster: "local") { machine } }',
+    "tokens": "{ tokens { user workspace prefix } }",
 }
 MUTATIONS = {
     "createRun": 'mutation { createRun(spec: {name: "mine", command: ["true"]}, '
@@ -72,6 +73,8 @@ MUTATIONS = {
     "{ joinToken { prefix } errors { code } } }",
     "revokeMachineCredential": 'mutation { revokeMachineCredential(cluster: "local", '
     'machine: "gpu-07") { credentials { machine } errors { code } } }',
+    # token 1: default's admin's, made first
+    "revokeToken": 'mutation { revokeToken(token: "1") { token { user } errors { code } } }',
 }
 SECRETS = ("llama-sft", "gpu-07", "hf-token", "s3cr3t", "team.example")
 
