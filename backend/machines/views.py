@@ -16,6 +16,9 @@ from backend.organizations import repository as organizations
 from backend.runs import service as runs
 
 UTILIZATION = "task_gpu_utilization_ratio"
+# The machines a workspace's members see (GPUs, a run's per-machine reasons): those its runs
+# may be placed on now or later. Lost and removed machines are the organisation admins' alone.
+MEMBERS_SEE = ("ready", "draining")
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ async def gpus(
     session: AsyncSession, principal: Principal, now: datetime, workspace: str | None = None
 ) -> list[GpuView]:
     """Every GPU of the organisation's clusters (where the workspace's runs may go); a run of
-    another workspace that holds one is not named."""
+    another workspace that holds one is not named. Members see the machines in MEMBERS_SEE."""
     ws = await runs.workspace_for(session, principal, workspace)
     clusters = await organizations.list_clusters(session, ws.organization_id)
     found = await repository.gpus_in_clusters(session, [c.id for c in clusters])
@@ -61,6 +64,8 @@ async def gpus(
     latest = await metrics.latest(session, sorted({w for w, _, _ in held.values()}), now)
     out = []
     for gpu, machine in found:
+        if machine.state not in MEMBERS_SEE and not principal.is_org_admin:
+            continue
         holder = held.get((machine.id, gpu.index))
         utilization: float | None = 0.0
         if holder is not None:

@@ -15,6 +15,7 @@ from backend.clock import Clock
 from backend.lifecycle import rules as lifecycle_rules
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import Effects
+from backend.machines.views import MEMBERS_SEE
 from backend.models import Machine, Run, Worker
 from backend.scheduling import repository
 from backend.scheduling.rules import (
@@ -29,8 +30,6 @@ from backend.scheduling.rules import (
 )
 
 MASTER_PORTS = range(29500, 30500)
-# The machine states a workspace's members see in a run's per-machine reasons.
-MEMBERS_SEE = ("ready", "draining")
 
 
 @dataclass

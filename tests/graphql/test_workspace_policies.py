@@ -1,12 +1,18 @@
-"""Priority ceilings and the preemption policy through GraphQL (issue 18): organisation admins
-set them; a member's run above its workspace's ceiling is refused with a field error."""
+"""Priority ceilings, quotas and the preemption policy through GraphQL (issue 18): organisation
+admins set them; a member's run above its workspace's ceiling is refused with a field error; a
+member sees only the machines its runs may use."""
 
 from typing import Any
 
 import httpx
+from sqlalchemy import select
 
+from backend.db import Database
+from backend.machines import service as machines
+from backend.models import Machine
 from tests.graphql.test_schema import CREATE, gql
-from tests.support import Tenancy, run_spec
+from tests.lifecycle.world import LEASE, World
+from tests.support import FakeClock, Tenancy, run_spec
 
 CEILING = """mutation($ws: String!, $ceiling: Int!) {
   setPriorityCeiling(workspace: $ws, ceiling: $ceiling) {
@@ -101,3 +107,29 @@ async def test_only_organisation_admins_set_quotas(
             "quota": {"workspace": "team-b", "cluster": "local", "gpus": gpus},
             "errors": [],
         }
+
+
+async def test_members_see_neither_gpus_nor_pending_reasons_of_a_lost_machine(
+    client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    world = World(db, clock, tenancy)
+    await world.machine("gpu-07", gpus=1)
+    await world.machine("gpu-gone", gpus=1)
+    await world.submit(tenancy.other_token, name="wide", workers=1, gpus=4)
+    clock.advance(seconds=LEASE.total_seconds() + 1)
+    async with db.transaction() as session:
+        gpu07 = await session.scalar(select(Machine).where(Machine.name == "gpu-07"))
+        assert gpu07 is not None
+        await machines.heartbeat(session, clock, gpu07.id, LEASE)
+        await machines.expire_leases(session, clock, LEASE)
+    query = '{ gpus { machine } run(name: "wide", workspace: "team-b") '
+    query += "{ pendingReasons { machine reason } } }"
+    member = (await gql(client, tenancy.other_token, query))["data"]
+    assert [g["machine"] for g in member["gpus"]] == ["gpu-07"]
+    assert [m["machine"] for m in member["run"]["pendingReasons"]] == ["gpu-07"]
+    admin = (await gql(client, tenancy.admin_token, query))["data"]
+    assert [g["machine"] for g in admin["gpus"]] == ["gpu-07", "gpu-gone"]
+    assert admin["run"]["pendingReasons"] == [
+        {"machine": "gpu-07", "reason": "1 of 1 GPU free, a worker needs 4"},
+        {"machine": "gpu-gone", "reason": "lost: its lease expired"},
+    ]
