@@ -47,7 +47,7 @@ def unnamed(reason: str, own: set[str]) -> str:
     shown as "a run of another workspace"; a name its own workspace also uses stays."""
 
     def one(name: str) -> str:
-        return name if name in own else ANOTHER
+        return name if name in own or name == "…" else ANOTHER  # "…": no run was known
 
     reason = PREEMPTED.sub(lambda m: f"Preempted by higher-priority work ({one(m[1])})", reason)
     if m := QUEUED.match(reason):
