@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, exists, false, func, insert, or_, select, update
+from sqlalchemy import delete, exists, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.events.rules import Cursor
@@ -132,13 +132,9 @@ def _unsettled() -> Any:
 async def lock_claims(session: AsyncSession) -> None:
     """Claims are taken one pass at a time (until the transaction ends), so that no two passes
     both see a workspace under its cap and both send: PostgreSQL's transaction-scoped
-    advisory lock; on SQLite the write lock, taken before anything is read."""
+    advisory lock. (SQLite's write transactions begin holding its write lock: backend/db.py.)"""
     if session.get_bind().dialect.name == "postgresql":
         await session.execute(select(func.pg_advisory_xact_lock(CLAIM_LOCK)))
-    else:
-        await session.execute(
-            update(Webhook).where(false()).values(sending_until=Webhook.sending_until)
-        )
 
 
 CLAIM_LOCK = 0x77656268  # "webh": the advisory lock's key
@@ -185,16 +181,19 @@ async def in_flight(session: AsyncSession, now: datetime) -> dict[int, int]:
 
 async def claim(
     session: AsyncSession, webhook_ids: Sequence[int], now: datetime, until: datetime
-) -> None:
-    """These webhooks are sent by this pass until ``until`` (or until it lets them go)."""
+) -> set[int]:
+    """These webhooks are sent by this pass until ``until`` (or until it lets them go); the
+    ones it took (none that another holds)."""
     if not webhook_ids:
-        return
-    await session.execute(
+        return set()
+    claimed = await session.scalars(
         update(Webhook)
         .where(Webhook.id.in_(webhook_ids), _idle(now))
         .values(sending_until=until)
+        .returning(Webhook.id)
         .execution_options(synchronize_session=False)
     )
+    return set(claimed)
 
 
 async def extend_claim(session: AsyncSession, webhook_id: int, until: datetime | None) -> None:

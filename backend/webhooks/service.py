@@ -138,8 +138,8 @@ async def claim_due(session: AsyncSession, clock: Clock, room: int) -> list[Outg
     await repository.lock_claims(session)
     heads = await repository.due_heads(session, now)
     picked = rules.fair_share(heads, await repository.in_flight(session, now), room)
-    await repository.claim(session, [h.webhook_id for h in picked], now, now + rules.CLAIM)
-    return await _outgoing(session, [h.delivery_id for h in picked])
+    took = await repository.claim(session, [h.webhook_id for h in picked], now, now + rules.CLAIM)
+    return await _outgoing(session, [h.delivery_id for h in picked if h.webhook_id in took])
 
 
 async def _outgoing(session: AsyncSession, delivery_ids: Sequence[int]) -> list[Outgoing]:

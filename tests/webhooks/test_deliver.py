@@ -517,3 +517,18 @@ async def test_the_servers_own_port_is_refused_even_where_loopback_is_allowed(
     assert receiver.received == []
     [delivery] = await deliveries(db)
     assert delivery.last_error == "refused: private address"
+
+
+async def test_passes_at_once_keep_a_workspace_under_its_cap(
+    db: Database, clock: FakeClock, tenancy: Tenancy, deliver: Deliver
+) -> None:
+    # claims are taken one pass at a time: three passes at once send 4 of its 10, not 12
+    with stalling() as stalled:
+        for _ in range(10):
+            await subscribe(db, clock, tenancy, stalled.url)
+        await add_event(db, clock, "run.state")
+        body = actors.BODIES["webhooks.deliver"]
+        await asyncio.gather(body(), body(), body())
+        await actors.webhooks_sent()
+        assert len(stalled.connections) == 4
+    assert sum(d.attempts for d in await deliveries(db)) == 4
