@@ -19,7 +19,6 @@ class ApiToken:
     workspace: str | None
     created_at: datetime
     expires_at: datetime | None = strawberry.field(description="None: it never expires.")
-    last_used_at: datetime | None
     revoked_at: datetime | None
 
     @classmethod
@@ -32,7 +31,6 @@ class ApiToken:
             workspace=row.workspace_name,
             created_at=row.created_at,
             expires_at=row.expires_at,
-            last_used_at=row.last_used_at,
             revoked_at=row.revoked_at,
         )
 
