@@ -18,7 +18,7 @@ class ApiToken:
     user: str
     workspace: str | None
     created_at: datetime
-    expires_at: datetime | None = strawberry.field(description="None: it never expires.")
+    expires_at: datetime | None = strawberry.field(description="Null: it never expires.")
     revoked_at: datetime | None
 
     @classmethod
