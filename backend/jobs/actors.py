@@ -135,7 +135,8 @@ async def _send_in_order(
 
 
 async def webhooks_sent() -> None:
-    """Every delivery this process is sending, done (tests, and a worker shutting down)."""
+    """Every delivery this process is sending, done (the tests wait so). A worker that stops
+    drops what it was sending: the claims run out after rules.CLAIM and it is sent again."""
     while _sending:
         await asyncio.gather(*list(_sending), return_exceptions=True)
 

@@ -16,6 +16,7 @@ import fcntl
 import ipaddress
 import logging
 import socket
+import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -144,10 +145,15 @@ class Sender:
 
 @contextlib.asynccontextmanager
 async def sending(
-    policy: Policy, clock: Clock, look_up: Resolve = resolve
+    policy: Policy, clock: Clock, look_up: Resolve = resolve, verify: ssl.SSLContext | None = None
 ) -> AsyncIterator[Sender]:
+    """A pass's sender; ``verify``: the CAs receivers' certificates are checked against
+    (default: the system's)."""
     client = httpx.AsyncClient(
-        timeout=httpx.Timeout(rules.TIMEOUT_S), follow_redirects=False, trust_env=False
+        timeout=httpx.Timeout(rules.TIMEOUT_S),
+        follow_redirects=False,
+        trust_env=False,
+        verify=verify if verify is not None else True,
     )
     async with client:
         yield Sender(client, policy, clock, look_up)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,7 +61,10 @@ class Receiver:
 
 
 @contextmanager
-def receiving(host: str = "127.0.0.1", port: int = 0) -> Iterator[Receiver]:
+def receiving(
+    host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None
+) -> Iterator[Receiver]:
+    """Listening until the block ends (over TLS with ``tls``, a server context)."""
     receiver: Receiver
 
     class Handler(BaseHTTPRequestHandler):
@@ -81,7 +85,10 @@ def receiving(host: str = "127.0.0.1", port: int = 0) -> Iterator[Receiver]:
         request_queue_size = 128  # a pass opens many connections at once
 
     server = Server((host, port), Handler)
-    receiver = Receiver(url=f"http://{host}:{server.server_address[1]}/hooks/astraeus")
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    scheme = "https" if tls else "http"
+    receiver = Receiver(url=f"{scheme}://{host}:{server.server_address[1]}/hooks/astraeus")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
