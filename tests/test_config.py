@@ -92,3 +92,22 @@ def test_a_refused_setting_is_named_by_its_environment_variable(
     assert settings_problems(refused.value) == [
         "ASTRAEUS_LEASE_TIME: must be a duration such as 30s, 15m, 12h or 1h30m"
     ]
+
+
+def test_the_webhook_allow_list_is_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().webhook_allow == ()
+    monkeypatch.setenv("ASTRAEUS_WEBHOOK_ALLOW", "10.20.0.0/16, 127.0.0.1,fd00::/8")
+    assert [str(n) for n in Settings().webhook_allow] == [
+        "10.20.0.0/16",
+        "127.0.0.1/32",
+        "fd00::/8",
+    ]
+    monkeypatch.setenv("ASTRAEUS_WEBHOOK_ALLOW", "10.1.2.3/8")
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    assert settings_problems(refused.value) == [
+        "ASTRAEUS_WEBHOOK_ALLOW: '10.1.2.3/8' is not a network such as 10.0.0.0/8: "
+        "10.1.2.3/8 has host bits set"
+    ]

@@ -3,7 +3,7 @@ answer to createWebhook, and never again."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import strawberry
 
@@ -36,8 +36,9 @@ class WebhookDelivery:
     last_status: int | None = strawberry.field(description="The receiver's last HTTP status.")
     last_error: str | None = strawberry.field(
         description="Why the last failed attempt failed: 'failed: HTTP 500' (the receiver's "
-        "status), 'failed' (no answer in 5 s, or none at all) or 'refused: private address' "
-        "(its host is, or resolved to, a loopback, link-local or private address)."
+        f"status), 'failed' (no answer in {rules.TIMEOUT_S:g} s, or none at all) or 'refused: "
+        "private address' (its host is, or resolved to, a loopback, link-local or private "
+        "address)."
     )
 
     @classmethod
@@ -60,7 +61,8 @@ class WebhookDelivery:
 @strawberry.type(
     description="A subscription of the workspace: its events POSTed to url as JSON, at least "
     "once and in order, retried with backoff, signed (X-Astraeus-Signature: t=<unix time>,"
-    "v1=<hex HMAC-SHA256 of '<t>.<body>' with the secret>; refuse a t over 5 minutes old)."
+    "v1=<hex HMAC-SHA256 of '<t>.<body>' with the secret>; refuse a t over "
+    f"{rules.REPLAY_WINDOW // timedelta(minutes=1)} minutes old)."
 )
 class Webhook:
     id: strawberry.ID
