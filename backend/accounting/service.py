@@ -31,6 +31,7 @@ from backend.errors import FieldError, InvalidInput, NotFound
 from backend.lifecycle.rules import STRAGGLER_AFTER
 from backend.models import Run
 from backend.organizations import service as organizations
+from backend.parsing import whole_number
 from backend.runs import service as runs
 
 WEEK = timedelta(weeks=1)
@@ -180,13 +181,13 @@ def weeks_of(raw: str | int | None) -> int:
     """How many weeks a weekly report covers: 8 by default, at most a period's 400 days."""
     if raw is None or raw == "":
         return 8
-    text = str(raw)
-    if not text.isdigit() or not 1 <= int(text) <= rules.MAX_WEEKS:
+    weeks = whole_number(raw, 1, rules.MAX_WEEKS)
+    if weeks is None:
         raise InvalidInput(
             "INVALID_PARAMETER",
             [FieldError("weeks", f"must be a whole number from 1 to {rules.MAX_WEEKS}")],
         )
-    return int(text)
+    return weeks
 
 
 # -- Prometheus ------------------------------------------------------------------------------------
@@ -332,13 +333,13 @@ def interval_limit(raw: str | int | None) -> int:
     """How many intervals an explanation lists: 1 000 by default, at most 10 000."""
     if raw is None or raw == "":
         return 1000
-    text = str(raw)
-    if not text.isdigit() or not 1 <= int(text) <= MAX_INTERVALS:
+    limit = whole_number(raw, 1, MAX_INTERVALS)
+    if limit is None:
         raise InvalidInput(
             "INVALID_PARAMETER",
             [FieldError("limit", f"must be a whole number from 1 to {MAX_INTERVALS}")],
         )
-    return int(text)
+    return limit
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,11 @@ from typing import Any
 
 from backend.clock import iso_z
 from backend.errors import FieldError
+from backend.parsing import whole_number
 
 DEFAULT_LIMIT = 50
+# Event ids are 64-bit: a larger `before` reached SQLite as an OverflowError (a 500).
+MAX_ID = 2**63 - 1
 MAX_LIMIT = 500
 # Longer than any transaction that writes events is open (see ``advance``).
 SETTLE = timedelta(minutes=1)
@@ -60,19 +63,13 @@ def parse_listing(
     problems = []
     count = DEFAULT_LIMIT
     if limit not in (None, ""):
-        try:
-            count = int(limit)
-        except ValueError:
-            count = 0
-        if not 1 <= count <= MAX_LIMIT:
+        count = whole_number(limit, 1, MAX_LIMIT) or 0
+        if not count:
             problems.append(FieldError("limit", f"must be a whole number from 1 to {MAX_LIMIT}"))
     cursor = None
     if before not in (None, ""):
-        try:
-            cursor = int(before)
-        except ValueError:
-            cursor = 0
-        if cursor < 1:
+        cursor = whole_number(before, 1, MAX_ID)
+        if cursor is None:
             problems.append(FieldError("before", "must be an event id (a positive number)"))
     if problems:
         return None, problems

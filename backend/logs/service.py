@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access.rules import Principal
 from backend.errors import AstraeusError, FieldError, InvalidInput, NotFound
 from backend.logs import repository
+from backend.parsing import whole_number
 from backend.runs import service as runs
 
 DEFAULT_TAIL = 1000
@@ -67,13 +68,14 @@ class Chunk(Protocol):
 def parse_tail(raw: str | None) -> int:
     if raw is None or raw == "":
         return DEFAULT_TAIL
-    if not raw.isdigit() or int(raw) < 1:
+    if whole_number(raw, 1, 2**63 - 1) is None:
         raise InvalidInput(
             "INVALID_PARAMETER", [FieldError("tail", "must be a whole number from 1")]
         )
-    if int(raw) > MAX_TAIL:
+    tail = whole_number(raw, 1, MAX_TAIL)
+    if tail is None:
         raise InvalidInput("INVALID_PARAMETER", [FieldError("tail", f"must be at most {MAX_TAIL}")])
-    return int(raw)
+    return tail
 
 
 class NotPlaced(AstraeusError):

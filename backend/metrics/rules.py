@@ -364,19 +364,33 @@ def _rate(raw: str | None, metric: Metric | None, errors: _Errors) -> bool:
     return rate
 
 
+# Times asked for lie from 1970 up to the year 3000: the goodput of 1000-01-01 to 9999-12-31
+# overflowed a datetime (a 500), and no ledger or sample is older than Unix time.
+LATEST_MS = 32_503_680_000_000  # 3000-01-01T00:00:00Z
+TIME_RANGE = "must be a time from 1970 to 2999"
+TIME_FORMS = "must be Unix seconds, Unix milliseconds or an RFC 3339 time"
+
+
 def parse_time(raw: str) -> int:
     """Unix seconds (the seed's form), Unix milliseconds, or an RFC 3339 time, as epoch ms."""
     text = raw.strip()
     try:
-        number = float(text)
+        number: float | None = float(text)
     except ValueError:
-        moment = datetime.fromisoformat(text.replace("z", "Z"))
+        number = None
+    if number is None:
+        try:
+            moment = datetime.fromisoformat(text.replace("z", "Z"))
+        except ValueError:
+            raise ValueError(TIME_FORMS) from None
         if moment.tzinfo is None:
             raise ValueError("needs a time zone, such as 2026-10-01T00:00:00Z") from None
-        return int(moment.timestamp() * 1000)
-    if not math.isfinite(number) or number < 0:
-        raise ValueError("must be a time after 1970")
-    return round(number * 1000) if number < SECONDS_BELOW else round(number)
+        ms = moment.timestamp() * 1000
+    else:
+        ms = number * 1000 if abs(number) < SECONDS_BELOW else number
+    if not math.isfinite(ms) or not 0 <= ms < LATEST_MS:
+        raise ValueError(TIME_RANGE)
+    return round(ms)
 
 
 def _time(name: str, raw: str | None, errors: _Errors, *, default: int) -> int | None:
@@ -387,7 +401,7 @@ def _time(name: str, raw: str | None, errors: _Errors, *, default: int) -> int |
     except ValueError as error:
         reason = str(error)
         if not reason.startswith(("needs", "must")):
-            reason = "must be Unix seconds, Unix milliseconds or an RFC 3339 time"
+            reason = TIME_FORMS
         errors.add(name, reason)
         return None
 

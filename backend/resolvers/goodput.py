@@ -6,7 +6,6 @@ import dataclasses
 from datetime import datetime
 
 from backend.accounting import service as accounting
-from backend.clock import iso_z
 from backend.resolvers.context import Info
 from backend.schema.goodput import (
     GoodputInterval,
@@ -17,7 +16,9 @@ from backend.schema.goodput import (
 
 
 def _time(moment: datetime | None) -> str | None:
-    return iso_z(moment) if moment is not None else None
+    """As the REST shim's ``start``/``end``, bounded there (the offset kept: year 1 with
+    iso_z read back as ``1-01-01…``, not a time)."""
+    return moment.isoformat() if moment is not None else None
 
 
 async def goodput(

@@ -6,7 +6,7 @@ import pytest
 
 from backend.errors import InvalidInput
 from backend.metrics import rules
-from backend.metrics.rules import RangeParams, parse_range
+from backend.metrics.rules import RangeParams, parse_range, parse_time
 from tests.metrics.conftest import DAY, HOUR, MINUTE, SECOND, T0
 
 
@@ -110,3 +110,26 @@ def test_the_scope_is_the_named_workers_of_runs_not_ended_before_the_range() -> 
     assert rules.missing_names(named, found) == (None, None)
     unknown = parse_range(RangeParams("task_cpu_usage_cores", match=("job:x", "task:y-0")), T0)
     assert rules.missing_names(unknown, found) == ("x", "y-0")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "1000-01-01T00:00:00Z",
+        "9999-12-31T23:59:59Z",
+        "0001-01-01T00:00:00+14:00",
+        "3000-01-01T00:00:00Z",
+        "99999999999999999999999",
+        "-1",
+        "1e309",
+        "nan",
+    ],
+)
+def test_a_time_outside_1970_to_2999_is_refused_by_its_bound(raw: str) -> None:
+    with pytest.raises(ValueError, match=r"^must be a time from 1970 to 2999$"):
+        parse_time(raw)
+
+
+def test_the_last_time_of_2999_is_read() -> None:
+    assert parse_time("2999-12-31T23:59:59Z") == 32_503_679_999_000
+    assert parse_time("0") == 0
