@@ -18,9 +18,7 @@ async def join_token_by_hash(session: AsyncSession, token_hash: str) -> JoinToke
 
 async def credential_by_hash(session: AsyncSession, token_hash: str) -> MachineCredential | None:
     return await session.scalar(
-        select(MachineCredential).where(
-            MachineCredential.token_hash == token_hash, MachineCredential.revoked_at.is_(None)
-        )
+        select(MachineCredential).where(MachineCredential.token_hash == token_hash)
     )
 
 

@@ -152,6 +152,8 @@ async def authenticate(session: AsyncSession, secret: str | None) -> MachinePrin
         raise Unauthenticated(JOIN_ONLY)
     digest = hash_token(secret)
     credential = await repository.credential_by_hash(session, digest)
+    if credential is not None and credential.revoked_at is not None:
+        raise Unauthenticated(REVOKED)
     if credential is not None:
         return MachinePrincipal(
             organization_id=credential.organization_id,

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from backend.db import Database
 from backend.errors import InvalidInput, Unauthenticated
 from backend.machine_identity import service as identity
-from backend.machine_identity.rules import JOIN_ONLY, REVOKED, UNKNOWN, hash_token
+from backend.machine_identity.rules import JOIN_ONLY, REVOKED, hash_token
 from backend.machines import service as machines
 from backend.models import Cluster, JoinToken, Machine, MachineCredential
 from tests.lifecycle.world import World
@@ -192,7 +192,7 @@ async def test_a_revoked_credential_makes_its_machine_lost_and_its_workers_place
             principal_refusal = error.message
     assert machine is not None
     assert (machine.state, machine.reason) == ("lost", "Machine lost: " + REVOKED)
-    assert principal_refusal == UNKNOWN
+    assert principal_refusal == REVOKED  # it connects no more, and says why
     (worker,) = await world.workers("llama-sft")
     assert worker.machine_id is None  # waiting to be placed elsewhere, as for a lost lease
     assert (await world.status("llama-sft"))[0] == "Pending"
