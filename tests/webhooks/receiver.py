@@ -40,6 +40,7 @@ class Receiver:
     then: int = 204
     received: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    arrived: threading.Event = field(default_factory=threading.Event)  # a first request came
 
     def answer(self) -> int:
         with self.lock:
@@ -48,6 +49,7 @@ class Receiver:
     def keep(self, request: Received) -> None:
         with self.lock:
             self.received.append(request)
+        self.arrived.set()
 
     @property
     def by_id(self) -> list[Received]:
