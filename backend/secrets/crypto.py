@@ -52,6 +52,13 @@ class Keyring:
                 "an encryption key is not a Fernet key (32 url-safe base64-encoded bytes)"
             ) from error
 
+    def __repr__(self) -> str:
+        return f"Keyring({len(self.keys)} keys)"  # never the keys themselves
+
+    @staticmethod
+    def new_key() -> str:
+        return Fernet.generate_key().decode()
+
     def encrypt(self, clear: str) -> str:
         return MARK + self._fernet.encrypt(clear.encode()).decode()
 
@@ -97,7 +104,7 @@ def _make_key_file(path: Path) -> None:
     except FileExistsError:
         return  # another process made it first
     with os.fdopen(fd, "w") as f:
-        f.write(Fernet.generate_key().decode() + "\n")
+        f.write(Keyring.new_key() + "\n")
 
 
 _lock = threading.Lock()

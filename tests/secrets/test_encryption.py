@@ -132,3 +132,42 @@ async def test_reencrypt_moves_every_stored_secret_to_the_first_key(
         assert await _stored(db, "SELECT value FROM secrets") != before
     finally:
         crypto.configure(encryption_keys)
+
+
+def test_astraeus_secrets_reencrypt_after_a_new_key_is_put_first_in_the_key_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encryption_keys: crypto.Keyring
+) -> None:
+    from backend.cli.server import main
+    from backend.config import get_settings
+
+    data = tmp_path / "data"
+    data.mkdir()
+    old_key, new_key = crypto.Keyring.new_key(), crypto.Keyring.new_key()
+    (data / "secret.key").write_text(old_key + "\n")
+    migrations.upgrade(f"sqlite:///{data / 'astraeus.db'}")
+    with sqlite3.connect(data / "astraeus.db") as conn:
+        conn.execute(
+            "INSERT INTO organizations (id, name, created_at) VALUES (1, 'o', '2026-01-01')"
+        )
+        conn.execute(
+            "INSERT INTO workspaces (id, organization_id, name, created_at) "
+            "VALUES (1, 1, 'w', '2026-01-01')"
+        )
+        conn.execute(
+            "INSERT INTO secrets (workspace_id, name, value, external, created_at, updated_at) "
+            "VALUES (1, 'a', ?, 0, '2026-01-01', '2026-01-01')",
+            (crypto.Keyring([old_key]).encrypt(VALUE),),
+        )
+    (data / "secret.key").write_text(f"{new_key}\n{old_key}\n")
+    monkeypatch.setenv("ASTRAEUS_DATA_DIR", str(data))
+    monkeypatch.delenv("ASTRAEUS_DATABASE_URL", raising=False)
+    monkeypatch.delenv("ASTRAEUS_SECRET_KEY", raising=False)
+    get_settings.cache_clear()
+    try:
+        assert main(["secrets", "reencrypt"]) == 0
+    finally:
+        get_settings.cache_clear()
+        crypto.configure(encryption_keys)
+    with sqlite3.connect(data / "astraeus.db") as conn:
+        (stored,) = conn.execute("SELECT value FROM secrets").fetchone()
+    assert crypto.Keyring([new_key]).decrypt(stored) == VALUE  # the old key may go
