@@ -407,6 +407,22 @@ def test_an_agent_with_another_ca_fails_the_handshake_and_never_joins(
     assert agent.process is not None and agent.process.poll() is None  # it keeps trying
 
 
+def test_an_agent_checks_the_name_it_is_told_the_certificate_carries(
+    cluster: Cluster, pki: Pki
+) -> None:
+    # As compose's agent reaches the proxy by a name its certificate does not carry.
+    named = ("--ca-file", str(pki.ca), "--tls-server-name")
+    cluster.agent("by-name", *named, "astraeus-server")
+    other = cluster.agent("other-name", *named, "elsewhere.example.com")
+    wait_for("by-name ready", lambda: cluster.machines().get("by-name") == "ready")
+    wait_for(
+        "the refused name in its log",
+        lambda: "Hostname Verification Check failed" in log_of(other),
+        30,
+    )
+    assert "other-name" not in cluster.machines()
+
+
 def test_an_impostor_at_the_servers_address_never_receives_the_token(
     pki: Pki, tmp_path: Path
 ) -> None:
