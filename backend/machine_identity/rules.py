@@ -40,13 +40,13 @@ def is_join_token(secret: str) -> bool:
 
 def expiry_problem(expires_in: timedelta) -> str | None:
     if expires_in <= timedelta(0) or expires_in > MAX_EXPIRY:
-        return "expires must be a duration between 1s and 365d"
+        return "must be a duration between 1s and 365d"
     return None
 
 
 def uses_problem(uses: int) -> str | None:
     if not 1 <= uses <= MAX_USES:
-        return f"uses must be between 1 and {MAX_USES}"
+        return f"must be between 1 and {MAX_USES}"
     return None
 
 

@@ -135,13 +135,13 @@ async def test_an_expired_or_revoked_join_token_and_a_bad_name_are_refused(
 @pytest.mark.parametrize(
     ("options", "field", "message"),
     [
-        ({"expires_in": timedelta(0)}, "expires", "expires must be a duration between 1s and 365d"),
+        ({"expires_in": timedelta(0)}, "expires", "must be a duration between 1s and 365d"),
         (
             {"expires_in": timedelta(days=400)},
             "expires",
-            "expires must be a duration between 1s and 365d",
+            "must be a duration between 1s and 365d",
         ),
-        ({"uses": 0}, "uses", "uses must be between 1 and 10000"),
+        ({"uses": 0}, "uses", "must be between 1 and 10000"),
     ],
 )
 async def test_a_join_token_without_a_bounded_life_is_refused(
