@@ -20,6 +20,7 @@ from backend.lifecycle import service as lifecycle
 from backend.machine_identity import service as identity
 from backend.machine_identity.rules import hash_token
 from backend.models import AgentCommand, Cluster, Gpu, JoinToken, Machine, Run
+from backend.secrets import service as secrets
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 
@@ -499,3 +500,41 @@ async def test_deleting_a_run_clears_its_pending_commands(
     async with db.read() as session:
         pending = await agents.commands_to_send(session, machine, 0)
     assert [c.kind for c in pending] == ["delete"]  # the start never reaches the machine
+
+
+async def test_secret_values_over_the_stream_limit_fail_the_worker_instead_of_the_stream(
+    endpoint: str, machine_token: str, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    world = World(db, clock, tenancy)
+    await world.machine("gpu-07", gpus=2)
+    names = [f"s{i}" for i in range(64)]  # each at most 64 KiB: 4 MiB together
+    principal = await world.principal()
+    async with db.transaction() as session:
+        for name in names:
+            await secrets.set_secret(session, clock, principal, name, "v" * (64 * 2**10))
+    run = await world.submit(workers=1, gpus=1, credentials=[{"secret": "s0", "env": "S0"}])
+    await world.schedule()
+    async with db.transaction() as session:
+        row = await session.get(Run, run.id)
+        assert row is not None  # as many credentials as a spec could once name
+        row.spec = {**row.spec, "credentials": [{"secret": n, "env": n.upper()} for n in names]}
+    agent = Agent(endpoint, machine_token)
+    try:
+        agent.send(hello=hello(gpus=2))
+        start = await agent.receive("command")
+        asked = agent.send(
+            secret_request=agent_pb2.SecretRequest(worker_id=start.command.worker_id, attempt=1)
+        )
+        while (await agent.receive("ack")).ack.up_to < asked:
+            pass
+        (worker,) = await world.workers("llama-sft")
+        assert worker.last_failure is not None
+        assert worker.last_failure["reason"] == (
+            "The values of its secrets are 4.0 MiB, over the 3.9 MiB a machine's stream "
+            "carries: give the run fewer or smaller secrets."
+        )
+        last = agent.send(heartbeat=agent_pb2.Heartbeat())  # the stream goes on
+        while (await agent.receive("ack")).ack.up_to < last:
+            pass
+    finally:
+        await agent.close()
