@@ -136,11 +136,14 @@ class SecurityHeaders:
             return
         host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
         policy = content_security_policy(host).encode()
+        # Over TLS, browsers are told to come back over TLS only (a year).
+        strict = [(b"strict-transport-security", b"max-age=31536000")]
+        always = [*SECURITY_HEADERS, *(strict if scope.get("scheme") == "https" else [])]
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 present = {name.lower() for name, _ in message.get("headers", [])}
-                added = [(n, v) for n, v in SECURITY_HEADERS if n not in present]
+                added = [(n, v) for n, v in always if n not in present]
                 if b"content-security-policy" not in present:
                     added.append((b"content-security-policy", policy))
                 message = {**message, "headers": [*message.get("headers", []), *added]}
