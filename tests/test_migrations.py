@@ -232,3 +232,57 @@ def test_cluster_machine_tokens_made_before_0015_become_legacy_join_tokens(
             ("c" * 64, "user"),
         ]
     engine.dispose()
+
+
+def test_0017_keeps_every_webhook_delivery_on_sqlite(tmp_path: object) -> None:
+    """0017 widens webhooks.secret, which SQLite does by rebuilding webhooks: the drop of the
+    old table cascades to its deliveries, which must come back whole, and also going down."""
+    url = f"sqlite:///{tmp_path}/deliveries.db"
+    config = migrations.alembic_config(url)
+    command.upgrade(config, "0016")
+    engine = create_engine(sync_url(url))
+    at = "2026-11-02 10:00:00.000000"
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO organizations (id, name, created_at) VALUES (1, 'o', :at)"),
+            {"at": at},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO workspaces (id, organization_id, name, created_at) "
+                "VALUES (1, 1, 'w', :at)"
+            ),
+            {"at": at},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO events (id, organization_id, kind, reason, data, created_at) "
+                "VALUES (5, 1, 'run.state', 'r', '{}', :at)"
+            ),
+            {"at": at},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO webhooks (id, workspace_id, url, secret, kinds, cursor, horizon, "
+                "created_at) VALUES (3, 1, 'https://example.com/h', 's3cret', '[]', 5, 5, :at)"
+            ),
+            {"at": at},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO webhook_deliveries (id, webhook_id, event_id, attempts, "
+                "next_attempt_at, created_at, last_error) VALUES (7, 3, 5, 2, :at, :at, 'failed')"
+            ),
+            {"at": at},
+        )
+    deliveries = "SELECT id, webhook_id, event_id, attempts, last_error FROM webhook_deliveries"
+    command.upgrade(config, "0017")
+    with engine.connect() as conn:
+        assert [tuple(r) for r in conn.execute(text(deliveries))] == [(7, 3, 5, 2, "failed")]
+        secret = conn.execute(text("SELECT secret FROM webhooks")).scalar_one()
+    assert secret != "s3cret"  # encrypted on the way up
+    command.downgrade(config, "0016")
+    with engine.connect() as conn:
+        assert [tuple(r) for r in conn.execute(text(deliveries))] == [(7, 3, 5, 2, "failed")]
+        assert conn.execute(text("SELECT secret FROM webhooks")).scalar_one() == "s3cret"
+    engine.dispose()

@@ -32,21 +32,29 @@ def upgrade() -> None:
     with op.batch_alter_table("api_tokens", schema=None) as batch_op:
         batch_op.add_column(sa.Column("expires_at", TIME, nullable=True))
     # A ciphertext is longer than the 64 characters a webhook secret had.
-    with op.batch_alter_table("webhooks", schema=None) as batch_op:
-        batch_op.alter_column(
-            "secret", existing_type=sa.String(length=64), type_=sa.Text(), existing_nullable=False
-        )
+    _change_secret_type(sa.String(length=64), sa.Text())
     _rewrite(lambda keys, clear: keys.encrypt(clear))
 
 
 def downgrade() -> None:
     _rewrite(lambda keys, stored: keys.decrypt(stored))
-    with op.batch_alter_table("webhooks", schema=None) as batch_op:
-        batch_op.alter_column(
-            "secret", existing_type=sa.Text(), type_=sa.String(length=64), existing_nullable=False
-        )
+    _change_secret_type(sa.Text(), sa.String(length=64))
     with op.batch_alter_table("api_tokens", schema=None) as batch_op:
         batch_op.drop_column("expires_at")
+
+
+def _change_secret_type(before: sa.types.TypeEngine[str], after: sa.types.TypeEngine[str]) -> None:
+    """webhooks.secret's type changed. SQLite changes a column's type by rebuilding the table,
+    and dropping the old webhooks cascades to every delivery: they are kept aside meanwhile."""
+    if op.get_bind().dialect.name != "sqlite":
+        op.alter_column("webhooks", "secret", existing_type=before, type_=after)
+        return
+    op.execute("CREATE TEMP TABLE kept_deliveries AS SELECT * FROM webhook_deliveries")
+    with op.batch_alter_table("webhooks", schema=None) as batch_op:
+        batch_op.alter_column("secret", existing_type=before, type_=after, existing_nullable=False)
+    op.execute("DELETE FROM webhook_deliveries")
+    op.execute("INSERT INTO webhook_deliveries SELECT * FROM kept_deliveries")
+    op.execute("DROP TABLE kept_deliveries")
 
 
 def _rewrite(change: Callable[[crypto.Keyring, str], str]) -> None:

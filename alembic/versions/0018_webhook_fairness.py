@@ -41,5 +41,6 @@ def downgrade() -> None:
             postgresql_where=sa.text(UNSETTLED),
             sqlite_where=sa.text(UNSETTLED),
         )
-    with op.batch_alter_table("webhooks", schema=None) as batch_op:
-        batch_op.drop_column("sending_until")
+    # Not a batch: SQLite's rebuild of webhooks would cascade to every delivery; SQLite 3.35
+    # and later drop a column in place.
+    op.drop_column("webhooks", "sending_until")
