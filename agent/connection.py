@@ -30,6 +30,7 @@ from agent.identity import WorkloadUsers, workload_dir
 from agent.logs import LogFollower, WorkerLog
 from agent.metrics import Sampler
 from agent.outbox import Outbox
+from agent.transport import Transport, TransportRefused
 
 log = logging.getLogger("astraeus.agent")
 
@@ -46,6 +47,15 @@ PROTOCOL = 2  # workers named by id (proto Hello.protocol)
 # Answers to Connect that another try would get again: the agent stops, saying why.
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+REFUSALS = (
+    UNAUTHENTICATED,
+    FAILED_PRECONDITION,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+)
+# The machine's own credential, from the join token, in its data folder (0600).
+CREDENTIAL_FILE = "machine-credential"
+CREDENTIAL_PREFIX = "astm_"  # a machine credential (a join token begins astj_)
 
 
 @dataclass
@@ -70,6 +80,8 @@ class AgentConfig:
     users: WorkloadUsers = field(default_factory=WorkloadUsers)
     fill_roots: tuple[Path, ...] = ()
     mount_roots: tuple[Path, ...] = ()
+    # TLS to the server, or plaintext on loopback only (agent/transport.py).
+    transport: Transport = field(default_factory=Transport)
 
     @property
     def install(self) -> str:
@@ -216,7 +228,7 @@ class Agent:
                 try:
                     await self._session()
                 except grpc.aio.AioRpcError as error:
-                    if error.code() in (UNAUTHENTICATED, FAILED_PRECONDITION):
+                    if error.code() in REFUSALS:
                         raise SystemExit(f"astraeus agent: {error.details()}") from None
                     log.warning("stream to %s ended: %s", self.config.server, error.details())
                 if time.monotonic() - started > 60:
@@ -276,10 +288,15 @@ class Agent:
                 yield message
 
     async def _session(self) -> None:
-        async with grpc.aio.insecure_channel(self.config.server) as channel:
+        try:
+            opened = self.config.transport.channel(self.config.server)
+        except TransportRefused as refused:
+            raise SystemExit(str(refused)) from None
+        async with opened as channel:
             stub = agent_pb2_grpc.AgentStub(channel)
+            credential = await self._credential(stub)
             call = stub.Connect(
-                self._outgoing(), metadata=(("authorization", f"Bearer {self.config.token}"),)
+                self._outgoing(), metadata=(("authorization", f"Bearer {credential}"),)
             )
             beats = asyncio.create_task(self._heartbeats())
             try:
@@ -291,6 +308,27 @@ class Agent:
                     await beats
                 for follow in list(self.follows.values()):
                     follow.cancel()  # the server that asked is gone with its stream
+
+    async def _credential(self, stub: agent_pb2_grpc.AgentStub) -> str:
+        """The machine's own credential: kept in the data folder, or got once for the join
+        token (a cluster machine token made before credentials joins as one too)."""
+        path = self.config.data_dir / CREDENTIAL_FILE
+        if path.exists():
+            return path.read_text().strip()
+        if self.config.token.startswith(CREDENTIAL_PREFIX):
+            return self.config.token  # the machine's credential itself, given by hand
+        if not self.config.token:
+            raise SystemExit(
+                f"astraeus agent: {path} is missing and no join token was given (--token, "
+                "--token-file or ASTRAEUS_AGENT_TOKEN)"
+            )
+        reply = await stub.Join(
+            agent_pb2.JoinRequest(machine=self.config.machine),
+            metadata=(("authorization", f"Bearer {self.config.token}"),),
+        )
+        keep_secret(path, reply.credential)
+        log.info("machine %s has its own credential now, kept in %s", reply.machine, path)
+        return str(reply.credential)
 
     async def _heartbeats(self) -> None:
         while True:
@@ -568,6 +606,18 @@ class Agent:
         if self.config.nvml is not None:
             for index, fault in self.config.nvml.faults().items():
                 self._send(gpu_health=agent_pb2.GpuHealth(index=index, healthy=False, reason=fault))
+
+
+def keep_secret(path: Path, secret: str) -> None:
+    """Write a secret readable by this user alone (0600), whole or not at all."""
+    partial = path.with_name(path.name + ".partial")
+    partial.unlink(missing_ok=True)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(secret + "\n")
+        file.flush()
+        os.fsync(file.fileno())
+    partial.replace(path)
 
 
 def private_folders(data_dir: Path, workloads: Path) -> None:

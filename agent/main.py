@@ -8,11 +8,13 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 from pathlib import Path
 
-from agent.connection import Agent, AgentConfig
+from agent.connection import CREDENTIAL_FILE, Agent, AgentConfig
 from agent.gpus import SIMULATED_MODEL, NvmlSampler, discover
 from agent.identity import GID_BASE, WorkloadUsers
+from agent.transport import Transport, TransportRefused
 
 
 def machine_memory_bytes() -> int:
@@ -28,9 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token",
         default=os.environ.get("ASTRAEUS_AGENT_TOKEN"),
-        help="the cluster's machine token (or ASTRAEUS_AGENT_TOKEN)",
+        help="a join token of the cluster (or ASTRAEUS_AGENT_TOKEN), exchanged once for the "
+        "machine's own credential, kept in the data folder",
     )
-    parser.add_argument("--token-file", type=Path, help="read the machine token from this file")
+    parser.add_argument("--token-file", type=Path, help="read the join token from this file")
+    add_transport_arguments(parser)
     parser.add_argument("--name", default=socket.gethostname(), help="the machine's name")
     parser.add_argument("--pool", help="the pool the machine belongs to")
     parser.add_argument(
@@ -105,6 +109,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
+    """TLS to the server (agent/transport.py): plaintext only to loopback or with --insecure."""
+    parser.add_argument(
+        "--ca-file",
+        type=Path,
+        default=_path("ASTRAEUS_AGENT_CA_FILE"),
+        help="verify the server's certificate with this CA (PEM); implies TLS",
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        default=_flag("ASTRAEUS_AGENT_TLS"),
+        help="connect over TLS, verifying the server with the system's CAs",
+    )
+    parser.add_argument(
+        "--client-cert",
+        type=Path,
+        default=_path("ASTRAEUS_AGENT_CLIENT_CERT"),
+        help="present this certificate (PEM) to a server that asks for one; with --client-key",
+    )
+    parser.add_argument(
+        "--client-key",
+        type=Path,
+        default=_path("ASTRAEUS_AGENT_CLIENT_KEY"),
+        help="the client certificate's private key (PEM)",
+    )
+    parser.add_argument(
+        "--tls-server-name",
+        default=os.environ.get("ASTRAEUS_AGENT_TLS_SERVER_NAME") or None,
+        help="the name the server's certificate carries, when --server names it otherwise",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        default=_flag("ASTRAEUS_AGENT_INSECURE"),
+        help="allow plaintext to a server that is not on a loopback address (the machine token "
+        "crosses the network in clear: only on a network you trust)",
+    )
+
+
+def transport(args: argparse.Namespace) -> Transport:
+    return Transport(
+        ca_file=args.ca_file,
+        client_cert=args.client_cert,
+        client_key=args.client_key,
+        server_name=args.tls_server_name,
+        tls=args.tls,
+        insecure=args.insecure,
+    )
+
+
+def _path(variable: str) -> Path | None:
+    value = os.environ.get(variable)
+    return Path(value) if value else None
+
+
+def _flag(variable: str) -> bool:
+    return os.environ.get(variable, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
 def _listed(variable: str, separator: str) -> list[str]:
     return [item for item in os.environ.get(variable, "").split(separator) if item]
 
@@ -124,18 +188,25 @@ def _id_range(text: str) -> tuple[int, int]:
 
 def run(args: argparse.Namespace) -> int:
     token = args.token
-    if args.token_file is not None:
+    if args.token_file is not None and args.token_file.exists():
         token = args.token_file.read_text().strip()
-    if not token:
+    # The join token is needed once: then the machine's own credential is in its data folder.
+    if not token and not (args.data_dir / CREDENTIAL_FILE).exists():
         print(
-            "astraeus agent: a machine token is required (--token, --token-file or "
-            "ASTRAEUS_AGENT_TOKEN)"
+            "astraeus agent: a join token is required (--token, --token-file or "
+            "ASTRAEUS_AGENT_TOKEN) until the machine has joined"
         )
+        return 2
+    tls = transport(args)
+    try:
+        tls.credentials(args.server)  # refused here, before any connection carries the token
+    except TransportRefused as refused:
+        print(refused, file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="agent %(levelname)s %(message)s")
     config = AgentConfig(
         server=args.server,
-        token=token,
+        token=token or "",
         machine=args.name,
         data_dir=args.data_dir,
         gpus=discover(args.simulate_gpus, args.name, args.simulate_model),
@@ -153,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         fill_roots=tuple(p.resolve() for p in args.fill_from_root),
         mount_roots=tuple(p.resolve() for p in args.mount_root),
+        transport=tls,
     )
     if config.gpus and not config.gpus[0].is_simulated:
         config.nvml = NvmlSampler()

@@ -11,23 +11,32 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from graphql import GraphQLError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
+from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
+from strawberry.http import GraphQLRequestData
+from strawberry.http.async_base_view import AsyncHTTPRequestAdapter
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
+from strawberry.types import ExecutionResult
+from strawberry.types.execution import SubscriptionExecutionResult
 from strawberry.types.unset import UNSET, UnsetType
 
 from backend import migrations
+from backend.access.watch import watch_of
 from backend.agents import routing
 from backend.agents.routing import LogRouter
 from backend.agents.stream import AgentService
 from backend.agents.stream import serve as serve_agents
+from backend.boundary import BodyLimit, SecurityHeaders
 from backend.clock import Clock, SystemClock
 from backend.config import Settings, get_settings
 from backend.db import Database
@@ -41,6 +50,8 @@ from backend.rest import metrics as rest_metrics
 from backend.rest import openapi as rest_openapi
 from backend.rest import tasks as rest_tasks
 from backend.schema.schema import schema
+from backend.tls import server_tls
+from backend.webhooks import service as webhooks
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +64,37 @@ class AstraeusGraphQL(GraphQL[Context, None]):
         authorization = request.headers.get("authorization")  # type: ignore[attr-defined]
         logs = getattr(app.state, "agents", None)
         retention = app.state.settings.metrics_retention
-        return await build_context(app.state.db, app.state.clock, authorization, logs, retention)
+        context = await build_context(app.state.db, app.state.clock, authorization, logs, retention)
+        context.webhook_policy = webhooks.policy(app.state.settings)
+        if isinstance(request, WebSocket):
+            context.websocket = request
+        else:
+            settings: Settings = app.state.settings
+            context.share(app.state.gates, settings.graphql_sessions_per_workspace)
+        return context
+
+    async def execute_operation(
+        self,
+        request: Request,
+        request_adapter: AsyncHTTPRequestAdapter,
+        request_data: GraphQLRequestData | list[GraphQLRequestData],
+        context: Context,
+        root_value: None,
+        sub_response: Response,
+    ) -> ExecutionResult | list[ExecutionResult] | SubscriptionExecutionResult:
+        """A query or mutation over HTTP within the request's time budget; past it, its
+        resolvers are cancelled (their sessions closed, a mutation's transaction rolled back)."""
+        budget = request.app.state.settings.graphql_time_budget.total_seconds()
+        try:
+            async with asyncio.timeout(budget):
+                return await super().execute_operation(
+                    request, request_adapter, request_data, context, root_value, sub_response
+                )
+        except TimeoutError:
+            log.warning("graphql refused: TIME_BUDGET_EXCEEDED after %g s", budget)
+            message = f"The request ran past its time budget of {budget:g} s; ask for less."
+            error = GraphQLError(message, extensions={"code": "TIME_BUDGET_EXCEEDED"})
+            return ExecutionResult(data=None, errors=[error])
 
     async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
         """A browser cannot set headers on a WebSocket: its token comes in connection_init.
@@ -63,6 +104,10 @@ class AstraeusGraphQL(GraphQL[Context, None]):
             raise ConnectionRejectionError(
                 {"message": context.auth_error or "A token is required."}
             )
+        if context.websocket is not None and context.principal is not None:
+            # closed (4403) once the token is revoked or expires
+            watch = watch_of(context.db, context.clock)
+            watch.watch_websocket(context.principal.token_id, context.websocket)
         return UNSET
 
 
@@ -153,7 +198,9 @@ async def _agent_endpoint(
         on_stream=router.stream_changed,
     )
     async with router.serving(service):
-        server = await serve_agents(service, f"{settings.host}:{settings.agent_port}")
+        tls = server_tls(settings)  # plaintext off loopback is refused here too
+        credentials = tls.grpc_credentials() if tls else None
+        server = await serve_agents(service, f"{settings.host}:{settings.agent_port}", credentials)
         try:
             yield router
         finally:
@@ -190,6 +237,7 @@ def create_app(
         )
         app.state.clock = clock or SystemClock()
         app.state.settings = settings
+        app.state.gates = {}  # each workspace's gate on its GraphQL sessions
         async with contextlib.AsyncExitStack() as stack:
             # The agent endpoint first: it gives machines a lease to reconnect before the
             # first scheduling pass looks for expired ones.
@@ -204,7 +252,10 @@ def create_app(
                 if owned:
                     await app.state.db.dispose()
 
-    graphql = AstraeusGraphQL(schema, subscription_protocols=[GRAPHQL_TRANSPORT_WS_PROTOCOL])
+    # No GraphiQL: it runs inline scripts from a CDN, which the console's policy refuses.
+    graphql = AstraeusGraphQL(
+        schema, subscription_protocols=[GRAPHQL_TRANSPORT_WS_PROTOCOL], graphql_ide=None
+    )
     rest_routes = [
         *rest_jobs.routes,
         *rest_tasks.routes,
@@ -222,5 +273,11 @@ def create_app(
         *_console_routes(settings.resolved_console_dir),
     ]
     return Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error},
+        middleware=[
+            Middleware(SecurityHeaders),
+            Middleware(BodyLimit, limit=settings.max_body_bytes),
+        ],
     )

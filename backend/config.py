@@ -9,10 +9,13 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from backend.webhooks.addresses import IPNetwork, parse_networks
 
 _DURATION_PART = re.compile(r"(\d+)(d|h|m|s)")
 _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+MAX_DURATION_S = 36500 * 86400
 
 
 def parse_duration(value: object) -> timedelta:
@@ -38,6 +41,8 @@ def parse_duration(value: object) -> timedelta:
         raise ValueError("must be a duration such as 30s, 15m, 12h or 1h30m")
     if seconds < 0:
         raise ValueError("must not be negative")
+    if seconds > MAX_DURATION_S:  # a larger one overflowed timedelta (a 500 in ?step=)
+        raise ValueError("must be at most 36500d (100 years)")
     return timedelta(seconds=seconds)
 
 
@@ -78,9 +83,28 @@ class Settings(BaseSettings):
     log_level: str = "info"
     db_pool_size: int = 10
     db_echo: bool = False
+    # The largest request body the API reads; a larger one is answered 413 before it is read
+    # (a run's spec, the largest request, is bounded well under it in backend/runs/spec.py).
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # A GraphQL request's time budget: past it, it is answered TIME_BUDGET_EXCEEDED.
+    graphql_time_budget: Duration = timedelta(seconds=30)
+    # Database sessions one workspace's GraphQL requests hold at once, all of them together,
+    # so that one workspace's heavy requests cannot take every connection from the others.
+    graphql_sessions_per_workspace: int = Field(default=4, ge=1)
     lease_time: Duration = timedelta(seconds=60)
     # Where machines' agents connect (gRPC); 0 turns the agent endpoint off.
     agent_port: int = 8081
+    # TLS on both listeners (HTTP API and the agents' gRPC endpoint): a PEM certificate (chain)
+    # and its key. Without them the server listens in plaintext, only on a loopback host unless
+    # allow_plaintext says so (behind a proxy that terminates TLS). backend/tls.py
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # The CA that signed tls_cert, for `astraeus up`'s local agent (default: tls_cert itself,
+    # right for a self-signed one).
+    tls_ca: Path | None = None
+    # Agents must present a client certificate signed by this CA (PEM).
+    agent_client_ca: Path | None = None
+    allow_plaintext: bool = False
     # `astraeus up` starts an agent on this machine, with this many simulated GPUs where the
     # machine has no NVIDIA GPU (with NVML present it uses the real ones).
     local_agent: bool = True
@@ -94,6 +118,16 @@ class Settings(BaseSettings):
     # Run the Dramatiq worker and the periodic pass inside the server (the embedded mode).
     # Default: on with the embedded broker, off with Redis (run `astraeus worker` instead).
     run_jobs: bool | None = None
+    # Networks webhooks may be sent to although they are inside (loopback, private, …):
+    # receivers of this organisation's own network, e.g. "10.20.0.0/16,127.0.0.1". Comma-
+    # separated; empty: none. The server's own ports are refused whatever it says.
+    webhook_allow: Annotated[tuple[IPNetwork, ...], NoDecode, BeforeValidator(parse_networks)] = ()
+    # The keys secret values and webhook secrets are encrypted with at rest (Fernet keys,
+    # comma-separated: the first encrypts, every one decrypts, so a key can be rotated). Unset:
+    # read from ``secret_key_file``, by default ``<data_dir>/secret.key``, made at first start.
+    # Every server process of one database needs the same keys.
+    secret_key: str | None = Field(default=None, repr=False)
+    secret_key_file: Path | None = None
 
     @model_validator(mode="after")
     def _leases_checked_in_time(self) -> Settings:
@@ -138,7 +172,8 @@ class Settings(BaseSettings):
 
     @property
     def api_url(self) -> str:
-        return self.public_url or f"http://{self.host}:{self.port}"
+        scheme = "https" if self.tls_cert else "http"
+        return self.public_url or f"{scheme}://{self.host}:{self.port}"
 
 
 @lru_cache(maxsize=1)

@@ -6,6 +6,9 @@ from __future__ import annotations
 # expected), and `str.isdigit` accepts '²', which `int` does not: only ASCII digits, at most 19.
 _MAX_DIGITS = 19
 
+# The biggest id a row may have (BIGINT, and SQLite's INTEGER): a bigger one names nothing.
+BIGGEST_ID = 2**63 - 1
+
 
 def whole_number(raw: str | int, low: int, high: int) -> int | None:
     """``raw`` as a whole number from ``low`` to ``high``, else None (the caller names the

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.models import ApiToken, Membership, Organization, User, Workspace
@@ -22,6 +24,8 @@ class TokenHolder:
     workspace_id: int | None
     workspace_name: str | None
     is_org_admin: bool
+    revoked_at: datetime | None
+    expires_at: datetime | None
 
 
 async def find_user_token(session: AsyncSession, token_hash: str) -> TokenHolder | None:
@@ -45,13 +49,14 @@ async def find_user_token(session: AsyncSession, token_hash: str) -> TokenHolder
                 Workspace.id.label("workspace_id"),
                 Workspace.name.label("workspace_name"),
                 admin.label("is_org_admin"),
+                ApiToken.revoked_at,
+                ApiToken.expires_at,
             )
             .join(User, User.id == ApiToken.user_id)
             .join(Organization, Organization.id == ApiToken.organization_id)
             .outerjoin(Workspace, Workspace.id == ApiToken.workspace_id)
             .where(
                 ApiToken.token_hash == token_hash,
-                ApiToken.revoked_at.is_(None),
                 ApiToken.kind == "user",
             )
         )
@@ -67,17 +72,8 @@ async def find_user_token(session: AsyncSession, token_hash: str) -> TokenHolder
         workspace_id=row.workspace_id,
         workspace_name=row.workspace_name,
         is_org_admin=bool(row.is_org_admin),
-    )
-
-
-async def find_agent_token(session: AsyncSession, token_hash: str) -> ApiToken | None:
-    return await session.scalar(
-        select(ApiToken).where(
-            ApiToken.token_hash == token_hash,
-            ApiToken.revoked_at.is_(None),
-            ApiToken.kind == "agent",
-            ApiToken.cluster_id.is_not(None),
-        )
+        revoked_at=row.revoked_at,
+        expires_at=row.expires_at,
     )
 
 
@@ -96,6 +92,76 @@ async def find_membership(
     else:
         query = query.where(Membership.workspace_id == workspace_id)
     return await session.scalar(query)
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    """A user token as listings show it (never its secret or digest)."""
+
+    id: int
+    prefix: str
+    name: str
+    user_name: str
+    workspace_name: str | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+async def user_tokens(
+    session: AsyncSession,
+    *,
+    organization_id: int | None = None,
+    user_id: int | None = None,
+    token_id: int | None = None,
+    prefix: str | None = None,
+) -> list[TokenRow]:
+    """User tokens, narrowed by whichever of organisation, user, id and prefix are given."""
+    query = (
+        select(
+            ApiToken.id,
+            ApiToken.prefix,
+            ApiToken.name,
+            User.name.label("user_name"),
+            Workspace.name.label("workspace_name"),
+            ApiToken.created_at,
+            ApiToken.expires_at,
+            ApiToken.revoked_at,
+        )
+        .join(User, User.id == ApiToken.user_id)
+        .outerjoin(Workspace, Workspace.id == ApiToken.workspace_id)
+        .where(ApiToken.kind == "user")
+        .order_by(ApiToken.id)
+    )
+    if organization_id is not None:
+        query = query.where(ApiToken.organization_id == organization_id)
+    if user_id is not None:
+        query = query.where(ApiToken.user_id == user_id)
+    if token_id is not None:
+        query = query.where(ApiToken.id == token_id)
+    if prefix is not None:
+        query = query.where(ApiToken.prefix.startswith(prefix, autoescape=True))
+    return [TokenRow(**row._mapping) for row in await session.execute(query)]
+
+
+async def revoke_token(session: AsyncSession, token_id: int, now: datetime) -> None:
+    await session.execute(
+        update(ApiToken)
+        .where(ApiToken.id == token_id, ApiToken.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+
+
+async def token_states(
+    session: AsyncSession, token_ids: Collection[int]
+) -> dict[int, tuple[datetime | None, datetime | None]]:
+    """Each of ``token_ids`` that still exists: (revoked_at, expires_at)."""
+    rows = await session.execute(
+        select(ApiToken.id, ApiToken.revoked_at, ApiToken.expires_at).where(
+            ApiToken.id.in_(token_ids)
+        )
+    )
+    return {row.id: (row.revoked_at, row.expires_at) for row in rows}
 
 
 def add(session: AsyncSession, *rows: object) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import datetime
+
+from backend.parsing import BIGGEST_ID, whole_number
 
 TOKEN_PREFIX = "astx_"
 
@@ -15,6 +18,31 @@ def hash_token(secret: str) -> str:
 
 def looks_like_token(secret: str) -> bool:
     return secret.startswith(TOKEN_PREFIX) and 20 <= len(secret) <= 128
+
+
+REVOKED = "The API token is unknown or revoked."
+EXPIRED = "The API token has expired."
+
+
+def token_refusal(
+    revoked_at: datetime | None, expires_at: datetime | None, now: datetime
+) -> str | None:
+    """Why a known token is refused at ``now``, or None while it is good."""
+    if revoked_at is not None:
+        return REVOKED
+    if expires_at is not None and expires_at <= now:
+        return EXPIRED
+    return None
+
+
+def token_reference(reference: str) -> tuple[int | None, str | None]:
+    """``astraeus token revoke 12`` names a token by its id, ``… astx_Ab3dE`` by its first
+    characters: (id, None) or (None, prefix)."""
+    text = reference.strip()
+    token_id = whole_number(text, 1, BIGGEST_ID) if text.isascii() and text.isdigit() else None
+    if token_id is not None:
+        return token_id, None
+    return None, text  # digits past any id are a prefix no token has
 
 
 @dataclass(frozen=True)
@@ -37,12 +65,3 @@ class Principal:
 
     def can_see_organization(self, organization_id: int) -> bool:
         return self.is_org_admin and organization_id == self.organization_id
-
-
-@dataclass(frozen=True)
-class AgentPrincipal:
-    """A machine's agent, as its token says: it may join one cluster of one organisation."""
-
-    token_id: int
-    organization_id: int
-    cluster_id: int

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access import repository
+from backend.access.repository import TokenRow
 from backend.access.rules import (
     TOKEN_PREFIX,
-    AgentPrincipal,
     Principal,
     hash_token,
     looks_like_token,
+    token_reference,
+    token_refusal,
 )
 from backend.clock import Clock
-from backend.errors import Unauthenticated
+from backend.errors import Conflict, NotFound, Unauthenticated
 from backend.models import ApiToken, Membership, User
 
 
@@ -27,8 +30,11 @@ class IssuedToken:
     token_id: int
 
 
-async def authenticate(session: AsyncSession, secret: str | None) -> Principal:
-    """The principal behind ``Authorization: Bearer <secret>``; refuses anything else."""
+async def authenticate(
+    session: AsyncSession, secret: str | None, now: datetime | None = None
+) -> Principal:
+    """The principal behind ``Authorization: Bearer <secret>`` at ``now`` (default: the system
+    clock's); refuses anything else, and a revoked or expired token."""
     if not secret:
         raise Unauthenticated("An API token is required: send 'Authorization: Bearer <token>'.")
     if not looks_like_token(secret):
@@ -36,6 +42,9 @@ async def authenticate(session: AsyncSession, secret: str | None) -> Principal:
     holder = await repository.find_user_token(session, hash_token(secret))
     if holder is None:
         raise Unauthenticated("The API token is unknown or revoked.")
+    refusal = token_refusal(holder.revoked_at, holder.expires_at, now or datetime.now(UTC))
+    if refusal is not None:
+        raise Unauthenticated(refusal)
     return Principal(
         token_id=holder.token_id,
         user_id=holder.user_id,
@@ -45,32 +54,6 @@ async def authenticate(session: AsyncSession, secret: str | None) -> Principal:
         workspace_id=holder.workspace_id,
         workspace_name=holder.workspace_name,
         is_org_admin=holder.is_org_admin,
-    )
-
-
-async def authenticate_agent(session: AsyncSession, secret: str | None) -> AgentPrincipal:
-    """The cluster a machine's agent may join, from its machine token."""
-    if not secret or not looks_like_token(secret):
-        raise Unauthenticated("A machine token is required.")
-    token = await repository.find_agent_token(session, hash_token(secret))
-    if token is None or token.cluster_id is None:
-        raise Unauthenticated("The machine token is unknown or revoked.")
-    return AgentPrincipal(
-        token_id=token.id, organization_id=token.organization_id, cluster_id=token.cluster_id
-    )
-
-
-async def issue_agent_token(
-    session: AsyncSession, clock: Clock, *, organization_id: int, cluster_id: int, name: str = ""
-) -> IssuedToken:
-    """A token for the agents of one cluster's machines. Shown once, stored as its digest."""
-    return await _issue(
-        session,
-        clock,
-        name=name,
-        kind="agent",
-        organization_id=organization_id,
-        cluster_id=cluster_id,
     )
 
 
@@ -113,8 +96,10 @@ async def issue_user_token(
     organization_id: int,
     workspace_id: int,
     name: str = "",
+    expires_in: timedelta | None = None,
 ) -> IssuedToken:
-    """A new token for ``user`` acting in a workspace. The secret is returned once, never stored."""
+    """A new token for ``user`` acting in a workspace, refused ``expires_in`` from now (None:
+    never expires). The secret is returned once, never stored."""
     return await _issue(
         session,
         clock,
@@ -123,7 +108,72 @@ async def issue_user_token(
         user_id=user.id,
         organization_id=organization_id,
         workspace_id=workspace_id,
+        expires_at=None if expires_in is None else clock.now() + expires_in,
     )
+
+
+async def list_tokens(session: AsyncSession, principal: Principal) -> list[TokenRow]:
+    """The user tokens ``principal`` may see: its user's own; an organisation admin's: every
+    user token of the organisation's workspaces."""
+    organization_id, user_id = _visible(principal)
+    return await repository.user_tokens(session, organization_id=organization_id, user_id=user_id)
+
+
+async def revoke_token(
+    session: AsyncSession, clock: Clock, principal: Principal, reference: str
+) -> TokenRow:
+    """Revoke a token ``principal`` may see, by id or prefix; another's is as if absent."""
+    organization_id, user_id = _visible(principal)
+    return await _revoke(session, clock, reference, organization_id, user_id)
+
+
+async def organization_tokens(session: AsyncSession, organization_id: int) -> list[TokenRow]:
+    """Every user token of an organisation (``astraeus token list``)."""
+    return await repository.user_tokens(session, organization_id=organization_id)
+
+
+async def revoke_organization_token(
+    session: AsyncSession, clock: Clock, organization_id: int, reference: str
+) -> TokenRow:
+    """``astraeus token revoke``: a user token of the organisation, by id or prefix."""
+    return await _revoke(session, clock, reference, organization_id, None)
+
+
+def _visible(principal: Principal) -> tuple[int, int | None]:
+    """(organisation, user) of the tokens ``principal`` sees; user None: every user's."""
+    if principal.is_org_admin:
+        return principal.organization_id, None
+    # A user token always has its user; -1 (no one) should one ever lack it.
+    return principal.organization_id, principal.user_id if principal.user_id is not None else -1
+
+
+async def _revoke(
+    session: AsyncSession,
+    clock: Clock,
+    reference: str,
+    organization_id: int,
+    user_id: int | None,
+) -> TokenRow:
+    token_id, prefix = token_reference(reference)
+    if token_id is None and not prefix:
+        raise NotFound("TOKEN_NOT_FOUND", "Name a token by its id or its first characters.")
+    found = await repository.user_tokens(
+        session,
+        organization_id=organization_id,
+        user_id=user_id,
+        token_id=token_id,
+        prefix=prefix,
+    )
+    if not found:
+        raise NotFound("TOKEN_NOT_FOUND", f"No token '{reference}'.")
+    if len(found) > 1:
+        raise Conflict(
+            "TOKEN_AMBIGUOUS",
+            f"'{reference}' begins {len(found)} tokens; give more characters or the id.",
+        )
+    await repository.revoke_token(session, found[0].id, clock.now())
+    rows = await repository.user_tokens(session, token_id=found[0].id)
+    return rows[0]
 
 
 async def _issue(session: AsyncSession, clock: Clock, **fields: Any) -> IssuedToken:

@@ -21,15 +21,16 @@ import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.access import service as access
-from backend.access.rules import AgentPrincipal
 from backend.agents import service
 from backend.agents.service import HelloInfo, KnownWorker, WorkerEventInfo, agent_time
 from backend.clock import Clock
 from backend.db import Database, database_away
-from backend.errors import DatabaseUnavailable, Unauthenticated
+from backend.errors import DatabaseUnavailable, NotFound, Unauthenticated
 from backend.lifecycle.rules import Effects
 from backend.logs.service import LogText, WorkerRef
+from backend.machine_identity import service as identity
+from backend.machine_identity.rules import MachinePrincipal
+from backend.machines import rules as machine_rules
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
 from backend.metrics.rules import SampleIn
@@ -96,6 +97,8 @@ class MachineStream:
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     last_command_sent: int = 0
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Why the server ends the stream (its credential was revoked): the agent is told so.
+    refusal: str | None = None
     follows: dict[int, Follow] = field(default_factory=dict)
     # The machine's messages in the order they came, for the writer: applied to the database
     # (waiting out an outage) and acknowledged in that order. Replies are answered at once.
@@ -162,6 +165,21 @@ class LogChunkInfo:
     ended: bool
 
 
+def _facts(hello: agent_pb2.Hello) -> machine_rules.MachineFacts:
+    return machine_rules.MachineFacts(
+        name=hello.machine,
+        pool=hello.pool,
+        cpu_cores=hello.cpu_cores,
+        memory_bytes=hello.memory_bytes,
+        gpus=tuple(
+            machine_rules.GpuFacts(g.index, g.uuid, g.model, g.memory_bytes, g.health_reason)
+            for g in hello.gpus
+        ),
+        agent_version=hello.agent_version,
+        known_workers=len(hello.workers),
+    )
+
+
 def _hello_info(hello: agent_pb2.Hello) -> HelloInfo:
     return HelloInfo(
         machine=hello.machine,
@@ -208,16 +226,28 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         assert first is not None
         if first.hello.protocol < PROTOCOL:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, OLD_AGENT)
+        problem = machine_rules.registration_problem(_facts(first.hello))
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Hello refused: {problem}.")
         info = _hello_info(first.hello)
         try:
             async with self.db.transaction() as session:
-                machine = await service.hello(session, self.clock, agent, info, self.lease)
-                to_stop, fx = await service.reconcile(session, self.clock, machine, info.workers)
+                refusal = await identity.registration_refusal(session, agent, info.machine)
+                if refusal is None:
+                    await identity.mark_used(session, self.clock, agent)
+                    machine = await service.hello(session, self.clock, agent, info, self.lease)
+                    to_stop, fx = await service.reconcile(
+                        session, self.clock, machine, info.workers
+                    )
         except Exception as error:
             if not database_away(error):
-                raise
+                # What the database said stays in the server's log, never on the wire.
+                log.exception("machine %r could not be registered", info.machine)
+                await context.abort(grpc.StatusCode.INTERNAL, REGISTRATION_FAILED)
             await context.abort(grpc.StatusCode.UNAVAILABLE, DatabaseUnavailable().message)
             raise  # abort raises; this keeps type checkers sure
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
         if fx.freed:
             self.on_freed()
         stream = self.streams.open(machine.id)
@@ -235,7 +265,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         tasks = [
             asyncio.create_task(_ending_on_failure(stream, self._read(stream, request_iterator))),
             asyncio.create_task(_ending_on_failure(stream, self._write(stream, machine))),
-            asyncio.create_task(_ending_on_failure(stream, self._deliver_commands(stream))),
+            asyncio.create_task(_ending_on_failure(stream, self._deliver_commands(stream, agent))),
         ]
         try:
             while not stream.closed.is_set():
@@ -247,6 +277,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     yield getter.result()
                 else:
                     getter.cancel()
+            if stream.refusal is not None:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, stream.refusal)
         finally:
             for task in tasks:
                 task.cancel()
@@ -312,13 +344,33 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             if not stream.closed.is_set():
                 stream.send(log_follow_stop=agent_pb2.LogFollowStop(follow_id=str(request_id)))
 
-    async def _authenticate(self, context: grpc.aio.ServicerContext) -> AgentPrincipal:
-        metadata = dict(context.invocation_metadata() or ())
-        header = str(metadata.get("authorization", ""))
-        secret = header[7:].strip() if header.lower().startswith("bearer ") else None
+    async def Join(
+        self, request: agent_pb2.JoinRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.JoinReply:
+        """A join token exchanged for the machine's own credential (shown this once)."""
+        try:
+            async with self.db.transaction() as session:
+                issued = await identity.join(
+                    session, self.clock, _bearer(context) or "", request.machine
+                )
+        except identity.JoinRefused as refused:
+            code = grpc.StatusCode.UNAUTHENTICATED
+            if not refused.unauthenticated:
+                code = grpc.StatusCode.PERMISSION_DENIED
+            await context.abort(code, refused.message)
+            raise  # abort raises; this keeps type checkers sure
+        except Exception as error:
+            if not database_away(error):
+                raise
+            await context.abort(grpc.StatusCode.UNAVAILABLE, DatabaseUnavailable().message)
+            raise
+        log.info("machine %s joined with a join token", request.machine)
+        return agent_pb2.JoinReply(credential=issued.secret, machine=request.machine)
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> MachinePrincipal:
         try:
             async with self.db.read() as session:
-                return await access.authenticate_agent(session, secret)
+                return await identity.authenticate(session, _bearer(context))
         except Unauthenticated as error:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, error.message)
             raise  # abort raises; this keeps type checkers sure
@@ -416,7 +468,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         h = message.gpu_health
         row = await session.get(Machine, machine.id)
         assert row is not None
-        return await service.gpu_health(session, self.clock, row, h.index, h.healthy, h.reason)
+        reason = h.reason[: machine_rules.MAX_HEALTH_REASON]
+        try:
+            return await service.gpu_health(session, self.clock, row, h.index, h.healthy, reason)
+        except NotFound as refused:  # a GPU it never registered: refused, the stream goes on
+            log.warning("machine %s: GpuHealth refused: %s", machine.name, refused.message)
+            return Effects()
 
     async def _command_ack(
         self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
@@ -427,17 +484,25 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     async def _secret_request(
         self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
-    ) -> None:
+    ) -> Effects | None:
         asked = message.secret_request
         found = await secrets.values_for_worker(session, machine.id, asked.worker_id, asked.attempt)
         stream = self.streams.get(machine.id)
         if found is None or stream is None:
-            return  # not this machine's worker (or not this attempt): it gets nothing
-        stream.send(
-            secret_values=agent_pb2.SecretValues(
-                worker_id=asked.worker_id, values=found.values, missing=found.missing
-            )
+            return None  # not this machine's worker (or not this attempt): it gets nothing
+        answer = agent_pb2.SecretValues(
+            worker_id=asked.worker_id, values=found.values, missing=found.missing
         )
+        size = answer.ByteSize()
+        if size > MESSAGE_LIMIT:
+            reason = too_large(
+                "The values of its secrets are", size, "give the run fewer or smaller secrets"
+            )
+            return await service.fail_worker(
+                session, self.clock, machine.id, asked.worker_id, asked.attempt, reason
+            )
+        stream.send(secret_values=answer)
+        return None
 
     async def _metrics(
         self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
@@ -468,12 +533,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         "command_ack": _command_ack,
     }
 
-    async def _deliver_commands(self, stream: MachineStream) -> None:
+    async def _deliver_commands(self, stream: MachineStream, agent: MachinePrincipal) -> None:
         """Send the machine's new unacknowledged commands, in order, as they appear (none
-        while the database is away)."""
+        while the database is away). A command too large for the stream is never sent: its
+        worker fails with a reason instead, and the stream carries the next one. The stream
+        ends once its credential is revoked."""
+        checked = -REVOCATION_CHECK_S
         while not stream.closed.is_set():
             try:
                 async with self.db.read() as session:
+                    if asyncio.get_running_loop().time() - checked >= REVOCATION_CHECK_S:
+                        stream.refusal = await identity.still_valid(session, agent)
+                        checked = asyncio.get_running_loop().time()
                     commands = await service.commands_to_send(
                         session, stream.machine_id, stream.last_command_sent
                     )
@@ -481,18 +552,54 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 if not database_away(error):
                     raise
                 commands = []
+            if stream.refusal is not None:
+                stream.closed.set()
+                return
             for c in commands:
-                stream.send(
-                    command=agent_pb2.Command(
-                        command_id=c.id,
-                        kind=_COMMANDS[c.kind],
-                        worker_id=c.target_worker_id or 0,
-                        start=start_message(c) if c.kind == "start" else None,
-                    )
+                message = agent_pb2.Command(
+                    command_id=c.id,
+                    kind=_COMMANDS[c.kind],
+                    worker_id=c.target_worker_id or 0,
+                    start=start_message(c) if c.kind == "start" else None,
                 )
+                size = message.ByteSize()
+                if size > MESSAGE_LIMIT:
+                    await self._undeliverable(stream.machine_id, c, size)
+                else:
+                    stream.send(command=message)
                 stream.last_command_sent = c.id
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stream.closed.wait(), self.poll_interval)
+
+    async def _undeliverable(self, machine_id: int, command: AgentCommand, size: int) -> None:
+        """A command the stream cannot carry: set aside, and its worker fails saying why."""
+        reason = too_large(f"Its {command.kind} command is", size)
+        async with self.db.transaction() as session:
+            fx = await service.undeliverable(session, self.clock, machine_id, command.id, reason)
+        if fx.freed:
+            self.on_freed()
+
+
+def _bearer(context: grpc.aio.ServicerContext) -> str | None:
+    metadata = dict(context.invocation_metadata() or ())
+    header = str(metadata.get("authorization", ""))
+    return header[7:].strip() if header.lower().startswith("bearer ") else None
+
+
+REGISTRATION_FAILED = "The server could not register this machine; its log says why."
+# The most a message to an agent may be: gRPC's default limit on what a channel receives
+# (4 MiB), less room for the message's own framing.
+MESSAGE_LIMIT = 4 * 2**20 - 64 * 2**10
+SMALLER_SPEC = "make the spec's environment, command and mounts smaller"
+# How often a stream checks that its credential is still good: a revoked one ends within this.
+REVOCATION_CHECK_S = 2.0
+
+
+def too_large(what: str, size: int, advice: str = SMALLER_SPEC) -> str:
+    return (
+        f"{what} {size / 2**20:.1f} MiB, over the {MESSAGE_LIMIT / 2**20:.1f} MiB a "
+        f"machine's stream carries: {advice}."
+    )
 
 
 # The protocol revision agents must speak: 2 names workers by id (issue 17).
@@ -570,10 +677,17 @@ def start_message(command: AgentCommand) -> agent_pb2.StartWorker:
     return start
 
 
-async def serve(service_: AgentService, address: str) -> grpc.aio.Server:
+async def serve(
+    service_: AgentService, address: str, credentials: grpc.ServerCredentials | None = None
+) -> grpc.aio.Server:
+    """The agents' endpoint on ``address``: TLS with ``credentials``, else plaintext (which
+    backend/tls.py allows only on loopback or by ASTRAEUS_ALLOW_PLAINTEXT)."""
     server = grpc.aio.server()
     agent_pb2_grpc.add_AgentServicer_to_server(service_, server)
-    server.add_insecure_port(address)
+    if credentials is None:
+        server.add_insecure_port(address)
+    else:
+        server.add_secure_port(address, credentials)
     await server.start()
     async with service_.db.transaction() as session:
         await machines.grant_restart_grace(session, service_.clock, service_.lease)

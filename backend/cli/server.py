@@ -5,7 +5,16 @@ astraeus serve              the API server (a deployment runs ``db upgrade`` fir
 astraeus db upgrade         apply the migrations
 astraeus bootstrap          create the first organisation, cluster, workspace and admin token
 astraeus workspace create   add a workspace to an organisation
-astraeus token create       a token for a user acting in a workspace
+astraeus workspace ceiling  the highest priority a workspace's runs may ask for
+astraeus workspace quota    the most GPUs a workspace's runs may hold on a cluster
+astraeus cluster preemption may runs preempt other workspaces' runs over their quota
+astraeus token create       a token for a user acting in a workspace (--expires 30d)
+astraeus token list         the organisation's user tokens
+astraeus token revoke       revoke a user token by id or prefix
+astraeus secrets new-key    print a new encryption key (to put first when rotating)
+astraeus secrets reencrypt  encrypt stored secrets with the first key (after a key rotation)
+astraeus agent-token        join tokens machines exchange for their own credential
+astraeus machine-credential list or revoke machines' credentials
 """
 
 from __future__ import annotations
@@ -20,20 +29,28 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend import migrations
+from backend.access import redaction
 from backend.access import service as access
+from backend.access.repository import TokenRow
 from backend.cli import demo
+from backend.cli import machines as machine_cli
 from backend.clock import SystemClock
-from backend.config import Settings, get_settings, settings_problems
+from backend.config import Settings, get_settings, parse_duration, settings_problems
 from backend.db import Database
 from backend.errors import AstraeusError
+from backend.machine_identity import service as identity
 from backend.organizations import service as organizations
+from backend.secrets import crypto
+from backend.secrets import service as secrets_service
 
 if TYPE_CHECKING:
     import uvicorn
@@ -72,17 +89,54 @@ def cmd_bootstrap(settings: Settings, args: argparse.Namespace) -> int:
     if result is None:
         print("Astraeus is already set up; `astraeus token create` makes more tokens.")
         return 0
-    if settings.is_embedded:
-        path = token_file(settings)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(result.token + "\n")
-        path.chmod(0o600)
+    path = token_file(settings) if settings.is_embedded else None
+    if path is not None:
+        _write_private(path, result.token + "\n")
     print(f"organization: {result.organization}")
     print(f"cluster:      {result.cluster}")
     print(f"workspace:    {result.workspace}")
     print(f"admin user:   {result.user} (organisation admin)")
-    print(f"token:        {result.token}")
+    if path is not None and getattr(args, "token_to_terminal_only", False) and not _terminal():
+        # `astraeus up`'s output is the server's log when it is not a terminal: the token
+        # stays in its file
+        print(f"token:        in {path} (shown only on a terminal)")
+    else:
+        print(f"token:        {result.token}")
     return 0
+
+
+def _terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _write_private(path: Path, text: str) -> None:
+    """A file only this user may read (0600 from its creation), in a folder of its own."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    path.chmod(0o600)  # made before with another mode
+
+
+def _private_data(settings: Settings) -> None:
+    """The data folder (0700) and what the server keeps there (0600): the embedded database,
+    its journal files, the tokens' files and the encryption key, made now if new. Other
+    users of the machine, the local agent's workloads among them, read none of it."""
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    settings.data_dir.chmod(0o700)
+    files = [token_file(settings), settings.data_dir / "agent-token"]
+    if settings.is_embedded:
+        db = Path(settings.resolved_database_url.removeprefix("sqlite:///"))
+        if not db.exists():  # SQLite takes an empty file as an empty database
+            db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.close(os.open(db, os.O_WRONLY | os.O_CREAT, 0o600))
+        # SQLite makes its -wal and -shm files with the database file's mode
+        files += [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
+    crypto.configure(crypto.load_keyring(settings))  # the key file, made now if new
+    files.append(crypto.key_file(settings))
+    for path in files:
+        with contextlib.suppress(FileNotFoundError):
+            path.chmod(0o600)
 
 
 def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
@@ -103,6 +157,45 @@ def cmd_workspace_create(settings: Settings, args: argparse.Namespace) -> int:
         return ws.name
 
     print(f"workspace {_in_transaction(settings, work)} created")
+    return 0
+
+
+def cmd_workspace_ceiling(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(session: AsyncSession) -> int:
+        org = await organizations.organization_by_name(session, args.organization)
+        ws = await organizations.set_priority_ceiling(session, org.id, args.name, args.ceiling)
+        return ws.priority_ceiling
+
+    print(
+        f"workspace {args.name}: runs may ask for priority up to {_in_transaction(settings, work)}"
+    )
+    return 0
+
+
+def cmd_workspace_quota(settings: Settings, args: argparse.Namespace) -> int:
+    gpus = None if args.gpus == "none" else int(args.gpus)
+
+    async def work(session: AsyncSession) -> int | None:
+        org = await organizations.organization_by_name(session, args.organization)
+        return await organizations.set_quota(session, org.id, args.name, args.cluster, gpus)
+
+    limit = _in_transaction(settings, work)
+    held = "no quota" if limit is None else f"at most {limit} GPUs at once"
+    print(f"workspace {args.name} on {args.cluster}: {held}")
+    return 0
+
+
+def cmd_cluster_preemption(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(session: AsyncSession) -> bool:
+        org = await organizations.organization_by_name(session, args.organization)
+        allowed = args.over_quota == "allow"
+        found = await organizations.set_preemption_policy(session, org.id, args.name, allowed)
+        return found.preempt_over_quota
+
+    if _in_transaction(settings, work):
+        print(f"cluster {args.name}: runs may preempt other workspaces' runs over their quota")
+    else:
+        print(f"cluster {args.name}: runs preempt only their own workspace's runs")
     return 0
 
 
@@ -132,27 +225,99 @@ def cmd_token_create(settings: Settings, args: argparse.Namespace) -> int:
             organization_id=org.id,
             workspace_id=ws.id,
             name=args.name,
+            expires_in=args.expires,
         )
         return issued.secret
 
     print(_in_transaction(settings, work))
+    return 0
+
+
+def _expiry(text: str) -> timedelta:
+    """``--expires 30d``: a duration such as 12h, 30d or 1h30m (not 0)."""
+    try:
+        found = parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    if found <= timedelta(0):
+        raise argparse.ArgumentTypeError("must be longer than 0s")
+    return found
+
+
+def cmd_token_list(settings: Settings, args: argparse.Namespace) -> int:
+    """Every user token of the organisation: id, prefix, user, workspace, state."""
+
+    async def work(session: AsyncSession) -> list[TokenRow]:
+        org = await organizations.organization_by_name(session, args.organization)
+        return await access.organization_tokens(session, org.id)
+
+    now = datetime.now(UTC)
+    rows = [
+        [
+            str(t.id),
+            t.prefix,
+            t.user_name,
+            t.workspace_name or "-",
+            t.name or "-",
+            _token_state(t, now),
+            _when(t.created_at),
+        ]
+        for t in _in_transaction(settings, work)
+    ]
+    header = ["ID", "PREFIX", "USER", "WORKSPACE", "NAME", "STATE", "CREATED"]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _token_state(token: TokenRow, now: datetime) -> str:
+    if token.revoked_at is not None:
+        return f"revoked {_when(token.revoked_at)}"
+    if token.expires_at is None:
+        return "active"
+    return f"{'expired' if token.expires_at <= now else 'expires'} {_when(token.expires_at)}"
+
+
+def _when(at: datetime | None) -> str:
+    return "-" if at is None else at.strftime("%Y-%m-%dT%H:%MZ")
+
+
+def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(session: AsyncSession) -> TokenRow:
+        org = await organizations.organization_by_name(session, args.organization)
+        return await access.revoke_organization_token(session, SystemClock(), org.id, args.token)
+
+    found = _in_transaction(settings, work)
+    print(f"token {found.id} ({found.prefix}…, {found.user_name}) revoked")
+    return 0
+
+
+def cmd_secrets_reencrypt(settings: Settings, args: argparse.Namespace) -> int:
+    """After a new key was put first in ASTRAEUS_SECRET_KEY or the key file: every stored
+    secret encrypted with it, so that the old key can be dropped."""
+    crypto.configure(crypto.load_keyring(settings))
+    count = _in_transaction(settings, secrets_service.reencrypt)
+    print(f"{count} stored secrets encrypted with the first key; the others may now be dropped")
+    return 0
+
+
+def cmd_secrets_new_key(settings: Settings, args: argparse.Namespace) -> int:
+    """A new key, to put first in ASTRAEUS_SECRET_KEY or the key file when rotating."""
+    print(crypto.Keyring.new_key())
     return 0
 
 
 def cmd_agent_token_create(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(session: AsyncSession) -> str:
-        org = await organizations.organization_by_name(session, args.organization)
-        cluster = await organizations.cluster_by_name(session, org.id, args.cluster)
-        issued = await access.issue_agent_token(
-            session, SystemClock(), organization_id=org.id, cluster_id=cluster.id, name=args.name
-        )
-        return issued.secret
-
-    print(_in_transaction(settings, work))
-    return 0
+    """`token create --agent`: a join token, as `astraeus agent-token create` makes."""
+    return machine_cli.create_join_token(_in_transaction, settings, args)
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
+    if settings.is_embedded:
+        _private_data(settings)
+    else:  # the keys, from the settings or the data folder's key file, before serving
+        crypto.configure(crypto.load_keyring(settings))
     if args.host:
         settings.host = args.host
     if args.port:
@@ -164,16 +329,21 @@ def _api_server(settings: Settings) -> uvicorn.Server:
     import uvicorn
 
     from backend.app import create_app
+    from backend.tls import server_tls
 
-    return uvicorn.Server(
+    tls = server_tls(settings)  # refuses plaintext off loopback, naming the settings
+    server = uvicorn.Server(
         uvicorn.Config(
             create_app(settings),
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level,
             proxy_headers=True,
+            **(tls.uvicorn_options() if tls else {}),
         )
     )
+    redaction.install()  # uvicorn's loggers are configured by now: no token in the access log
+    return server
 
 
 def _serve(server: uvicorn.Server) -> int:
@@ -190,11 +360,14 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     # The database (every workspace's secrets) and the tokens: this user's alone. The local
     # agent's workloads, which run as users of their own, keep their folders elsewhere when
     # they cannot reach into it (agent/identity.py).
-    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    settings.data_dir.chmod(0o700)
+    _private_data(settings)
     migrations.upgrade(settings.resolved_database_url)
     bootstrap_args = argparse.Namespace(
-        organization="default", cluster="local", workspace="default", admin="admin"
+        organization="default",
+        cluster="local",
+        workspace="default",
+        admin="admin",
+        token_to_terminal_only=True,
     )
     cmd_bootstrap(settings, bootstrap_args)
     if args.host:
@@ -235,22 +408,33 @@ LOCAL_POOL = "local"
 
 def _local_agent_command(settings: Settings) -> list[str] | None:
     """The embedded mode's machine: this one, joined with a machine token of the cluster."""
+    if settings.agent_client_ca is not None:
+        print(
+            "  local agent: not started: ASTRAEUS_AGENT_CLIENT_CA asks agents for a client "
+            "certificate; start `astraeus agent --client-cert … --client-key …` on this machine",
+            flush=True,
+        )
+        return None
+    from agent.connection import CREDENTIAL_FILE
+
+    # The local machine joins once with a join token; its agent keeps its own credential.
     token = settings.data_dir / "agent-token"
-    if not token.exists():
+    if not (settings.data_dir / "agent" / CREDENTIAL_FILE).exists():
+        old = token.read_text().strip() if token.exists() else None
 
         async def work(session: AsyncSession) -> str:
             org = await organizations.organization_by_name(session, "default")
             cluster = await organizations.cluster_by_name(session, org.id, "local")
-            issued = await access.issue_agent_token(
-                session, SystemClock(), organization_id=org.id, cluster_id=cluster.id, name="local"
-            )
+            issued = await identity.rejoin_token(session, SystemClock(), cluster, "local", old)
             return issued.secret
 
         try:
-            token.write_text(_in_transaction(settings, work) + "\n")
+            secret = _in_transaction(settings, work)
         except AstraeusError:
             return None  # set up by hand (another organisation or cluster): no local agent
-        token.chmod(0o600)
+        token.unlink(missing_ok=True)
+        token.touch(mode=0o600)
+        token.write_text(secret + "\n")
     command = [
         sys.executable,
         "-m",
@@ -270,6 +454,7 @@ def _local_agent_command(settings: Settings) -> list[str] | None:
         str(settings.local_agent_gpus),
         "--end-with-parent",
         str(os.getpid()),
+        *_local_agent_tls(settings),
     ]
     print(
         f"  local agent: machine 'local' in pool '{LOCAL_POOL}', up to "
@@ -278,6 +463,16 @@ def _local_agent_command(settings: Settings) -> list[str] | None:
         flush=True,
     )
     return command
+
+
+def _local_agent_tls(settings: Settings) -> list[str]:
+    """With a certificate, the local agent verifies it: with its CA (ASTRAEUS_TLS_CA), else the
+    certificate itself (a self-signed one), as the name of the public URL when there is one."""
+    if settings.tls_cert is None:
+        return []
+    flags = ["--ca-file", str(settings.tls_ca or settings.tls_cert)]
+    public_host = urlsplit(settings.public_url).hostname if settings.public_url else None
+    return [*flags, "--tls-server-name", public_host] if public_host else flags
 
 
 # Starting the local agent again after it exits: 1 s, doubling up to 30 s; an agent that stayed
@@ -467,6 +662,16 @@ def build_parser() -> argparse.ArgumentParser:
     boot.add_argument("--admin", default="admin")
     boot.set_defaults(func=cmd_bootstrap)
 
+    keys = sub.add_parser("secrets", help="secrets at rest").add_subparsers(
+        dest="secrets_command", required=True
+    )
+    reencrypt = keys.add_parser(
+        "reencrypt", help="encrypt every stored secret with the first key (key rotation)"
+    )
+    reencrypt.set_defaults(func=cmd_secrets_reencrypt)
+    new_key = keys.add_parser("new-key", help="print a new encryption key (key rotation)")
+    new_key.set_defaults(func=cmd_secrets_new_key)
+
     ws = sub.add_parser("workspace", help="workspaces").add_subparsers(
         dest="ws_command", required=True
     )
@@ -474,6 +679,37 @@ def build_parser() -> argparse.ArgumentParser:
     ws_create.add_argument("name")
     ws_create.add_argument("--organization", default="default")
     ws_create.set_defaults(func=cmd_workspace_create)
+    ceiling = ws.add_parser(
+        "ceiling", help="the highest priority a workspace's runs may ask for (default 50)"
+    )
+    ceiling.add_argument("name")
+    ceiling.add_argument("ceiling", type=int, help="0 to 100")
+    ceiling.add_argument("--organization", default="default")
+    ceiling.set_defaults(func=cmd_workspace_ceiling)
+
+    quota = ws.add_parser("quota", help="the most GPUs a workspace's runs may hold on a cluster")
+    quota.add_argument("name")
+    quota.add_argument("--cluster", default="local")
+    quota.add_argument("--gpus", required=True, help="a number, or none for no quota")
+    quota.add_argument("--organization", default="default")
+    quota.set_defaults(func=cmd_workspace_quota)
+
+    cluster = sub.add_parser("cluster", help="clusters").add_subparsers(
+        dest="cluster_command", required=True
+    )
+    preemption = cluster.add_parser(
+        "preemption", help="may runs preempt other workspaces' runs over their quota?"
+    )
+    preemption.add_argument("name")
+    preemption.add_argument(
+        "--over-quota",
+        choices=["allow", "deny"],
+        required=True,
+        help="allow: a higher-priority run may preempt runs of a workspace over its quota; "
+        "deny (the default): runs preempt only their own workspace's",
+    )
+    preemption.add_argument("--organization", default="default")
+    preemption.set_defaults(func=cmd_cluster_preemption)
 
     token = sub.add_parser("token", help="API tokens").add_subparsers(
         dest="token_command", required=True
@@ -486,7 +722,22 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--organization", default="default")
     create.add_argument("--admin", action="store_true", help="make the user an organisation admin")
     create.add_argument("--name", default="", help="a label to tell the token apart")
+    create.add_argument(
+        "--expires",
+        type=_expiry,
+        metavar="DURATION",
+        help="a user token is refused this long from now (30d, 12h; default: never)",
+    )
+    machine_cli.add_join_token_options(create)
     create.set_defaults(func=cmd_token_create)
+    listing = token.add_parser("list", help="the organisation's user tokens (never secrets)")
+    listing.add_argument("--organization", default="default")
+    listing.set_defaults(func=cmd_token_list)
+    revoke = token.add_parser("revoke", help="revoke a user token; its streams end within seconds")
+    revoke.add_argument("token", help="the token's id or first characters (astraeus token list)")
+    revoke.add_argument("--organization", default="default")
+    revoke.set_defaults(func=cmd_token_revoke)
+    machine_cli.add_commands(sub, _in_transaction)
     return parser
 
 

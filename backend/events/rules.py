@@ -9,11 +9,11 @@ from typing import Any
 
 from backend.clock import iso_z
 from backend.errors import FieldError
-from backend.parsing import whole_number
+from backend.parsing import BIGGEST_ID, whole_number
 
 DEFAULT_LIMIT = 50
 # Event ids are 64-bit: a larger `before` reached SQLite as an OverflowError (a 500).
-MAX_ID = 2**63 - 1
+MAX_ID = BIGGEST_ID
 MAX_LIMIT = 500
 # Longer than any transaction that writes events is open (see ``advance``).
 SETTLE = timedelta(minutes=1)

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access.rules import Principal
 from backend.errors import AstraeusError, FieldError, InvalidInput, NotFound
 from backend.logs import repository
-from backend.parsing import whole_number
+from backend.parsing import BIGGEST_ID, whole_number
 from backend.runs import service as runs
 
 DEFAULT_TAIL = 1000
@@ -68,7 +68,7 @@ class Chunk(Protocol):
 def parse_tail(raw: str | None) -> int:
     if raw is None or raw == "":
         return DEFAULT_TAIL
-    if whole_number(raw, 1, 2**63 - 1) is None:
+    if whole_number(raw, 1, BIGGEST_ID) is None:
         raise InvalidInput(
             "INVALID_PARAMETER", [FieldError("tail", "must be a whole number from 1")]
         )

@@ -7,12 +7,13 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import BigId, PortableJSON, UTCDateTime
 from backend.models.base import Base, HasCreatedAt, HasId
+from backend.secrets.crypto import EncryptedText
 
 
 class Webhook(HasId, HasCreatedAt, Base):
     """A workspace's subscription: its events are POSTed to ``url``, signed with ``secret``.
 
-    The secret is kept as it is (the server signs with it) and shown once, when created.
+    The secret is kept encrypted (the server signs with it) and shown once, when created.
     Events become deliveries in id order: every event up to ``cursor`` has been looked at.
     Ids are handed out before their transactions commit, so on PostgreSQL a smaller id can
     become visible after a larger one; the cursor therefore only moves up to ``horizon``, the
@@ -25,7 +26,8 @@ class Webhook(HasId, HasCreatedAt, Base):
         BigId, ForeignKey("workspaces.id", ondelete="CASCADE"), index=True
     )
     url: Mapped[str] = mapped_column(String(2048))
-    secret: Mapped[str] = mapped_column(String(64))
+    # Encrypted at rest (backend/secrets/crypto.py).
+    secret: Mapped[str] = mapped_column(EncryptedText())
     # Event kind prefixes ("alert" is alert.firing and alert.resolved); empty: every kind.
     kinds: Mapped[list[str]] = mapped_column(PortableJSON, default=list)
     # Deleted: nothing more is handed to it or sent.
@@ -33,6 +35,9 @@ class Webhook(HasId, HasCreatedAt, Base):
     cursor: Mapped[int] = mapped_column(BigId, default=0)
     horizon: Mapped[int] = mapped_column(BigId, default=0)
     horizon_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # A pass is sending its deliveries, one at a time, until then (one in flight per webhook;
+    # a pass that died leaves it to the next once it is past).
+    sending_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class WebhookDelivery(HasId, HasCreatedAt, Base):
@@ -44,6 +49,14 @@ class WebhookDelivery(HasId, HasCreatedAt, Base):
         Index(
             "ix_webhook_deliveries_due",
             "next_attempt_at",
+            postgresql_where=text("delivered_at IS NULL AND gave_up_at IS NULL"),
+            sqlite_where=text("delivered_at IS NULL AND gave_up_at IS NULL"),
+        ),
+        # Each webhook's oldest unsettled delivery: the one it sends next.
+        Index(
+            "ix_webhook_deliveries_unsettled",
+            "webhook_id",
+            "event_id",
             postgresql_where=text("delivered_at IS NULL AND gave_up_at IS NULL"),
             sqlite_where=text("delivered_at IS NULL AND gave_up_at IS NULL"),
         ),

@@ -95,7 +95,9 @@ async def set_preemption_policy(
     return PreemptionPolicyPayload(policy=policy, errors=[])
 
 
-async def set_quota(info: Info, workspace: str, cluster: str, gpus: int | None) -> QuotaPayload:
+async def set_quota(
+    info: Info, workspace: str, cluster: str, gpus: int | None = None
+) -> QuotaPayload:
     principal = info.context.require_principal()
     try:
         async with info.context.db.transaction() as session:

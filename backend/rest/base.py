@@ -13,9 +13,10 @@ from starlette.responses import JSONResponse, Response
 
 from backend.access import service as access
 from backend.access.rules import Principal
+from backend.boundary import has_control_characters
 from backend.clock import Clock
 from backend.db import Database, database_away
-from backend.errors import AstraeusError, DatabaseUnavailable
+from backend.errors import AstraeusError, DatabaseUnavailable, FieldError, InvalidInput
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +46,33 @@ def bearer(request: Request) -> str | None:
     return None
 
 
+def refused_parameters(request: Request) -> list[FieldError]:
+    """Path and query parameters holding NUL or another control character, each named (NUL
+    reached PostgreSQL as an error: a 500). Checked before the token is looked up."""
+    given = [*request.path_params.items(), *request.query_params.multi_items()]
+    names = dict.fromkeys(
+        ascii(n) if has_control_characters(n) else n
+        for n, v in given
+        if has_control_characters(n) or has_control_characters(v)
+    )
+    return [FieldError(n, "must not hold NUL or other control characters") for n in names]
+
+
 def endpoint(
     handler: Callable[[Call], Awaitable[Response]], *, write: bool = False
 ) -> Callable[[Request], Awaitable[Response]]:
     """Wrap a route: authenticate, own the transaction, turn expected errors into JSON."""
 
     async def route(request: Request) -> Response:
+        refused = refused_parameters(request)
+        if refused:
+            return error_response(InvalidInput("INVALID_PARAMETER", refused))
         db: Database = request.app.state.db
         clock: Clock = request.app.state.clock
         scope = db.transaction() if write else db.read()
         try:
             async with scope as session:
-                principal = await access.authenticate(session, bearer(request))
+                principal = await access.authenticate(session, bearer(request), clock.now())
                 return await handler(Call(request, principal, session, clock))
         except AstraeusError as error:
             return error_response(error)

@@ -10,29 +10,43 @@ from graphql import GraphQLError
 from strawberry.extensions import MaskErrors, ParserCache, SchemaExtension, ValidationCache
 from strawberry.extensions.field_extension import FieldExtension
 from strawberry.permission import PermissionExtension
+from strawberry.types import ExecutionContext
 
 from backend.db import database_away
-from backend.errors import AstraeusError, DatabaseUnavailable
+from backend.errors import DatabaseUnavailable
 from backend.resolvers import events as event_resolvers
 from backend.resolvers import goodput as goodput_resolvers
+from backend.resolvers import machine_identity as machine_identity_resolvers
 from backend.resolvers import metrics as metric_resolvers
 from backend.resolvers import operations as operation_resolvers
 from backend.resolvers import runs as run_resolvers
 from backend.resolvers import secrets as secret_resolvers
+from backend.resolvers import tokens as token_resolvers
 from backend.resolvers import webhooks as webhook_resolvers
 from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
 from backend.schema.events import Event, EventPage, LogChunk, MetricRange
 from backend.schema.goodput import GoodputInterval, GoodputReport, GoodputWeek
+from backend.schema.guards import bounds, expected, log_errors
+from backend.schema.machine_identity import (
+    JoinToken,
+    JoinTokenPayload,
+    MachineCredential,
+    MachineCredentialPayload,
+)
 from backend.schema.machines import Gpu, MachineInfo, PoolInfo
 from backend.schema.operations import (
     Alert,
     MachinePayload,
+    PreemptionPolicyPayload,
+    QuotaPayload,
     ThresholdPayload,
     WorkerAttention,
+    WorkspaceSettingsPayload,
 )
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
 from backend.schema.secrets import Secret, SecretPayload
+from backend.schema.tokens import ApiToken, ApiTokenPayload
 from backend.schema.viewer import Viewer
 from backend.schema.webhooks import CreateWebhookPayload, Webhook, WebhookPayload
 
@@ -88,6 +102,16 @@ class Query:
             "GPUs and unhealthy ones, last heard from."
         ),
     )
+    join_tokens: list[JoinToken] = strawberry.field(
+        resolver=machine_identity_resolvers.join_tokens,
+        extensions=_authenticated(),
+        description="Organisation admins: the cluster's join tokens (legacy machine tokens too).",
+    )
+    machine_credentials: list[MachineCredential] = strawberry.field(
+        resolver=machine_identity_resolvers.machine_credentials,
+        extensions=_authenticated(),
+        description="Organisation admins: each machine's own credential in the cluster.",
+    )
     pools: list[PoolInfo] = strawberry.field(
         resolver=run_resolvers.pools,
         extensions=_authenticated(),
@@ -131,6 +155,14 @@ class Query:
         extensions=_authenticated(),
         description="The workspace's webhooks and their latest deliveries; never their secrets.",
     )
+    tokens: list[ApiToken] = strawberry.field(
+        resolver=token_resolvers.list_tokens,
+        extensions=_authenticated(),
+        description=(
+            "API tokens, never their secrets: the caller's own; an organisation admin's: every "
+            "user token of the organisation's workspaces."
+        ),
+    )
 
 
 @strawberry.type
@@ -155,6 +187,30 @@ class Mutation:
         extensions=_authenticated(),
         description="Submit a run's specification again under a new name.",
     )
+    create_join_token: JoinTokenPayload = strawberry.mutation(
+        resolver=machine_identity_resolvers.create_join_token,
+        extensions=_authenticated(),
+        description=(
+            "Organisation admins: a token `astraeus agent` exchanges once for the machine's own "
+            "credential; `uses` machines may join with it until it `expires` (e.g. 24h)."
+        ),
+    )
+    revoke_join_token: JoinTokenPayload = strawberry.mutation(
+        resolver=machine_identity_resolvers.revoke_join_token,
+        extensions=_authenticated(),
+        description=(
+            "Organisation admins: no machine joins with it any more; a legacy machine token's "
+            "streams are closed."
+        ),
+    )
+    revoke_machine_credential: MachineCredentialPayload = strawberry.mutation(
+        resolver=machine_identity_resolvers.revoke_machine_credential,
+        extensions=_authenticated(),
+        description=(
+            "Organisation admins: the machine is lost at once, its workers placed elsewhere, "
+            "its stream closed; it joins again only with a new join token."
+        ),
+    )
     drain_machine: MachinePayload = strawberry.mutation(
         resolver=operation_resolvers.drain_machine,
         extensions=_authenticated(),
@@ -168,6 +224,31 @@ class Mutation:
         extensions=_authenticated(),
         description="Organisation admins: change one of a cluster's alert thresholds.",
     )
+    set_priority_ceiling: WorkspaceSettingsPayload = strawberry.mutation(
+        resolver=operation_resolvers.set_priority_ceiling,
+        extensions=_authenticated(),
+        description=(
+            "Organisation admins: the highest priority a workspace's runs may ask for (0 to "
+            "100; default 50)."
+        ),
+    )
+    set_quota: QuotaPayload = strawberry.mutation(
+        resolver=operation_resolvers.set_quota,
+        extensions=_authenticated(),
+        description=(
+            "Organisation admins: the most GPUs a workspace's runs may hold at once on a "
+            "cluster (null or left out: no quota)."
+        ),
+    )
+    set_preemption_policy: PreemptionPolicyPayload = strawberry.mutation(
+        resolver=operation_resolvers.set_preemption_policy,
+        extensions=_authenticated(),
+        description=(
+            "Organisation admins: whether a cluster's higher-priority runs may preempt runs of "
+            "other workspaces holding more than their quota (otherwise only their own "
+            "workspace's)."
+        ),
+    )
     set_secret: SecretPayload = strawberry.mutation(
         resolver=secret_resolvers.set_secret,
         extensions=_authenticated(),
@@ -180,6 +261,15 @@ class Mutation:
         resolver=secret_resolvers.delete_secret,
         extensions=_authenticated(),
         description="Delete a secret; runs already started keep what they were given.",
+    )
+    revoke_token: ApiTokenPayload = strawberry.mutation(
+        resolver=token_resolvers.revoke_token,
+        extensions=_authenticated(),
+        description=(
+            "Revoke an API token (its id or first characters): the caller's own; an "
+            "organisation admin: any user token of the organisation. Requests with it are "
+            "refused from now on, and its open subscriptions end within seconds."
+        ),
     )
     create_webhook: CreateWebhookPayload = strawberry.mutation(
         resolver=webhook_resolvers.create_webhook,
@@ -243,21 +333,24 @@ def _said(error: GraphQLError) -> GraphQLError:
 
 def _should_mask(error: GraphQLError) -> bool:
     """Errors the caller can act on are shown; anything unexpected is masked."""
-    original = error.original_error
-    if original is None:
-        return False  # syntax and validation errors
-    if isinstance(original, AstraeusError):
-        return False
-    return not (isinstance(original, GraphQLError) and (error.extensions or {}).get("code"))
+    return not expected(error)
 
 
-schema = strawberry.Schema(
+class Schema(strawberry.Schema):
+    def process_errors(
+        self, errors: list[GraphQLError], execution_context: ExecutionContext | None = None
+    ) -> None:
+        log_errors(errors, execution_context)
+
+
+schema = Schema(
     query=Query,
     mutation=Mutation,
     subscription=Subscription,
     extensions=[
         lambda: MaskErrors(should_mask_error=_should_mask),
         DatabaseErrors,  # inside MaskErrors: it says these before MaskErrors looks
+        *bounds(),  # before the caches: the token bound is a parse option
         lambda: ParserCache(maxsize=256),
         lambda: ValidationCache(maxsize=256),
     ],
