@@ -339,6 +339,8 @@ def _api_server(settings: Settings) -> uvicorn.Server:
             port=settings.port,
             log_level=settings.log_level,
             proxy_headers=True,
+            # A WebSocket message is bounded as a request body is (uvicorn's default: 16 MiB).
+            ws_max_size=settings.max_body_bytes,
             **(tls.uvicorn_options() if tls else {}),
         )
     )

@@ -260,6 +260,25 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(cluster: Cluster) ->
     assert fits.json()["data"]["viewer"]["user"] == "admin"
 
 
+def test_a_websocket_message_over_the_limit_closes_the_socket(cluster: Cluster) -> None:
+    # issue 18: a subscription's socket takes messages of at most the body limit (it took
+    # 16 MiB, uvicorn's default, before); one under it is read as ever
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    url = cluster.server.url.replace("http", "ws", 1) + "/graphql"
+    with connect(url, subprotocols=["graphql-transport-ws"], max_size=None) as ws:  # type: ignore[list-item]
+        init = {"type": "connection_init", "payload": {"Authorization": f"Bearer {cluster.admin}"}}
+        ws.send(json.dumps(init))
+        assert json.loads(ws.recv(timeout=10))["type"] == "connection_ack"
+        ws.send(json.dumps({"type": "ping", "payload": {"pad": "x" * (MIB // 2)}}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "pong"
+        ws.send(json.dumps({"type": "ping", "payload": {"pad": "x" * (2 * MIB)}}))
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # message too big
+
+
 # --- every parameter -----------------------------------------------------------------------
 
 
