@@ -11,18 +11,15 @@ import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from backend.webhooks import rules
 from backend.webhooks.addresses import IPAddress, Policy, parse_networks
 from backend.webhooks.sender import Outgoing, sending
+from tests.certificates import Authority
 from tests.support import FakeClock
 from tests.webhooks.receiver import receiving
 
@@ -178,40 +175,14 @@ def test_a_signature_names_its_time() -> None:
     assert rules.signature("whsec_k", b"{}", at).startswith("t=1790816531,v1=")
 
 
-def certificate(name: str) -> tuple[bytes, bytes]:
-    """A self-signed certificate for ``name`` (its own CA) and its key, in PEM."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=1))
-        .not_valid_after(now + timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key_pem
-
-
 async def test_tls_is_verified_for_the_name_though_the_address_is_connected(
     tmp_path: Path,
 ) -> None:
-    cert, key = certificate("hooks.test")
-    (tmp_path / "cert.pem").write_bytes(cert)
-    (tmp_path / "key.pem").write_bytes(key)
+    authority = Authority.make("webhooks-test-ca")
+    cert, key = authority.issue(tmp_path, "hooks.test")
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
-    trusted = ssl.create_default_context(cadata=cert.decode())
+    server.load_cert_chain(cert, key)
+    trusted = ssl.create_default_context(cafile=authority.write(tmp_path))
     policy = Policy(allow=parse_networks("127.0.0.2"))
     with receiving("127.0.0.2", tls=server) as receiver:
         port = receiver.url.split(":")[2].split("/")[0]
