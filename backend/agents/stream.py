@@ -217,8 +217,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         request_iterator: AsyncIterator[agent_pb2.AgentMessage],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[agent_pb2.ServerMessage]:
-        agent = await self._authenticate(context)
+        # The Hello is read before the token is judged: a refusal sent while the agent is still
+        # writing reaches it as INTERNAL ("Internal error from Core", grpc/grpc#36066) instead
+        # of the refusal's code and sentence, and an agent stops only on a refusal it can read.
+        # A message is at most the stream's limit, so reading one costs an anonymous caller
+        # nothing big.
         first = await anext(aiter(request_iterator), None)
+        agent = await self._authenticate(context)
         if first is None or first.WhichOneof("body") != "hello":
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "The first message must be a Hello."

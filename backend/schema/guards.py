@@ -9,8 +9,23 @@ from collections.abc import Iterator
 from typing import Any
 
 from graphql import ExecutionResult as GraphQLExecutionResult
-from graphql import GraphQLError, StringValueNode, Visitor, visit
-from graphql.language import ArgumentNode, DocumentNode
+from graphql import (
+    GraphQLError,
+    GraphQLSchema,
+    StringValueNode,
+    TypeInfo,
+    TypeInfoVisitor,
+    Visitor,
+    get_named_type,
+    visit,
+)
+from graphql.language import (
+    ArgumentNode,
+    DocumentNode,
+    NamedTypeNode,
+    OperationDefinitionNode,
+    TypeNode,
+)
 from strawberry.extensions import (
     MaxAliasesLimiter,
     MaxTokensLimiter,
@@ -47,15 +62,25 @@ def _bad_strings(value: Any, path: str) -> Iterator[str]:
             yield from _bad_strings(item, f"{path}[{index}]")
 
 
+# A JSON argument (a run's specification) is checked by its own validator, field by field, with
+# the same rule for control characters (backend/runs/spec.py): its refusals name each field among
+# the spec's other errors, as the seed's `errors { field message }` does, so it is left to it.
+CHECKED_BY_THEIR_RESOLVER = frozenset({"JSON"})
+
+
 class _Literals(Visitor):
     """The arguments whose literal strings hold a refused character."""
 
-    def __init__(self) -> None:
+    def __init__(self, types: TypeInfo | None) -> None:
         super().__init__()
         self.arguments: list[str] = []
         self._argument: str | None = None
+        self._types = types
 
     def enter_argument(self, node: ArgumentNode, *_: Any) -> None:
+        found = self._types.get_argument() if self._types is not None else None
+        if found is not None and get_named_type(found.type).name in CHECKED_BY_THEIR_RESOLVER:
+            return
         self._argument = node.name.value
 
     def leave_argument(self, node: ArgumentNode, *_: Any) -> None:
@@ -66,12 +91,33 @@ class _Literals(Visitor):
             self.arguments.append(self._argument)
 
 
-def control_character_fields(document: DocumentNode, variables: dict[str, Any] | None) -> list[str]:
-    literals = _Literals()
-    visit(document, literals)
+def _type_name(node: TypeNode) -> str:
+    while not isinstance(node, NamedTypeNode):
+        node = node.type  # type: ignore[attr-defined]  # NonNull and List wrap a type
+    return node.name.value
+
+
+def control_character_fields(
+    document: DocumentNode,
+    variables: dict[str, Any] | None,
+    schema: GraphQLSchema | None = None,
+) -> list[str]:
+    """The arguments and variables (paths into their values) holding a refused character;
+    with the schema, those of a type its resolver checks itself are left to it."""
+    types = TypeInfo(schema) if schema is not None else None
+    literals = _Literals(types)
+    visit(document, TypeInfoVisitor(types, literals) if types is not None else literals)
     found = list(dict.fromkeys(literals.arguments))
+    left = {
+        definition.variable.name.value
+        for operation in document.definitions
+        if isinstance(operation, OperationDefinitionNode)
+        for definition in operation.variable_definitions or ()
+        if schema is not None and _type_name(definition.type) in CHECKED_BY_THEIR_RESOLVER
+    }
     for name, value in (variables or {}).items():
-        found.extend(_bad_strings(value, f"${name}"))
+        if name not in left:
+            found.extend(_bad_strings(value, f"${name}"))
     return found
 
 
@@ -83,7 +129,9 @@ class ControlCharacters(SchemaExtension):
     def on_execute(self) -> Iterator[None]:
         context = self.execution_context
         if context.graphql_document is not None:
-            fields = control_character_fields(context.graphql_document, context.variables)
+            fields = control_character_fields(
+                context.graphql_document, context.variables, context.schema._schema
+            )
             if fields:
                 context.result = GraphQLExecutionResult(
                     data=None,

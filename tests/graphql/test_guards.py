@@ -43,12 +43,33 @@ async def test_control_characters_are_refused_by_argument_before_running(
     variable = await ask(
         client,
         tenancy.member_token,
-        "mutation($s: JSON!) { createRun(spec: $s) { errors { field } } }",
-        s={"name": "x", "environment": {"A": "\x1b[2J"}},
+        "query($w: String) { runs(workspace: $w) { name } }",
+        w="default\x1b[2J",
     )
-    assert variable["errors"][0]["message"] == (
-        "$s.environment.A: must not hold NUL or other control characters"
+    assert variable["errors"][0]["message"] == ("$w: must not hold NUL or other control characters")
+    # a run's spec (JSON) is checked field by field by its own validator, among its other
+    # errors (seed: createRun's errors { field message })
+    spec = await ask(
+        client,
+        tenancy.member_token,
+        "mutation($s: JSON!) { createRun(spec: $s) { errors { field message } } }",
+        s={
+            "name": "x",
+            "gpus": 1,
+            "environment": {"A": "\x1b[2J", "NVIDIA_VISIBLE_DEVICES": "all"},
+        },
     )
+    assert {e["field"] for e in spec["data"]["createRun"]["errors"]} == {
+        "environment.A",
+        "environment.NVIDIA_VISIBLE_DEVICES",
+    }
+    literal_spec = await ask(
+        client,
+        tenancy.member_token,
+        'mutation { createRun(spec: {name: "x", gpus: 1, command: ["a\\u0000"]}) '
+        "{ errors { field } } }",
+    )
+    assert literal_spec["data"]["createRun"]["errors"] == [{"field": "command[0]"}]
     # tab, line feed and carriage return are text (a PEM key, a script)
     kept = await ask(
         client,
