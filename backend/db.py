@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+import asyncio
+import logging
+import random
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
+import psycopg.errors
 from sqlalchemy import JSON, BigInteger, DateTime, Integer, MetaData, event
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Dialect, Engine, make_url
@@ -20,6 +25,11 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.pool import NullPool
 from sqlalchemy.types import TypeDecorator
+
+from backend.errors import ConflictRetry
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -129,20 +139,56 @@ def create_engine_for(url: str, *, pool_size: int = 10, echo: bool = False) -> A
     return engine
 
 
-def database_away(error: BaseException) -> bool:
-    """Whether ``error`` (or what caused it) says the database cannot be reached: a refused or
-    lost connection, a server shutting down. Not a SQL error, nor SQLite's busy file."""
+def _causes(error: BaseException) -> Iterable[BaseException]:
+    """The error, what it wraps (a driver's error) and what caused it, each once."""
     seen: set[int] = set()
     found: BaseException | None = error
     while found is not None and id(found) not in seen:
         seen.add(id(found))
+        yield found
+        wrapped = found.orig if isinstance(found, DBAPIError) else None
+        found = wrapped or found.__cause__ or found.__context__
+
+
+# PostgreSQL's deadlock (40P01) and serialisation failure (40001): the transaction was chosen
+# to give way to another; the same work tried again succeeds.
+CONTENTION_STATES = frozenset({"40P01", "40001"})
+
+
+def contention(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) says the transaction lost to another one: a
+    deadlock or a serialisation failure on PostgreSQL, SQLite's locked (busy) file. Work that
+    met it can be tried again whole; the database is not away."""
+    for found in _causes(error):
+        if isinstance(found, psycopg.errors.TransactionRollback):
+            return True
+        if isinstance(found, psycopg.Error) and found.sqlstate in CONTENTION_STATES:
+            return True
+        if isinstance(found, sqlite3.OperationalError) and (
+            "database is locked" in str(found) or "database is busy" in str(found)
+        ):
+            return True
+    return False
+
+
+def database_away(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) says the database cannot be reached: a refused or
+    lost connection, a server shutting down. Not a SQL error, nor SQLite's busy file, nor a
+    deadlock or serialisation failure (psycopg counts those as operational errors too)."""
+    if contention(error):
+        return False
+    for found in _causes(error):
         if isinstance(found, DBAPIError) and found.connection_invalidated:
             return True
         if isinstance(found, psycopg.OperationalError | ConnectionError):
             return True
-        wrapped = found.orig if isinstance(found, DBAPIError) else None
-        found = wrapped or found.__cause__ or found.__context__
     return False
+
+
+# How often a unit of work that lost to another transaction is tried in all, and the first
+# wait between tries (doubled each time, with full jitter: tries that collided do not again).
+ATTEMPTS = 5
+FIRST_WAIT_SECONDS = 0.02
 
 
 class Database:
@@ -163,6 +209,33 @@ class Database:
             if self.engine.dialect.name == "sqlite":
                 await session.connection(execution_options=IMMEDIATE)
             yield session
+
+    async def unit(
+        self,
+        work: Callable[[AsyncSession], Awaitable[T]],
+        *,
+        attempts: int = ATTEMPTS,
+        first_wait: float = FIRST_WAIT_SECONDS,
+    ) -> T:
+        """``work`` in a transaction of its own (as ``transaction``), tried again whole if it
+        lost to another transaction (a deadlock, a serialisation failure, SQLite's locked
+        file): up to ``attempts`` tries, waiting a random time up to ``first_wait`` doubled
+        at each. If it still loses, ConflictRetry (409 CONFLICT_RETRY): the caller may send
+        it again. ``work`` must do all it changes in the database through its session (it
+        may run more than once, and only the last run's changes are kept)."""
+        for attempt in range(1, attempts + 1):
+            try:
+                async with self.transaction() as session:
+                    return await work(session)
+            except Exception as error:
+                if not contention(error):
+                    raise
+                if attempt == attempts:
+                    log.warning("a unit of work lost to others %d times: %s", attempts, error)
+                    raise ConflictRetry() from error
+                log.info("a unit of work lost to another (try %d): %s", attempt, error)
+                await asyncio.sleep(random.uniform(0, first_wait * 2 ** (attempt - 1)))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:

@@ -70,3 +70,19 @@ class DatabaseUnavailable(AstraeusError):
             message="Astraeus cannot reach its database just now; try again in a moment.",
             status=503,
         )
+
+
+class ConflictRetry(AstraeusError):
+    """The request's work lost to other requests changing the same things at once (a
+    deadlock, a serialisation failure) and kept losing when tried again: nothing was changed,
+    and the same request sent again is expected to succeed."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            code="CONFLICT_RETRY",
+            message=(
+                "Other requests changed the same things at once and this one gave way; "
+                "nothing was changed: send it again."
+            ),
+            status=409,
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncSession
 from strawberry.scalars import JSON
 
 from backend.errors import AstraeusError, NotFound
@@ -56,9 +57,12 @@ async def delete_run(info: Info, name: str, workspace: str | None = None) -> Run
 
 async def _change(info: Info, change: Any, name: str, workspace: str | None) -> RunPayload:
     principal = info.context.require_principal()
-    try:
-        async with info.context.db.transaction() as session:
-            row = await change(session, info.context.clock, principal, name, workspace=workspace)
+
+    async def work(session: AsyncSession) -> Any:
+        return await change(session, info.context.clock, principal, name, workspace=workspace)
+
+    try:  # tried again whole if it lost to another transaction (a deadlock: issue 19)
+        row = await info.context.db.unit(work)
     except AstraeusError as error:
         return RunPayload(run=None, errors=UserError.from_error(error))
     job_broker.nudge_scheduler()

@@ -15,8 +15,14 @@ from backend.access import service as access
 from backend.access.rules import Principal
 from backend.boundary import has_control_characters
 from backend.clock import Clock
-from backend.db import Database, database_away
-from backend.errors import AstraeusError, DatabaseUnavailable, FieldError, InvalidInput
+from backend.db import Database, contention, database_away
+from backend.errors import (
+    AstraeusError,
+    ConflictRetry,
+    DatabaseUnavailable,
+    FieldError,
+    InvalidInput,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +75,22 @@ def endpoint(
             return error_response(InvalidInput("INVALID_PARAMETER", refused))
         db: Database = request.app.state.db
         clock: Clock = request.app.state.clock
-        scope = db.transaction() if write else db.read()
+
+        async def work(session: AsyncSession) -> Response:
+            principal = await access.authenticate(session, bearer(request), clock.now())
+            return await handler(Call(request, principal, session, clock))
+
         try:
-            async with scope as session:
-                principal = await access.authenticate(session, bearer(request), clock.now())
-                return await handler(Call(request, principal, session, clock))
+            if write:  # tried again whole if it lost to another transaction (db.unit)
+                return await db.unit(work)
+            async with db.read() as session:
+                return await work(session)
         except AstraeusError as error:
             return error_response(error)
         except Exception as error:
+            if contention(error):  # a read that lost to a writer (SQLite's locked file)
+                log.warning("gave way to others: %s %s", request.method, request.url.path)
+                return error_response(ConflictRetry())
             if database_away(error):
                 log.warning("the database is away: %s %s", request.method, request.url.path)
                 return error_response(DatabaseUnavailable())

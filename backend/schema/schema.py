@@ -12,8 +12,8 @@ from strawberry.extensions.field_extension import FieldExtension
 from strawberry.permission import PermissionExtension
 from strawberry.types import ExecutionContext
 
-from backend.db import database_away
-from backend.errors import DatabaseUnavailable
+from backend.db import contention, database_away
+from backend.errors import ConflictRetry, DatabaseUnavailable
 from backend.resolvers import events as event_resolvers
 from backend.resolvers import goodput as goodput_resolvers
 from backend.resolvers import machine_identity as machine_identity_resolvers
@@ -311,7 +311,8 @@ class Subscription:
 
 class DatabaseErrors(SchemaExtension):
     """An error of the database being away, wherever a resolver met it, is said as such, with
-    the code DATABASE_UNAVAILABLE (the caller may try again), instead of being masked."""
+    the code DATABASE_UNAVAILABLE (the caller may try again), instead of being masked; a
+    deadlock or serialisation failure that was not tried away is CONFLICT_RETRY (409)."""
 
     def on_operation(self) -> Iterator[None]:
         yield
@@ -325,6 +326,9 @@ def _said(error: GraphQLError) -> GraphQLError:
     original = error.original_error
     if original is None:
         return error
+    if contention(original):  # lost to other transactions: not the database being away
+        retry = ConflictRetry()
+        return GraphQLError(retry.message, nodes=error.nodes, path=error.path, original_error=retry)
     if not isinstance(original, DatabaseUnavailable) and not database_away(original):
         return error
     away = DatabaseUnavailable()

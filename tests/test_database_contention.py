@@ -1,0 +1,167 @@
+"""A transaction that lost to another (a deadlock, a serialisation failure, SQLite's locked
+file) is not the database being away (issue 19: a deadlock on ``DELETE FROM workers`` was
+answered DATABASE_UNAVAILABLE): the work is tried again whole, and if it keeps losing the
+answer is CONFLICT_RETRY (409), through GraphQL and REST."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import AsyncIterator
+
+import httpx
+import psycopg.errors
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from backend.db import Database, contention, database_away
+from tests.graphql.test_schema import gql
+from tests.lifecycle.world import World
+from tests.support import FakeClock, Tenancy
+
+DELETE = """mutation($name: String!) {
+  deleteRun(name: $name) { run { name state } errors { code message } }
+}"""
+RETRY = (
+    "Other requests changed the same things at once and this one gave way; nothing was "
+    "changed: send it again."
+)
+
+
+def test_what_counts_as_contention() -> None:
+    deadlock = OperationalError("DELETE FROM workers", {}, psycopg.errors.DeadlockDetected())
+    serial = OperationalError("UPDATE runs", {}, psycopg.errors.SerializationFailure())
+    locked = OperationalError("BEGIN", {}, sqlite3.OperationalError("database is locked"))
+    for error in (deadlock, serial, locked):
+        assert contention(error)
+        assert not database_away(error)  # psycopg counts them as operational errors
+    refused = OperationalError("SELECT 1", {}, psycopg.OperationalError("connection refused"))
+    assert database_away(refused) and not contention(refused)
+    assert not contention(ValueError("a bug"))
+
+
+def postgresql_only(db: Database) -> None:
+    if db.engine.dialect.name != "postgresql":
+        pytest.skip("deadlocks and serialisation failures are PostgreSQL's")
+
+
+async def running_runs(world: World, count: int) -> list[str]:
+    """``count`` runs of two one-GPU workers each, running on four machines."""
+    for m in range(4):
+        await world.machine(f"gpu-{m:02d}", gpus=8)
+    names = [f"r-{i:02d}" for i in range(count)]
+    for name in names:
+        await world.submit(name=name, workers=2, gpus=1)
+    await world.schedule()
+    for name in names:
+        await world.start(f"{name}-0", f"{name}-1")
+    return names
+
+
+async def test_runs_deleted_many_at_once_are_all_deleted(
+    client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    names = await running_runs(World(db, clock, tenancy), 16)
+    answers = await asyncio.gather(
+        *(gql(client, tenancy.member_token, DELETE, name=n) for n in names)
+    )
+    for name, answer in zip(names, answers, strict=True):
+        assert "errors" not in answer, answer
+        assert answer["data"]["deleteRun"] == {
+            "run": {"name": name, "state": "Deleted"},
+            "errors": [],
+        }
+
+
+@pytest.fixture
+async def losing_deletes(db: Database) -> AsyncIterator[int]:
+    """Deleting a worker raises a real deadlock in PostgreSQL, as many times as the test sets
+    ``set_losses`` says (a sequence counts them: its count survives the rollback)."""
+    postgresql_only(db)
+    statements = [
+        "CREATE SEQUENCE losses MINVALUE 0",
+        """CREATE FUNCTION lose() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF nextval('losses') <= 1000 THEN
+            RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01';
+          END IF;
+          RETURN OLD;
+        END $$""",
+        "CREATE TRIGGER lose BEFORE DELETE ON workers FOR EACH ROW EXECUTE FUNCTION lose()",
+    ]
+    async with db.transaction() as session:
+        for statement in statements:
+            await session.execute(text(statement))
+    try:
+        yield 0
+    finally:
+        async with db.transaction() as session:
+            await session.execute(text("DROP TRIGGER lose ON workers"))
+            await session.execute(text("DROP FUNCTION lose()"))
+            await session.execute(text("DROP SEQUENCE losses"))
+
+
+async def set_losses(db: Database, count: int) -> None:
+    """The next ``count`` worker deletions lose (values up to 1000 do)."""
+    async with db.transaction() as session:
+        await session.execute(text(f"SELECT setval('losses', {1000 - count}, true)"))
+
+
+async def test_a_deadlock_is_tried_again_and_persisting_is_a_conflict_to_retry(
+    client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy, losing_deletes: int
+) -> None:
+    world = World(db, clock, tenancy)
+    await running_runs(world, 2)
+    await set_losses(db, 2)  # two tries lose, the third wins
+    once = await gql(client, tenancy.member_token, DELETE, name="r-00")
+    assert once["data"]["deleteRun"] == {"run": {"name": "r-00", "state": "Deleted"}, "errors": []}
+    await set_losses(db, 1000)  # every try loses
+    always = await gql(client, tenancy.member_token, DELETE, name="r-01")
+    assert always["data"]["deleteRun"] == {
+        "run": None,
+        "errors": [{"code": "CONFLICT_RETRY", "message": RETRY}],
+    }
+    assert (await world.run("r-01")).deleted_at is None  # nothing was changed
+
+
+@contextlib.asynccontextmanager
+async def conflicting_reads(db: Database) -> AsyncIterator[None]:
+    """Reading the events raises a real serialisation failure in PostgreSQL: the table is
+    behind a view that raises it at each row."""
+    statements = [
+        """CREATE FUNCTION conflict() RETURNS boolean LANGUAGE plpgsql AS $$
+        BEGIN
+          RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001';
+        END $$""",
+        "ALTER TABLE events RENAME TO events_kept",
+        "CREATE VIEW events AS SELECT * FROM events_kept WHERE conflict()",
+    ]
+    async with db.transaction() as session:
+        for statement in statements:
+            await session.execute(text(statement))
+    try:
+        yield
+    finally:
+        async with db.transaction() as session:
+            await session.execute(text("DROP VIEW events"))
+            await session.execute(text("ALTER TABLE events_kept RENAME TO events"))
+            await session.execute(text("DROP FUNCTION conflict()"))
+
+
+async def test_a_serialisation_failure_is_a_conflict_through_rest_and_graphql(
+    client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    postgresql_only(db)
+    await World(db, clock, tenancy).submit(name="r-00")  # an event to read
+    headers = {"Authorization": f"Bearer {tenancy.member_token}"}
+    async with conflicting_reads(db):
+        rest = await client.get("/v1/orgs/default/workspaces/default/events", headers=headers)
+        graphql = await gql(client, tenancy.member_token, "{ events { events { id } } }")
+    assert rest.status_code == 409, rest.text
+    assert rest.json() == {"code": "CONFLICT_RETRY", "message": RETRY}
+    assert graphql["data"] is None
+    assert [(e["message"], e["extensions"]["code"]) for e in graphql["errors"]] == [
+        (RETRY, "CONFLICT_RETRY")
+    ]
