@@ -125,8 +125,11 @@ async def reconcile(
     return to_stop, total
 
 
-async def heartbeat(session: AsyncSession, clock: Clock, machine_id: int, lease: timedelta) -> bool:
-    return await machines.heartbeat(session, clock, machine_id, lease)
+async def renew_leases(
+    session: AsyncSession, clock: Clock, machine_ids: set[int], lease: timedelta
+) -> set[int]:
+    """The leases of the machines a replica heard from, renewed at once; the lost ones' ids."""
+    return await machines.renew_leases(session, clock, machine_ids, lease)
 
 
 async def worker_event(

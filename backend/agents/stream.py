@@ -22,6 +22,7 @@ from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.agents import service
+from backend.agents.leases import LeaseKeeper, renew_interval
 from backend.agents.service import HelloInfo, KnownWorker, WorkerEventInfo, agent_time
 from backend.clock import Clock
 from backend.db import Database, database_away
@@ -204,6 +205,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         poll_interval: float = 0.5,
         on_freed: Callable[[], None] = lambda: None,
         on_stream: StreamHook | None = None,
+        renew_interval_s: float | None = None,
     ) -> None:
         self.db = db
         self.clock = clock
@@ -211,6 +213,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.poll_interval = poll_interval
         self.on_freed = on_freed
         self.streams = Streams(on_stream)
+        self.leases = LeaseKeeper(
+            db,
+            clock,
+            lease,
+            interval=renew_interval_s or renew_interval(lease),
+            backlogged=self._backlogged,
+            lost=self._lost,
+        )
 
     async def Connect(
         self,
@@ -256,6 +266,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if fx.freed:
             self.on_freed()
         stream = self.streams.open(machine.id)
+        self.leases.start()
         log.info("machine %s connected", machine.name)
         stream.send(
             welcome=agent_pb2.Welcome(
@@ -290,6 +301,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             self.streams.close(stream)
+            if not self.streams.by_machine:
+                await self.leases.stop()
             log.info("machine %s disconnected", machine.name)
 
     async def tail(
@@ -388,9 +401,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def _read(
         self, stream: MachineStream, request_iterator: AsyncIterator[agent_pb2.AgentMessage]
     ) -> None:
-        """Take the machine's messages as they come: replies (log lines asked for) are
-        answered at once, database or not; every message goes on to the writer."""
+        """Take the machine's messages as they come: each says the machine is alive (its
+        lease is renewed with the others', backend/agents/leases.py); replies (log lines
+        asked for) are answered at once, database or not; every message goes on to the
+        writer."""
         async for message in request_iterator:
+            self.leases.note(stream.machine_id)
             if message.WhichOneof("body") == "reply":
                 _answered(stream, message.reply)
             await stream.received.put(message)
@@ -404,9 +420,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     async def _apply_when_possible(self, machine: Machine, message: agent_pb2.AgentMessage) -> None:
         """Apply the message; while the database is away it waits and is tried again (the
-        stream, and the log follows and tails that ride on it, go on). A heartbeat is not
-        kept waiting: the next one renews the lease (and leases were not checked while
-        nothing could be written, backend/machines/service.py)."""
+        stream, and the log follows and tails that ride on it, go on). A heartbeat writes
+        nothing: that it was read renewed the lease already."""
         backoff = OUTAGE_RETRY_START
         while True:
             try:
@@ -415,8 +430,6 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             except Exception as error:
                 if not database_away(error):
                     raise
-                if message.WhichOneof("body") == "heartbeat":
-                    return
                 log.warning(
                     "machine %s: the database is away; its message %d waits %.1fs",
                     machine.name,
@@ -436,11 +449,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if fx is not None and fx.freed:
             self.on_freed()
 
-    async def _heartbeat(
-        self, session: AsyncSession, machine: Machine, _: agent_pb2.AgentMessage
-    ) -> None:
-        if not await service.heartbeat(session, self.clock, machine.id, self.lease):
-            raise RuntimeError(f"machine {machine.name} was lost; it must say Hello again")
+    def _backlogged(self) -> list[int]:
+        """The machines whose messages wait unread: the server writes them too slowly."""
+        return [m for m, s in self.streams.by_machine.items() if s.received.full()]
+
+    def _lost(self, machine_ids: set[int]) -> None:
+        """Machines found lost when heard from: their streams end, and their agents register
+        again."""
+        for machine_id in machine_ids:
+            stream = self.streams.get(machine_id)
+            if stream is not None:
+                log.warning("machine %d was lost; its stream ends: it registers again", machine_id)
+                stream.closed.set()
 
     async def _worker_event(
         self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
@@ -531,7 +551,6 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     _handlers: dict[str, Callable[..., Awaitable[Effects | None]]] = {
         "metrics": _metrics,
         "secret_request": _secret_request,
-        "heartbeat": _heartbeat,
         "worker_event": _worker_event,
         "progress": _progress,
         "gpu_health": _gpu_health,

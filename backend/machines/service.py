@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -85,8 +86,31 @@ async def heartbeat(session: AsyncSession, clock: Clock, machine_id: int, lease:
     return await repository.extend_lease(session, machine_id, now, now + lease)
 
 
+# The most machines whose leases one statement renews (a bound on its parameters).
+RENEW_BATCH = 5000
+
+
+async def renew_leases(
+    session: AsyncSession, clock: Clock, machine_ids: Collection[int], lease: timedelta
+) -> set[int]:
+    """Renew the leases of machines heard from, a batch a statement (one for a replica's
+    machines, up to thousands). Returns the ids of those already lost: they must register
+    again."""
+    now = clock.now()
+    ids = sorted(machine_ids)
+    renewed: set[int] = set()
+    for start in range(0, len(ids), RENEW_BATCH):
+        batch = ids[start : start + RENEW_BATCH]
+        renewed |= await repository.renew_leases(session, batch, now, now + lease)
+    return set(ids) - renewed
+
+
 async def expire_leases(session: AsyncSession, clock: Clock, lease: timedelta) -> Effects:
     """Machines whose agent missed its heartbeats are lost; their workers fail with them.
+
+    A lease is what the database says: the replica holding a machine's stream renews it
+    while it hears from the machine (backend/agents/leases.py), so a machine held by a live
+    stream on any replica is not expired, and one whose replica died is lost a lease later.
 
     Unless the check before this one is more than half a lease ago: then nothing could check
     leases meanwhile, most likely because the database was away, and no agent could renew

@@ -1,0 +1,125 @@
+"""Each replica renews the leases of the machines it hears from: in memory per message, in the
+database once an interval for all of them.
+
+A machine's heartbeat (any of its messages) only notes that it was heard; it takes no write of
+its own and never waits behind the stream's other messages. Every few seconds the keeper
+renews the leases of the machines heard since the last renewal in one statement, on a
+connection of its own (the request pool may be taken by reads). A machine whose messages wait
+to be written because the server is behind (its stream's queue is full, so it is read no
+faster than it is written) counts as heard: that it is not read is the server's doing, not the
+agent's silence.
+
+Across replicas: each renews only the machines whose stream it holds. A replica that dies
+renews nothing more, and its machines are lost one lease after they were last renewed unless
+their agents reconnect elsewhere (a Hello renews the lease). A machine whose renewal finds it
+lost already has its stream ended, so its agent says Hello again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+
+from backend.agents import service
+from backend.clock import Clock
+from backend.db import Database, database_away
+
+log = logging.getLogger(__name__)
+
+# How often, at most, leases are renewed; a lease sixth when that is shorter.
+RENEW_EVERY_S = 5.0
+
+
+def renew_interval(lease: timedelta) -> float:
+    """Seconds between renewals: often enough that a lease outlasts several of them."""
+    return min(RENEW_EVERY_S, lease.total_seconds() / 6)
+
+
+class LeaseKeeper:
+    """The leases of one replica's machines.
+
+    ``backlogged`` names the machines whose messages wait unread because the server is
+    behind; ``lost`` is told of machines whose renewal found them lost (their streams end).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        lease: timedelta,
+        *,
+        interval: float,
+        backlogged: Callable[[], Iterable[int]],
+        lost: Callable[[set[int]], None],
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.lease = lease
+        self.interval = interval
+        self.backlogged = backlogged
+        self.lost = lost
+        self.heard: set[int] = set()
+        self._own: Database | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def note(self, machine_id: int) -> None:
+        """The machine was heard from now (any message of its)."""
+        self.heard.add(machine_id)
+
+    def start(self) -> None:
+        """Renew every interval from now on (while this replica holds streams)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._renewing())
+
+    async def stop(self) -> None:
+        """Stop renewing (the replica holds no stream any more) and let the connection go."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        own, self._own = self._own, None
+        if own is not None:
+            await own.dispose()
+
+    async def renew(self) -> None:
+        """Renew, in one statement, the leases of the machines heard since the last renewal."""
+        backlogged = set(self.backlogged())
+        if backlogged:
+            log.warning(
+                "the server is busy: %d machines' messages wait to be written, their streams "
+                "are read more slowly (their leases are renewed meanwhile)",
+                len(backlogged),
+            )
+        heard, self.heard = self.heard | backlogged, set()
+        if not heard:
+            return
+        try:
+            async with self._database().transaction() as session:
+                lost = await service.renew_leases(session, self.clock, heard, self.lease)
+        except Exception as error:
+            self.heard |= heard  # tried again at the next renewal
+            if not database_away(error):
+                raise
+            log.warning("the database is away: %d machines' leases wait to be renewed", len(heard))
+            return
+        if lost:
+            self.lost(lost)
+
+    async def _renewing(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.renew()
+            except Exception:
+                log.exception("leases could not be renewed; they are tried again")
+
+    def _database(self) -> Database:
+        """A connection of the keeper's own, not one of the requests' pool."""
+        if self._own is None:
+            url = self.db.engine.url.render_as_string(hide_password=False)
+            self._own = Database.from_url(url, pool_size=1)
+        return self._own
