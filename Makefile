@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup up serve test test-fast lint typecheck schema schema-check services bench proto clean \
+.PHONY: help setup up serve test test-fast lint typecheck schema schema-check services bench load fleet proto clean \
   console console-test browser screenshots demo
 
 help: ## list the targets
@@ -98,3 +98,11 @@ clean: ## remove the virtual environment and caches
 
 bench: setup services browser ## every benchmark (bench/) beside its bare baseline; the table in bench/RESULTS.md
 	$(BIN)/python -m bench.run_all
+
+LOAD_ARGS ?= --agents 20 --runs 100
+load: setup services ## the production topology on loopback under load, simulated agents (bench/load.py; LOAD_ARGS)
+	$(BIN)/python -m bench.load $(LOAD_ARGS)
+
+FLEET_ARGS ?= --machines 100 300 1000
+fleet: setup services ## one serve held against many simulated machines (bench/fleet.py; FLEET_ARGS)
+	$(BIN)/python -m bench.fleet $(FLEET_ARGS)

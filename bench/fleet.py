@@ -54,6 +54,7 @@ LINE_S = 1.0
 KEPT_LINES = 2000
 PROTOCOL = 2
 STAMP = re.compile(r"@(\d+\.\d+)$")
+STEP = re.compile(r"^step (\d+) of ")
 
 
 @dataclass
@@ -610,6 +611,8 @@ async def follow(
     from websockets.asyncio.client import connect
     from websockets.typing import Subprotocol
 
+    last = 0
+
     try:
         async with connect(
             url.replace("http", "ws", 1) + "/graphql",
@@ -650,6 +653,12 @@ async def follow(
                 chunk = payload["data"]["followLog"]
                 outcome["missed"] = outcome.get("missed", 0) + int(chunk["missed"])
                 for line in chunk["text"].splitlines():
+                    step = STEP.match(line)
+                    if step:  # a gap in the steps is lines lost on the way
+                        n = int(step.group(1))
+                        if last and n > last + 1:
+                            outcome["lost"] = outcome.get("lost", 0) + n - last - 1
+                        last = max(last, n)
                     stamp = STAMP.search(line)
                     if stamp:
                         lateness.append(now - float(stamp.group(1)))
