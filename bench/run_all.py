@@ -31,6 +31,9 @@ BENCHES = (
     "console",
 )
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+# What follows this heading is written by hand from `make fleet` and `make load` (long runs on
+# a whole topology) and kept as it is when the table is written again.
+UNDER_LOAD = "\n## Under load"
 
 
 def machine() -> list[tuple[str, str]]:
@@ -123,6 +126,8 @@ def write(results: dict[str, dict[str, object]]) -> str:
         "measured in the same run on the same machine; read the ratios, not the times.\n\n"
         "| machine | |\n|---|---|\n" + described + "\n\n" + "\n".join(rows) + "\n"
     )
+    if RESULTS.exists() and UNDER_LOAD in RESULTS.read_text():
+        text += UNDER_LOAD + RESULTS.read_text().split(UNDER_LOAD, 1)[1]
     RESULTS.write_text(text)
     (OUT / "run_all.json").write_text(json.dumps(results, indent=2))
     return text
