@@ -1,15 +1,30 @@
-"""One look at the events table a second per process, for every event subscriber in it.
+"""One look at the events a second per process, for every event subscriber in it; and the
+horizon: the id up to which every event that will ever be visible is visible now.
 
 Events are rows, written by whichever replica or worker process: reading them is what works
 across processes. Instead of each subscriber reading its workspace's events every second, a
-process's subscribers share one bell: while any of them waits, it reads once a second how many
-events became visible lately and the newest id, and rings when either changed. A subscriber
-then reads its own events (and at the latest every ``IDLE_SECONDS`` in any case).
+process's subscribers share one bell: while any of them waits, it looks once a second where
+the horizon stands, and rings when it moved. A subscriber then reads its own events up to the
+horizon, in id order (and waits at most ``IDLE_SECONDS`` for a ring in any case).
 
-"Lately" is since the newest id seen ``SETTLE`` ago: an event's id is taken when it is
-written, and its transaction may commit after one that took a larger id, so a change in the
-newest id alone would miss it (the same rule as events.rules.advance). Until the bell has
-looked for SETTLE, every look rings."""
+Why a horizon (issue 19): an event's id is taken when it is written, and on PostgreSQL its
+transaction may commit after one that took a larger id. A subscriber that handed on every
+visible event handed 12 before 11 (18 of 20 subscribers did under load), and a client that
+resumed ``after`` 12 lost 11. Handing on only what lies below the horizon, in id order, a
+subscriber hands every event once and in order, and ``after`` the last id it handed loses
+nothing.
+
+The rule, on PostgreSQL: ``nextval`` locks the events' id sequence (RowExclusiveLock) until
+its transaction ends. A look reads the sequence's last value L, *then* which transactions hold
+that lock: every transaction that took an id up to L took it before L was read, so it is
+among them unless it already ended. Once none of them still holds the lock (a later look),
+every id up to L is committed or rolled back for good: L is settled, and the horizon is the
+largest settled L. It waits only for the transactions that write events and were open at the
+look, however long they stay open (no guessed settle time). It assumes the sequence hands its
+ids one at a time (CACHE 1, PostgreSQL's default), and ids taken from it (not given).
+
+On SQLite a write transaction holds the one write lock from its beginning to its commit
+(db.py): ids become visible in order, and the horizon is the largest id."""
 
 from __future__ import annotations
 
@@ -18,18 +33,26 @@ import contextlib
 import logging
 import weakref
 from collections.abc import AsyncIterator
-from datetime import timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.db import Database
-from backend.events.rules import SETTLE
 from backend.models import Event
 
 log = logging.getLogger(__name__)
 
 LOOK_SECONDS = 1.0  # how often the bell looks while someone waits
 IDLE_SECONDS = 30.0  # the longest a subscriber waits without looking itself
+
+_SEQUENCE = text("SELECT CAST(pg_get_serial_sequence('events', 'id') AS regclass)::oid")
+_LAST_ID = text("SELECT coalesce(pg_sequence_last_value(CAST(:sequence AS oid)), 0)")
+# (pg_sequence_last_value locks the sequence too: the look's own transaction is left out)
+_HOLDERS = text(
+    "SELECT virtualtransaction FROM pg_locks WHERE locktype = 'relation' "
+    "AND relation = CAST(:sequence AS oid) AND pid IS DISTINCT FROM pg_backend_pid() "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
 
 
 class Bell:
@@ -38,20 +61,20 @@ class Bell:
         db: Database,
         look_seconds: float = LOOK_SECONDS,
         idle_seconds: float = IDLE_SECONDS,
-        settle: timedelta = SETTLE,
     ) -> None:
         self.db = db
         self.look_seconds = look_seconds
         self.idle_seconds = idle_seconds
-        self.settle_seconds = settle / timedelta(seconds=1)
         self.waiting = 0
-        self.looks = 0  # reads of the events so far (the tests count them)
+        self.looks = 0  # reads of the horizon so far (the tests count them)
+        self.horizon = 0  # every event up to this id that will ever be visible is visible
         self._rung = asyncio.Event()
         self._rings = 0
         self._task: asyncio.Task[None] | None = None
-        self._seen: tuple[int, int] | None = None
-        # the newest id at each look within SETTLE: the oldest is where "lately" begins
-        self._newest: list[tuple[float, int]] = []
+        self._reading = asyncio.Lock()
+        self._sequence: int | None = None
+        # each look's last id and the transactions that held the sequence then, not settled
+        self._pending: list[tuple[int, frozenset[str]]] = []
 
     @contextlib.asynccontextmanager
     async def listening(self) -> AsyncIterator[None]:
@@ -69,10 +92,15 @@ class Bell:
         """How often it rang: a subscriber takes this before it reads, and waits from it."""
         return self._rings
 
+    async def settled(self) -> int:
+        """The horizon, looked at now (a subscriber's start: the bell may have been idle)."""
+        await self._advance()
+        return self.horizon
+
     async def wait(self, rings: int) -> None:
         """Until the bell rings after it had rung ``rings`` times (at once if it has), or
-        IDLE_SECONDS. (An event that became visible between a subscriber's read and its
-        wait rang in between: the wait returns at once.)"""
+        IDLE_SECONDS. (The horizon moved between a subscriber's read and its wait: it rang in
+        between, and the wait returns at once.)"""
         if self._rings != rings:
             return
         with contextlib.suppress(TimeoutError):
@@ -80,46 +108,42 @@ class Bell:
                 await self._rung.wait()
 
     async def _look(self) -> None:
-        loop = asyncio.get_running_loop()
         while self.waiting:
             try:
-                seen: tuple[int, int] | None = await self._read(loop.time())
-            except Exception as error:  # the database away: the subscribers read themselves,
+                await self._advance()
+            except Exception as error:  # the database away: the horizon stays where it was
                 log.warning("the events bell could not read the events: %s", error)
-                seen = None  # and meet the error as they would alone
-            if seen is None or seen != self._seen or self._young(loop.time()):
-                self._seen = seen
+            await asyncio.sleep(self.look_seconds)
+
+    async def _advance(self) -> None:
+        async with self._reading:
+            before = self.horizon
+            async with self.db.read() as session:
+                if self.db.engine.dialect.name == "postgresql":
+                    horizon = await self._postgresql_horizon(session)
+                else:
+                    horizon = int(await session.scalar(select(func.max(Event.id))) or 0)
+            self.looks += 1
+            self.horizon = max(before, horizon)
+            if self.horizon != before:
                 self._rings += 1
                 self._rung.set()
                 self._rung = asyncio.Event()
-            await asyncio.sleep(self.look_seconds)
-        self._seen = None
-        self._newest.clear()
 
-    def _young(self, now: float) -> bool:
-        """Looking for less than SETTLE: an event committed late may have an id below what
-        the first look saw, and go unnoticed by the count. Until then every look rings (the
-        subscribers read each second, as they would alone)."""
-        return not self._newest or self._newest[0][0] > now - self.settle_seconds
-
-    async def _read(self, now: float) -> tuple[int, int]:
-        horizon = now - self.settle_seconds
-        older = [entry for entry in self._newest if entry[0] < horizon]
-        self._newest = older[-1:] + [entry for entry in self._newest if entry[0] >= horizon]
-        since = self._newest[0][1] if self._newest else None
-        async with self.db.read() as session:
-            if since is None:
-                count, newest = 0, await session.scalar(select(func.max(Event.id)))
-            else:
-                count, newest = (
-                    await session.execute(
-                        select(func.count(), func.max(Event.id)).where(Event.id > since)
-                    )
-                ).one()
-        self.looks += 1
-        newest = int(newest or since or 0)
-        self._newest.append((now, newest))
-        return int(count), newest
+    async def _postgresql_horizon(self, session: AsyncSession) -> int:
+        if self._sequence is None:
+            self._sequence = int((await session.execute(_SEQUENCE)).scalar_one())
+        where = {"sequence": self._sequence}
+        last = int((await session.execute(_LAST_ID, where)).scalar_one())  # first,
+        holders = frozenset((await session.scalars(_HOLDERS, where)).all())  # then these
+        if self._pending and self._pending[-1][1] == holders:
+            self._pending[-1] = (last, holders)  # settles when the same transactions end
+        else:
+            self._pending.append((last, holders))
+        settled = [ids for ids, held in self._pending if not held & holders]
+        horizon = max([self.horizon, *settled])
+        self._pending = [(ids, held) for ids, held in self._pending if ids > horizon]
+        return horizon
 
 
 _BELLS: weakref.WeakKeyDictionary[Database, Bell] = weakref.WeakKeyDictionary()

@@ -76,11 +76,15 @@ async def after(
     name: str | None = None,
     kind: str | None = None,
     limit: int = MAX_LIMIT,
+    upto: int | None = None,
 ) -> list[EventView]:
-    """The workspace's events after the id ``cursor`` visible now, oldest first."""
+    """The workspace's events after the id ``cursor`` (and up to ``upto``) visible now,
+    oldest first."""
     query = _matching(
         select(Event).where(Event.workspace_id == workspace.id, Event.id > cursor), name, kind
     )
+    if upto is not None:
+        query = query.where(Event.id <= upto)
     rows = await session.scalars(query.order_by(Event.id).limit(limit))
     return [view(e, workspace.name) for e in rows]
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 from backend.errors import InvalidInput
 from backend.events import service as events
 from backend.events.bell import bell_of
-from backend.events.rules import Cursor, advance, parse_listing
+from backend.events.rules import MAX_LIMIT, parse_listing
 from backend.logs import service as logs
 from backend.resolvers.context import Info
 from backend.resolvers.streams import while_token_holds
@@ -64,27 +64,27 @@ async def _events_feed(
     principal = info.context.require_principal()
     async with info.context.db.read() as session:
         target = await events.workspace_of(session, principal, organization, workspace)
-        start = after if after is not None else await events.last_id(session, target.id)
     # Ids are taken when events are written, and a transaction may commit after one that took
-    # a larger id: what lies between the settled cursor and the horizon is read again, and
-    # what was already handed on is skipped (the webhooks' rule, events.rules.advance).
-    cursor = Cursor(start, start, None)
-    handed: set[int] = set()
+    # a larger id: only the events up to the bell's horizon are handed on, in id order, those
+    # below it that will ever be visible being visible (events.bell). Each is handed once, and
+    # a client resuming after the last id it got misses none.
     bell = bell_of(info.context.db)  # one look a second for all subscribers of this process
     async with bell.listening():
+        horizon = await bell.settled()
+        cursor = after if after is not None else horizon
         while True:
             rings = bell.rings
-            async with info.context.db.read() as session:
-                found = await events.after(session, target, cursor.cursor, name=name, kind=kind)
-            fresh = [v for v in found if v.id not in handed]
-            for view in fresh:
-                handed.add(view.id)
-                yield Event.of(view)
-            looked_to = max((v.id for v in found), default=cursor.horizon)
-            cursor = advance(cursor, looked_to, info.context.clock.now())
-            handed = {i for i in handed if i > cursor.cursor}
-            if not fresh:
+            horizon = bell.horizon
+            if horizon <= cursor:
                 await bell.wait(rings)
+                continue
+            async with info.context.db.read() as session:
+                found = await events.after(
+                    session, target, cursor, name=name, kind=kind, limit=MAX_LIMIT, upto=horizon
+                )
+            for view in found:
+                yield Event.of(view)
+            cursor = found[-1].id if len(found) == MAX_LIMIT else horizon
 
 
 async def events_page(

@@ -1,10 +1,10 @@
 """The events bell on SQLite and PostgreSQL: one look at the events a second per process,
-however many subscribers wait, and every one of them woken by a new event, late ones too."""
+however many subscribers wait, and every one of them woken when the horizon moves; the
+horizon waits for an event committed after a newer one."""
 
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
@@ -53,7 +53,7 @@ async def test_twenty_subscribers_share_one_look_a_second_and_all_wake_at_a_new_
     db: Database, clock: FakeClock, tenancy: Tenancy
 ) -> None:
     await add_event(db)
-    bell = Bell(db, look_seconds=0.2, idle_seconds=30.0, settle=timedelta(0))
+    bell = Bell(db, look_seconds=0.2, idle_seconds=30.0)
     tasks = await waiting(bell, 20)
     looks = bell.looks
     await asyncio.sleep(1.0)
@@ -68,40 +68,42 @@ async def test_twenty_subscribers_share_one_look_a_second_and_all_wake_at_a_new_
     assert bell.looks == looks  # nobody waits: the bell does not look
 
 
-async def test_an_event_that_becomes_visible_after_a_newer_one_rings_too(
+async def test_the_horizon_waits_for_an_event_committed_after_a_newer_one(
     db: Database, clock: FakeClock, tenancy: Tenancy
 ) -> None:
     # ids are taken when written; a transaction may commit after one that took a larger id
     if db.engine.dialect.name != "postgresql":
         pytest.skip("SQLite has one writer at a time: its ids become visible in order")
-    bell = Bell(db, look_seconds=0.1, idle_seconds=30.0, settle=timedelta(seconds=1.5))
+    await add_event(db)
+    bell = Bell(db, look_seconds=0.1, idle_seconds=30.0)
     async with bell.listening():
-        await asyncio.sleep(1.7)  # looked for longer than it waits for late commits
+        before = await bell.settled()
         async with db.transaction() as late:
             organization = await late.scalar(select(Organization.id).limit(1))
-            late.add(
-                Event(
-                    organization_id=organization,
-                    kind="quota",
-                    reason="committed late",
-                    data={},
-                    created_at=SEED_TIME,
-                )
+            event = Event(
+                organization_id=organization,
+                kind="quota",
+                reason="committed late",
+                data={},
+                created_at=SEED_TIME,
             )
+            late.add(event)
             await late.flush()  # its id is taken
             await add_event(db)  # a larger id, committed first
-            await asyncio.sleep(0.3)  # the bell has seen that newest id
             tasks = await waiting(bell, 3)
-        # the late transaction commits, well within the 1.5 s: its event's id is below the
-        # newest the bell saw
+            await asyncio.sleep(0.5)  # five looks: the larger id is visible, the smaller not
+            assert bell.horizon == before < event.id
+            assert not any(t.done() for t in tasks)
+        # the late one commits: both are settled, and the bell rings
         done, _ = await asyncio.wait(tasks, timeout=2.0)
         assert len(done) == 3
+        assert bell.horizon == event.id + 1
 
 
 async def test_a_subscriber_waits_not_for_a_ring_that_came_after_its_read(
     db: Database, clock: FakeClock, tenancy: Tenancy
 ) -> None:
-    bell = Bell(db, look_seconds=0.2, idle_seconds=30.0, settle=timedelta(0))
+    bell = Bell(db, look_seconds=0.2, idle_seconds=30.0)
     async with bell.listening():
         await asyncio.sleep(0.3)
         assert bell.looks >= 1  # its first look made
