@@ -173,10 +173,12 @@ def contention(error: BaseException) -> bool:
 
 def database_away(error: BaseException) -> bool:
     """Whether ``error`` (or what caused it) says the database cannot be reached: a refused or
-    lost connection, a server shutting down. Not a SQL error, nor SQLite's busy file, nor a
-    deadlock or serialisation failure (psycopg counts those as operational errors too)."""
-    if contention(error):
-        return False
+    lost connection, a server shutting down. Not a SQL error, nor SQLite's busy file.
+
+    psycopg counts a deadlock and a serialisation failure as operational errors too, and so
+    does this: the callers that wait and try again later (an agent's messages, lease renewals)
+    do so for them as well. What answers a request asks ``contention`` first, and says
+    CONFLICT_RETRY (409), never that the database is away (issue 19)."""
     for found in _causes(error):
         if isinstance(found, DBAPIError) and found.connection_invalidated:
             return True

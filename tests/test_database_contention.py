@@ -35,8 +35,9 @@ def test_what_counts_as_contention() -> None:
     serial = OperationalError("UPDATE runs", {}, psycopg.errors.SerializationFailure())
     locked = OperationalError("BEGIN", {}, sqlite3.OperationalError("database is locked"))
     for error in (deadlock, serial, locked):
-        assert contention(error)
-        assert not database_away(error)  # psycopg counts them as operational errors
+        assert contention(error)  # said CONFLICT_RETRY, though psycopg counts the first two
+        # as operational errors: what waits and tries again while the database is away
+        # (an agent's messages) waits for them too
     refused = OperationalError("SELECT 1", {}, psycopg.OperationalError("connection refused"))
     assert database_away(refused) and not contention(refused)
     assert not contention(ValueError("a bug"))
