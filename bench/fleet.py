@@ -700,7 +700,7 @@ async def hold(
         ]
         submit_took, submit_errors = await submit(server.url, server.admin, specs)
         t1 = time.monotonic()
-        fill_deadline = t1 + 120 + machines / 3
+        fill_deadline = t1 + min(120 + machines / 3, 240)
         figures = database_figures(database)
         while (
             figures["workers_running"] < runs * workers_per_run and time.monotonic() < fill_deadline
