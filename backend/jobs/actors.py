@@ -23,10 +23,11 @@ log = logging.getLogger(__name__)
 
 
 async def scheduling_pass() -> None:
-    """Leases, then timers, then placement: each a transaction of its own, each idempotent."""
-    db, clock, settings = runtime.database(), runtime.clock(), runtime.settings()
-    async with db.transaction() as session:
-        await machines.expire_leases(session, clock, settings.lease_time)
+    """Leases, then timers, then placement: each a transaction of its own, each idempotent.
+    (Leases are also checked by an actor of their own, on the clock's queue, so a slow pass
+    never delays the check; here they are checked again so a pass places on live machines.)"""
+    db, clock = runtime.database(), runtime.clock()
+    await machines_check_leases()
     async with db.transaction() as session:
         await lifecycle.check_timers(session, clock)
     async with db.transaction() as session:
@@ -34,6 +35,13 @@ async def scheduling_pass() -> None:
     placed = [name for r in results.values() for name in r.placed]
     if placed:
         log.info("placed %s", ", ".join(placed))
+
+
+async def machines_check_leases() -> None:
+    """Machines whose agent went silent past its lease lost, their workers failed."""
+    db, clock, settings = runtime.database(), runtime.clock(), runtime.settings()
+    async with db.transaction() as session:
+        await machines.expire_leases(session, clock, settings.lease_time)
 
 
 async def metrics_prune() -> None:
@@ -164,6 +172,7 @@ _sending: dict[asyncio.Task[None], int] = {}  # each pass's sending: how many we
 
 BODIES = {
     "scheduling.pass": scheduling_pass,
+    "machines.check_leases": machines_check_leases,
     "metrics.prune": metrics_prune,
     "accounting.tick": accounting_tick,
     "accounting.prune": accounting_prune,

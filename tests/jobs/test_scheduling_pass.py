@@ -40,7 +40,8 @@ def redis_worker(settings: Settings, clock: FakeClock) -> Iterator[RedisBroker]:
 
 
 async def _join(broker: RedisBroker) -> None:
-    await asyncio.to_thread(broker.join, job_broker.QUEUE, timeout=30_000)
+    for queue in job_broker.QUEUES:
+        await asyncio.to_thread(broker.join, queue, timeout=30_000)
 
 
 async def test_a_pass_through_redis_places_a_submitted_run(

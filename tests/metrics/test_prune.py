@@ -140,13 +140,18 @@ async def test_the_periodic_jobs_include_pruning(settings: Settings) -> None:
     ticker.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await ticker
-    sent = [Message.decode(m).actor_name for m in broker.queues[job_broker.QUEUE].queue]
-    assert sorted(sent) == [
-        "accounting.prune",
-        "accounting.tick",
-        "metrics.prune",
-        "scheduling.pass",
-        "webhooks.deliver",
-        "webhooks.prune",
-    ]
+    sent = {
+        queue: sorted(Message.decode(m).actor_name for m in broker.queues[queue].queue)
+        for queue in job_broker.QUEUES
+    }
+    assert sent == {
+        job_broker.QUEUE: ["accounting.tick", "machines.check_leases"],
+        job_broker.SCHEDULING: ["scheduling.pass"],
+        job_broker.HOUSEKEEPING: [
+            "accounting.prune",
+            "metrics.prune",
+            "webhooks.deliver",
+            "webhooks.prune",
+        ],
+    }
     broker.close()
