@@ -568,28 +568,31 @@ def _end_with_parent(parent: int) -> None:
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
-    """A Dramatiq worker process: runs the actors (scheduling passes) sent through Redis."""
-    import dramatiq
-
+    """A Dramatiq worker process: runs the actors sent through Redis, each queue on threads of
+    its own (the tick and lease checks never wait behind scheduling passes)."""
     from backend.jobs import broker as job_broker
     from backend.jobs import runtime
 
     broker = job_broker.install(settings)
     runtime.configure(settings)
-    worker = dramatiq.Worker(broker, worker_threads=args.threads)
-    worker.start()
-    print(f"astraeus worker: {args.threads} threads on the {settings.broker} broker", flush=True)
+    workers = job_broker.start_workers(broker, threads=args.threads)
+    print(
+        f"astraeus worker: {job_broker.CLOCK_THREADS} threads for the tick and leases, "
+        f"{job_broker.SCHEDULING_THREADS} for scheduling passes, {args.threads} for webhooks "
+        f"and pruning, on the {settings.broker} broker",
+        flush=True,
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with contextlib.suppress(KeyboardInterrupt):
         stop.wait()
-    worker.stop()
+    job_broker.stop_workers(workers)
     return 0
 
 
 def cmd_scheduler(settings: Settings, args: argparse.Namespace) -> int:
-    """Send the periodic jobs: the scheduling pass (leases, timers, placement) every interval,
-    metrics pruning every ten minutes."""
+    """Send the periodic jobs: the scheduling pass (leases, timers, placement) and the lease
+    check every interval, metrics pruning every ten minutes, and warn of a queue's backlog."""
     from backend.jobs import broker as job_broker
 
     job_broker.install(settings)
