@@ -719,6 +719,7 @@ async def hold(
         ]
         timeline: list[dict[str, float]] = []
         cpu_a, _ = tree_figures(pid)
+        own_a = time.process_time()
         hold_began = time.monotonic()
         while time.monotonic() - hold_began < seconds:
             await asyncio.sleep(10)
@@ -733,11 +734,12 @@ async def hold(
                 }
             )
         cpu_b, rss_end = tree_figures(pid)
+        own_b = time.process_time()
+        held = time.monotonic() - hold_began
         stop.set()
         await asyncio.gather(*followers, return_exceptions=True)
         await fleet.close()
         c = fleet.counters
-        held = time.monotonic() - hold_began
         return {
             "machines": machines,
             "gpus_per_machine": gpus,
@@ -762,11 +764,13 @@ async def hold(
             "follow_outcomes": outcome,
             "server_cpu_pct_of_core": round(100 * (cpu_b - cpu_a) / held, 1),
             "server_rss_mb_start": round(rss0 / 2**20, 1),
+            "fleet_cpu_pct_of_core": round(100 * (own_b - own_a) / held, 1),
             "server_rss_mb_end": round(rss_end / 2**20, 1),
             "fleet_messages_sent": c.sent,
             "fleet_errors": c.errors[:5],
             "timeline": timeline,
             "took_s": round(time.monotonic() - began, 1),
+            "loadavg_at_end": os.getloadavg(),  # the 2 cores are shared: noisy
             "server_cpu_s_before_hold": round(cpu_a - cpu0, 1),
         }
 
@@ -781,7 +785,8 @@ def summary(r: dict[str, Any]) -> str:
         f"{r['workers_lost_to_leases']:.0f}, tick delay max {r['tick_delay_max_s']} s, "
         f"follows {r['follows']}: {r['follow_lines']} lines p50 {r['follow_p50_s']} s "
         f"p95 {r['follow_p95_s']} s; serve CPU {r['server_cpu_pct_of_core']}% of a core, "
-        f"RSS {r['server_rss_mb_start']} -> {r['server_rss_mb_end']} MB"
+        f"RSS {r['server_rss_mb_start']} -> {r['server_rss_mb_end']} MB; the simulator "
+        f"{r['fleet_cpu_pct_of_core']}% of a core"
     )
 
 

@@ -501,6 +501,7 @@ async def load(
             "fleet_errors": [e for c in counters for e in c.errors][:5],
             "timeline": timeline,
             "took_s": round(time.monotonic() - began, 1),
+            "loadavg_at_end": os.getloadavg(),  # the 2 cores are shared: noisy
         }
 
 
