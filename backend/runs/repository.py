@@ -8,7 +8,17 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.models import Cluster, Event, Machine, Run, Secret, StateTransition, User, Worker
+from backend.models import (
+    AgentCommand,
+    Cluster,
+    Event,
+    Machine,
+    Run,
+    Secret,
+    StateTransition,
+    User,
+    Worker,
+)
 from backend.runs.rules import ENDED_RUN_STATES
 
 
@@ -138,3 +148,22 @@ def add(session: AsyncSession, *rows: Run | Worker | StateTransition | Event) ->
 async def secret_names(session: AsyncSession, workspace_id: int) -> set[str]:
     names = await session.scalars(select(Secret.name).where(Secret.workspace_id == workspace_id))
     return set(names)
+
+
+async def lock_for_deletion(session: AsyncSession, run_id: int) -> None:
+    """Lock the run, then its workers, then the commands naming them (as ``DELETE FROM
+    workers`` will set them aside), each kind in id order (PostgreSQL; SQLite's write
+    transaction holds the one lock already, and leaves FOR UPDATE out)."""
+    await session.execute(select(Run.id).where(Run.id == run_id).with_for_update())
+    workers = list(
+        await session.scalars(
+            select(Worker.id).where(Worker.run_id == run_id).order_by(Worker.id).with_for_update()
+        )
+    )
+    if workers:
+        await session.execute(
+            select(AgentCommand.id)
+            .where(AgentCommand.worker_id.in_(workers))
+            .order_by(AgentCommand.id)
+            .with_for_update()
+        )

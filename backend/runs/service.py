@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
+from backend.accounting import repository as accounting_repository
 from backend.clock import Clock
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.lifecycle import service as lifecycle
@@ -334,8 +335,17 @@ async def delete_run(
     *,
     workspace: str | None = None,
 ) -> Run:
-    """Delete the run: its workers and their logs go; the run stays listed as Deleted."""
-    return await _act(session, clock, principal, name, workspace, lifecycle.delete_run)
+    """Delete the run: its workers and their logs go; the run stays listed as Deleted.
+
+    The rows it changes are locked first, each kind in id order and in the order every other
+    writer takes them (the goodput mark, the run, its workers, the commands naming them): two
+    deletions, or a deletion and a machine acknowledging its commands, cannot each hold a row
+    the other waits for (issue 19: a deadlock on ``DELETE FROM workers``)."""
+    run = await get_run(session, principal, name, workspace=workspace)
+    await accounting_repository.hold_mark(session)
+    await repository.lock_for_deletion(session, run.id)
+    await lifecycle.delete_run(session, clock, run, principal.user_name)
+    return run
 
 
 async def _act(
