@@ -48,6 +48,7 @@ from backend.rest import goodput as rest_goodput
 from backend.rest import jobs as rest_jobs
 from backend.rest import metrics as rest_metrics
 from backend.rest import openapi as rest_openapi
+from backend.rest import queues as rest_queues
 from backend.rest import tasks as rest_tasks
 from backend.schema.schema import schema
 from backend.tls import server_tls
@@ -266,6 +267,7 @@ def create_app(
     ]
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
+        *rest_queues.routes,  # /metrics: the job queues, for operators
         Route("/graphql", graphql, methods=["GET", "POST"]),
         WebSocketRoute("/graphql", graphql),
         # The REST shim at /v1, and at /api/v1 as the console's address shows it (seed L-46).
