@@ -38,6 +38,7 @@ Worker = ProcessWorker | docker.ContainerWorker
 
 BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
+BEAT_LOOK_S = 1.0  # how often the heartbeat timer looks whether a beat is due
 FOLLOW_POLL_S = 0.2
 # Messages that are not kept for resending: of no use on a later stream.
 PASSING = {"reply", "heartbeat", "secret_request"}
@@ -107,6 +108,8 @@ class Agent:
     preparing: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     secret_answers: dict[int, asyncio.Future[agent_pb2.SecretValues]] = field(default_factory=dict)
     backoff_cap: float = BACKOFF_CAP
+    # Seconds between heartbeats: the setting, or a third of the server's lease if shorter.
+    beat_every: float = 0.0
     outbox: Outbox = field(init=False)
     sampler: Sampler = field(init=False)
 
@@ -331,9 +334,17 @@ class Agent:
         return str(reply.credential)
 
     async def _heartbeats(self) -> None:
+        """A beat every interval, on a timer of its own whatever else the agent does (the
+        server takes any message as a sign of life; a beat says so when nothing else goes).
+        The interval is looked at every second: the Welcome may shorten it."""
+        loop = asyncio.get_running_loop()
+        last = loop.time()
         while True:
-            await asyncio.sleep(self.config.heartbeat_seconds)
-            self._send(durable=False, heartbeat=agent_pb2.Heartbeat())
+            every = self.beat_every or self.config.heartbeat_seconds
+            await asyncio.sleep(max(0.0, min(last + every - loop.time(), BEAT_LOOK_S)))
+            if loop.time() - last >= every:
+                self._send(durable=False, heartbeat=agent_pb2.Heartbeat())
+                last = loop.time()
 
     async def _handle(self, message: agent_pb2.ServerMessage) -> None:
         kind = message.WhichOneof("body")
@@ -342,6 +353,10 @@ class Agent:
             if message.welcome.lease_seconds:
                 # Back in well within a lease after any outage, the server's included.
                 self.backoff_cap = min(BACKOFF_CAP, message.welcome.lease_seconds / 4)
+                # Three beats a lease at least, whatever --heartbeat says.
+                self.beat_every = min(
+                    self.config.heartbeat_seconds, message.welcome.lease_seconds / 3
+                )
         elif kind == "ack":
             self.outbox.acknowledge(message.ack.up_to)
             self.ended = {

@@ -4,8 +4,10 @@ one statement per interval, never behind the stream's other messages (issue 19).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,9 @@ from astraeus.agent.v1 import agent_pb2
 from sqlalchemy import event, select
 from sqlalchemy.engine import Engine
 
+from agent.connection import Agent as RealAgent
+from agent.connection import AgentConfig
+from agent.gpus import simulated
 from backend.agents import stream as agent_stream
 from backend.agents.stream import AgentService, serve
 from backend.db import Database
@@ -220,3 +225,42 @@ async def test_a_replica_that_dies_lets_its_machines_be_lost_after_the_lease(
     finally:
         await on_first.close()
         await on_second.close()
+
+
+async def test_the_agent_beats_at_least_thrice_a_lease_whatever_its_heartbeat_setting(
+    tenancy: Tenancy,
+    db: Database,
+    clock: FakeClock,
+    tmp_path: Path,
+    machine_updates: list[str],
+) -> None:
+    replica = Replica(db, clock, renew_interval=0.2)
+    replica.service.lease = timedelta(seconds=3)  # what its Welcome tells the agent
+    await replica.start()
+    agent = RealAgent(
+        AgentConfig(
+            server=replica.address,
+            token=await _credential(db, clock, "gpu-07"),
+            machine="gpu-07",
+            data_dir=tmp_path,
+            gpus=simulated(2, "gpu-07"),
+            cpu_cores=8,
+            memory_bytes=64 * 2**30,
+            heartbeat_seconds=60,  # longer than the lease: beats every second instead
+            sample_seconds=60,
+        )
+    )
+    running = asyncio.create_task(agent.run_forever())
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while not replica.service.streams.by_machine:
+            assert asyncio.get_running_loop().time() < deadline, "the agent did not join"
+            await asyncio.sleep(0.05)
+        machine_updates.clear()
+        await asyncio.sleep(3.5)
+        assert len(machine_updates) >= 2  # heard (and renewed) about every second
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        await replica.stop()
