@@ -13,10 +13,13 @@ from collections.abc import AsyncIterator
 import httpx
 import psycopg.errors
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.exc import OperationalError
 
+from backend.accounting import counting
+from backend.agents import service as agents
 from backend.db import Database, contention, database_away
+from backend.models import AgentCommand
 from tests.graphql.test_schema import gql
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
@@ -49,8 +52,8 @@ def postgresql_only(db: Database) -> None:
 
 
 async def running_runs(world: World, count: int) -> list[str]:
-    """``count`` runs of two one-GPU workers each, running on four machines."""
-    for m in range(4):
+    """``count`` runs of two one-GPU workers each, running on machines of eight GPUs."""
+    for m in range((count * 2 + 7) // 8):
         await world.machine(f"gpu-{m:02d}", gpus=8)
     names = [f"r-{i:02d}" for i in range(count)]
     for name in names:
@@ -61,13 +64,41 @@ async def running_runs(world: World, count: int) -> list[str]:
     return names
 
 
+async def acknowledging(db: Database, clock: FakeClock, stop: asyncio.Event) -> int:
+    """Each machine acknowledges its commands, again and again, newest first: what an agent
+    does while its runs are deleted. Returns how many rounds it made."""
+    rounds = 0
+    while not stop.is_set():
+        async with db.read() as session:
+            rows = (await session.execute(select(AgentCommand.machine_id, AgentCommand.id))).all()
+        by_machine: dict[int, list[int]] = {}
+        for machine, command in rows:
+            by_machine.setdefault(machine, []).append(command)
+        for machine, commands in by_machine.items():
+            async with db.transaction() as session:
+                await agents.acknowledge(session, clock, machine, sorted(commands, reverse=True))
+        rounds += 1
+        await asyncio.sleep(0)
+    return rounds
+
+
 async def test_runs_deleted_many_at_once_are_all_deleted(
     client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
 ) -> None:
-    names = await running_runs(World(db, clock, tenancy), 16)
-    answers = await asyncio.gather(
-        *(gql(client, tenancy.member_token, DELETE, name=n) for n in names)
-    )
+    world = World(db, clock, tenancy)
+    names = await running_runs(world, 24)
+    clock.advance(minutes=2)
+    async with db.transaction() as session:
+        await counting.tick(session, clock)  # the goodput mark exists, as in production
+    stop = asyncio.Event()
+    acks = asyncio.create_task(acknowledging(db, clock, stop))
+    answers = []
+    for six in range(0, len(names), 6):  # six at a time, as the CLI deletes them
+        answers += await asyncio.gather(
+            *(gql(client, tenancy.member_token, DELETE, name=n) for n in names[six : six + 6])
+        )
+    stop.set()
+    assert await acks >= 1
     for name, answer in zip(names, answers, strict=True):
         assert "errors" not in answer, answer
         assert answer["data"]["deleteRun"] == {
