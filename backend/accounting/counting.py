@@ -200,7 +200,8 @@ async def _count(
                 )
         worker = info.get(worker_id)
         if worker_id in from_history:
-            changes = history.get(worker_id, [])
+            # An ended attempt is never counted open: its late stop is not in force.
+            changes = rules.in_force(history.get(worker_id, []))
         elif before is not None:
             changes = [PhaseChange(start, before.phase, before.gpus, before.phase_machine_id)]
         else:
@@ -234,7 +235,7 @@ async def _count(
         elif previous is not None and before is not None:
             rows.append(_row(previous, worker_id, _owner(before)))
         last = pieces[-1] if pieces and pieces[-1].interval.end == until else None
-        in_force = [c for c in sorted(changes) if c.at < until]
+        in_force = [c for c in rules.in_force(changes) if c.at < until]
         for piece in pieces:
             if piece is last:
                 still_open.append(_open_row(piece, worker_id, worker, in_force[-1]))

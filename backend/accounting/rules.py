@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from backend.lifecycle.rules import Phase
+from backend.lifecycle.rules import HELD_PHASES, Phase
 from backend.metrics.rules import parse_time  # the same time forms as /metrics/range
 
 BUSY_UTILIZATION = 0.05  # "its GPUs busy (5% or more)"
@@ -129,6 +129,30 @@ def classify(phase: str, busy: float | None) -> tuple[Category, bool] | None:
     return _BY_PHASE.get(phase)
 
 
+# The phases that place a worker anew: the only held phases that may follow one that holds
+# nothing (a failure, a stop, an end, a wait to be placed again).
+_PLACING = frozenset({Phase.STARTING, Phase.RESTART})
+
+
+def in_force(changes: Iterable[PhaseChange]) -> list[PhaseChange]:
+    """A worker's phase changes in time order, but those of an attempt that had ended.
+
+    Terminal states are terminal: once a worker holds nothing (it failed, stopped, completed
+    or waits to be placed again), only a new placement makes it hold GPUs again. A gang stop
+    recorded before a late report of the worker's own, earlier exit (rank 1's exit at .376
+    stops rank 0, whose exit at .246 is reported after) happened after the worker had ended:
+    it is not counted, else the worker would count as held forever (issue 19)."""
+    out: list[PhaseChange] = []
+    ended = False
+    for change in sorted(changes):
+        holds = change.phase in HELD_PHASES
+        if holds and ended and change.phase not in _PLACING:
+            continue
+        ended = not holds
+        out.append(change)
+    return out
+
+
 def intervals(
     changes: Sequence[PhaseChange],
     start: datetime,
@@ -139,10 +163,11 @@ def intervals(
 
     The phase in force at ``start`` is the last change at or before it; time before the
     first change (before the worker was submitted) and after an ``ended`` phase is not
-    counted. Intervals never cross a UTC hour; running ones never cross a UTC minute, and are
-    productive or idle by the mean utilisation of their whole minute, so that counting a
-    window in one piece or in several gives the same intervals' sums."""
-    ordered = sorted(changes)
+    counted, nor a held phase of an attempt that had ended (``in_force``). Intervals never
+    cross a UTC hour; running ones never cross a UTC minute, and are productive or idle by the
+    mean utilisation of their whole minute, so that counting a window in one piece or in
+    several gives the same intervals' sums."""
+    ordered = in_force(changes)
     out: list[Interval] = []
     for current, following in zip(ordered, [*ordered[1:], None], strict=True):
         a = max(current.at, start)

@@ -14,9 +14,10 @@ from backend.accounting.rules import (
     Ledger,
     PhaseChange,
     classify,
+    in_force,
     intervals,
 )
-from backend.lifecycle.rules import Phase
+from backend.lifecycle.rules import HELD_PHASES, Phase
 
 T0 = datetime(2026, 10, 5, 9, 58, 30, tzinfo=UTC)  # a Monday, just before an hour turns
 
@@ -76,6 +77,32 @@ def test_a_run_through_its_life_splits_at_transitions_minutes_and_hours() -> Non
     assert ledger["lost_gpu_hours"] == 8 * (170 - 60) / 3600
 
 
+def test_a_stop_recorded_after_the_worker_ended_is_never_counted_open() -> None:
+    # issue 19 (b-068-0): rank 1's exit at .376 stopped the gang before rank 0's own exit, at
+    # .246, was reported: Failed at .246, then Stopping at .376 held it forever.
+    failed, stopping = at(30.246), at(30.376)
+    changes = [
+        PhaseChange(at(0), Phase.WAITING, 8),
+        PhaseChange(at(1), Phase.STARTING, 8, machine_id=7),
+        PhaseChange(at(2), Phase.RUNNING, 8, machine_id=7),
+        PhaseChange(failed, Phase.ENDED, 8),
+        PhaseChange(stopping, Phase.STOPPING_FAILURE, 8, machine_id=7),
+    ]
+    assert in_force(changes) == changes[:4]
+    got = intervals(changes, at(0), at(7200))
+    assert got[-1].end == failed
+    assert sum(i.gpu_seconds for i in got) == 8 * 30.246
+    # A worker waiting to be placed again holds nothing until placed again (a new attempt).
+    again = [
+        PhaseChange(at(0), Phase.RUNNING, 8, machine_id=7),
+        PhaseChange(at(10), Phase.REQUEUED_FAILURE, 8),
+        PhaseChange(at(11), Phase.STOPPING_FAILURE, 8, machine_id=7),
+        PhaseChange(at(40), Phase.RESTART, 8, machine_id=9),
+        PhaseChange(at(50), Phase.RUNNING, 8, machine_id=9),
+    ]
+    assert in_force(again) == [again[0], again[1], again[3], again[4]]
+
+
 def test_nothing_held_has_no_goodput_and_a_run_without_gpus_has_none_at_all() -> None:
     waiting = intervals([PhaseChange(at(0), Phase.WAITING, 4)], at(0), at(600))
     assert "goodput" not in Ledger.of(waiting).to_json()
@@ -105,8 +132,18 @@ def _utilisation(start: datetime, end: datetime) -> float | None:
 
 
 def _counted_span(changes: list[PhaseChange], end: datetime) -> float:
-    """GPUs times wall time from submission to its end (its first ended phase) or ``end``."""
-    ordered = sorted(changes)
+    """GPUs times wall time from submission to its end (its first ended phase) or ``end``.
+
+    Terminal states are terminal (issue 19): after a phase that holds nothing, a phase that
+    holds GPUs but is no new placement (starting, restart) changes nothing: the time stays in
+    the phase before it."""
+    ordered: list[PhaseChange] = []
+    for change in sorted(changes):
+        holds = change.phase in HELD_PHASES
+        after_end = bool(ordered) and ordered[-1].phase not in HELD_PHASES
+        if holds and after_end and change.phase not in (Phase.STARTING, Phase.RESTART):
+            continue
+        ordered.append(change)
     seconds = 0.0
     for current, following in zip(ordered, [*ordered[1:], None], strict=True):
         stop = following.at if following is not None else end
