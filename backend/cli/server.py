@@ -637,7 +637,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="run the Dramatiq actors (production: with Redis)")
-    worker.add_argument("--threads", type=int, default=2)
+    worker.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="threads for webhooks and pruning (the tick, lease checks and passes have theirs)",
+    )
     worker.set_defaults(func=cmd_worker)
 
     agent = sub.add_parser("agent", help="join a cluster and run the workers placed here")
