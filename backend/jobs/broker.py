@@ -151,6 +151,7 @@ SCHEDULING_THREADS = 1
 def start_workers(broker: Broker, threads: int) -> list[dramatiq.Worker]:
     """A Dramatiq worker per queue, each with threads of its own, started; ``threads`` for
     the housekeeping queue (webhooks, pruning)."""
+    broker.logger.addFilter(_several_workers)
     workers = [
         dramatiq.Worker(broker, queues={queue}, worker_threads=n, worker_timeout=100)
         for queue, n in (
@@ -165,8 +166,22 @@ def start_workers(broker: Broker, threads: int) -> list[dramatiq.Worker]:
 
 
 def stop_workers(workers: list[dramatiq.Worker]) -> None:
-    for worker in workers:
-        worker.stop()
+    """Stopped together: each waits for its consumers' last fetch."""
+    stopping = [threading.Thread(target=worker.stop) for worker in workers]
+    for thread in stopping:
+        thread.start()
+    for thread in stopping:
+        thread.join()
+
+
+def _several_workers(record: logging.LogRecord) -> bool:
+    """Each worker adds a middleware of Dramatiq's own to the broker, and the broker warns of
+    the second one alike: expected here, not to worry an operator reading the log."""
+    return not (
+        isinstance(record.msg, str)
+        and record.msg.startswith("You're adding a middleware of the same type twice")
+        and "_WorkerMiddleware" in record.getMessage()
+    )
 
 
 @contextlib.asynccontextmanager
