@@ -45,7 +45,10 @@ log = logging.getLogger(__name__)
 LOOK_SECONDS = 1.0  # how often the bell looks while someone waits
 IDLE_SECONDS = 30.0  # the longest a subscriber waits without looking itself
 
-_SEQUENCE = text("SELECT CAST(pg_get_serial_sequence('events', 'id') AS regclass)::oid")
+_SEQUENCE = text(
+    "SELECT CAST(coalesce(pg_get_serial_sequence('events', 'id'), 'events_id_seq') AS regclass)"
+    "::oid"
+)
 _LAST_ID = text("SELECT coalesce(pg_sequence_last_value(CAST(:sequence AS oid)), 0)")
 # (pg_sequence_last_value locks the sequence too: the look's own transaction is left out)
 _HOLDERS = text(

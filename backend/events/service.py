@@ -17,21 +17,31 @@ from backend.runs import service as runs
 
 
 async def listing(
-    session: AsyncSession, principal: Principal, organization: str, workspace: str, which: Listing
+    session: AsyncSession,
+    principal: Principal,
+    organization: str,
+    workspace: str,
+    which: Listing,
+    upto: int | None = None,
 ) -> tuple[list[EventView], int | None]:
     """The events, newest first, and the id to ask the next page ``before`` (None: no more).
     A workspace the caller may not see is answered as absent."""
     ws = await workspace_of(session, principal, organization, workspace)
-    return await page(session, ws, which)
+    return await page(session, ws, which, upto)
 
 
 async def page(
-    session: AsyncSession, ws: Workspace, which: Listing
+    session: AsyncSession, ws: Workspace, which: Listing, upto: int | None = None
 ) -> tuple[list[EventView], int | None]:
-    """A page of the workspace's events, newest first, and the id to ask the next before."""
+    """A page of the workspace's events, newest first, and the id to ask the next before.
+
+    With ``upto`` (the events bell's horizon), none above it: a reader that follows the
+    events after the newest it listed misses none committed late below it."""
     query = _matching(select(Event).where(Event.workspace_id == ws.id), which.name, which.kind)
     if which.before is not None:
         query = query.where(Event.id < which.before)
+    if upto is not None:
+        query = query.where(Event.id <= upto)
     rows = list(await session.scalars(query.order_by(Event.id.desc()).limit(which.limit + 1)))
     more = len(rows) > which.limit
     rows = rows[: which.limit]

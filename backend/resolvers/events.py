@@ -101,7 +101,8 @@ async def events_page(
     which, problems = parse_listing(name, str(limit), None if before is None else str(before), kind)
     if which is None:
         raise InvalidInput("INVALID_PARAMETER", problems)
+    horizon = await bell_of(info.context.db).settled()  # none a follower would miss
     async with info.context.db.read() as session:
         target = await events.workspace_of(session, principal, organization, workspace)
-        found, more = await events.page(session, target, which)
+        found, more = await events.page(session, target, which, horizon)
     return EventPage(events=[Event.of(v) for v in found], next_before=more)

@@ -10,12 +10,15 @@ import random
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import httpx
+import pytest
 from sqlalchemy import func, select
 
 from backend.db import Database
 from backend.models import Event, Workspace
 from backend.resolvers.context import build_context
 from backend.schema.schema import schema
+from tests.graphql.test_schema import gql
 from tests.support import SEED_TIME, FakeClock, Tenancy
 
 WRITERS = 6
@@ -101,3 +104,37 @@ async def test_every_subscriber_gets_every_event_once_in_id_order(
     out_of_order = [g for g in got if g != written]
     assert not out_of_order, f"{len(out_of_order)} of {SUBSCRIBERS} out of order: {out_of_order[0]}"
     assert first_part + rest == written
+
+
+async def test_a_listing_stops_below_an_event_still_to_commit(
+    client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    # `astra events -f` lists the newest events, then follows after the newest it listed
+    if db.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has one writer at a time: its ids become visible in order")
+    organization, workspace, _ = await workspace_ids(db)
+    headers = {"Authorization": f"Bearer {tenancy.member_token}"}
+    path = "/v1/orgs/default/workspaces/default/events"
+
+    async def listed() -> list[int]:
+        answer = await client.get(path, headers=headers)
+        assert answer.status_code == 200, answer.text
+        rest = [e["id"] for e in answer.json()["events"]]
+        page = await gql(client, tenancy.member_token, "{ events { events { id } } }")
+        assert [int(e["id"]) for e in page["data"]["events"]["events"]] == rest
+        return rest
+
+    async with db.transaction() as late:
+        event = Event(
+            organization_id=organization,
+            workspace_id=workspace,
+            kind="quota",
+            reason="committed late",
+            data={},
+            created_at=SEED_TIME,
+        )
+        late.add(event)
+        await late.flush()  # its id is taken
+        newer = await write_late(db, organization, workspace, seed=99)  # committed first
+        assert await listed() == []  # not the newer ones: a follower after them misses it
+    assert await listed() == sorted([event.id, *newer], reverse=True)
