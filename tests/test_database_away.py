@@ -55,7 +55,7 @@ def test_what_counts_as_away() -> None:
     assert database_away(OperationalError("SELECT 1", {}, refused))
     assert database_away(ConnectionRefusedError())
     assert not database_away(ValueError("a bug"))
-    # SQLite's busy file is not "away": it stays an unexpected error
+    # SQLite's busy file is not "away": it is contention, said CONFLICT_RETRY (409)
     import sqlite3
 
     assert not database_away(OperationalError("SELECT 1", {}, sqlite3.OperationalError("locked")))
