@@ -75,15 +75,22 @@ class LeaseKeeper:
             self._task = asyncio.create_task(self._renewing())
 
     async def stop(self) -> None:
-        """Stop renewing (the replica holds no stream any more) and let the connection go."""
+        """Stop renewing (the replica holds no stream any more) once what was heard since the
+        last renewal is renewed (an agent gone a moment ago keeps its whole lease to come
+        back in), and let the connection go."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        own, self._own = self._own, None
-        if own is not None:
-            await own.dispose()
+        try:  # even when the stream that stops it is cancelled (a server stopping)
+            await asyncio.shield(self.renew())
+        except Exception:
+            log.exception("leases could not be renewed")
+        if self._task is None:  # no stream came meanwhile
+            own, self._own = self._own, None
+            if own is not None:
+                await own.dispose()
 
     async def renew(self) -> None:
         """Renew, in one statement, the leases of the machines heard since the last renewal."""
@@ -100,9 +107,9 @@ class LeaseKeeper:
         try:
             async with self._database().transaction() as session:
                 lost = await service.renew_leases(session, self.clock, heard, self.lease)
-        except Exception as error:
+        except BaseException as error:  # a cancellation too: what was heard is not forgotten
             self.heard |= heard  # tried again at the next renewal
-            if not database_away(error):
+            if not isinstance(error, Exception) or not database_away(error):
                 raise
             log.warning("the database is away: %d machines' leases wait to be renewed", len(heard))
             return
