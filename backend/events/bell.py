@@ -20,8 +20,9 @@ that lock: every transaction that took an id up to L took it before L was read, 
 among them unless it already ended. Once none of them still holds the lock (a later look),
 every id up to L is committed or rolled back for good: L is settled, and the horizon is the
 largest settled L. It waits only for the transactions that write events and were open at the
-look, however long they stay open (no guessed settle time). It assumes the sequence hands its
-ids one at a time (CACHE 1, PostgreSQL's default), and ids taken from it (not given).
+look, however long they stay open (no guessed settle time): one left open holds every
+subscriber's events back until it ends. It assumes the sequence hands its ids one at a
+time (CACHE 1, PostgreSQL's default), and ids taken from it (not given).
 
 On SQLite a write transaction holds the one write lock from its beginning to its commit
 (db.py): ids become visible in order, and the horizon is the largest id."""
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 LOOK_SECONDS = 1.0  # how often the bell looks while someone waits
 IDLE_SECONDS = 30.0  # the longest a subscriber waits without looking itself
+MOST_PENDING = 64  # looks not settled yet that the bell keeps apart
 
 _SEQUENCE = text(
     "SELECT CAST(coalesce(pg_get_serial_sequence('events', 'id'), 'events_id_seq') AS regclass)"
@@ -143,6 +145,9 @@ class Bell:
             self._pending[-1] = (last, holders)  # settles when the same transactions end
         else:
             self._pending.append((last, holders))
+        while len(self._pending) > MOST_PENDING:  # a transaction open long, others coming
+            (_, first), (ids, second) = self._pending[:2]  # and going: the two oldest settle
+            self._pending[:2] = [(ids, first | second)]  # together (later, never sooner)
         settled = [ids for ids, held in self._pending if not held & holders]
         horizon = max([self.horizon, *settled])
         self._pending = [(ids, held) for ids, held in self._pending if ids > horizon]
