@@ -36,11 +36,14 @@ async def list_runs(info: Info, all: bool = False, workspace: str | None = None)
 
 async def create_run(info: Info, spec: JSON, workspace: str | None = None) -> CreateRunPayload:
     principal = info.context.require_principal()
-    try:
-        async with info.context.db.transaction() as session:
-            row = await runs.create_run(
-                session, info.context.clock, principal, spec, workspace=workspace
-            )
+
+    async def work(session: AsyncSession) -> Any:
+        return await runs.create_run(
+            session, info.context.clock, principal, spec, workspace=workspace
+        )
+
+    try:  # tried again whole if it lost to another transaction
+        row = await info.context.db.unit(work)
     except AstraeusError as error:
         return CreateRunPayload(run=None, errors=UserError.from_error(error))
     job_broker.nudge_scheduler()
@@ -80,11 +83,14 @@ async def run_again(
     info: Info, name: str, new_name: str, workspace: str | None = None
 ) -> CreateRunPayload:
     principal = info.context.require_principal()
-    try:
-        async with info.context.db.transaction() as session:
-            row = await runs.run_again(
-                session, info.context.clock, principal, name, new_name, workspace=workspace
-            )
+
+    async def work(session: AsyncSession) -> Any:
+        return await runs.run_again(
+            session, info.context.clock, principal, name, new_name, workspace=workspace
+        )
+
+    try:  # tried again whole if it lost to another transaction
+        row = await info.context.db.unit(work)
     except AstraeusError as error:
         return CreateRunPayload(run=None, errors=UserError.from_error(error))
     job_broker.nudge_scheduler()
