@@ -10,6 +10,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.lifecycle.rules import WORKER_ENDED_STATES
 from backend.models import (
     AgentCommand,
     Event,
@@ -62,6 +63,29 @@ async def machines_that_ran(session: AsyncSession, run_id: int) -> set[int]:
         .distinct()
     )
     return {m for m in rows if m is not None}
+
+
+async def move_workers(session: AsyncSession, moves: Sequence[tuple[int, int, str]]) -> int:
+    """Write each (worker id, attempt, new state) unless that attempt has ended in the
+    database: a conditional UPDATE, so of two transactions that both saw the worker alive,
+    the one that comes second finds it ended and changes nothing (terminal states are
+    terminal, whatever the isolation). How many were written."""
+    written = 0
+    groups: dict[tuple[int, str], list[int]] = {}
+    for worker_id, attempt, state in moves:
+        groups.setdefault((attempt, state), []).append(worker_id)
+    for (attempt, state), ids in groups.items():
+        result = await session.execute(
+            update(Worker)
+            .where(
+                Worker.id.in_(ids),
+                ~((Worker.attempt == attempt) & Worker.state.in_(sorted(WORKER_ENDED_STATES))),
+            )
+            .values(state=state)
+            .execution_options(synchronize_session=False)
+        )
+        written += int(getattr(result, "rowcount", 0) or 0)
+    return written
 
 
 async def delete_workers(session: AsyncSession, run_id: int) -> None:

@@ -106,6 +106,20 @@ DELETED = RunState.DELETED.value
 
 PLACED_STATES = frozenset({PREPARING, PULLING, STARTING, RUNNING, STOPPING})
 ENDED_STATES = frozenset({COMPLETED, FAILED, STOPPED, DELETED})
+# A worker's attempt has ended: it holds nothing more until it is placed again.
+WORKER_ENDED_STATES = frozenset({COMPLETED, FAILED, STOPPED})
+
+
+def may_follow(state: str, next_state: str, *, placing: bool = False) -> bool:
+    """Terminal states are terminal: a worker that completed, failed or stopped takes no
+    further transition of its attempt. It may only wait to be placed again (Pending), keep
+    its state while its run ends or is deleted (its phase becomes ended), or start a new
+    attempt (``placing``). A stop, a report or a timer that comes after its end changes
+    nothing (issue 19: a gang stop recorded after a worker's own failure held it forever)."""
+    if placing or state not in WORKER_ENDED_STATES:
+        return True
+    return next_state in (state, PENDING)
+
 
 # The seed's sentences.
 OOM_KILLED = "OOMKilled: the container exceeded its memory limit"
@@ -179,6 +193,8 @@ class WorkerView:
     # Its GPUs' recent utilisation: its pace when the workload reports no progress. Written
     # by the samples' ingest, read here, never written back by the lifecycle.
     gpu_utilization: float | None = None
+    # When its state last changed (its latest transition as recorded).
+    since: datetime | None = None
 
     @property
     def placed(self) -> bool:
@@ -293,10 +309,16 @@ def _set_worker(
     reason: str,
     phase: Phase | str,
     at: datetime,
+    *,
+    placing: bool = False,
 ) -> None:
+    if not may_follow(w.state, state, placing=placing):
+        return
     changed = (w.state, w.phase) != (state, str(phase))
     w.state, w.reason, w.phase = state, reason, str(phase)
     if changed:
+        if w.since is None or at > w.since:
+            w.since = at
         fx.transitions.append(
             Transition(
                 run_id=run.id,
@@ -356,7 +378,9 @@ def place(
         w.attempt = run.attempt
         if run.attempt > 1:
             w.restarts += 1
-        _set_worker(fx, run, w, STARTING, f"Placed on {p.machine_name}; starting", phase, at)
+        _set_worker(
+            fx, run, w, STARTING, f"Placed on {p.machine_name}; starting", phase, at, placing=True
+        )
         environment = {
             "RANK": str(w.rank),
             "WORLD_SIZE": str(len(run.workers)),
@@ -567,7 +591,15 @@ def worker_exited(
         machine = w.machine_name
         _release_room(w)
         _gang_failed(run, w, machine, reason, at, fx)
-    _conclude_if_done(run, at, fx)
+    _conclude_if_done(run, _settled(run, at), fx)
+
+
+def _settled(run: RunView, at: datetime) -> datetime:
+    """When the gang's news up to an exit at ``at`` is all in: an exit reported late (rank 0
+    exited at .246, after rank 1's exit at .376 had stopped the gang) is recorded at its own
+    time, ordered before the stop, but what follows for the gang (its end, its requeue)
+    follows the latest transition already recorded of any of its workers."""
+    return max([at, *(w.since for w in run.workers if w.since is not None)])
 
 
 def _failed_first(run: RunView, w: WorkerView, exit_code: int | None, at: datetime) -> bool:

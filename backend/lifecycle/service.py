@@ -107,6 +107,7 @@ def _worker_view(w: Worker, machine_names: dict[int, str]) -> WorkerView:
         progress_rate=w.progress_rate,
         slow_since=w.slow_since,
         gpu_utilization=w.gpu_utilization,
+        since=w.state_since,
     )
 
 
@@ -210,6 +211,7 @@ async def persist(
             last_state[t.worker_id] = t.state
         row = rows.get(t.worker_id)
         _add_history(batch, gang, row if isinstance(row, Worker) else None, t)
+    await _guard_ended(session, gang)
     _write_back(gang)
     for key, moment in since.items():
         if key in rows:
@@ -231,6 +233,26 @@ async def persist(
     fx.commands.clear()
     if writes is None:
         await batch.flush(session)
+
+
+async def _guard_ended(session: AsyncSession, gang: Gang) -> None:
+    """The rules never move a worker out of an ended attempt (rules.may_follow); the database
+    says so too: each worker's new state of the same attempt is written only where that
+    attempt has not ended, else the whole change is refused (its transaction rolls back)."""
+    by_id = {w.id: w for w in gang.workers}
+    moves = [
+        (wv.id, wv.attempt, wv.state)
+        for wv in gang.view.workers
+        if (row := by_id[wv.id]).state != wv.state
+        and row.attempt == wv.attempt  # a new attempt (a placement) starts afresh
+        and wv.state != rules.PENDING  # waiting to be placed again follows an end
+    ]
+    if moves and await repository.move_workers(session, moves) != len(moves):
+        raise Conflict(
+            "WORKER_ENDED",
+            f"A worker of the run '{gang.run.name}' has already ended: its attempt takes no "
+            "further transition.",
+        )
 
 
 def _add_history(batch: Writes, gang: Gang, worker: Worker | None, t: Transition) -> None:
