@@ -148,7 +148,9 @@ def in_force(changes: Iterable[PhaseChange]) -> list[PhaseChange]:
         holds = change.phase in HELD_PHASES
         if holds and ended and change.phase not in _PLACING:
             continue
-        ended = not holds
+        # Waiting for a first placement ends nothing: only a worker's exit, or its gang's
+        # requeue after one, ends an attempt.
+        ended = not holds and change.phase != Phase.WAITING
         out.append(change)
     return out
 
