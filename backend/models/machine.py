@@ -23,6 +23,9 @@ class Machine(HasId, HasCreatedAt, Base):
         BigId, ForeignKey("pools.id", ondelete="SET NULL"), index=True
     )
     name: Mapped[str] = mapped_column(String(253))
+    # The address other machines reach this one at (its agent's --advertise-address, or the
+    # local address of its connection to the server): a gang's MASTER_ADDR when rank 0 is here.
+    address: Mapped[str | None] = mapped_column(String(253))
     cpu_cores: Mapped[float] = mapped_column(Float, default=0.0)
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     # ready | draining | lost | removed
