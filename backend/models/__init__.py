@@ -10,6 +10,7 @@ from backend.models.goodput import (
     GoodputHour,
     GoodputInterval,
     GoodputOpenInterval,
+    GoodputRecount,
     GoodputRunTotal,
 )
 from backend.models.history import Event, StateTransition
@@ -38,6 +39,7 @@ __all__ = [
     "GoodputHour",
     "GoodputInterval",
     "GoodputOpenInterval",
+    "GoodputRecount",
     "GoodputRunTotal",
     "Gpu",
     "JoinToken",

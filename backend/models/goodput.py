@@ -2,7 +2,18 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, Column, Float, Index, Integer, String, Table, UniqueConstraint, text
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Table,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.accounting.rules import CATEGORIES
@@ -18,6 +29,19 @@ class AccountingMark(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     counted_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
     ticked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class GoodputRecount(HasId, Base):
+    """A worker's samples that came after the tick had counted their minute (its agent kept
+    them while the server was away): the tick counts the worker again from ``since``, as it
+    does for a stall found late, and deletes the row. Written with the samples."""
+
+    __tablename__ = "goodput_recounts"
+
+    worker_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("workers.id", ondelete="CASCADE"), index=True
+    )
+    since: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class GoodputInterval(HasId, Base):
