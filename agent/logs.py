@@ -94,6 +94,19 @@ class WorkerLog:
         except OSError:
             return 0
 
+    def last_written_ms(self) -> int | None:
+        """When the current log was last written (Unix ms), from its last time record: the
+        writer may be another process (the worker's shim). None when nothing was written."""
+        try:
+            with _times(self.current).open("rb") as f:
+                end = f.seek(0, 2)
+                if end < TIME.size:
+                    return None
+                f.seek(end - end % TIME.size - TIME.size)
+                return int(TIME.unpack(f.read(TIME.size))[1])
+        except OSError:
+            return None
+
     def tail(self, lines: int, *, timestamps: bool = False) -> tuple[str, bool]:
         """The last lines (of at most the log's last 1 MiB), and whether they come from a
         process that no longer exists; with ``timestamps``, each line begins with the time it

@@ -74,13 +74,24 @@ def _utilization(value: Any) -> float | tuple[float, ...] | None:
     return float(value)
 
 
-PROGRESS_MAX_BYTES = 4096
+# The progress file is read from its end, at most this much: a workload that appends a line a
+# step for days keeps a file of megabytes; its last line is all that counts.
+PROGRESS_TAIL_BYTES = 64 * 1024
 
 
-def _read_small(path: Path) -> str | None:
-    """The file's first bytes, as root reads a file its workload owns: never through a link
-    (it could point at any file of the machine), never a FIFO that blocks, never all of a
-    file the workload made huge."""
+@dataclass(frozen=True)
+class ProgressRead:
+    """One read of the progress file: its last report, and whether more may still be coming
+    (a last line without its newline yet, or one that does not parse: look again next time)."""
+
+    report: ProgressReport | None
+    settled: bool
+
+
+def _read_tail(path: Path) -> tuple[bytes, bool] | None:
+    """The file's last bytes (at most ``PROGRESS_TAIL_BYTES``) and whether they are all of it,
+    as root reads a file its workload owns: never through a link (it could point at any file
+    of the machine), never a FIFO that blocks, never all of a file the workload made huge."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -88,18 +99,18 @@ def _read_small(path: Path) -> str | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        return os.read(fd, PROGRESS_MAX_BYTES).decode(errors="replace").strip()
+        size = os.lseek(fd, 0, os.SEEK_END)
+        start = max(size - PROGRESS_TAIL_BYTES, 0)
+        return os.pread(fd, size - start, start), start == 0
     except OSError:
         return None
     finally:
         os.close(fd)
 
 
-def read_progress(path: Path) -> ProgressReport | None:
-    """The workload's last report: a JSON object (the SDK's), or a bare step number."""
-    text = _read_small(path)
-    if text is None:
-        return None
+def parse_progress(text: str) -> ProgressReport | None:
+    """One report: a bare step number, or a JSON object with ``step`` (the SDK's)."""
+    text = text.strip()
     if not text:
         return None
     with contextlib.suppress(ValueError):
@@ -114,8 +125,41 @@ def read_progress(path: Path) -> ProgressReport | None:
             ),
             gpu_utilization=_utilization(data.get("gpu_utilization")),
         )
-    except (ValueError, KeyError, TypeError):
-        return None  # half written, or not ours: the next look reads it
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+        return None  # half written, or not ours
+
+
+def read_progress_file(path: Path) -> ProgressRead:
+    """The workload's last report, whether it overwrites the file (``echo 120 >``, the SDK) or
+    appends a line a step (``0\\n10\\n20\\n``).
+
+    A file whose whole content is one report counts as it is, newline or not (``echo -n 120 >``,
+    a pretty-printed JSON object). Otherwise only complete lines count: the last one that
+    parses; a last line without its newline is still being written and waits for the next
+    look (the last complete line before it counts meanwhile)."""
+    read = _read_tail(path)
+    if read is None:
+        return ProgressRead(None, settled=False)
+    data, whole = read
+    text = data.decode(errors="replace")
+    if whole:
+        alone = parse_progress(text)
+        if alone is not None:
+            return ProgressRead(alone, settled=True)
+    lines = text.split("\n")
+    partial = lines.pop()  # after the last newline: empty when the file ends with one
+    if not whole and lines:
+        lines.pop(0)  # the part of a line that began before what was read
+    for line in reversed(lines):
+        report = parse_progress(line)
+        if report is not None:
+            return ProgressRead(report, settled=not partial.strip())
+    return ProgressRead(None, settled=not partial.strip() and bool(text.strip()))
+
+
+def read_progress(path: Path) -> ProgressReport | None:
+    """The workload's last report (see ``read_progress_file``), None when there is none yet."""
+    return read_progress_file(path).report
 
 
 @dataclass
@@ -126,6 +170,8 @@ class WorkerSeen:
     cpu_at: float | None = None
     log_size: int = 0
     progress_mtime: float = 0.0
+    # The progress file as last read whole: (mtime in ns, size); looked at again when it changes.
+    progress_seen: tuple[int, int] | None = None
     report: ProgressReport | None = None
     stepped_at: float | None = None
 
@@ -202,38 +248,57 @@ class Sampler:
     def _progress(
         self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
     ) -> None:
-        """A new step is progress with a step; new output alone is progress without one."""
-        reported = False
-        with contextlib.suppress(OSError):
-            mtime = worker.progress_file.stat().st_mtime
-            if mtime != seen.progress_mtime:
-                report = read_progress(worker.progress_file)
-                if report is not None:
-                    seen.progress_mtime = mtime
-                    if seen.report is None or report.step != seen.report.step:
-                        seen.stepped_at = now
-                    seen.report = report
-                    progress = agent_pb2.Progress(
-                        worker_id=worker.worker_id,
-                        attempt=worker.attempt,
-                        at_ms=int(mtime * 1000),
-                    )
-                    progress.step = report.step
-                    if report.loss is not None:
-                        progress.loss = report.loss
-                    if report.checkpoint_step is not None:
-                        progress.checkpoint_step = report.checkpoint_step
-                    out.progress.append(progress)
-                    reported = True
+        """A new report is progress with a step, dated when the file changed; new output alone
+        is progress without one, dated when its last line was written (not when it was seen:
+        a look comes every few seconds)."""
+        reported = self._report(worker, seen, now, at_ms, out)
         size = worker.log.size()
         if size != seen.log_size:
             seen.log_size = size
             if not reported:
+                written = worker.log.last_written_ms()
                 out.progress.append(
                     agent_pb2.Progress(
-                        worker_id=worker.worker_id, attempt=worker.attempt, at_ms=at_ms
+                        worker_id=worker.worker_id,
+                        attempt=worker.attempt,
+                        at_ms=min(written, at_ms) if written else at_ms,
                     )
                 )
+
+    def _report(
+        self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
+    ) -> bool:
+        """The progress file's last report, sent when it is new."""
+        try:
+            status = worker.progress_file.stat()
+        except OSError:
+            return False
+        if (status.st_mtime_ns, status.st_size) == seen.progress_seen:
+            return False
+        read = read_progress_file(worker.progress_file)
+        if read.settled:  # else its last line is still being written: read it again next look
+            seen.progress_seen = (status.st_mtime_ns, status.st_size)
+        report = read.report
+        if report is None:
+            return False
+        seen.progress_mtime = status.st_mtime  # the workload's GPU figure is fresh while it writes
+        if report == seen.report:
+            return False  # the same report written again: no news, nor progress
+        if seen.report is None or report.step != seen.report.step:
+            seen.stepped_at = now
+        seen.report = report
+        progress = agent_pb2.Progress(
+            worker_id=worker.worker_id,
+            attempt=worker.attempt,
+            at_ms=min(status.st_mtime_ns // 1_000_000, at_ms),  # a workload's future is now
+        )
+        progress.step = report.step
+        if report.loss is not None:
+            progress.loss = report.loss
+        if report.checkpoint_step is not None:
+            progress.checkpoint_step = report.checkpoint_step
+        out.progress.append(progress)
+        return True
 
     def _cgroup(
         self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
