@@ -2,9 +2,16 @@
 
 State changes, failure snapshots, command acknowledgements and GPU faults are written to
 disk before they are sent, so neither a lost stream nor a restart of the agent loses one.
-Metric batches wait in memory only, at most ``MAX_BATCHES`` of them (an hour at one batch
-every five seconds); past that the oldest go, and the agent says how many. Progress waits in
-memory too, only the latest report of each worker (the next look reports it again anyway).
+
+While the server is away the agent keeps measuring, and keeps what it measured, in memory,
+bounded: the metric batches of the last ``KEEP_SECONDS`` (an hour), at most ``MAX_BATCHES`` of
+them (an hour at one batch every five seconds), and every progress report (a step, or new
+output) of the last hour, at most ``MAX_PROGRESS`` per worker. Past a bound the oldest go
+first, and the agent says how many went. When the server is back they are sent in the order
+they were taken (ids only grow), each once per stream; what the server acknowledged is never
+sent again, and a sample it already stored (sent, then the stream broke before the
+acknowledgement) is recognised there and not stored twice. Nothing of this is written to
+disk: an agent restarted while the server is away loses its samples, never a state change.
 
 Message ids only grow, across restarts too: they start from the clock (in microseconds) or
 past the highest id still on disk, whichever is larger, so an acknowledgement "up to id N"
@@ -25,6 +32,8 @@ from astraeus.agent.v1 import agent_pb2
 log = logging.getLogger("astraeus.agent")
 
 MAX_BATCHES = 720
+MAX_PROGRESS = 720  # per worker: an hour of looks at one every five seconds
+KEEP_SECONDS = 3600.0
 DURABLE = {"worker_event", "command_ack", "gpu_health"}
 
 
@@ -34,6 +43,7 @@ class Outbox:
         folder.mkdir(parents=True, exist_ok=True)
         self.messages: OrderedDict[int, agent_pb2.AgentMessage] = OrderedDict()
         self.dropped_batches = 0
+        self.dropped_progress = 0
         for path in sorted(folder.glob("*.pb")):
             with contextlib.suppress(ValueError, OSError):
                 message = agent_pb2.AgentMessage.FromString(path.read_bytes())
@@ -58,24 +68,46 @@ class Outbox:
         elif message.WhichOneof("body") == "metrics":
             self._bound_batches()
         elif message.WhichOneof("body") == "progress":
-            worker_id = message.progress.worker_id
-            for earlier in [
-                i
-                for i, m in self.messages.items()
-                if m.WhichOneof("body") == "progress" and m.progress.worker_id == worker_id
-            ]:
-                del self.messages[earlier]
+            self._bound_progress(message.progress.worker_id)
         self.messages[message.id] = message
+        self._drop_older_than(time.time() - KEEP_SECONDS)
 
     def _bound_batches(self) -> None:
         batches = [i for i, m in self.messages.items() if m.WhichOneof("body") == "metrics"]
         for message_id in batches[: max(len(batches) - MAX_BATCHES + 1, 0)]:
-            del self.messages[message_id]
+            self._drop(message_id)
+
+    def _bound_progress(self, worker_id: int) -> None:
+        reports = [
+            i
+            for i, m in self.messages.items()
+            if m.WhichOneof("body") == "progress" and m.progress.worker_id == worker_id
+        ]
+        for message_id in reports[: max(len(reports) - MAX_PROGRESS + 1, 0)]:
+            self._drop(message_id)
+
+    def _drop_older_than(self, cutoff_s: float) -> None:
+        """Samples and progress taken before ``cutoff_s`` go; kept messages are in id order,
+        and ids follow the clock, so the oldest are first."""
+        cutoff_ms = cutoff_s * 1000
+        for message_id, message in list(self.messages.items()):
+            taken = _taken_ms(message)
+            if taken is None:
+                continue
+            if taken >= cutoff_ms:
+                break
+            self._drop(message_id)
+
+    def _drop(self, message_id: int) -> None:
+        message = self.messages.pop(message_id)
+        if message.WhichOneof("body") == "metrics":
             self.dropped_batches += 1
-            if self.dropped_batches in (1, 100) or self.dropped_batches % 1000 == 0:
-                log.warning(
-                    "the server is out of reach: %d metric batches dropped", self.dropped_batches
-                )
+            dropped, what = self.dropped_batches, "metric batches"
+        else:
+            self.dropped_progress += 1
+            dropped, what = self.dropped_progress, "progress reports"
+        if dropped in (1, 100) or dropped % 1000 == 0:
+            log.warning("the server is out of reach: %d %s dropped", dropped, what)
 
     def acknowledge(self, up_to: int) -> None:
         for message_id in [i for i in self.messages if i <= up_to]:
@@ -88,3 +120,14 @@ class Outbox:
 
     def __contains__(self, message_id: int) -> bool:
         return message_id in self.messages
+
+
+def _taken_ms(message: agent_pb2.AgentMessage) -> int | None:
+    """When a sample batch or a progress report was taken (Unix ms); None for what is kept
+    whatever its age (state changes, acknowledgements, GPU faults)."""
+    kind = message.WhichOneof("body")
+    if kind == "metrics" and message.metrics.samples:
+        return max(s.at_ms for s in message.metrics.samples)
+    if kind == "progress":
+        return message.progress.at_ms or None
+    return None
