@@ -26,6 +26,10 @@ class Machine(HasId, HasCreatedAt, Base):
     # The address other machines reach this one at (its agent's --advertise-address, or the
     # local address of its connection to the server): a gang's MASTER_ADDR when rank 0 is here.
     address: Mapped[str | None] = mapped_column(String(253))
+    # How its agent runs workers ("process" or "docker"; None before its agent said) and the
+    # metrics that executor cannot attribute to one worker (Hello.executor, .unmeasured_metrics).
+    executor: Mapped[str | None] = mapped_column(String(16))
+    unmeasured_metrics: Mapped[list[str] | None] = mapped_column(PortableJSON)
     cpu_cores: Mapped[float] = mapped_column(Float, default=0.0)
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     # ready | draining | lost | removed
