@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
-from agent import docker, prepare
+from agent import docker, prepare, rendezvous
 from agent.executor import Exit, ProcessWorker
 from agent.gpus import GpuDevice, NvmlSampler
 from agent.identity import WorkloadUsers, workload_dir
@@ -69,6 +69,9 @@ class AgentConfig:
     cpu_cores: float
     memory_bytes: int
     pool: str | None = None
+    # Where other machines reach this one (gangs' MASTER_ADDR); empty: the local address of
+    # the connection to the server (agent/rendezvous.py).
+    advertise_address: str = ""
     heartbeat_seconds: float = 10.0
     sample_seconds: float = 5.0
     prepare_poll_seconds: float = 2.0
@@ -110,6 +113,8 @@ class Agent:
     backoff_cap: float = BACKOFF_CAP
     # Seconds between heartbeats: the setting, or a third of the server's lease if shorter.
     beat_every: float = 0.0
+    # Rank 0's MASTER_PORT, bound from its START until its process starts (agent/rendezvous.py).
+    reserved: dict[int, list[Any]] = field(default_factory=dict)
     outbox: Outbox = field(init=False)
     sampler: Sampler = field(init=False)
 
@@ -273,6 +278,7 @@ class Agent:
                 ],
                 agent_version="0.2.0",
                 protocol=PROTOCOL,
+                advertise_address=(c.advertise_address or rendezvous.route_address(c.server)),
                 workers=sorted(known, key=lambda k: k.worker_id),
             ),
         )
@@ -459,13 +465,17 @@ class Agent:
                 return  # delivered again after a reconnect
             if current is not None:
                 await current.stop()
+            self._release_master_port(key)
             worker = self._new_worker(key, payload)
             worker.keep()
             self.workers[key] = worker
+            if not self._reserve_master_port(worker):
+                return
             self._begin(worker)
         elif command.kind == agent_pb2.COMMAND_KIND_RELEASE:
             worker = self.workers.get(key)
             if worker is not None and not worker.started and not worker.exited.is_set():
+                self._release_master_port(key)  # the worker's process binds it now
                 await worker.start()
                 self.report(worker, agent_pb2.WORKER_STATE_RUNNING)
                 self._watch(worker)
@@ -489,10 +499,31 @@ class Agent:
             if preparing is not None:
                 preparing.cancel()
             worker = self.workers.pop(key, None)
+            self._release_master_port(key)
             if worker is not None:
                 await worker.stop()
                 worker.release()
             WorkerLog(self.log_root, str(key)).delete()
+
+    def _reserve_master_port(self, worker: Worker) -> bool:
+        """Rank 0 of a gang holds its MASTER_PORT until it starts; a port another program
+        holds ends the start, saying so (the next placement asks for another one)."""
+        environment = worker.payload.get("astraeus_environment") or {}
+        if environment.get("RANK") != "0" or int(environment.get("WORLD_SIZE") or 1) < 2:
+            return True
+        port = int(environment.get("MASTER_PORT") or 0)
+        if not port:
+            return True
+        held = rendezvous.reserve(port)
+        if held is None:
+            reason = rendezvous.port_taken_reason(port, self.config.machine)
+            self._ended_before_start(worker, Exit(None, reason))
+            return False
+        self.reserved[worker.worker_id] = held
+        return True
+
+    def _release_master_port(self, worker_id: int) -> None:
+        rendezvous.release(self.reserved.pop(worker_id, []))
 
     # --- preparing: credentials and drives --------------------------------------------------
 
@@ -591,6 +622,7 @@ class Agent:
 
     def _forget(self, worker: Worker) -> None:
         """The end is in the outbox: the runtime folder may go; Hello names it until acked."""
+        self._release_master_port(worker.worker_id)
         self.ended[worker.worker_id] = worker.attempt
         worker.release()
         if self.workers.get(worker.worker_id) is worker:

@@ -368,7 +368,8 @@ def create_body(
     who it runs as where the agent chose (agent/identity.py); else the spec's, or the image's.
     Setuid programs in the image give it nothing (no-new-privileges)."""
     host: dict[str, Any] = {
-        # Gangs reach rank 0 at MASTER_ADDR (its machine's name) and MASTER_PORT.
+        # Gangs reach rank 0 at MASTER_ADDR (its machine's advertised address) and MASTER_PORT,
+        # which its agent holds until the container starts (agent/rendezvous.py).
         "NetworkMode": "host",
         # An init as PID 1 passes the stop's SIGTERM on (PID 1 ignores it unless it handles it).
         "Init": True,

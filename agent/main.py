@@ -38,6 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=socket.gethostname(), help="the machine's name")
     parser.add_argument("--pool", help="the pool the machine belongs to")
     parser.add_argument(
+        "--advertise-address",
+        default=os.environ.get("ASTRAEUS_AGENT_ADVERTISE_ADDRESS", ""),
+        metavar="ADDRESS",
+        help="the IP address or host name other machines reach this one at: a gang whose rank "
+        "0 runs here is told it as MASTER_ADDR (default: the local address of the connection "
+        "to the server)",
+    )
+    parser.add_argument(
         "--data-dir",
         type=Path,
         default=Path(
@@ -213,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
         cpu_cores=float(os.cpu_count() or 1),
         memory_bytes=machine_memory_bytes(),
         pool=args.pool,
+        advertise_address=args.advertise_address,
         heartbeat_seconds=args.heartbeat,
         sample_seconds=args.sample,
         executor=args.executor,

@@ -50,6 +50,7 @@ class HelloInfo:
     memory_bytes: int
     gpus: list[GpuInfo]
     workers: tuple[KnownWorker, ...] = ()
+    advertise_address: str = ""  # where other machines reach it (MASTER_ADDR)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ async def hello(
         gpus=info.gpus,
         lease=lease,
         pool=info.pool,
+        address=info.advertise_address,
     )
 
 

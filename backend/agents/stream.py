@@ -178,6 +178,7 @@ def _facts(hello: agent_pb2.Hello) -> machine_rules.MachineFacts:
         ),
         agent_version=hello.agent_version,
         known_workers=len(hello.workers),
+        advertise_address=hello.advertise_address,
     )
 
 
@@ -192,6 +193,7 @@ def _hello_info(hello: agent_pb2.Hello) -> HelloInfo:
             for g in hello.gpus
         ],
         workers=tuple(KnownWorker(k.worker_id, k.attempt, k.ended) for k in hello.workers),
+        advertise_address=hello.advertise_address,
     )
 
 

@@ -448,6 +448,9 @@ def _local_agent_command(settings: Settings) -> list[str] | None:
         str(token),
         "--name",
         "local",
+        # Gangs' MASTER_ADDR: the embedded cluster's one machine reaches itself on loopback.
+        "--advertise-address",
+        "127.0.0.1",
         "--pool",
         LOCAL_POOL,
         "--data-dir",

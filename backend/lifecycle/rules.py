@@ -358,8 +358,11 @@ def place(
     *,
     master_port: int,
     start_payload: dict[str, Any],
+    master_addr: str | None = None,
 ) -> None:
-    """Put every worker of the gang on its machine at once and tell the agents to start them."""
+    """Put every worker of the gang on its machine at once and tell the agents to start them.
+    ``master_addr`` is where the other machines reach rank 0's (its agent's advertised
+    address); without one, its machine's name."""
     assert len(placements) == len(run.workers), "a gang is placed whole or not at all"
     run.attempt += 1
     run.placed_at = at
@@ -369,7 +372,7 @@ def place(
     run.running_since = None
     run.master_port = master_port
     phase = Phase.STARTING if run.attempt == 1 else Phase.RESTART
-    master_addr = placements[0].machine_name
+    master_addr = master_addr or placements[0].machine_name
     for w, p in zip(sorted(run.workers, key=lambda w: w.rank), placements, strict=True):
         w.machine_id, w.machine_name, w.gpu_ids = p.machine_id, p.machine_name, list(p.gpu_ids)
         w.ready, w.exit_code, w.stop_cause, w.restart_at = False, None, None, None

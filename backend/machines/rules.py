@@ -3,6 +3,7 @@ No database, no clock."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from dataclasses import dataclass
@@ -22,6 +23,10 @@ MAX_MODEL = 128
 MAX_HEALTH_REASON = 500
 MAX_VERSION = 64
 MAX_KNOWN_WORKERS = 10_000
+# The address other machines reach this one at (a gang's MASTER_ADDR): an IP address, or a host
+# name as DNS has them (labels of letters, digits and '-', at most 63 each, 253 in all).
+MAX_ADDRESS = 253
+LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class MachineFacts:
     gpus: tuple[GpuFacts, ...]
     agent_version: str
     known_workers: int
+    advertise_address: str = ""
 
 
 def name_problem(field: str, name: str, longest: int = MAX_NAME) -> str | None:
@@ -74,8 +80,28 @@ def registration_problem(facts: MachineFacts) -> str | None:
             else None
         ),
         _gpus_problem(facts.gpus),
+        address_problem(facts.advertise_address) if facts.advertise_address else None,
     )
     return next((problem for problem in checks if problem), None)
+
+
+def address_problem(address: str, field: str = "advertise_address") -> str | None:
+    """Why ``address`` is not one other machines can be told to reach (an IP address or a host
+    name), or None. It goes into workloads' environment as MASTER_ADDR: nothing else passes."""
+    if len(address) > MAX_ADDRESS:
+        return f"{field} must be at most {MAX_ADDRESS} characters (got {len(address)})"
+    try:  # a zone (fe80::1%eth0) names an interface of this machine: no use to the others
+        ipaddress.ip_address(address)
+        return None if "%" not in address else f"{field} must not name a zone (got {address!r})"
+    except ValueError:
+        pass
+    labels = address.removesuffix(".").split(".")
+    if address and all(LABEL.fullmatch(label) for label in labels):
+        return None
+    return (
+        f"{field} must be an IP address or a host name (labels of letters, digits and '-', "
+        f"at most 63 characters each), got {address[:80]!r}"
+    )
 
 
 def _cpu_problem(cores: float) -> str | None:

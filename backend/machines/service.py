@@ -44,8 +44,11 @@ async def register(
     gpus: list[GpuInfo],
     lease: timedelta,
     pool: str | None = None,
+    address: str | None = None,
 ) -> Machine:
-    """A machine's agent says what it has; a known machine is updated and its lease renewed."""
+    """A machine's agent says what it has; a known machine is updated and its lease renewed.
+    ``address`` is where other machines reach it (checked by rules.address_problem); without
+    one (an agent before it was sent) gangs are told the machine's name, as before."""
     now = clock.now()
     if await repository.get_cluster(session, cluster_id) is None:
         raise NotFound("CLUSTER_NOT_FOUND", "No such cluster.")
@@ -57,6 +60,7 @@ async def register(
     machine.pool_id = pool_row.id if pool_row else None
     machine.cpu_cores = cpu_cores
     machine.memory_bytes = memory_bytes
+    machine.address = address or None
     if machine.state not in ("draining",):
         machine.state, machine.reason = "ready", "Registered"
     machine.last_seen_at = now

@@ -100,6 +100,7 @@ class MachineView:
     gpus: int
     unhealthy_gpus: int
     last_seen_at: datetime | None
+    address: str | None = None
 
 
 async def machines(session: AsyncSession, principal: Principal) -> list[MachineView]:
@@ -120,6 +121,7 @@ async def machines(session: AsyncSession, principal: Principal) -> list[MachineV
             gpus=gpus_count,
             unhealthy_gpus=unhealthy,
             last_seen_at=m.last_seen_at,
+            address=m.address,
         )
         for m, cluster, pool, gpus_count, unhealthy in await repository.machines_in_clusters(
             session, [c.id for c in clusters]

@@ -131,6 +131,14 @@ async def master_ports_in_use(session: AsyncSession) -> dict[int, set[int]]:
     return used
 
 
+async def machine_addresses(session: AsyncSession, ids: Sequence[int]) -> dict[int, str]:
+    """The address each machine's agent advertised (those that did)."""
+    rows = await session.execute(
+        select(Machine.id, Machine.address).where(Machine.id.in_(ids), Machine.address.is_not(None))
+    )
+    return {r.id: r.address for r in rows if r.address}
+
+
 async def set_reasons(session: AsyncSession, reasons: list[dict[str, Any]]) -> None:
     """Change pending runs' sentences in one executemany (no history: the state is unchanged)."""
     if reasons:

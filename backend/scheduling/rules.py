@@ -497,3 +497,27 @@ def _machine_reason(ask: Ask, m: MachineRoom) -> str:
         m.memory_free // ask.memory if ask.memory else ask.workers,
     )
     return f"room for {min(fit, ask.workers)} of its {ask.workers} workers"
+
+
+# Ports rank 0's machine listens on for a gang's rendezvous (MASTER_PORT): one per live run
+# there. The server knows only the ports of its own runs; a port another program holds on the
+# machine is found by rank 0's agent, which checks it when the START arrives, holds it until
+# the worker's process starts, and refuses the start when it is taken ("MASTER_PORT … is in use
+# on …"). The gang is then placed again under its restart policy, and master_port() gives the
+# next attempt the next free port after the one refused, so it never asks for that one again.
+MASTER_PORTS = range(29500, 30500)
+
+
+def master_port(taken: set[int], previous: int | None = None) -> int:
+    """The first port of MASTER_PORTS no live run uses on the machine, counting from the one
+    after the run's previous attempt's port (wrapping around); the first port when all are
+    taken (its agent then refuses it, saying so)."""
+    first = MASTER_PORTS.start
+    if previous is not None and previous in MASTER_PORTS:
+        first = previous + 1 if previous + 1 < MASTER_PORTS.stop else MASTER_PORTS.start
+    span = len(MASTER_PORTS)
+    for i in range(span):
+        port = MASTER_PORTS.start + (first - MASTER_PORTS.start + i) % span
+        if port not in taken:
+            return port
+    return MASTER_PORTS.start

@@ -26,10 +26,9 @@ from backend.scheduling.rules import (
     Plan,
     Quota,
     machine_reasons,
+    master_port,
     plan,
 )
-
-MASTER_PORTS = range(29500, 30500)
 
 
 @dataclass
@@ -186,7 +185,9 @@ async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> Pass
     names = {a.run_id: a.name for a in given.asks}
     changes = []
     for run_id, reason in decided.reasons.items():
-        if given.reasons.get(run_id) != reason:
+        # A preempted run's reason says so until it runs again (issue 20; seed L-57).
+        kept = given.reasons.get(run_id, "").startswith("Preempted by")
+        if given.reasons.get(run_id) != reason and not kept:
             changes.append({"id": run_id, "reason": reason})
         result.reasons[names[run_id]] = reason
     await repository.set_reasons(session, changes)
@@ -207,16 +208,33 @@ async def _place(session: AsyncSession, decided: Plan, now: datetime, result: Pa
     if not decided.placements:
         return
     gangs = await lifecycle.load_gangs(session, sorted(decided.placements))
-    taken_ports = await repository.master_ports_in_use(session)
+    in_use = await repository.master_ports_in_use(session)
+    heads = [decided.placements[gang.run.id][0].machine_id for gang in gangs]
+    addresses = await repository.machine_addresses(session, sorted(set(heads) | set(in_use)))
+
+    def host(machine_id: int) -> str:
+        # Machines that advertise one address are one host (several agents on a machine, as
+        # in tests): their gangs' ports must differ too.
+        return addresses.get(machine_id) or f"#{machine_id}"
+
+    taken_ports: dict[str, set[int]] = defaultdict(set)
+    for machine_id, ports in in_use.items():
+        taken_ports[host(machine_id)] |= ports
     writes = lifecycle.Writes()
-    for gang in gangs:
+    for gang, head_id in zip(gangs, heads, strict=True):
         placements = decided.placements[gang.run.id]
-        head = taken_ports[placements[0].machine_id]
-        port = next(p for p in MASTER_PORTS if p not in head)
+        head = taken_ports[host(head_id)]
+        port = master_port(head, gang.run.master_port)
         head.add(port)
         fx = Effects()
         lifecycle_rules.place(
-            gang.view, placements, now, fx, master_port=port, start_payload=start_payload(gang.run)
+            gang.view,
+            placements,
+            now,
+            fx,
+            master_port=port,
+            start_payload=start_payload(gang.run),
+            master_addr=addresses.get(head_id),
         )
         await lifecycle.persist(session, gang, fx, now, writes)
         result.placed.append(gang.run.name)

@@ -49,6 +49,11 @@ class MachineInfo:
     gpus: int
     unhealthy_gpus: int
     last_seen_at: datetime | None
+    address: str | None = strawberry.field(
+        description="Where the other machines reach it (its agent's --advertise-address, or "
+        "the local address of its connection to the server): a gang's MASTER_ADDR when its "
+        "rank 0 runs here. Null for an agent that did not say."
+    )
 
     @classmethod
     def of(cls, view: MachineView) -> MachineInfo:

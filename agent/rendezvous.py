@@ -1,0 +1,85 @@
+"""A gang's rendezvous on this machine: the address other machines reach it at, and the port
+rank 0 listens on (MASTER_ADDR, MASTER_PORT).
+
+The server picks MASTER_PORT among the ports none of its live runs uses on the machine; only the
+machine knows whether another program listens there. So rank 0's agent binds the port when the
+START arrives and holds it (SO_REUSEADDR: a port left in TIME_WAIT is free) until the worker's
+process starts, so that nothing takes it meanwhile. When it is taken, the start is refused with
+a reason that says so, and the server's next placement of the gang asks for the next free port
+(backend/scheduling/rules.py, master_port). The other ranks never learn another value than the
+one the server gave them all: a port picked here alone could not reach them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+# How the machine is reached when no address is given: the local address of a connection to
+# the server (the interface the route to the server goes out of), found without sending a packet.
+LOOPBACK = "127.0.0.1"
+
+
+def route_address(server: str) -> str:
+    """The local address this machine reaches ``server`` (host:port) from; 127.0.0.1 when the
+    route cannot be found (no network): the address the server's own machine reaches it at."""
+    host, _, port = server.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, int(port or 0), type=socket.SOCK_DGRAM
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.connect(address)  # a datagram socket's connect only picks the route
+            local = str(probe.getsockname()[0])
+    except (OSError, ValueError, IndexError):
+        return LOOPBACK
+    return local.partition("%")[0]
+
+
+def reserve(port: int) -> list[socket.socket] | None:
+    """Bind ``port`` on every address of the machine (IPv4, and IPv6 where it has it) and keep
+    it bound; None when another program holds it. Not listening: connections are refused until
+    the worker's process listens itself."""
+    held: list[socket.socket] = []
+    for family, anywhere in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this machine
+        held.append(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind((anywhere, port))
+        except OSError as error:
+            release(held)
+            if family == socket.AF_INET6 and error.errno == 99:  # EADDRNOTAVAIL: IPv6 disabled
+                return reserve_ipv4(port)
+            return None
+    return held
+
+
+def reserve_ipv4(port: int) -> list[socket.socket] | None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("0.0.0.0", port))
+    except OSError:
+        sock.close()
+        return None
+    return [sock]
+
+
+def release(held: list[socket.socket]) -> None:
+    for sock in held:
+        with contextlib.suppress(OSError):
+            sock.close()
+
+
+def port_taken_reason(port: int, machine: str) -> str:
+    return (
+        f"MASTER_PORT {port} is in use on {machine} by another program; the gang is placed "
+        "again with another port"
+    )
