@@ -139,6 +139,15 @@ def _v1_group(root: Path, controller: str, install: str, key: str) -> Path | Non
     return folder
 
 
+def available(root: Path = ROOT) -> bool:
+    """Whether this machine gives the agent control groups to put workers in (v2's unified
+    hierarchy, or v1's memory controller, writable): without, no worker's CPU, memory or OOM
+    kills are measured."""
+    if (root / "cgroup.controllers").exists():
+        return _writable(root)
+    return _writable(root / "memory")
+
+
 def create(key: str, install: str, root: Path = ROOT) -> WorkerCgroup | None:
     """A fresh group for the worker known here as ``key``, under the install's own root; None
     where this machine gives the agent none."""

@@ -24,11 +24,11 @@ import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
 from agent import docker, prepare, rendezvous
-from agent.executor import Exit, ProcessWorker
+from agent.executor import OOM_KILLED, Exit, ProcessWorker
 from agent.gpus import GpuDevice, NvmlSampler
 from agent.identity import WorkloadUsers, workload_dir
 from agent.logs import LogFollower, WorkerLog
-from agent.metrics import Sampler
+from agent.metrics import Sampler, unmeasured
 from agent.outbox import Outbox
 from agent.transport import Transport, TransportRefused
 
@@ -276,6 +276,8 @@ class Agent:
                     )
                     for g in c.gpus
                 ],
+                executor=c.executor,
+                unmeasured_metrics=unmeasured(c.executor),
                 agent_version="0.2.0",
                 protocol=PROTOCOL,
                 advertise_address=(c.advertise_address or rendezvous.route_address(c.server)),
@@ -616,6 +618,10 @@ class Agent:
         for follow in [t for t in self.follows.values() if t.get_name() == mine]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(follow), 2)
+        # Its OOM kill count as it ended (a kill of its main process is seen by no look).
+        last = self.sampler.ended(worker, oom_killed=exit.reason == OOM_KILLED)
+        if last:
+            self._send(metrics=agent_pb2.MetricBatch(samples=last))
         self.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
         await asyncio.to_thread(worker.log.archive)
         self._forget(worker)

@@ -2,10 +2,13 @@
 
 From the worker's control group: ``task_cpu_usage_cores`` (the CPU time used since the last
 look over the wall time), ``task_memory_used_bytes``, ``task_memory_limit_bytes`` and
-``task_oom_kills_total``. Network bytes are not sampled by the process executor: its workers
-share the machine's network, so there is no per-worker count, and the series stays absent
-rather than 0. Per GPU of the worker, NVML's readings; simulated GPUs are as busy as the
-workload says or shows (see ``simulated_utilization``).
+``task_oom_kills_total`` (read once more when the worker ends: the kill of its main process
+empties the group, and no look sees it running again). Network bytes are not sampled by the
+process executor: its workers share the machine's network, so there is no per-worker count;
+the agent says so in its Hello (``unmeasured``), and the API and console say "Not measured"
+rather than showing nothing or 0. Per GPU of the worker, NVML's readings; simulated GPUs are
+as busy as the workload says or shows (see ``simulated_utilization``), and their memory
+follows the worker's own (see ``simulated_memory``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, Protocol
 
 from astraeus.agent.v1 import agent_pb2
 
+from agent import cgroups
 from agent.cgroups import WorkerCgroup
 from agent.gpus import NvmlSampler
 from agent.logs import WorkerLog
@@ -43,6 +47,25 @@ class SampledWorker(Protocol):
 
     @property
     def progress_file(self) -> Path: ...
+
+
+NETWORK_METRICS = ("task_network_receive_bytes_total", "task_network_transmit_bytes_total")
+CGROUP_METRICS = ("task_cpu_usage_cores", "task_memory_used_bytes", "task_oom_kills_total")
+
+
+def unmeasured(executor: str, cgroups_available: bool | None = None) -> list[str]:
+    """The metrics this agent cannot attribute to one worker (Hello.unmeasured_metrics).
+
+    Network bytes, with either executor: processes share the host's network, and containers
+    run on it too (``NetworkMode: host``, so that gangs reach rank 0 at the machine's address),
+    so the engine gives no per-container count. CPU, memory and OOM kills of processes where
+    the machine gives the agent no control groups (a container's come from its engine)."""
+    out = list(NETWORK_METRICS)
+    if cgroups_available is None:
+        cgroups_available = cgroups.available()
+    if executor != "docker" and not cgroups_available:
+        out += CGROUP_METRICS
+    return out
 
 
 # A simulated GPU is busy while its workload's step moved within this long.
@@ -202,6 +225,8 @@ class Sampler:
         self.nvml = nvml
         self.clock = clock
         self.seen: dict[int, WorkerSeen] = {}
+        # The OOM kill count last sent of each worker, kept until its end is sampled (ended).
+        self.oom_kills_sent: dict[int, float] = {}
 
     def look(
         self,
@@ -222,6 +247,8 @@ class Sampler:
             self._cgroup(worker, seen, now, at_ms, out)
             for metric, value in (readings or {}).get(worker.worker_id, {}).items():
                 self._sample(out, worker, metric, at_ms, value)
+                if metric == "task_oom_kills_total":
+                    self.oom_kills_sent[worker.worker_id] = value
             self._gpus(worker, seen, now, at_ms, out)
         return out
 
@@ -318,7 +345,28 @@ class Sampler:
         limit = worker.payload.get("memory_limit_bytes")
         if limit:
             self._sample(out, worker, "task_memory_limit_bytes", at_ms, float(limit))
-        self._sample(out, worker, "task_oom_kills_total", at_ms, float(group.oom_kills()))
+        kills = float(group.oom_kills())
+        self._sample(out, worker, "task_oom_kills_total", at_ms, kills)
+        self.oom_kills_sent[worker.worker_id] = kills
+
+    def ended(self, worker: SampledWorker, oom_killed: bool) -> list[agent_pb2.Sample]:
+        """The worker's last samples, taken as it ends: its OOM kill count.
+
+        A kill of the worker's main process ends the worker and empties its group, so no look
+        sees it: the count is read once more here, from the group (cgroup v2 memory.events'
+        ``oom_kill``, v1 memory.oom_control's), which stays until the worker is released. Where
+        the group says nothing (no group, a container measured by its engine) an end recorded as
+        an OOM kill counts one more kill than was last sent."""
+        sent = self.oom_kills_sent.pop(worker.worker_id, None)
+        group = worker.cgroup
+        kills = float(group.oom_kills()) if group is not None else None
+        if oom_killed and (kills is None or kills <= (sent or 0.0)):
+            kills = (sent or 0.0) + 1
+        if kills is None:
+            return []
+        out = Look()
+        self._sample(out, worker, "task_oom_kills_total", int(self.clock() * 1000), kills)
+        return out.samples
 
     def _gpus(
         self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
