@@ -493,9 +493,15 @@ def worker_running(
 def worker_progress(
     run: RunView, w: WorkerView, at: datetime, fx: Effects, *, step: int | None = None
 ) -> None:
-    """A progress report or a new log line: not stalled (any more); with a step, its pace."""
+    """A progress report or a new log line: not stalled (any more); with a step, its pace.
+
+    A worker whose workload reports its steps (this attempt) makes progress by its steps
+    alone: a gang that only prints while it waits (rendezvous retries, NCCL warnings) is
+    found stalled all the same."""
     if w.state != RUNNING or w.stop_cause:
         return
+    if step is None and w.progress_step is not None:
+        return  # it reports its steps: output alone (a retry warning a second) is no progress
     if step is not None:
         _measure_pace(w, step, at)
     if w.progress_at is None or at > w.progress_at:
@@ -585,6 +591,8 @@ def worker_exited(
         _release_room(w)
         _set_worker(fx, run, w, COMPLETED, reason, Phase.ENDED, at)
     else:
+        if run.stop_cause is None:
+            _find_stalls(run, at, fx)  # stalled before the failure (it too), not yet found
         w.last_failure = {
             "reason": reason,
             "failed_at": at,
@@ -772,6 +780,8 @@ def _stop_gang(
     """Ask every placed worker to wind down; the gang ends or requeues once all are gone."""
     if run.ended or run.stop_cause in (Cause.OWNER, Cause.TIME_LIMIT):
         return
+    if run.stop_cause is None:
+        _find_stalls(run, at, fx)  # stalled before the stop, not yet found: from their progress
     run.stop_cause, run.stop_by = cause, by
     for w in run.workers:
         if w.alive and w.stop_cause is None:
@@ -836,20 +846,71 @@ def machine_lost(run: RunView, machine_id: int, at: datetime, fx: Effects) -> No
             worker_exited(run, w, at, fx, exit_code=None, reason=MACHINE_LOST)
 
 
+# When a stall stops its gang, a member quiet for this part of the stall timeout had stopped
+# too (a rank hung in a collective waits for the one that hung first): stalled from its own
+# last progress. A healthy worker shows progress far more often than its stall timeout.
+STALLED_WITH_GANG = 0.5
+
+
+def _stalled_by(run: RunView, at: datetime, quiet_for: timedelta) -> list[WorkerView]:
+    """The running workers quiet for ``quiet_for`` at ``at`` not yet found stalled, those quiet
+    longest first."""
+    found = [
+        w
+        for w in run.workers
+        if w.state == RUNNING
+        and w.stop_cause is None
+        and w.stalled_since is None
+        and w.progress_at is not None
+        and at - w.progress_at >= quiet_for
+    ]
+    return sorted(found, key=lambda w: (w.progress_at, w.rank))
+
+
+def _mark_stalled(run: RunView, w: WorkerView, reason: str, fx: Effects) -> None:
+    """Stalled from its own last progress (a transition dated back to it: the goodput tick
+    recounts what it had counted since, DESIGN §4 invariant 3)."""
+    assert w.progress_at is not None
+    w.stalled_since = w.progress_at
+    _set_worker(fx, run, w, RUNNING, reason, Phase.STALLED, w.progress_at)
+
+
+def _find_stalls(run: RunView, at: datetime, fx: Effects) -> list[WorkerView]:
+    """Every running worker whose progress stopped for the stall timeout is stalled, each from
+    its own last progress, whatever stops the gang (a stall, a failure, a stop) first."""
+    timeout = run.policy.stall_timeout
+    if timeout is None:
+        return []
+    found = _stalled_by(run, at, timeout)
+    for w in found:
+        _mark_stalled(run, w, f"Stalled: no progress for {format_duration(timeout)}", fx)
+    return found
+
+
+def _stall_stops_gang(run: RunView, w: WorkerView, at: datetime, fx: Effects) -> None:
+    """``on_stall: restart``: the gang stops because ``w`` stalled; members that had stopped
+    with it are stalled from their own last progress too, not running until the stop."""
+    timeout = run.policy.stall_timeout
+    assert timeout is not None
+    for other in _stalled_by(run, at, timeout * STALLED_WITH_GANG):
+        quiet = format_duration(at - other.progress_at) if other.progress_at else "a while"
+        _mark_stalled(run, other, f"Stalled with its gang: no progress for {quiet}", fx)
+    quiet = format_duration(timeout)
+    run.reason = f"Worker {w.name} stalled on {w.machine_name}: no progress for {quiet}"
+    _stop_running(run, at)
+    _stop_gang(run, Cause.STALL, None, f"Stopping: worker {w.name} stalled", at, fx)
+
+
 def worker_stalled(run: RunView, w: WorkerView, at: datetime, fx: Effects) -> None:
     """No progress for the stall timeout: stalled from its last progress, maybe restarted."""
     timeout = run.policy.stall_timeout
     if timeout is None or w.state != RUNNING or w.stop_cause or w.stalled_since is not None:
         return
-    since = w.progress_at or at
-    w.stalled_since = since
-    reason = f"Stalled: no progress for {format_duration(timeout)}"
-    _set_worker(fx, run, w, RUNNING, reason, Phase.STALLED, since)
+    if w.progress_at is None:
+        w.progress_at = at
+    _mark_stalled(run, w, f"Stalled: no progress for {format_duration(timeout)}", fx)
     if run.policy.on_stall == "restart":
-        quiet = format_duration(timeout)
-        run.reason = f"Worker {w.name} stalled on {w.machine_name}: no progress for {quiet}"
-        _stop_running(run, at)
-        _stop_gang(run, Cause.STALL, None, f"Stopping: worker {w.name} stalled", at, fx)
+        _stall_stops_gang(run, w, at, fx)
 
 
 def check_timers(run: RunView, now: datetime, fx: Effects) -> None:
@@ -873,17 +934,9 @@ def check_timers(run: RunView, now: datetime, fx: Effects) -> None:
         barrier_timed_out(run, now, fx)
         return
     find_stragglers(run, now)
-    timeout = run.policy.stall_timeout
-    if timeout is None:
-        return
-    for w in run.workers:
-        quiet_since = w.progress_at
-        if w.state == RUNNING and w.stalled_since is None and quiet_since is not None:
-            if now - quiet_since < timeout:
-                continue
-            worker_stalled(run, w, now, fx)
-            if run.stop_cause is not None:
-                return
+    stalled = _find_stalls(run, now, fx)  # every one of them, before any stops the gang
+    if stalled and run.policy.on_stall == "restart":
+        _stall_stops_gang(run, stalled[0], now, fx)
 
 
 def delete(run: RunView, by: str, at: datetime, fx: Effects, *, machines: set[int]) -> None:
