@@ -149,7 +149,8 @@ class Agent:
             worker_id=worker.worker_id,
             attempt=worker.attempt,
             state=state,
-            at_ms=int(time.time() * 1000),
+            # An end is dated when its process ended (the shim's record), not when seen here.
+            at_ms=exit.at_ms if exit is not None and exit.at_ms else int(time.time() * 1000),
             reason=reason,
         )
         if exit is not None:

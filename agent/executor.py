@@ -44,6 +44,8 @@ exited_with = shim.exited_with
 class Exit:
     code: int | None
     reason: str
+    # When the process ended (Unix ms), where it was seen to end; not part of how it ended.
+    at_ms: int | None = field(default=None, compare=False)
 
 
 def _read_int(path: Path) -> int | None:

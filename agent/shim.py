@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -53,16 +54,19 @@ def write_atomically(path: Path, text: str, *, private: bool = False) -> None:
     partial.replace(path)
 
 
-def record_exit(folder: Path, code: int | None, reason: str) -> None:
-    ended = {"code": code, "reason": reason, "at_ms": int(time.time() * 1000)}
-    write_atomically(folder / EXIT, json.dumps(ended))
+def record_exit(folder: Path, code: int | None, reason: str, at_ms: int | None = None) -> None:
+    """How the worker ended, and when (``at_ms``, Unix ms: now by default)."""
+    at = at_ms if at_ms is not None else int(time.time() * 1000)
+    write_atomically(folder / EXIT, json.dumps({"code": code, "reason": reason, "at_ms": at}))
 
 
-def recorded_exit(folder: Path) -> tuple[int | None, str] | None:
-    """The (code, reason) written in the folder's exit.json, or None before it is written."""
-    with contextlib.suppress(OSError, ValueError):
+def recorded_exit(folder: Path) -> tuple[int | None, str, int | None] | None:
+    """The (code, reason, when in Unix ms) written in the folder's exit.json, or None before
+    it is written."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
         recorded = json.loads((folder / EXIT).read_text())
-        return recorded.get("code"), str(recorded.get("reason") or "")
+        at = recorded.get("at_ms")
+        return recorded.get("code"), str(recorded.get("reason") or ""), int(at) if at else None
     return None
 
 
@@ -105,16 +109,28 @@ def run(folder: Path) -> int:
     write_atomically(folder / WORKER_PID, str(child.pid))
     assert child.stdout is not None
     descriptor = child.stdout.fileno()
+    # When the process ended, as it ends: its output may close later (a child of its own holds
+    # the pipe), and a gang's first failure is the earliest process end (issue 20).
+    ended_ms: list[int] = []
+    reaper = threading.Thread(target=_reap, args=(child, ended_ms), daemon=True)
+    reaper.start()
     while chunk := os.read(descriptor, 65536):
         log.append(chunk)
-    code = child.wait()
+    reaper.join()
+    code = child.returncode
+    at_ms = ended_ms[0] if ended_ms else None
     if code < 0:
         code = 128 - code  # killed by a signal: the shell's convention
     if group is not None and group.oom_kills() > kills_before:
-        record_exit(folder, 137, OOM_KILLED)
+        record_exit(folder, 137, OOM_KILLED, at_ms)
     else:
-        record_exit(folder, code, exited_with(code))
+        record_exit(folder, code, exited_with(code), at_ms)
     return 0
+
+
+def _reap(child: subprocess.Popen[bytes], ended_ms: list[int]) -> None:
+    child.wait()
+    ended_ms.append(int(time.time() * 1000))
 
 
 def _ignore(number: int, frame: object) -> None:
