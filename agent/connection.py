@@ -157,7 +157,9 @@ class Agent:
             event.reason = exit.reason
             if exit.code is not None:
                 event.exit_code = exit.code
-            if exit.code != 0:
+            # A failure's snapshot; and a stop's: the server keeps it when it stopped the
+            # worker for its time limit, a preemption or a stall, or had lost its machine.
+            if exit.code != 0 or worker.stopping:
                 event.log_tail = worker.log.snapshot()
         self._send(worker_event=event)
 

@@ -149,6 +149,16 @@ async def worker_event(
         exit_code=event.exit_code,
         log_tail=event.log_tail,
     )
+    if event.kind == "exited" and event.log_tail:
+        # The end of an attempt its machine was lost for: its lines fill that snapshot.
+        await lifecycle.late_snapshot(
+            session,
+            machine_id=machine_id,
+            worker_id=event.worker_id,
+            attempt=event.attempt,
+            log_tail=event.log_tail,
+        )
+    return fx
 
 
 async def progress(

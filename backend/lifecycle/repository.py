@@ -139,3 +139,31 @@ async def clear_pending_commands(
             )
             .values(acked_at=at)
         )
+
+
+async def placements(session: AsyncSession, worker_id: int, until: datetime) -> list[int]:
+    """The machines a worker was placed on, one per attempt, in order, up to ``until``: the
+    "Placed on" transition each placement writes (lifecycle.rules.place)."""
+    rows = await session.scalars(
+        select(StateTransition.machine_id)
+        .where(
+            StateTransition.worker_id == worker_id,
+            StateTransition.machine_id.is_not(None),
+            StateTransition.phase.in_(["starting", "restart"]),
+            StateTransition.reason.like("Placed on %"),
+            StateTransition.transition_at <= until,
+        )
+        .order_by(StateTransition.id)
+    )
+    return [m for m in rows if m is not None]
+
+
+async def run_of_worker(session: AsyncSession, worker_id: int) -> int | None:
+    return await session.scalar(select(Worker.run_id).where(Worker.id == worker_id))
+
+
+async def worker_by_id(session: AsyncSession, worker_id: int) -> Worker | None:
+    """The worker as the database has it now (read again after a lock)."""
+    return await session.scalar(
+        select(Worker).where(Worker.id == worker_id).execution_options(populate_existing=True)
+    )

@@ -584,6 +584,9 @@ def worker_exited(
     fx.freed = True
     if w.stop_cause is not None and not _failed_first(run, w, exit_code, at):
         cause = Cause(w.stop_cause)
+        stopped_for = _stop_snapshot_reason(run, w, cause)
+        if stopped_for is not None:
+            w.last_failure = _failure_snapshot(stopped_for, at, exit_code, log_tail)
         _release_room(w)
         phase = _after_stop_phase(run, cause, at)
         _set_worker(fx, run, w, STOPPED, _stopped_sentence(cause, run), phase, at)
@@ -593,16 +596,40 @@ def worker_exited(
     else:
         if run.stop_cause is None:
             _find_stalls(run, at, fx)  # stalled before the failure (it too), not yet found
-        w.last_failure = {
-            "reason": reason,
-            "failed_at": at,
-            "exit_code": exit_code,
-            "log_tail": snapshot_output(log_tail),
-        }
+        w.last_failure = _failure_snapshot(reason, at, exit_code, log_tail)
         machine = w.machine_name
         _release_room(w)
         _gang_failed(run, w, machine, reason, at, fx)
     _conclude_if_done(run, _settled(run, at), fx)
+
+
+def _failure_snapshot(
+    reason: str, at: datetime, exit_code: int | None, log_tail: str
+) -> dict[str, Any]:
+    """The last failure snapshot (seed L-21): the reason, the time, the exit code, the last
+    lines (a lost machine's come when its agent is back: lifecycle.service.late_snapshot)."""
+    return {
+        "reason": reason,
+        "failed_at": at,
+        "exit_code": exit_code,
+        "log_tail": snapshot_output(log_tail),
+    }
+
+
+def _stop_snapshot_reason(run: RunView, w: WorkerView, cause: Cause) -> str | None:
+    """An attempt the server ended abnormally keeps its story as a failure does (issue 20):
+    at its time limit, preempted (a drain too), or stalled (the workers that stalled). An
+    owner's stop, a gang torn down after another worker's failure (its log holds only the
+    consequence) and a barrier's requeue do not; None."""
+    if cause == Cause.TIME_LIMIT and run.policy.time_limit is not None:
+        return time_limit_sentence(run.policy.time_limit)
+    if cause == Cause.PREEMPTION:
+        by = run.stop_by or "…"
+        return f"Preempted by a {by}" if by.startswith("drain of ") else preempted_sentence(by)
+    timeout = run.policy.stall_timeout
+    if cause == Cause.STALL and w.stalled_since is not None and timeout is not None:
+        return f"Stalled: no progress for {format_duration(timeout)}"
+    return None
 
 
 def _settled(run: RunView, at: datetime) -> datetime:

@@ -378,6 +378,44 @@ async def report(
     return fx
 
 
+async def late_snapshot(
+    session: AsyncSession,
+    *,
+    machine_id: int,
+    worker_id: int,
+    attempt: int | None,
+    log_tail: str,
+) -> bool:
+    """A lost machine's agent, back, reports how its worker of the lost attempt ended, with its
+    last lines (issue 20): they fill that attempt's failure snapshot, left without output when
+    the machine was lost. Only that: the attempt is over, its state and accounting stay. Taken
+    when the snapshot is a lost machine's, still without lines, and of this attempt on this
+    machine (the worker's placements say which); whether it was."""
+    if not log_tail or not attempt:
+        return False
+    run_id = await repository.run_of_worker(session, worker_id)
+    if run_id is None:
+        return False
+    await repository.runs_by_id(session, [run_id], lock=True)  # as every change of the gang
+    worker = await repository.worker_by_id(session, worker_id)
+    failure = worker.last_failure if worker is not None else None
+    if (
+        worker is None
+        or not failure
+        or failure.get("reason") != rules.MACHINE_LOST
+        or failure.get("log_tail")
+        or not isinstance(failure.get("failed_at"), str)
+    ):
+        return False
+    placed = await repository.placements(
+        session, worker_id, datetime.fromisoformat(failure["failed_at"])
+    )
+    if len(placed) != attempt or placed[-1] != machine_id:
+        return False
+    worker.last_failure = {**failure, "log_tail": rules.snapshot_output(log_tail)}
+    return True
+
+
 # -- what time does -------------------------------------------------------------------------------
 
 

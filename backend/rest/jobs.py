@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from starlette.responses import JSONResponse, Response
@@ -10,8 +11,35 @@ from starlette.routing import Route
 from backend.clock import iso_z
 from backend.models import Run, StateTransition, Worker
 from backend.rest.base import Call, endpoint
+from backend.runs import failures
 from backend.runs import service as runs
 from backend.runs.rules import task_counts
+
+
+def failure_json(run: Run, workers: list[Worker], now: datetime) -> dict[str, Any]:
+    """Its failure (seed: Debug a failed run): the worker that failed it, the advice, and the
+    Restarting in a loop panel's data, as GraphQL's failedWorker, advice and restartLoop."""
+    failed = failures.failed_worker_name(run.reason, workers) if run.state == "Failed" else None
+    worker = next((w for w in workers if w.name == failed), None)
+    exit_code = worker.exit_code if worker is not None else None
+    found = failures.run_advice(run.state, run.reason, exit_code)
+    loop = None
+    restarts = failures.restarts_in_row(run.failures_in_row or 0, run.running_since, now)
+    if restarts and run.state not in ("Completed", "Failed", "Stopped", "Deleted"):
+        last = failures.last_snapshot(failures.snapshots_of(workers))
+        snapshot = next((w.last_failure for w in workers if w.name == last), None)
+        loop = {
+            "restarts": restarts,
+            "max_restarts": int((run.spec or {}).get("max_restarts", 10)),
+            "restart_at": iso_z(run.restart_at) if run.restart_at else None,
+            "worker": last,
+            "last_failure": snapshot,
+        }
+    return {
+        "failed_worker": failed if worker is not None else None,
+        "advice": None if found is None else failures.advice_json(*found, exit_code),
+        "restart_loop": loop,
+    }
 
 
 def job_json(
@@ -44,7 +72,8 @@ async def get_job(call: Call) -> Response:
     creator = None
     if run.created_by_id is not None:
         creator = (await runs.user_names(call.session, [run.created_by_id])).get(run.created_by_id)
-    return JSONResponse(job_json(run, workers, history, creator))
+    body = job_json(run, workers, history, creator) | failure_json(run, workers, call.clock.now())
+    return JSONResponse(body)
 
 
 routes = [Route("/jobs/{run}", endpoint(get_job), methods=["GET"])]

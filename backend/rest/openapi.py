@@ -151,8 +151,40 @@ SCHEMAS: dict[str, Any] = {
             "task_counts": {"type": "object", "additionalProperties": {"type": "integer"}},
             "task_names": {"type": "array", "items": {"type": "string"}},
             "spec": {"type": "object"},
+            "failed_worker": {
+                **NULLABLE_STRING,
+                "description": "The worker that failed the run, while it is Failed.",
+            },
+            "advice": {
+                "oneOf": [{"type": "null"}, _ref("Advice")],
+                "description": "Its failure turned into the seed's advice (a Failed run, one "
+                "restarting after a failure or a stall, a preempted one until it runs again).",
+            },
+            "restart_loop": {
+                "type": ["object", "null"],
+                "description": "The Restarting in a loop panel: restarts in a row, when the "
+                "next attempt is, the worker of the last failure and its snapshot.",
+                "properties": {
+                    "restarts": {"type": "integer"},
+                    "max_restarts": {"type": "integer"},
+                    "restart_at": {"type": ["string", "null"], "format": "date-time"},
+                    "worker": NULLABLE_STRING,
+                    "last_failure": {"type": ["object", "null"]},
+                },
+            },
         },
         "required": ["name", "status", "reason", "history", "task_counts", "task_names"],
+    },
+    "Advice": {
+        "type": "object",
+        "properties": {
+            "reason": {"type": "string"},
+            "exit_code": NULLABLE_INT,
+            "kind": {"type": "string"},
+            "look_at": {"type": "string", "description": "The seed's Look at sentence."},
+            "open": {"type": "string"},
+        },
+        "required": ["reason", "exit_code", "kind", "look_at", "open"],
     },
     "Task": {
         "type": "object",
@@ -175,6 +207,10 @@ SCHEMAS: dict[str, Any] = {
                     "exit_code": NULLABLE_INT,
                     "log_tail": {"type": "string"},
                 },
+            },
+            "advice": {
+                "oneOf": [{"type": "null"}, _ref("Advice")],
+                "description": "Its failure (its own end, else its last) turned into advice.",
             },
             "placement": {
                 "type": ["object", "null"],

@@ -14,13 +14,15 @@ from backend.logs import service as logs
 from backend.metrics import service as metrics
 from backend.models import Run, Worker
 from backend.rest.base import Call, endpoint
+from backend.runs import failures
 from backend.runs import service as runs
 
 
 def task_json(
     run: Run, worker: Worker, machine: str | None, measured: metrics.Latest
 ) -> dict[str, Any]:
-    """status, exit_code, restarts, restart_at, last_failure, placement and metrics."""
+    """status, exit_code, restarts, restart_at, last_failure (with its advice), placement and
+    metrics."""
     placement = None
     if worker.machine_id is not None:
         placement = {"machine": machine, "gpu_ids": list(worker.gpu_ids or [])}
@@ -36,6 +38,7 @@ def task_json(
         "restarts": worker.restarts,
         "restart_at": iso_z(worker.restart_at) if worker.restart_at else None,
         "last_failure": worker.last_failure,
+        "advice": failures.worker_advice(worker),
         "placement": placement,
         "metrics": measured,
     }

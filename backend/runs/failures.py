@@ -11,14 +11,21 @@ run that does not start").
     Machine lost: its lease expired              The machine, not the run: …
     Retry budget exhausted after 10/10 restarts  It failed 10 times in a row: …
     Preempted by higher-priority work (…)        Not a failure: it is queued again.
+
+A stall (no row of its own) points at step 5, the metrics around the failure; a run restarting
+in a loop at the Restarting in a loop panel ("Debug a run that does not start").
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
+
+from backend.lifecycle.rules import RESTART_COUNT_RESET
 
 
 class FailureKind(StrEnum):
@@ -30,6 +37,7 @@ class FailureKind(StrEnum):
     MACHINE_LOST = "machine_lost"
     RETRY_BUDGET = "retry_budget"
     PREEMPTED = "preempted"
+    STALLED = "stalled"
     SIGNAL = "signal"
     OTHER = "other"
     # why a run does not start
@@ -40,6 +48,7 @@ class FailureKind(StrEnum):
     DRIVE = "drive"
     PULLING = "pulling"
     BARRIER = "barrier"
+    RESTART_LOOP = "restart_loop"
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,13 @@ class Advice:
 
 
 _EXITED = re.compile(r"^Exited with code (\d+)")
+# A worker that stalled ("Stalled: no progress for 30m"), or the run's sentence for it.
+_STALLED = re.compile(r"^(Stalled: |Worker \S+ stalled)")
+# The run's sentences around a worker's reason (lifecycle.rules): a restart's and a gang's.
+_RESTARTING = re.compile(r"^Restarting in [^:]*: ")
+_GANG_FAILED = re.compile(
+    r"^Worker \S+ failed(?: on \S+)?: (.*); the gang does not run without it$"
+)
 _BUDGET = re.compile(r"^Retry budget exhausted after (\d+)/\d+ restarts")
 
 PROGRAM = Advice(FailureKind.PROGRAM, "Your program: its log.", "log")
@@ -79,6 +95,21 @@ MACHINE_LOST = Advice(
     "machine",
 )
 PREEMPTED = Advice(FailureKind.PREEMPTED, "Not a failure: it is queued again.", "log")
+# A stall has no row of its own in the seed's table; its step 5 is where a hang shows.
+STALLED = Advice(
+    FailureKind.STALLED,
+    "Check the metrics around the failure: memory climbing to the limit, a GPU at 0% (a hang), "
+    "network traffic stopping.",
+    "metrics",
+)
+# Debug a run that does not start: "A worker restarting in a loop".
+RESTART_LOOP = Advice(
+    FailureKind.RESTART_LOOP,
+    "The console's Restarting in a loop panel: restarts, when the next attempt is, and the last "
+    "failure's output. Each failure doubles the wait, up to 5 minutes; after 10 restarts in a row "
+    "it gives up; 10 minutes running resets the count.",
+    "restarts",
+)
 SIGNAL = Advice(
     FailureKind.SIGNAL,
     "Killed by a signal: its log, and the Memory chart for a kill from outside.",
@@ -99,6 +130,8 @@ def classify(reason: str, exit_code: int | None = None) -> Advice:
         return MACHINE_LOST
     if reason.startswith("Preempted by"):
         return PREEMPTED
+    if _STALLED.match(reason):
+        return STALLED
     budget = _BUDGET.match(reason)
     if budget:
         times = budget.group(1)
@@ -133,18 +166,110 @@ def worker_failure(
 _FAILED_WORKER = re.compile(r"^Worker (\S+) failed")
 
 
-def first_failed(run_reason: str, failed: list[tuple[str, Any]]) -> str | None:
+def first_failed(
+    run_reason: str,
+    failed: list[tuple[str, Any]],
+    snapshots: list[tuple[str, int, Any]] | None = None,
+) -> str | None:
     """The worker that failed the run for good: the one its reason names (seed: "The run's
     reason names the first worker that failed for good"), else the first to fail of
-    ``failed`` (worker name and when it failed)."""
+    ``failed`` (worker name and when it failed); a run whose workers were stopped (its time
+    limit, a stall that spent the retry budget) failed none: the worker of the newest failure
+    snapshot (``snapshots``: name, rank, failed_at)."""
     named = _FAILED_WORKER.match(run_reason)
     if named:
         return named.group(1)
-    return min(failed, key=lambda f: f[1])[0] if failed else None
+    if failed:
+        return min(failed, key=lambda f: f[1])[0]
+    return last_snapshot(snapshots or [])
+
+
+def run_cause(run_reason: str) -> str:
+    """The reason a run's sentence carries: a restart's ("Restarting in 20s (2/10): …") and a
+    gang's ("Worker w failed on m: …; the gang does not run without it") words taken off."""
+    reason = _RESTARTING.sub("", run_reason, count=1)
+    gang = _GANG_FAILED.match(reason)
+    return gang.group(1) if gang else reason
+
+
+def run_advice(
+    state: str, run_reason: str, exit_code: int | None = None
+) -> tuple[Advice, str] | None:
+    """What a run's failure means, from its own sentence (a time limit, a retry budget, a
+    preemption, a stall, a lost machine, or the failed worker's reason it names) with the exit
+    code of the worker that failed it: the advice and the reason it explains. A Failed run, a
+    run restarting after a failure, and a preempted run (until it runs again) have one; None
+    for the others."""
+    cause = run_cause(run_reason)
+    if state == "Failed" or run_reason != cause or cause.startswith("Preempted by"):
+        return classify(cause, exit_code), run_reason
+    return None
+
+
+def restarts_in_row(failures_in_row: int, running_since: datetime | None, now: datetime) -> int:
+    """The restarts a run made in a row, as the rules count them: ten minutes of running with
+    every worker up resets the count (seed L-69)."""
+    if running_since is not None and now - running_since >= RESTART_COUNT_RESET:
+        return 0
+    return failures_in_row
+
+
+def last_snapshot(snapshots: list[tuple[str, int, Any]]) -> str | None:
+    """Of the workers' last failure snapshots (name, rank, failed_at), the worker whose is the
+    newest (the lowest rank of those that ended together): the last failure's output."""
+    dated = [(_moment(at), -rank, name) for name, rank, at in snapshots if at is not None]
+    if not dated:
+        return None
+    newest = max(at for at, _, _ in dated)
+    return max((d for d in dated if d[0] == newest), key=lambda d: d[1])[2]
+
+
+def snapshots_of(workers: Sequence[Any]) -> list[tuple[str, int, Any]]:
+    """Each worker's last failure snapshot (of rows with name, rank, last_failure): name, rank,
+    failed_at."""
+    return [
+        (w.name, w.rank, (w.last_failure or {}).get("failed_at")) for w in workers if w.last_failure
+    ]
+
+
+def failed_worker_name(run_reason: str, workers: Sequence[Any]) -> str | None:
+    """The worker that failed a Failed run (of rows with name, rank, state, state_since and
+    last_failure): its reason names it, else the first that failed, else the one of the newest
+    snapshot (a time limit stops every worker and fails none)."""
+    failed = [(w.name, w.state_since) for w in workers if w.state == "Failed"]
+    return first_failed(run_reason, failed, snapshots_of(workers))
+
+
+def advice_json(advice: Advice, reason: str, exit_code: int | None) -> dict[str, Any]:
+    """The advice as the REST shim writes it (GraphQL's Advice, in snake case)."""
+    return {
+        "reason": reason,
+        "exit_code": exit_code,
+        "kind": advice.kind.value,
+        "look_at": advice.look_at,
+        "open": advice.open,
+    }
+
+
+def worker_advice(worker: Any) -> dict[str, Any] | None:
+    """A worker's failure turned into advice (a row with state, reason, exit_code and
+    last_failure): its own end when it failed, else its last failure; None when it never did."""
+    failure = worker_failure(worker.state, worker.reason, worker.exit_code, worker.last_failure)
+    if failure is None:
+        return None
+    reason, exit_code = failure
+    return advice_json(classify(reason, exit_code), reason, exit_code)
+
+
+def _moment(at: Any) -> datetime:
+    moment = datetime.fromisoformat(at) if isinstance(at, str) else at
+    assert isinstance(moment, datetime)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 # Debug a run that does not start: It is … / Look at …
 WAITS: tuple[tuple[tuple[str, ...], Advice], ...] = (
+    (("Restarting in",), RESTART_LOOP),
     (
         ("No machine fits", "Gang cannot be placed whole"),
         Advice(FailureKind.MACHINES, "The per-machine reasons: Read a pending reason.", "machines"),

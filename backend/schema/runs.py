@@ -183,6 +183,10 @@ class Run:
     spec: JSON = strawberry.field(description="The specification, as Run again opens it.")
     _created_by_id: strawberry.Private[int | None]
     _cluster_id: strawberry.Private[int]
+    _failures_in_row: strawberry.Private[int] = 0
+    _running_since: strawberry.Private[datetime | None] = None
+    _restart_at: strawberry.Private[datetime | None] = None
+    _max_restarts: strawberry.Private[int] = 10
 
     @classmethod
     def from_model(cls, row: models.Run) -> Run:
@@ -198,6 +202,10 @@ class Run:
             spec=cast(JSON, row.spec),
             _created_by_id=row.created_by_id,
             _cluster_id=row.cluster_id,
+            _failures_in_row=row.failures_in_row or 0,
+            _running_since=row.running_since,
+            _restart_at=row.restart_at,
+            _max_restarts=int((row.spec or {}).get("max_restarts", 10)),
         )
 
     @strawberry.field(description="The cluster it runs on (a worker's page is under it).")
@@ -223,9 +231,44 @@ class Run:
         if self.state != "Failed":
             return None
         rows = await info.context.loaders.workers_by_run.load(int(self.id))
-        failed = [(w.name, w.state_since) for w in rows if w.state == "Failed"]
-        name = failures.first_failed(self.reason, failed)
+        name = failures.failed_worker_name(self.reason, rows)
         return next((Worker.from_model(w) for w in rows if w.name == name), None)
+
+    @strawberry.field(
+        description="Its failure turned into advice (seed: Debug a failed run, step 2): a "
+        "Failed run's (its time limit, its retry budget, or the reason of the worker that "
+        "failed it), a run restarting after a failure or a stall, a preempted run's until it "
+        "runs again; null for the others."
+    )
+    async def advice(self, info: Info) -> Advice | None:
+        exit_code = None
+        if self.state == "Failed":
+            rows = await info.context.loaders.workers_by_run.load(int(self.id))
+            name = failures.failed_worker_name(self.reason, rows)
+            failed = next((w for w in rows if w.name == name), None)
+            exit_code = failed.exit_code if failed is not None else None
+        found = failures.run_advice(self.state, self.reason, exit_code)
+        return None if found is None else Advice.of(found[0], found[1], exit_code)
+
+    @strawberry.field(
+        description="The Restarting in a loop panel (seed L-68, L-69): while it restarts after "
+        "failures or stalls in a row; null when it does not."
+    )
+    async def restart_loop(self, info: Info) -> RestartLoop | None:
+        if self.state in ("Completed", "Failed", "Stopped", "Deleted"):
+            return None
+        now = info.context.clock.now()
+        restarts = failures.restarts_in_row(self._failures_in_row, self._running_since, now)
+        if restarts == 0:
+            return None
+        rows = await info.context.loaders.workers_by_run.load(int(self.id))
+        name = failures.last_snapshot(failures.snapshots_of(rows))
+        return RestartLoop(
+            restarts=restarts,
+            max_restarts=self._max_restarts,
+            restart_at=self._restart_at,
+            worker=next((Worker.from_model(w) for w in rows if w.name == name), None),
+        )
 
     @strawberry.field(
         description="Why it does not start, and where to look (seed: Debug a run that does not "
@@ -264,6 +307,21 @@ class Run:
         rows = await info.context.loaders.workers_by_run.load(int(self.id))
         counts = task_counts(w.state for w in rows)
         return [StateCount(state=s, count=n) for s, n in counts.items()]
+
+
+@strawberry.type(
+    description="A run restarting in a loop: its restarts in a row, when the next attempt is, "
+    "and the worker whose failure (or stall) is the last, with its output."
+)
+class RestartLoop:
+    restarts: int = strawberry.field(description="Restarts in a row (the count the budget spends).")
+    max_restarts: int = strawberry.field(description="After this many in a row it gives up.")
+    restart_at: datetime | None = strawberry.field(
+        description="When the next attempt is; null once it has started again."
+    )
+    worker: Worker | None = strawberry.field(
+        description="The worker of the last failure snapshot: its lastFailure and advice."
+    )
 
 
 @strawberry.type

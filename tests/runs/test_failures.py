@@ -13,7 +13,17 @@ from backend.lifecycle.rules import (
     preempted_sentence,
     time_limit_sentence,
 )
-from backend.runs.failures import FailureKind, classify, first_failed, waiting, worker_failure
+from backend.runs.failures import (
+    FailureKind,
+    classify,
+    first_failed,
+    last_snapshot,
+    restarts_in_row,
+    run_advice,
+    run_cause,
+    waiting,
+    worker_failure,
+)
 
 
 @pytest.mark.parametrize(
@@ -174,3 +184,172 @@ def test_each_wait_of_the_seeds_table_has_its_advice(
 
 def test_a_run_going_well_needs_no_advice() -> None:
     assert waiting(["2 of 2 workers running", "Container running"]) is None
+
+
+# -- issue 20: every failure keeps its story -------------------------------------------------
+
+STALLED_LOOK_AT = (
+    "Check the metrics around the failure: memory climbing to the limit, a GPU at 0% (a hang), "
+    "network traffic stopping."
+)
+LOOP_LOOK_AT = (
+    "The console's Restarting in a loop panel: restarts, when the next attempt is, and the last "
+    "failure's output. Each failure doubles the wait, up to 5 minutes; after 10 restarts in a row "
+    "it gives up; 10 minutes running resets the count."
+)
+
+
+@pytest.mark.parametrize(
+    "reason",
+    ["Stalled: no progress for 30m", "Worker llama-sft-1 stalled on gpu-08: no progress for 30m"],
+)
+def test_a_stall_points_at_the_metrics_around_it(reason: str) -> None:
+    # seed "Debug a failed run", step 5: a GPU at 0% (a hang)
+    advice = classify(reason, 143)
+    assert (advice.kind, advice.look_at, advice.open) == (
+        FailureKind.STALLED,
+        STALLED_LOOK_AT,
+        "metrics",
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "exit_code", "kind", "look_at"),
+    [
+        # seed L-54
+        (
+            "Failed",
+            time_limit_sentence(timedelta(hours=12)),
+            143,
+            FailureKind.TIME_LIMIT,
+            "The time limit: raise it, or checkpoint and resume.",
+        ),
+        # seed L-56: not the last worker's "Your program: its log."
+        (
+            "Failed",
+            budget_exhausted_sentence(10),
+            1,
+            FailureKind.RETRY_BUDGET,
+            "It failed 10 times in a row: the first failure's cause is in last_failure.",
+        ),
+        # seed L-57: a preempted run until it runs again, and while it winds down
+        (
+            "Pending",
+            preempted_sentence("llm"),
+            None,
+            FailureKind.PREEMPTED,
+            "Not a failure: it is queued again.",
+        ),
+        (
+            "Running",
+            "Preempted by a drain of gpu-07",
+            None,
+            FailureKind.PREEMPTED,
+            "Not a failure: it is queued again.",
+        ),
+        # seed L-55, restarting after its machine was lost
+        (
+            "Pending",
+            "Restarting in 10s (1/10): Worker llama-sft-0 failed on gpu-07: Machine lost: its "
+            "lease expired; the gang does not run without it",
+            None,
+            FailureKind.MACHINE_LOST,
+            "The machine, not the run: see Machines troubleshooting. Restarted under its policy.",
+        ),
+        # a stall loop
+        (
+            "Pending",
+            "Restarting in 40s (3/10): Worker llama-sft-1 stalled on gpu-08: no progress for 5m",
+            None,
+            FailureKind.STALLED,
+            STALLED_LOOK_AT,
+        ),
+        # a gang's failure: the worker's reason it names
+        (
+            "Failed",
+            "Worker llama-sft-1 failed on gpu-08: Exited with code 1; the gang does not run "
+            "without it",
+            1,
+            FailureKind.PROGRAM,
+            "Your program: its log.",
+        ),
+        (
+            "Failed",
+            "Worker llama-sft-1 failed on gpu-08: "
+            + OOM_KILLED
+            + "; the gang does not run without it",
+            137,
+            FailureKind.OUT_OF_MEMORY,
+            "Memory: the Memory chart near the limit. Raise memory_bytes or "
+            "per_gpu.memory_bytes, or lower the batch size.",
+        ),
+    ],
+)
+def test_a_runs_own_sentence_gives_its_advice(
+    state: str, reason: str, exit_code: int | None, kind: FailureKind, look_at: str
+) -> None:
+    found = run_advice(state, reason, exit_code)
+    assert found is not None
+    advice, said = found
+    assert (advice.kind, advice.look_at, said) == (kind, look_at, reason)
+
+
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [
+        ("Running", "2 of 2 workers running"),
+        ("Pending", "Queued behind llama-70b"),
+        ("Starting", "Starting together: 1 of 2 ready"),
+        ("Completed", "2 of 2 workers completed"),
+        ("Stopped", "Stopped by alice"),
+    ],
+)
+def test_a_run_that_did_not_fail_has_no_failure_advice(state: str, reason: str) -> None:
+    assert run_advice(state, reason) is None
+
+
+def test_the_runs_sentence_carries_the_workers_reason() -> None:
+    assert (
+        run_cause(
+            "Restarting in 5m (7/10): Worker a-0 failed on m: Exited with code 3; "
+            "the gang does not run without it"
+        )
+        == "Exited with code 3"
+    )
+    assert run_cause(
+        "Worker a-0 failed: " + MACHINE_LOST + "; the gang does not run without it"
+    ) == (MACHINE_LOST)
+    assert run_cause("Exceeded its time limit of 1h") == "Exceeded its time limit of 1h"
+
+
+def test_a_restarting_run_waits_in_the_restarting_in_a_loop_panel() -> None:
+    # seed L-68: Debug a run that does not start, "A worker restarting in a loop"
+    found = waiting(
+        [
+            "Restarting in 20s (2/10): Worker a-0 failed on m: Exited with code 1; "
+            "the gang does not run without it",
+            "Waiting to be placed again: …",
+        ]
+    )
+    assert found is not None
+    assert (found[0].kind, found[0].look_at) == (FailureKind.RESTART_LOOP, LOOP_LOOK_AT)
+
+
+def test_ten_minutes_running_resets_the_restarts_in_a_row() -> None:
+    # seed L-69
+    t0 = datetime(2026, 10, 1, tzinfo=UTC)
+    assert restarts_in_row(6, None, t0) == 6
+    assert restarts_in_row(6, t0, t0 + timedelta(minutes=9, seconds=59)) == 6
+    assert restarts_in_row(6, t0, t0 + timedelta(minutes=10)) == 0
+
+
+def test_a_run_that_failed_no_worker_shows_the_newest_snapshot() -> None:
+    # a time limit stops every worker and fails none: the newest snapshot, lowest rank first
+    t0, t1 = "2026-10-01T01:00:00+00:00", "2026-10-01T02:00:00+00:00"
+    snapshots = [("a-2", 2, t1), ("a-1", 1, t1), ("a-0", 0, t0)]
+    assert last_snapshot(snapshots) == "a-1"
+    assert first_failed("Exceeded its time limit of 1h", [], snapshots) == "a-1"
+    assert first_failed("Exceeded its time limit of 1h", [], []) is None
+    # a worker that failed wins over snapshots
+    at = datetime(2026, 10, 1, tzinfo=UTC)
+    assert first_failed(budget_exhausted_sentence(2), [("a-2", at)], snapshots) == "a-2"
