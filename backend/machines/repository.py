@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.models import Cluster, Gpu, LeaseCheck, Machine, Pool, Run, Worker
@@ -53,9 +54,19 @@ async def record_lease_check(session: AsyncSession, now: datetime) -> datetime |
         .values(previous_at=LeaseCheck.checked_at, checked_at=now)
     )
     if not updated.rowcount:  # type: ignore[attr-defined]
-        session.add(LeaseCheck(id=LEASE_CHECK_ID, checked_at=now, previous_at=None))
-        await session.flush()
-        return None
+        # The first check. Two processes starting at once both find no row: the second's
+        # insert waits for the first's and fails on its key (issue 19); it updates the row the
+        # first wrote instead, as any later check does.
+        try:
+            async with session.begin_nested():
+                session.add(LeaseCheck(id=LEASE_CHECK_ID, checked_at=now, previous_at=None))
+            return None
+        except IntegrityError:
+            await session.execute(
+                update(LeaseCheck)
+                .where(LeaseCheck.id == LEASE_CHECK_ID)
+                .values(previous_at=LeaseCheck.checked_at, checked_at=now)
+            )
     check = await session.get(LeaseCheck, LEASE_CHECK_ID, populate_existing=True)
     assert check is not None
     return check.previous_at

@@ -3,6 +3,8 @@ revoke machines' credentials."""
 
 from __future__ import annotations
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from backend.config import parse_duration
 from backend.errors import AstraeusError, FieldError, InvalidInput
 from backend.jobs import broker as job_broker
@@ -41,7 +43,8 @@ async def create_join_token(
             expires_in = parse_duration(expires)
         except ValueError as error:
             raise InvalidInput("INVALID_JOIN_TOKEN", [FieldError("expires", str(error))]) from None
-        async with info.context.db.transaction() as session:
+
+        async def work(session: AsyncSession) -> tuple[JoinToken, str]:
             found = await identity.admin_cluster(session, principal, cluster)
             issued = await identity.issue_join_token(
                 session,
@@ -53,19 +56,26 @@ async def create_join_token(
                 name=name,
             )
             rows = await identity.list_join_tokens(session, found)
-            token = next(JoinToken.from_model(t) for t in rows if t.id == issued.token_id)
+            made = next(JoinToken.from_model(t) for t in rows if t.id == issued.token_id)
+            return made, issued.secret
+
+        # tried again whole if it lost to another transaction (issue 19)
+        token, secret = await info.context.db.unit(work)
     except AstraeusError as error:
         return JoinTokenPayload(join_token=None, secret=None, errors=UserError.from_error(error))
-    return JoinTokenPayload(join_token=token, secret=issued.secret, errors=[])
+    return JoinTokenPayload(join_token=token, secret=secret, errors=[])
 
 
 async def revoke_join_token(info: Info, id: int, cluster: str = "local") -> JoinTokenPayload:
     principal = info.context.require_principal()
+
+    async def work(session: AsyncSession) -> JoinToken:
+        found = await identity.admin_cluster(session, principal, cluster)
+        row = await identity.revoke_join_token(session, info.context.clock, found, id)
+        return JoinToken.from_model(row)
+
     try:
-        async with info.context.db.transaction() as session:
-            found = await identity.admin_cluster(session, principal, cluster)
-            row = await identity.revoke_join_token(session, info.context.clock, found, id)
-            token = JoinToken.from_model(row)
+        token = await info.context.db.unit(work)
     except AstraeusError as error:
         return JoinTokenPayload(join_token=None, secret=None, errors=UserError.from_error(error))
     return JoinTokenPayload(join_token=token, secret=None, errors=[])
@@ -75,11 +85,14 @@ async def revoke_machine_credential(
     info: Info, machine: str, cluster: str = "local"
 ) -> MachineCredentialPayload:
     principal = info.context.require_principal()
+
+    async def work(session: AsyncSession) -> list[MachineCredential]:
+        found = await identity.admin_cluster(session, principal, cluster)
+        rows, _ = await identity.revoke_credential(session, info.context.clock, found, machine)
+        return [MachineCredential.from_model(c) for c in rows]
+
     try:
-        async with info.context.db.transaction() as session:
-            found = await identity.admin_cluster(session, principal, cluster)
-            rows, _ = await identity.revoke_credential(session, info.context.clock, found, machine)
-            revoked = [MachineCredential.from_model(c) for c in rows]
+        revoked = await info.context.db.unit(work)
     except AstraeusError as error:
         return MachineCredentialPayload(credentials=[], errors=UserError.from_error(error))
     job_broker.nudge_scheduler()  # its workers wait to be placed again elsewhere

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from backend.alerts import service as alerts
 from backend.errors import AstraeusError
 from backend.jobs import broker as job_broker
@@ -37,12 +39,15 @@ async def alerts_firing(info: Info) -> list[Alert]:
 
 async def set_threshold(info: Info, cluster: str, name: str, value: float) -> ThresholdPayload:
     principal = info.context.require_principal()
-    try:
-        async with info.context.db.transaction() as session:
-            row = await alerts.set_threshold(
-                session, info.context.clock, principal, cluster, name, value
-            )
-            threshold = Threshold(name=row.name, value=row.value, updated_at=row.updated_at)
+
+    async def work(session: AsyncSession) -> Threshold:
+        row = await alerts.set_threshold(
+            session, info.context.clock, principal, cluster, name, value
+        )
+        return Threshold(name=row.name, value=row.value, updated_at=row.updated_at)
+
+    try:  # tried again whole if it lost to another transaction (issue 19)
+        threshold = await info.context.db.unit(work)
     except AstraeusError as error:
         return ThresholdPayload(threshold=None, errors=UserError.from_error(error))
     return ThresholdPayload(threshold=threshold, errors=[])
@@ -50,12 +55,15 @@ async def set_threshold(info: Info, cluster: str, name: str, value: float) -> Th
 
 async def drain_machine(info: Info, cluster: str, machine: str) -> MachinePayload:
     principal = info.context.require_principal()
+
+    async def work(session: AsyncSession) -> MachineState:
+        row, _ = await machines.drain_by_name(
+            session, info.context.clock, principal, cluster, machine
+        )
+        return MachineState(name=row.name, state=row.state, reason=row.reason)
+
     try:
-        async with info.context.db.transaction() as session:
-            row, _ = await machines.drain_by_name(
-                session, info.context.clock, principal, cluster, machine
-            )
-            state = MachineState(name=row.name, state=row.state, reason=row.reason)
+        state = await info.context.db.unit(work)
     except AstraeusError as error:
         return MachinePayload(machine=None, errors=UserError.from_error(error))
     job_broker.nudge_scheduler()  # its runs wait to be placed again elsewhere
@@ -66,13 +74,16 @@ async def set_priority_ceiling(
     info: Info, workspace: str, ceiling: int
 ) -> WorkspaceSettingsPayload:
     principal = info.context.require_principal()
+
+    async def work(session: AsyncSession) -> WorkspaceSettings:
+        organizations.require_admin(principal, "a workspace's priority ceiling")
+        ws = await organizations.set_priority_ceiling(
+            session, principal.organization_id, workspace, ceiling
+        )
+        return WorkspaceSettings(name=ws.name, priority_ceiling=ws.priority_ceiling)
+
     try:
-        async with info.context.db.transaction() as session:
-            organizations.require_admin(principal, "a workspace's priority ceiling")
-            ws = await organizations.set_priority_ceiling(
-                session, principal.organization_id, workspace, ceiling
-            )
-            found = WorkspaceSettings(name=ws.name, priority_ceiling=ws.priority_ceiling)
+        found = await info.context.db.unit(work)
     except AstraeusError as error:
         return WorkspaceSettingsPayload(workspace=None, errors=UserError.from_error(error))
     return WorkspaceSettingsPayload(workspace=found, errors=[])
@@ -82,13 +93,16 @@ async def set_preemption_policy(
     info: Info, cluster: str, preempt_over_quota: bool
 ) -> PreemptionPolicyPayload:
     principal = info.context.require_principal()
+
+    async def work(session: AsyncSession) -> PreemptionPolicy:
+        organizations.require_admin(principal, "a cluster's preemption policy")
+        row = await organizations.set_preemption_policy(
+            session, principal.organization_id, cluster, preempt_over_quota
+        )
+        return PreemptionPolicy(cluster=row.name, preempt_over_quota=row.preempt_over_quota)
+
     try:
-        async with info.context.db.transaction() as session:
-            organizations.require_admin(principal, "a cluster's preemption policy")
-            row = await organizations.set_preemption_policy(
-                session, principal.organization_id, cluster, preempt_over_quota
-            )
-            policy = PreemptionPolicy(cluster=row.name, preempt_over_quota=row.preempt_over_quota)
+        policy = await info.context.db.unit(work)
     except AstraeusError as error:
         return PreemptionPolicyPayload(policy=None, errors=UserError.from_error(error))
     job_broker.nudge_scheduler()  # runs may now make room by preempting over-quota ones
@@ -99,12 +113,15 @@ async def set_quota(
     info: Info, workspace: str, cluster: str, gpus: int | None = None
 ) -> QuotaPayload:
     principal = info.context.require_principal()
+
+    async def work(session: AsyncSession) -> int | None:
+        organizations.require_admin(principal, "quotas")
+        return await organizations.set_quota(
+            session, principal.organization_id, workspace, cluster, gpus
+        )
+
     try:
-        async with info.context.db.transaction() as session:
-            organizations.require_admin(principal, "quotas")
-            limit = await organizations.set_quota(
-                session, principal.organization_id, workspace, cluster, gpus
-            )
+        limit = await info.context.db.unit(work)
     except AstraeusError as error:
         return QuotaPayload(quota=None, errors=UserError.from_error(error))
     job_broker.nudge_scheduler()  # runs waiting for the quota may fit now

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from backend.errors import AstraeusError
 from backend.resolvers.context import Info
 from backend.schema.common import UserError
@@ -20,21 +22,27 @@ async def set_secret(
     info: Info, name: str, value: str | None = None, workspace: str | None = None
 ) -> SecretPayload:
     principal = info.context.require_principal()
-    try:
-        async with info.context.db.transaction() as session:
-            row = await secrets.set_secret(
-                session, info.context.clock, principal, name, value, workspace=workspace
-            )
-            return SecretPayload(secret=Secret.from_model(row), errors=[])
+
+    async def work(session: AsyncSession) -> Secret:
+        row = await secrets.set_secret(
+            session, info.context.clock, principal, name, value, workspace=workspace
+        )
+        return Secret.from_model(row)
+
+    try:  # tried again whole if it lost to another transaction (issue 19)
+        return SecretPayload(secret=await info.context.db.unit(work), errors=[])
     except AstraeusError as error:
         return SecretPayload(secret=None, errors=UserError.from_error(error))
 
 
 async def delete_secret(info: Info, name: str, workspace: str | None = None) -> SecretPayload:
     principal = info.context.require_principal()
+
+    async def work(session: AsyncSession) -> Secret:
+        row = await secrets.delete_secret(session, principal, name, workspace=workspace)
+        return Secret.from_model(row)
+
     try:
-        async with info.context.db.transaction() as session:
-            row = await secrets.delete_secret(session, principal, name, workspace=workspace)
-            return SecretPayload(secret=Secret.from_model(row), errors=[])
+        return SecretPayload(secret=await info.context.db.unit(work), errors=[])
     except AstraeusError as error:
         return SecretPayload(secret=None, errors=UserError.from_error(error))

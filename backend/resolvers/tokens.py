@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from backend.access import service as access
 from backend.errors import AstraeusError
 from backend.resolvers.context import Info
@@ -18,9 +20,12 @@ async def list_tokens(info: Info) -> list[ApiToken]:
 
 async def revoke_token(info: Info, token: str) -> ApiTokenPayload:
     principal = info.context.require_principal()
-    try:
-        async with info.context.db.transaction() as session:
-            row = await access.revoke_token(session, info.context.clock, principal, token)
-            return ApiTokenPayload(token=ApiToken.of(row), errors=[])
+
+    async def work(session: AsyncSession) -> ApiToken:
+        row = await access.revoke_token(session, info.context.clock, principal, token)
+        return ApiToken.of(row)
+
+    try:  # tried again whole if it lost to another transaction (issue 19)
+        return ApiTokenPayload(token=await info.context.db.unit(work), errors=[])
     except AstraeusError as error:
         return ApiTokenPayload(token=None, errors=UserError.from_error(error))

@@ -4,8 +4,10 @@ deleted."""
 from __future__ import annotations
 
 import strawberry
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.errors import AstraeusError, NotFound
+from backend.models import Webhook as WebhookRow
 from backend.resolvers.context import Info
 from backend.schema.common import UserError
 from backend.schema.webhooks import CreateWebhookPayload, Webhook, WebhookPayload
@@ -26,17 +28,20 @@ async def create_webhook(
     info: Info, url: str, kinds: list[str] | None = None, workspace: str | None = None
 ) -> CreateWebhookPayload:
     principal = info.context.require_principal()
-    try:
-        async with info.context.db.transaction() as session:
-            row = await webhooks.create_webhook(
-                session,
-                info.context.clock,
-                principal,
-                url,
-                kinds or [],
-                workspace=workspace,
-                policy=info.context.webhook_policy,
-            )
+
+    async def work(session: AsyncSession) -> WebhookRow:
+        return await webhooks.create_webhook(
+            session,
+            info.context.clock,
+            principal,
+            url,
+            kinds or [],
+            workspace=workspace,
+            policy=info.context.webhook_policy,
+        )
+
+    try:  # tried again whole if it lost to another transaction (issue 19)
+        row = await info.context.db.unit(work)
     except AstraeusError as error:
         return CreateWebhookPayload(webhook=None, secret=None, errors=UserError.from_error(error))
     return CreateWebhookPayload(webhook=Webhook.from_model(row), secret=row.secret, errors=[])
@@ -46,11 +51,14 @@ async def delete_webhook(
     info: Info, id: strawberry.ID, workspace: str | None = None
 ) -> WebhookPayload:
     principal = info.context.require_principal()
+
+    async def work(session: AsyncSession) -> WebhookRow:
+        return await webhooks.delete_webhook(
+            session, info.context.clock, principal, _id(id), workspace=workspace
+        )
+
     try:
-        async with info.context.db.transaction() as session:
-            row = await webhooks.delete_webhook(
-                session, info.context.clock, principal, _id(id), workspace=workspace
-            )
+        row = await info.context.db.unit(work)
     except AstraeusError as error:
         return WebhookPayload(webhook=None, errors=UserError.from_error(error))
     return WebhookPayload(webhook=Webhook.from_model(row), errors=[])
