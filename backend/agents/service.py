@@ -51,6 +51,8 @@ class HelloInfo:
     gpus: list[GpuInfo]
     workers: tuple[KnownWorker, ...] = ()
     advertise_address: str = ""  # where other machines reach it (MASTER_ADDR)
+    executor: str = "process"  # how its agent runs workers: "process" or "docker"
+    unmeasured_metrics: tuple[str, ...] = ()  # what that executor cannot attribute to a worker
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ async def hello(
         lease=lease,
         pool=info.pool,
         address=info.advertise_address,
+        executor=info.executor,
+        unmeasured_metrics=info.unmeasured_metrics,
     )
 
 

@@ -179,6 +179,8 @@ def _facts(hello: agent_pb2.Hello) -> machine_rules.MachineFacts:
         agent_version=hello.agent_version,
         known_workers=len(hello.workers),
         advertise_address=hello.advertise_address,
+        executor=hello.executor,
+        unmeasured_metrics=tuple(hello.unmeasured_metrics),
     )
 
 
@@ -194,6 +196,8 @@ def _hello_info(hello: agent_pb2.Hello) -> HelloInfo:
         ],
         workers=tuple(KnownWorker(k.worker_id, k.attempt, k.ended) for k in hello.workers),
         advertise_address=hello.advertise_address,
+        executor=hello.executor or "process",
+        unmeasured_metrics=tuple(hello.unmeasured_metrics),
     )
 
 

@@ -8,6 +8,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from backend.metrics import rules as metric_rules
+
 # A machine's name: a host name (letters, digits, '-', '.', '_'), beginning and ending with a
 # letter or a digit, as a DNS name is at most.
 NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
@@ -50,6 +52,8 @@ class MachineFacts:
     agent_version: str
     known_workers: int
     advertise_address: str = ""
+    executor: str = ""
+    unmeasured_metrics: tuple[str, ...] = ()
 
 
 def name_problem(field: str, name: str, longest: int = MAX_NAME) -> str | None:
@@ -81,8 +85,31 @@ def registration_problem(facts: MachineFacts) -> str | None:
         ),
         _gpus_problem(facts.gpus),
         address_problem(facts.advertise_address) if facts.advertise_address else None,
+        executor_problem(facts.executor, facts.unmeasured_metrics),
     )
     return next((problem for problem in checks if problem), None)
+
+
+# How an agent runs workers (Hello.executor); empty: an agent before it said, host processes.
+EXECUTORS = ("process", "docker")
+
+
+def executor_problem(executor: str, unmeasured: tuple[str, ...]) -> str | None:
+    """What is wrong with the executor an agent names or the metrics it says it cannot measure
+    (each must be one of the seed's metrics, once), or None."""
+    if executor and executor not in EXECUTORS:
+        return f"executor must be one of {', '.join(EXECUTORS)} (got {executor[:40]!r})"
+    if len(unmeasured) > len(metric_rules.CATALOGUE):
+        return (
+            f"unmeasured_metrics must list at most {len(metric_rules.CATALOGUE)} metrics "
+            f"(got {len(unmeasured)})"
+        )
+    for i, name in enumerate(unmeasured):
+        if name not in metric_rules.BY_NAME:
+            return f"unmeasured_metrics[{i}] is not a metric of this server (got {name[:80]!r})"
+        if name in unmeasured[:i]:
+            return f"unmeasured_metrics[{i}] repeats {name}"
+    return None
 
 
 def address_problem(address: str, field: str = "advertise_address") -> str | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -45,6 +45,8 @@ async def register(
     lease: timedelta,
     pool: str | None = None,
     address: str | None = None,
+    executor: str | None = None,
+    unmeasured_metrics: Sequence[str] = (),
 ) -> Machine:
     """A machine's agent says what it has; a known machine is updated and its lease renewed.
     ``address`` is where other machines reach it (checked by rules.address_problem); without
@@ -61,6 +63,10 @@ async def register(
     machine.cpu_cores = cpu_cores
     machine.memory_bytes = memory_bytes
     machine.address = address or None
+    # How its agent runs workers (a run naming an image fits only "docker") and what it cannot
+    # measure per worker (the API and console say "Not measured" for those).
+    machine.executor = executor
+    machine.unmeasured_metrics = list(unmeasured_metrics)
     if machine.state not in ("draining",):
         machine.state, machine.reason = "ready", "Registered"
     machine.last_seen_at = now

@@ -101,6 +101,7 @@ class MachineView:
     unhealthy_gpus: int
     last_seen_at: datetime | None
     address: str | None = None
+    executor: str | None = None
 
 
 async def machines(session: AsyncSession, principal: Principal) -> list[MachineView]:
@@ -122,6 +123,7 @@ async def machines(session: AsyncSession, principal: Principal) -> list[MachineV
             unhealthy_gpus=unhealthy,
             last_seen_at=m.last_seen_at,
             address=m.address,
+            executor=m.executor,
         )
         for m, cluster, pool, gpus_count, unhealthy in await repository.machines_in_clusters(
             session, [c.id for c in clusters]

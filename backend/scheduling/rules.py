@@ -55,6 +55,17 @@ class MachineRoom:
     cpu_free: float
     memory_free: int
     unhealthy_gpus: int = 0
+    # How its agent runs workers (Hello.executor): "docker" runs containers; "process" (and an
+    # agent that never said, None) runs host processes and so takes no run that names an image.
+    executor: str | None = None
+
+    @property
+    def runs_containers(self) -> bool:
+        return self.executor == "docker"
+
+    def takes(self, ask: Ask) -> bool:
+        """Whether its executor can run the ask's workers at all."""
+        return self.runs_containers or not ask.image
 
     def fits(self, gpus: int, cpu: float, memory: int) -> bool:
         return len(self.free_gpus) >= gpus and self.cpu_free >= cpu and self.memory_free >= memory
@@ -79,6 +90,8 @@ class Ask:
     memory: int
     pool: str | None = None
     restart_at: datetime | None = None
+    # The run names an image: only a machine whose agent runs containers takes its workers.
+    image: bool = False
 
     @property
     def total_gpus(self) -> int:
@@ -190,6 +203,7 @@ class _Room:
             for m in self.buckets[free].values():
                 if (
                     (ask.pool is None or m.pool == ask.pool)
+                    and m.takes(ask)
                     and m.cpu_free >= ask.cpu
                     and m.memory_free >= ask.memory
                 ):
@@ -279,6 +293,13 @@ def _workers_that_fit(room: _Room, ask: Ask) -> int:
     return len(taken)
 
 
+# A run naming an image where no machine of its cluster (or pool) runs containers.
+NO_CONTAINERS = (
+    "No machine runs containers: this cluster's agents run processes; drop image or add a "
+    "machine with --executor docker"
+)
+
+
 def _cannot_plan(ask: Ask, machines: list[MachineRoom], quota: Quota | None) -> str | None:
     if quota is not None and ask.total_gpus > quota.limit:
         return (
@@ -288,6 +309,10 @@ def _cannot_plan(ask: Ask, machines: list[MachineRoom], quota: Quota | None) -> 
     present = [m for m in machines if m.state in ("ready", "draining")]
     if not present:
         return None
+    if ask.image:
+        present = [m for m in present if m.runs_containers]
+        if not present:
+            return NO_CONTAINERS
     if any(m.could_ever_fit(ask.gpus, ask.cpu, ask.memory) for m in present):
         return None
     largest = max(present, key=lambda m: (m.healthy_gpus, m.cpu_total, m.memory_total))
@@ -380,7 +405,7 @@ def plan(
         if ask.restart_at is not None and ask.restart_at > now:
             continue
         quota = quotas.get(ask.workspace_id)
-        shape = (ask.pool, ask.workers, ask.gpus, ask.cpu, ask.memory, quota)
+        shape = (ask.pool, ask.workers, ask.gpus, ask.cpu, ask.memory, quota, ask.image)
         if shape not in never_fits:
             pool_machines = [m for m in machines if ask.pool is None or m.pool == ask.pool]
             never_fits[shape] = _cannot_plan(ask, pool_machines, quota)
@@ -475,6 +500,8 @@ def _machine_reason(ask: Ask, m: MachineRoom) -> str:
         return f"{m.state}: takes no work"
     if ask.pool is not None and m.pool != ask.pool:
         return f"not in pool {ask.pool}"
+    if not m.takes(ask):
+        return "runs processes, not containers: the run names an image"
     problems = []
     if len(m.free_gpus) < ask.gpus:
         sick = f" ({m.unhealthy_gpus} unhealthy)" if m.unhealthy_gpus else ""

@@ -60,6 +60,7 @@ def _ask(run: Run | Row[Any], workspace: str) -> Ask:
         memory=memory_limit(spec),
         pool=spec.get("pool"),
         restart_at=run.restart_at,
+        image=bool(spec.get("image")),
     )
 
 
@@ -92,6 +93,7 @@ def _rooms(
                 cpu_free=m.cpu_cores - cpu_used[m.id],
                 memory_free=m.memory_bytes - memory_used[m.id],
                 unhealthy_gpus=len(gpus.get(m.id, [])) - len(healthy),
+                executor=m.executor,
             )
         )
     return rooms

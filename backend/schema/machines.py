@@ -54,6 +54,11 @@ class MachineInfo:
         "the local address of its connection to the server): a gang's MASTER_ADDR when its "
         "rank 0 runs here. Null for an agent that did not say."
     )
+    executor: str | None = strawberry.field(
+        default=None,
+        description="How its agent runs workers: process (host processes, which take no run "
+        "that names an image) or docker (containers). Null until its agent says.",
+    )
 
     @classmethod
     def of(cls, view: MachineView) -> MachineInfo:
