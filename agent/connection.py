@@ -121,7 +121,9 @@ class Agent:
     def __post_init__(self) -> None:
         private_folders(self.config.data_dir, self.config.workload_dir)
         self.outbox = Outbox(self.config.data_dir / "outbox")
-        self.sampler = Sampler(self.config.nvml)
+        self.sampler = Sampler(
+            self.config.nvml, gpu_memory={g.index: g.memory_bytes for g in self.config.gpus}
+        )
 
     @property
     def log_root(self) -> Path:

@@ -35,6 +35,16 @@ def simulated(
     ]
 
 
+def simulated_memory_used(worker_bytes: float, gpus: int, gpu_memory_bytes: int) -> float:
+    """What one of a worker's simulated GPUs shows as used memory: an even share of the memory
+    charged to the worker (its control group's, or its processes' resident memory), at most the
+    GPU's own. It follows the workload: a worker that allocates more holds more on its GPUs, one
+    that frees memory holds less, and an idle one next to nothing; a real GPU's figure is NVML's."""
+    if gpus <= 0:
+        return 0.0
+    return float(min(max(worker_bytes, 0.0) / gpus, gpu_memory_bytes))
+
+
 def nvml() -> list[GpuDevice] | None:
     """The machine's NVIDIA GPUs through NVML; None where there is no NVIDIA driver."""
     try:

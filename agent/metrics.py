@@ -28,7 +28,7 @@ from astraeus.agent.v1 import agent_pb2
 
 from agent import cgroups
 from agent.cgroups import WorkerCgroup
-from agent.gpus import NvmlSampler
+from agent.gpus import NvmlSampler, simulated_memory_used
 from agent.logs import WorkerLog
 
 
@@ -67,6 +67,9 @@ def unmeasured(executor: str, cgroups_available: bool | None = None) -> list[str
         out += CGROUP_METRICS
     return out
 
+
+# A simulated GPU's memory where the agent was not told it (gpus.simulated's default).
+SIMULATED_MEMORY_BYTES = 80 * 2**30
 
 # A simulated GPU is busy while its workload's step moved within this long.
 BUSY_WINDOW_S = 30.0
@@ -220,10 +223,34 @@ def simulated_utilization(seen: WorkerSeen, now: float, position: int = 0) -> fl
     return 0.0
 
 
+def group_rss_bytes(process_group: int, proc: Path = Path("/proc")) -> int | None:
+    """The resident memory of a process group's processes (a worker without a control group);
+    None when none of its processes is left."""
+    total, found = 0, False
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            if int(fields[2]) != process_group:  # after ")": state, ppid, pgrp
+                continue
+            total += int((entry / "statm").read_text().split()[1]) * page
+            found = True
+    return total if found else None
+
+
 class Sampler:
-    def __init__(self, nvml: NvmlSampler | None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        nvml: NvmlSampler | None,
+        clock: Callable[[], float] = time.time,
+        gpu_memory: dict[int, int] | None = None,
+    ) -> None:
         self.nvml = nvml
         self.clock = clock
+        # Each simulated GPU's memory by index (its memory figure is at most that).
+        self.gpu_memory = gpu_memory or {}
         self.seen: dict[int, WorkerSeen] = {}
         # The OOM kill count last sent of each worker, kept until its end is sampled (ended).
         self.oom_kills_sent: dict[int, float] = {}
@@ -251,6 +278,18 @@ class Sampler:
                     self.oom_kills_sent[worker.worker_id] = value
             self._gpus(worker, seen, now, at_ms, out)
         return out
+
+    def _worker_memory(self, worker: SampledWorker, out: Look) -> float:
+        """The memory charged to the worker as this look measured it (its group's, its
+        container's), else its process group's resident memory."""
+        for sample in reversed(out.samples):
+            if sample.worker_id == worker.worker_id and sample.metric == "task_memory_used_bytes":
+                return sample.value
+        process_group = getattr(worker, "process_group", None)
+        group = process_group() if callable(process_group) else None
+        if isinstance(group, int):
+            return float(group_rss_bytes(group) or 0)
+        return 0.0
 
     def _sample(
         self,
@@ -371,10 +410,20 @@ class Sampler:
     def _gpus(
         self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
     ) -> None:
-        for position, index in enumerate(worker.payload.get("gpu_ids") or []):
+        indexes = worker.payload.get("gpu_ids") or []
+        gpus, memory = len(indexes), None
+        for position, index in enumerate(indexes):
             if self.nvml is not None:
                 for metric, value in self.nvml.read(int(index)).items():
                     self._sample(out, worker, metric, at_ms, value, gpu=int(index))
             else:
                 busy = simulated_utilization(seen, now, position)
                 self._sample(out, worker, "task_gpu_utilization_ratio", at_ms, busy, gpu=int(index))
+                if memory is None:
+                    memory = self._worker_memory(worker, out)
+                share = simulated_memory_used(
+                    memory, gpus, self.gpu_memory.get(int(index), SIMULATED_MEMORY_BYTES)
+                )
+                self._sample(
+                    out, worker, "task_gpu_memory_used_bytes", at_ms, share, gpu=int(index)
+                )
