@@ -205,6 +205,7 @@ async def _agent_endpoint(
         try:
             yield router
         finally:
+            service.close_streams()  # every agent told now, not after the grace (issue 19)
             await server.stop(grace=2)
 
 

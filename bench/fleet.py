@@ -45,7 +45,7 @@ import httpx
 import psycopg
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
-from bench.common import fresh_database, save
+from bench.common import OUT, fresh_database, save
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 HEARTBEAT_S = 10.0  # agent/connection.py AgentConfig.heartbeat_seconds
@@ -501,6 +501,8 @@ class Server:
         }
         self.admin = ""
         self.process: subprocess.Popen[bytes] | None = None
+        self.profile: Path | None = None  # cProfile's output, when serve runs under it
+        self.stop_s = float("nan")  # how long serve took to stop on SIGTERM
 
     def cli(self, *args: str) -> str:
         return subprocess.run(
@@ -512,8 +514,12 @@ class Server:
         assert found, "bootstrap printed no token"
         self.admin = found.group(1)
         log = (self.root / "serve.log").open("ab")
+        profiler = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
         self.process = subprocess.Popen(
-            [ASTRAEUS, "serve"], env=self.env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, *profiler, ASTRAEUS, "serve"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -528,24 +534,32 @@ class Server:
         return self.cli("agent-token", "create", "--uses", str(uses), "--expires", "2h").strip()
 
     def stop(self) -> None:
+        """SIGTERM, as a service manager stops it; killed after 60 s (stop_s says how long)."""
         if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            began = time.monotonic()
+            self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout=20)
+                self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+            self.stop_s = time.monotonic() - began
 
 
 @contextlib.contextmanager
-def serving(**settings: str) -> Iterator[tuple[Server, str]]:
+def serving(profile: Path | None = None, **settings: str) -> Iterator[tuple[Server, str]]:
     with fresh_database() as url, tempfile.TemporaryDirectory(prefix="fleet-") as root:
         server = Server(url, Path(root), **settings)
+        server.profile = profile
         try:
             server.start()
             yield server, url
         finally:
             server.stop()
+            with contextlib.suppress(OSError):  # what serve said, kept past its folder
+                OUT.mkdir(parents=True, exist_ok=True)
+                lines = (Path(root) / "serve.log").read_text(errors="replace").splitlines()
+                (OUT / "fleet_serve.log").write_text("\n".join(lines[-400:]) + "\n")
 
 
 async def graphql(
@@ -671,11 +685,17 @@ async def follow(
 
 
 async def hold(
-    machines: int, seconds: float, follows: int, gpus: int = 8, workers_per_run: int = 4
+    machines: int,
+    seconds: float,
+    follows: int,
+    gpus: int = 8,
+    workers_per_run: int = 4,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
-    """One server against ``machines`` simulated machines for ``seconds`` once they are full."""
+    """One server against ``machines`` simulated machines for ``seconds`` once they are full;
+    ``profile``: serve runs under cProfile, its statistics written there when it stops."""
     began = time.monotonic()
-    with serving() as (server, database):
+    with serving(profile) as (server, database):
         assert server.process is not None
         pid = server.process.pid
         cpu0, rss0 = tree_figures(pid)
@@ -738,9 +758,8 @@ async def hold(
         held = time.monotonic() - hold_began
         stop.set()
         await asyncio.gather(*followers, return_exceptions=True)
-        await fleet.close()
         c = fleet.counters
-        return {
+        result = {
             "machines": machines,
             "gpus_per_machine": gpus,
             "joined": c.joined,
@@ -773,6 +792,24 @@ async def hold(
             "loadavg_at_end": os.getloadavg(),  # the 2 cores are shared: noisy
             "server_cpu_s_before_hold": round(cpu_a - cpu0, 1),
         }
+        # serve stops with every machine still connected (as in production): how long it takes
+        fleet_closing = asyncio.create_task(fleet.close())
+        await asyncio.to_thread(server.stop)
+        result["serve_stop_s"] = round(server.stop_s, 1)
+        await fleet_closing
+    return result
+
+
+def profile_top(path: Path, lines: int = 25) -> str:
+    """The functions serve spent most time in (cProfile, by own time, then by cumulative)."""
+    import io
+    import pstats
+
+    out = io.StringIO()
+    stats = pstats.Stats(str(path), stream=out)
+    stats.sort_stats("tottime").print_stats(lines)
+    stats.sort_stats("cumulative").print_stats(lines)
+    return out.getvalue()
 
 
 def summary(r: dict[str, Any]) -> str:
@@ -786,7 +823,7 @@ def summary(r: dict[str, Any]) -> str:
         f"follows {r['follows']}: {r['follow_lines']} lines p50 {r['follow_p50_s']} s "
         f"p95 {r['follow_p95_s']} s; serve CPU {r['server_cpu_pct_of_core']}% of a core, "
         f"RSS {r['server_rss_mb_start']} -> {r['server_rss_mb_end']} MB; the simulator "
-        f"{r['fleet_cpu_pct_of_core']}% of a core"
+        f"{r['fleet_cpu_pct_of_core']}% of a core; serve stopped in {r.get('serve_stop_s')} s"
     )
 
 
@@ -796,9 +833,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--follows", type=int, default=20)
     parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument(
+        "--profile", action="store_true", help="run serve under cProfile; print its top lines"
+    )
     args = parser.parse_args()
     for n in args.machines:
-        result = asyncio.run(hold(n, args.seconds, args.follows, args.gpus))
+        profile = Path(tempfile.mkdtemp(prefix="fleet-profile-")) / "serve.prof"
+        profiled = profile if args.profile else None
+        result = asyncio.run(hold(n, args.seconds, args.follows, args.gpus, profile=profiled))
+        if args.profile and profile.exists():
+            top = profile_top(profile)
+            kept = save(f"fleet_{n}_profile", {"profile": top.splitlines()})
+            print(top, flush=True)
+            print(f"  profile: {profile} ({kept})")
         path = save(f"fleet_{n}", result)
         print(summary(result), flush=True)
         print(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
 from sqlalchemy import case, select, update
@@ -26,14 +26,62 @@ async def unacked_commands(
     return list(rows)
 
 
+# At most this many ids in one IN (...): SQLite's bound parameters are limited.
+IDS_PER_QUERY = 500
+
+
+async def unacked_command_heads(
+    session: AsyncSession, machine_ids: Collection[int]
+) -> list[tuple[int, int]]:
+    """(machine id, command id) of every unacknowledged command of these machines, in id
+    order: the index's columns alone, one query per IDS_PER_QUERY machines."""
+    wanted = sorted(machine_ids)
+    heads: list[tuple[int, int]] = []
+    for i in range(0, len(wanted), IDS_PER_QUERY):
+        rows = await session.execute(
+            select(AgentCommand.machine_id, AgentCommand.id).where(
+                AgentCommand.machine_id.in_(wanted[i : i + IDS_PER_QUERY]),
+                AgentCommand.acked_at.is_(None),
+            )
+        )
+        heads.extend((int(m), int(c)) for m, c in rows)
+    return sorted(heads, key=lambda head: head[1])
+
+
+async def commands_by_id(session: AsyncSession, ids: Collection[int]) -> list[AgentCommand]:
+    """These commands whole (their payloads), in id order."""
+    wanted = sorted(ids)
+    found: list[AgentCommand] = []
+    for i in range(0, len(wanted), IDS_PER_QUERY):
+        found.extend(
+            await session.scalars(
+                select(AgentCommand)
+                .where(AgentCommand.id.in_(wanted[i : i + IDS_PER_QUERY]))
+                .order_by(AgentCommand.id)
+            )
+        )
+    return found
+
+
 async def ack_commands(
     session: AsyncSession, machine_id: int, ids: Sequence[int], at: datetime
 ) -> None:
-    await session.execute(
-        update(AgentCommand)
-        .where(AgentCommand.machine_id == machine_id, AgentCommand.id.in_(ids))
-        .values(acked_at=at)
+    """Acknowledged. The rows are locked first in id order, the order every other writer of
+    commands takes them in (deleting a run, backend/runs/repository.py): an UPDATE alone
+    locks them in the order it finds them, and two writers taking the same rows in opposite
+    orders deadlock (PostgreSQL; SQLite's one write lock leaves FOR UPDATE out)."""
+    locked = list(
+        await session.scalars(
+            select(AgentCommand.id)
+            .where(AgentCommand.machine_id == machine_id, AgentCommand.id.in_(sorted(set(ids))))
+            .order_by(AgentCommand.id)
+            .with_for_update()
+        )
     )
+    if locked:
+        await session.execute(
+            update(AgentCommand).where(AgentCommand.id.in_(locked)).values(acked_at=at)
+        )
 
 
 async def set_aside_command(

@@ -222,6 +222,21 @@ async def commands_to_send(
     return await repository.unacked_commands(session, machine_id, after_id)
 
 
+async def new_commands(
+    session: AsyncSession, last_sent: dict[int, int]
+) -> dict[int, list[AgentCommand]]:
+    """For all the machines whose streams a replica holds (each with the last command id its
+    stream sent), the unacknowledged commands newer than that, by machine, in id order: two
+    queries for them all, however many machines (the second only when there is something new)."""
+    heads = await repository.unacked_command_heads(session, last_sent.keys())
+    wanted = [c for m, c in heads if c > last_sent[m]]
+    found: dict[int, list[AgentCommand]] = {}
+    if wanted:
+        for command in await repository.commands_by_id(session, wanted):
+            found.setdefault(command.machine_id, []).append(command)
+    return found
+
+
 async def acknowledge(session: AsyncSession, clock: Clock, machine_id: int, ids: list[int]) -> None:
     if ids:
         await repository.ack_commands(session, machine_id, ids, clock.now())

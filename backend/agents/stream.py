@@ -88,16 +88,34 @@ class Follow:
 RECEIVED_MAX = 10_000
 
 
+class _Closed(asyncio.Event):
+    """A stream's end: set, it also wakes the stream's sender (an empty message), so the
+    sender waits on its queue alone, not on two things for each message."""
+
+    def __init__(self, outgoing: asyncio.Queue[agent_pb2.ServerMessage | None]) -> None:
+        super().__init__()
+        self._outgoing = outgoing
+
+    def set(self) -> None:
+        if not self.is_set():
+            super().set()
+            self._outgoing.put_nowait(None)
+
+
 @dataclass
 class MachineStream:
     """What the server holds for one connected machine."""
 
     machine_id: int
-    outgoing: asyncio.Queue[agent_pb2.ServerMessage] = field(default_factory=asyncio.Queue)
+    # What goes to the machine; None only once the stream is closed (it wakes the sender).
+    outgoing: asyncio.Queue[agent_pb2.ServerMessage | None] = field(default_factory=asyncio.Queue)
     pending: dict[int, asyncio.Future[agent_pb2.Reply]] = field(default_factory=dict)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     last_command_sent: int = 0
-    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: asyncio.Event = field(init=False)
+    # Who the stream's token speaks for: its credential is checked with all the replica's
+    # streams' (AgentService._delivering).
+    agent: MachinePrincipal | None = None
     # Why the server ends the stream (its credential was revoked): the agent is told so.
     refusal: str | None = None
     follows: dict[int, Follow] = field(default_factory=dict)
@@ -108,6 +126,9 @@ class MachineStream:
     received: asyncio.Queue[agent_pb2.AgentMessage] = field(
         default_factory=lambda: asyncio.Queue(maxsize=RECEIVED_MAX)
     )
+
+    def __post_init__(self) -> None:
+        self.closed = _Closed(self.outgoing)
 
     def send(self, **body: Any) -> int:
         message_id = next(self.ids)
@@ -219,6 +240,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.poll_interval = poll_interval
         self.on_freed = on_freed
         self.streams = Streams(on_stream)
+        # One loop for all this replica's streams: their new commands and whether their
+        # credentials still hold, a query or two per poll however many streams there are.
+        self._delivery: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
         self.leases = LeaseKeeper(
             db,
             clock,
@@ -272,6 +297,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if fx.freed:
             self.on_freed()
         stream = self.streams.open(machine.id)
+        stream.agent = agent
         self.leases.start()
         log.info("machine %s connected", machine.name)
         stream.send(
@@ -287,18 +313,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         tasks = [
             asyncio.create_task(_ending_on_failure(stream, self._read(stream, request_iterator))),
             asyncio.create_task(_ending_on_failure(stream, self._write(stream, machine))),
-            asyncio.create_task(_ending_on_failure(stream, self._deliver_commands(stream, agent))),
         ]
+        self._deliver_soon()
         try:
             while not stream.closed.is_set():
-                getter = asyncio.create_task(stream.outgoing.get())
-                closed = asyncio.create_task(stream.closed.wait())
-                done, _ = await asyncio.wait({getter, closed}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    closed.cancel()
-                    yield getter.result()
-                else:
-                    getter.cancel()
+                message = await stream.outgoing.get()
+                if message is None or stream.closed.is_set():
+                    break
+                yield message
             if stream.refusal is not None:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, stream.refusal)
         finally:
@@ -308,6 +330,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     await task
             self.streams.close(stream)
             if not self.streams.by_machine:
+                delivery, self._delivery = self._delivery, None
+                if delivery is not None:
+                    delivery.cancel()
                 await self.leases.stop()
             log.info("machine %s disconnected", machine.name)
 
@@ -563,43 +588,87 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         "command_ack": _command_ack,
     }
 
-    async def _deliver_commands(self, stream: MachineStream, agent: MachinePrincipal) -> None:
-        """Send the machine's new unacknowledged commands, in order, as they appear (none
-        while the database is away). A command too large for the stream is never sent: its
-        worker fails with a reason instead, and the stream carries the next one. The stream
-        ends once its credential is revoked."""
+    def _deliver_soon(self) -> None:
+        """Look for commands now (a stream opened): the delivery loop runs while this
+        replica holds streams."""
+        self._wake.set()
+        if self._delivery is None or self._delivery.done():
+            self._delivery = asyncio.create_task(self._delivering())
+
+    async def _delivering(self) -> None:
+        """While this replica holds streams: every poll interval, one query for all of their
+        machines' new unacknowledged commands (sent in order on each machine's stream; none
+        while the database is away), and every REVOCATION_CHECK_S one for whether their
+        credentials still hold (a stream whose credential was revoked ends, saying why). A
+        stream opening wakes it at once."""
+        loop = asyncio.get_running_loop()
         checked = -REVOCATION_CHECK_S
-        while not stream.closed.is_set():
+        while self.streams.by_machine:
+            self._wake.clear()
+            check = loop.time() - checked >= REVOCATION_CHECK_S
             try:
-                async with self.db.read() as session:
-                    if asyncio.get_running_loop().time() - checked >= REVOCATION_CHECK_S:
-                        stream.refusal = await identity.still_valid(session, agent)
-                        checked = asyncio.get_running_loop().time()
-                    commands = await service.commands_to_send(
-                        session, stream.machine_id, stream.last_command_sent
-                    )
+                await self._deliver_once(check)
+                if check:
+                    checked = loop.time()
             except Exception as error:
                 if not database_away(error):
-                    raise
-                commands = []
-            if stream.refusal is not None:
-                stream.closed.set()
-                return
-            for c in commands:
-                message = agent_pb2.Command(
-                    command_id=c.id,
-                    kind=_COMMANDS[c.kind],
-                    worker_id=c.target_worker_id or 0,
-                    start=start_message(c) if c.kind == "start" else None,
+                    log.exception("commands could not be delivered; they are tried again")
+            with contextlib.suppress(TimeoutError):  # not wait_for: see routing._wait
+                async with asyncio.timeout(self.poll_interval):
+                    await self._wake.wait()
+
+    async def _deliver_once(self, check_credentials: bool) -> None:
+        streams = [s for s in self.streams.by_machine.values() if not s.closed.is_set()]
+        if not streams:
+            return
+        refused: dict[MachinePrincipal, str] = {}
+        async with self.db.read() as session:
+            if check_credentials:
+                refused = await identity.revoked_among(
+                    session, {s.agent for s in streams if s.agent is not None}
                 )
-                size = message.ByteSize()
-                if size > MESSAGE_LIMIT:
-                    await self._undeliverable(stream.machine_id, c, size)
-                else:
-                    stream.send(command=message)
-                stream.last_command_sent = c.id
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stream.closed.wait(), self.poll_interval)
+            commands = await service.new_commands(
+                session, {s.machine_id: s.last_command_sent for s in streams}
+            )
+        for stream in streams:
+            if stream.agent is not None and stream.agent in refused:
+                stream.refusal = refused[stream.agent]
+                stream.closed.set()
+                continue
+            try:
+                await self._send_commands(stream, commands.get(stream.machine_id, []))
+            except Exception as error:
+                if database_away(error):
+                    raise
+                log.exception("commands of machine %s could not be sent", stream.machine_id)
+                stream.closed.set()  # it registers again, and its commands are sent again
+
+    async def _send_commands(self, stream: MachineStream, commands: list[AgentCommand]) -> None:
+        """The machine's new commands on its stream, in order. A command too large for the
+        stream is never sent: its worker fails with a reason instead, and the stream carries
+        the next one."""
+        for c in commands:
+            if stream.closed.is_set() or c.id <= stream.last_command_sent:
+                return
+            message = agent_pb2.Command(
+                command_id=c.id,
+                kind=_COMMANDS[c.kind],
+                worker_id=c.target_worker_id or 0,
+                start=start_message(c) if c.kind == "start" else None,
+            )
+            size = message.ByteSize()
+            if size > MESSAGE_LIMIT:
+                await self._undeliverable(stream.machine_id, c, size)
+            else:
+                stream.send(command=message)
+            stream.last_command_sent = c.id
+
+    def close_streams(self) -> None:
+        """The server is stopping: every stream ends now (its agent reconnects, to this
+        replica once it is back or to another), rather than each waiting out the gRPC
+        server's grace."""
+        for stream in list(self.streams.by_machine.values()):
+            stream.closed.set()
 
     async def _undeliverable(self, machine_id: int, command: AgentCommand, size: int) -> None:
         """A command the stream cannot carry: set aside, and its worker fails saying why."""
@@ -621,7 +690,8 @@ REGISTRATION_FAILED = "The server could not register this machine; its log says 
 # (4 MiB), less room for the message's own framing.
 MESSAGE_LIMIT = 4 * 2**20 - 64 * 2**10
 SMALLER_SPEC = "make the spec's environment, command and mounts smaller"
-# How often a stream checks that its credential is still good: a revoked one ends within this.
+# How often the streams' credentials are checked (all of a replica's in one query): a revoked
+# one's stream ends within this and a poll interval.
 REVOCATION_CHECK_S = 2.0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
 from sqlalchemy import select, update
@@ -50,6 +51,41 @@ async def legacy_token_is_live(session: AsyncSession, token_id: int) -> bool:
         select(JoinToken.id).where(JoinToken.id == token_id, JoinToken.revoked_at.is_(None))
     )
     return found is not None
+
+
+# At most this many ids in one IN (...): SQLite's bound parameters are limited.
+IDS_PER_QUERY = 500
+
+
+async def live_credential_ids(session: AsyncSession, ids: Collection[int]) -> set[int]:
+    """Which of these credentials are not revoked (one query per IDS_PER_QUERY)."""
+    wanted = sorted(ids)
+    live: set[int] = set()
+    for i in range(0, len(wanted), IDS_PER_QUERY):
+        live.update(
+            await session.scalars(
+                select(MachineCredential.id).where(
+                    MachineCredential.id.in_(wanted[i : i + IDS_PER_QUERY]),
+                    MachineCredential.revoked_at.is_(None),
+                )
+            )
+        )
+    return live
+
+
+async def live_join_token_ids(session: AsyncSession, ids: Collection[int]) -> set[int]:
+    """Which of these join tokens are not revoked."""
+    wanted = sorted(ids)
+    live: set[int] = set()
+    for i in range(0, len(wanted), IDS_PER_QUERY):
+        live.update(
+            await session.scalars(
+                select(JoinToken.id).where(
+                    JoinToken.id.in_(wanted[i : i + IDS_PER_QUERY]), JoinToken.revoked_at.is_(None)
+                )
+            )
+        )
+    return live
 
 
 async def join_tokens(session: AsyncSession, cluster_id: int) -> list[JoinToken]:

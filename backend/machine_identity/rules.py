@@ -76,6 +76,35 @@ def join_refusal(token: JoinTokenState | None, now: datetime) -> str | None:
     return None
 
 
+# A Join the server completed but whose answer its agent never got (the agent gave up on it,
+# or the connection broke): the agent asks again with the same join token. Within this window,
+# while the credential it was given has never connected, the retry is answered with a new
+# credential in its place (the first one is revoked, no further use of the token is counted);
+# after it, or once the credential has connected, the machine is joined (already_joined).
+JOIN_RETRY_WINDOW = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class IssuedState:
+    """What a machine's live credential's row says, for the join-retry rule."""
+
+    join_token_id: int | None
+    created_at: datetime
+    last_used_at: datetime | None
+
+
+def is_join_retry(live: list[IssuedState], join_token_id: int, now: datetime) -> bool:
+    """Whether a Join with this token for a machine holding these live credentials is the
+    retry of one whose answer was lost: one credential, made from this token within the
+    window, never used to connect."""
+    return (
+        len(live) == 1
+        and live[0].join_token_id == join_token_id
+        and live[0].last_used_at is None
+        and now - live[0].created_at <= JOIN_RETRY_WINDOW
+    )
+
+
 def already_joined(machine: str) -> str:
     return (
         f"Machine '{machine}' already has a credential of its own: its agent connects with it. "

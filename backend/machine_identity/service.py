@@ -11,6 +11,7 @@ until an admin revokes them.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -28,11 +29,13 @@ from backend.machine_identity.rules import (
     JOIN_PREFIX,
     REVOKED,
     UNKNOWN,
+    IssuedState,
     JoinTokenState,
     MachinePrincipal,
     already_joined,
     expiry_problem,
     hash_token,
+    is_join_retry,
     is_join_token,
     join_refusal,
     uses_problem,
@@ -118,15 +121,25 @@ async def join(session: AsyncSession, clock: Clock, secret: str, machine: str) -
         if token
         else None
     )
+    live = await repository.live_credentials(session, token.cluster_id, machine) if token else []
+    retry = token is not None and is_join_retry(
+        [IssuedState(c.join_token_id, c.created_at, c.last_used_at) for c in live],
+        token.id,
+        now,
+    )
+    if retry and state is not None:  # its use was counted by the join it retries
+        state = JoinTokenState(state.expires_at, None, state.revoked)
     refusal = join_refusal(state, now)
     if refusal or token is None:
         raise JoinRefused(refusal or UNKNOWN, unauthenticated=True)
     problem = machine_rules.name_problem("machine", machine)
     if problem:
         raise JoinRefused(f"The machine's name is refused: {problem}.", unauthenticated=False)
-    if await repository.live_credentials(session, token.cluster_id, machine):
+    if live and not retry:
         raise JoinRefused(already_joined(machine), unauthenticated=False)
-    if token.uses_left is not None:
+    for lost in live:  # the credential whose answer never reached the agent: never usable
+        lost.revoked_at = now
+    if token.uses_left is not None and not retry:
         token.uses_left -= 1
     token.last_used_at = now
     credential, digest, prefix = _new_secret(CREDENTIAL_PREFIX)
@@ -188,6 +201,26 @@ async def still_valid(session: AsyncSession, principal: MachinePrincipal) -> str
     assert principal.join_token_id is not None
     live = await repository.legacy_token_is_live(session, principal.join_token_id)
     return None if live else UNKNOWN
+
+
+async def revoked_among(
+    session: AsyncSession, principals: Iterable[MachinePrincipal]
+) -> dict[MachinePrincipal, str]:
+    """The principals among these whose streams must close now, each with why: what
+    still_valid says of each, for all of a replica's streams in one query or two."""
+    principals = set(principals)
+    credentials = {p.credential_id for p in principals if p.credential_id is not None}
+    tokens = {p.join_token_id for p in principals if p.credential_id is None and p.join_token_id}
+    live_credentials = await repository.live_credential_ids(session, credentials)
+    live_tokens = await repository.live_join_token_ids(session, tokens)
+    refused: dict[MachinePrincipal, str] = {}
+    for p in principals:
+        if p.credential_id is not None:
+            if p.credential_id not in live_credentials:
+                refused[p] = REVOKED
+        elif p.join_token_id not in live_tokens:
+            refused[p] = UNKNOWN
+    return refused
 
 
 async def mark_used(session: AsyncSession, clock: Clock, principal: MachinePrincipal) -> None:

@@ -89,7 +89,8 @@ async def test_a_machine_with_a_credential_cannot_be_joined_again_or_posed_as(
     db: Database, clock: FakeClock, tenancy: Tenancy
 ) -> None:
     token = await join_token(db, clock, uses=5)
-    await join(db, clock, token, "gpu-01")
+    credential = await join(db, clock, token, "gpu-01")
+    await connect(db, clock, credential)  # its agent connected with it
     assert await refused_join(db, clock, token, "gpu-01") == (
         "Machine 'gpu-01' already has a credential of its own: its agent connects with it. "
         "To join it again, an admin revokes that credential first "
@@ -100,6 +101,87 @@ async def test_a_machine_with_a_credential_cannot_be_joined_again_or_posed_as(
         with pytest.raises(Unauthenticated) as refused:
             await identity.authenticate(session, token)  # a join token does not connect
     assert refused.value.message == JOIN_ONLY
+
+
+async def connect(db: Database, clock: FakeClock, credential: str) -> None:
+    """What a Hello does with the credential: it is used."""
+    async with db.transaction() as session:
+        await identity.mark_used(session, clock, await identity.authenticate(session, credential))
+
+
+async def test_a_join_retried_after_its_answer_was_lost_gets_a_new_credential(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    """The server completed a Join but its agent gave up waiting (a busy server): the retry
+    with the same join token is answered, not refused as already joined, and the token's one
+    use is not spent twice. The lost credential is revoked."""
+    token = await join_token(db, clock)  # one use
+    lost = await join(db, clock, token, "gpu-01")
+    clock.advance(seconds=90)
+    again = await join(db, clock, token, "gpu-01")
+    assert again != lost
+    async with db.read() as session:
+        assert (await identity.authenticate(session, again)).machine == "gpu-01"
+        with pytest.raises(Unauthenticated) as refused:
+            await identity.authenticate(session, lost)
+        assert refused.value.message == REVOKED
+        live = await session.scalars(
+            select(MachineCredential).where(MachineCredential.revoked_at.is_(None))
+        )
+        assert [c.machine for c in live] == ["gpu-01"]
+    # Its one use went to gpu-01: no other machine joins with it.
+    assert (await refused_join(db, clock, token, "gpu-02")).startswith(
+        "The join token has been used as many times as it allows"
+    )
+
+    # Once the credential has connected, a Join is no retry: refused.
+    await connect(db, clock, again)
+    assert (await refused_join(db, clock, token, "gpu-01")).startswith(
+        "The join token has been used as many times"
+    )
+    # Nor after the window, never connected; nor with another join token.
+    late = await join_token(db, clock, uses=5)
+    await join(db, clock, late, "gpu-02")
+    clock.advance(minutes=11)
+    assert (await refused_join(db, clock, late, "gpu-02")).startswith(
+        "Machine 'gpu-02' already has a credential of its own"
+    )
+    other = await join_token(db, clock, uses=5)
+    await join(db, clock, other, "gpu-03")
+    assert (await refused_join(db, clock, late, "gpu-03")).startswith(
+        "Machine 'gpu-03' already has a credential of its own"
+    )
+    # A revoked join token is refused, retry or not.
+    async with db.transaction() as session:
+        row = await session.scalar(
+            select(JoinToken).where(JoinToken.token_hash == hash_token(other))
+        )
+        assert row is not None
+        row.revoked_at = clock.now()
+    assert await refused_join(db, clock, other, "gpu-03") == "The join token is unknown or revoked."
+
+
+async def test_streams_credentials_are_checked_together(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    """revoked_among: what still_valid says of each principal, for many in one go."""
+    cluster = await local_cluster(db)
+    token = await join_token(db, clock, uses=10)
+    principals = []
+    for i in range(4):
+        credential = await join(db, clock, token, f"gpu-{i:02d}")
+        async with db.read() as session:
+            principals.append(await identity.authenticate(session, credential))
+    async with db.read() as session:
+        assert await identity.revoked_among(session, principals) == {}
+    async with db.transaction() as session:
+        await identity.revoke_credential(session, clock, cluster, "gpu-02")
+    async with db.read() as session:
+        assert await identity.revoked_among(session, principals) == {principals[2]: REVOKED}
+        for p in principals:
+            assert await identity.still_valid(session, p) == (
+                REVOKED if p is principals[2] else None
+            )
 
 
 async def test_an_expired_or_revoked_join_token_and_a_bad_name_are_refused(
