@@ -92,8 +92,59 @@ def healthy(url: str, process: subprocess.Popen[bytes]) -> None:
     raise AssertionError(f"{url} never answered")
 
 
+TRACEMALLOC = """\
+import os, threading, time, tracemalloc
+from pathlib import Path
+
+_out = Path(os.environ["ASTRAEUS_BENCH_TRACEMALLOC"])
+_every = float(os.environ.get("ASTRAEUS_BENCH_TRACEMALLOC_EVERY", "60"))
+
+
+def _dump() -> None:
+    time.sleep(20)  # traced from after the imports (tracing them takes minutes)
+    tracemalloc.start(int(os.environ.get("ASTRAEUS_BENCH_TRACEMALLOC_FRAMES", "6")))
+    n = 0
+    while True:
+        time.sleep(_every)
+        name = _out / f"{os.getpid()}-{n:03d}.snap"
+        tracemalloc.take_snapshot().dump(str(name) + ".part")
+        os.replace(str(name) + ".part", name)
+        n += 1
+
+
+threading.Thread(target=_dump, daemon=True, name="bench-tracemalloc").start()
+"""
+
+
+def traced(directory: Path, every_s: float) -> dict[str, str]:
+    """The environment that makes a process trace its allocations (tracemalloc) and dump a
+    snapshot into ``directory`` every ``every_s`` seconds (a sitecustomize on its PYTHONPATH):
+    compare two with ``python -m bench.load --compare A B``."""
+    site = directory / "site"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(TRACEMALLOC)
+    return {
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+        "ASTRAEUS_BENCH_TRACEMALLOC": str(directory),
+        "ASTRAEUS_BENCH_TRACEMALLOC_EVERY": str(every_s),
+    }
+
+
+def compare(first: str, second: str, top: int = 25) -> str:
+    """What grew between two tracemalloc snapshots, by where it was allocated."""
+    import tracemalloc
+
+    a = tracemalloc.Snapshot.load(first)
+    b = tracemalloc.Snapshot.load(second)
+    lines = [f"{sum(s.size for s in b.statistics('filename')) / 2**20:.1f} MB traced"]
+    for stat in b.compare_to(a, "traceback")[:top]:
+        lines.append(f"{stat.size_diff / 1024:+.0f} KiB ({stat.count_diff:+d} blocks)")
+        lines.extend("    " + line for line in stat.traceback.format()[-8:])
+    return "\n".join(lines)
+
+
 @contextlib.contextmanager
-def topology() -> Iterator[Topology]:
+def topology(trace: Path | None = None, trace_every_s: float = 60) -> Iterator[Topology]:
     with fresh_database() as url, tempfile.TemporaryDirectory(prefix="load-") as root_name:
         root = Path(root_name)
         broker = PrivateRedis(root)
@@ -122,6 +173,7 @@ def topology() -> Iterator[Topology]:
                     "serve",
                     ASTRAEUS_PORT=str(port),
                     ASTRAEUS_AGENT_PORT=str(agent_port),
+                    **(traced(trace / f"api-{i}", trace_every_s) if trace else {}),
                 )
                 healthy(t.apis[i], t.processes[f"api-{i}"])
             t.start("worker", "worker", "--threads", "2")
@@ -348,9 +400,11 @@ async def load(
     limit_s: float,
     seed: int,
     after_s: float = 70,
+    trace: Path | None = None,
+    trace_every_s: float = 60,
 ) -> dict[str, Any]:
     began = time.monotonic()
-    with topology() as t:
+    with topology(trace, trace_every_s) as t:
         broker = redis.Redis.from_url(t.redis_url)
         token = t.cli("agent-token", "create", "--uses", str(agents), "--expires", "2h").strip()
         half = agents // 2
@@ -398,16 +452,20 @@ async def load(
             t.apis[0], t.admin, burst_specs(runs, seconds, failing, seed), clients
         )
         burst_s = time.monotonic() - burst_began
-        # follow workers as they come to run, until the follows asked for are open
+        # follow workers as they come to run: ``follows`` open at a time, one that ends (its
+        # worker ended) replaced by a follow of another running worker
         lateness: list[float] = []
         outcome: dict[str, int] = {}
         followed: set[str] = set()
         followers: list[asyncio.Task[None]] = []
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
-            if len(followed) < follows:
-                for name in running_workers(t.database, follows):
-                    if name not in followed and len(followed) < follows:
+            open_follows = sum(1 for f in followers if not f.done())
+            if open_follows < follows:
+                wanted = follows - open_follows
+                for name in running_workers(t.database, follows * 2):
+                    if name not in followed and wanted > 0:
+                        wanted -= 1
                         followed.add(name)
                         followers.append(
                             asyncio.create_task(
@@ -497,7 +555,9 @@ async def load(
             "queue_drained_at_s": drained_at,
             "conservation": ledger,
             "rss_mb_first": timeline[0]["rss_mb"] if timeline else {},
+            "rss_mb_middle": timeline[len(timeline) // 2]["rss_mb"] if timeline else {},
             "rss_mb_last": timeline[-1]["rss_mb"] if timeline else {},
+            "rss_at_s": [timeline[i]["t"] for i in (0, len(timeline) // 2, -1)] if timeline else [],
             "fleet_errors": [e for c in counters for e in c.errors][:5],
             "timeline": timeline,
             "took_s": round(time.monotonic() - began, 1),
@@ -532,7 +592,8 @@ def summary(r: dict[str, Any]) -> str:
             f"{c.get('over_examples')}, under-counted {c.get('under')} "
             f"{c.get('under_examples')}; ledger {c.get('ledger_gpu_s')} GPU-s, history "
             f"{c.get('history_gpu_s')} GPU-s",
-            f"  RSS MB first {r['rss_mb_first']} last {r['rss_mb_last']}",
+            f"  RSS MB at {r['rss_at_s']} s: start {r['rss_mb_first']}, middle "
+            f"{r['rss_mb_middle']}, end {r['rss_mb_last']}",
         ]
     )
 
@@ -552,7 +613,19 @@ def main() -> None:
     parser.add_argument(
         "--after", type=float, default=70, help="seconds to keep measuring after the runs end"
     )
+    parser.add_argument(
+        "--tracemalloc",
+        type=Path,
+        help="a folder: each serve traces its allocations and dumps a snapshot there",
+    )
+    parser.add_argument("--tracemalloc-every", type=float, default=60, help="seconds")
+    parser.add_argument(
+        "--compare", nargs=2, metavar="SNAPSHOT", help="only print what grew from one to the other"
+    )
     args = parser.parse_args()
+    if args.compare:
+        print(compare(*args.compare))
+        return
     result = asyncio.run(
         load(
             args.agents,
@@ -566,6 +639,8 @@ def main() -> None:
             args.limit,
             args.seed,
             args.after,
+            args.tracemalloc,
+            args.tracemalloc_every,
         )
     )
     path = save(f"load_{args.agents}", result)

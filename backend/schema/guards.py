@@ -27,10 +27,11 @@ from graphql.language import (
     TypeNode,
 )
 from strawberry.extensions import (
-    MaxAliasesLimiter,
+    AddValidationRules,
     MaxTokensLimiter,
-    QueryDepthLimiter,
     SchemaExtension,
+    max_aliases,
+    query_depth_limiter,
 )
 from strawberry.types import ExecutionContext
 from strawberry.utils.logging import StrawberryLogger
@@ -46,6 +47,12 @@ log = logging.getLogger("backend.graphql")
 MAX_TOKENS = 2000
 MAX_DEPTH = 10
 MAX_ALIASES = 30
+# The depth and alias bounds' validation rules, made once. QueryDepthLimiter and
+# MaxAliasesLimiter make a new rule class each time they are made, i.e. at every request: the
+# validation cache, keyed by the document and its rules, never found one and kept the last
+# 256 documents, each with two classes of its own, and validated every request anew (issue 19).
+DEPTH_RULE = query_depth_limiter.create_validator(MAX_DEPTH, None, None)
+ALIASES_RULE = max_aliases.create_validator(MAX_ALIASES)
 
 
 def _bad_strings(value: Any, path: str) -> Iterator[str]:
@@ -151,8 +158,7 @@ def bounds() -> list[Any]:
     database sessions a workspace holds are the server's: backend/app.py)."""
     return [
         lambda: MaxTokensLimiter(max_token_count=MAX_TOKENS),
-        lambda: QueryDepthLimiter(max_depth=MAX_DEPTH),
-        lambda: MaxAliasesLimiter(max_alias_count=MAX_ALIASES),
+        lambda: AddValidationRules([DEPTH_RULE, ALIASES_RULE]),
         ControlCharacters,
     ]
 
