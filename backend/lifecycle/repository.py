@@ -163,7 +163,8 @@ async def run_of_worker(session: AsyncSession, worker_id: int) -> int | None:
 
 
 async def worker_by_id(session: AsyncSession, worker_id: int) -> Worker | None:
-    """The worker as the database has it now (read again after a lock)."""
+    """The worker as the database has it now: read again after a lock (flush first: what the
+    session changed and did not write would be read over)."""
     return await session.scalar(
         select(Worker).where(Worker.id == worker_id).execution_options(populate_existing=True)
     )

@@ -393,6 +393,7 @@ async def late_snapshot(
     machine (the worker's placements say which); whether it was."""
     if not log_tail or not attempt:
         return False
+    await session.flush()  # what a report just changed is written first, never read over
     run_id = await repository.run_of_worker(session, worker_id)
     if run_id is None:
         return False

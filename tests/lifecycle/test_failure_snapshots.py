@@ -386,3 +386,46 @@ async def test_another_workspace_reads_none_of_it(
             rest = await client.get(f"{path}?workspace=default", headers=auth(token))
             assert rest.status_code in (403, 404), rest.text
             assert "secret lines" not in rest.text
+
+
+async def test_an_end_reported_on_the_agents_stream_keeps_its_state_and_its_snapshot(
+    world: World,
+) -> None:
+    # The stream's path (agents.worker_event): the end's state, reason and exit code are
+    # written with the snapshot (looking for a lost machine's snapshot read them over once).
+    await started(world, workers=2, time_limit="1h")
+    rank0, rank1 = await world.workers("llama-sft")
+    world.clock.advance(hours=1)
+    await world.timers()
+    assert rank0.machine_id is not None and rank1.machine_id is not None
+    await exit_event(world, rank0.machine_id, rank0.id, 1, TAIL)
+    await exit_event(world, rank1.machine_id, rank1.id, 1, "rank 1\n")
+    assert await world.status("llama-sft") == ("Failed", "Exceeded its time limit of 1h")
+    for worker, tail in zip(await world.workers("llama-sft"), (TAIL, "rank 1\n"), strict=True):
+        assert (worker.state, worker.reason, worker.exit_code) == (
+            "Stopped",
+            "Stopped at its time limit",
+            143,
+        )
+        assert snap(worker) == {
+            "reason": "Exceeded its time limit of 1h",
+            "failed_at": world.clock.now().isoformat(),
+            "exit_code": 143,
+            "log_tail": tail,
+        }
+
+
+async def test_a_failure_reported_on_the_agents_stream_keeps_its_state_and_snapshot(
+    world: World,
+) -> None:
+    await started(world, restart_policy="never")
+    [worker] = await world.workers("llama-sft")
+    assert worker.machine_id is not None
+    await exit_event(world, worker.machine_id, worker.id, 1, TAIL)
+    [worker] = await world.workers("llama-sft")
+    assert (worker.state, worker.reason, worker.exit_code) == (
+        "Failed",
+        "Exited with code 143",
+        143,
+    )
+    assert snap(worker)["log_tail"] == TAIL
