@@ -37,6 +37,7 @@ from backend.metrics.rules import (
     RangeRequest,
     Row,
     ScopedWorker,
+    WorkerMachine,
 )
 from backend.models import Machine, MetricMinute, MetricSample, Run, Worker
 
@@ -343,3 +344,16 @@ async def latest(
         )
     )
     return [(r[0], r[1], r[2], float(r[3])) for r in rows]
+
+
+async def machines_of(session: AsyncSession, worker_ids: Sequence[int]) -> list[WorkerMachine]:
+    """The placed workers among these, with what their machine's agent cannot measure."""
+    rows = await session.execute(
+        select(WORKERS.c.name, MACHINES.c.executor, MACHINES.c.unmeasured_metrics)
+        .join(MACHINES, MACHINES.c.id == WORKERS.c.machine_id)
+        .where(WORKERS.c.id.in_(worker_ids))
+    )
+    return [
+        WorkerMachine(name, executor, tuple(unmeasured or ()))
+        for name, executor, unmeasured in rows
+    ]

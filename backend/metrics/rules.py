@@ -440,3 +440,39 @@ def _step(
         errors.add("step", f"gives {count} points over this range: at most {MAX_POINTS}")
         return None
     return step_ms
+
+
+# -- metrics an agent cannot measure ---------------------------------------------------------
+
+NETWORK_METRICS = ("task_network_receive_bytes_total", "task_network_transmit_bytes_total")
+
+
+@dataclass(frozen=True)
+class WorkerMachine:
+    """A worker in a range query's scope and what its machine's agent said it cannot measure."""
+
+    worker: str
+    executor: str | None
+    unmeasured: tuple[str, ...]
+
+
+def not_measured_sentence(metric: str, executor: str | None) -> str:
+    """Why a machine's agent does not measure ``metric`` for one worker, as the console says it."""
+    if metric in NETWORK_METRICS:
+        runs = "containers" if executor == "docker" else "processes"
+        return f"Not measured: this machine's agent runs {runs} on the host's network"
+    if metric in ("task_cpu_usage_cores", "task_memory_used_bytes", "task_oom_kills_total"):
+        return "Not measured: this machine gives its agent no control groups"
+    return "Not measured: this machine's agent cannot attribute it to one worker"
+
+
+def not_measured(metric: str, placed: Sequence[WorkerMachine]) -> tuple[list[str], str | None]:
+    """The workers (placed ones) whose machine does not measure ``metric``, and the sentence
+    that says so: the machine's reason, with how many of the workers when not all of them."""
+    missing = [w for w in placed if metric in w.unmeasured]
+    if not missing:
+        return [], None
+    sentence = not_measured_sentence(metric, missing[0].executor)
+    if len(missing) < len(placed):
+        sentence += f" ({len(missing)} of {len(placed)} workers)"
+    return sorted(w.worker for w in missing), sentence

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -61,9 +61,13 @@ class Series:
 class RangeAnswer:
     request: RangeRequest
     series: list[Series]
+    # The workers in scope whose machine's agent does not measure the metric, and why.
+    unmeasured: list[str] = field(default_factory=list)
+    not_measured: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """``{metric, kind, unit, start, end, step, series: [{labels, points}]}``, times in ms."""
+        """``{metric, kind, unit, start, end, step, series: [{labels, points}], unmeasured,
+        not_measured}``, times in ms."""
         r = self.request
         return {
             "metric": r.metric.name,
@@ -75,6 +79,8 @@ class RangeAnswer:
             "series": [
                 {"labels": s.labels, "points": [[ms, v] for ms, v in s.points]} for s in self.series
             ],
+            "unmeasured": self.unmeasured,
+            "not_measured": self.not_measured,
         }
 
 
@@ -109,10 +115,14 @@ async def range_query(
         raise NotFound("TASK_NOT_FOUND", f"No worker named '{worker}' in workspace '{ws.name}'.")
     worker_ids = rules.in_scope(request, found)
     rows = []
+    unmeasured: list[str] = []
+    not_measured = None
     if worker_ids:
         with_minutes = request.start_ms < raw_from
         rows = await repository.buckets(session, worker_ids, request, with_minutes=with_minutes)
-    return RangeAnswer(request, _series(request, rows))
+        placed = await repository.machines_of(session, worker_ids)
+        unmeasured, not_measured = rules.not_measured(request.metric.name, placed)
+    return RangeAnswer(request, _series(request, rows), unmeasured, not_measured)
 
 
 def _series(request: RangeRequest, rows: list[tuple[tuple[str, ...], int, float]]) -> list[Series]:

@@ -44,4 +44,6 @@ async def metric_range(
             MetricSeries(labels=s["labels"], points=[[float(t), v] for t, v in s["points"]])
             for s in body["series"]
         ],
+        unmeasured=body["unmeasured"],
+        not_measured=body["not_measured"],
     )

@@ -393,6 +393,19 @@ def document() -> dict[str, Any]:
                                 },
                             },
                         },
+                        "unmeasured": {
+                            "type": "array",
+                            "items": {"type": "string"},
+                            "description": "The workers whose machine's agent does not measure "
+                            "this metric (e.g. network bytes where workers share the host's "
+                            "network).",
+                        },
+                        "not_measured": {
+                            "type": ["string", "null"],
+                            "description": "Why, as the console says it (\"Not measured: this "
+                            "machine's agent runs processes on the host's network\"); null when "
+                            "every worker's machine measures it.",
+                        },
                     },
                     "required": ["metric", "kind", "unit", "start", "end", "step", "series"],
                 },

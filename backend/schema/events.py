@@ -71,3 +71,14 @@ class MetricRange:
     end: float
     step: float = strawberry.field(description="Milliseconds between points.")
     series: list[MetricSeries]
+    unmeasured: list[str] = strawberry.field(
+        default_factory=list,
+        description="The workers in scope whose machine's agent does not measure this metric "
+        "(its Hello said so: e.g. network bytes where workers share the host's network).",
+    )
+    not_measured: str | None = strawberry.field(
+        default=None,
+        description="Why, as the console says it instead of an empty chart (\"Not measured: "
+        "this machine's agent runs processes on the host's network\"); null when every "
+        "worker's machine measures it.",
+    )

@@ -69,6 +69,8 @@ async def test_by_gpu_each_gpu_is_a_series_of_one_minute_means(
             {"labels": {"gpu": "0"}, "points": [[T0, 0.25], [T0 + MINUTE, 0.75]]},
             {"labels": {"gpu": "1"}, "points": [[T0, 0.5], [T0 + MINUTE, 0.5]]},
         ],
+        "unmeasured": [],  # every worker's machine measures it
+        "not_measured": None,
     }
 
 
