@@ -3,11 +3,12 @@ rank 0 listens on (MASTER_ADDR, MASTER_PORT).
 
 The server picks MASTER_PORT among the ports none of its live runs uses on the machine; only the
 machine knows whether another program listens there. So rank 0's agent binds the port when the
-START arrives and holds it (SO_REUSEADDR: a port left in TIME_WAIT is free) until the worker's
-process starts, so that nothing takes it meanwhile. When it is taken, the start is refused with
-a reason that says so, and the server's next placement of the gang asks for the next free port
-(backend/scheduling/rules.py, master_port). The other ranks never learn another value than the
-one the server gave them all: a port picked here alone could not reach them.
+START arrives and holds it (listening, with SO_REUSEADDR: a port left in TIME_WAIT is free)
+until the worker's process starts, so that nothing takes it meanwhile. When it is taken, the
+start is refused with a reason that says so, and the server's next placement of the gang asks
+for the next free port (backend/scheduling/rules.py, master_port). The other ranks never learn
+another value than the one the server gave them all: a port picked here alone could not reach
+them.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def route_address(server: str) -> str:
 
 def reserve(port: int) -> list[socket.socket] | None:
     """Bind ``port`` on every address of the machine (IPv4, and IPv6 where it has it) and keep
-    it bound; None when another program holds it. Not listening: connections are refused until
-    the worker's process listens itself."""
+    it; None when another program holds it. The sockets listen: on Linux a socket only bound
+    does not keep another that sets SO_REUSEADDR (as servers, gloo's TCPStore among them, do)
+    from binding the port too, a listening one does. Nothing accepts: the ranks start together
+    after the release and connect once rank 0's process listens (they retry until it does)."""
     held: list[socket.socket] = []
     for family, anywhere in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
         try:
@@ -53,6 +56,7 @@ def reserve(port: int) -> list[socket.socket] | None:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         try:
             sock.bind((anywhere, port))
+            sock.listen(1)
         except OSError as error:
             release(held)
             if family == socket.AF_INET6 and error.errno == 99:  # EADDRNOTAVAIL: IPv6 disabled
@@ -66,6 +70,7 @@ def reserve_ipv4(port: int) -> list[socket.socket] | None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(("0.0.0.0", port))
+        sock.listen(1)
     except OSError:
         sock.close()
         return None
@@ -80,6 +85,6 @@ def release(held: list[socket.socket]) -> None:
 
 def port_taken_reason(port: int, machine: str) -> str:
     return (
-        f"MASTER_PORT {port} is in use on {machine} by another program; the gang is placed "
-        "again with another port"
+        f"MASTER_PORT {port} is in use on {machine} by another program "
+        "(the next start takes another)"
     )
