@@ -1,7 +1,8 @@
 """The console's run and worker pages in headless Chromium against `astraeus up` with its local
 agent and real runs (issue 8): a followed log shows a new line within 2 s, Find… and Errors only
-filter, Download saves <worker>.log, a failed run shows its failure panel and the seed's advice,
-Its log opens that worker's log; screenshots of each tab and of a worker's page."""
+filter, Download saves <worker>.log, a failed run shows its failure panel and the seed's advice
+(a run at its time limit too, with its last lines: issue 20), Its log opens that worker's log;
+screenshots of each tab and of a worker's page."""
 
 from __future__ import annotations
 
@@ -167,6 +168,40 @@ def test_a_failed_run_shows_its_failure_and_advice(
     panel.get_by_role("button", name="Its log").click()
     page.wait_for_url("**/runs/broken?tab=logs&worker=broken-0")
     page.locator(".log-line", has_text="RuntimeError: boom").wait_for()
+
+
+# Steps until it is stopped: its time limit ends it.
+ENDLESS = """\
+import time
+for i in range(100000):
+    print(f"step {i}", flush=True)
+    time.sleep(0.2)
+"""
+
+
+def test_a_run_at_its_time_limit_shows_its_failure_and_its_last_lines(
+    live: tuple[Server, str], page: Any, tmp_path: Path
+) -> None:
+    # issue 20: a time-limit failure had no failure panel (failedWorker and advice null);
+    # seed L-54, L-21: the panel's advice and the snapshot's last lines
+    server, token = live
+    spec = {"name": "timed", "gpus": 1, "time_limit": "3s", "command": ["python3", "-c", ENDLESS]}
+    create(server, token, spec)
+    until_state(server, token, "timed", "Failed")
+    sign_in(page, server, token)
+    page.goto(f"{server.url}/o/default/w/default/runs/timed")
+    panel = page.get_by_role("region", name="Why it failed")
+    panel.wait_for()
+    assert panel.locator(".sentence").inner_text() == "Exceeded its time limit of 3s"
+    assert panel.locator('[data-figure="advice"]').inner_text() == (
+        "The time limit: raise it, or checkpoint and resume."
+    )
+    panel.get_by_text("The last lines it wrote before it failed").click()
+    tail = panel.locator("pre.log").inner_text()
+    assert "step 1" in tail, tail
+    page.screenshot(path=str(screenshots(tmp_path) / "run-time-limit.png"), full_page=True)
+    panel.get_by_role("button", name="Its log").click()
+    page.wait_for_url("**/runs/timed?tab=logs&worker=timed-0")
 
 
 def test_a_workers_page(live: tuple[Server, str], page: Any, tmp_path: Path) -> None:

@@ -70,8 +70,18 @@ export interface Run {
   pendingReasons: { machine: string; reason: string }[];
   goodput: Ledger;
   failedWorker: Worker | null;
+  advice: Advice | null;
+  restartLoop: RestartLoop | null;
   waitAdvice: Advice | null;
   workers: Worker[];
+}
+
+// The Restarting in a loop panel's data: restarts in a row, the next attempt, the last failure.
+export interface RestartLoop {
+  restarts: number;
+  maxRestarts: number;
+  restartAt: string | null;
+  worker: Worker | null;
 }
 
 export const WORKER_FIELDS = `name rank state reason stateSince gpus gpuIds restarts restartAt exitCode lastFailure
@@ -83,6 +93,8 @@ const RUN = `query Run($name: String!, $ws: String) {
     pendingReasons { machine reason }
     goodput { ${LEDGER_FIELDS} }
     failedWorker { ${WORKER_FIELDS} }
+    advice { reason exitCode kind lookAt open }
+    restartLoop { restarts maxRestarts restartAt worker { ${WORKER_FIELDS} } }
     waitAdvice { reason exitCode kind lookAt open }
     workers { ${WORKER_FIELDS} }
   }
@@ -141,8 +153,19 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
       </header>
       {again && <RunAgain run={run} onClose={() => setAgain(false)} onCreated={(n) => go(runPath(org, workspace, n))} />}
       <Readout run={run} />
-      {run.failedWorker && <FailurePanel run={run} worker={run.failedWorker} onLog={(w) => open("logs", w)} onMemory={() => open("metrics")} />}
-      <RestartLoops workers={run.workers} onLog={(w) => open("logs", w)} />
+      {run.state === "Failed" && (run.failedWorker || run.advice) && (
+        <FailurePanel run={run} worker={run.failedWorker} onLog={(w) => open("logs", w)} onMemory={() => open("metrics")} />
+      )}
+      {run.state !== "Failed" && run.advice?.kind === "preempted" && (
+        <section className="panel preempted" aria-label="Why it was stopped">
+          <h2>Preempted</h2>
+          <p className="sentence">{run.reason}</p>
+          <p>
+            <strong>Look at:</strong> <span data-figure="advice">{run.advice.lookAt}</span>
+          </p>
+        </section>
+      )}
+      {run.restartLoop && <RestartLoopPanel loop={run.restartLoop} onLog={(w) => open("logs", w)} onMetrics={() => open("metrics")} />}
       {run.waitAdvice && (
         <section className="panel waiting" aria-label="Why it waits">
           <h2>Why it does not start</h2>
@@ -280,12 +303,13 @@ function FailurePanel({
   onMemory,
 }: {
   run: Run;
-  worker: Worker;
+  worker: Worker | null;
   onLog: (worker: string) => void;
   onMemory: () => void;
 }) {
-  const advice = worker.advice;
-  const tail = worker.lastFailure?.log_tail;
+  // The run's own advice (its time limit, its retry budget, …), else its failed worker's.
+  const advice = run.advice ?? worker?.advice ?? null;
+  const tail = worker?.lastFailure?.log_tail;
   return (
     <section className="panel failure" aria-label="Why it failed">
       <h2>Why it failed</h2>
@@ -295,13 +319,21 @@ function FailurePanel({
           <strong>Look at:</strong> <span data-figure="advice">{advice.lookAt}</span>
         </p>
       )}
+      {worker?.lastFailure?.reason && worker.lastFailure.reason !== run.reason && (
+        <p data-figure="last-failure">
+          Its last failure: {worker.name}: {worker.lastFailure.reason}
+          {worker.lastFailure.failed_at ? ` at ${when(worker.lastFailure.failed_at)}` : ""}.
+        </p>
+      )}
       <div className="actions">
-        <button type="button" onClick={() => onLog(worker.name)}>
-          Its log
-        </button>
-        {advice?.open === "memory" && (
+        {worker && (
+          <button type="button" onClick={() => onLog(worker.name)}>
+            Its log
+          </button>
+        )}
+        {(advice?.open === "memory" || advice?.open === "metrics") && (
           <button type="button" onClick={onMemory}>
-            Memory chart
+            {advice.open === "memory" ? "Memory chart" : "Metrics"}
           </button>
         )}
       </div>
@@ -315,30 +347,57 @@ function FailurePanel({
   );
 }
 
-// Workers that failed and wait to start again: the last failure, its advice and its 50 lines.
-function RestartLoops({ workers, onLog }: { workers: Worker[]; onLog: (worker: string) => void }) {
-  const looping = workers.filter((w) => w.lastFailure && w.restartAt && w.state !== "Failed");
-  if (looping.length === 0) return null;
+// A run restarting after failures or stalls in a row (seed: Restarting in a loop): its restarts,
+// when the next attempt is, and the last failure's advice and output.
+function RestartLoopPanel({
+  loop,
+  onLog,
+  onMetrics,
+}: {
+  loop: RestartLoop;
+  onLog: (worker: string) => void;
+  onMetrics: () => void;
+}) {
+  const w = loop.worker;
+  const failure = w?.lastFailure;
   return (
     <section className="panel restarting" aria-label="Restarting in a loop">
       <h2>Restarting in a loop</h2>
+      <p>
+        <span data-figure="restarts">
+          {loop.restarts} of {loop.maxRestarts}
+        </span>{" "}
+        restarts in a row;{" "}
+        {loop.restartAt ? <>next attempt at {when(loop.restartAt)}</> : <>started again</>}.
+      </p>
       <p className="muted">
         Each failure doubles the wait, up to 5 minutes; after 10 restarts in a row it gives up; 10 minutes running
         resets the count.
       </p>
-      {looping.map((w) => (
-        <div key={w.name}>
+      {w && failure && (
+        <div>
           <p>
-            <strong>{w.name}</strong> restarted {w.restarts} {w.restarts === 1 ? "time" : "times"}; its last failure:{" "}
-            {w.lastFailure?.reason}. Next start at {when(w.restartAt!)}.
+            The last failure: <strong>{w.name}</strong>: <span data-figure="loop-reason">{failure.reason}</span>
+            {failure.failed_at ? ` at ${when(failure.failed_at)}` : ""}.
           </p>
-          {w.advice && <p>Look at: {w.advice.lookAt}</p>}
-          <button type="button" onClick={() => onLog(w.name)}>
-            Its log
-          </button>
-          {w.lastFailure?.log_tail && <pre className="log">{w.lastFailure.log_tail}</pre>}
+          {w.advice && (
+            <p>
+              <strong>Look at:</strong> <span data-figure="loop-advice">{w.advice.lookAt}</span>
+            </p>
+          )}
+          <div className="actions">
+            <button type="button" onClick={() => onLog(w.name)}>
+              Its log
+            </button>
+            {w.advice?.open === "metrics" && (
+              <button type="button" onClick={onMetrics}>
+                Metrics
+              </button>
+            )}
+          </div>
+          {failure.log_tail && <pre className="log">{failure.log_tail}</pre>}
         </div>
-      ))}
+      )}
     </section>
   );
 }
