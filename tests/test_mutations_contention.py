@@ -100,8 +100,11 @@ MUTATIONS = [
 ]
 
 
+Losing = Callable[[str, int], Awaitable[None]]
+
+
 @pytest.fixture
-async def losing(db: Database) -> AsyncIterator[Callable[[str, int], Awaitable[None]]]:
+async def losing(db: Database) -> AsyncIterator[Losing]:
     """``lose(table, n)``: the next ``n`` writes of ``table`` raise a real deadlock in
     PostgreSQL (a sequence counts them: its count survives the rollback)."""
     if db.engine.dialect.name != "postgresql":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,36 @@ class CliError(Exception):
 
 # Errors that say something could not be reached (the database, a machine), not that the
 # request was refused: the exit code of an unreachable server, worth trying again.
-UNREACHABLE_CODES = frozenset({"DATABASE_UNAVAILABLE", "TASK_LOG_UNAVAILABLE"})
+# CONFLICT_RETRY: the server tried the work several times and it kept losing to other
+# requests changing the same things; nothing was changed (issue 19).
+UNREACHABLE_CODES = frozenset({"DATABASE_UNAVAILABLE", "TASK_LOG_UNAVAILABLE", "CONFLICT_RETRY"})
+
+# A request answered CONFLICT_RETRY is sent again, up to this many times in all, waiting a
+# random time up to the first wait, doubled at each try; then astra says so.
+CONFLICT_TRIES = 4
+CONFLICT_FIRST_WAIT_S = 0.25
+
+
+def _conflict(body: dict[str, Any]) -> str | None:
+    """The message of a CONFLICT_RETRY in a GraphQL answer: a request's error, or one in a
+    mutation's payload (``errors`` beside what it changed). None if there is none."""
+    for error in body.get("errors") or []:
+        if (error.get("extensions") or {}).get("code") == "CONFLICT_RETRY":
+            return str(error.get("message") or "")
+    for payload in (body.get("data") or {}).values():
+        if isinstance(payload, dict):
+            for error in payload.get("errors") or []:
+                if isinstance(error, dict) and error.get("code") == "CONFLICT_RETRY":
+                    return str(error.get("message") or "")
+    return None
+
+
+def gave_up(message: str, tries: int) -> CliError:
+    return CliError(
+        f"astra: {message} (sent {tries} times, each time other requests were changing the "
+        "same things: try again in a moment)",
+        EXIT_UNREACHABLE,
+    )
 
 
 def exit_for(code: str) -> int:
@@ -84,9 +115,26 @@ class Api:
             headers={"Authorization": f"Bearer {target.token}"}, timeout=timeout
         )
 
+    def wait_before(self, attempt: int) -> None:
+        """Before sending again a request answered CONFLICT_RETRY ``attempt`` times."""
+        time.sleep(random.uniform(0, CONFLICT_FIRST_WAIT_S * 2 ** (attempt - 1)))
+
     def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
+        """The answer's data. Answered CONFLICT_RETRY (nothing was changed), it is sent again,
+        up to CONFLICT_TRIES times, then a CliError says so."""
+        for attempt in range(1, CONFLICT_TRIES + 1):
+            answer = self._post(query, variables)
+            conflict = _conflict(answer.json()) if answer.status_code == 200 else None
+            if conflict is None:
+                break
+            if attempt == CONFLICT_TRIES:
+                raise gave_up(conflict, attempt)
+            self.wait_before(attempt)
+        return self._data(answer)
+
+    def _post(self, query: str, variables: dict[str, Any]) -> httpx.Response:
         try:
-            answer = self.http.post(
+            return self.http.post(
                 self.target.graphql_url, json={"query": query, "variables": variables}
             )
         except httpx.TransportError as exc:
@@ -94,6 +142,8 @@ class Api:
                 f"astra: cannot reach Astraeus at {self.target.graphql_url}: {exc}",
                 EXIT_UNREACHABLE,
             ) from None
+
+    def _data(self, answer: httpx.Response) -> dict[str, Any]:
         if answer.status_code != 200:
             raise CliError(
                 f"astra: the server answered {answer.status_code}: {answer.text[:200]}",
@@ -109,12 +159,18 @@ class Api:
     def get(self, path: str, **params: Any) -> dict[str, Any]:
         """A REST call of the shim: its JSON, or a CliError with an exit code by its status."""
         url = f"{self.target.api}{path}"
-        try:
-            answer = self.http.get(url, params=params)
-        except httpx.TransportError as exc:
-            raise CliError(
-                f"astra: cannot reach Astraeus at {url}: {exc}", EXIT_UNREACHABLE
-            ) from None
+        for attempt in range(1, CONFLICT_TRIES + 1):
+            try:
+                answer = self.http.get(url, params=params)
+            except httpx.TransportError as exc:
+                raise CliError(
+                    f"astra: cannot reach Astraeus at {url}: {exc}", EXIT_UNREACHABLE
+                ) from None
+            if answer.status_code != 409 or _rest_code(answer) != "CONFLICT_RETRY":
+                break
+            if attempt == CONFLICT_TRIES:
+                raise gave_up(str(answer.json().get("message") or ""), attempt)
+            self.wait_before(attempt)
         if answer.status_code == 200:
             return dict(answer.json())
         try:
@@ -130,3 +186,10 @@ class Api:
     @property
     def websocket_url(self) -> str:
         return self.target.graphql_url.replace("http", "ws", 1)
+
+
+def _rest_code(answer: httpx.Response) -> str:
+    try:
+        return str(answer.json().get("code") or "")
+    except ValueError:
+        return ""
