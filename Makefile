@@ -3,10 +3,11 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+WORKLOADS_STAMP := $(VENV)/.workloads
 
 .DEFAULT_GOAL := help
 .PHONY: help setup up serve test test-fast lint typecheck schema schema-check services bench load fleet proto clean \
-  console console-test browser screenshots demo
+  console console-test browser screenshots demo workloads
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -87,7 +88,13 @@ schema-check: setup ## fail when schema.graphql is stale
 # minutes against 27 in one lane on this machine).
 TEST_LANES ?= 3
 
-test: setup services browser lint typecheck schema-check console-test ## every check and every test, SQLite and PostgreSQL, and the console's
+$(WORKLOADS_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,workloads]'
+	touch $(WORKLOADS_STAMP)
+
+workloads: $(WORKLOADS_STAMP) ## PyTorch (CPU) for the real distributed-training tests (tests/workloads/)
+
+test: setup workloads services browser lint typecheck schema-check console-test ## every check and every test, SQLite and PostgreSQL, and the console's
 	$(BIN)/pytest -n $(TEST_LANES) --dist loadfile
 
 test-fast: setup ## the tests only
