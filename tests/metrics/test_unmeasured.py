@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -128,3 +129,32 @@ async def test_graphql_says_so_too_and_to_no_other_workspace(
     other = await ask(tenancy.other_token)
     assert other["data"] is None
     assert "llama-sft-0" not in str(other) and "Not measured" not in str(other)
+
+
+def console_query() -> str:
+    """The query the console's Metrics section asks (frontend/src/pages/Metrics.tsx)."""
+    source = (Path(__file__).parents[2] / "frontend/src/pages/Metrics.tsx").read_text()
+    return source.split("export const QUERY = `", 1)[1].split("`;", 1)[0]
+
+
+async def test_the_consoles_query_gets_the_sentence(
+    client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy, placed: Placed
+) -> None:
+    clock.moment = at(T0 + HOUR)
+    await said(db, placed.gpu07, "process", [RX, TX])
+    variables = {
+        "metric": RX,
+        "match": ["worker:llama-sft-0"],
+        "by": "worker",
+        "start": str(T0 // 1000),
+        "rate": True,
+    }
+    answer = await client.post(
+        "/graphql",
+        json={"query": console_query(), "variables": variables},
+        headers={"Authorization": f"Bearer {tenancy.member_token}"},
+    )
+    body = answer.json()
+    assert "errors" not in body, body
+    assert body["data"]["metricRange"]["notMeasured"] == HOST_NETWORK
+    assert body["data"]["metricRange"]["unmeasured"] == ["llama-sft-0"]

@@ -1,5 +1,7 @@
-// Metrics: CPU, memory, GPU utilisation, GPU memory, tensor cores, SM activity and memory
-// bandwidth (seed L-36 … L-38), one uPlot chart each, a series per worker (or per GPU).
+// Metrics: CPU, memory, GPU utilisation, GPU memory, tensor cores, SM activity, memory
+// bandwidth (seed L-36 … L-38) and network received, one uPlot chart each, a series per worker
+// (or per GPU). A metric the workers' machines do not measure (their agent said so: network
+// bytes where workers share the host's network) says why instead of showing nothing.
 import { useEffect, useMemo, useRef, useState } from "react";
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
@@ -15,9 +17,13 @@ interface Range {
   metric: string;
   unit: string;
   series: Series[];
+  // The workers whose machine does not measure it, and why ("Not measured: …"); null: measured.
+  unmeasured: string[];
+  notMeasured: string | null;
 }
 
-export const CHARTS: { metric: string; title: string; unit: string }[] = [
+// `rate`: a counter, charted as its rate per second.
+export const CHARTS: { metric: string; title: string; unit: string; rate?: boolean }[] = [
   { metric: "task_cpu_usage_cores", title: "CPU", unit: "cores" },
   { metric: "task_memory_used_bytes", title: "Memory", unit: "GiB" },
   { metric: "task_gpu_utilization_ratio", title: "GPU utilisation", unit: "%" },
@@ -25,6 +31,7 @@ export const CHARTS: { metric: string; title: string; unit: string }[] = [
   { metric: "task_gpu_tensor_active_ratio", title: "Tensor cores", unit: "%" },
   { metric: "task_gpu_sm_active_ratio", title: "SM activity", unit: "%" },
   { metric: "task_gpu_dram_active_ratio", title: "Memory bandwidth", unit: "%" },
+  { metric: "task_network_receive_bytes_total", title: "Network received", unit: "KiB/s", rate: true },
 ];
 
 export const RANGES: { label: string; seconds: number }[] = [
@@ -37,12 +44,15 @@ export const RANGES: { label: string; seconds: number }[] = [
 
 const COLOURS = ["#1c7ed6", "#e8590c", "#2f9e44", "#9c36b5", "#c2255c", "#0c8599", "#5c940d", "#862e9c"];
 
-const QUERY = `query($metric: String!, $match: [String!], $by: String, $start: String) {
-  metricRange(metric: $metric, match: $match, by: $by, agg: "avg", start: $start) { metric unit series { labels points } }
+export const QUERY = `query($metric: String!, $match: [String!], $by: String, $start: String, $rate: Boolean!) {
+  metricRange(metric: $metric, match: $match, by: $by, agg: "avg", start: $start, rate: $rate) {
+    metric unit series { labels points } unmeasured notMeasured
+  }
 }`;
 
 function scaled(unit: string, value: number): number {
   if (unit === "GiB") return value / 2 ** 30;
+  if (unit === "KiB/s") return value / 1024;
   if (unit === "%") return value * 100;
   return value;
 }
@@ -74,11 +84,20 @@ export function Metrics({ match, by }: { match: string[]; by: string }) {
   );
 }
 
-function Chart(props: { metric: string; title: string; unit: string; match: string[]; by: string; seconds: number }) {
+function Chart(props: {
+  metric: string;
+  title: string;
+  unit: string;
+  rate?: boolean;
+  match: string[];
+  by: string;
+  seconds: number;
+}) {
   const { metric, title, unit, match, by, seconds } = props;
+  const rate = props.rate ?? false;
   // fixed when the range is picked, so the query's variables stay the same between renders
   const start = useMemo(() => String(Math.floor(Date.now() / 1000) - seconds), [seconds]);
-  const found = useQuery<{ metricRange: Range }>(QUERY, { metric, match, by, start }, true, 10_000);
+  const found = useQuery<{ metricRange: Range }>(QUERY, { metric, match, by, start, rate }, true, 10_000);
   const box = useRef<HTMLDivElement>(null);
   useEffect(() => {
     const series = found.data?.metricRange.series ?? [];
@@ -113,13 +132,19 @@ function Chart(props: { metric: string; title: string; unit: string; match: stri
     return () => plot.destroy();
   }, [found.data, unit, metric, start]);
   const empty = found.data && found.data.metricRange.series.length === 0;
+  const notMeasured = found.data?.metricRange.notMeasured ?? null;
   return (
     <figure className="chart" aria-label={title} data-metric={metric}>
       <figcaption>
         {title} <span className="muted">({unit})</span>
       </figcaption>
       {found.error && <p className="error">{found.error}</p>}
-      {empty && <p className="empty">No samples in this range{metric.includes("_gpu_") && metric !== "task_gpu_utilization_ratio" ? " (this figure is measured on Hopper GPUs with NVML)" : ""}.</p>}
+      {notMeasured && (
+        <p className="empty not-measured" title={found.data?.metricRange.unmeasured.join(", ")}>
+          {notMeasured}
+        </p>
+      )}
+      {empty && !notMeasured && <p className="empty">No samples in this range{metric.includes("_gpu_") && metric !== "task_gpu_utilization_ratio" ? " (this figure is measured on Hopper GPUs with NVML)" : ""}.</p>}
       <div ref={box} />
     </figure>
   );
