@@ -1,0 +1,50 @@
+"""A worker the server stopped sends its last lines with its end (issue 20): the server keeps
+them as the failure snapshot of an attempt stopped at its time limit, preempted or stalled, or
+of a machine's lost attempt, whatever the exit code (a workload that saves and exits 0 on
+SIGTERM too). An end nobody asked for sends them only when it failed (seed L-21)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from astraeus.agent.v1 import agent_pb2
+
+from agent.connection import Agent, AgentConfig
+from agent.executor import Exit, ProcessWorker
+from agent.gpus import simulated
+from agent.logs import WorkerLog
+
+
+@pytest.mark.parametrize(
+    ("stopping", "code", "sent"),
+    [
+        (False, 0, False),  # completed: nothing to keep
+        (False, 1, True),  # failed
+        (True, 0, True),  # stopped by the server, exited cleanly on SIGTERM
+        (True, 143, True),  # stopped by the server, killed
+    ],
+)
+def test_the_last_lines_go_with_a_failure_and_with_a_stop(
+    tmp_path: Path, stopping: bool, code: int, sent: bool
+) -> None:
+    agent = Agent(
+        AgentConfig(
+            server="127.0.0.1:1",
+            token="unused",
+            machine="gpu-07",
+            data_dir=tmp_path / "data",
+            gpus=simulated(1, "gpu-07"),
+            cpu_cores=8,
+            memory_bytes=2**30,
+        )
+    )
+    log = WorkerLog(tmp_path / "logs", "9")
+    log.begin()
+    log.append(b"".join(f"step {i}\n".encode() for i in range(80)))
+    worker = ProcessWorker(9, {"attempt": 2}, log, tmp_path / "workers" / "9")
+    worker.stopping = stopping
+    agent.report(worker, agent_pb2.WORKER_STATE_EXITED, Exit(code, f"Exited with code {code}"))
+    event = agent.queue.get_nowait().worker_event
+    expected = "".join(f"step {i}\n" for i in range(30, 80)) if sent else ""  # the last 50
+    assert (event.exit_code, event.log_tail) == (code, expected)
