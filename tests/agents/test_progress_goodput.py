@@ -1,0 +1,158 @@
+"""Progress appended or overwritten gives the same goodput (issue 20: two identical six-minute
+runs got 0.157 and 0.996). The real agent (agent/connection.py) runs two real workloads, one
+appending its step to $ASTRAEUS_PROGRESS_FILE a line at a time, one overwriting it; the agent's
+looks and the server share a fake clock, six minutes of looks every 5 s; the samples go over
+the real stream to the real server side, and the goodput tick counts them (seed G-3, G-5, G-14).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from agent.connection import Agent, AgentConfig
+from agent.executor import end_left_workers
+from agent.gpus import simulated
+from backend.accounting import counting
+from backend.accounting import service as accounting
+from backend.agents.stream import AgentService, serve
+from backend.db import Database
+from backend.models import MetricSample, Run, Worker
+from tests.agents.test_stream import _port, machine_token  # noqa: F401  (a fixture)
+from tests.lifecycle.world import World
+from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
+
+STEPS = (
+    "import os, time\n"
+    "path = os.environ['ASTRAEUS_PROGRESS_FILE']\n"
+    "for step in range(1_000_000):\n"
+    "    with open(path, {mode!r}) as f:\n"
+    "        f.write(f'{{step}}\\n')\n"
+    "    time.sleep(0.02)\n"
+)
+LOOKS = 72  # six minutes, a look every 5 s
+
+
+@pytest.fixture
+async def service(db: Database, clock: FakeClock) -> AsyncIterator[tuple[AgentService, str]]:
+    service = AgentService(db, clock, lease=timedelta(hours=1), poll_interval=0.05)
+    address = f"127.0.0.1:{_port()}"
+    server = await serve(service, address)
+    try:
+        yield service, address
+    finally:
+        await server.stop(grace=0)
+
+
+async def wait_for(what: str, check: object, seconds: float = 60) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not await check():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, f"waited for {what}"
+        await asyncio.sleep(0.05)
+
+
+def file_state(path: Path) -> tuple[int, int] | None:
+    with contextlib.suppress(OSError):
+        status = path.stat()
+        return status.st_mtime_ns, status.st_size
+    return None
+
+
+async def test_appended_and_overwritten_progress_give_the_same_goodput(
+    service: tuple[AgentService, str],
+    machine_token: str,  # noqa: F811
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    tmp_path: Path,
+) -> None:
+    svc, address = service
+    # Within the hour before the agent's real clock: what it keeps to send (agent/outbox.py).
+    clock.moment = datetime.now(UTC)
+    agent = Agent(
+        AgentConfig(
+            server=address,
+            token=machine_token,
+            machine="gpu-07",
+            data_dir=tmp_path,
+            gpus=simulated(2, "gpu-07"),
+            cpu_cores=8,
+            memory_bytes=64 * 2**30,
+            heartbeat_seconds=1,
+            sample_seconds=3600,  # the test looks, on the fake clock
+        )
+    )
+    # The agent's looks on the server's clock: its events (real time, later) are clamped to it.
+    agent.sampler.clock = lambda: clock.now().timestamp()
+    running = asyncio.create_task(agent.run_forever())
+    try:
+
+        async def joined() -> bool:
+            return bool(svc.streams.by_machine)
+
+        await wait_for("the machine", joined)
+        world = World(db, clock, tenancy)
+        for name, mode in (("appends", "a"), ("overwrites", "w")):
+            command = [WORKLOAD_PYTHON, "-c", STEPS.format(mode=mode)]
+            await world.submit(name=name, workers=1, gpus=1, command=command)
+        await world.schedule()
+
+        async def both_running() -> bool:
+            async with db.read() as session:
+                states = list(await session.scalars(select(Worker.state)))
+            return states == ["Running", "Running"]
+
+        await wait_for("both running", both_running)
+        async with db.read() as session:
+            ids = dict((await session.execute(select(Worker.name, Worker.id))).all())
+        files = [agent.workers[i].progress_file for i in ids.values()]
+        for _ in range(LOOKS):
+            before = [file_state(f) for f in files]
+
+            async def both_stepped(before: list[tuple[int, int] | None] = before) -> bool:
+                now = [file_state(f) for f in files]
+                return all(n not in (None, b) for n, b in zip(now, before, strict=True))
+
+            try:
+                await wait_for("a step of each", both_stepped)
+            except AssertionError:
+                async with db.read() as session:
+                    rows = (await session.execute(select(Worker.state, Worker.reason))).all()
+                raise AssertionError(f"{before} {[file_state(f) for f in files]} {rows}") from None
+            clock.advance(seconds=5)
+            await agent.sample_once()
+        last_ms = int(clock.now().timestamp() * 1000)
+
+        async def all_samples_in() -> bool:
+            async with db.read() as session:
+                newest = await session.execute(
+                    select(MetricSample.worker_id, func.max(MetricSample.ts)).group_by(
+                        MetricSample.worker_id
+                    )
+                )
+            return sorted(ts for _, ts in newest.all()) == [last_ms, last_ms]
+
+        await wait_for("the samples on the server", all_samples_in)
+        async with db.transaction() as session:
+            await counting.tick(session, clock)
+            runs = list(await session.scalars(select(Run).order_by(Run.name)))
+            ledgers = await accounting.run_ledgers(
+                session, [(r.id, r.created_at) for r in runs], clock.now()
+            )
+        appends, overwrites = (ledgers[r.id] for r in runs)
+        assert [r.name for r in runs] == ["appends", "overwrites"]
+        assert appends.allocated == overwrites.allocated >= 5 * 60  # GPU-seconds counted
+        assert appends.goodput is not None and overwrites.goodput is not None
+        assert overwrites.goodput >= 0.98
+        assert abs(appends.goodput - overwrites.goodput) <= 0.02, (appends, overwrites)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        end_left_workers(tmp_path)
