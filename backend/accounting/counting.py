@@ -13,14 +13,18 @@ opened where the category changes), with no loop over workers. A worker with tra
 counted yet is counted by the pure rules from its history, from the earliest of them: one
 recorded after its time had been counted (a stall found after the fact and dated back to the
 worker's last progress) takes back what was counted of that worker from then, and counts it
-again (DESIGN §4, invariant 3). On SQLite every worker is counted the second way.
+again (DESIGN §4, invariant 3). Samples that came after their minute was counted (an agent
+sends what it kept while the server was away) are recounted the same way: ``samples_arrived``
+asks for it, within ``rules.LATE_SAMPLES_WINDOW`` after the minute; and a worker winding
+down is counted from its history too, its stop being productive for at most the grace
+period (``rules.winding_down``). On SQLite every worker is counted the second way.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -52,6 +56,22 @@ async def tick(session: AsyncSession, clock: Clock) -> TickResult:
     pending = await repository.unaccounted(session, before=until)
     # Each worker with a transition not counted yet counts again from it (or from the mark).
     starts = {w: at if counted is None else min(at, counted) for w, at in pending.earliest.items()}
+    from_history = set(pending.earliest)
+    # Each worker whose samples came after its minute was counted, from that minute (as a
+    # stall found late: its time from then is taken back and counted again).
+    late = await repository.recounts(session)
+    for worker_id, since in late.earliest.items():
+        if counted is not None and since < counted:
+            starts[worker_id] = min(since, starts.get(worker_id, since))
+            from_history.add(worker_id)
+    if counted is not None and counted < until:
+        # Winding down is productive for at most the stop's grace period: counted from the
+        # history, where the stop's time is, not carried on from the last count.
+        for worker_id in await repository.winding_down(session):
+            starts.setdefault(worker_id, counted)
+            from_history.add(worker_id)
+    if late.ids:
+        await repository.recounted(session, late.ids)
     if counted is None or counted >= until:
         mark.counted_until = until
         if not starts:  # the first tick, or one that came twice: nothing to count
@@ -72,7 +92,7 @@ async def tick(session: AsyncSession, clock: Clock) -> TickResult:
     elif counted is not None and counted < until:
         for worker_id in await repository.open_intervals(session):
             starts.setdefault(worker_id, counted)  # from its open interval, as above
-    changed, written = await _count(session, starts, set(pending.earliest), counted, until)
+    changed, written = await _count(session, starts, from_history, counted, until)
     await repository.mark_accounted(session, pending.ids)
     mark.counted_until = until
     return TickResult(counted_from, until, recounted, workers + changed, intervals + written)
@@ -89,20 +109,62 @@ async def count_deleted(
     ``counted`` is what ``repository.hold_mark`` answered, called before ``at`` was read: no
     tick has counted past ``at`` then, and none counts while the run goes."""
     pending = await repository.unaccounted_of(session, worker_ids)
+    late = await repository.recounts(session, worker_ids)
     opened = await repository.open_intervals(session, worker_ids)
     until = at if counted is None else max(at, counted)
     starts = dict(pending.earliest)
+    from_history = set(pending.earliest)
     if counted is not None:
         starts = {w: min(start, counted) for w, start in starts.items()}
+        for worker_id, since in late.earliest.items():  # samples that came late, as in tick
+            if since < counted:
+                starts[worker_id] = min(since, starts.get(worker_id, since))
+                from_history.add(worker_id)
         for worker_id in opened:
             starts.setdefault(worker_id, counted)
     starts = {w: start for w, start in starts.items() if start < until}
     if starts:
-        await _count(session, starts, set(pending.earliest), counted, until)
+        await _count(session, starts, from_history, counted, until)
     await repository.mark_accounted(session, pending.ids)
+    await repository.recounted(session, late.ids)
     left = await repository.open_intervals(session, worker_ids)
     await repository.add_intervals(session, [_closed_row(o, until) for o in left.values()])
     await repository.delete_open(session, list(left))
+
+
+# Samples of a minute that come this soon after it are there before its tick counts it: the
+# tick runs when the minute has ended, and an ingest takes milliseconds from the clock read
+# to its commit. Any later, they may have been missed: the mark says.
+SETTLE = timedelta(seconds=5)
+
+
+async def samples_arrived(
+    session: AsyncSession, clock: Clock, machine_id: int, earliest: dict[int, datetime]
+) -> dict[int, datetime]:
+    """A machine's GPU utilisation samples, just stored, the earliest of each worker: those of
+    a minute the tick has counted already (the agent kept them while the server was away)
+    make it count the worker again from that minute, if it ended at most
+    ``rules.LATE_SAMPLES_WINDOW`` ago (older ones are kept, and not counted again). Returns the
+    recounts asked for.
+
+    Read after the samples are written, with the tick's mark held shared: a tick under way is
+    waited for and its mark read (it could not see these samples); a tick that starts later
+    waits for this transaction, and sees them."""
+    now = clock.now()
+    maybe = {w: at for w, at in earliest.items() if at < minute_floor(now + SETTLE)}
+    if not maybe:
+        return {}
+    counted = await repository.share_mark(session)
+    if counted is None:
+        return {}
+    oldest = minute_floor(now) - rules.LATE_SAMPLES_WINDOW
+    since = {w: max(minute_floor(at), oldest) for w, at in maybe.items()}
+    since = {w: at for w, at in since.items() if at < counted}
+    if since:
+        placed = await repository.placed_on(session, machine_id, list(since))
+        since = {w: at for w, at in since.items() if w in placed}
+        await repository.add_recounts(session, since)
+    return since
 
 
 def _minutes(start: datetime, end: datetime) -> list[datetime]:
@@ -173,6 +235,9 @@ async def _count(
         return 0, 0
     ids = sorted(starts)
     opened = await repository.open_intervals(session, ids)
+    # Winding down is bounded from the stop's time: always counted from the history.
+    winding = {w for w, o in opened.items() if o.phase in rules.WINDING_DOWN}
+    from_history = from_history | winding
     history = await repository.phase_histories(session, sorted(from_history), until)
     info = await repository.worker_info(session, ids)
     pools = await repository.machine_pools(session)

@@ -31,7 +31,7 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.accounting.rules import CATEGORIES, HOUR, PhaseChange
+from backend.accounting.rules import CATEGORIES, HOUR, WINDING_DOWN, PhaseChange
 from backend.db import UTCDateTime, driver_connection
 from backend.lifecycle.repository import insert_many
 from backend.metrics.rules import BY_NAME
@@ -42,6 +42,7 @@ from backend.models import (
     GoodputHour,
     GoodputInterval,
     GoodputOpenInterval,
+    GoodputRecount,
     GoodputRunTotal,
     Machine,
     MetricSample,
@@ -134,6 +135,62 @@ async def mark_accounted(session: AsyncSession, ids: Sequence[int]) -> None:
             .where(_in(StateTransition.id, chunk, dialect))
             .values(accounted=True)
         )
+
+
+async def share_mark(session: AsyncSession) -> datetime | None:
+    """How far the tick has counted, the mark held shared until commit on PostgreSQL: a tick
+    under way is waited for (its mark is then read), and a tick that starts after waits for
+    this transaction (and then reads what it wrote). SQLite writes one transaction at a time."""
+    query = select(AccountingMark.counted_until).where(AccountingMark.id == MARK_ID)
+    if _dialect(session) == "postgresql":
+        query = query.with_for_update(read=True)
+    return await session.scalar(query)
+
+
+async def placed_on(session: AsyncSession, machine_id: int, worker_ids: Sequence[int]) -> set[int]:
+    """Those of the workers placed on the machine now."""
+    rows = await session.scalars(
+        select(Worker.id).where(Worker.machine_id == machine_id, Worker.id.in_(list(worker_ids)))
+    )
+    return set(rows)
+
+
+async def add_recounts(session: AsyncSession, since: dict[int, datetime]) -> None:
+    """Ask the tick to count these workers again, each from its moment."""
+    if since:
+        session.add_all(GoodputRecount(worker_id=w, since=at) for w, at in since.items())
+        await session.flush()
+
+
+async def recounts(session: AsyncSession, worker_ids: Sequence[int] | None = None) -> Unaccounted:
+    """The recounts asked for (of these workers; None: all): their ids, and each worker's
+    earliest moment."""
+    found = Unaccounted([], {})
+    query = select(GoodputRecount.id, GoodputRecount.worker_id, GoodputRecount.since)
+    if worker_ids is None:
+        _gather(found, await session.execute(query))
+        return found
+    dialect = _dialect(session)
+    for chunk in _batches(worker_ids, dialect):
+        rows = await session.execute(query.where(_in(GoodputRecount.worker_id, chunk, dialect)))
+        _gather(found, rows)
+    return found
+
+
+async def recounted(session: AsyncSession, ids: Sequence[int]) -> None:
+    """The recounts the tick read are done. By id: one asked for while it ran stays."""
+    dialect = _dialect(session)
+    for chunk in _chunks(ids, 100_000 if dialect == "postgresql" else 500):
+        await session.execute(delete(GoodputRecount).where(_in(GoodputRecount.id, chunk, dialect)))
+
+
+async def winding_down(session: AsyncSession) -> list[int]:
+    """The workers the tick last counted winding down (productive for at most the stop's
+    grace period: counted from their history, not carried on as they were)."""
+    query = select(GoodputOpenInterval.worker_id).where(
+        GoodputOpenInterval.phase.in_([str(p) for p in WINDING_DOWN])
+    )
+    return list(await session.scalars(query))
 
 
 async def open_intervals(

@@ -7,7 +7,8 @@ the seed's categories, held or not:
 | category   | the worker was                                                   | held?         |
 |------------|------------------------------------------------------------------|---------------|
 | productive | running, its GPUs busy (5% or more); or winding down when its    | yes           |
-|            | owner asked (a stop, its time limit)                             |               |
+|            | owner asked (a stop, its time limit), for at most the stop's     |               |
+|            | grace period, and only after it ran (see ``winding_down``)      |               |
 | idle       | running, its GPUs idle                                           | yes           |
 | stalled    | running while stalled; stopping because it stalled; waiting to   | while placed  |
 |            | be placed again after                                            |               |
@@ -38,6 +39,14 @@ from backend.metrics.rules import parse_time  # the same time forms as /metrics/
 BUSY_UTILIZATION = 0.05  # "its GPUs busy (5% or more)"
 MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)
+# A stop's grace period: the agent sends SIGTERM, then SIGKILL after it (agent/executor.py's
+# STOP_GRACE_SECONDS; Docker's stop is given the same). Winding down is productive for at most
+# this long.
+STOP_GRACE = timedelta(seconds=10)
+# Samples that arrive after the tick counted their minute (an agent keeps them while the server
+# is away and sends them when it is back) make it count the minute again, when they arrive
+# within this long after the minute: older ones are stored, not recounted.
+LATE_SAMPLES_WINDOW = timedelta(minutes=10)
 
 
 class Category(StrEnum):
@@ -155,6 +164,57 @@ def in_force(changes: Iterable[PhaseChange]) -> list[PhaseChange]:
     return out
 
 
+# Winding down when its owner asked: productive (the seed's G-4), but bounded.
+WINDING_DOWN = frozenset({Phase.STOPPING_OWNER, Phase.STOPPING_TIME_LIMIT})
+# A stop not done after its grace period: the process was killed (SIGKILL) at its end, and the
+# GPUs stay held until the stop is reported done. The seed names this time: "GPUs held and not
+# used" (what goodput counts as a loss besides failures, preemptions and stalls), and idle is
+# the category of GPUs held and not used ("running, its GPUs idle"). Not failure: nothing
+# failed, the owner asked for the stop; should the machine be lost meanwhile, its lease's
+# expiry records the failure, from then on. Not a lifecycle phase: the accounting's own.
+OVERDUE = "stopping:overdue"
+_BY_PHASE[OVERDUE] = (Category.IDLE, True)
+_RAN = frozenset({Phase.RUNNING, Phase.STALLED})
+
+
+def winding_down(
+    changes: Sequence[PhaseChange], grace: timedelta = STOP_GRACE
+) -> list[PhaseChange]:
+    """A worker's phase changes in force (``in_force``), its winding down bounded.
+
+    Winding down counts as productive only while the process lives, and at most for the
+    stop's grace period (issue 20: a stop that never completed counted as productive for
+    ever, 27 s for a worker that never ran):
+
+    - an attempt that never ran (placed, stopped before it was running) has no process to
+      wind down: its stop counts as what it was, placed and not yet running ("starting" on
+      its first attempt, "restart" on a later one, the seed's G-8 and G-9);
+    - one that ran is productive from the stop for at most ``grace``; its process ends at the
+      worker's exit (the next change: its end, recorded at the process's own end time), and
+      if it has not by then, it is counted idle (``OVERDUE``) until it has."""
+    out: list[PhaseChange] = []
+    placed: str | None = None  # the placing phase of the attempt in force
+    ran = False
+    for change, following in zip(changes, [*changes[1:], None], strict=True):
+        if change.phase in _PLACING:
+            placed, ran = change.phase, False
+        elif change.phase in _RAN:
+            ran = True
+        if change.phase not in WINDING_DOWN:
+            out.append(change)
+            continue
+        if not ran:
+            out.append(
+                PhaseChange(change.at, placed or Phase.STARTING, change.gpus, change.machine_id)
+            )
+            continue
+        out.append(change)
+        overdue = change.at + grace
+        if following is None or following.at > overdue:
+            out.append(PhaseChange(overdue, OVERDUE, change.gpus, change.machine_id))
+    return out
+
+
 def intervals(
     changes: Sequence[PhaseChange],
     start: datetime,
@@ -168,8 +228,8 @@ def intervals(
     counted, nor a held phase of an attempt that had ended (``in_force``). Intervals never
     cross a UTC hour; running ones never cross a UTC minute, and are productive or idle by the
     mean utilisation of their whole minute, so that counting a window in one piece or in
-    several gives the same intervals' sums."""
-    ordered = in_force(changes)
+    several gives the same intervals' sums. Winding down is bounded (``winding_down``)."""
+    ordered = winding_down(in_force(changes))
     out: list[Interval] = []
     for current, following in zip(ordered, [*ordered[1:], None], strict=True):
         a = max(current.at, start)

@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.accounting import counting as accounting
 from backend.agents import repository
-from backend.clock import Clock
+from backend.clock import Clock, SystemClock
 from backend.lifecycle import rules as lifecycle_rules
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import Effects
@@ -187,11 +188,22 @@ async def progress(
     )
 
 
-async def metrics(session: AsyncSession, machine_id: int, samples: list[SampleIn]) -> int:
+async def metrics(
+    session: AsyncSession, machine_id: int, samples: list[SampleIn], clock: Clock | None = None
+) -> int:
     """A batch of the machine's samples, stored for range queries (and the goodput tick); the
-    workers' GPU utilisation kept as their pace for straggler detection."""
+    workers' GPU utilisation kept as their pace for straggler detection. Samples of a minute
+    the tick has counted already (kept by the agent while the server was away) make it count
+    that minute again (issue 20)."""
     stored = await metrics_service.ingest(session, machine_id, samples)
     await repository.record_gpu_utilization(session, machine_id, gpu_utilization_means(samples))
+    if stored:
+        earliest: dict[int, datetime] = {}
+        for s in samples:
+            if s.metric == "task_gpu_utilization_ratio":
+                at = datetime.fromtimestamp(s.at_ms / 1000, UTC)
+                earliest[s.worker_id] = min(at, earliest.get(s.worker_id, at))
+        await accounting.samples_arrived(session, clock or SystemClock(), machine_id, earliest)
     return stored
 
 

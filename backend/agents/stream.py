@@ -577,6 +577,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 )
                 for s in message.metrics.samples
             ],
+            self.clock,
         )
 
     _handlers: dict[str, Callable[..., Awaitable[Effects | None]]] = {

@@ -112,7 +112,7 @@ async def sample(world: World, busy: dict[int, float] | dict[str, float]) -> Non
             samples = [
                 SampleIn(w.id, "task_gpu_utilization_ratio", gpu, at_ms, value) for gpu in w.gpu_ids
             ]
-            await agents.metrics(session, w.machine_id, samples)
+            await agents.metrics(session, w.machine_id, samples, world.clock)
 
 
 async def a_busy_and_an_idle_rank(world: World) -> None:

@@ -1,7 +1,8 @@
 """Property tests of the tick on SQLite and PostgreSQL (hypothesis): random worker histories
 with transitions at any second, some recorded late (a stall dated back to the last
-progress), counted by ticks at random moments, retried and duplicated, the run maybe deleted
-at any second between them. What the tick wrote equals the pure computation over the whole
+progress), some minutes' samples arriving late (kept by the agent while the server was away,
+within the window), counted by ticks at random moments, retried and duplicated, the run maybe
+deleted at any second between them. What the tick wrote equals the pure computation over the whole
 history, to the second (DESIGN §4)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from datetime import datetime, timedelta
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
 from backend.accounting import counting, repository, rules
 from backend.accounting import service as accounting
@@ -27,6 +28,7 @@ from backend.models import (
     GoodputHour,
     GoodputInterval,
     GoodputOpenInterval,
+    GoodputRecount,
     GoodputRunTotal,
     MetricSample,
     Run,
@@ -82,6 +84,7 @@ async def forget(db: Database) -> None:
             GoodputOpenInterval,
             AccountingMark,
             MetricSample,
+            GoodputRecount,
             StateTransition,
             Worker,
             Run,
@@ -107,6 +110,7 @@ class Clock:
     ticks=st.lists(st.integers(0, SPAN + 120), max_size=40),
     twice=st.booleans(),
     deleted=st.one_of(st.none(), st.integers(1, SPAN)),
+    late=st.dictionaries(st.integers(0, SPAN // 60), st.sampled_from([45, 200, 500]), max_size=30),
 )
 async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
     db: Database,
@@ -116,9 +120,11 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
     ticks: list[int],
     twice: bool,
     deleted: int | None,
+    late: dict[int, int],
 ) -> None:
     # DESIGN §4 invariants 1 (conservation, ticks retried, late, duplicated), 2 (transitions
-    # split minutes), 3 (a late transition moves time already counted), 4 (intervals listed)
+    # split minutes), 3 (a late transition moves time already counted, and so do samples that
+    # arrive late: issue 20), 4 (intervals listed)
     await forget(db)
     world = World(db, FakeClock(T0), tenancy)
     machine_ids = [await world.machine(name, pool="a") for name in ("gpu-1", "gpu-2")]
@@ -156,8 +162,13 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
             truth[worker_id].append(PhaseChange(gone, Phase.ENDED, 8))
     end = at(SPAN + 960)  # after the latest recording
     moments = [*sorted({at(t) for t in ticks}), end]
-    async with db.transaction() as session:
-        session.add_all(
+
+    # Samples: every minute's (at its half), those of the ``late`` minutes when they arrive.
+    def samples(minute: int) -> list[MetricSample]:
+        value = busy(int(at(minute * 60).timestamp()) // 60)
+        if value is None or (gone is not None and at(minute * 60 + 30) >= gone):
+            return []  # none once it is deleted
+        return [
             MetricSample(
                 worker_id=w,
                 metric=UTILIZATION,
@@ -167,14 +178,36 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
                 machine_id=machine_ids[0],
             )
             for w in worker_ids
-            for minute in range(SPAN // 60 + 17)
-            if (value := busy(int(at(minute * 60).timestamp()) // 60)) is not None
-            and (gone is None or at(minute * 60 + 30) < gone)  # none once it is deleted
+        ]
+
+    arrivals: dict[datetime, list[int]] = defaultdict(list)
+    for minute, delay in late.items():
+        arrivals[at(minute * 60 + 30 + delay)].append(minute)
+    never = {m for m, d in late.items() if gone is not None and at(m * 60 + 30 + d) >= gone}
+    async with db.transaction() as session:
+        await session.execute(  # placed (their samples are stored, and counted again)
+            update(Worker).where(Worker.run_id == run.id).values(machine_id=machine_ids[0])
         )
-    for moment in moments:
+        session.add_all(
+            s for minute in range(SPAN // 60 + 17) if minute not in late for s in samples(minute)
+        )
+    ticking = set(moments)
+    for moment in sorted(ticking | set(arrivals)):
         if gone is not None and gone <= moment:
             await delete_run(db, run.id, worker_ids, recorded, gone)
             gone = None
+        if moment in arrivals and (deleted is None or moment < at(deleted)):
+            async with db.transaction() as session:  # as agents.service.metrics stores them
+                came = [s for minute in arrivals[moment] for s in samples(minute)]
+                session.add_all(came)
+                await session.flush()
+                earliest: dict[int, datetime] = {}
+                for s in came:
+                    t = datetime.fromtimestamp(s.ts / 1000, T0.tzinfo)
+                    earliest[s.worker_id] = min(t, earliest.get(s.worker_id, t))
+                await counting.samples_arrived(session, Clock(moment), machine_ids[0], earliest)
+        if moment not in ticking:
+            continue
         due = [row for when, row in recorded if when <= moment and row.id is None]
         async with db.transaction() as session:
             session.add_all(due)
@@ -187,6 +220,8 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
     def utilisation(minute: datetime, _: datetime) -> float | None:
         if deleted is not None and minute + timedelta(seconds=30) >= at(deleted):
             return None  # its sample would have come after the deletion: there is none
+        if (minute - T0) // timedelta(minutes=1) in never:
+            return None  # it would have come late, after the deletion: never stored
         return busy(int(minute.timestamp()) // 60)
 
     pure = {w: rules.intervals(changes, T0, until, utilisation) for w, changes in truth.items()}
