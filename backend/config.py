@@ -66,6 +66,20 @@ def default_data_dir() -> Path:
     return Path.home() / ".local" / "share" / "astraeus"
 
 
+def parse_port_range(value: object) -> tuple[int, int]:
+    """ASTRAEUS_MASTER_PORTS: FIRST-LAST, 1024 <= FIRST <= LAST <= 65535."""
+    if isinstance(value, tuple):
+        return value
+    first, _, last = str(value).partition("-")
+    try:
+        low, high = int(first), int(last)
+    except ValueError:
+        raise ValueError(f"must be FIRST-LAST, such as 29500-30499 (got {value!r})") from None
+    if not 1024 <= low <= high <= 65535:
+        raise ValueError(f"must be FIRST-LAST with 1024 <= FIRST <= LAST <= 65535 (got {value!r})")
+    return low, high
+
+
 class Settings(BaseSettings):
     """Astraeus' settings. Each field is read from ``ASTRAEUS_<FIELD>``."""
 
@@ -109,6 +123,12 @@ class Settings(BaseSettings):
     # machine has no NVIDIA GPU (with NVML present it uses the real ones).
     local_agent: bool = True
     local_agent_gpus: int = 8
+    # The ports a gang's rank 0 may be given as MASTER_PORT (FIRST-LAST), one per live run on
+    # a machine (backend/scheduling/rules.py): keep them out of the machines' ephemeral range.
+    master_ports: Annotated[tuple[int, int], NoDecode, BeforeValidator(parse_port_range)] = (
+        29500,
+        30499,
+    )
     # How often the scheduling pass (leases, timers, placement) runs besides on events.
     scheduler_interval: Duration = timedelta(seconds=5)
     # Workers' metric samples are kept this long as sampled; older ones are summarised to

@@ -532,19 +532,20 @@ def _machine_reason(ask: Ask, m: MachineRoom) -> str:
 # the worker's process starts, and refuses the start when it is taken ("MASTER_PORT … is in use
 # on …"). The gang is then placed again under its restart policy, and master_port() gives the
 # next attempt the next free port after the one refused, so it never asks for that one again.
+# The default; a cluster's are ASTRAEUS_MASTER_PORTS (backend/config.py).
 MASTER_PORTS = range(29500, 30500)
 
 
-def master_port(taken: set[int], previous: int | None = None) -> int:
-    """The first port of MASTER_PORTS no live run uses on the machine, counting from the one
-    after the run's previous attempt's port (wrapping around); the first port when all are
-    taken (its agent then refuses it, saying so)."""
-    first = MASTER_PORTS.start
-    if previous is not None and previous in MASTER_PORTS:
-        first = previous + 1 if previous + 1 < MASTER_PORTS.stop else MASTER_PORTS.start
-    span = len(MASTER_PORTS)
+def master_port(taken: set[int], previous: int | None = None, ports: range = MASTER_PORTS) -> int:
+    """The first of ``ports`` no live run uses on the machine, counting from the one after the
+    run's previous attempt's port (wrapping around); the first port when all are taken (its
+    agent then refuses it, saying so)."""
+    first = ports.start
+    if previous is not None and previous in ports:
+        first = previous + 1 if previous + 1 < ports.stop else ports.start
+    span = len(ports)
     for i in range(span):
-        port = MASTER_PORTS.start + (first - MASTER_PORTS.start + i) % span
+        port = ports.start + (first - ports.start + i) % span
         if port not in taken:
             return port
-    return MASTER_PORTS.start
+    return ports.start

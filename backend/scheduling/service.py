@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.clock import Clock
+from backend.config import get_settings
 from backend.lifecycle import rules as lifecycle_rules
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import Effects
@@ -220,13 +221,15 @@ async def _place(session: AsyncSession, decided: Plan, now: datetime, result: Pa
         return addresses.get(machine_id) or f"#{machine_id}"
 
     taken_ports: dict[str, set[int]] = defaultdict(set)
-    for machine_id, ports in in_use.items():
-        taken_ports[host(machine_id)] |= ports
+    for machine_id, used in in_use.items():
+        taken_ports[host(machine_id)] |= used
+    first, last = get_settings().master_ports
+    ports = range(first, last + 1)
     writes = lifecycle.Writes()
     for gang, head_id in zip(gangs, heads, strict=True):
         placements = decided.placements[gang.run.id]
         head = taken_ports[host(head_id)]
-        port = master_port(head, gang.run.master_port)
+        port = master_port(head, gang.run.master_port, ports)
         head.add(port)
         fx = Effects()
         lifecycle_rules.place(

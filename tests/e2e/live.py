@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -45,6 +46,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def master_ports() -> str:
+    """A range of a hundred ports below the ephemeral ones, drawn for one test server."""
+    first = 20000 + 100 * random.randrange(90)
+    return f"{first}-{first + 99}"
+
+
 class Server:
     """`astraeus up` on a data folder of its own, on a free port."""
 
@@ -66,6 +73,9 @@ class Server:
             "ASTRAEUS_CONSOLE_DIR": str(data_dir / "no-console"),
             "ASTRAEUS_AGENT_PORT": str(free_port()),
             "ASTRAEUS_LOCAL_AGENT": "true" if local_agent else "false",
+            # Servers of tests in parallel lanes share this host: their gangs' rank 0 would
+            # find one another's MASTER_PORT taken (issue 20). A hundred ports of their own.
+            "ASTRAEUS_MASTER_PORTS": master_ports(),
             **{f"ASTRAEUS_{k.upper()}": v for k, v in settings.items()},
         }
         self.env.pop("ASTRAEUS_DATABASE_URL", None)

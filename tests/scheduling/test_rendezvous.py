@@ -5,12 +5,14 @@ Through the services and the database (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from agent import rendezvous
+from backend.config import Settings
 from backend.db import Database
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
@@ -130,3 +132,13 @@ async def test_a_port_its_agent_found_taken_is_not_asked_for_again(world: World)
     assert worker.last_failure["reason"] == (
         "MASTER_PORT 29500 is in use on gpu-07 by another program (the next start takes another)"
     )
+
+
+def test_a_clusters_ports_are_a_setting() -> None:
+    assert master_port({31000}, ports=range(31000, 31100)) == 31001
+    assert master_port(set(), previous=31099, ports=range(31000, 31100)) == 31000
+    assert Settings(master_ports=cast(Any, "31000-31099")).master_ports == (31000, 31099)
+    assert Settings().master_ports == (29500, 30499)
+    for wrong in ("31000", "80-90", "31099-31000", "a-b"):
+        with pytest.raises(ValidationError, match="master_ports"):
+            Settings(master_ports=cast(Any, wrong))  # as ASTRAEUS_MASTER_PORTS gives it
