@@ -534,10 +534,13 @@ class Server:
         return self.cli("agent-token", "create", "--uses", str(uses), "--expires", "2h").strip()
 
     def stop(self) -> None:
-        """SIGTERM, as a service manager stops it; killed after 60 s (stop_s says how long)."""
+        """SIGTERM, as a service manager stops it (SIGINT when profiled); killed after 60 s
+        (stop_s says how long)."""
         if self.process is not None and self.process.poll() is None:
             began = time.monotonic()
-            self.process.send_signal(signal.SIGTERM)
+            # Under cProfile SIGINT: uvicorn raises a SIGTERM again once it has stopped, which
+            # ends the process before the profiler writes what it measured.
+            self.process.send_signal(signal.SIGINT if self.profile else signal.SIGTERM)
             try:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -740,6 +743,7 @@ async def hold(
         timeline: list[dict[str, float]] = []
         cpu_a, _ = tree_figures(pid)
         own_a = time.process_time()
+        sent_a = fleet.counters.sent
         hold_began = time.monotonic()
         while time.monotonic() - hold_began < seconds:
             await asyncio.sleep(10)
@@ -755,6 +759,7 @@ async def hold(
             )
         cpu_b, rss_end = tree_figures(pid)
         own_b = time.process_time()
+        sent_b = fleet.counters.sent
         held = time.monotonic() - hold_began
         stop.set()
         await asyncio.gather(*followers, return_exceptions=True)
@@ -782,6 +787,10 @@ async def hold(
             "follow_p95_s": round(percentile(lateness, 95), 3),
             "follow_outcomes": outcome,
             "server_cpu_pct_of_core": round(100 * (cpu_b - cpu_a) / held, 1),
+            # what the server spends, all its work together, per message the machines sent:
+            # less bound to how much of the shared cores it was given than its CPU share
+            "hold_messages_per_s": round((sent_b - sent_a) / held, 1),
+            "server_cpu_ms_per_message": round(1000 * (cpu_b - cpu_a) / max(1, sent_b - sent_a), 2),
             "server_rss_mb_start": round(rss0 / 2**20, 1),
             "fleet_cpu_pct_of_core": round(100 * (own_b - own_a) / held, 1),
             "server_rss_mb_end": round(rss_end / 2**20, 1),
@@ -823,7 +832,8 @@ def summary(r: dict[str, Any]) -> str:
         f"follows {r['follows']}: {r['follow_lines']} lines p50 {r['follow_p50_s']} s "
         f"p95 {r['follow_p95_s']} s; serve CPU {r['server_cpu_pct_of_core']}% of a core, "
         f"RSS {r['server_rss_mb_start']} -> {r['server_rss_mb_end']} MB; the simulator "
-        f"{r['fleet_cpu_pct_of_core']}% of a core; serve stopped in {r.get('serve_stop_s')} s"
+        f"{r['fleet_cpu_pct_of_core']}% of a core; {r['hold_messages_per_s']} messages/s, serve "
+        f"{r['server_cpu_ms_per_message']} ms CPU each; serve stopped in {r.get('serve_stop_s')} s"
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.agents import service
@@ -147,6 +148,27 @@ class MachineStream:
             self.pending.pop(message_id, None)
 
 
+Handler = Callable[..., Awaitable[Effects | None]]
+
+# Messages of many machines written in one transaction, at most; and how many such
+# transactions at once (the rest of the pool is the requests'). A stream's messages wait
+# for a writer rather than each for a connection of the pool (whose wait times out).
+WRITE_BATCH = 50
+WRITERS = 4
+# Written alone: what answers the machine at once (a secret request sends its values on the
+# stream, which a batch tried again would do twice).
+_ALONE = frozenset({"secret_request"})
+
+
+@dataclass
+class _Write:
+    machine: Machine
+    message: agent_pb2.AgentMessage
+    handler: Handler
+    batched: bool
+    done: asyncio.Future[Effects | None]
+
+
 StreamHook = Callable[[int, bool], None]  # (machine id, held): a stream opened or closed here
 
 
@@ -244,6 +266,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         # credentials still hold, a query or two per poll however many streams there are.
         self._delivery: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        # The machines' messages waiting to be written, and the writers that write them.
+        self._writes: asyncio.Queue[_Write] = asyncio.Queue()
+        self._writers: list[asyncio.Task[None]] = []
         self.leases = LeaseKeeper(
             db,
             clock,
@@ -286,6 +311,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         session, self.clock, machine, info.workers
                     )
         except Exception as error:
+            if isinstance(error, PoolTimeout):  # the agent says Hello again later
+                await context.abort(grpc.StatusCode.UNAVAILABLE, BUSY)
             if not database_away(error):
                 # What the database said stays in the server's log, never on the wire.
                 log.exception("machine %r could not be registered", info.machine)
@@ -333,6 +360,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 delivery, self._delivery = self._delivery, None
                 if delivery is not None:
                     delivery.cancel()
+                if self._writes.empty():  # nothing left to write: the writers stop
+                    for writer in self._writers:
+                        writer.cancel()
+                    self._writers = []
                 await self.leases.stop()
             log.info("machine %s disconnected", machine.name)
 
@@ -409,6 +440,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await context.abort(code, refused.message)
             raise  # abort raises; this keeps type checkers sure
         except Exception as error:
+            if isinstance(error, PoolTimeout):  # the agent tries again later
+                await context.abort(grpc.StatusCode.UNAVAILABLE, BUSY)
             if not database_away(error):
                 raise
             await context.abort(grpc.StatusCode.UNAVAILABLE, DatabaseUnavailable().message)
@@ -424,6 +457,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, error.message)
             raise  # abort raises; this keeps type checkers sure
         except Exception as error:
+            if isinstance(error, PoolTimeout):  # the agent tries again later
+                await context.abort(grpc.StatusCode.UNAVAILABLE, BUSY)
             if not database_away(error):
                 raise
             await context.abort(grpc.StatusCode.UNAVAILABLE, DatabaseUnavailable().message)
@@ -459,7 +494,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 await self._apply(machine, message)
                 return
             except Exception as error:
-                if not database_away(error):
+                # a pool with no connection free in time is the database too busy: waited out
+                if not database_away(error) and not isinstance(error, PoolTimeout):
                     raise
                 log.warning(
                     "machine %s: the database is away; its message %d waits %.1fs",
@@ -471,14 +507,68 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 backoff = min(backoff * 2, OUTAGE_RETRY_CAP)
 
     async def _apply(self, machine: Machine, message: agent_pb2.AgentMessage) -> None:
-        kind = message.WhichOneof("body")
-        handler = self._handlers.get(kind or "")
+        """Written with other machines' messages (``_writing``); raises what writing it
+        alone raised."""
+        kind = message.WhichOneof("body") or ""
+        handler = self._handlers.get(kind)
         if handler is None:
             return
-        async with self.db.transaction() as session:
-            fx = await handler(self, session, machine, message)
+        done: asyncio.Future[Effects | None] = asyncio.get_running_loop().create_future()
+        self._writes.put_nowait(_Write(machine, message, handler, kind not in _ALONE, done))
+        self._start_writers()
+        fx = await done
         if fx is not None and fx.freed:
             self.on_freed()
+
+    def _start_writers(self) -> None:
+        self._writers = [w for w in self._writers if not w.done()]
+        while len(self._writers) < WRITERS:
+            self._writers.append(asyncio.create_task(self._writing()))
+
+    async def _writing(self) -> None:
+        """One of the replica's writers: the machines' messages waiting to be written, up to
+        WRITE_BATCH of them (each stream has at most one waiting, so a stream's messages keep
+        their order), in one transaction: a transaction's own cost (a connection, BEGIN,
+        COMMIT, the session) paid once for many machines, not for each message. If one of
+        them fails, each is written alone, so its failure is its own."""
+        while True:
+            batch = [await self._writes.get()]
+            while len(batch) < WRITE_BATCH and not self._writes.empty():
+                batch.append(self._writes.get_nowait())
+            try:
+                await self._write_batch(batch)
+            except Exception as error:  # never expected: each was settled with its own
+                for w in batch:
+                    if not w.done.done():
+                        w.done.set_exception(error)
+
+    async def _write_batch(self, batch: list[_Write]) -> None:
+        together = [w for w in batch if w.batched]
+        alone = [w for w in batch if not w.batched]
+        if len(together) > 1:
+            try:
+                results: list[Effects | None] = []
+                async with self.db.transaction() as session:
+                    for w in together:
+                        results.append(await w.handler(self, session, w.machine, w.message))
+            except Exception:
+                alone = batch  # which one failed is found by writing each alone
+            else:
+                for w, fx in zip(together, results, strict=True):
+                    if not w.done.done():
+                        w.done.set_result(fx)
+        else:
+            alone = batch
+        for w in alone:
+            try:
+                async with self.db.transaction() as session:
+                    fx = await w.handler(self, session, w.machine, w.message)
+            except Exception as error:
+                if not w.done.done():
+                    w.done.set_exception(error)
+            else:
+                if not w.done.done():
+                    w.done.set_result(fx)
 
     def _backlogged(self) -> list[int]:
         """The machines whose messages wait unread: the server writes them too slowly."""
@@ -580,7 +670,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             self.clock,
         )
 
-    _handlers: dict[str, Callable[..., Awaitable[Effects | None]]] = {
+    _handlers: dict[str, Handler] = {
         "metrics": _metrics,
         "secret_request": _secret_request,
         "worker_event": _worker_event,
@@ -687,6 +777,7 @@ def _bearer(context: grpc.aio.ServicerContext) -> str | None:
 
 
 REGISTRATION_FAILED = "The server could not register this machine; its log says why."
+BUSY = "The server is busy (no database connection free in time): try again shortly."
 # The most a message to an agent may be: gRPC's default limit on what a channel receives
 # (4 MiB), less room for the message's own framing.
 MESSAGE_LIMIT = 4 * 2**20 - 64 * 2**10
