@@ -204,6 +204,54 @@ def test_a_run_at_its_time_limit_shows_its_failure_and_its_last_lines(
     page.wait_for_url("**/runs/timed?tab=logs&worker=timed-0")
 
 
+# Reports one step, says so, then hangs without a word: it stalls.
+HANGS = """\
+import time, astraeus_progress
+astraeus_progress.report(1)
+print("step 1, then a hang", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_run_restarting_after_a_stall_shows_the_restarting_in_a_loop_panel(
+    live: tuple[Server, str], page: Any, tmp_path: Path
+) -> None:
+    # issue 20: a worker restarted for stalls had no snapshot and the page no loop panel;
+    # seed L-68: restarts, when the next attempt is, and the last failure's output
+    server, token = live
+    spec = {
+        "name": "hangs",
+        "gpus": 1,
+        "stall_timeout": "3s",
+        "command": ["python3", "-c", HANGS],
+    }
+    create(server, token, spec)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        job = httpx.get(
+            f"{server.url}/v1/jobs/hangs", headers={"Authorization": f"Bearer {token}"}
+        ).json()
+        if job["restart_loop"] and job["restart_loop"]["last_failure"]:
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError(f"hangs never restarted for a stall: {job}")
+    sign_in(page, server, token)
+    page.goto(f"{server.url}/o/default/w/default/runs/hangs")
+    panel = page.get_by_role("region", name="Restarting in a loop")
+    panel.wait_for()
+    assert panel.locator('[data-figure="restarts"]').inner_text() == "1 of 10"
+    assert panel.locator('[data-figure="loop-reason"]').inner_text() == (
+        "Stalled: no progress for 3s"
+    )
+    assert panel.locator('[data-figure="loop-advice"]').inner_text() == (
+        "Check the metrics around the failure: memory climbing to the limit, a GPU at 0% (a "
+        "hang), network traffic stopping."
+    )
+    assert "step 1, then a hang" in panel.locator("pre.log").inner_text()
+    page.screenshot(path=str(screenshots(tmp_path) / "run-restarting.png"), full_page=True)
+
+
 def test_a_workers_page(live: tuple[Server, str], page: Any, tmp_path: Path) -> None:
     # seed L-27, L-28: machine, GPU ids, what it asked for, restarts, exit code; How it was
     # started

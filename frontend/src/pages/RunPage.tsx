@@ -166,7 +166,7 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
         </section>
       )}
       {run.restartLoop && <RestartLoopPanel loop={run.restartLoop} onLog={(w) => open("logs", w)} onMetrics={() => open("metrics")} />}
-      {run.waitAdvice && (
+      {run.waitAdvice && !(run.waitAdvice.kind === "restart_loop" && run.restartLoop) && (
         <section className="panel waiting" aria-label="Why it waits">
           <h2>Why it does not start</h2>
           <p className="sentence">{run.waitAdvice.reason}</p>
