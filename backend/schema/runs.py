@@ -150,13 +150,13 @@ class Advice:
     exit_code: int | None
     kind: str = strawberry.field(
         description="A failure: program, command_not_found, out_of_memory, image_pull, "
-        "time_limit, machine_lost, retry_budget, preempted, signal or other; a wait: machines, "
-        "queue, plan, credential, drive, pulling or barrier."
+        "time_limit, machine_lost, retry_budget, preempted, stalled, signal or other; a wait: "
+        "machines, queue, plan, credential, drive, pulling, barrier or restart_loop."
     )
     look_at: str = strawberry.field(description="The seed's Look at sentence.")
     open: str = strawberry.field(
-        description="What to open beside it: log, memory, machine, machines, queue, spec, "
-        "credential, drive or workers."
+        description="What to open beside it: log, memory, metrics, machine, machines, queue, "
+        "spec, credential, drive, workers or restarts."
     )
 
     @classmethod
