@@ -110,7 +110,9 @@ class Clock:
     ticks=st.lists(st.integers(0, SPAN + 120), max_size=40),
     twice=st.booleans(),
     deleted=st.one_of(st.none(), st.integers(1, SPAN)),
-    late=st.dictionaries(st.integers(0, SPAN // 60), st.sampled_from([45, 200, 500]), max_size=30),
+    late_samples=st.dictionaries(
+        st.integers(0, SPAN // 60), st.sampled_from([45, 200, 500]), max_size=30
+    ),
 )
 async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
     db: Database,
@@ -120,7 +122,7 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
     ticks: list[int],
     twice: bool,
     deleted: int | None,
-    late: dict[int, int],
+    late_samples: dict[int, int],
 ) -> None:
     # DESIGN §4 invariants 1 (conservation, ticks retried, late, duplicated), 2 (transitions
     # split minutes), 3 (a late transition moves time already counted, and so do samples that
@@ -163,7 +165,7 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
     end = at(SPAN + 960)  # after the latest recording
     moments = [*sorted({at(t) for t in ticks}), end]
 
-    # Samples: every minute's (at its half), those of the ``late`` minutes when they arrive.
+    # Samples: every minute's (at its half), those of the ``late_samples`` minutes when they arrive.
     def samples(minute: int) -> list[MetricSample]:
         value = busy(int(at(minute * 60).timestamp()) // 60)
         if value is None or (gone is not None and at(minute * 60 + 30) >= gone):
@@ -181,15 +183,18 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
         ]
 
     arrivals: dict[datetime, list[int]] = defaultdict(list)
-    for minute, delay in late.items():
+    for minute, delay in late_samples.items():
         arrivals[at(minute * 60 + 30 + delay)].append(minute)
-    never = {m for m, d in late.items() if gone is not None and at(m * 60 + 30 + d) >= gone}
+    never = {m for m, d in late_samples.items() if gone is not None and at(m * 60 + 30 + d) >= gone}
     async with db.transaction() as session:
         await session.execute(  # placed (their samples are stored, and counted again)
             update(Worker).where(Worker.run_id == run.id).values(machine_id=machine_ids[0])
         )
         session.add_all(
-            s for minute in range(SPAN // 60 + 17) if minute not in late for s in samples(minute)
+            s
+            for minute in range(SPAN // 60 + 17)
+            if minute not in late_samples
+            for s in samples(minute)
         )
     ticking = set(moments)
     for moment in sorted(ticking | set(arrivals)):
