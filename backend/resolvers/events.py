@@ -33,7 +33,11 @@ async def _follow_log(
         name, machine_id = await logs.locate(session, principal, worker, workspace=workspace)
     async for chunk in logs.follow(info.context.logs, machine_id, name, lines):
         yield LogChunk(
-            text=chunk.text, archived=chunk.archived, missed=chunk.missed, ended=chunk.ended
+            text=chunk.text,
+            archived=chunk.archived,
+            missed=chunk.missed,
+            ended=chunk.ended,
+            behind=chunk.behind,
         )
 
 

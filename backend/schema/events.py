@@ -46,6 +46,12 @@ class LogChunk:
         description="Lines dropped before these, because the reader fell behind."
     )
     ended: bool = strawberry.field(description="The worker ended: the last chunk.")
+    behind: float = strawberry.field(
+        default=0.0,
+        description="Seconds the server was behind on its work as it handed these lines on: "
+        "they arrive that late (0: it keeps up). No text and behind: a notice alone, the "
+        "server is slowed and its lines will come late.",
+    )
 
 
 @strawberry.type(description="A page of events, newest first.")
@@ -78,7 +84,7 @@ class MetricRange:
     )
     not_measured: str | None = strawberry.field(
         default=None,
-        description="Why, as the console says it instead of an empty chart (\"Not measured: "
+        description='Why, as the console says it instead of an empty chart ("Not measured: '
         "this machine's agent runs processes on the host's network\"); null when every "
         "worker's machine measures it.",
     )

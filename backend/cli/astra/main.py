@@ -206,7 +206,8 @@ def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
 
 GPUS = "{ gpus { line } }"
 FOLLOW = """subscription($w: String!, $tail: Int!) {
-  followLog(worker: $w, tail: $tail) { text missed ended } }"""
+  followLog(worker: $w, tail: $tail) { text missed ended behind } }"""
+SLOWED_NOTICE_EVERY_S = 5.0
 
 
 def cmd_gpus(api: Api, args: argparse.Namespace) -> str:
@@ -239,6 +240,7 @@ def cmd_logs(api: Api, args: argparse.Namespace) -> str:
     worker = _worker(api, args.worker)
     tail = FOLLOW_TAIL if args.tail is None else args.tail
     open_line = False  # the last text written ended inside a line
+    slowed_told = -SLOWED_NOTICE_EVERY_S  # when the reader was last told the server is behind
     for chunk in subscribe(api, FOLLOW, "followLog", w=worker["name"], tail=tail):
         if args.json:
             print(json.dumps(chunk, ensure_ascii=False), flush=True)
@@ -246,6 +248,14 @@ def cmd_logs(api: Api, args: argparse.Namespace) -> str:
         if chunk["missed"]:
             print(("\n" if open_line else "") + f"[… {chunk['missed']} lines missed]", flush=True)
             open_line = False
+        if chunk.get("behind") and time.monotonic() - slowed_told >= SLOWED_NOTICE_EVERY_S:
+            # on stderr: the log's own lines stay as the worker wrote them
+            print(
+                f"[the server is {chunk['behind']:.0f} s behind: lines arrive late]",
+                file=sys.stderr,
+                flush=True,
+            )
+            slowed_told = time.monotonic()
         if chunk["text"]:
             sys.stdout.write(chunk["text"])
             sys.stdout.flush()
