@@ -196,17 +196,35 @@ FIRST_WAIT_SECONDS = 0.02
 class Database:
     """The server's handle on its database: one engine, sessions made from it."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, one_writer: bool = False) -> None:
         self.engine = engine
         self._sessions = async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
+        # On SQLite (one writer at a time), the handle's write transactions may be taken one
+        # after the other here, in its event loop, rather than each holding a connection and
+        # waiting up to the busy timeout for the file's lock ("database is locked" when a
+        # long one holds it longer). The embedded mode's job threads share one loop and one
+        # handle: they write one at a time (issue 19). Only for a handle whose transactions
+        # never open another one of the same handle inside them.
+        self._writer = asyncio.Lock() if one_writer and engine.dialect.name == "sqlite" else None
 
     @classmethod
-    def from_url(cls, url: str, *, pool_size: int = 10, echo: bool = False) -> Database:
-        return cls(create_engine_for(url, pool_size=pool_size, echo=echo))
+    def from_url(
+        cls, url: str, *, pool_size: int = 10, echo: bool = False, one_writer: bool = False
+    ) -> Database:
+        return cls(create_engine_for(url, pool_size=pool_size, echo=echo), one_writer=one_writer)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """A session whose work is committed on success and rolled back on any error."""
+        if self._writer is None:
+            async with self._transaction() as session:
+                yield session
+            return
+        async with self._writer, self._transaction() as session:
+            yield session
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncSession]:
         async with self._sessions() as session, session.begin():
             if self.engine.dialect.name == "sqlite":
                 await session.connection(execution_options=IMMEDIATE)

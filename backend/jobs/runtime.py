@@ -24,7 +24,10 @@ def database() -> Database:
     global _db
     if _db is None:
         settings = _settings or get_settings()
-        _db = Database.from_url(settings.resolved_database_url, pool_size=settings.db_pool_size)
+        # one_writer: the job threads' transactions one at a time on SQLite (issue 19)
+        _db = Database.from_url(
+            settings.resolved_database_url, pool_size=settings.db_pool_size, one_writer=True
+        )
     return _db
 
 
