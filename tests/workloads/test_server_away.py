@@ -1,0 +1,145 @@
+"""The server killed (kill -9) for longer than a minute while a real agent's worker steps: the
+minutes away are counted as the workload's samples say, productive, not idle (issue 20).
+
+A real `astraeus up` and a real `astraeus agent` with a simulated GPU, whose utilisation
+follows the workload's progress reports. While the server is away the agent keeps its samples
+(agent/outbox.py) and sends them when it is back; the server's tick may count the minutes away
+before they come (as idle: nothing sampled), and counts them again when they do
+(accounting.counting.samples_arrived, within rules.LATE_SAMPLES_WINDOW). Real time: the server
+has no fake clock. The last tick runs from here, on the server's own database, once its minute
+is over, rather than waiting up to a minute more for the server's."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from backend.accounting import counting
+from backend.clock import SystemClock
+from backend.db import Database
+from backend.models import StateTransition, Worker
+from tests.e2e.test_agent_process import Cluster
+from tests.support import WORKLOAD_PYTHON
+
+AWAY_S = 70  # longer than a minute: at least one whole minute without the server
+STEPS = (
+    "import time, astraeus_progress\n"
+    "end = time.time() + 95\n"
+    "i = 0\n"
+    "while time.time() < end:\n"
+    "    astraeus_progress.report(i)\n"
+    "    i += 1\n"
+    "    time.sleep(0.5)\n"
+)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def tails(cluster: Cluster) -> str:
+    """The server's and the agent's last lines: why it did not go as planned."""
+    logs = [cluster.server.log, *(a.log for a in cluster.agents.values())]
+    worker = cluster.get("/tasks/stepper-0/logs?tail=40")
+    return "\n".join(
+        [f"--- {p.name}\n" + "\n".join(p.read_text().splitlines()[-40:]) for p in logs]
+        + [f"--- stepper-0\n{worker}"]
+    )
+
+
+def at(iso: str) -> datetime:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+
+async def tick_and_read(url: str, run: str) -> list[tuple[datetime, str | None]]:
+    """One tick on the server's database, once the run's last minute is over; the run's
+    worker's phase changes (its history) as recorded."""
+    db = Database.from_url(url)
+    try:
+        async with db.transaction() as session:
+            await counting.tick(session, SystemClock())
+        async with db.read() as session:
+            rows = await session.execute(
+                select(StateTransition.transition_at, StateTransition.phase)
+                .join(Worker, Worker.id == StateTransition.worker_id)
+                .where(Worker.name == f"{run}-0")
+                .order_by(StateTransition.transition_at, StateTransition.id)
+            )
+            return [(r.transition_at, r.phase) for r in rows]
+    finally:
+        await db.dispose()
+
+
+def test_minutes_while_the_server_is_away_are_counted_as_the_samples_say(
+    cluster: Cluster,
+) -> None:
+    cluster.agent("m1").start()
+    cluster.submit(
+        name="stepper", gpus=1, restart_policy="never", command=[WORKLOAD_PYTHON, "-c", STEPS]
+    )
+    cluster.wait("running", lambda: cluster.status("stepper") == "Running")
+    time.sleep(5)
+    assert cluster.server.process is not None
+    cluster.server.process.kill()  # kill -9: the agent loses its stream, the worker steps on
+    cluster.server.process.wait()
+    away_from = time.time()
+    time.sleep(AWAY_S)
+    cluster.server.start()
+    try:
+        cluster.wait("completed", lambda: cluster.status("stepper") == "Completed", seconds=120)
+    except AssertionError as error:
+        raise AssertionError(f"{error}: {cluster.get('/jobs/stepper')}\n{tails(cluster)}") from None
+    ended = at(cluster.get("/jobs/stepper")["ended_at"])
+    # The last tick counts the run's end once its minute is over.
+    while counting.minute_floor(datetime.now(ended.tzinfo)) <= ended:
+        time.sleep(1)
+    url = f"sqlite:///{cluster.server.data_dir / 'astraeus.db'}"
+    history = asyncio.run(tick_and_read(url, "stepper"))
+
+    phases = [p for _, p in history if p is not None]
+    assert [p for n, p in enumerate(phases) if n == 0 or phases[n - 1] != p] == [
+        "waiting",
+        "starting",
+        "running",
+        "ended",
+    ], history
+    changes: dict[str, datetime] = {}
+    for moment, phase in history:
+        if phase is not None:
+            changes.setdefault(phase, moment)
+    running = (changes["ended"] - changes["running"]).total_seconds()
+    starting = (changes["running"] - changes["starting"]).total_seconds()
+    waiting = (changes["starting"] - changes["waiting"]).total_seconds()
+    assert running > AWAY_S + 10 and away_from > changes["running"].timestamp()
+
+    ledger = cluster.get("/runs/stepper/goodput")
+    hours = ledger["gpu_hours"]
+    # Every second it ran is productive (1 GPU): the minutes away too, as its samples said.
+    assert hours["idle"] == 0, (ledger, history)
+    assert hours["productive"] * 3600 == pytest.approx(running, abs=1e-3)
+    assert hours["starting"] * 3600 == pytest.approx(starting, abs=1e-3)
+    assert hours["waiting"] * 3600 == pytest.approx(waiting, abs=1e-3)
+    # The ledger is its intervals' sum, to the second, and they tile its history.
+    start = int(changes["waiting"].timestamp()) - 3600
+    intervals = cluster.get(f"/goodput/intervals?by=run&name=stepper&start={start}")["intervals"]
+    sums: dict[str, float] = defaultdict(float)
+    for i in intervals:
+        sums[i["category"]] += (at(i["end"]) - at(i["start"])).total_seconds() * i["gpus"]
+    for category, value in hours.items():
+        assert sums.get(category, 0.0) == pytest.approx(value * 3600, abs=1e-3), category
+    spans = sorted((at(i["start"]), at(i["end"])) for i in intervals)
+    assert spans[0][0] == changes["waiting"] and spans[-1][1] == changes["ended"]
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
