@@ -22,6 +22,7 @@ period (``rules.winding_down``). On SQLite every worker is counted the second wa
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,6 +33,8 @@ from backend.accounting import repository, rules
 from backend.accounting.rules import Category, Interval, PhaseChange
 from backend.clock import Clock
 from backend.models import GoodputInterval, GoodputOpenInterval
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,11 @@ async def tick(session: AsyncSession, clock: Clock) -> TickResult:
             from_history.add(worker_id)
     if late.ids:
         await repository.recounted(session, late.ids)
+        log.info(
+            "goodput: %d workers counted again from %s: their samples came late",
+            len(late.earliest),
+            min(late.earliest.values()).isoformat(),
+        )
     if counted is None or counted >= until:
         mark.counted_until = until
         if not starts:  # the first tick, or one that came twice: nothing to count
