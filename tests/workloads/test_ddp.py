@@ -237,7 +237,7 @@ def test_the_ledger_is_the_workers_history_to_the_second(
         for i in mine:
             start = _at(i["start"])
             state = next(
-                (s for at, s in reversed(changes) if at <= start + timedelta(seconds=1)),
+                (s for at, s in reversed(changes) if at <= start + timedelta(milliseconds=1)),
                 "Pending",
             )
             assert i["category"] in CATEGORIES[state], (worker["name"], state, i)
