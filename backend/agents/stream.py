@@ -154,10 +154,25 @@ Handler = Callable[..., Awaitable[Effects | None]]
 # transactions at once (the rest of the pool is the requests'). A stream's messages wait
 # for a writer rather than each for a connection of the pool (whose wait times out).
 WRITE_BATCH = 50
-WRITERS = 4
-# Written alone: what answers the machine at once (a secret request sends its values on the
-# stream, which a batch tried again would do twice).
-_ALONE = frozenset({"secret_request"})
+WRITERS = 2
+# What is written with other machines' messages: samples, progress and acknowledgements,
+# most of what machines send. Each takes its rows' locks (a run's, its workers', commands') in
+# the order of its worker's id, and a batch is written in that order, so two batches, or a
+# batch and a scheduling pass (runs in id order), take them in one order. The rest is
+# written alone: a worker's state changes and GPU faults take wider locks (a gang's, a
+# machine's), and a secret request answers on the stream, which a batch tried again would
+# do twice. (Batching worker events too deadlocked with scheduling passes at 1 000 machines.)
+_BATCHED = frozenset({"metrics", "progress", "command_ack"})
+
+
+def _lock_order(message: agent_pb2.AgentMessage) -> int:
+    """Where a batched message goes in its batch: by the worker whose rows it locks."""
+    kind = message.WhichOneof("body")
+    if kind == "progress":
+        return message.progress.worker_id
+    if kind == "metrics":
+        return min((s.worker_id for s in message.metrics.samples), default=0)
+    return 0  # acknowledgements lock only their own commands, in id order
 
 
 @dataclass
@@ -514,7 +529,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if handler is None:
             return
         done: asyncio.Future[Effects | None] = asyncio.get_running_loop().create_future()
-        self._writes.put_nowait(_Write(machine, message, handler, kind not in _ALONE, done))
+        self._writes.put_nowait(_Write(machine, message, handler, kind in _BATCHED, done))
         self._start_writers()
         fx = await done
         if fx is not None and fx.freed:
@@ -543,7 +558,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         w.done.set_exception(error)
 
     async def _write_batch(self, batch: list[_Write]) -> None:
-        together = [w for w in batch if w.batched]
+        together = sorted((w for w in batch if w.batched), key=lambda w: _lock_order(w.message))
         alone = [w for w in batch if not w.batched]
         if len(together) > 1:
             try:
