@@ -97,8 +97,8 @@ workloads: $(WORKLOADS_STAMP) ## PyTorch (CPU) for the real distributed-training
 test: setup workloads services browser lint typecheck schema-check console-test ## every check and every test, SQLite and PostgreSQL, and the console's
 	$(BIN)/pytest -n $(TEST_LANES) --dist loadfile
 
-test-fast: setup ## the tests only
-	$(BIN)/pytest -x -q
+test-fast: setup ## the tests only, without the real training runs (tests/workloads/)
+	$(BIN)/pytest -x -q -m 'not workloads'
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) gen .pytest_cache .mypy_cache .ruff_cache
