@@ -228,6 +228,9 @@ def held_truth(rows: list[tuple[int, str, datetime, int]], mark: datetime) -> fl
 def conservation(database: str) -> dict[str, Any]:
     """Each run's ledger against its history, to 1e-3 GPU-s."""
     with psycopg.connect(database) as conn:
+        # One snapshot for the mark, the ledger and the history: under READ COMMITTED each statement
+        # sees its own, and a tick committed between them reads as a minute over-counted.
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         mark_row = conn.execute("SELECT counted_until FROM accounting_marks").fetchone()
         if mark_row is None or mark_row[0] is None:
             return {"checked": 0, "note": "no mark yet"}
