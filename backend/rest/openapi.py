@@ -402,7 +402,7 @@ def document() -> dict[str, Any]:
                         },
                         "not_measured": {
                             "type": ["string", "null"],
-                            "description": "Why, as the console says it (\"Not measured: this "
+                            "description": 'Why, as the console says it ("Not measured: this '
                             "machine's agent runs processes on the host's network\"); null when "
                             "every worker's machine measures it.",
                         },
