@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,7 +28,8 @@ OUT = Path(__file__).resolve().parent / "out"
 
 @contextlib.contextmanager
 def fresh_database() -> Iterator[str]:
-    """A new PostgreSQL database with the schema from the migrations; dropped afterwards."""
+    """A new PostgreSQL database with the schema from the migrations; dropped afterwards, unless
+    ASTRAEUS_BENCH_KEEP=1 (its name is printed, to look into what a run left)."""
     name = f"astraeus_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -36,8 +38,11 @@ def fresh_database() -> Iterator[str]:
         migrations.upgrade(url)
         yield url
     finally:
-        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if os.environ.get("ASTRAEUS_BENCH_KEEP") == "1":
+            print(f"bench: kept the database {url}", file=sys.stderr)
+        else:
+            with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def tenancy(conn: psycopg.Connection[Any], at: datetime) -> tuple[int, int, int]:
