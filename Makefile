@@ -95,7 +95,7 @@ $(WORKLOADS_STAMP): $(STAMP)
 workloads: $(WORKLOADS_STAMP) ## PyTorch (CPU) for the real distributed-training tests (tests/workloads/)
 
 test: setup workloads services browser lint typecheck schema-check console-test ## every check and every test, SQLite and PostgreSQL, and the console's
-	$(BIN)/pytest -n $(TEST_LANES) --dist loadfile
+	$(BIN)/pytest -n $(TEST_LANES) --dist loadfile --durations=30
 
 test-fast: setup ## the tests only, without the real training runs (tests/workloads/)
 	$(BIN)/pytest -x -q -m 'not workloads'
