@@ -128,16 +128,26 @@ async def clear_pending_commands(
     session: AsyncSession, worker_ids: Sequence[int], at: datetime
 ) -> None:
     """Set aside the workers' commands no machine has carried out yet, but their deletes: a
-    deleted run's start that never reached its machine is never sent."""
-    if worker_ids:
-        await session.execute(
-            update(AgentCommand)
+    deleted run's start that never reached its machine is never sent. The rows are locked first
+    in id order, as every writer of commands takes them (agents.repository.ack_commands): an
+    UPDATE alone locks them in the order it finds them and can deadlock with an acknowledgement."""
+    if not worker_ids:
+        return
+    locked = list(
+        await session.scalars(
+            select(AgentCommand.id)
             .where(
                 AgentCommand.target_worker_id.in_(worker_ids),
                 AgentCommand.acked_at.is_(None),
                 AgentCommand.kind != "delete",
             )
-            .values(acked_at=at)
+            .order_by(AgentCommand.id)
+            .with_for_update()
+        )
+    )
+    if locked:
+        await session.execute(
+            update(AgentCommand).where(AgentCommand.id.in_(locked)).values(acked_at=at)
         )
 
 
