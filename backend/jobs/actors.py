@@ -28,10 +28,10 @@ async def scheduling_pass() -> None:
     never delays the check; here they are checked again so a pass places on live machines.)"""
     db, clock = runtime.database(), runtime.clock()
     await machines_check_leases()
-    async with db.transaction() as session:
-        await lifecycle.check_timers(session, clock)
-    async with db.transaction() as session:
-        results = await scheduling.schedule_all(session, clock)
+    # Each step a unit of work: one that loses a deadlock to an agent's writes is tried again
+    # whole (it is idempotent), instead of ending the pass with an unhandled error.
+    await db.unit(lambda session: lifecycle.check_timers(session, clock))
+    results = await db.unit(lambda session: scheduling.schedule_all(session, clock))
     placed = [name for r in results.values() for name in r.placed]
     if placed:
         log.info("placed %s", ", ".join(placed))
@@ -40,8 +40,7 @@ async def scheduling_pass() -> None:
 async def machines_check_leases() -> None:
     """Machines whose agent went silent past its lease lost, their workers failed."""
     db, clock, settings = runtime.database(), runtime.clock(), runtime.settings()
-    async with db.transaction() as session:
-        await machines.expire_leases(session, clock, settings.lease_time)
+    await db.unit(lambda session: machines.expire_leases(session, clock, settings.lease_time))
 
 
 async def metrics_prune() -> None:
@@ -70,8 +69,7 @@ async def accounting_tick() -> None:
     Retried, late, duplicated or concurrent messages are safe: the tick counts from its own
     mark, in one transaction with it (backend/accounting/service.py)."""
     db, clock = runtime.database(), runtime.clock()
-    async with db.transaction() as session:
-        result = await counting.tick(session, clock)
+    result = await db.unit(lambda session: counting.tick(session, clock))
     if result.recounted_from is not None:
         log.info("goodput: counted again from %s (a transition dated back)", result.recounted_from)
     # Then the alerts, on the ledgers just written (their own transaction: a failed
