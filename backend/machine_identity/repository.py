@@ -59,30 +59,24 @@ IDS_PER_QUERY = 500
 
 async def live_credential_ids(session: AsyncSession, ids: Collection[int]) -> set[int]:
     """Which of these credentials are not revoked (one query per IDS_PER_QUERY)."""
-    wanted = sorted(ids)
-    live: set[int] = set()
-    for i in range(0, len(wanted), IDS_PER_QUERY):
-        live.update(
-            await session.scalars(
-                select(MachineCredential.id).where(
-                    MachineCredential.id.in_(wanted[i : i + IDS_PER_QUERY]),
-                    MachineCredential.revoked_at.is_(None),
-                )
-            )
-        )
-    return live
+    return await _not_revoked(session, MachineCredential, ids)
 
 
 async def live_join_token_ids(session: AsyncSession, ids: Collection[int]) -> set[int]:
     """Which of these join tokens are not revoked."""
+    return await _not_revoked(session, JoinToken, ids)
+
+
+async def _not_revoked(
+    session: AsyncSession, model: type[MachineCredential] | type[JoinToken], ids: Collection[int]
+) -> set[int]:
     wanted = sorted(ids)
     live: set[int] = set()
     for i in range(0, len(wanted), IDS_PER_QUERY):
+        chunk = wanted[i : i + IDS_PER_QUERY]
         live.update(
             await session.scalars(
-                select(JoinToken.id).where(
-                    JoinToken.id.in_(wanted[i : i + IDS_PER_QUERY]), JoinToken.revoked_at.is_(None)
-                )
+                select(model.id).where(model.id.in_(chunk), model.revoked_at.is_(None))
             )
         )
     return live
