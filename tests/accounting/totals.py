@@ -32,9 +32,9 @@ async def assert_run_totals_match_the_hours(session: AsyncSession) -> None:
         assert sorted(rows[run_id]) == hours, f"run {run_id}: an hour skipped or one too many"
         total = [0.0] * len(TOTAL_COLUMNS)
         for hour in hours:
-            sums = by_hour.get(hour)  # none: the hour repeats the one before
-            if sums is not None:
-                total = [t + s for t, s in zip(total, sums, strict=True)]
+            added = by_hour.get(hour)  # none: the hour repeats the one before
+            if added is not None:
+                total = [t + s for t, s in zip(total, added, strict=True)]
             last, got = rows[run_id][hour]
             assert last == (hour == final), (run_id, hour)
             for column, want, have in zip(TOTAL_COLUMNS, total, got, strict=True):
