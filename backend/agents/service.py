@@ -142,7 +142,7 @@ async def renew_leases(
 async def worker_event(
     session: AsyncSession, clock: Clock, machine_id: int, event: WorkerEventInfo
 ) -> Effects:
-    return await lifecycle.report(
+    fx = await lifecycle.report(
         session,
         clock,
         machine_id=machine_id,
