@@ -62,7 +62,6 @@ def main() -> int:
     except OSError as error:
         print(f"{argv[0]}: {error.strerror}", flush=True)
         return 126
-    return 126  # execvpe does not return
 
 
 if __name__ == "__main__":
