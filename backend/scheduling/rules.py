@@ -16,8 +16,9 @@ cluster's admins allow it, runs of a workspace holding more than its quota there
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -25,11 +26,18 @@ from datetime import datetime
 from backend.lifecycle.rules import Placement
 
 GIB = 2**30
+MIB = 2**20
 ANOTHER_WORKSPACE = "a run of another workspace"
 
 
-def _gib(value: int) -> str:
-    return f"{value / GIB:g} GiB"
+def _gib(value: int, way: Callable[[float], int] = round) -> str:
+    """Memory as a person writes it: 23.5 GiB, 512 MiB below a GiB (issue 21: not 23.5406 GiB).
+    ``way`` rounds: what is free is rounded down and what is needed up, so a shortfall never
+    reads as enough."""
+    if value < GIB:
+        return f"{way(value / MIB)} MiB"
+    tenths = way(value * 10 / GIB)
+    return f"{tenths // 10} GiB" if tenths % 10 == 0 else f"{tenths / 10:.1f} GiB"
 
 
 def _cores(value: float) -> str:
@@ -100,7 +108,7 @@ class Ask:
     def shape(self) -> str:
         parts = [_gpus(self.gpus), _cores(self.cpu)]
         if self.memory:
-            parts.append(_gib(self.memory))
+            parts.append(_gib(self.memory, math.ceil))
         return ", ".join(parts)
 
 
@@ -477,10 +485,45 @@ def _wait_reason(
         return f"No machine fits: {where} has no ready machine"
     count = _workers_that_fit(room, ask)
     if count == 0:
-        return f"No machine fits: none has room now for a worker of {ask.shape()}"
+        short = _short_on(room, ask)
+        return f"No machine fits: none has room now for a worker of {ask.shape()}" + (
+            f" ({short})" if short else ""
+        )
     return (
         f"Gang cannot be placed whole: room for {count} of {ask.workers} workers of {ask.shape()}"
     )
+
+
+# How many machines a "No machine fits" reason names for one resource; the others are counted.
+SHORT_NAMED = 3
+
+
+def _short_on(room: _Room, ask: Ask) -> str:
+    """What is short, machine by machine, where none takes a worker now: "cores short on a, b;
+    GPUs and memory short on c" (the machines of the ask's pool whose agent takes its workers;
+    the full numbers: Read a pending reason)."""
+    by_short: dict[str, list[str]] = defaultdict(list)
+    for m in room.machines.values():
+        if (ask.pool is not None and m.pool != ask.pool) or not m.takes(ask):
+            continue
+        short = [
+            what
+            for what, lacking in (
+                ("GPUs", len(m.free_gpus) < ask.gpus),
+                ("cores", m.cpu_free < ask.cpu),
+                ("memory", m.memory_free < ask.memory),
+            )
+            if lacking
+        ]
+        if short:
+            by_short[" and ".join(short)].append(m.name)
+    parts = []
+    for what, names in by_short.items():
+        named = ", ".join(names[:SHORT_NAMED])
+        if len(names) > SHORT_NAMED:
+            named += f" and {len(names) - SHORT_NAMED} more"
+        parts.append(f"{what} short on {named}")
+    return "; ".join(parts)
 
 
 def machine_reasons(ask: Ask, machines: list[MachineRoom]) -> list[tuple[str, str]]:
@@ -513,8 +556,8 @@ def _machine_reason(ask: Ask, m: MachineRoom) -> str:
         problems.append(f"{m.cpu_free:g} of {_cores(m.cpu_total)} free, a worker needs {ask.cpu:g}")
     if m.memory_free < ask.memory:
         problems.append(
-            f"{_gib(m.memory_free)} of {_gib(m.memory_total)} memory free, "
-            f"a worker needs {_gib(ask.memory)}"
+            f"{_gib(m.memory_free, math.floor)} of {_gib(m.memory_total)} memory free, "
+            f"a worker needs {_gib(ask.memory, math.ceil)}"
         )
     if problems:
         return "; ".join(problems)

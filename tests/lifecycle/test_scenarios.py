@@ -316,6 +316,7 @@ async def test_preemption_queues_the_lower_priority_run_again(world: World) -> N
     assert result.placed == ["llm"]
     assert result.reasons["sweep-7"] == (
         "No machine fits: none has room now for a worker of 8 GPUs, 4 cores, 16 GiB"
+        " (GPUs short on gpu-07)"
     )
     assert (await world.run("sweep-7")).failures_in_row == 0
 

@@ -195,6 +195,7 @@ def test_no_machine_fits_when_none_has_room_now() -> None:
     assert result.placements == {}
     assert result.reasons == {
         10: "No machine fits: none has room now for a worker of 4 GPUs, 1 core, 16 GiB"
+        " (GPUs short on node-a; cores short on node-b)"
     }
 
 
@@ -312,6 +313,7 @@ def test_higher_priority_first_then_first_submitted_first() -> None:
     }
     assert result.reasons == {
         11: "No machine fits: none has room now for a worker of 2 GPUs, 1 core"
+        " (GPUs short on node-a)"
     }
 
 
@@ -325,7 +327,8 @@ def test_no_backfill_a_small_run_queues_behind_a_blocked_big_run() -> None:
     result = run_plan(asks, [machine(1, "node-a", free=[0, 1, 2, 3])])
     assert result.placements == {}
     assert result.reasons == {
-        10: "No machine fits: none has room now for a worker of 8 GPUs, 1 core",
+        10: "No machine fits: none has room now for a worker of 8 GPUs, 1 core"
+        " (GPUs short on node-a)",
         11: "Queued behind big",
         12: "Queued behind big",
     }
@@ -346,7 +349,8 @@ def test_a_run_of_another_pool_is_not_held_up_by_a_blocked_run() -> None:
     result = run_plan(asks, machines)
     assert result.placements == {11: [Placement(2, "node-h", (0,))]}
     assert result.reasons == {
-        10: "No machine fits: none has room now for a worker of 8 GPUs, 1 core",
+        10: "No machine fits: none has room now for a worker of 8 GPUs, 1 core"
+        " (GPUs short on node-a)",
         12: "Queued behind big-a",
         13: "Queued behind big-a",
     }
@@ -362,7 +366,8 @@ def test_a_blocked_run_of_any_pool_holds_up_every_pool() -> None:
     result = run_plan(asks, machines)
     assert result.placements == {}
     assert result.reasons == {
-        10: "No machine fits: none has room now for a worker of 8 GPUs, 1 core",
+        10: "No machine fits: none has room now for a worker of 8 GPUs, 1 core"
+        " (GPUs short on node-a, node-h)",
         11: "Queued behind big-any",
     }
 
@@ -434,6 +439,7 @@ def test_never_preempts_a_run_of_equal_or_higher_priority() -> None:
     assert result.preemptions == {}
     assert result.reasons == {
         10: "No machine fits: none has room now for a worker of 4 GPUs, 1 core"
+        " (GPUs short on node-a)"
     }
 
 
@@ -447,6 +453,7 @@ def test_no_preemption_when_even_all_lower_priority_runs_would_not_make_room() -
     assert result.preemptions == {}
     assert result.reasons == {
         10: "No machine fits: none has room now for a worker of 8 GPUs, 1 core"
+        " (GPUs short on node-a)"
     }
 
 
@@ -539,7 +546,8 @@ def test_a_run_queued_behind_another_workspaces_run_is_not_told_its_name() -> No
     ]
     result = run_plan(asks, machines)
     assert result.reasons == {
-        10: "No machine fits: none has room now for a worker of 4 GPUs, 1 core",
+        10: "No machine fits: none has room now for a worker of 4 GPUs, 1 core"
+        " (GPUs short on node-a)",
         11: "Queued behind a run of another workspace",
         12: "Queued behind a run of another workspace",
     }
@@ -563,6 +571,7 @@ def test_by_default_a_run_preempts_only_its_own_workspaces_runs() -> None:
     assert alone.preemptions == {}
     assert alone.reasons == {
         10: "No machine fits: none has room now for a worker of 4 GPUs, 1 core"
+        " (GPUs short on node-a)"
     }
 
 
@@ -623,6 +632,7 @@ def test_draining_and_lost_machines_get_no_placements() -> None:
     # The draining machine could hold it some day: it waits rather than cannot be planned.
     assert result.reasons == {
         11: "No machine fits: none has room now for a worker of 4 GPUs, 1 core"
+        " (GPUs short on node-ready)"
     }
 
 

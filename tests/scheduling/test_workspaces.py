@@ -167,6 +167,7 @@ async def test_a_members_high_priority_does_not_preempt_another_workspaces_run(
     assert result.preempted == []
     assert result.reasons["b-urgent"] == (
         "No machine fits: none has room now for a worker of 8 GPUs, 4 cores, 16 GiB"
+        " (GPUs short on gpu-07)"
     )
     assert await world.status("default-low") == ("Running", "1 of 1 workers running")
     # Over its quota, default's run still stays: the admins have not allowed it.
