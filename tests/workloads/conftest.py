@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.live import running
+from tests.workloads.ledger import Api
+
 SCRIPTS = Path(__file__).parent / "scripts"
 DEBIAN_PYTHON = Path("/usr/bin/python3")
 TORCHRUN = "import sys\nfrom torch.distributed.run import main\nsys.exit(main())\n"
@@ -45,6 +48,13 @@ class Workloads:
     @property
     def path(self) -> str:
         return f"{self.bin}:/usr/local/bin:/usr/bin:/bin"
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory, workloads: Workloads) -> Iterator[Api]:
+    """`astraeus up` of a module's own, with its local agent, and the first admin's calls."""
+    with running(tmp_path_factory.mktemp("workloads") / "data") as (server, token):
+        yield Api(server, token)
 
 
 @pytest.fixture(scope="session")
