@@ -3,11 +3,15 @@ optional progress file. torch.distributed reads RANK, WORLD_SIZE, MASTER_ADDR an
 from the environment (init_method env://), as torchrun and Astraeus both set them.
 
     python ddp_train.py [--steps N] [--sleep SECONDS] [--exit-at STEP --exit-rank RANK]
+                        [--hang-at STEP --hang-rank RANK] [--overwrite-progress]
+
+Each step's line ends with the time it was logged (seconds since the epoch).
 """
 
 import argparse
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -22,6 +26,19 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.2)
     parser.add_argument("--exit-at", type=int, default=-1, help="a rank ends here (a crash)")
     parser.add_argument("--exit-rank", type=int, default=1)
+    parser.add_argument(
+        "--hang-at",
+        type=int,
+        default=-1,
+        help="a rank hangs after this step's update, before logging it (a deadlock): the "
+        "others block in the next step's all-reduce",
+    )
+    parser.add_argument("--hang-rank", type=int, default=1)
+    parser.add_argument(
+        "--overwrite-progress",
+        action="store_true",
+        help="write the progress file anew each step (by default a line is appended)",
+    )
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -43,9 +60,11 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()  # DDP all-reduces the gradients over gloo here
         optimizer.step()
-        print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
+        if step == args.hang_at and rank == args.hang_rank:
+            threading.Event().wait()  # never set
+        print(f"rank {rank} step {step} loss {loss.item():.4f} at {time.time():.3f}", flush=True)
         if progress:
-            with open(progress, "a") as f:
+            with open(progress, "w" if args.overwrite_progress else "a") as f:
                 f.write(f"{step}\n")
         time.sleep(args.sleep)
     dist.destroy_process_group()

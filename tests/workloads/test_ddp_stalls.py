@@ -1,0 +1,294 @@
+"""A real two-rank PyTorch DDP run (gloo, CPU) that hangs, and progress written the two usual
+ways, through `astraeus up` and its local agent (issue 20), with tests/workloads/scripts/
+ddp_train.py as a user writes it.
+
+Four runs go together (a module's fixture), so that one wait for the tick counts them all:
+- `hang-keep`, `hang-restart`: rank 1 hangs after step 5's update, before it logs it (a
+  deadlock); rank 0 logs step 5 and blocks in step 6's all-reduce, a step (2 s) later. With
+  `stall_timeout: 20s`, both ranks are counted stalled, each from its own last progress (before,
+  with `on_stall: restart` only the first was: the gang's stop came before the second was
+  looked at; and a stall was dated when the agent noticed the last output). `keep` leaves them
+  running (stalled) until their owner stops them; `restart` stops the gang, keeps each
+  worker's last lines (before: `last_failure: null`), waits 10 s, and runs it again: it hangs
+  again and its retry budget (one restart) is spent;
+- `progress-append`, `progress-overwrite`: the same healthy run, one appending its step to
+  $ASTRAEUS_PROGRESS_FILE, one writing the file anew each step: the same goodput (before:
+  0.157 and 0.996, an appended file was read as no report at all).
+Each run's ledger is checked to the second against its workers' histories (ledger.py).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tests.workloads.conftest import Workloads
+from tests.workloads.ledger import (
+    ENDED,
+    STALLED,
+    Api,
+    History,
+    Intervals,
+    at,
+    by_worker,
+    check_ledger,
+    counted,
+    ledger_of,
+    spec,
+)
+
+HANG_AT = 5  # rank 1 hangs after this step's update; rank 0 logs it and blocks in the next
+SLEEP_S = 2.0  # between steps: rank 0's last progress is a step after rank 1's
+STALL = "Stalled: no progress for 20s"  # lifecycle/rules.py's sentence for stall_timeout 20s
+BACKOFF_S = 10  # the first restart's wait (lifecycle/rules.py: restart_backoff)
+STEPS, STEP_SLEEP_S = 120, 0.5  # the progress runs: a minute of steps
+HANGS = ("hang-keep", "hang-restart")
+PROGRESS = ("progress-append", "progress-overwrite")
+RUNS = HANGS + PROGRESS
+# Four gangs of two ranks on the local machine's two cores and eight simulated GPUs at once.
+CPU = 0.25
+STEP_LINE = re.compile(r"^rank (\d+) step (\d+) loss \S+ at (\d+\.\d+)$", re.MULTILINE)
+
+RUN = """query($run: String!) { run(name: $run) {
+  state reason advice { kind reason }
+  restartLoop { restarts maxRestarts restartAt worker { name lastFailure } }
+  workers { name state lastFailure history { transitionAt state reason } }
+} }"""
+
+
+def last_step(text: str, rank: int) -> tuple[int, datetime]:
+    """The last step a rank logged, and when it logged it (its progress is written next)."""
+    found = [m for m in STEP_LINE.finditer(text) if int(m.group(1)) == rank]
+    assert found, text
+    step, logged = int(found[-1].group(2)), float(found[-1].group(3))
+    return step, datetime.fromtimestamp(logged, UTC)
+
+
+def stalls(worker: dict[str, Any]) -> list[tuple[datetime, str]]:
+    """A worker's changes to stalled (oldest first): when, and why."""
+    return [
+        (at(h["transitionAt"]), h["reason"])
+        for h in reversed(worker["history"])
+        if h["state"] == "Running" and h["reason"].startswith(STALLED)
+    ]
+
+
+def stalled_spans(intervals: Intervals) -> list[tuple[datetime, datetime]]:
+    """The worker's stretches of stalled time (its intervals' runs of that category)."""
+    spans: list[tuple[datetime, datetime]] = []
+    for i in intervals:
+        if i["category"] != "stalled":
+            continue
+        start, end = at(i["start"]), at(i["end"])
+        if spans and spans[-1][1] == start:
+            spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((start, end))
+    return spans
+
+
+def close(a: datetime, b: datetime, seconds: float = 0.001) -> bool:
+    return abs((a - b).total_seconds()) <= seconds
+
+
+def same_spans(
+    found: list[tuple[datetime, datetime]], expected: list[tuple[datetime, datetime]]
+) -> bool:
+    """The same stretches, to the millisecond."""
+    return len(found) == len(expected) and all(
+        close(a, c) and close(b, d) for (a, b), (c, d) in zip(found, expected, strict=True)
+    )
+
+
+@pytest.fixture(scope="module")
+def seen(api: Api, workloads: Workloads) -> dict[str, Any]:
+    """The runs submitted, watched to their ends: what the restarting run showed while it
+    waited to restart (REST and GraphQL) and once running again."""
+    script = str(workloads.scripts / "ddp_train.py")
+    hang = ["python", script, "--steps", "1000", "--sleep", str(SLEEP_S)]
+    hang += ["--hang-at", str(HANG_AT)]
+    stall = {"cpu": CPU, "stall_timeout": "20s"}
+    api.submit(spec("hang-keep", workloads, hang, on_stall="keep", **stall))
+    api.submit(
+        spec(
+            "hang-restart",
+            workloads,
+            hang,
+            on_stall="restart",
+            restart_policy="on_failure",
+            max_restarts=1,
+            **stall,
+        )
+    )
+    steps = ["python", script, "--steps", str(STEPS), "--sleep", str(STEP_SLEEP_S)]
+    out: dict[str, Any] = {}
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline:
+        # The progress runs start at a minute's start, so that their first step comes in the
+        # minute they start running in (a running minute is busy or not as a whole): a run
+        # whose first step came in the next minute would count its start idle, the other not.
+        if "submitted" not in out and datetime.now(UTC).second < 3:
+            api.submit(spec("progress-append", workloads, steps, cpu=CPU))
+            api.submit(
+                spec("progress-overwrite", workloads, [*steps, "--overwrite-progress"], cpu=CPU)
+            )
+            out["submitted"] = datetime.now(UTC)
+        keep = api.graphql(RUN, run="hang-keep")["run"]
+        if "stopped" not in out and all(stalls(w) for w in keep["workers"]):
+            made = api.graphql('mutation { stopRun(name: "hang-keep") { errors { message } } }')
+            assert made["stopRun"]["errors"] == [], made
+            out["stopped"] = datetime.now(UTC)
+        job = api.job("hang-restart")
+        if "waiting" not in out and job["status"] == "Pending" and job["restart_loop"]:
+            out["waiting"] = (job, api.graphql(RUN, run="hang-restart")["run"])
+        if "again" not in out and "waiting" in out and job["status"] == "Running":
+            out["again"] = api.graphql(RUN, run="hang-restart")["run"]
+        if "submitted" in out and all(
+            (job if run == "hang-restart" else api.job(run))["status"] in ENDED for run in RUNS
+        ):
+            out["ended"] = {run: api.job(run) for run in RUNS}
+            return out
+        time.sleep(0.5)
+    raise AssertionError(f"not all ended: {[api.job(r) for r in RUNS]}, {out}")
+
+
+@pytest.fixture(scope="module")
+def ledgers(api: Api, seen: dict[str, Any]) -> dict[str, tuple[History, Intervals]]:
+    return counted(api, RUNS)
+
+
+def test_keep_counts_both_ranks_stalled_each_from_its_own_last_progress(
+    api: Api, seen: dict[str, Any], ledgers: dict[str, tuple[History, Intervals]]
+) -> None:
+    # seed G-6: stalled, counted from when it stopped making progress
+    assert seen["ended"]["hang-keep"]["status"] == "Stopped"
+    history, intervals = ledgers["hang-keep"]
+    mine = by_worker(intervals)
+    began: dict[int, datetime] = {}
+    for worker in history["workers"]:
+        rank = int(worker["name"].rsplit("-", 1)[1])
+        step, logged = last_step(api.log(worker["name"]), rank)
+        assert step == (HANG_AT - 1 if rank == 1 else HANG_AT), worker["name"]
+        assert [r for _, r in stalls(worker)] == [STALL], worker["history"]
+        ((stalled_at, _),) = stalls(worker)
+        # dated by when its progress was written (the file's change), not when it was seen
+        assert close(stalled_at, logged, 0.5), (worker["name"], stalled_at, logged)
+        stop = next(at(h["transitionAt"]) for h in worker["history"] if h["state"] == "Stopping")
+        # stalled from its own last progress until its owner stopped it, and only then
+        spans = stalled_spans(mine[worker["name"]])
+        assert same_spans(spans, [(stalled_at, stop)]), (worker["name"], spans, stalled_at, stop)
+        began[rank] = stalled_at
+    # each from its own: rank 0 logged a step more, a step's sleep after rank 1
+    assert (began[0] - began[1]).total_seconds() > SLEEP_S / 2, began
+
+
+def test_restart_stalls_both_ranks_and_restarts_after_its_backoff(
+    api: Api, seen: dict[str, Any]
+) -> None:
+    # seed L-68, L-69 (the Restarting in a loop panel, the first wait), L-21, G-7
+    job, run = seen["waiting"]
+    assert job["reason"] == (
+        f"Restarting in {BACKOFF_S}s (1/1): Worker hang-restart-1 stalled on local: "
+        "no progress for 20s"
+    )
+    assert job["advice"]["kind"] == "stalled" and run["advice"]["kind"] == "stalled"
+    loop = job["restart_loop"]
+    assert (loop["restarts"], loop["max_restarts"]) == (1, 1)
+    requeued = next(at(h["transition_at"]) for h in job["history"] if h["reason"] == job["reason"])
+    assert close(at(loop["restart_at"]), requeued + timedelta(seconds=BACKOFF_S)), loop
+    # GraphQL's panel is the REST one's
+    panel = run["restartLoop"]
+    assert (panel["restarts"], panel["maxRestarts"]) == (1, 1)
+    assert close(at(panel["restartAt"]), at(loop["restart_at"])), (panel, loop)
+    assert panel["worker"]["name"] == loop["worker"]
+    assert panel["worker"]["lastFailure"]["log_tail"] == loop["last_failure"]["log_tail"]
+    # Each worker's first attempt: stalled from its own last progress, with its last lines.
+    first: dict[int, datetime] = {}
+    for worker in run["workers"]:
+        rank = int(worker["name"].rsplit("-", 1)[1])
+        snapshot = worker["lastFailure"]
+        assert snapshot["reason"] == STALL, snapshot
+        step, logged = last_step(snapshot["log_tail"], rank)
+        assert step == (HANG_AT - 1 if rank == 1 else HANG_AT), snapshot
+        ((stalled_at, reason),) = stalls(worker)
+        assert (reason == STALL) if rank == 1 else reason.startswith(STALLED), reason
+        assert close(stalled_at, logged, 0.5), (worker["name"], stalled_at, logged)
+        first[rank] = stalled_at
+        if worker["name"] == loop["worker"]:
+            assert loop["last_failure"] == snapshot
+    assert (first[0] - first[1]).total_seconds() > SLEEP_S / 2, first
+    # running again: the panel stays (the count), the next attempt is no longer ahead
+    again = seen["again"]["restartLoop"]
+    assert (again["restarts"], again["restartAt"]) == (1, None), again
+
+
+def test_restart_counts_every_stall_of_both_ranks_and_spends_its_budget(
+    api: Api, seen: dict[str, Any], ledgers: dict[str, tuple[History, Intervals]]
+) -> None:
+    # seed G-6, G-7, G-9, L-56
+    job = seen["ended"]["hang-restart"]
+    assert (job["status"], job["reason"]) == ("Failed", "Retry budget exhausted after 1/1 restarts")
+    assert job["advice"]["kind"] == "retry_budget", job["advice"]
+    restart_at = at(seen["waiting"][0]["restart_loop"]["restart_at"])
+    first = {w["name"]: stalls(w)[0][0] for w in seen["waiting"][1]["workers"]}
+    history, intervals = ledgers["hang-restart"]
+    mine = by_worker(intervals)
+    began: dict[int, datetime] = {}
+    for worker in history["workers"]:
+        name = worker["name"]
+        rank = int(name.rsplit("-", 1)[1])
+        changes = stalls(worker)
+        assert len(changes) == 2, worker["history"]  # one per attempt
+        assert close(changes[0][0], first[name]), (changes, first)
+        # The second attempt: placed once its wait was over, counted as a restart (G-9).
+        placed = next(
+            at(h["transitionAt"])
+            for h in reversed(worker["history"])
+            if h["state"] in ("Preparing", "Starting") and at(h["transitionAt"]) > changes[0][0]
+        )
+        assert restart_at - timedelta(milliseconds=1) <= placed, (placed, restart_at)
+        assert placed < restart_at + timedelta(seconds=30), (placed, restart_at)
+        # Stalled from each attempt's last progress to its gang's placement again (stopping
+        # and waiting to be placed again: G-7), then to the run's end.
+        end = at(worker["history"][0]["transitionAt"])
+        spans = stalled_spans(mine[name])
+        expected = [(changes[0][0], placed), (changes[1][0], end)]
+        assert same_spans(spans, expected), (name, spans, expected)
+        after = [i for i in mine[name] if close(at(i["start"]), placed)]
+        assert [i["category"] for i in after] == ["restart"], (name, mine[name])
+        # The second attempt's stall, as its own last lines date it.
+        snapshot = api.get(f"/tasks/{name}").json()["last_failure"]
+        assert snapshot["reason"] == STALL, snapshot
+        step, logged = last_step(snapshot["log_tail"], rank)
+        assert step == (HANG_AT - 1 if rank == 1 else HANG_AT), snapshot
+        assert close(changes[1][0], logged, 0.5), (name, changes[1][0], logged)
+        began[rank] = changes[1][0]
+    assert (began[0] - began[1]).total_seconds() > SLEEP_S / 2, began
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_the_ledger_is_the_workers_history_to_the_second(
+    api: Api, ledgers: dict[str, tuple[History, Intervals]], run: str
+) -> None:
+    history, intervals = ledgers[run]
+    check_ledger(api, run, history, intervals)
+
+
+def test_progress_appended_or_overwritten_gives_the_same_goodput(
+    api: Api, seen: dict[str, Any], ledgers: dict[str, tuple[History, Intervals]]
+) -> None:
+    goodput = {}
+    for run in PROGRESS:
+        job = seen["ended"][run]
+        assert (job["status"], job["reason"]) == ("Completed", "2 of 2 workers completed"), job
+        for rank in (0, 1):
+            assert last_step(api.log(f"{run}-{rank}"), rank)[0] == STEPS - 1
+        history, _ = ledgers[run]
+        goodput[run] = ledger_of(api, run, at(history["createdAt"]))["goodput"]
+    # Stepping all along: busy all along, whichever way the file is written.
+    assert min(goodput.values()) > 0.8, goodput
+    assert abs(goodput["progress-append"] - goodput["progress-overwrite"]) <= 0.02, goodput
