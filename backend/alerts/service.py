@@ -22,7 +22,7 @@ from backend.accounting.service import ledgers_by_id
 from backend.alerts import repository, rules
 from backend.alerts.rules import DEFAULTS, Finding
 from backend.clock import Clock
-from backend.errors import FieldError, InvalidInput, NotFound
+from backend.errors import FieldError, Forbidden, InvalidInput, NotFound
 from backend.lifecycle.rules import STRAGGLER_AFTER
 from backend.models import Alert, AlertThreshold, Cluster, Event
 from backend.organizations import service as organizations
@@ -176,6 +176,37 @@ async def set_threshold(
     row.value, row.updated_at = value, clock.now()
     await session.flush()
     return row
+
+
+@dataclass(frozen=True)
+class ThresholdSetting:
+    """One of a cluster's alert thresholds as it applies now: set by its operators (when), or
+    the default (updated_at None)."""
+
+    name: str
+    value: float
+    default: float
+    updated_at: datetime | None
+
+
+async def thresholds_of(
+    session: AsyncSession, principal: Principal, cluster: str
+) -> list[ThresholdSetting]:
+    """Every alert threshold of a cluster, as its operators (organisation admins) read them
+    back (issue 21)."""
+    if not principal.is_org_admin:
+        raise Forbidden("Only the organisation's admins read a cluster's alert thresholds.")
+    found = await organizations.cluster_by_name(session, principal.organization_id, cluster)
+    rows = {name: await repository.threshold(session, found.id, name) for name in DEFAULTS}
+    return [
+        ThresholdSetting(
+            name=name,
+            value=DEFAULTS[name] if row is None else row.value,
+            default=DEFAULTS[name],
+            updated_at=None if row is None else row.updated_at,
+        )
+        for name, row in rows.items()
+    ]
 
 
 async def firing_counts(session: AsyncSession, principal: Principal) -> dict[str, int] | None:

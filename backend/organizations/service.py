@@ -176,6 +176,27 @@ async def set_quota(
     return gpus
 
 
+async def read_quota(
+    session: AsyncSession, principal: Principal, cluster: str, workspace: str | None
+) -> tuple[str, int | None]:
+    """A workspace's GPU quota on a cluster (None: no quota), as (workspace, gpus): members read
+    their own workspace's; the organisation's admins any of its workspaces' (issue 21)."""
+    name = workspace if workspace is not None else principal.workspace_name
+    if name is None:
+        raise InvalidInput(
+            "INVALID_WORKSPACE", [FieldError("workspace", "is needed: this token has none")]
+        )
+    if name != principal.workspace_name and not principal.is_org_admin:
+        raise Forbidden(
+            "Members read their own workspace's quota; only the organisation's admins read "
+            "another workspace's."
+        )
+    ws = await workspace_by_name(session, principal.organization_id, name)
+    found = await cluster_by_name(session, principal.organization_id, cluster)
+    quota = await repository.get_quota(session, ws.id, found.id)
+    return ws.name, None if quota is None else quota.gpus
+
+
 def require_admin(principal: Principal, what: str) -> None:
     if not principal.is_org_admin:
         raise Forbidden(f"Only the organisation's admins set {what}.")

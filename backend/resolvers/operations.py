@@ -22,6 +22,7 @@ from backend.schema.operations import (
     QuotaPayload,
     Threshold,
     ThresholdPayload,
+    ThresholdSetting,
     WorkerAttention,
     WorkspaceSettings,
     WorkspaceSettingsPayload,
@@ -126,6 +127,26 @@ async def set_quota(
         return QuotaPayload(quota=None, errors=UserError.from_error(error))
     job_broker.nudge_scheduler()  # runs waiting for the quota may fit now
     return QuotaPayload(quota=Quota(workspace=workspace, cluster=cluster, gpus=limit), errors=[])
+
+
+async def quota(info: Info, cluster: str, workspace: str | None = None) -> Quota:
+    """A workspace's GPU quota on a cluster: members read their own workspace's; admins any
+    workspace of their organisation (issue 21)."""
+    principal = info.context.require_principal()
+    async with info.context.db.read() as session:
+        name, gpus = await organizations.read_quota(session, principal, cluster, workspace)
+    return Quota(workspace=name, cluster=cluster, gpus=gpus)
+
+
+async def thresholds(info: Info, cluster: str) -> list[ThresholdSetting]:
+    """A cluster's alert thresholds as they apply now (issue 21): its operators only."""
+    principal = info.context.require_principal()
+    async with info.context.db.read() as session:
+        found = await alerts.thresholds_of(session, principal, cluster)
+    return [
+        ThresholdSetting(name=t.name, value=t.value, default=t.default, updated_at=t.updated_at)
+        for t in found
+    ]
 
 
 async def attention(info: Info, workspace: str | None = None) -> list[WorkerAttention]:

@@ -41,6 +41,18 @@ class Threshold:
     updated_at: datetime
 
 
+@strawberry.type(
+    description="One of a cluster's alert thresholds as it applies now: set, or the default."
+)
+class ThresholdSetting:
+    name: str
+    value: float
+    default: float = strawberry.field(description="Its value where the operators set none.")
+    updated_at: datetime | None = strawberry.field(
+        description="When its operators last set it; null: it is the default."
+    )
+
+
 @strawberry.type
 class ThresholdPayload:
     threshold: Threshold | None

@@ -41,8 +41,10 @@ from backend.schema.operations import (
     Alert,
     MachinePayload,
     PreemptionPolicyPayload,
+    Quota,
     QuotaPayload,
     ThresholdPayload,
+    ThresholdSetting,
     WorkerAttention,
     WorkspaceSettingsPayload,
 )
@@ -123,6 +125,17 @@ class Query:
         resolver=operation_resolvers.attention,
         extensions=_authenticated(),
         description="The workspace's workers stalled now, then its stragglers now.",
+    )
+    quota: Quota = strawberry.field(
+        resolver=operation_resolvers.quota,
+        extensions=_authenticated(),
+        description="A workspace's GPU quota on a cluster (gpus null: none): members read their "
+        "own workspace's (workspace left out: the token's); admins any of the organisation's.",
+    )
+    thresholds: list[ThresholdSetting] = strawberry.field(
+        resolver=operation_resolvers.thresholds,
+        extensions=_authenticated(),
+        description="Organisation admins: a cluster's alert thresholds as they apply now.",
     )
     alerts_firing: list[Alert] = strawberry.field(
         resolver=operation_resolvers.alerts_firing,
