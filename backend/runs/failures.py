@@ -135,9 +135,10 @@ def classify(reason: str, exit_code: int | None = None) -> Advice:
     budget = _BUDGET.match(reason)
     if budget:
         times = budget.group(1)
+        plural = "time" if times == "1" else "times"  # max_restarts: 1 said "1 times"
         return Advice(
             FailureKind.RETRY_BUDGET,
-            f"It failed {times} times in a row: the first failure's cause is in last_failure.",
+            f"It failed {times} {plural} in a row: the first failure's cause is in last_failure.",
             "log",
         )
     exited = _EXITED.match(reason)

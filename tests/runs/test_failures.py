@@ -69,6 +69,12 @@ from backend.runs.failures import (
             "It failed 10 times in a row: the first failure's cause is in last_failure.",
         ),
         (
+            budget_exhausted_sentence(1),
+            143,
+            FailureKind.RETRY_BUDGET,
+            "It failed 1 time in a row: the first failure's cause is in last_failure.",
+        ),
+        (
             preempted_sentence("llama-70b"),
             None,
             FailureKind.PREEMPTED,
