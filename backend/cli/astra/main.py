@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.cli.astra import goodput as goodput_table
+from backend.cli.astra import quota as quota_cli
 from backend.cli.astra.client import (
     EXIT_FAILED,
     EXIT_NOT_FOUND,
@@ -401,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit = command("submit", cmd_submit, "submit a run from its JSON specification")
     submit.add_argument("spec", help="a JSON file, or - for standard input")
     submit.add_argument("--name", help="submit under this name instead of the file's")
+    quota_cli.add_commands(command)
     return parser
 
 

@@ -1,0 +1,96 @@
+"""``astra astraeus quota show | set`` and ``astra astraeus threshold show`` (issue 21): a
+workspace's GPU quota on a cluster (members read their own workspace's, the organisation's
+admins read and set any of its workspaces'), and a cluster's alert thresholds (admins)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+from backend.cli.astra.client import EXIT_USAGE, Api, CliError, exit_for
+
+DEFAULT_CLUSTER = "local"  # the embedded server's cluster
+QUOTA_FIELDS = "workspace cluster gpus"
+READ_QUOTA = f"""query($c: String!, $w: String) {{
+  quota(cluster: $c, workspace: $w) {{ {QUOTA_FIELDS} }} }}"""
+SET_QUOTA = f"""mutation($w: String!, $c: String!, $g: Int) {{
+  setQuota(workspace: $w, cluster: $c, gpus: $g) {{
+    quota {{ {QUOTA_FIELDS} }} errors {{ code field message }} }} }}"""
+THRESHOLDS = """query($c: String!) {
+  thresholds(cluster: $c) { name value default updatedAt } }"""
+
+Command = Callable[[str, Callable[[Api, argparse.Namespace], str], str], Any]
+
+
+def add_commands(command: Command) -> None:
+    """The subcommands, added with main's ``command`` (each takes --json)."""
+    show = command("quota", cmd_quota, "a workspace's GPU quota on a cluster; admins set it")
+    show.add_argument("action", choices=["show", "set"], help="show it, or set it (admins)")
+    show.add_argument("gpus", nargs="?", help="with set: the most GPUs at once, or none to lift it")
+    show.add_argument("--workspace", help="another workspace of the organisation (admins)")
+    show.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster (local)")
+    threshold = command("threshold", cmd_threshold, "a cluster's alert thresholds (admins)")
+    threshold.add_argument("action", choices=["show"])
+    threshold.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster (local)")
+
+
+def _gpus(text: str | None) -> int | None:
+    if text is None:
+        raise CliError(
+            "astra: quota set needs a GPU count: a whole number, or none to lift it", EXIT_USAGE
+        )
+    if text == "none":
+        return None
+    if not text.isdigit():
+        raise CliError(
+            f"astra: gpus: must be a whole number of 0 or more, or none: {text!r}", EXIT_USAGE
+        )
+    return int(text)
+
+
+def quota_line(quota: dict[str, Any]) -> str:
+    """`default's GPU quota on local: 4 GPUs` (the sentence "Waits for namespace quota" counts
+    against), or that it has none."""
+    gpus = quota["gpus"]
+    if gpus is None:
+        return f"{quota['workspace']} has no GPU quota on {quota['cluster']}"
+    unit = "GPU" if gpus == 1 else "GPUs"
+    return f"{quota['workspace']}'s GPU quota on {quota['cluster']}: {gpus} {unit}"
+
+
+def cmd_quota(api: Api, args: argparse.Namespace) -> str:
+    if args.action == "show":
+        if args.gpus is not None:
+            raise CliError("astra: quota show takes no GPU count (set it: quota set N)", EXIT_USAGE)
+        found = api.graphql(READ_QUOTA, c=args.cluster, w=args.workspace)["quota"]
+    else:
+        if args.workspace is None:
+            raise CliError(
+                "astra: quota set needs --workspace: the workspace to set it for", EXIT_USAGE
+            )
+        gpus = _gpus(args.gpus)
+        answer = api.graphql(SET_QUOTA, w=args.workspace, c=args.cluster, g=gpus)
+        payload = answer["setQuota"]
+        if payload["errors"]:
+            error = payload["errors"][0]
+            field = f"{error['field']}: " if error.get("field") else ""
+            raise CliError(f"astra: {field}{error['message']}", exit_for(error["code"]))
+        found = payload["quota"]
+    return json.dumps(found, indent=2) if args.json else quota_line(found)
+
+
+def threshold_table(rows: list[dict[str, Any]]) -> str:
+    """NAME, VALUE, DEFAULT and when it was SET (`default`: never set)."""
+    width = max(len("NAME"), *(len(r["name"]) for r in rows))
+    lines = [f"{'NAME':<{width}}  {'VALUE':>7}  {'DEFAULT':>7}  SET"]
+    for r in rows:
+        when = r["updatedAt"][:19].replace("T", " ") if r["updatedAt"] else "default"
+        lines.append(f"{r['name']:<{width}}  {r['value']:>7g}  {r['default']:>7g}  {when}")
+    return "\n".join(lines)
+
+
+def cmd_threshold(api: Api, args: argparse.Namespace) -> str:
+    rows = api.graphql(THRESHOLDS, c=args.cluster)["thresholds"]
+    return json.dumps(rows, indent=2) if args.json else threshold_table(rows)
