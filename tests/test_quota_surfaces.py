@@ -110,3 +110,23 @@ async def test_admins_read_back_the_clusters_thresholds(
         assert write["setThreshold"]["threshold"] is None and write["setThreshold"]["errors"]
     again = (await graphql(client, tenancy.admin_token, THRESHOLDS))["data"]["thresholds"]
     assert next(t for t in again if t["name"] == "workers_stalled")["value"] == 3
+
+
+QUOTAS = """{ quotas(cluster: "local") { workspace cluster gpus } }"""
+
+
+async def test_admins_list_every_workspaces_quota_on_a_cluster(
+    client: httpx.AsyncClient, tenancy: Tenancy
+) -> None:
+    # seed L-62: what the console's Machines page shows its admins
+    assert (await graphql(client, tenancy.admin_token, QUOTAS))["data"]["quotas"] == []
+    await graphql(client, tenancy.admin_token, SET_QUOTA, w="team-b", g=2)
+    await graphql(client, tenancy.admin_token, SET_QUOTA, w="default", g=8)
+    assert (await graphql(client, tenancy.admin_token, QUOTAS))["data"]["quotas"] == [
+        {"workspace": "default", "cluster": "local", "gpus": 8},
+        {"workspace": "team-b", "cluster": "local", "gpus": 2},
+    ]
+    for token in (tenancy.member_token, tenancy.other_token, tenancy.foreign_token):
+        assert refused(await graphql(client, token, QUOTAS)) == (
+            "FORBIDDEN: Only the organisation's admins read every workspace's quota."
+        )

@@ -53,6 +53,17 @@ async def get_quota(
     )
 
 
+async def list_quotas(session: AsyncSession, cluster_id: int) -> list[tuple[str, int]]:
+    """The workspaces with a quota on a cluster, by name, and their GPUs."""
+    rows = await session.execute(
+        select(Workspace.name, WorkspaceQuota.gpus)
+        .join(Workspace, Workspace.id == WorkspaceQuota.workspace_id)
+        .where(WorkspaceQuota.cluster_id == cluster_id)
+        .order_by(Workspace.name)
+    )
+    return [(r[0], r[1]) for r in rows]
+
+
 async def delete(session: AsyncSession, row: object) -> None:
     await session.delete(row)
 

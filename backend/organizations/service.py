@@ -197,6 +197,17 @@ async def read_quota(
     return ws.name, None if quota is None else quota.gpus
 
 
+async def quotas_of(
+    session: AsyncSession, principal: Principal, cluster: str
+) -> list[tuple[str, int]]:
+    """Every workspace's GPU quota on a cluster, as (workspace, gpus): the organisation's admins
+    only (issue 21: the console's Machines page)."""
+    if not principal.is_org_admin:
+        raise Forbidden("Only the organisation's admins read every workspace's quota.")
+    found = await cluster_by_name(session, principal.organization_id, cluster)
+    return await repository.list_quotas(session, found.id)
+
+
 def require_admin(principal: Principal, what: str) -> None:
     if not principal.is_org_admin:
         raise Forbidden(f"Only the organisation's admins set {what}.")

@@ -138,6 +138,14 @@ async def quota(info: Info, cluster: str, workspace: str | None = None) -> Quota
     return Quota(workspace=name, cluster=cluster, gpus=gpus)
 
 
+async def quotas(info: Info, cluster: str) -> list[Quota]:
+    """Every workspace's GPU quota on a cluster (issue 21): the organisation's admins."""
+    principal = info.context.require_principal()
+    async with info.context.db.read() as session:
+        found = await organizations.quotas_of(session, principal, cluster)
+    return [Quota(workspace=name, cluster=cluster, gpus=gpus) for name, gpus in found]
+
+
 async def thresholds(info: Info, cluster: str) -> list[ThresholdSetting]:
     """A cluster's alert thresholds as they apply now (issue 21): its operators only."""
     principal = info.context.require_principal()

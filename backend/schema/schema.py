@@ -132,6 +132,11 @@ class Query:
         description="A workspace's GPU quota on a cluster (gpus null: none): members read their "
         "own workspace's (workspace left out: the token's); admins any of the organisation's.",
     )
+    quotas: list[Quota] = strawberry.field(
+        resolver=operation_resolvers.quotas,
+        extensions=_authenticated(),
+        description="Organisation admins: every workspace's GPU quota on a cluster.",
+    )
     thresholds: list[ThresholdSetting] = strawberry.field(
         resolver=operation_resolvers.thresholds,
         extensions=_authenticated(),
