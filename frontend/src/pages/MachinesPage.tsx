@@ -25,6 +25,65 @@ interface Pool {
   unhealthyGpus: number;
 }
 
+interface Quota {
+  workspace: string;
+  cluster: string;
+  gpus: number | null;
+}
+
+interface Threshold {
+  name: string;
+  value: number;
+  default: number;
+  updatedAt: string | null;
+}
+
+// Issue 21: a cluster's quotas (astra astraeus quota set) and alert thresholds (setThreshold),
+// read back where its admins see its machines.
+export const LIMITS = `query($c: String!) { quotas(cluster: $c) { workspace cluster gpus }
+  thresholds(cluster: $c) { name value default updatedAt } }`;
+
+export function ClusterLimits({ cluster }: { cluster: string }) {
+  const found = useQuery<{ quotas: Quota[]; thresholds: Threshold[] }>(LIMITS, { c: cluster }, true, 60_000);
+  return (
+    <section aria-label={`Quotas and alert thresholds of ${cluster}`}>
+      <h2>Quotas and alert thresholds of {cluster}</h2>
+      {found.error && <p className="error" role="alert">{found.error}</p>}
+      {found.data && found.data.quotas.length === 0 && (
+        <p className="empty">No workspace has a GPU quota on {cluster}: set one with astra astraeus quota set.</p>
+      )}
+      {found.data && found.data.quotas.length > 0 && (
+        <table className="ledger" aria-label={`Quotas on ${cluster}`}>
+          <Head columns={["Workspace", { label: "GPU quota", num: true }]} />
+          <tbody>
+            {found.data.quotas.map((q) => (
+              <tr key={q.workspace} data-row={q.workspace}>
+                <th scope="row">{q.workspace}</th>
+                <td className="num">{q.gpus ?? "none"}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+      {found.data && (
+        <table className="ledger" aria-label={`Alert thresholds of ${cluster}`}>
+          <Head columns={["Threshold", { label: "Value", num: true }, { label: "Default", num: true }, "Set"]} />
+          <tbody>
+            {found.data.thresholds.map((t) => (
+              <tr key={t.name} data-row={t.name}>
+                <th scope="row">{t.name}</th>
+                <td className="num">{t.value}</td>
+                <td className="num">{t.default}</td>
+                <td>{t.updatedAt ? when(t.updatedAt) : "default"}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+    </section>
+  );
+}
+
 const QUERY = `{ machines { name cluster pool state reason cpuCores memoryBytes gpus unhealthyGpus lastSeenAt }
   pools { name cluster machines gpus unhealthyGpus } }`;
 
@@ -81,6 +140,8 @@ export function MachinesPage() {
           </table>
         </>
       )}
+      {found.data &&
+        [...new Set(found.data.machines.map((m) => m.cluster))].sort().map((c) => <ClusterLimits key={c} cluster={c} />)}
     </main>
   );
 }

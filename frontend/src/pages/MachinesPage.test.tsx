@@ -1,0 +1,89 @@
+import { cleanup, render, screen, within } from "@testing-library/react";
+import { afterEach, describe, expect, it, vi } from "vitest";
+
+import { MachinesPage } from "./MachinesPage";
+
+afterEach(() => {
+  cleanup();
+  vi.unstubAllGlobals();
+});
+
+// The server's answers, as tests/test_quota_surfaces.py has it answer an admin: one machine of
+// cluster local; team-b's quota of 2 GPUs; workers_stalled set to 3, the others the defaults.
+function answering() {
+  const asked: Record<string, unknown>[] = [];
+  vi.stubGlobal(
+    "fetch",
+    vi.fn(async (_url: string, init: RequestInit) => {
+      const { query, variables } = JSON.parse(String(init.body)) as { query: string; variables: Record<string, unknown> };
+      asked.push(variables);
+      const data = query.includes("thresholds")
+        ? {
+            quotas: [{ workspace: "team-b", cluster: String(variables.c), gpus: 2 }],
+            thresholds: [
+              { name: "goodput_drop.below", value: 0.5, default: 0.5, updatedAt: null },
+              { name: "workers_stalled", value: 3, default: 1, updatedAt: "2026-10-01T01:02:11Z" },
+            ],
+          }
+        : {
+            machines: [
+              {
+                name: "gpu-07",
+                cluster: "local",
+                pool: null,
+                state: "ready",
+                reason: "",
+                cpuCores: 64,
+                memoryBytes: 512 * 2 ** 30,
+                gpus: 8,
+                unhealthyGpus: 0,
+                lastSeenAt: null,
+              },
+            ],
+            pools: [],
+          };
+      return new Response(JSON.stringify({ data }), { status: 200 });
+    }),
+  );
+  return asked;
+}
+
+describe("MachinesPage", () => {
+  it("shows each cluster's quotas and alert thresholds under its machines (issue 21)", async () => {
+    const asked = answering();
+    render(<MachinesPage />);
+    const quotas = await screen.findByRole("table", { name: "Quotas on local" });
+    const teamB = within(quotas).getByRole("row", { name: /team-b/ });
+    expect(within(teamB).getByText("2")).toBeTruthy();
+    const thresholds = screen.getByRole("table", { name: "Alert thresholds of local" });
+    const stalled = within(thresholds).getByRole("row", { name: /workers_stalled/ });
+    expect(within(stalled).getByText("3")).toBeTruthy();
+    expect(within(stalled).getByText("1")).toBeTruthy();
+    const below = within(thresholds).getByRole("row", { name: /goodput_drop.below/ });
+    expect(within(below).getByText("default")).toBeTruthy();
+    expect(asked).toContainEqual({ c: "local" });
+  });
+
+  it("shows the refusal when the limits are refused", async () => {
+    vi.stubGlobal(
+      "fetch",
+      vi.fn(async (_url: string, init: RequestInit) => {
+        const { query } = JSON.parse(String(init.body)) as { query: string };
+        const body = query.includes("thresholds")
+          ? {
+              data: null,
+              errors: [
+                {
+                  message: "Only the organisation's admins read every workspace's quota.",
+                  extensions: { code: "FORBIDDEN" },
+                },
+              ],
+            }
+          : { data: { machines: [{ name: "gpu-07", cluster: "local", pool: null, state: "ready", reason: "", cpuCores: 8, memoryBytes: 2 ** 30, gpus: 1, unhealthyGpus: 0, lastSeenAt: null }], pools: [] } };
+        return new Response(JSON.stringify(body), { status: 200 });
+      }),
+    );
+    render(<MachinesPage />);
+    expect(await screen.findByText("Only the organisation's admins read every workspace's quota.")).toBeTruthy();
+  });
+});
