@@ -27,7 +27,7 @@ from backend.accounting.rules import (
     week_start,
 )
 from backend.clock import Clock, iso_z
-from backend.errors import FieldError, InvalidInput, NotFound
+from backend.errors import FieldError, Forbidden, InvalidInput, NotFound
 from backend.lifecycle.rules import STRAGGLER_AFTER
 from backend.models import Run
 from backend.organizations import service as organizations
@@ -110,9 +110,14 @@ async def cluster_viewer(
 ) -> Viewer:
     """Every workspace's time on one cluster of the organisation: its admins only."""
     org = await organizations.organization_by_name(session, organization)
-    if not principal.can_see_organization(org.id):
+    if org.id != principal.organization_id:  # another organisation's clusters are not named
         raise NotFound("CLUSTER_NOT_FOUND", f"No cluster named '{cluster}'.")
     found = await organizations.cluster_by_name(session, org.id, cluster)
+    if not principal.can_see_organization(org.id):
+        raise Forbidden(
+            f"A cluster's goodput needs an organisation admin of '{org.name}'; "
+            "a member reads their workspace's at /v1/goodput."
+        )
     return Viewer(None, found.id)
 
 

@@ -27,6 +27,11 @@ WHAT = {
     "runs_with_straggler": "runs with a straggler",
     "gpu_faults": "GPUs unhealthy",
 }
+ONE = {
+    "workers_stalled": "worker stalled",
+    "runs_with_straggler": "run with a straggler",
+    "gpu_faults": "GPU unhealthy",
+}
 
 
 @dataclass(frozen=True)
@@ -88,5 +93,6 @@ def count_alert(
     if threshold <= 0 or count < threshold:
         return None
     kind, _, name = subject.partition(":")
-    reason = f"{count} {WHAT[metric]} in {kind} {name} (threshold {threshold:g})"
+    what = ONE[metric] if count == 1 else WHAT[metric]  # "1 worker stalled" (issue 21)
+    reason = f"{count} {what} in {kind} {name} (threshold {threshold:g})"
     return Finding(metric, subject, workspace_id, float(count), threshold, reason)

@@ -22,7 +22,7 @@ from backend.accounting.service import ledgers_by_id
 from backend.alerts import repository, rules
 from backend.alerts.rules import DEFAULTS, Finding
 from backend.clock import Clock
-from backend.errors import FieldError, Forbidden, InvalidInput, NotFound
+from backend.errors import FieldError, Forbidden, InvalidInput
 from backend.lifecycle.rules import STRAGGLER_AFTER
 from backend.models import Alert, AlertThreshold, Cluster, Event
 from backend.organizations import service as organizations
@@ -163,7 +163,7 @@ async def set_threshold(
     """A cluster's operators (its organisation's admins) change one threshold."""
     found = await organizations.cluster_by_name(session, principal.organization_id, cluster)
     if not principal.can_see_organization(found.organization_id):
-        raise NotFound("CLUSTER_NOT_FOUND", f"No cluster named '{cluster}'.")
+        raise Forbidden("Setting a cluster's alert threshold needs an organisation admin.")
     problem = rules.check_threshold(name, value)
     if problem is not None:
         raise InvalidInput(

@@ -71,7 +71,7 @@ async def test_thresholds_and_the_alerts_firing(
     world = World(db, clock, tenancy)
     await world.machine("gpu-07")
     refused = await graphql(client, tenancy.member_token, THRESHOLD, n="gpu_faults", v=0)
-    assert refused["data"]["setThreshold"]["errors"][0]["code"] == "CLUSTER_NOT_FOUND"
+    assert refused["data"]["setThreshold"]["errors"][0]["code"] == "FORBIDDEN"  # issue 21
     bad = await graphql(client, tenancy.admin_token, THRESHOLD, n="nope", v=1)
     assert bad["data"]["setThreshold"]["errors"][0]["field"] == "name"
     ok = await graphql(client, tenancy.admin_token, THRESHOLD, n="gpu_faults", v=1)
