@@ -131,15 +131,30 @@ def test_goodput_by_week_and_pool(seed_week: tuple[Server, Tenancy]) -> None:
         headers={"Authorization": f"Bearer {token}"},
     ).json()["weeks"]
     assert len(weekly) == 8
+    # issue 21: one table of the seed's block, a row per week and pool (a week with none: the
+    # week alone), not eight tables of which seven are empty
     seed = SEED_BLOCK.splitlines()
-    pool_header = seed_layout("POOL", seed[1].split()[1:])
-    expected: list[str] = []
+    expected = [seed[0], seed_layout("WEEK      POOL", seed[1].split()[1:])]
     for week in weekly:
-        expected += [f"Week {week['week']}", seed[0], pool_header]
-        expected += [seed_layout(row["name"], figures(row)) for row in week["ledgers"]]
-        expected += [seed_layout("TOTAL", figures(week["total"])), seed[5], seed[6], ""]
-    assert printed.stdout.splitlines() == expected[:-1]
+        named = [(f"{week['week']}  {row['name']}", row) for row in week["ledgers"]]
+        for name, ledger in named or [(week["week"], week["total"])]:
+            expected.append(seed_layout(name, figures(ledger)))
+    totals = [week["total"] for week in weekly]
+    held = sum(t["allocated_gpu_hours"] for t in totals)
+    used = sum(t["productive_gpu_hours"] for t in totals)
+    total = {
+        "allocated_gpu_hours": held,
+        "productive_gpu_hours": used,
+        "waiting_gpu_hours": sum(t["waiting_gpu_hours"] for t in totals),
+        "held_gpu_hours": {
+            c: sum(t["held_gpu_hours"][c] for t in totals) for c in totals[0]["held_gpu_hours"]
+        },
+        **({"goodput": used / held} if held else {}),
+    }
+    expected += [seed_layout("TOTAL", figures(total)), seed[5], seed[6]]
+    assert printed.stdout.splitlines() == expected
     assert sum(1 for week in weekly if week["ledgers"]) >= 1  # the scenario's week has a row
+    assert printed.stdout.count("GPU-hours") == 1
 
 
 # -- status, workers, gpus and logs -f (seed L-8, L-29, L-30, L-39) --------------------------

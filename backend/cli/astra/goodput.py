@@ -73,3 +73,41 @@ def table(scope: str, rows: list[tuple[str, dict[str, Any]]], total: dict[str, A
         out.append(line("TOTAL", cells(total), width))
     out += ["", FOOTER]
     return "\n".join(out)
+
+
+def summed(ledgers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ledgers added up as one (the weeks' TOTAL): goodput is the sum's used over held."""
+    held: dict[str, float] = {}
+    for ledger in ledgers:
+        for part in ledger["gpuHours"]:
+            held[part["category"]] = held.get(part["category"], 0.0) + part["heldGpuHours"]
+    allocated = sum(ledger["allocatedGpuHours"] for ledger in ledgers)
+    productive = sum(ledger["productiveGpuHours"] for ledger in ledgers)
+    return {
+        "allocatedGpuHours": allocated,
+        "productiveGpuHours": productive,
+        "waitingGpuHours": sum(ledger["waitingGpuHours"] for ledger in ledgers),
+        "goodput": productive / allocated if allocated > 0 else None,
+        "gpuHours": [{"category": c, "heldGpuHours": h} for c, h in held.items()],
+    }
+
+
+WEEK_WIDTH = 10  # "2026-W40" and two spaces
+
+
+def weekly_table(scope: str, weeks: list[dict[str, Any]]) -> str:
+    """The last weeks as one table of the seed's block (issue 21: not a table a week, most of
+    them empty): a row per week and name, oldest week first; a week with nothing to show is
+    one row of its week, so every week asked for is there; the TOTAL of them all."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for week in weeks:
+        report = week["report"]
+        named = [(f"{week['week']:<{WEEK_WIDTH}}{r['name']}", r["ledger"]) for r in report["rows"]]
+        rows += named or [(week["week"], report["total"])]
+    width = max([NAME_WIDTH, *(len(name) + 1 for name, _ in rows)])
+    header = f"{'WEEK':<{WEEK_WIDTH}}{scope.upper()}"
+    out = [TITLE, line(header, {c: c for c, _ in COLUMNS}, width)]
+    out += [line(name, cells(ledger), width) for name, ledger in rows]
+    out.append(line("TOTAL", cells(summed([w["report"]["total"] for w in weeks])), width))
+    out += ["", FOOTER]
+    return "\n".join(out)

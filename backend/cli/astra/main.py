@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from backend.cli.astra.style import PLAIN, Paint, wanted
 from backend.cli.astra.subscribe import subscribe
 
 EXIT_INTERRUPTED = 130  # Ctrl-C while following, as shells report it
+EXIT_BROKEN_PIPE = 141  # the reader went away (`| head`): 128 + SIGPIPE, as shells report it
 
 WORKER_FIELDS = "name rank state reason machine gpus exitCode restarts"
 RUN_QUERY = f"""query($name: String!) {{
@@ -193,11 +195,7 @@ def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
         found = weeks["goodputWeekly"]
         if args.json:
             return as_json(found)
-        return "\n\n".join(
-            f"Week {w['week']}\n"
-            + goodput_table.table(args.by, _rows(w["report"]), w["report"]["total"])
-            for w in found
-        )
+        return goodput_table.weekly_table(args.by, found)
     start = (datetime.now(UTC) - timedelta(days=args.days)).isoformat()
     report = api.graphql(GOODPUT, by=args.by.upper(), start=start)["goodput"]
     if args.json:
@@ -205,7 +203,10 @@ def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
     return goodput_table.table(args.by, _rows(report), report["total"])
 
 
-GPUS = "{ gpus { line } }"
+GPUS = (
+    "{ gpus { machine index model memoryBytes health healthReason utilization heldBy "
+    "heldElsewhere line } }"
+)
 FOLLOW = """subscription($w: String!, $tail: Int!) {
   followLog(worker: $w, tail: $tail) { text missed ended behind } }"""
 SLOWED_NOTICE_EVERY_S = 5.0
@@ -416,12 +417,23 @@ def main(argv: list[str] | None = None) -> int:
         printed = args.func(api, args)
         if printed:
             print(printed)
+        sys.stdout.flush()  # a closed pipe is found here, not at exit
+    except BrokenPipeError:
+        return _reader_gone()
     except CliError as error:
         print(Paint(wanted(sys.stderr)).error(str(error)), file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def _reader_gone() -> int:
+    """The reader closed the pipe (`| head -1`): end quietly, as Unix tools do, with the
+    status of a SIGPIPE (issue 21). What is still buffered goes nowhere, not to a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":
