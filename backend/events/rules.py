@@ -19,9 +19,37 @@ MAX_LIMIT = 500
 SETTLE = timedelta(minutes=1)
 
 
+DELETED_STATE = "Deleted"
+FOUND_AT = "found_at"  # in an event's data: when it was found, where that is after it happened
+
+
+def kind_of(worker: bool, state: str) -> str:
+    """A worker's change is worker.state; a run's deletion run.deleted (issue 21: it was a
+    run.state of state Deleted, so ?kind=run.deleted found none), else run.state."""
+    if worker:
+        return "worker.state"
+    return "run.deleted" if state == DELETED_STATE else "run.state"
+
+
+def event_data(phase: str | None, happened: datetime, found: datetime) -> dict[str, Any]:
+    """An event's data: its phase, and when it was found where that is after it happened (a
+    stall is dated from the worker's last progress, found a stall timeout later)."""
+    data: dict[str, Any] = {"phase": phase} if phase else {}
+    if found > happened:
+        data[FOUND_AT] = iso_z(found)
+    return data
+
+
+def shown_kind(kind: str, state: str | None) -> str:
+    """Rows written before run.deleted was its own kind read as run.deleted too."""
+    return "run.deleted" if kind == "run.state" and state == DELETED_STATE else kind
+
+
 @dataclass(frozen=True)
 class EventView:
-    """An event as a reader gets it."""
+    """An event as a reader gets it: ``created_at`` when it happened, ``found_at`` when it
+    was found (the same but for a stall, dated from the last progress); listed by id, the
+    order they were found in."""
 
     id: int
     kind: str
@@ -32,6 +60,7 @@ class EventView:
     workspace: str
     created_at: datetime
     data: dict[str, Any]
+    found_at: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,6 +72,7 @@ class EventView:
             "worker": self.worker,
             "workspace": self.workspace,
             "created_at": iso_z(self.created_at),
+            "found_at": iso_z(self.found_at or self.created_at),
             "data": self.data,
         }
 

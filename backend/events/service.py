@@ -3,6 +3,7 @@ workers with its reason, deletions, quota, alerts (seed L-43 … L-46)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Select, func, select
@@ -10,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.errors import NotFound
-from backend.events.rules import MAX_LIMIT, EventView, Listing
+from backend.events.rules import DELETED_STATE, FOUND_AT, MAX_LIMIT, EventView, Listing, shown_kind
 from backend.models import Event, Workspace
 from backend.organizations import service as organizations
 from backend.runs import service as runs
@@ -103,19 +104,28 @@ def _matching(query: Select[Any], name: str | None, kind: str | None) -> Select[
     if name is not None:
         query = query.where(Event.run_name == name)
     if kind is not None:
-        query = query.where((Event.kind == kind) | Event.kind.startswith(kind + "."))
+        wanted = (Event.kind == kind) | Event.kind.startswith(kind + ".")
+        old_deleted = (Event.kind == "run.state") & (Event.state == DELETED_STATE)
+        if kind == "run.deleted":  # rows from before it had its own kind
+            wanted = wanted | old_deleted
+        elif kind == "run.state":
+            wanted = wanted & ~old_deleted
+        query = query.where(wanted)
     return query
 
 
 def view(event: Event, workspace: str) -> EventView:
+    data = dict(event.data or {})
+    found = data.pop(FOUND_AT, None)
     return EventView(
         id=event.id,
-        kind=event.kind,
+        kind=shown_kind(event.kind, event.state),
         state=event.state,
         reason=event.reason,
         run=event.run_name,
         worker=event.worker_name,
         workspace=workspace,
         created_at=event.created_at,
-        data=dict(event.data or {}),
+        data=data,
+        found_at=datetime.fromisoformat(found) if isinstance(found, str) else None,
     )

@@ -18,6 +18,7 @@ from backend.accounting import repository as accounting_repository
 from backend.clock import Clock, iso_offset
 from backend.config import parse_duration
 from backend.errors import Conflict, NotFound
+from backend.events import rules as events_rules
 from backend.lifecycle import repository, rules
 from backend.lifecycle.rules import Effects, RunPolicy, RunView, Transition, WorkerView
 from backend.models import AgentCommand, Event, Run, StateTransition, Worker, Workspace
@@ -210,7 +211,7 @@ async def persist(
             since[t.worker_id] = t.at
             last_state[t.worker_id] = t.state
         row = rows.get(t.worker_id)
-        _add_history(batch, gang, row if isinstance(row, Worker) else None, t)
+        _add_history(batch, gang, row if isinstance(row, Worker) else None, t, at)
     await _guard_ended(session, gang)
     _write_back(gang)
     for key, moment in since.items():
@@ -255,7 +256,9 @@ async def _guard_ended(session: AsyncSession, gang: Gang) -> None:
         )
 
 
-def _add_history(batch: Writes, gang: Gang, worker: Worker | None, t: Transition) -> None:
+def _add_history(
+    batch: Writes, gang: Gang, worker: Worker | None, t: Transition, found: datetime
+) -> None:
     batch.transitions.append(
         {
             "run_id": gang.run.id,
@@ -276,10 +279,11 @@ def _add_history(batch: Writes, gang: Gang, worker: Worker | None, t: Transition
             "run_id": gang.run.id,
             "run_name": gang.run.name,
             "worker_name": worker.name if worker is not None else None,
-            "kind": "worker.state" if t.worker_id is not None else "run.state",
+            "kind": events_rules.kind_of(t.worker_id is not None, t.state),
             "state": t.state,
             "reason": t.reason,
-            "data": {"phase": t.phase} if t.phase else {},
+            # a stall is dated from the last progress, found later: both times kept (issue 21)
+            "data": events_rules.event_data(t.phase, t.at, found),
             "created_at": t.at,
         }
     )

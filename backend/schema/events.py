@@ -30,12 +30,24 @@ class Event:
     run: str | None
     worker: str | None
     workspace: str
-    created_at: datetime
+    created_at: datetime = strawberry.field(
+        description="When it happened (a stall: from the worker's last progress)."
+    )
+    found_at: datetime = strawberry.field(
+        description="When it was found: after createdAt for a stall, else the same. Events "
+        "are listed in the order they were found (by id)."
+    )
     data: JSON
 
     @classmethod
     def of(cls, view: EventView) -> Event:
-        return cls(**{**dataclasses.asdict(view), "data": cast(JSON, view.data)})
+        return cls(
+            **{
+                **dataclasses.asdict(view),
+                "found_at": view.found_at or view.created_at,
+                "data": cast(JSON, view.data),
+            }
+        )
 
 
 @strawberry.type(description="Lines of a followed log as the machine wrote them.")

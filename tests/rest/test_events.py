@@ -41,6 +41,7 @@ async def test_a_runs_events_newest_first_page_by_page(
         "worker",
         "workspace",
         "created_at",
+        "found_at",  # issue 21: when it was found (a stall's is after when it happened)
         "data",
     }
     first = events[-1]  # the run created: Pending, "Run created"

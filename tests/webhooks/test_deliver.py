@@ -156,6 +156,7 @@ async def test_events_are_posted_signed_with_their_id(
         "worker": None,
         "workspace": "default",
         "created_at": "2026-10-01T01:02:12.402117Z",
+        "found_at": "2026-10-01T01:02:12.402117Z",  # issue 21
         "data": {},
     }
     assert bodies[3] | {"id": 0} == {
@@ -167,6 +168,7 @@ async def test_events_are_posted_signed_with_their_id(
         "worker": None,
         "workspace": "default",
         "created_at": "2026-10-01T01:02:12.402117Z",
+        "found_at": "2026-10-01T01:02:12.402117Z",
         "data": {"metric": "gpu"},
     }
     assert bodies[3]["id"] == alert

@@ -129,7 +129,8 @@ def test_the_body_and_its_signature() -> None:
         == (
             '{"id":42,"kind":"worker.state","state":"Failed","reason":"Exited with code 1 — OOM?",'
             '"run":"llama-sft","worker":"llama-sft-1","workspace":"default",'
-            '"created_at":"2026-10-01T01:02:11.402117Z","data":{"exit_code":1}}'
+            '"created_at":"2026-10-01T01:02:11.402117Z","found_at":"2026-10-01T01:02:11.402117Z",'
+            '"data":{"exit_code":1}}'
         ).encode()
     )
     # t: the attempt's time in whole seconds; v1: HMAC-SHA256 of "<t>.<body>"
