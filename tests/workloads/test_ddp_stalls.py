@@ -5,7 +5,7 @@ ddp_train.py as a user writes it.
 Four runs go together (a module's fixture), so that one wait for the tick counts them all:
 - `hang-keep`, `hang-restart`: rank 1 hangs after step 5's update, before it logs it (a
   deadlock); rank 0 logs step 5 and blocks in step 6's all-reduce, a step (2 s) later. With
-  `stall_timeout: 20s`, both ranks are counted stalled, each from its own last progress (before,
+  `stall_timeout: 30s`, both ranks are counted stalled, each from its own last progress (before,
   with `on_stall: restart` only the first was: the gang's stop came before the second was
   looked at; and a stall was dated when the agent noticed the last output). `keep` leaves them
   running (stalled) until their owner stops them; `restart` stops the gang, keeps each
@@ -43,7 +43,9 @@ from tests.workloads.ledger import (
 
 HANG_AT = 5  # rank 1 hangs after this step's update; rank 0 logs it and blocks in the next
 SLEEP_S = 2.0  # between steps: rank 0's last progress is a step after rank 1's
-STALL = "Stalled: no progress for 20s"  # lifecycle/rules.py's sentence for stall_timeout 20s
+# Longer than a first step takes on a loaded machine at a quarter of a core (20 s was not).
+STALL_TIMEOUT = "30s"
+STALL = f"Stalled: no progress for {STALL_TIMEOUT}"  # lifecycle/rules.py's sentence
 BACKOFF_S = 10  # the first restart's wait (lifecycle/rules.py: restart_backoff)
 STEPS, STEP_SLEEP_S = 120, 0.5  # the progress runs: a minute of steps
 HANGS = ("hang-keep", "hang-restart")
@@ -111,7 +113,7 @@ def seen(api: Api, workloads: Workloads) -> dict[str, Any]:
     script = str(workloads.scripts / "ddp_train.py")
     hang = ["python", script, "--steps", "1000", "--sleep", str(SLEEP_S)]
     hang += ["--hang-at", str(HANG_AT)]
-    stall = {"cpu": CPU, "stall_timeout": "20s"}
+    stall = {"cpu": CPU, "stall_timeout": STALL_TIMEOUT}
     api.submit(spec("hang-keep", workloads, hang, on_stall="keep", **stall))
     api.submit(
         spec(
@@ -126,12 +128,15 @@ def seen(api: Api, workloads: Workloads) -> dict[str, Any]:
     )
     steps = ["python", script, "--steps", str(STEPS), "--sleep", str(STEP_SLEEP_S)]
     out: dict[str, Any] = {}
+    # The progress runs start at a minute's start, so that their first step comes in the
+    # minute they start running in (a running minute is busy or not as a whole): a run whose
+    # first step came in the next minute would count its start idle, the other not.
+    now = datetime.now(UTC)
+    progress_at = now if now.second < 3 else now.replace(second=0, microsecond=0)
+    progress_at += timedelta(minutes=0 if now.second < 3 else 1)
     deadline = time.monotonic() + 420
     while time.monotonic() < deadline:
-        # The progress runs start at a minute's start, so that their first step comes in the
-        # minute they start running in (a running minute is busy or not as a whole): a run
-        # whose first step came in the next minute would count its start idle, the other not.
-        if "submitted" not in out and datetime.now(UTC).second < 3:
+        if "submitted" not in out and datetime.now(UTC) >= progress_at:
             api.submit(spec("progress-append", workloads, steps, cpu=CPU))
             api.submit(
                 spec("progress-overwrite", workloads, [*steps, "--overwrite-progress"], cpu=CPU)
@@ -193,7 +198,7 @@ def test_restart_stalls_both_ranks_and_restarts_after_its_backoff(
     job, run = seen["waiting"]
     assert job["reason"] == (
         f"Restarting in {BACKOFF_S}s (1/1): Worker hang-restart-1 stalled on local: "
-        "no progress for 20s"
+        f"no progress for {STALL_TIMEOUT}"
     )
     assert job["advice"]["kind"] == "stalled" and run["advice"]["kind"] == "stalled"
     loop = job["restart_loop"]

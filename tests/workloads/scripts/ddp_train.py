@@ -49,6 +49,7 @@ def main() -> None:
     model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     generator = torch.Generator().manual_seed(rank)
+    print(f"rank {rank}: model ready, training", flush=True)
     progress = os.environ.get("ASTRAEUS_PROGRESS_FILE")
     for step in range(args.steps):
         if step == args.exit_at and rank == args.exit_rank:
