@@ -272,10 +272,14 @@ SCHEMAS: dict[str, Any] = {
             "run": NULLABLE_STRING,
             "worker": NULLABLE_STRING,
             "workspace": {"type": "string"},
-            "created_at": TIME,
+            "created_at": {**TIME, "description": "When it happened (a stall: its start)."},
+            "found_at": {
+                **TIME,
+                "description": "When it was found; events are listed in this order (by id).",
+            },
             "data": {"type": "object"},
         },
-        "required": ["id", "kind", "reason", "workspace", "created_at"],
+        "required": ["id", "kind", "reason", "workspace", "created_at", "found_at"],
     },
 }
 
