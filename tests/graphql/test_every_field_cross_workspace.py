@@ -41,6 +41,9 @@ QUERIES = {
     "joinTokens": '{ joinTokens(cluster: "local") { prefix } }',
     "machineCredentials": '{ machineCredentials(cluster: "local") { machine } }',
     "tokens": "{ tokens { user workspace prefix } }",
+    "quota": '{ quota(cluster: "local", workspace: "default") { workspace gpus } }',
+    "quotas": '{ quotas(cluster: "local") { workspace gpus } }',
+    "thresholds": '{ thresholds(cluster: "local") { name value } }',
 }
 MUTATIONS = {
     "createRun": 'mutation { createRun(spec: {name: "mine", command: ["true"]}, '
