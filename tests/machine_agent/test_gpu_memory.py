@@ -7,10 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from agent.gpus import simulated_memory_used
 from agent.metrics import group_rss_bytes
@@ -55,15 +51,6 @@ GROWS = (
     "print('large', flush=True)\n"
     "time.sleep(8)\n"
 )
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_a_simulated_gpus_memory_follows_the_workload(cluster: Cluster) -> None:

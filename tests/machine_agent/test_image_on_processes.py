@@ -5,10 +5,6 @@ completed, run on the host."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from tests.e2e.test_agent_process import Cluster
 from tests.support import WORKLOAD_PYTHON
@@ -17,15 +13,6 @@ SENTENCE = (
     "No machine runs containers: this cluster's agents run processes; drop image or add a "
     "machine with --executor docker"
 )
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_a_run_naming_an_image_stays_pending_with_the_reason(cluster: Cluster) -> None:

@@ -5,8 +5,6 @@ seed L-52)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -36,15 +34,6 @@ HUNGRY_CHILD = (
     "subprocess.run([sys.executable, '-c', 'x = bytearray(400 * 2**20)'])\n"
     "time.sleep(3)\n"
 )
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _oom_kills(cluster: Cluster, run: str, since_ms: int) -> list[float]:

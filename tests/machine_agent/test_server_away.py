@@ -4,10 +4,6 @@ reaches the server when it is back, in order, once (issue 20; seed L-34)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from tests.e2e.test_agent_process import Cluster
 from tests.support import WORKLOAD_PYTHON
@@ -18,15 +14,6 @@ STEPS = (
     "    astraeus_progress.report(i)\n"
     "    time.sleep(0.5)\n"
 )
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_samples_taken_while_the_server_is_away_arrive_when_it_is_back(cluster: Cluster) -> None:
