@@ -19,11 +19,14 @@ from tests.e2e.live import Server, running
 
 pytestmark = [NEEDS_CHROMIUM]
 
-# A line every half second with the time it was written; every fifth an error-like one.
+# A line every half second with the time it was written; every fifth an error, every fifth
+# another error-like line that does not say error (seed L-7: Errors only leaves it out).
 CHATTY = """\
 import time, astraeus_progress
 for i in range(240):
-    if i % 5 == 4:
+    if i % 5 == 3:
+        print("Traceback (most recent call last):", flush=True)
+    elif i % 5 == 4:
         print(f"CUDA error: injected {i} at {time.time():.3f}", flush=True)
     else:
         print(f"tick {i} at {time.time():.3f}", flush=True)
@@ -123,8 +126,18 @@ def test_following_a_running_workers_log(
     )
     assert errors.inner_text().endswith(("error-like line", "error-like lines"))
     page.get_by_label("Errors only").check()
+    # seed L-7: the lines containing error, not "Traceback (most recent call last):"
     shown = page.locator(".log-line").all_inner_texts()
     assert shown and all(line.startswith("CUDA error: injected") for line in shown)
+    # seed L-8: Download saves what is shown, not every line kept
+    page.get_by_label("Follow").uncheck()
+    shown = page.locator(".log-line").all_inner_texts()
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download").click()
+    errors_only = tmp_path / "errors-only.log"
+    download.value.save_as(errors_only)
+    assert errors_only.read_text().splitlines() == shown
+    page.get_by_label("Follow").check()
     page.get_by_label("Errors only").uncheck()
     page.get_by_label("Find…").fill("tick 1 ")
     assert page.locator(".log-line").all_inner_texts()[0].startswith("tick 1 at ")

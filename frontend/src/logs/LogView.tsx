@@ -1,10 +1,11 @@
 // The Logs tab: one worker's last 5 000 lines, followed live (on by default), Find…, the count
-// of error-like lines and Errors only, Download as <worker>.log (seed L-9 … L-12).
+// of error-like lines and Errors only (the lines saying error), Download of what is shown as
+// <worker>.log (seed L-7, L-8, L-9 … L-12).
 import { useEffect, useMemo, useRef, useState } from "react";
 
 import { rest } from "../api";
 import { subscribe } from "../live";
-import { append, isErrorLike, KEEP, shown } from "./lines";
+import { append, isErrorLike, KEEP, saved, shown } from "./lines";
 
 const FOLLOW = `subscription($w: String!, $tail: Int!) { followLog(worker: $w, tail: $tail) { text missed ended } }`;
 
@@ -85,8 +86,9 @@ export function LogView({
     if (follow && !find && !errorsOnly) bottom.current?.scrollIntoView?.({ block: "end" });
   }, [visible, follow, find, errorsOnly]);
 
+  // seed L-8: what is shown (after Find… and Errors only), not every line kept
   const download = () => {
-    const blob = new Blob([lines.join("\n") + "\n"], { type: "text/plain" });
+    const blob = new Blob([saved(visible)], { type: "text/plain" });
     const link = document.createElement("a");
     link.href = URL.createObjectURL(blob);
     link.download = `${worker}.log`;

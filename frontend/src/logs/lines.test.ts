@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { append, isErrorLike, KEEP, shown } from "./lines";
+import { append, isError, isErrorLike, KEEP, saved, shown } from "./lines";
 
 describe("log lines", () => {
   it("knows the seed's error-like lines", () => {
@@ -26,6 +26,29 @@ describe("log lines", () => {
     const kept = append([], "", many).lines;
     expect(kept).toHaveLength(KEEP);
     expect(kept[0]).toBe("line 10");
+  });
+
+  it("seed L-7: Errors only keeps the lines containing error, not every error-like line", () => {
+    const lines = [
+      "step 1",
+      "Traceback (most recent call last):",
+      '  File "train.py", line 3, in <module>',
+      "RuntimeError: CUDA error: out of memory",
+      "NCCL WARN Connect to 10.0.0.2 failed",
+      "Killed",
+      "torch.OutOfMemoryError: boom",
+    ];
+    expect(lines.filter(isErrorLike)).toHaveLength(5);
+    expect(shown(lines, "", true)).toEqual(["RuntimeError: CUDA error: out of memory", "torch.OutOfMemoryError: boom"]);
+    expect(isError("Traceback (most recent call last):")).toBe(false);
+    expect(isError("Killed")).toBe(false);
+  });
+
+  it("seed L-8: Download saves what is shown after Find… and Errors only", () => {
+    const lines = ["step 1", "CUDA error: boom", "step 2 error-free", "RuntimeError: bust"];
+    expect(saved(shown(lines, "boom", true))).toBe("CUDA error: boom\n");
+    expect(saved(shown(lines, "step", false))).toBe("step 1\nstep 2 error-free\n");
+    expect(saved(shown(lines, "nothing like it", false))).toBe("");
   });
 
   it("filters by Find… and Errors only", () => {
