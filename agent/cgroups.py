@@ -91,6 +91,12 @@ class WorkerCgroup:
         name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
         return _read_int(self.memory / name)
 
+    def memory_peak(self) -> int | None:
+        """The most memory ever charged to the group (v2 ``memory.peak``, kernels from 5.19; v1
+        ``memory.max_usage_in_bytes``); None where the kernel does not say."""
+        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
+        return _read_int(self.memory / name)
+
     def cpu_seconds(self) -> float | None:
         if self.version == 2:
             usec = _read_key(self.memory / "cpu.stat", "usage_usec")

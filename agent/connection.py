@@ -40,6 +40,10 @@ BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
 BEAT_LOOK_S = 1.0  # how often the heartbeat timer looks whether a beat is due
 FOLLOW_POLL_S = 0.2
+# A worker's first samples wait for its process to join its group (agent/enter.py does, as
+# its first step: milliseconds, longer on a loaded machine), looking this often, this long.
+START_SAMPLE_POLL_S = 0.02
+START_SAMPLE_WAIT_S = 2.0
 # Messages that are not kept for resending: of no use on a later stream.
 PASSING = {"reply", "heartbeat", "secret_request"}
 # A follower waits while this many messages are queued for the server (it skips ahead later).
@@ -486,6 +490,7 @@ class Agent:
                 await worker.start()
                 self.report(worker, agent_pb2.WORKER_STATE_RUNNING)
                 self._watch(worker)
+                self._keep(asyncio.create_task(self._sample_start(worker)))
         elif command.kind == agent_pb2.COMMAND_KIND_STOP:
             worker = self.workers.get(key)
             if worker is None:
@@ -608,9 +613,7 @@ class Agent:
                 del self.secret_answers[key]
 
     def _watch(self, worker: Worker) -> None:
-        task = asyncio.create_task(self._until_exit(worker))
-        self.running.add(task)
-        task.add_done_callback(self.running.discard)
+        self._keep(asyncio.create_task(self._until_exit(worker)))
 
     async def _until_exit(self, worker: Worker) -> None:
         exit = await worker.wait()
@@ -623,8 +626,8 @@ class Agent:
         for follow in [t for t in self.follows.values() if t.get_name() == mine]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(follow), 2)
-        # Its OOM kill count as it ended (a kill of its main process is seen by no look).
-        last = self.sampler.ended(worker, oom_killed=exit.reason == OOM_KILLED)
+        # Its last samples as it ended (a kill of its main process is seen by no look).
+        last = self.sampler.ended(worker, oom_killed=exit.reason == OOM_KILLED, at_ms=exit.at_ms)
         if last:
             self._send(metrics=agent_pb2.MetricBatch(samples=last))
         self.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
@@ -640,6 +643,32 @@ class Agent:
             del self.workers[worker.worker_id]
 
     # --- samples --------------------------------------------------------------------------
+
+    async def _sample_start(self, worker: Worker) -> None:
+        """The worker's first samples as soon as its process is in its group (a container's
+        from its engine): one killed within seconds has its start besides its end (seed L-52)."""
+        group = worker.cgroup
+        waited = 0.0
+        while group is not None and not group.pids() and waited < START_SAMPLE_WAIT_S:
+            if worker.exited.is_set():
+                return
+            await asyncio.sleep(START_SAMPLE_POLL_S)
+            waited += START_SAMPLE_POLL_S
+        reading: dict[str, float] = {}
+        if isinstance(worker, docker.ContainerWorker):
+            with contextlib.suppress(Exception):  # an engine that does not answer: the looks
+                reading = await worker.sample()
+        if self.workers.get(worker.worker_id) is not worker:
+            return  # deleted meanwhile
+        try:
+            look = self.sampler.started(worker, reading)
+        except Exception:  # a bad reading must not end the worker's watch
+            log.exception("sampling a worker's start failed")
+            return
+        for progress in look.progress:
+            self._send(progress=progress)
+        if look.samples:
+            self._send(metrics=agent_pb2.MetricBatch(samples=look.samples))
 
     async def _sample_forever(self) -> None:
         while True:

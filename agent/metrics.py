@@ -2,13 +2,17 @@
 
 From the worker's control group: ``task_cpu_usage_cores`` (the CPU time used since the last
 look over the wall time), ``task_memory_used_bytes``, ``task_memory_limit_bytes`` and
-``task_oom_kills_total`` (read once more when the worker ends: the kill of its main process
-empties the group, and no look sees it running again). Network bytes are not sampled by the
-process executor: its workers share the machine's network, so there is no per-worker count;
-the agent says so in its Hello (``unmeasured``), and the API and console say "Not measured"
-rather than showing nothing or 0. Per GPU of the worker, NVML's readings; simulated GPUs are
-as busy as the workload says or shows (see ``simulated_utilization``), and their memory
-follows the worker's own (see ``simulated_memory``).
+``task_oom_kills_total``. Besides the looks every few seconds, a worker is sampled as it starts
+(once its process is in its group) and as it ends (its group read once more: the kill of its
+main process empties the group, and no look sees it running again), so a worker that lived
+seconds, killed for memory say, still has a curve from its start to its end (seed L-52).
+
+Network bytes are not sampled by the process executor: its workers share the machine's
+network, so there is no per-worker count; the agent says so in its Hello (``unmeasured``), and
+the API and console say "Not measured" rather than showing nothing or 0. Per GPU of the worker,
+NVML's readings; simulated GPUs are as busy as the workload says or shows (see
+``simulated_utilization``), and their memory follows the worker's own (see
+``simulated_memory``).
 """
 
 from __future__ import annotations
@@ -262,22 +266,36 @@ class Sampler:
     ) -> Look:
         """One look at the running workers; ``readings`` are what an executor measured itself
         (a container's figures from its engine), by worker and metric."""
+        workers = list(workers)
+        # A worker that exited is remembered until its end is sampled (ended); one no longer
+        # on the machine at all is forgotten.
+        for gone in set(self.seen) - {w.worker_id for w in workers}:
+            del self.seen[gone]
+        out = Look()
+        for worker in workers:
+            if worker.started and not worker.exited.is_set():
+                self._look_at(worker, (readings or {}).get(worker.worker_id, {}), out)
+        return out
+
+    def started(self, worker: SampledWorker, reading: dict[str, float] | None = None) -> Look:
+        """The worker's first samples, taken as it starts (its process in its group): a worker
+        that ends before the first look still has them. The others' are left as they are."""
+        out = Look()
+        if worker.started and not worker.exited.is_set():
+            self._look_at(worker, reading or {}, out)
+        return out
+
+    def _look_at(self, worker: SampledWorker, reading: dict[str, float], out: Look) -> None:
         now = self.clock()
         at_ms = int(now * 1000)
-        out = Look()
-        running = [w for w in workers if w.started and not w.exited.is_set()]
-        for gone in set(self.seen) - {w.worker_id for w in running}:
-            del self.seen[gone]
-        for worker in running:
-            seen = self.seen.setdefault(worker.worker_id, WorkerSeen())
-            self._progress(worker, seen, now, at_ms, out)
-            self._cgroup(worker, seen, now, at_ms, out)
-            for metric, value in (readings or {}).get(worker.worker_id, {}).items():
-                self._sample(out, worker, metric, at_ms, value)
-                if metric == "task_oom_kills_total":
-                    self.oom_kills_sent[worker.worker_id] = value
-            self._gpus(worker, seen, now, at_ms, out)
-        return out
+        seen = self.seen.setdefault(worker.worker_id, WorkerSeen())
+        self._progress(worker, seen, now, at_ms, out)
+        self._cgroup(worker, seen, now, at_ms, out)
+        for metric, value in reading.items():
+            self._sample(out, worker, metric, at_ms, value)
+            if metric == "task_oom_kills_total":
+                self.oom_kills_sent[worker.worker_id] = value
+        self._gpus(worker, seen, now, at_ms, out)
 
     def _worker_memory(self, worker: SampledWorker, out: Look) -> float:
         """The memory charged to the worker as this look measured it (its group's, its
@@ -388,23 +406,46 @@ class Sampler:
         self._sample(out, worker, "task_oom_kills_total", at_ms, kills)
         self.oom_kills_sent[worker.worker_id] = kills
 
-    def ended(self, worker: SampledWorker, oom_killed: bool) -> list[agent_pb2.Sample]:
-        """The worker's last samples, taken as it ends: its OOM kill count.
+    def ended(
+        self, worker: SampledWorker, oom_killed: bool, at_ms: int | None = None
+    ) -> list[agent_pb2.Sample]:
+        """The worker's last samples, dated when it ended (``at_ms``, else now): the CPU it used
+        since the last look, the memory charged to it, its limit and its OOM kill count.
 
         A kill of the worker's main process ends the worker and empties its group, so no look
-        sees it: the count is read once more here, from the group (cgroup v2 memory.events'
-        ``oom_kill``, v1 memory.oom_control's), which stays until the worker is released. Where
-        the group says nothing (no group, a container measured by its engine) an end recorded as
-        an OOM kill counts one more kill than was last sent."""
+        sees it: the group is read once more here (it stays until the worker is released).
+        Killed for memory, its charge was at its limit when it ended: the group's peak (v2
+        memory.peak, v1 max_usage_in_bytes), else the limit; otherwise what is still charged.
+        The kill count comes from the group (v2 memory.events' ``oom_kill``, v1
+        memory.oom_control's); where the group says nothing (no group, a container measured by
+        its engine) an end recorded as an OOM kill counts one more kill than was last sent."""
+        seen = self.seen.pop(worker.worker_id, None)
         sent = self.oom_kills_sent.pop(worker.worker_id, None)
+        now = at_ms / 1000 if at_ms is not None else self.clock()
+        at = int(now * 1000)
+        out = Look()
         group = worker.cgroup
+        limit = worker.payload.get("memory_limit_bytes")
+        if group is not None:
+            cpu = group.cpu_seconds()
+            before = (seen.cpu_seconds, seen.cpu_at) if seen else (None, None)
+            if cpu is not None and before[0] is not None and before[1] and now > before[1]:
+                cores = max(cpu - before[0], 0.0) / (now - before[1])
+                self._sample(out, worker, "task_cpu_usage_cores", at, cores)
+            used = group.memory_peak() if oom_killed else None
+            if used is None:
+                used = limit if oom_killed and limit else group.memory_used()
+            if used is not None:
+                self._sample(out, worker, "task_memory_used_bytes", at, float(used))
+        elif oom_killed and limit:
+            self._sample(out, worker, "task_memory_used_bytes", at, float(limit))
+        if limit and (group is not None or oom_killed):
+            self._sample(out, worker, "task_memory_limit_bytes", at, float(limit))
         kills = float(group.oom_kills()) if group is not None else None
         if oom_killed and (kills is None or kills <= (sent or 0.0)):
             kills = (sent or 0.0) + 1
-        if kills is None:
-            return []
-        out = Look()
-        self._sample(out, worker, "task_oom_kills_total", int(self.clock() * 1000), kills)
+        if kills is not None:
+            self._sample(out, worker, "task_oom_kills_total", at, kills)
         return out.samples
 
     def _gpus(

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+import pytest
+
+from agent import cgroups
 from agent.cgroups import WorkerCgroup
 from agent.executor import ProcessWorker
 from agent.gpus import GpuCounters, health_change
 from agent.logs import WorkerLog
 from agent.metrics import ProgressReport, Sampler, read_progress
+from tests.e2e.test_agent_process import Cluster
+from tests.support import WORKLOAD_PYTHON
 
 
 def worker(tmp_path: Path, **payload: object) -> ProcessWorker:
@@ -107,3 +113,121 @@ def test_gpu_faults_are_named_once() -> None:
     assert health_change(healthy, GpuCounters(remap_failed=True)) == (
         "Row remapping failed: the GPU's memory needs service"
     )
+
+
+def _v1_group(tmp_path: Path, **files: str) -> WorkerCgroup:
+    group = tmp_path / "group"
+    group.mkdir()
+    for name, text in files.items():
+        (group / name.replace("__", ".")).write_text(text)
+    return WorkerCgroup(1, group, group)
+
+
+def test_a_workers_start_and_end_are_sampled_besides_the_looks(tmp_path: Path) -> None:
+    # seed L-52: a worker that lives a second, between two looks, still has a curve.
+    now = [1000.0]
+    sampler = Sampler(None, clock=lambda: now[0])
+    w = worker(tmp_path, memory_limit_bytes=64 * 2**20)
+    w.cgroup = _v1_group(
+        tmp_path,
+        cgroup__procs="4242\n",
+        memory__usage_in_bytes="3000000\n",
+        memory__max_usage_in_bytes="67100000\n",
+        memory__oom_control="oom_kill_disable 0\nunder_oom 0\noom_kill 0\n",
+        cpuacct__usage="0\n",
+    )
+    other = worker(tmp_path / "other")
+    other.worker_id = 42
+    sampler.look([w, other])
+    first = sampler.started(w)
+    assert {(s.metric, s.value) for s in first.samples} == {
+        ("task_memory_used_bytes", 3000000.0),
+        ("task_memory_limit_bytes", 64.0 * 2**20),
+        ("task_oom_kills_total", 0.0),
+    }
+    assert set(sampler.seen) == {41, 42}  # a look at one worker forgets no other
+    # Killed for memory 1.5 s later: its group is emptied, its charge was at its peak.
+    (w.cgroup.memory / "cgroup.procs").write_text("")
+    (w.cgroup.memory / "memory.usage_in_bytes").write_text("20000\n")
+    (w.cgroup.memory / "memory.oom_control").write_text("oom_kill 1\n")
+    (w.cgroup.memory / "cpuacct.usage").write_text("750000000\n")
+    w.exited.set()
+    now[0] += 5  # noticed later than it ended
+    sampler.look([w, other])  # a look between the end and its samples forgets nothing
+    last = sampler.ended(w, oom_killed=True, at_ms=1_001_500)
+    assert [(s.metric, s.at_ms, s.value) for s in last] == [
+        ("task_cpu_usage_cores", 1_001_500, 0.5),
+        ("task_memory_used_bytes", 1_001_500, 67100000.0),
+        ("task_memory_limit_bytes", 1_001_500, 64.0 * 2**20),
+        ("task_oom_kills_total", 1_001_500, 1.0),
+    ]
+    assert 41 not in sampler.seen and 41 not in sampler.oom_kills_sent
+
+
+def test_an_end_not_for_memory_is_sampled_with_what_is_still_charged(tmp_path: Path) -> None:
+    sampler = Sampler(None, clock=lambda: 2000.0)
+    w = worker(tmp_path)
+    w.cgroup = _v1_group(tmp_path, memory__usage_in_bytes="20000\n", memory__max_usage_in_bytes="9")
+    w.exited.set()
+    assert [(s.metric, s.value) for s in sampler.ended(w, oom_killed=False)] == [
+        ("task_memory_used_bytes", 20000.0),
+        ("task_oom_kills_total", 0.0),
+    ]
+    # A container measured by its engine, killed for memory: at its limit as it ended.
+    box = worker(tmp_path / "box", memory_limit_bytes=2**30)
+    box.exited.set()
+    assert [(s.metric, s.value) for s in sampler.ended(box, oom_killed=True)] == [
+        ("task_memory_used_bytes", 2.0**30),
+        ("task_memory_limit_bytes", 2.0**30),
+        ("task_oom_kills_total", 1.0),
+    ]
+
+
+# A second and a half of life (two buckets of the range query's finest step, a second): the
+# first at 30 MiB, the second killed for memory as it ends.
+BRIEF = "import time; x = bytearray(30 * 2**20); time.sleep(1.5)"
+KILLED = "import time; time.sleep(1.5); x = bytearray(400 * 2**20)"
+
+
+def _memory_samples(cluster: Cluster, run: str, metric: str) -> list[tuple[int, float]]:
+    now_ms = int(time.time() * 1000)
+    answer = cluster.get(
+        f"/metrics/range?metric={metric}&match=run:{run}"
+        f"&start={now_ms - 120_000}&end={now_ms + 1000}&step=1s"
+    )
+    return [(int(t), v) for series in answer["series"] for t, v in series["points"]]
+
+
+@pytest.mark.skipif(not cgroups.available(), reason="no writable cgroup hierarchy here")
+def test_a_worker_living_a_second_has_samples_at_its_start_and_end(cluster: Cluster) -> None:
+    # seed L-52: no look every few seconds comes in its life (one a minute here), yet a worker
+    # killed for memory a second in has its memory at its start and at its end, at its limit.
+    cluster.agent("m1", "--sample", "60").start()
+    for name, command in (("brief", BRIEF), ("killed", KILLED)):
+        cluster.submit(
+            name=name,
+            gpus=1,
+            memory_bytes=64 * 2**20,
+            restart_policy="never",
+            command=[WORKLOAD_PYTHON, "-c", command],
+        )
+    cluster.wait(
+        "both ended",
+        lambda: {cluster.status("brief"), cluster.status("killed")} == {"Completed", "Failed"},
+    )
+    [killed] = cluster.workers("killed")
+    assert killed["reason"] == "OOMKilled: the container exceeded its memory limit"
+    for run in ("brief", "killed"):
+        cluster.wait(
+            f"{run}'s end sampled",
+            lambda run=run: len(_memory_samples(cluster, run, "task_memory_used_bytes")) >= 2,
+            seconds=20,
+        )
+        memory = _memory_samples(cluster, run, "task_memory_used_bytes")
+        limit = _memory_samples(cluster, run, "task_memory_limit_bytes")
+        assert len(memory) == 2 and len(limit) == 2, (run, memory, limit)
+        (start, first), (end, last) = memory
+        assert 1 <= (end - start) / 1000 <= 3, memory  # its second of life, start to end
+        assert {v for _, v in limit} == {64.0 * 2**20}
+        if run == "killed":
+            assert first < 32 * 2**20 and last > 60 * 2**20, memory  # at its limit as it died
