@@ -12,3 +12,23 @@ export function when(iso: string): string {
   const d = new Date(iso);
   return `${d.toISOString().slice(0, 10)} ${d.toISOString().slice(11, 19)} UTC`;
 }
+
+const MIB = 2 ** 20;
+const GIB = 2 ** 30;
+
+// Python's round(): halves to the even neighbour, so the console and the CLI agree to the digit.
+function roundHalfEven(value: number): number {
+  const floor = Math.floor(value);
+  const rest = value - floor;
+  if (Math.abs(rest - 0.5) > 1e-9) return Math.round(value);
+  return floor % 2 === 0 ? floor : floor + 1;
+}
+
+// Memory as a person writes it and as the CLI does (backend/scheduling/rules.py _gib): whole MiB
+// below a GiB (256 MiB, not 0 GiB), else GiB to one decimal, without it when whole (23.5 GiB,
+// 80 GiB) (issue 21).
+export function memory(bytes: number): string {
+  if (bytes < GIB) return `${roundHalfEven(bytes / MIB)} MiB`;
+  const tenths = roundHalfEven((bytes * 10) / GIB);
+  return tenths % 10 === 0 ? `${tenths / 10} GiB` : `${(tenths / 10).toFixed(1)} GiB`;
+}

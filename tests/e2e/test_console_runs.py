@@ -155,6 +155,10 @@ def test_following_a_running_workers_log(
     page.locator('figure[data-metric="task_gpu_utilization_ratio"] .u-wrap').wait_for(
         timeout=45_000
     )
+    # seed L-52: the charts show the run's life so far, not a fixed hour
+    assert page.get_by_label("Range").evaluate("s => s.selectedOptions[0].text") == (
+        "Its life so far"
+    )
     page.screenshot(path=str(shots / "run-metrics.png"), full_page=True)
     page.get_by_role("tab", name="History").click()
     # seed L-43: the run's History tab lists its events, newest first

@@ -1,5 +1,6 @@
 // Every GPU the workspace may use (seed L-39): machine and index, model, utilisation now,
 // health and which run holds it.
+import { memory } from "../format";
 import { Link } from "../nav";
 import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
@@ -49,7 +50,7 @@ export function GpusPage({ org, workspace }: { org: string; workspace: string })
                 <tr key={id} data-row={id}>
                   <th scope="row">{id}</th>
                   <td>{g.model}</td>
-                  <td className="num">{(g.memoryBytes / 2 ** 30).toFixed(0)} GiB</td>
+                  <td className="num">{memory(g.memoryBytes)}</td>
                   <td data-figure="utilization">
                     {use === null ? (
                       "—"

@@ -1,6 +1,6 @@
 // For the organisation's admins: every machine of its clusters with its pool, state and reason,
 // GPUs and unhealthy ones, last heard from; and the pools.
-import { when } from "../format";
+import { memory, when } from "../format";
 import { useQuery } from "../useQuery";
 import { Head, StateBadge } from "../components/Table";
 
@@ -114,7 +114,7 @@ export function MachinesPage() {
                   {m.unhealthyGpus > 0 && <span className="error"> ({m.unhealthyGpus} unhealthy)</span>}
                 </td>
                 <td className="num">{m.cpuCores}</td>
-                <td className="num">{(m.memoryBytes / 2 ** 30).toFixed(0)} GiB</td>
+                <td className="num">{memory(m.memoryBytes)}</td>
                 <td>{m.lastSeenAt ? when(m.lastSeenAt) : "never"}</td>
               </tr>
             ))}

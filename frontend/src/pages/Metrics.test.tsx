@@ -1,7 +1,7 @@
 import { cleanup, render, screen } from "@testing-library/react";
 import { afterEach, describe, expect, it, vi } from "vitest";
 
-import { CHARTS, Metrics } from "./Metrics";
+import { CHARTS, Metrics, plotOf, windowOf } from "./Metrics";
 
 // uPlot asks for the device's pixel ratio as it loads; jsdom has no matchMedia.
 vi.hoisted(() => {
@@ -56,5 +56,51 @@ describe("Metrics", () => {
     const networkAsked = asked.find((v) => v.metric === "task_network_receive_bytes_total");
     expect(networkAsked?.rate).toBe(true);
     expect(asked.find((v) => v.metric === "task_cpu_usage_cores")?.rate).toBe(false);
+  });
+});
+
+// seed L-52: the charts of a run a few seconds old, or of a worker killed within seconds, show
+// its life (a curve), not a fixed hour (a dot); the Memory chart draws the memory limit.
+describe("Metrics of a short life (seed L-52)", () => {
+  const now = Date.parse("2026-12-01T07:00:30Z");
+
+  it("charts its life: start to end, or to now while it goes on", () => {
+    const ended = { from: "2026-12-01T07:00:00Z", to: "2026-12-01T07:00:12Z" };
+    expect(windowOf(null, ended, now)).toEqual({ start: 1796108399, end: 1796108413 });
+    // a life of a second is still 10 s wide
+    const blink = { from: "2026-12-01T07:00:00Z", to: "2026-12-01T07:00:01Z" };
+    expect(windowOf(null, blink, now)).toEqual({ start: 1796108399, end: 1796108409 });
+    // going on: from its start to now (end null), at least the last 10 s
+    expect(windowOf(null, { from: "2026-12-01T07:00:25Z", to: null }, now)).toEqual({ start: 1796108420, end: null });
+    // a range picked: the last hour, as before
+    expect(windowOf(3600, ended, now)).toEqual({ start: 1796108430 - 3600, end: null });
+  });
+
+  it("asks each chart for the life's window, and the Memory chart for its limit too", async () => {
+    const asked = answering({});
+    render(<Metrics match={["worker:oom-0"]} by="worker" life={{ from: "2026-12-01T07:00:00Z", to: "2026-12-01T07:00:06Z" }} />);
+    await screen.findAllByText(/^No samples in this range/);
+    expect(new Set(asked.map((v) => `${String(v.start)}-${String(v.end)}`))).toEqual(new Set(["1796108399-1796108409"]));
+    const limit = asked.find((v) => v.metric === "task_memory_limit_bytes");
+    expect(limit).toMatchObject({ match: ["worker:oom-0"], by: "worker", rate: false });
+    expect((screen.getByRole("combobox", { name: "Range" }) as HTMLSelectElement).selectedOptions[0].text).toBe("Its life");
+  });
+
+  it("draws the limit as its own series, in MiB below a GiB", () => {
+    const used = [{ labels: { worker: "oom-0" }, points: [[1000, 100 * 2 ** 20], [2000, 250 * 2 ** 20]] as [number, number][] }];
+    const limit = [{ labels: { worker: "oom-0" }, points: [[1000, 256 * 2 ** 20], [2000, 256 * 2 ** 20]] as [number, number][] }];
+    const plot = plotOf("task_memory_used_bytes", "bytes", used, limit);
+    expect(plot).toEqual({
+      unit: "MiB",
+      labels: ["oom-0", "limit of oom-0"],
+      limits: [false, true],
+      data: [
+        [1, 2],
+        [100, 250],
+        [256, 256],
+      ],
+    });
+    const big = plotOf("task_memory_used_bytes", "bytes", [{ labels: {}, points: [[1000, 3 * 2 ** 30]] }], []);
+    expect(big).toMatchObject({ unit: "GiB", labels: ["task_memory_used_bytes"], data: [[1], [3]] });
   });
 });

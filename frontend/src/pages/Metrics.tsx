@@ -2,10 +2,14 @@
 // bandwidth (seed L-36 … L-38) and network received, one uPlot chart each, a series per worker
 // (or per GPU). A metric the workers' machines do not measure (their agent said so: network
 // bytes where workers share the host's network) says why instead of showing nothing.
+// The range is the run's or worker's life by default (start to end, or now), so a run a few
+// seconds old shows a curve, not a dot; the Memory chart draws each worker's memory limit as a
+// line, the one an OOM kill's "Memory chart" points to (seed L-52).
 import { useEffect, useMemo, useRef, useState } from "react";
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 
+import type { Life } from "../life";
 import { useQuery } from "../useQuery";
 
 interface Series {
@@ -22,17 +26,35 @@ interface Range {
   notMeasured: string | null;
 }
 
-// `rate`: a counter, charted as its rate per second.
-export const CHARTS: { metric: string; title: string; unit: string; rate?: boolean }[] = [
+// `rate`: a counter, charted as its rate per second. `bytes`: in MiB or GiB, as its largest
+// value reads best. `limit`: the metric drawn over it as a dashed line (its limit).
+export interface ChartSpec {
+  metric: string;
+  title: string;
+  unit: string;
+  rate?: boolean;
+  limit?: string;
+}
+
+export const CHARTS: ChartSpec[] = [
   { metric: "task_cpu_usage_cores", title: "CPU", unit: "cores" },
-  { metric: "task_memory_used_bytes", title: "Memory", unit: "GiB" },
+  { metric: "task_memory_used_bytes", title: "Memory", unit: "bytes", limit: "task_memory_limit_bytes" },
   { metric: "task_gpu_utilization_ratio", title: "GPU utilisation", unit: "%" },
-  { metric: "task_gpu_memory_used_bytes", title: "GPU memory", unit: "GiB" },
+  { metric: "task_gpu_memory_used_bytes", title: "GPU memory", unit: "bytes" },
   { metric: "task_gpu_tensor_active_ratio", title: "Tensor cores", unit: "%" },
   { metric: "task_gpu_sm_active_ratio", title: "SM activity", unit: "%" },
   { metric: "task_gpu_dram_active_ratio", title: "Memory bandwidth", unit: "%" },
   { metric: "task_network_receive_bytes_total", title: "Network received", unit: "KiB/s", rate: true },
 ];
+
+// The window charted, in Unix seconds: its life (a second either side, at least 10 s long so
+// a life of a second is still a line), or the last `seconds`; `end` null is now.
+export function windowOf(seconds: number | null, life: Life | undefined, now: number): { start: number; end: number | null } {
+  if (seconds !== null || !life) return { start: Math.floor(now / 1000) - (seconds ?? 3600), end: null };
+  const start = Math.floor(Date.parse(life.from) / 1000) - 1;
+  if (life.to === null) return { start: Math.min(start, Math.floor(now / 1000) - 10), end: null };
+  return { start, end: Math.max(Math.ceil(Date.parse(life.to) / 1000) + 1, start + 10) };
+}
 
 export const RANGES: { label: string; seconds: number }[] = [
   { label: "15 minutes", seconds: 900 },
@@ -44,30 +66,65 @@ export const RANGES: { label: string; seconds: number }[] = [
 
 const COLOURS = ["#1c7ed6", "#e8590c", "#2f9e44", "#9c36b5", "#c2255c", "#0c8599", "#5c940d", "#862e9c"];
 
-export const QUERY = `query($metric: String!, $match: [String!], $by: String, $start: String, $rate: Boolean!) {
-  metricRange(metric: $metric, match: $match, by: $by, agg: "avg", start: $start, rate: $rate) {
+export const QUERY = `query($metric: String!, $match: [String!], $by: String, $start: String, $end: String, $rate: Boolean!) {
+  metricRange(metric: $metric, match: $match, by: $by, agg: "avg", start: $start, end: $end, rate: $rate) {
     metric unit series { labels points } unmeasured notMeasured
   }
 }`;
 
 function scaled(unit: string, value: number): number {
   if (unit === "GiB") return value / 2 ** 30;
+  if (unit === "MiB") return value / 2 ** 20;
   if (unit === "KiB/s") return value / 1024;
   if (unit === "%") return value * 100;
   return value;
 }
 
-export function Metrics({ match, by }: { match: string[]; by: string }) {
-  const [range, setRange] = useState(RANGES[1]);
+// Bytes in MiB below a GiB (12 MiB, not 0.01 GiB), as the console writes sizes (issue 21).
+export function unitOf(unit: string, values: number[]): string {
+  if (unit !== "bytes") return unit;
+  return values.some((v) => v >= 2 ** 30) ? "GiB" : "MiB";
+}
+
+export interface Plot {
+  unit: string;
+  labels: string[];
+  // Whether each series is a limit, drawn dashed.
+  limits: boolean[];
+  data: (number | null)[][];
+}
+
+// The chart's columns: the times (Unix seconds), then one column per series and per limit, in
+// the chart's unit; a limit is labelled "limit of <its labels>".
+export function plotOf(metric: string, unit: string, series: Series[], limits: Series[]): Plot {
+  const all = [...series, ...limits];
+  const shown = unitOf(unit, all.flatMap((s) => s.points.map(([, v]) => v)));
+  const times = [...new Set(all.flatMap((s) => s.points.map(([t]) => t)))].sort((a, b) => a - b);
+  const label = (s: Series) => Object.values(s.labels).join(" / ") || metric;
+  const columns = all.map((s) => {
+    const at = new Map(s.points.map(([t, v]) => [t, scaled(shown, v)]));
+    return times.map((t) => at.get(t) ?? null);
+  });
+  return {
+    unit: shown,
+    labels: [...series.map(label), ...limits.map((s) => `limit of ${label(s)}`)],
+    limits: all.map((_, i) => i >= series.length),
+    data: [times.map((t) => t / 1000), ...columns],
+  };
+}
+
+const LIFE = -1; // the Range option of its life
+
+export function Metrics({ match, by, life }: { match: string[]; by: string; life?: Life }) {
+  const [seconds, setSeconds] = useState(life ? LIFE : RANGES[1].seconds);
+  // fixed when the range is picked, so the queries' variables stay the same between renders
+  const span = useMemo(() => windowOf(seconds === LIFE ? null : seconds, life, Date.now()), [seconds, life?.from, life?.to]);
   return (
     <section aria-label="Metrics">
       <label className="range">
         Range{" "}
-        <select
-          aria-label="Range"
-          value={range.seconds}
-          onChange={(e) => setRange(RANGES.find((r) => r.seconds === Number(e.target.value)) ?? RANGES[1])}
-        >
+        <select aria-label="Range" value={seconds} onChange={(e) => setSeconds(Number(e.target.value))}>
+          {life && <option value={LIFE}>{life.to ? "Its life" : "Its life so far"}</option>}
           {RANGES.map((r) => (
             <option key={r.seconds} value={r.seconds}>
               {r.label}
@@ -77,66 +134,62 @@ export function Metrics({ match, by }: { match: string[]; by: string }) {
       </label>
       <div className="charts">
         {CHARTS.map((c) => (
-          <Chart key={c.metric} {...c} match={match} by={c.metric.startsWith("task_gpu") ? `${by},gpu` : by} seconds={range.seconds} />
+          <Chart key={c.metric} {...c} match={match} by={c.metric.startsWith("task_gpu") ? `${by},gpu` : by} start={span.start} end={span.end} />
         ))}
       </div>
     </section>
   );
 }
 
-function Chart(props: {
-  metric: string;
-  title: string;
-  unit: string;
-  rate?: boolean;
-  match: string[];
-  by: string;
-  seconds: number;
-}) {
-  const { metric, title, unit, match, by, seconds } = props;
+function Chart(props: ChartSpec & { match: string[]; by: string; start: number; end: number | null }) {
+  const { metric, title, unit, match, by, limit } = props;
   const rate = props.rate ?? false;
-  // fixed when the range is picked, so the query's variables stay the same between renders
-  const start = useMemo(() => String(Math.floor(Date.now() / 1000) - seconds), [seconds]);
-  const found = useQuery<{ metricRange: Range }>(QUERY, { metric, match, by, start, rate }, true, 10_000);
+  const start = String(props.start);
+  const end = props.end === null ? null : String(props.end);
+  const found = useQuery<{ metricRange: Range }>(QUERY, { metric, match, by, start, end, rate }, true, 10_000);
+  const limits = useQuery<{ metricRange: Range }>(
+    QUERY,
+    { metric: limit ?? metric, match, by, start, end, rate: false },
+    limit !== undefined,
+    10_000,
+  );
   const box = useRef<HTMLDivElement>(null);
+  const series = found.data?.metricRange.series;
+  const limitSeries = limit ? limits.data?.metricRange.series : undefined;
+  const plot = useMemo(() => plotOf(metric, unit, series ?? [], limitSeries ?? []), [metric, unit, series, limitSeries]);
   useEffect(() => {
-    const series = found.data?.metricRange.series ?? [];
-    if (!box.current || series.length === 0) return;
-    const times = [...new Set(series.flatMap((s) => s.points.map(([t]) => t)))].sort((a, b) => a - b);
-    const columns = series.map((s) => {
-      const at = new Map(s.points.map(([t, v]) => [t, scaled(unit, v)]));
-      return times.map((t) => at.get(t) ?? null);
-    });
-    const plot = new uPlot(
+    if (!box.current || !series || series.length === 0) return;
+    const chart = new uPlot(
       {
         width: box.current.clientWidth || 560,
         height: 180,
         series: [
           {},
-          ...series.map((s, i) => ({
-            label: Object.values(s.labels).join(" / ") || metric,
-            stroke: COLOURS[i % COLOURS.length],
+          ...plot.labels.map((label, i) => ({
+            label,
+            stroke: plot.limits[i] ? "#e03131" : COLOURS[i % COLOURS.length],
             width: 1.5,
+            ...(plot.limits[i] ? { dash: [6, 4] } : {}),
           })),
         ],
-        axes: [{}, { label: unit, size: 50 }],
+        axes: [{}, { label: plot.unit, size: 50 }],
         // the whole range picked, however few the samples in it
         scales: {
-          x: { time: true, range: [Number(start), Date.now() / 1000] },
+          x: { time: true, range: [Number(start), end === null ? Date.now() / 1000 : Number(end)] },
           ...(unit === "%" ? { y: { range: [0, 100] } } : {}),
         },
       },
-      [times.map((t) => t / 1000), ...columns] as uPlot.AlignedData,
+      plot.data as uPlot.AlignedData,
       box.current,
     );
-    return () => plot.destroy();
-  }, [found.data, unit, metric, start]);
+    return () => chart.destroy();
+  }, [plot, series, unit, start, end]);
   const empty = found.data && found.data.metricRange.series.length === 0;
   const notMeasured = found.data?.metricRange.notMeasured ?? null;
   return (
     <figure className="chart" aria-label={title} data-metric={metric}>
       <figcaption>
-        {title} <span className="muted">({unit})</span>
+        {title} <span className="muted">({series?.length ? plot.unit : unitOf(unit, [])})</span>
       </figcaption>
       {found.error && <p className="error">{found.error}</p>}
       {notMeasured && (

@@ -6,8 +6,9 @@ import { useEffect, useState } from "react";
 import { graphql, rest } from "../api";
 import { StackedBar } from "../components/StackedBar";
 import { formatDuration, parseDuration } from "../durations";
-import { when } from "../format";
+import { memory as bytesOf, when } from "../format";
 import { LEDGER_FIELDS, type Ledger } from "../ledger";
+import { runLife } from "../life";
 import { LogView } from "../logs/LogView";
 import { Link, useNavigate } from "../nav";
 import { runPath, runsPath, workerPath, type RunTab } from "../routes";
@@ -198,7 +199,7 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
         {tab === "logs" && logWorker && (
           <LogView workers={run.workers.map((w) => w.name)} worker={logWorker} onWorker={(w) => open("logs", w)} />
         )}
-        {tab === "metrics" && <Metrics match={[`run:${run.name}`]} by="worker" />}
+        {tab === "metrics" && <Metrics match={[`run:${run.name}`]} by="worker" life={runLife(run)} />}
         {tab === "history" && <EventLog org={org} workspace={workspace} name={run.name} kind={null} label="History" />}
       </div>
     </main>
@@ -278,7 +279,7 @@ function Readout({ run }: { run: Run }) {
         <dt>Using now</dt>
         <dd data-figure="using">
           {run.state === "Running" && tasks.some((t) => Object.keys(t.metrics).length > 0)
-            ? `${gpuPercent} GPU · ${cores.toFixed(1)} cores · ${(memory / 2 ** 30).toFixed(1)} GiB`
+            ? `${gpuPercent} GPU · ${cores.toFixed(1)} cores · ${bytesOf(memory)}`
             : "—"}
         </dd>
       </div>

@@ -3,7 +3,8 @@
 // (with a range) and History tabs.
 import { useState } from "react";
 
-import { when } from "../format";
+import { memory, when } from "../format";
+import { workerLife } from "../life";
 import { LogView } from "../logs/LogView";
 import { runOf } from "../names";
 import { Link } from "../nav";
@@ -40,6 +41,14 @@ const QUERY = `query($run: String!, $ws: String) { run(name: $run, workspace: $w
 
 type Tab = "log" | "metrics" | "history";
 
+// Its memory limit as the specification sets it: memory_bytes, or per_gpu.memory_bytes times its
+// GPUs (backend/runs/spec.py memory_limit_bytes); in MiB below a GiB (issue 21).
+export function memoryAsked(spec: Record<string, unknown>, gpus: number): string | null {
+  const perGpu = (spec.per_gpu as { memory_bytes?: number } | null | undefined)?.memory_bytes;
+  const bytes = spec.memory_bytes ? Number(spec.memory_bytes) : perGpu ? perGpu * gpus : null;
+  return bytes ? memory(bytes) : null;
+}
+
 export function WorkerPage({ org, workspace, worker: name }: { org: string; workspace: string; worker: string }) {
   const run = runOf(name);
   const found = useQuery<Found>(QUERY, { run, ws: workspace }, true, 10_000);
@@ -58,8 +67,8 @@ export function WorkerPage({ org, workspace, worker: name }: { org: string; work
   const spec = found.data.run.spec;
   const asked = [
     `${worker.gpus} GPU${worker.gpus === 1 ? "" : "s"}`,
-    spec.cpu !== undefined ? `${String(spec.cpu)} cores` : null,
-    spec.memory_bytes ? `${(Number(spec.memory_bytes) / 2 ** 30).toFixed(0)} GiB` : null,
+    spec.cpu !== undefined ? `${String(spec.cpu)} ${Number(spec.cpu) === 1 ? "core" : "cores"}` : null,
+    memoryAsked(spec, worker.gpus),
   ].filter(Boolean);
   const s = worker.started;
   return (
@@ -148,7 +157,7 @@ export function WorkerPage({ org, workspace, worker: name }: { org: string; work
       </div>
       <div role="tabpanel">
         {tab === "log" && <LogView workers={[worker.name]} worker={worker.name} onWorker={() => undefined} />}
-        {tab === "metrics" && <Metrics match={[`worker:${worker.name}`]} by="worker" />}
+        {tab === "metrics" && <Metrics match={[`worker:${worker.name}`]} by="worker" life={workerLife(worker)} />}
         {tab === "history" && <History entries={worker.history} />}
       </div>
     </main>
