@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,22 @@ def test_a_run_restarting_after_a_stall_shows_the_restarting_in_a_loop_panel(
     )
     assert "step 1, then a hang" in panel.locator("pre.log").inner_text()
     page.screenshot(path=str(screenshots(tmp_path) / "run-restarting.png"), full_page=True)
+    # issue 21: the stall is dated from its last progress and found later: its History row
+    # shows both times
+    events = httpx.post(
+        f"{server.url}/graphql",
+        json={"query": '{ events(name: "hangs") { events { id reason createdAt foundAt } } }'},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()["data"]["events"]["events"]
+    stall = next(e for e in events if e["reason"].startswith("Stalled: no progress"))
+    happened = datetime.fromisoformat(stall["createdAt"])
+    found = datetime.fromisoformat(stall["foundAt"])
+    assert int(found.timestamp()) > int(happened.timestamp()), stall
+    page.get_by_role("tab", name="History").click()
+    row = page.get_by_role("table", name="History").locator(f'tr[data-event="{stall["id"]}"]')
+    assert row.locator("td").first.inner_text() == (
+        f"{happened:%Y-%m-%d %H:%M:%S} UTC · found {found:%Y-%m-%d %H:%M:%S} UTC"
+    )
 
 
 def test_a_workers_page(live: tuple[Server, str], page: Any, tmp_path: Path) -> None:
@@ -360,3 +377,33 @@ def test_run_again_opens_the_spec_under_a_new_name(live: tuple[Server, str], pag
     page.get_by_role("button", name="Submit").click()
     page.wait_for_url("**/runs/broken-2")
     page.get_by_role("heading", name="broken-2").wait_for()
+
+
+def test_the_machines_page_shows_quotas_and_thresholds(live: tuple[Server, str], page: Any) -> None:
+    # seed L-62 (issue 21): a workspace's quota and a cluster's alert thresholds, set by its
+    # admin, read back on the Machines page (the last test here: the quota is far above what
+    # the runs above ask, the threshold one no test above reads)
+    server, token = live
+    answer = httpx.post(
+        f"{server.url}/graphql",
+        json={
+            "query": """mutation {
+              setQuota(workspace: "default", cluster: "local", gpus: 100) { errors { message } }
+              setThreshold(cluster: "local", name: "workers_stalled", value: 3) {
+                errors { message } } }"""
+        },
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    assert answer["data"]["setQuota"]["errors"] == [], answer
+    assert answer["data"]["setThreshold"]["errors"] == [], answer
+    sign_in(page, server, token)
+    page.get_by_role("link", name="Machines").click()
+    quotas = page.get_by_role("table", name="Quotas on local")
+    assert quotas.locator('tr[data-row="default"]').inner_text().split("\t") == ["default", "100"]
+    thresholds = page.get_by_role("table", name="Alert thresholds of local")
+    stalled = thresholds.locator('tr[data-row="workers_stalled"]').inner_text().split("\t")
+    assert stalled[:3] == ["workers_stalled", "3", "1"]
+    assert stalled[3].endswith(" UTC")
+    assert thresholds.locator('tr[data-row="goodput_drop.below"] td').last.inner_text() == (
+        "default"
+    )

@@ -17,9 +17,17 @@ interface Event {
   run: string | null;
   worker: string | null;
   createdAt: string;
+  foundAt: string;
 }
 
-const FIELDS = "id kind state reason run worker createdAt";
+const FIELDS = "id kind state reason run worker createdAt foundAt";
+
+// When it was found, where that is not when it happened (a stall is dated from the worker's
+// last progress and found later): the list's order is the order found (issue 21).
+export function foundLater(event: { createdAt: string; foundAt: string }): string | null {
+  const found = Math.floor(Date.parse(event.foundAt) / 1000);
+  return found > Math.floor(Date.parse(event.createdAt) / 1000) ? when(event.foundAt) : null;
+}
 const PAGE = `query($name: String, $kind: String, $before: Int, $ws: String) {
   events(name: $name, kind: $kind, limit: 100, before: $before, workspace: $ws) { events { ${FIELDS} } nextBefore } }`;
 const LIVE = `subscription($name: String, $kind: String, $after: Int, $ws: String) {
@@ -108,7 +116,15 @@ export function EventLog(props: {
           <tbody>
             {events.map((e) => (
               <tr key={e.id} data-event={e.id}>
-                <td>{when(e.createdAt)}</td>
+                <td>
+                  {when(e.createdAt)}
+                  {foundLater(e) && (
+                    <span className="muted" data-figure="found-at">
+                      {" "}
+                      · found {foundLater(e)}
+                    </span>
+                  )}
+                </td>
                 <td>{e.kind}</td>
                 <td>{e.run ? <Link to={runPath(org, workspace, e.run)}>{e.worker ?? e.run}</Link> : (e.worker ?? "—")}</td>
                 <td>{e.state ? <StateBadge state={e.state} /> : "—"}</td>
