@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import case, select, update
+from sqlalchemy import Table, bindparam, case, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.models import AgentCommand, Worker
+
+WORKERS: Table = Worker.__table__  # type: ignore[assignment]
 
 
 async def unacked_commands(
@@ -116,4 +119,74 @@ async def record_gpu_utilization(
                     else_=(Worker.gpu_utilization + mean) / 2,
                 )
             )
+        )
+
+
+# What a progress report reads of its worker, and may change.
+PROGRESS_COLUMNS = (
+    Worker.id,
+    Worker.machine_id,
+    Worker.attempt,
+    Worker.rank,
+    Worker.name,
+    Worker.gpus,
+    Worker.state,
+    Worker.reason,
+    Worker.phase,
+    Worker.stop_cause,
+    Worker.stalled_since,
+    Worker.progress_at,
+    Worker.progress_step,
+    Worker.stepped_at,
+    Worker.progress_rate,
+)
+PROGRESS_FIELDS = ("progress_at", "progress_step", "stepped_at", "progress_rate")
+
+
+async def lock_free_workers(session: AsyncSession, ids: Collection[int]) -> dict[int, Any]:
+    """These workers' rows that no other transaction holds, locked (PostgreSQL: FOR NO KEY
+    UPDATE SKIP LOCKED, in id order; SQLite's one writer holds them all), by id. Never waits:
+    a row another transaction holds (a scheduling pass, a gang's change) is left out."""
+    wanted = sorted(ids)
+    found: dict[int, Any] = {}
+    for i in range(0, len(wanted), IDS_PER_QUERY):
+        rows = await session.execute(
+            select(*PROGRESS_COLUMNS)
+            .where(Worker.id.in_(wanted[i : i + IDS_PER_QUERY]))
+            .order_by(Worker.id)
+            .with_for_update(key_share=True, skip_locked=True)
+        )
+        found.update((row.id, row) for row in rows)
+    return found
+
+
+async def write_progress(session: AsyncSession, changes: Sequence[dict[str, Any]]) -> None:
+    """Each worker's new progress fields (``id`` and PROGRESS_FIELDS): one executemany."""
+    if changes:
+        await session.execute(
+            update(WORKERS)
+            .where(WORKERS.c.id == bindparam("worker"))
+            .values({f: bindparam(f"new_{f}") for f in PROGRESS_FIELDS}),
+            [{"worker": c["id"], **{f"new_{f}": c[f] for f in PROGRESS_FIELDS}} for c in changes],
+        )
+
+
+async def record_gpu_utilizations(
+    session: AsyncSession, means: dict[tuple[int, int], float]
+) -> None:
+    """As record_gpu_utilization, for many machines' workers ((machine id, worker id): mean)
+    in one executemany."""
+    if means:
+        await session.execute(
+            update(WORKERS)
+            .where(
+                WORKERS.c.id == bindparam("worker"), WORKERS.c.machine_id == bindparam("machine")
+            )
+            .values(
+                gpu_utilization=case(
+                    (WORKERS.c.gpu_utilization.is_(None), bindparam("mean")),
+                    else_=(WORKERS.c.gpu_utilization + bindparam("mean")) / 2,
+                )
+            ),
+            [{"worker": w, "machine": m, "mean": mean} for (m, w), mean in sorted(means.items())],
         )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -188,6 +190,121 @@ async def progress(
     )
 
 
+@dataclass(frozen=True)
+class ProgressInfo:
+    """A progress report of a machine's worker (``progress``'s arguments)."""
+
+    machine_id: int
+    worker_id: int
+    attempt: int | None
+    step: int | None
+    at: datetime
+
+
+@dataclass
+class Leftovers:
+    """What ``reports`` did not write, to be written alone (each waiting for its rows): the
+    progress reports (their indexes) that change a worker's state or whose worker's row
+    another transaction held, and the GPU utilisation of workers whose rows were held."""
+
+    progress: list[int] = field(default_factory=list)
+    utilization: dict[tuple[int, int], float] = field(default_factory=dict)
+
+
+async def reports(
+    session: AsyncSession,
+    clock: Clock,
+    progress: Sequence[ProgressInfo],
+    metrics: Sequence[tuple[int, list[SampleIn]]],
+) -> Leftovers:
+    """Many machines' progress reports and sample batches, written as ``progress`` and
+    ``metrics`` write them one by one, in a few statements for them all (issue 19: a report
+    each loaded and locked its whole gang, at a thousand machines hundreds a second).
+
+    The workers' rows are locked first, all at once and without waiting: rows another
+    transaction holds are left to be written alone (``Leftovers``), so a batch of many
+    machines never waits behind a scheduling pass or a gang's change, and never deadlocks with
+    one. A report that only moves a running worker's progress (nearly all) is applied here by
+    the lifecycle's own rule (rules.worker_progress) to its row; one that ends a stall (a
+    transition) is left to the lifecycle's whole path. Reports of a worker not on that
+    machine, of another attempt, or of a worker no longer running change nothing, as there."""
+    left = Leftovers()
+    means: dict[tuple[int, int], float] = {}
+    for machine_id, samples in metrics:
+        for worker_id, mean in gpu_utilization_means(samples).items():
+            means[(machine_id, worker_id)] = mean
+    rows = await repository.lock_free_workers(
+        session, {p.worker_id for p in progress} | {w for _, w in means}
+    )
+    changed: dict[int, lifecycle_rules.WorkerView] = {}
+    for index, p in enumerate(progress):
+        row = rows.get(p.worker_id)
+        if row is None:  # held by another transaction (or gone): the whole path decides
+            left.progress.append(index)
+            continue
+        if row.machine_id != p.machine_id or (p.attempt is not None and p.attempt != row.attempt):
+            continue
+        if row.state != lifecycle_rules.RUNNING or row.stop_cause:
+            continue
+        if row.stalled_since is not None:  # no longer stalled: a transition of its gang
+            left.progress.append(index)
+            continue
+        w = changed.get(row.id) or _progress_view(row)
+        fx = Effects()
+        lifecycle_rules.worker_progress(_ALONE, w, p.at, fx, step=p.step)
+        assert not fx.transitions and not fx.commands, "a running worker's progress only"
+        changed[row.id] = w
+    await repository.write_progress(
+        session,
+        [
+            {"id": w.id, **{f: getattr(w, f) for f in repository.PROGRESS_FIELDS}}
+            for w in changed.values()
+        ],
+    )
+    held = {key: mean for key, mean in means.items() if key[1] in rows}
+    left.utilization = {key: mean for key, mean in means.items() if key[1] not in rows}
+    stored = await metrics_service.ingest_many(session, metrics)
+    await repository.record_gpu_utilizations(session, held)
+    for machine_id, samples in metrics:
+        if stored.get(machine_id):
+            await _samples_arrived(session, clock, machine_id, samples)
+    return left
+
+
+# The run a lone worker's progress is applied in: the rule changes a running, unstalled
+# worker's progress fields alone, never its run (asserted above).
+_ALONE = lifecycle_rules.RunView(
+    id=0, name="", state="", reason="", policy=lifecycle_rules.RunPolicy(), workers=[]
+)
+
+
+def _progress_view(row: Any) -> lifecycle_rules.WorkerView:
+    return lifecycle_rules.WorkerView(
+        id=row.id,
+        rank=row.rank,
+        name=row.name,
+        gpus=row.gpus,
+        state=row.state,
+        reason=row.reason,
+        phase=row.phase,
+        machine_id=row.machine_id,
+        stop_cause=row.stop_cause,
+        stalled_since=row.stalled_since,
+        attempt=row.attempt,
+        progress_at=row.progress_at,
+        progress_step=row.progress_step,
+        stepped_at=row.stepped_at,
+        progress_rate=row.progress_rate,
+    )
+
+
+async def record_gpu_utilizations(
+    session: AsyncSession, means: dict[tuple[int, int], float]
+) -> None:
+    """Workers' GPU utilisation left over by ``reports`` (their rows were held), written."""
+    await repository.record_gpu_utilizations(session, means)
+
+
 async def metrics(
     session: AsyncSession, machine_id: int, samples: list[SampleIn], clock: Clock | None = None
 ) -> int:
@@ -198,13 +315,19 @@ async def metrics(
     stored = await metrics_service.ingest(session, machine_id, samples)
     await repository.record_gpu_utilization(session, machine_id, gpu_utilization_means(samples))
     if stored:
-        earliest: dict[int, datetime] = {}
-        for s in samples:
-            if s.metric == "task_gpu_utilization_ratio":
-                at = datetime.fromtimestamp(s.at_ms / 1000, UTC)
-                earliest[s.worker_id] = min(at, earliest.get(s.worker_id, at))
-        await accounting.samples_arrived(session, clock or SystemClock(), machine_id, earliest)
+        await _samples_arrived(session, clock or SystemClock(), machine_id, samples)
     return stored
+
+
+async def _samples_arrived(
+    session: AsyncSession, clock: Clock, machine_id: int, samples: Sequence[SampleIn]
+) -> None:
+    earliest: dict[int, datetime] = {}
+    for s in samples:
+        if s.metric == "task_gpu_utilization_ratio":
+            at = datetime.fromtimestamp(s.at_ms / 1000, UTC)
+            earliest[s.worker_id] = min(at, earliest.get(s.worker_id, at))
+    await accounting.samples_arrived(session, clock, machine_id, earliest)
 
 
 def gpu_utilization_means(samples: list[SampleIn]) -> dict[int, float]:

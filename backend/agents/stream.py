@@ -24,7 +24,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.agents import service
 from backend.agents.leases import LeaseKeeper, renew_interval
-from backend.agents.service import HelloInfo, KnownWorker, WorkerEventInfo, agent_time
+from backend.agents.service import (
+    HelloInfo,
+    KnownWorker,
+    ProgressInfo,
+    WorkerEventInfo,
+    agent_time,
+)
 from backend.clock import Clock
 from backend.db import Database, database_away
 from backend.errors import DatabaseUnavailable, NotFound, Unauthenticated
@@ -558,22 +564,48 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         w.done.set_exception(error)
 
     async def _write_batch(self, batch: list[_Write]) -> None:
+        """The batch's progress reports and samples in a few statements for them all
+        (service.reports), its acknowledgements beside them, in one transaction; then what
+        that left (reports whose rows another transaction held, or that change a worker's
+        state) and the rest of the batch, each alone."""
         together = sorted((w for w in batch if w.batched), key=lambda w: _lock_order(w.message))
         alone = [w for w in batch if not w.batched]
+        utilization: dict[tuple[int, int], float] = {}
         if len(together) > 1:
+            progress = [w for w in together if w.message.WhichOneof("body") == "progress"]
+            metrics = [w for w in together if w.message.WhichOneof("body") == "metrics"]
+            others = [w for w in together if w not in progress and w not in metrics]
             try:
                 results: list[Effects | None] = []
                 async with self.db.transaction() as session:
-                    for w in together:
+                    left = await service.reports(
+                        session,
+                        self.clock,
+                        [self._progress_info(w.machine, w.message) for w in progress],
+                        [(w.machine.id, _samples(w.message)) for w in metrics],
+                    )
+                    for w in others:
                         results.append(await w.handler(self, session, w.machine, w.message))
             except Exception:
                 alone = batch  # which one failed is found by writing each alone
             else:
-                for w, fx in zip(together, results, strict=True):
+                again = {id(progress[i]) for i in left.progress}
+                alone += [w for w in progress if id(w) in again]
+                utilization = left.utilization
+                written = [w for w in progress + metrics if id(w) not in again]
+                for w, fx in [*zip(others, results, strict=True), *((w, None) for w in written)]:
                     if not w.done.done():
                         w.done.set_result(fx)
         else:
             alone = batch
+        if utilization:
+            try:
+                async with self.db.transaction() as session:
+                    await service.record_gpu_utilizations(session, utilization)
+            except Exception:  # a pace is an estimate: this one's loss is logged, not fatal
+                log.exception(
+                    "GPU utilisation of %d workers could not be written", len(utilization)
+                )
         for w in alone:
             try:
                 async with self.db.transaction() as session:
@@ -613,14 +645,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         )
         return await service.worker_event(session, self.clock, machine.id, event)
 
-    async def _progress(
-        self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
-    ) -> Effects:
+    def _progress_info(self, machine: Machine, message: agent_pb2.AgentMessage) -> ProgressInfo:
         p = message.progress
         step = p.step if p.HasField("step") else None
         at = agent_time(p.at_ms, self.clock.now())
+        return ProgressInfo(machine.id, p.worker_id, p.attempt or None, step, at)
+
+    async def _progress(
+        self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
+    ) -> Effects:
+        p = self._progress_info(machine, message)
         return await service.progress(
-            session, self.clock, machine.id, p.worker_id, p.attempt or None, step, at
+            session, self.clock, p.machine_id, p.worker_id, p.attempt, p.step, p.at
         )
 
     async def _gpu_health(
@@ -668,22 +704,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def _metrics(
         self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
     ) -> None:
-        await service.metrics(
-            session,
-            machine.id,
-            [
-                SampleIn(
-                    s.worker_id,
-                    s.metric,
-                    s.gpu if s.HasField("gpu") else None,
-                    s.at_ms,
-                    s.value,
-                    s.attempt or None,
-                )
-                for s in message.metrics.samples
-            ],
-            self.clock,
-        )
+        await service.metrics(session, machine.id, _samples(message), self.clock)
 
     _handlers: dict[str, Handler] = {
         "metrics": _metrics,
@@ -830,6 +851,20 @@ async def _ending_on_failure(stream: MachineStream, loop: Awaitable[None]) -> No
         log.exception("stream of machine %s failed", stream.machine_id)
     finally:
         stream.closed.set()
+
+
+def _samples(message: agent_pb2.AgentMessage) -> list[SampleIn]:
+    return [
+        SampleIn(
+            s.worker_id,
+            s.metric,
+            s.gpu if s.HasField("gpu") else None,
+            s.at_ms,
+            s.value,
+            s.attempt or None,
+        )
+        for s in message.metrics.samples
+    ]
 
 
 def _answered(stream: MachineStream, reply: agent_pb2.Reply) -> None:

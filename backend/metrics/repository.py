@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, overload
 
 import psycopg
 from sqlalchemy import (
@@ -69,6 +70,43 @@ async def workers_on_machine(session: AsyncSession, machine_id: int) -> dict[int
     return {row.id: row.attempt for row in rows}
 
 
+# At most this many machine ids in one IN (...): SQLite's bound parameters are limited.
+MACHINES_PER_QUERY = 500
+
+
+async def workers_on_machines(
+    session: AsyncSession, machine_ids: Collection[int]
+) -> dict[int, dict[int, int]]:
+    """The workers placed on each of these machines now: their attempts by id, by machine."""
+    wanted = sorted(machine_ids)
+    found: dict[int, dict[int, int]] = {m: {} for m in wanted}
+    for i in range(0, len(wanted), MACHINES_PER_QUERY):
+        rows = await session.execute(
+            select(Worker.machine_id, Worker.id, Worker.attempt).where(
+                Worker.machine_id.in_(wanted[i : i + MACHINES_PER_QUERY])
+            )
+        )
+        for machine_id, worker_id, attempt in rows:
+            found[int(machine_id or 0)][worker_id] = attempt
+    return found
+
+
+async def insert_samples_by_machine(session: AsyncSession, rows: Sequence[Row]) -> dict[int, int]:
+    """Many machines' rows stored as ``insert_samples`` stores one's, in one COPY on
+    PostgreSQL (resends skipped the same way): how many were new, by machine."""
+    if not rows:
+        return {}
+    if not _is_postgresql(session):
+        machines = sorted({r[3] for r in rows})
+        return {m: await insert_samples(session, [r for r in rows if r[3] == m]) for m in machines}
+    try:
+        async with session.begin_nested():
+            await copy_binary(session, SAMPLES.name, ROW_COLUMNS, _PG_TYPES, rows)
+        return dict(Counter(r[3] for r in rows))
+    except (psycopg.errors.UniqueViolation, psycopg.errors.ForeignKeyViolation):
+        return dict(Counter(await _insert_skipping(session, rows, returning=True)))
+
+
 async def insert_samples(session: AsyncSession, rows: Sequence[Row]) -> int:
     """Store rows, skipping any already stored (an agent resends what was not acknowledged
     before a reconnect). Returns how many were new."""
@@ -94,7 +132,23 @@ async def _copy_or_skip(session: AsyncSession, rows: Sequence[Row]) -> int:
         return await _insert_skipping(session, rows)
 
 
-async def _insert_skipping(session: AsyncSession, rows: Sequence[Row]) -> int:
+@overload
+async def _insert_skipping(
+    session: AsyncSession, rows: Sequence[Row], returning: Literal[False] = False
+) -> int: ...
+
+
+@overload
+async def _insert_skipping(
+    session: AsyncSession, rows: Sequence[Row], returning: Literal[True]
+) -> list[int]: ...
+
+
+async def _insert_skipping(
+    session: AsyncSession, rows: Sequence[Row], returning: bool = False
+) -> int | list[int]:
+    """The rows not stored yet (of workers that still exist): how many, or (``returning``)
+    the machine id of each one stored."""
     columns = [list(column) for column in zip(*rows, strict=True)]
     typed = ", ".join(f"%s::{t}[]" for t in _PG_TYPES)
     names = ", ".join(ROW_COLUMNS)
@@ -102,9 +156,13 @@ async def _insert_skipping(session: AsyncSession, rows: Sequence[Row]) -> int:
         f"INSERT INTO {SAMPLES.name} ({names}) SELECT {names} FROM unnest({typed}) AS u({names}) "
         "WHERE EXISTS (SELECT 1 FROM workers w WHERE w.id = u.worker_id) ON CONFLICT DO NOTHING"
     )
+    if returning:
+        statement += " RETURNING machine_id"
     pg = await driver_connection(session)
     async with pg.cursor() as cursor:
         await cursor.execute(statement, columns)
+        if returning:
+            return [int(row[0]) for row in await cursor.fetchall()]
         return cursor.rowcount
 
 

@@ -17,7 +17,16 @@ from backend.metrics import repository, rules
 from backend.metrics.rules import MINUTE_MS, RangeParams, RangeRequest, SampleIn
 from backend.runs import service as runs
 
-__all__ = ["Pruned", "RangeAnswer", "RangeParams", "SampleIn", "ingest", "prune", "range_query"]
+__all__ = [
+    "Pruned",
+    "RangeAnswer",
+    "RangeParams",
+    "SampleIn",
+    "ingest",
+    "ingest_many",
+    "prune",
+    "range_query",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +58,29 @@ async def ingest(session: AsyncSession, machine_id: int, samples: Sequence[Sampl
             dropped.bad_value,
         )
     return stored
+
+
+async def ingest_many(
+    session: AsyncSession, batches: Sequence[tuple[int, Sequence[SampleIn]]]
+) -> dict[int, int]:
+    """Many machines' samples stored as ``ingest`` stores one machine's, with a query and a
+    COPY for them all instead of a few statements each: how many were new, by machine."""
+    placed = await repository.workers_on_machines(session, {m for m, _ in batches})
+    rows: list[rules.Row] = []
+    for machine_id, samples in batches:
+        found, dropped = rules.to_rows(samples, placed.get(machine_id, {}), machine_id)
+        rows.extend(found)
+        if dropped.total:
+            log.debug(
+                "machine %s: dropped %d samples of workers not placed there, %d of unknown "
+                "metrics, %d with a wrong gpu, %d not finite",
+                machine_id,
+                dropped.unknown_worker,
+                dropped.unknown_metric,
+                dropped.bad_gpu,
+                dropped.bad_value,
+            )
+    return await repository.insert_samples_by_machine(session, rows)
 
 
 @dataclass(frozen=True)
