@@ -16,13 +16,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.accounting import counting
 from backend.accounting import repository as accounting_repository
 from backend.clock import Clock, iso_offset
-from backend.config import parse_duration
 from backend.errors import Conflict, NotFound
 from backend.events import rules as events_rules
 from backend.lifecycle import repository, rules
 from backend.lifecycle.rules import Effects, RunPolicy, RunView, Transition, WorkerView
 from backend.models import AgentCommand, Event, Run, StateTransition, Worker, Workspace
 from backend.runs import repository as runs_repository
+from backend.runs.spec import stored_spec
 
 _RUN_FIELDS = (
     "state",
@@ -69,13 +69,14 @@ class Gang:
     view: RunView
 
 
-def policy_of(spec: dict[str, Any]) -> RunPolicy:
+def policy_of(stored: dict[str, Any]) -> RunPolicy:
+    spec = stored_spec(stored)
     return RunPolicy(
-        restart_policy=spec.get("restart_policy", "on_failure"),
-        max_restarts=int(spec.get("max_restarts", 10)),
-        time_limit=parse_duration(spec["time_limit"]) if spec.get("time_limit") else None,
-        stall_timeout=parse_duration(spec["stall_timeout"]) if spec.get("stall_timeout") else None,
-        on_stall=spec.get("on_stall", "restart"),
+        restart_policy=spec.restart_policy,
+        max_restarts=spec.max_restarts,
+        time_limit=spec.time_limit_delta,
+        stall_timeout=spec.stall_timeout_delta,
+        on_stall=spec.on_stall,
     )
 
 

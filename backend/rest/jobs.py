@@ -14,6 +14,7 @@ from backend.rest.base import Call, endpoint
 from backend.runs import failures
 from backend.runs import service as runs
 from backend.runs.rules import task_counts
+from backend.runs.spec import stored_spec
 
 
 def failure_json(run: Run, workers: list[Worker], now: datetime) -> dict[str, Any]:
@@ -30,7 +31,7 @@ def failure_json(run: Run, workers: list[Worker], now: datetime) -> dict[str, An
         snapshot = next((w.last_failure for w in workers if w.name == last), None)
         loop = {
             "restarts": restarts,
-            "max_restarts": int((run.spec or {}).get("max_restarts", 10)),
+            "max_restarts": stored_spec(run.spec).max_restarts,
             "restart_at": iso_z(run.restart_at) if run.restart_at else None,
             "worker": last,
             "last_failure": snapshot,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
@@ -358,6 +359,10 @@ class RunSpec(_Strict):
         return parse_duration(self.time_limit) if self.time_limit else None
 
     @property
+    def stall_timeout_delta(self) -> timedelta | None:
+        return parse_duration(self.stall_timeout) if self.stall_timeout else None
+
+    @property
     def memory_limit_bytes(self) -> int | None:
         """The worker's memory limit: memory_bytes, or per_gpu.memory_bytes times its GPUs."""
         if self.memory_bytes is not None:
@@ -436,6 +441,15 @@ def _field_errors(error: ErrorDetails) -> list[FieldError]:
         return [FieldError(path, str(cause if cause is not None else error["msg"]))]
     describe = _MESSAGES.get(kind)
     return [FieldError(path, describe(ctx) if describe else error["msg"])]
+
+
+def stored_spec(data: Mapping[str, Any]) -> RunSpec:
+    """A run's stored specification read back: checked whole when it was submitted, stored as
+    ``RunSpec.to_json`` with its cluster and pool as placed. Every default is RunSpec's own (a
+    key stored by an older version and no longer known is left out), never restated by a
+    reader."""
+    known = {k: v for k, v in data.items() if k in RunSpec.model_fields}
+    return RunSpec.model_validate(known)
 
 
 def parse_spec(data: Any) -> RunSpec:

@@ -18,6 +18,7 @@ from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import Effects
 from backend.machines.views import MEMBERS_SEE
 from backend.models import Machine, Run, Worker
+from backend.runs.spec import RunSpec, stored_spec
 from backend.scheduling import repository
 from backend.scheduling.rules import (
     Ask,
@@ -39,15 +40,8 @@ class PassResult:
     reasons: dict[str, str] = field(default_factory=dict)
 
 
-def memory_limit(spec: dict[str, Any]) -> int:
-    if spec.get("memory_bytes"):
-        return int(spec["memory_bytes"])
-    per_gpu = (spec.get("per_gpu") or {}).get("memory_bytes")
-    return int(per_gpu) * int(spec.get("gpus", 0)) if per_gpu else 0
-
-
 def _ask(run: Run | Row[Any], workspace: str) -> Ask:
-    spec = run.spec
+    spec = stored_spec(run.spec)
     return Ask(
         run_id=run.id,
         name=run.name,
@@ -57,11 +51,11 @@ def _ask(run: Run | Row[Any], workspace: str) -> Ask:
         queued_at=run.created_at,
         workers=run.worker_count,
         gpus=run.gpus_per_worker,
-        cpu=float(spec.get("cpu", 1.0)),
-        memory=memory_limit(spec),
-        pool=spec.get("pool"),
+        cpu=spec.cpu,
+        memory=spec.memory_limit_bytes or 0,
+        pool=spec.pool,
         restart_at=run.restart_at,
-        image=bool(spec.get("image")),
+        image=spec.image is not None,
     )
 
 
@@ -73,11 +67,13 @@ def _rooms(
     held_gpus: dict[int, set[int]] = defaultdict(set)
     cpu_used: dict[int, float] = defaultdict(float)
     memory_used: dict[int, int] = defaultdict(int)
+    specs: dict[int, RunSpec] = {}
     for w, r in placed:
         assert w.machine_id is not None
+        spec = specs.get(r.id) or specs.setdefault(r.id, stored_spec(r.spec))
         held_gpus[w.machine_id].update(w.gpu_ids or [])
-        cpu_used[w.machine_id] += float(r.spec.get("cpu", 1.0))
-        memory_used[w.machine_id] += memory_limit(r.spec)
+        cpu_used[w.machine_id] += spec.cpu
+        memory_used[w.machine_id] += spec.memory_limit_bytes or 0
     rooms = []
     for m, pool in machines:
         healthy = [index for index, health in gpus.get(m.id, []) if health == "ok"]
@@ -109,7 +105,8 @@ def _holders(
     holders: list[Holder] = []
     used: dict[int, int] = defaultdict(int)
     for run, workers in by_run.values():
-        cpu, memory = float(run.spec.get("cpu", 1.0)), memory_limit(run.spec)
+        spec = stored_spec(run.spec)
+        cpu, memory = spec.cpu, spec.memory_limit_bytes or 0
         gpus = sum(len(w.gpu_ids or []) for w in workers)
         used[run.workspace_id] += gpus
         since = run.placed_at or now
@@ -248,18 +245,18 @@ async def _place(session: AsyncSession, decided: Plan, now: datetime, result: Pa
 
 def start_payload(run: Run) -> dict[str, Any]:
     """What an agent needs to start a worker of the run."""
-    spec = run.spec
+    spec = stored_spec(run.spec)
     return {
-        "image": spec.get("image"),
-        "command": spec.get("command"),
-        "user": spec.get("user"),
-        "environment": spec.get("environment") or {},
-        "mounts": spec.get("mounts") or [],
+        "image": spec.image,
+        "command": spec.command,
+        "user": spec.user,
+        "environment": dict(spec.environment),
+        "mounts": [m.model_dump(mode="json") for m in spec.mounts],
         # Names and targets only: the values reach the machine over its stream when asked.
-        "credentials": spec.get("credentials") or [],
+        "credentials": [c.model_dump(mode="json") for c in spec.credentials],
         "workspace_id": run.workspace_id,
-        "cpu": spec.get("cpu"),
-        "memory_limit_bytes": memory_limit(spec) or None,
+        "cpu": spec.cpu,
+        "memory_limit_bytes": spec.memory_limit_bytes,
     }
 
 

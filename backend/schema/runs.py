@@ -14,6 +14,7 @@ from backend.resolvers.context import Info
 from backend.runs import failures
 from backend.runs import service as runs
 from backend.runs.rules import task_counts
+from backend.runs.spec import stored_spec
 from backend.scheduling import service as scheduling
 from backend.schema.common import UserError
 from backend.schema.goodput import GoodputLedger
@@ -103,17 +104,18 @@ class Worker:
     )
     async def started(self, info: Info) -> HowStarted:
         run = await info.context.loaders.run.load(self._run_id)
-        spec = dict(run.spec or {}) if run is not None else {}
+        assert run is not None, "a worker's run outlives it"
+        spec = stored_spec(run.spec)
         return HowStarted(
-            image=spec.get("image"),
-            command=spec.get("command"),
-            user=spec.get("user"),
+            image=spec.image,
+            command=spec.command,
+            user=spec.user,
             gpu_ids=self.gpu_ids,
-            restart_policy=str(spec.get("restart_policy", "on_failure")),
-            time_limit=spec.get("time_limit"),
+            restart_policy=spec.restart_policy,
+            time_limit=spec.time_limit,
             rank=self.rank,
-            environment=cast(JSON, spec.get("environment") or {}),
-            mounts=cast(JSON, spec.get("mounts") or []),
+            environment=cast(JSON, dict(spec.environment)),
+            mounts=cast(JSON, [m.model_dump(mode="json") for m in spec.mounts]),
         )
 
     @strawberry.field(
@@ -186,7 +188,6 @@ class Run:
     _failures_in_row: strawberry.Private[int] = 0
     _running_since: strawberry.Private[datetime | None] = None
     _restart_at: strawberry.Private[datetime | None] = None
-    _max_restarts: strawberry.Private[int] = 10
 
     @classmethod
     def from_model(cls, row: models.Run) -> Run:
@@ -205,7 +206,6 @@ class Run:
             _failures_in_row=row.failures_in_row or 0,
             _running_since=row.running_since,
             _restart_at=row.restart_at,
-            _max_restarts=int((row.spec or {}).get("max_restarts", 10)),
         )
 
     @strawberry.field(description="The cluster it runs on (a worker's page is under it).")
@@ -265,7 +265,7 @@ class Run:
         name = failures.last_snapshot(failures.snapshots_of(rows))
         return RestartLoop(
             restarts=restarts,
-            max_restarts=self._max_restarts,
+            max_restarts=stored_spec(cast(dict[str, Any], self.spec)).max_restarts,
             restart_at=self._restart_at,
             worker=next((Worker.from_model(w) for w in rows if w.name == name), None),
         )

@@ -18,7 +18,7 @@ from backend.clock import Clock
 from backend.errors import FieldError, InvalidInput, NotFound
 from backend.models import Run, Secret, Worker
 from backend.runs import service as runs
-from backend.runs.spec import NAME_PATTERN
+from backend.runs.spec import NAME_PATTERN, stored_spec
 from backend.secrets import repository
 
 MAX_VALUE_BYTES = 64 * 1024
@@ -110,7 +110,7 @@ async def values_for_worker(
         return None
     run = await session.get(Run, worker.run_id)
     assert run is not None
-    names = [c["secret"] for c in (run.spec.get("credentials") or [])]
+    names = [c.secret for c in stored_spec(run.spec).credentials]
     rows = await session.scalars(
         select(Secret).where(Secret.workspace_id == run.workspace_id, Secret.name.in_(names))
     )

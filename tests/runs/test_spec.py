@@ -1,6 +1,7 @@
 """The run specification: every refused value names its field and the reason."""
 
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -8,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.errors import FieldError, InvalidInput
-from backend.runs.spec import parse_spec
+from backend.runs.spec import parse_spec, stored_spec
 from tests.support import run_spec
 
 
@@ -66,6 +67,23 @@ def test_defaults_are_one_worker_without_gpus_restarting_ten_times() -> None:
     assert (spec.workers, spec.gpus, spec.priority) == (1, 0, 50)
     assert (spec.restart_policy, spec.max_restarts) == ("on_failure", 10)
     assert spec.time_limit is None
+
+
+def test_a_stored_specification_reads_back_as_submitted_with_its_cluster_and_pool() -> None:
+    submitted = parse_spec(
+        {"name": "r", "command": ["true"], "stall_timeout": "90s", "on_stall": "keep"}
+    )
+    stored = submitted.to_json() | {"cluster": "local", "pool": None}
+    spec = stored_spec(stored)
+    assert spec.to_json() == stored
+    assert (spec.stall_timeout_delta, spec.on_stall) == (timedelta(seconds=90), "keep")
+    assert (spec.max_restarts, spec.restart_policy, spec.cpu) == (10, "on_failure", 1.0)
+
+
+def test_a_key_an_older_version_stored_is_left_out_and_a_newer_field_takes_its_default() -> None:
+    stored = {"name": "old", "command": ["true"], "cluster": "local", "retired": True}
+    spec = stored_spec(stored)
+    assert (spec.name, spec.on_stall, spec.stall_timeout_delta) == ("old", "restart", None)
 
 
 def test_memory_limit_is_memory_bytes_or_per_gpu_memory_times_gpus() -> None:
