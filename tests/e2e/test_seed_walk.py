@@ -707,11 +707,63 @@ def last_failure(walk: Llama, line: str) -> None:
     ]
 
 
+@seed("L-52")
+def memory_near_the_limit(walk: Llama, line: str) -> None:
+    # seed L-52 (Debug a failed run, steps 2 and 5): OOMKilled, look at "the Memory chart near
+    # the limit". The seed's metrics line for llama-sft-1's memory: a worker killed within a
+    # second still has its samples (taken as it started and as it ended), the last at its limit.
+    limit = 128 * 2**20
+    first = json.loads(walk.sh(line))
+    assert first["labels"] == {}
+    values = [value for _, value in first["points"]]
+    assert values and max(values) > 0.9 * limit and max(values) <= limit, values
+    limits = json.loads(walk.sh(line.replace("task_memory_used_bytes", "task_memory_limit_bytes")))
+    assert {value for _, value in limits["points"]} == {limit}
+
+
+@seed("L-11")
+def follow_a_failure(walk: Llama, line: str) -> None:
+    # seed L-11: -f "exits non-zero if it did not complete", after saying how it ended
+    done = subprocess.run(
+        ["bash", "-c", line],
+        env=user_env(walk.server, walk.token),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # the log on standard output, how it ended on standard error (a terminal shows both as
+    # the seed's block; a pipe keeps the log alone)
+    assert done.returncode == 1, done
+    assert done.stdout.splitlines() == [
+        "[rank1]: step 4400 loss 1.402",
+        "[rank1]: step 4410 loss 1.402",
+        "",
+    ]
+    ended = "llama-sft-1: Failed — OOMKilled: the container exceeded its memory limit"
+    assert done.stderr == ended + "\n"
+
+
+@seed("L-58")
+def log_of_the_failed_worker(walk: Llama, line: str) -> None:
+    # Debug a failed run, step 3: "Read the log of that worker (astra astraeus logs <worker>)"
+    assert walk.sh(line).splitlines() == [
+        "[rank1]: step 4400 loss 1.402",
+        "[rank1]: step 4410 loss 1.402",
+    ]
+
+
 KILLED_PAGE: dict[str, Callable[[Llama, str], None]] = {
     'curl -sS "$API/tasks/llama-sft-1/logs?tail=200" -H "Authorization: Bearer $ASTRA_TOKEN"'
     " | jq -r .logs": failure_logs,
     'curl -sS "$API/tasks/llama-sft-1" -H "Authorization: Bearer $ASTRA_TOKEN"'
     " | jq .last_failure": last_failure,
+    'curl -sS -G "$API/metrics/range" -H "Authorization: Bearer $ASTRA_TOKEN" \\\n'
+    "    --data-urlencode metric=task_memory_used_bytes \\\n"
+    "    --data-urlencode match=task:llama-sft-1 \\\n"
+    "    --data-urlencode agg=max \\\n"
+    "    --data-urlencode start=$(( $(date +%s) - 3600 )) | jq '.series[0]'": memory_near_the_limit,
+    "astra astraeus logs llama-sft-1": log_of_the_failed_worker,
+    "astra astraeus logs llama-sft-1 -f": follow_a_failure,
 }
 
 
