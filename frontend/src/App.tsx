@@ -1,6 +1,7 @@
 import { useCallback, useEffect, useState, type ReactNode } from "react";
 
 import { signOut, token } from "./api";
+import type { ShellViewerQuery } from "./generated/graphql";
 import { Link, Navigate } from "./nav";
 import { Goodput } from "./pages/Goodput";
 import { RunPage } from "./pages/RunPage";
@@ -50,9 +51,11 @@ function page(route: Route, go: (path: string) => void): ReactNode {
 
 type Section = "goodput" | "runs" | "gpus" | "events" | "machines";
 
+const VIEWER = /* GraphQL */ `query ShellViewer { viewer { user isOrgAdmin } }`;
+
 function Shell({ route, go }: { route: Exclude<Route, { page: "signin" | "home" | "notfound" }>; go: (path: string) => void }) {
   const { org, workspace } = route;
-  const viewer = useQuery<{ viewer: { isOrgAdmin: boolean; user: string } }>("{ viewer { user isOrgAdmin } }", {}, true, 0);
+  const viewer = useQuery<ShellViewerQuery>(VIEWER, {}, true, 0);
   const section: Section =
     route.page === "run" ? "runs" : route.page === "worker" ? "runs" : route.page;
   const items: { section: Section; label: string; to: string }[] = [

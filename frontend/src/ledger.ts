@@ -1,24 +1,17 @@
 // A ledger of the API (GoodputLedger) split into the bar's segments.
 import { CATEGORIES, type Category } from "./categories";
+import type { LedgerFieldsFragment } from "./generated/graphql";
 
-export interface CategoryTime {
-  category: string;
-  gpuHours: number;
-  heldGpuHours: number;
-}
+// Its type is generated from schema.graphql and this fragment (npm run codegen).
+export type Ledger = LedgerFieldsFragment;
+export type CategoryTime = Ledger["gpuHours"][number];
 
-export interface Ledger {
-  allocatedGpuHours: number;
-  productiveGpuHours: number;
-  lostGpuHours: number;
-  waitingGpuHours: number;
-  goodput: number | null;
-  gpuHours: CategoryTime[];
-  biggestLoss: CategoryTime | null;
-}
-
-export const LEDGER_FIELDS = `allocatedGpuHours productiveGpuHours lostGpuHours waitingGpuHours goodput
-  gpuHours { category gpuHours heldGpuHours } biggestLoss { category gpuHours heldGpuHours }`;
+// A document that spreads ...LedgerFields appends this once.
+export const LEDGER_FIELDS = /* GraphQL */ `
+  fragment LedgerFields on GoodputLedger {
+    allocatedGpuHours productiveGpuHours lostGpuHours waitingGpuHours goodput
+    gpuHours { category gpuHours heldGpuHours } biggestLoss { category gpuHours heldGpuHours }
+  }`;
 
 export interface Segment {
   category: Category;

@@ -282,7 +282,7 @@ def test_a_run_restarting_after_a_stall_shows_the_restarting_in_a_loop_panel(
     page.get_by_role("tab", name="History").click()
     row = page.get_by_role("table", name="History").locator(f'tr[data-event="{stall["id"]}"]')
     assert row.locator("td").first.inner_text() == (
-        f"{happened:%Y-%m-%d %H:%M:%S} UTC · found {found:%Y-%m-%d %H:%M:%S} UTC"
+        f"{happened:%Y-%m-%d %H:%M:%S} UTC\nfound {found:%Y-%m-%d %H:%M:%S} UTC"
     )
 
 

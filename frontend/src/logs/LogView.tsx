@@ -4,16 +4,14 @@
 import { useEffect, useMemo, useRef, useState } from "react";
 
 import { rest } from "../api";
+import type { FollowLogSubscription } from "../generated/graphql";
 import { subscribe } from "../live";
 import { append, isErrorLike, KEEP, saved, shown } from "./lines";
 
-const FOLLOW = `subscription($w: String!, $tail: Int!) { followLog(worker: $w, tail: $tail) { text missed ended } }`;
+const FOLLOW = /* GraphQL */ `subscription FollowLog($w: String!, $tail: Int!) {
+  followLog(worker: $w, tail: $tail) { text missed ended } }`;
 
-interface Chunk {
-  text: string;
-  missed: number;
-  ended: boolean;
-}
+type Chunk = FollowLogSubscription["followLog"];
 
 async function tail(worker: string): Promise<string[] | null> {
   try {

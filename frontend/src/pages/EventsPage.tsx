@@ -4,23 +4,16 @@ import { useEffect, useState } from "react";
 
 import { graphql } from "../api";
 import { when } from "../format";
+import type { EventFieldsFragment, EventsPageQuery } from "../generated/graphql";
 import { subscribe } from "../live";
 import { Link } from "../nav";
 import { runPath } from "../routes";
 import { Head, StateBadge } from "../components/Table";
 
-interface Event {
-  id: number;
-  kind: string;
-  state: string | null;
-  reason: string;
-  run: string | null;
-  worker: string | null;
-  createdAt: string;
-  foundAt: string;
-}
+type Event = EventFieldsFragment;
 
-const FIELDS = "id kind state reason run worker createdAt foundAt";
+const FIELDS = /* GraphQL */ `
+  fragment EventFields on Event { id kind state reason run worker createdAt foundAt }`;
 
 // When it was found, where that is not when it happened (a stall is dated from the worker's
 // last progress and found later): the list's order is the order found (issue 21).
@@ -28,10 +21,12 @@ export function foundLater(event: { createdAt: string; foundAt: string }): strin
   const found = Math.floor(Date.parse(event.foundAt) / 1000);
   return found > Math.floor(Date.parse(event.createdAt) / 1000) ? when(event.foundAt) : null;
 }
-const PAGE = `query($name: String, $kind: String, $before: Int, $ws: String) {
-  events(name: $name, kind: $kind, limit: 100, before: $before, workspace: $ws) { events { ${FIELDS} } nextBefore } }`;
-const LIVE = `subscription($name: String, $kind: String, $after: Int, $ws: String) {
-  events(name: $name, kind: $kind, after: $after, workspace: $ws) { ${FIELDS} } }`;
+const EVENTS = /* GraphQL */ `query EventsPage($name: String, $kind: String, $before: Int, $ws: String) {
+  events(name: $name, kind: $kind, limit: 100, before: $before, workspace: $ws) { events { ...EventFields } nextBefore } }`;
+const NEW_EVENTS = /* GraphQL */ `subscription NewEvents($name: String, $kind: String, $after: Int, $ws: String) {
+  events(name: $name, kind: $kind, after: $after, workspace: $ws) { ...EventFields } }`;
+const PAGE = EVENTS + FIELDS;
+const LIVE = NEW_EVENTS + FIELDS;
 const KINDS = ["", "run.state", "worker.state", "run.deleted", "alert.firing", "alert.resolved"];
 
 export function EventsPage({ org, workspace }: { org: string; workspace: string }) {
@@ -78,7 +73,7 @@ export function EventLog(props: {
     let stop = () => undefined as void;
     setEvents([]);
     setError(null);
-    graphql<{ events: { events: Event[]; nextBefore: number | null } }>(PAGE, { ...filters, before: null }).then(
+    graphql<EventsPageQuery>(PAGE, { ...filters, before: null }).then(
       ({ events: page }) => {
         if (!live) return;
         setEvents(page.events);
@@ -98,7 +93,7 @@ export function EventLog(props: {
   }, [key]);
 
   const older = async () => {
-    const { events: page } = await graphql<{ events: { events: Event[]; nextBefore: number | null } }>(PAGE, {
+    const { events: page } = await graphql<EventsPageQuery>(PAGE, {
       ...filters,
       before: next,
     });
@@ -118,11 +113,11 @@ export function EventLog(props: {
               <tr key={e.id} data-event={e.id}>
                 <td>
                   {when(e.createdAt)}
+                  {/* under its time, so the column stays narrow on a laptop's screen */}
                   {foundLater(e) && (
-                    <span className="muted" data-figure="found-at">
-                      {" "}
-                      · found {foundLater(e)}
-                    </span>
+                    <div className="muted" data-figure="found-at">
+                      found {foundLater(e)}
+                    </div>
                   )}
                 </td>
                 <td>{e.kind}</td>

@@ -9,13 +9,14 @@ import { STYLE, type Category } from "../categories";
 import { Legend } from "../components/Legend";
 import { StackedBar } from "../components/StackedBar";
 import { gpuHours, percent, when } from "../format";
+import type { GoodputQuery, GoodputScope, IntervalsQuery, ReportFieldsFragment, WeeklyQuery } from "../generated/graphql";
 import { biggestHeldLoss, LEDGER_FIELDS, notProductive, type Ledger } from "../ledger";
 import { Link } from "../nav";
 import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
 import { Head } from "../components/Table";
 
-export type Scope = "RUN" | "MACHINE" | "POOL" | "WORKSPACE";
+export type Scope = GoodputScope;
 const SCOPES: Scope[] = ["RUN", "MACHINE", "POOL", "WORKSPACE"];
 const SCOPE_LABEL: Record<Scope, string> = {
   RUN: "Runs",
@@ -24,50 +25,29 @@ const SCOPE_LABEL: Record<Scope, string> = {
   WORKSPACE: "Workspaces",
 };
 const SCOPE_COLUMN: Record<Scope, string> = { RUN: "Run", MACHINE: "Machine", POOL: "Pool", WORKSPACE: "Workspace" };
-const ROWS = 200;
 
-interface Row {
-  name: string;
-  ledger: Ledger;
-}
-
-interface Report {
-  start: string;
-  end: string;
-  rowCount: number;
-  total: Ledger;
-  rows: Row[];
-}
-
-interface Attention {
-  run: string;
-  worker: string;
-  kind: string;
-  since: string;
-  reason: string;
-  machine: string | null;
-}
-
-interface Alert {
-  metric: string;
-  subject: string;
-  reason: string;
-  firedAt: string;
-}
-
-const REPORT = `goodput(by: $by, start: $start, workspace: $ws) {
-    start end rowCount total { ${LEDGER_FIELDS} } rows(first: ${ROWS}) { name ledger { ${LEDGER_FIELDS} } }
+// A report and its first 200 rows.
+const REPORT_FIELDS = /* GraphQL */ `
+  fragment ReportFields on GoodputReport {
+    start end rowCount total { ...LedgerFields } rows(first: 200) { name ledger { ...LedgerFields } }
   }`;
-const PAGE = `query Goodput($by: GoodputScope!, $start: DateTime, $ws: String) {
-  ${REPORT}
-  attention(workspace: $ws) { run worker kind since reason machine }
-  alertsFiring { metric subject reason firedAt }
-}`;
-const WEEKLY = `query Weekly($by: GoodputScope!, $ws: String) {
-  goodputWeekly(by: $by, weeks: 8, workspace: $ws) {
-    week report { start end rowCount total { ${LEDGER_FIELDS} } rows(first: ${ROWS}) { name ledger { ${LEDGER_FIELDS} } } }
-  }
-}`;
+const GOODPUT = /* GraphQL */ `
+  query Goodput($by: GoodputScope!, $start: DateTime, $ws: String) {
+    goodput(by: $by, start: $start, workspace: $ws) { ...ReportFields }
+    attention(workspace: $ws) { run worker kind since reason machine }
+    alertsFiring { metric subject reason firedAt }
+  }`;
+const WEEKS = /* GraphQL */ `
+  query Weekly($by: GoodputScope!, $ws: String) {
+    goodputWeekly(by: $by, weeks: 8, workspace: $ws) { week report { ...ReportFields } }
+  }`;
+// Each document with the fragments it spreads.
+const PAGE = GOODPUT + REPORT_FIELDS + LEDGER_FIELDS;
+const WEEKLY = WEEKS + REPORT_FIELDS + LEDGER_FIELDS;
+
+type Report = ReportFieldsFragment;
+type Attention = GoodputQuery["attention"][number];
+type Alert = GoodputQuery["alertsFiring"][number];
 
 export function Goodput({ org, workspace }: { org: string; workspace: string }) {
   const [by, setBy] = useState<Scope>("RUN");
@@ -76,12 +56,12 @@ export function Goodput({ org, workspace }: { org: string; workspace: string }) 
     null,
   );
   const [start] = useState(() => new Date(Date.now() - 7 * 24 * 3600 * 1000).toISOString());
-  const page = useQuery<{ goodput: Report; attention: Attention[]; alertsFiring: Alert[] }>(PAGE, {
+  const page = useQuery<GoodputQuery>(PAGE, {
     by,
     start,
     ws: workspace,
   });
-  const weeks = useQuery<{ goodputWeekly: { week: string; report: Report }[] }>(
+  const weeks = useQuery<WeeklyQuery>(
     WEEKLY,
     { by, ws: workspace },
     weekly,
@@ -271,17 +251,7 @@ function ReportView({
   );
 }
 
-interface Interval {
-  worker: string;
-  machine: string | null;
-  start: string;
-  end: string;
-  category: string;
-  held: boolean;
-  gpus: number;
-}
-
-const INTERVALS = `query Intervals($by: GoodputScope!, $name: String!, $category: String, $start: DateTime, $end: DateTime, $ws: String) {
+const INTERVALS = /* GraphQL */ `query Intervals($by: GoodputScope!, $name: String!, $category: String, $start: DateTime, $end: DateTime, $ws: String) {
   goodputIntervals(by: $by, name: $name, category: $category, start: $start, end: $end, workspace: $ws, limit: 500) {
     worker machine start end category held gpus
   }
@@ -298,7 +268,7 @@ function Intervals(props: {
 }) {
   const { by, workspace, name, category, start, end, onClose } = props;
   // Waiting is every category's time not held: all the intervals, then the ones not held.
-  const found = useQuery<{ goodputIntervals: Interval[] }>(INTERVALS, {
+  const found = useQuery<IntervalsQuery>(INTERVALS, {
     by,
     name,
     category: category === "waiting" ? null : category,

@@ -1,28 +1,17 @@
 // Every GPU the workspace may use (seed L-39): machine and index, model, utilisation now,
 // health and which run holds it.
 import { memory } from "../format";
+import type { GpusQuery } from "../generated/graphql";
 import { Link } from "../nav";
 import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
 import { Head } from "../components/Table";
 
-interface Gpu {
-  machine: string;
-  index: number;
-  model: string;
-  memoryBytes: number;
-  health: string;
-  healthReason: string;
-  utilization: number | null;
-  heldBy: string | null;
-  heldElsewhere: boolean;
-}
-
-const GPUS = `query($ws: String) { gpus(workspace: $ws) {
+const GPUS = /* GraphQL */ `query Gpus($ws: String) { gpus(workspace: $ws) {
   machine index model memoryBytes health healthReason utilization heldBy heldElsewhere } }`;
 
 export function GpusPage({ org, workspace }: { org: string; workspace: string }) {
-  const found = useQuery<{ gpus: Gpu[] }>(GPUS, { ws: workspace }, true, 15_000);
+  const found = useQuery<GpusQuery>(GPUS, { ws: workspace }, true, 15_000);
   const gpus = found.data?.gpus ?? [];
   const free = gpus.filter((g) => !g.heldBy && !g.heldElsewhere).length;
   return (

@@ -1,50 +1,17 @@
 // For the organisation's admins: every machine of its clusters with its pool, state and reason,
 // GPUs and unhealthy ones, last heard from; and the pools.
 import { memory, when } from "../format";
+import type { ClusterLimitsQuery, MachinesQuery } from "../generated/graphql";
 import { useQuery } from "../useQuery";
 import { Head, StateBadge } from "../components/Table";
 
-interface Machine {
-  name: string;
-  cluster: string;
-  pool: string | null;
-  state: string;
-  reason: string;
-  cpuCores: number;
-  memoryBytes: number;
-  gpus: number;
-  unhealthyGpus: number;
-  lastSeenAt: string | null;
-}
-
-interface Pool {
-  name: string;
-  cluster: string;
-  machines: number;
-  gpus: number;
-  unhealthyGpus: number;
-}
-
-interface Quota {
-  workspace: string;
-  cluster: string;
-  gpus: number | null;
-}
-
-interface Threshold {
-  name: string;
-  value: number;
-  default: number;
-  updatedAt: string | null;
-}
-
 // Issue 21: a cluster's quotas (astra astraeus quota set) and alert thresholds (setThreshold),
 // read back where its admins see its machines.
-export const LIMITS = `query($c: String!) { quotas(cluster: $c) { workspace cluster gpus }
+export const LIMITS = /* GraphQL */ `query ClusterLimits($c: String!) { quotas(cluster: $c) { workspace cluster gpus }
   thresholds(cluster: $c) { name value default updatedAt } }`;
 
 export function ClusterLimits({ cluster }: { cluster: string }) {
-  const found = useQuery<{ quotas: Quota[]; thresholds: Threshold[] }>(LIMITS, { c: cluster }, true, 60_000);
+  const found = useQuery<ClusterLimitsQuery>(LIMITS, { c: cluster }, true, 60_000);
   return (
     <section aria-label={`Quotas and alert thresholds of ${cluster}`}>
       <h2>Quotas and alert thresholds of {cluster}</h2>
@@ -84,11 +51,11 @@ export function ClusterLimits({ cluster }: { cluster: string }) {
   );
 }
 
-const QUERY = `{ machines { name cluster pool state reason cpuCores memoryBytes gpus unhealthyGpus lastSeenAt }
+const QUERY = /* GraphQL */ `query Machines { machines { name cluster pool state reason cpuCores memoryBytes gpus unhealthyGpus lastSeenAt }
   pools { name cluster machines gpus unhealthyGpus } }`;
 
 export function MachinesPage() {
-  const found = useQuery<{ machines: Machine[]; pools: Pool[] }>(QUERY, {}, true, 15_000);
+  const found = useQuery<MachinesQuery>(QUERY, {}, true, 15_000);
   return (
     <main className="page" aria-labelledby="machines-title">
       <h1 id="machines-title">Machines</h1>

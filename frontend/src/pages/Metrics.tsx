@@ -9,21 +9,23 @@ import { useEffect, useMemo, useRef, useState } from "react";
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 
+import type { MetricRangeQuery } from "../generated/graphql";
 import type { Life } from "../life";
 import { useQuery } from "../useQuery";
 
+// A series as the chart reads it: labels decoded from JSON, points as [time in ms, value].
 interface Series {
   labels: Record<string, string>;
   points: [number, number][];
 }
 
-interface Range {
-  metric: string;
-  unit: string;
-  series: Series[];
-  // The workers whose machine does not measure it, and why ("Not measured: …"); null: measured.
-  unmeasured: string[];
-  notMeasured: string | null;
+type Range = MetricRangeQuery["metricRange"];
+
+function decoded(series: Range["series"]): Series[] {
+  return series.map((s) => ({
+    labels: (s.labels ?? {}) as Record<string, string>,
+    points: s.points.map(([t, v]) => [t, v] as [number, number]),
+  }));
 }
 
 // `rate`: a counter, charted as its rate per second. `bytes`: in MiB or GiB, as its largest
@@ -66,7 +68,7 @@ export const RANGES: { label: string; seconds: number }[] = [
 
 const COLOURS = ["#1c7ed6", "#e8590c", "#2f9e44", "#9c36b5", "#c2255c", "#0c8599", "#5c940d", "#862e9c"];
 
-export const QUERY = `query($metric: String!, $match: [String!], $by: String, $start: String, $end: String, $rate: Boolean!) {
+export const QUERY = /* GraphQL */ `query MetricRange($metric: String!, $match: [String!], $by: String, $start: String, $end: String, $rate: Boolean!) {
   metricRange(metric: $metric, match: $match, by: $by, agg: "avg", start: $start, end: $end, rate: $rate) {
     metric unit series { labels points } unmeasured notMeasured
   }
@@ -146,8 +148,8 @@ function Chart(props: ChartSpec & { match: string[]; by: string; start: number; 
   const rate = props.rate ?? false;
   const start = String(props.start);
   const end = props.end === null ? null : String(props.end);
-  const found = useQuery<{ metricRange: Range }>(QUERY, { metric, match, by, start, end, rate }, true, 10_000);
-  const limits = useQuery<{ metricRange: Range }>(
+  const found = useQuery<MetricRangeQuery>(QUERY, { metric, match, by, start, end, rate }, true, 10_000);
+  const limits = useQuery<MetricRangeQuery>(
     QUERY,
     { metric: limit ?? metric, match, by, start, end, rate: false },
     limit !== undefined,
@@ -156,7 +158,10 @@ function Chart(props: ChartSpec & { match: string[]; by: string; start: number; 
   const box = useRef<HTMLDivElement>(null);
   const series = found.data?.metricRange.series;
   const limitSeries = limit ? limits.data?.metricRange.series : undefined;
-  const plot = useMemo(() => plotOf(metric, unit, series ?? [], limitSeries ?? []), [metric, unit, series, limitSeries]);
+  const plot = useMemo(
+    () => plotOf(metric, unit, decoded(series ?? []), decoded(limitSeries ?? [])),
+    [metric, unit, series, limitSeries],
+  );
   useEffect(() => {
     if (!box.current || !series || series.length === 0) return;
     const chart = new uPlot(

@@ -7,7 +7,8 @@ import { graphql, rest } from "../api";
 import { StackedBar } from "../components/StackedBar";
 import { formatDuration, parseDuration } from "../durations";
 import { memory as bytesOf, when } from "../format";
-import { LEDGER_FIELDS, type Ledger } from "../ledger";
+import type { CreateRunMutation, RunQuery, WorkerFieldsFragment } from "../generated/graphql";
+import { LEDGER_FIELDS } from "../ledger";
 import { runLife } from "../life";
 import { LogView } from "../logs/LogView";
 import { Link, useNavigate } from "../nav";
@@ -18,14 +19,13 @@ import { Metrics } from "./LazyMetrics";
 import { Summary } from "./Goodput";
 import { Head, Sentences, StateBadge } from "../components/Table";
 
-export interface Advice {
-  reason: string;
-  exitCode: number | null;
-  kind: string;
-  lookAt: string;
-  open: string;
-}
+// The result types are generated from schema.graphql and these documents (npm run codegen).
+export type Worker = WorkerFieldsFragment;
+export type Run = NonNullable<RunQuery["run"]>;
+type RestartLoop = NonNullable<Run["restartLoop"]>;
+type HistoryEntry = Run["history"][number];
 
+// The failure snapshot (JSON in the schema) as the agent writes it.
 export interface LastFailure {
   reason?: string;
   failed_at?: string;
@@ -33,73 +33,36 @@ export interface LastFailure {
   log_tail?: string | null;
 }
 
-export interface Worker {
-  name: string;
-  rank: number;
-  state: string;
-  reason: string;
-  stateSince: string;
-  gpus: number;
-  gpuIds: number[];
-  restarts: number;
-  restartAt: string | null;
-  exitCode: number | null;
-  lastFailure: LastFailure | null;
-  machine: string | null;
-  straggler: boolean;
-  advice: Advice | null;
+export function lastFailureOf(worker: { lastFailure: unknown } | null | undefined): LastFailure | null {
+  const found = worker?.lastFailure;
+  return found && typeof found === "object" ? (found as LastFailure) : null;
 }
 
-interface HistoryEntry {
-  transitionAt: string;
-  state: string;
-  reason: string;
+// The stored specification (JSON in the schema): its keys as the run specification names them.
+export function specOf(run: { spec: unknown }): Record<string, unknown> {
+  return run.spec && typeof run.spec === "object" ? (run.spec as Record<string, unknown>) : {};
 }
 
-export interface Run {
-  name: string;
-  cluster: string;
-  state: string;
-  reason: string;
-  priority: number;
-  createdAt: string;
-  stateSince: string;
-  endedAt: string | null;
-  createdBy: string | null;
-  spec: Record<string, unknown>;
-  history: HistoryEntry[];
-  pendingReasons: { machine: string; reason: string }[];
-  goodput: Ledger;
-  failedWorker: Worker | null;
-  advice: Advice | null;
-  restartLoop: RestartLoop | null;
-  waitAdvice: Advice | null;
-  workers: Worker[];
-}
-
-// The Restarting in a loop panel's data: restarts in a row, the next attempt, the last failure.
-export interface RestartLoop {
-  restarts: number;
-  maxRestarts: number;
-  restartAt: string | null;
-  worker: Worker | null;
-}
-
-export const WORKER_FIELDS = `name rank state reason stateSince gpus gpuIds restarts restartAt exitCode lastFailure
-  machine straggler advice { reason exitCode kind lookAt open }`;
-const RUN = `query Run($name: String!, $ws: String) {
+// A document that spreads ...WorkerFields appends this once.
+export const WORKER_FIELDS = /* GraphQL */ `
+  fragment WorkerFields on Worker {
+    name rank state reason stateSince gpus gpuIds restarts restartAt exitCode lastFailure
+    machine straggler advice { reason exitCode kind lookAt open }
+  }`;
+const RUN_QUERY = /* GraphQL */ `query Run($name: String!, $ws: String) {
   run(name: $name, workspace: $ws) {
     name cluster state reason priority createdAt stateSince endedAt createdBy spec
     history { transitionAt state reason }
     pendingReasons { machine reason }
-    goodput { ${LEDGER_FIELDS} }
-    failedWorker { ${WORKER_FIELDS} }
+    goodput { ...LedgerFields }
+    failedWorker { ...WorkerFields }
     advice { reason exitCode kind lookAt open }
-    restartLoop { restarts maxRestarts restartAt worker { ${WORKER_FIELDS} } }
+    restartLoop { restarts maxRestarts restartAt worker { ...WorkerFields } }
     waitAdvice { reason exitCode kind lookAt open }
-    workers { ${WORKER_FIELDS} }
+    workers { ...WorkerFields }
   }
 }`;
+const RUN = RUN_QUERY + WORKER_FIELDS + LEDGER_FIELDS;
 
 const TABS: { tab: RunTab; label: string }[] = [
   { tab: "workers", label: "Workers" },
@@ -111,7 +74,7 @@ const TABS: { tab: RunTab; label: string }[] = [
 export function RunPage(props: { org: string; workspace: string; run: string; tab: RunTab; worker: string | null }) {
   const { org, workspace, run: name, tab, worker } = props;
   const go = useNavigate();
-  const found = useQuery<{ run: Run | null }>(RUN, { name, ws: workspace }, true, 10_000);
+  const found = useQuery<RunQuery>(RUN, { name, ws: workspace }, true, 10_000);
   const [again, setAgain] = useState(false);
   const run = found.data?.run;
   if (found.error) {
@@ -240,7 +203,8 @@ function Readout({ run }: { run: Run }) {
   const firstRunning = run.history.find((h) => h.state === "Running")?.transitionAt;
   const ended = run.endedAt ? new Date(run.endedAt).getTime() : Date.now();
   const runtime = firstRunning ? ended - new Date(firstRunning).getTime() : null;
-  const limit = parseDuration(run.spec.time_limit as string | undefined);
+  const spec = specOf(run);
+  const limit = parseDuration(spec.time_limit as string | undefined);
   const clock =
     limit !== null && runtime !== null && !run.endedAt
       ? { label: "Time left", value: formatDuration(limit - runtime) }
@@ -250,8 +214,8 @@ function Readout({ run }: { run: Run }) {
   const gpuPercent = utilisation.length ? `${Math.round((utilisation.reduce((a, b) => a + b, 0) / utilisation.length) * 100)}%` : "—";
   const cores = tasks.flatMap((t) => values(t.metrics.task_cpu_usage_cores)).reduce((a, b) => a + b, 0);
   const memory = tasks.flatMap((t) => values(t.metrics.task_memory_used_bytes)).reduce((a, b) => a + b, 0);
-  const restartPolicy = (run.spec.restart_policy as string | undefined) ?? "on_failure";
-  const maxRestarts = (run.spec.max_restarts as number | undefined) ?? 10;
+  const restartPolicy = (spec.restart_policy as string | undefined) ?? "on_failure";
+  const maxRestarts = (spec.max_restarts as number | undefined) ?? 10;
   const fails =
     restartPolicy === "never" ? "a failure ends it" : `restarts on failure, up to ${maxRestarts} in a row`;
   const starts = run.workers.length > 1 ? `${run.workers.length} workers start together` : "starts alone";
@@ -310,7 +274,8 @@ function FailurePanel({
 }) {
   // The run's own advice (its time limit, its retry budget, …), else its failed worker's.
   const advice = run.advice ?? worker?.advice ?? null;
-  const tail = worker?.lastFailure?.log_tail;
+  const failure = lastFailureOf(worker);
+  const tail = failure?.log_tail;
   return (
     <section className="panel failure" aria-label="Why it failed">
       <h2>Why it failed</h2>
@@ -320,10 +285,10 @@ function FailurePanel({
           <strong>Look at:</strong> <span data-figure="advice">{advice.lookAt}</span>
         </p>
       )}
-      {worker?.lastFailure?.reason && worker.lastFailure.reason !== run.reason && (
+      {worker && failure?.reason && failure.reason !== run.reason && (
         <p data-figure="last-failure">
-          Its last failure: {worker.name}: {worker.lastFailure.reason}
-          {worker.lastFailure.failed_at ? ` at ${when(worker.lastFailure.failed_at)}` : ""}.
+          Its last failure: {worker.name}: {failure.reason}
+          {failure.failed_at ? ` at ${when(failure.failed_at)}` : ""}.
         </p>
       )}
       <div className="actions">
@@ -360,7 +325,7 @@ function RestartLoopPanel({
   onMetrics: () => void;
 }) {
   const w = loop.worker;
-  const failure = w?.lastFailure;
+  const failure = lastFailureOf(w);
   return (
     <section className="panel restarting" aria-label="Restarting in a loop">
       <h2>Restarting in a loop</h2>
@@ -476,11 +441,11 @@ export function History({ entries }: { entries: HistoryEntry[] }) {
   );
 }
 
-const CREATE = `mutation($spec: JSON!) { createRun(spec: $spec) { run { name } errors { code field message } } }`;
+const CREATE = /* GraphQL */ `mutation CreateRun($spec: JSON!) { createRun(spec: $spec) { run { name } errors { code field message } } }`;
 
 // Run again: the specification as JSON under a new name, edited, then submitted.
 function RunAgain({ run, onClose, onCreated }: { run: Run; onClose: () => void; onCreated: (name: string) => void }) {
-  const [text, setText] = useState(() => JSON.stringify({ ...run.spec, name: `${run.name}-2` }, null, 2));
+  const [text, setText] = useState(() => JSON.stringify({ ...specOf(run), name: `${run.name}-2` }, null, 2));
   const [errors, setErrors] = useState<string[]>([]);
   const submit = async () => {
     let spec: unknown;
@@ -491,9 +456,7 @@ function RunAgain({ run, onClose, onCreated }: { run: Run; onClose: () => void; 
       return;
     }
     try {
-      const { createRun } = await graphql<{
-        createRun: { run: { name: string } | null; errors: { field: string | null; message: string }[] };
-      }>(CREATE, { spec });
+      const { createRun } = await graphql<CreateRunMutation>(CREATE, { spec });
       if (createRun.errors.length) setErrors(createRun.errors.map((e) => `${e.field ?? "spec"}: ${e.message}`));
       else if (createRun.run) onCreated(createRun.run.name);
     } catch (err) {

@@ -2,26 +2,18 @@
 import { useState } from "react";
 
 import { when } from "../format";
+import type { RunsQuery } from "../generated/graphql";
 import { Link } from "../nav";
 import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
 import { Head, StateBadge } from "../components/Table";
 
-interface RunRow {
-  name: string;
-  state: string;
-  reason: string;
-  createdAt: string;
-  createdBy: string | null;
-  workers: { state: string; gpus: number }[];
-}
-
-const RUNS = `query($all: Boolean!, $ws: String) { runs(all: $all, workspace: $ws) {
+const RUNS = /* GraphQL */ `query Runs($all: Boolean!, $ws: String) { runs(all: $all, workspace: $ws) {
   name state reason createdAt createdBy workers { state gpus } } }`;
 
 export function RunsPage({ org, workspace }: { org: string; workspace: string }) {
   const [all, setAll] = useState(false);
-  const found = useQuery<{ runs: RunRow[] }>(RUNS, { all, ws: workspace }, true, 10_000);
+  const found = useQuery<RunsQuery>(RUNS, { all, ws: workspace }, true, 10_000);
   return (
     <main className="page" aria-labelledby="runs-title">
       <header className="page-head">

@@ -1,11 +1,10 @@
 import { useEffect, useState, type FormEvent } from "react";
 
 import { ApiError, graphql, signIn, signOut, token } from "../api";
+import type { SignedInQuery } from "../generated/graphql";
 import { goodputPath } from "../routes";
 
-interface Viewer {
-  viewer: { user: string; organization: string; workspace: string | null };
-}
+const VIEWER = /* GraphQL */ `query SignedIn { viewer { user organization workspace } }`;
 
 // Sign in with an API token (`astraeus token create`, or the one `astraeus up` printed).
 export function SignIn({ go }: { go: (path: string) => void }) {
@@ -13,7 +12,7 @@ export function SignIn({ go }: { go: (path: string) => void }) {
   const [error, setError] = useState<string | null>(null);
   const enter = async () => {
     try {
-      const { viewer } = await graphql<Viewer>("{ viewer { user organization workspace } }");
+      const { viewer } = await graphql<SignedInQuery>(VIEWER);
       go(goodputPath(viewer.organization, viewer.workspace ?? "default"));
     } catch (err) {
       signOut();

@@ -11,33 +11,15 @@ import { Link } from "../nav";
 import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
 import { Metrics } from "./LazyMetrics";
-import { History, WORKER_FIELDS, type Worker } from "./RunPage";
+import type { WorkerPageQuery } from "../generated/graphql";
+import { History, lastFailureOf, specOf, WORKER_FIELDS } from "./RunPage";
 import { StateBadge } from "../components/Table";
 
-interface Started {
-  image: string | null;
-  command: string[] | null;
-  user: string | null;
-  gpuIds: number[];
-  restartPolicy: string;
-  timeLimit: string | null;
-  rank: number;
-  environment: Record<string, string>;
-  mounts: unknown[];
-}
-
-interface Found {
-  run: {
-    name: string;
-    spec: Record<string, unknown>;
-    workers: (Worker & { started: Started; history: { transitionAt: string; state: string; reason: string }[] })[];
-  } | null;
-}
-
-const QUERY = `query($run: String!, $ws: String) { run(name: $run, workspace: $ws) { name spec workers {
-  ${WORKER_FIELDS}
+const WORKER = /* GraphQL */ `query WorkerPage($run: String!, $ws: String) { run(name: $run, workspace: $ws) { name spec workers {
+  ...WorkerFields
   started { image command user gpuIds restartPolicy timeLimit rank environment mounts }
   history { transitionAt state reason } } } }`;
+const QUERY = WORKER + WORKER_FIELDS;
 
 type Tab = "log" | "metrics" | "history";
 
@@ -51,7 +33,7 @@ export function memoryAsked(spec: Record<string, unknown>, gpus: number): string
 
 export function WorkerPage({ org, workspace, worker: name }: { org: string; workspace: string; worker: string }) {
   const run = runOf(name);
-  const found = useQuery<Found>(QUERY, { run, ws: workspace }, true, 10_000);
+  const found = useQuery<WorkerPageQuery>(QUERY, { run, ws: workspace }, true, 10_000);
   const [tab, setTab] = useState<Tab>("log");
   if (found.error) return <main className="page error" role="alert">{found.error}</main>;
   if (!found.data) return <main className="page muted">Loading…</main>;
@@ -64,13 +46,16 @@ export function WorkerPage({ org, workspace, worker: name }: { org: string; work
       </main>
     );
   }
-  const spec = found.data.run.spec;
+  const spec = specOf(found.data.run);
   const asked = [
     `${worker.gpus} GPU${worker.gpus === 1 ? "" : "s"}`,
     spec.cpu !== undefined ? `${String(spec.cpu)} ${Number(spec.cpu) === 1 ? "core" : "cores"}` : null,
     memoryAsked(spec, worker.gpus),
   ].filter(Boolean);
   const s = worker.started;
+  // JSON in the schema: the specification's variables and its drives
+  const environment = (s.environment ?? {}) as Record<string, string>;
+  const mounts = Array.isArray(s.mounts) ? s.mounts : [];
   return (
     <main className="page" aria-labelledby="worker-title">
       <header className="page-head">
@@ -110,7 +95,7 @@ export function WorkerPage({ org, workspace, worker: name }: { org: string; work
         <section className="panel failure" aria-label="Its failure">
           <h2>Its failure: {worker.advice.reason}</h2>
           <p>Look at: {worker.advice.lookAt}</p>
-          {worker.lastFailure?.log_tail && <pre className="log">{worker.lastFailure.log_tail}</pre>}
+          {lastFailureOf(worker)?.log_tail && <pre className="log">{lastFailureOf(worker)?.log_tail}</pre>}
         </section>
       )}
       <section className="panel" aria-label="How it was started">
@@ -134,9 +119,9 @@ export function WorkerPage({ org, workspace, worker: name }: { org: string; work
           <dd>{s.rank}</dd>
           <dt>Environment</dt>
           <dd>
-            {Object.keys(s.environment).length === 0
+            {Object.keys(environment).length === 0
               ? "—"
-              : Object.entries(s.environment).map(([k, v]) => (
+              : Object.entries(environment).map(([k, v]) => (
                   <div key={k}>
                     <code>
                       {k}={v}
@@ -145,7 +130,7 @@ export function WorkerPage({ org, workspace, worker: name }: { org: string; work
                 ))}
           </dd>
           <dt>Mounts</dt>
-          <dd>{s.mounts.length === 0 ? "—" : <code>{JSON.stringify(s.mounts)}</code>}</dd>
+          <dd>{mounts.length === 0 ? "—" : <code>{JSON.stringify(mounts)}</code>}</dd>
         </dl>
       </section>
       <div className="tabs tabs-wide" role="tablist" aria-label="Worker">
