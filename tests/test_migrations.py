@@ -1,5 +1,7 @@
 """The migrations are the schema: the same files build SQLite and PostgreSQL, with no drift."""
 
+import json
+
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -286,3 +288,83 @@ def test_0017_keeps_every_webhook_delivery_on_sqlite(tmp_path: object) -> None:
         assert [tuple(r) for r in conn.execute(text(deliveries))] == [(7, 3, 5, 2, "failed")]
         assert conn.execute(text("SELECT secret FROM webhooks")).scalar_one() == "s3cret"
     engine.dispose()
+
+
+def test_0022_backfills_the_causes_of_ends_written_before_from_their_sentences(
+    tmp_path: object,
+) -> None:
+    """0022: a worker's cause, its last failure's, and a run's (where its sentence gave advice)
+    are read once from the sentences written before; the server classifies by them after."""
+    url = f"sqlite:///{tmp_path}/causes.db"
+    config = migrations.alembic_config(url)
+    command.upgrade(config, "0021")
+    engine = create_engine(sync_url(url))
+    at = "2026-11-02 10:05:00.000000"
+    runs = [
+        (
+            1,
+            "Failed",
+            "Worker a-1 failed on gpu-08: OOMKilled: the container exceeded its "
+            "memory limit; the gang does not run without it",
+        ),
+        (2, "Pending", "Restarting in 20s (2/10): Worker b-0 stalled on m: no progress for 5m"),
+        (3, "Failed", "Retry budget exhausted after 3/3 restarts"),
+        (4, "Pending", "Preempted by higher-priority work (big)"),
+        (5, "Running", "2 of 2 workers running"),
+        (6, "Failed", "Exceeded its time limit of 1h"),
+    ]
+    workers = [
+        (1, 1, "Failed", "OOMKilled: the container exceeded its memory limit", None),
+        (2, 2, "Pending", "Waiting to be placed again: …", '{"reason": "Exited with code 1"}'),
+        (3, 3, "Failed", "Waiting for drive d: it is not reachable", None),
+        (4, 5, "Running", "Container running", None),
+    ]
+    with engine.begin() as conn:
+        for id_, state, reason in runs:
+            conn.execute(
+                text(
+                    "INSERT INTO runs (id, workspace_id, cluster_id, name, spec, priority, "
+                    "worker_count, gpus_per_worker, state, reason, state_since, created_at) "
+                    "VALUES (:id, 1, 1, :name, '{}', 50, 1, 0, :state, :reason, :at, :at)"
+                ),
+                {"id": id_, "name": f"r{id_}", "state": state, "reason": reason, "at": at},
+            )
+        for id_, run, state, reason, failure in workers:
+            conn.execute(
+                text(
+                    "INSERT INTO workers (id, run_id, rank, name, state, reason, state_since, "
+                    "gpu_ids, gpus, attempt, restarts, last_failure, created_at) VALUES (:id, "
+                    ":run, 0, :name, :state, :reason, :at, '[]', 0, 1, 0, :failure, :at)"
+                ),
+                {
+                    "id": id_,
+                    "run": run,
+                    "name": f"w{id_}",
+                    "state": state,
+                    "reason": reason,
+                    "failure": failure,
+                    "at": at,
+                },
+            )
+    command.upgrade(config, "0022")
+    with engine.connect() as conn:
+        run_causes = conn.execute(text("SELECT id, cause FROM runs ORDER BY id")).all()
+        worker_rows = conn.execute(
+            text("SELECT id, cause, last_failure FROM workers ORDER BY id")
+        ).all()
+    engine.dispose()
+    assert [tuple(r) for r in run_causes] == [
+        (1, "oom_killed"),
+        (2, "stalled"),
+        (3, "retry_budget"),
+        (4, "preempted"),
+        (5, None),
+        (6, "time_limit"),
+    ]
+    assert [(r[0], r[1]) for r in worker_rows] == [
+        (1, "oom_killed"),
+        (2, None),
+        (3, "not_started"),
+        (4, None),
+    ]
+    assert json.loads(worker_rows[1][2]) == {"reason": "Exited with code 1", "cause": "exited"}

@@ -32,6 +32,8 @@ class Worker(HasId, HasCreatedAt, Base):
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     restart_at: Mapped[datetime | None]
     exit_code: Mapped[int | None] = mapped_column(Integer)
+    # How its last attempt ended (lifecycle.rules.EndCause): its failure is classified by it.
+    cause: Mapped[str | None] = mapped_column(String(32))
     # {reason, failed_at, exit_code, log_tail}: the last failure snapshot, kept across restarts.
     last_failure: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
     # At the gang barrier: prepared and pulled, waiting for the others.
