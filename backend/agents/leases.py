@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 # How often, at most, leases are renewed; a lease sixth when that is shorter.
 RENEW_EVERY_S = 5.0
+# A renewal that takes longer is logged (a warning): leases are at risk long before it is a
+# lease long.
+SLOW_RENEWAL_S = 2.0
 
 
 def renew_interval(lease: timedelta) -> float:
@@ -64,6 +68,9 @@ class LeaseKeeper:
         self.heard: set[int] = set()
         self._own: Database | None = None
         self._task: asyncio.Task[None] | None = None
+        # How many renewals were written, and the longest one took (logged when slow).
+        self.renewals = 0
+        self.slowest_s = 0.0
 
     def note(self, machine_id: int) -> None:
         """The machine was heard from now (any message of its)."""
@@ -104,6 +111,7 @@ class LeaseKeeper:
         heard, self.heard = self.heard | backlogged, set()
         if not heard:
             return
+        began = time.monotonic()
         try:
             async with self._database().transaction() as session:
                 lost = await service.renew_leases(session, self.clock, heard, self.lease)
@@ -113,6 +121,11 @@ class LeaseKeeper:
                 raise
             log.warning("the database is away: %d machines' leases wait to be renewed", len(heard))
             return
+        took = time.monotonic() - began
+        self.renewals += 1
+        self.slowest_s = max(self.slowest_s, took)
+        if took > SLOW_RENEWAL_S:  # what waits behind it: its connection, locks, a busy loop
+            log.warning("the leases of %d machines took %.1fs to renew", len(heard), took)
         if lost:
             self.lost(lost)
 

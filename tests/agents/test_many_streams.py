@@ -261,3 +261,23 @@ async def test_many_machines_messages_are_written_in_few_transactions(
         event.remove(engine, "commit", committed)
         for a in agents.values():
             await a.close()
+
+
+async def test_messages_written_together_are_acknowledged_together(
+    endpoint: str, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    """An Ack says "all up to this one": a machine's messages that waited for the writer
+    together get one (or a few), not one each, and the last says the last."""
+    [agent] = (await connected(endpoint, await credentials(db, clock, ["gpu-00"]))).values()
+    try:
+        sent = [
+            agent.send(progress=agent_pb2.Progress(worker_id=999_999, attempt=1, step=i))
+            for i in range(40)
+        ]
+        acks = []
+        while not acks or acks[-1] < sent[-1]:
+            acks.append((await agent.receive("ack")).ack.up_to)
+        assert acks == sorted(acks) and acks[-1] == sent[-1]
+        assert len(acks) < 20, acks
+    finally:
+        await agent.close()
