@@ -6,10 +6,10 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, case, select, update
+from sqlalchemy import Table, bindparam, case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.models import AgentCommand, Worker
+from backend.models import AgentCommand, StateTransition, Worker
 
 WORKERS: Table = Worker.__table__  # type: ignore[assignment]
 
@@ -99,6 +99,49 @@ async def set_aside_command(
         command.acked_at = at
         await session.flush()
     return command
+
+
+async def last_placements(
+    session: AsyncSession, worker_ids: Collection[int]
+) -> dict[int, tuple[int, list[int]]]:
+    """Where each worker was placed last, (machine id, GPU ids), also after it ended (its row
+    keeps them only while placed): the machine of its last transition that had one (as its log
+    is found, logs.repository.last_machine), the GPU ids of the last start command sent for it
+    to that machine (the outbox keeps every command). Two queries for any number of workers."""
+    wanted = sorted(worker_ids)
+    machines: dict[int, int] = {}
+    for i in range(0, len(wanted), IDS_PER_QUERY):
+        last = (
+            select(func.max(StateTransition.id).label("id"))
+            .where(
+                StateTransition.worker_id.in_(wanted[i : i + IDS_PER_QUERY]),
+                StateTransition.machine_id.is_not(None),
+            )
+            .group_by(StateTransition.worker_id)
+            .subquery()
+        )
+        rows = await session.execute(
+            select(StateTransition.worker_id, StateTransition.machine_id).join(
+                last, StateTransition.id == last.c.id
+            )
+        )
+        machines.update({w: m for w, m in rows if w is not None and m is not None})
+    placed: dict[int, tuple[int, list[int]]] = {w: (m, []) for w, m in machines.items()}
+    if not machines:
+        return placed
+    starts = await session.execute(
+        select(AgentCommand.worker_id, AgentCommand.machine_id, AgentCommand.payload)
+        .where(
+            AgentCommand.machine_id.in_(sorted(set(machines.values()))),
+            AgentCommand.worker_id.in_(sorted(machines)),
+            AgentCommand.kind == "start",
+        )
+        .order_by(AgentCommand.id)
+    )
+    for worker_id, machine_id, payload in starts:
+        if worker_id is not None and machines.get(worker_id) == machine_id:
+            placed[worker_id] = (machine_id, [int(g) for g in payload.get("gpu_ids") or []])
+    return placed
 
 
 async def workers_on_machine(session: AsyncSession, machine_id: int) -> list[Worker]:

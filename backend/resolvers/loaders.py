@@ -12,6 +12,7 @@ from strawberry.dataloader import DataLoader
 
 from backend.accounting import service as accounting
 from backend.accounting.rules import Ledger
+from backend.agents import service as agents
 from backend.clock import Clock
 from backend.db import Database
 from backend.models import Run, StateTransition, WebhookDelivery, Worker
@@ -43,6 +44,8 @@ class Loaders:
     run: DataLoader[int, Run | None]
     user_name: DataLoader[int, str]
     machine_name: DataLoader[int, str]
+    # Where a worker was placed last, also after it ended; None: never placed.
+    last_placement: DataLoader[int, agents.LastPlacement | None]
     cluster_name: DataLoader[int, str]
     webhook_deliveries: DataLoader[int, list[tuple[WebhookDelivery, str]]]
     # A run's ledger since it was submitted, by (run id, submitted at).
@@ -62,6 +65,7 @@ class Loaders:
             run=_grouped(db, runs.runs_by_id, lambda: None),
             user_name=_grouped(db, runs.user_names, str),
             machine_name=_grouped(db, runs.machine_names, str),
+            last_placement=_grouped(db, agents.last_placements, lambda: None),
             cluster_name=_grouped(db, runs.cluster_names, str),
             webhook_deliveries=_grouped(db, webhooks.recent_deliveries, list),
             run_ledger=DataLoader(load_fn=run_ledgers),

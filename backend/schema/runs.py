@@ -50,6 +50,12 @@ class StateCount:
     count: int
 
 
+@strawberry.type(description="Where a worker was placed last: its machine and GPU ids.")
+class WorkerPlacement:
+    machine: str
+    gpu_ids: list[int]
+
+
 @strawberry.type(description="One rank of a run, named <run>-<rank>.")
 class Worker:
     id: strawberry.ID
@@ -69,6 +75,7 @@ class Worker:
     _machine_id: strawberry.Private[int | None]
     _slow_since: strawberry.Private[datetime | None]
     _run_id: strawberry.Private[int]
+    _cause: strawberry.Private[str | None] = None
 
     @classmethod
     def from_model(cls, row: models.Worker) -> Worker:
@@ -88,6 +95,7 @@ class Worker:
             _machine_id=row.machine_id,
             _slow_since=row.slow_since,
             _run_id=row.run_id,
+            _cause=row.cause,
         )
 
     @strawberry.field(description="Running well behind its gang's median pace for several minutes.")
@@ -110,7 +118,7 @@ class Worker:
             image=spec.image,
             command=spec.command,
             user=spec.user,
-            gpu_ids=self.gpu_ids,
+            gpu_ids=self.gpu_ids or await self._last_gpu_ids(info),
             restart_policy=spec.restart_policy,
             time_limit=spec.time_limit,
             rank=self.rank,
@@ -129,7 +137,7 @@ class Worker:
         if failure is None:
             return None
         reason, exit_code = failure
-        return Advice.of(failures.classify(reason, exit_code), reason, exit_code)
+        return Advice.of(failures.classify(self._cause, exit_code), reason, exit_code)
 
     @strawberry.field(description="Its own state changes with their reasons, newest first.")
     async def history(self, info: Info) -> list[HistoryEntry]:
@@ -141,6 +149,25 @@ class Worker:
         if self._machine_id is None:
             return None
         return await info.context.loaders.machine_name.load(self._machine_id)
+
+    @strawberry.field(
+        description="Where it was placed last (its machine and GPU ids): where it is placed "
+        "now, and kept after it ends or while it waits to be placed again; null before its "
+        "first placement."
+    )
+    async def last_placement(self, info: Info) -> WorkerPlacement | None:
+        if self._machine_id is not None:
+            name = await info.context.loaders.machine_name.load(self._machine_id)
+            return WorkerPlacement(machine=name, gpu_ids=self.gpu_ids)
+        found = await info.context.loaders.last_placement.load(int(self.id))
+        if found is None:
+            return None
+        name = await info.context.loaders.machine_name.load(found.machine_id)
+        return WorkerPlacement(machine=name, gpu_ids=found.gpu_ids)
+
+    async def _last_gpu_ids(self, info: Info) -> list[int]:
+        found = await info.context.loaders.last_placement.load(int(self.id))
+        return found.gpu_ids if found is not None else []
 
 
 @strawberry.type(
@@ -188,6 +215,8 @@ class Run:
     _failures_in_row: strawberry.Private[int] = 0
     _running_since: strawberry.Private[datetime | None] = None
     _restart_at: strawberry.Private[datetime | None] = None
+    _cause: strawberry.Private[str | None] = None
+    _first_failure: strawberry.Private[dict[str, Any] | None] = None
 
     @classmethod
     def from_model(cls, row: models.Run) -> Run:
@@ -206,7 +235,17 @@ class Run:
             _failures_in_row=row.failures_in_row or 0,
             _running_since=row.running_since,
             _restart_at=row.restart_at,
+            _cause=row.cause,
+            _first_failure=row.first_failure,
         )
+
+    @property
+    def cause(self) -> str | None:
+        return self._cause
+
+    @property
+    def first_failure(self) -> dict[str, Any] | None:
+        return self._first_failure
 
     @strawberry.field(description="The cluster it runs on (a worker's page is under it).")
     async def cluster(self, info: Info) -> str:
@@ -231,7 +270,7 @@ class Run:
         if self.state != "Failed":
             return None
         rows = await info.context.loaders.workers_by_run.load(int(self.id))
-        name = failures.failed_worker_name(self.reason, rows)
+        name = failures.failed_worker_name(self, rows)
         return next((Worker.from_model(w) for w in rows if w.name == name), None)
 
     @strawberry.field(
@@ -244,10 +283,13 @@ class Run:
         exit_code = None
         if self.state == "Failed":
             rows = await info.context.loaders.workers_by_run.load(int(self.id))
-            name = failures.failed_worker_name(self.reason, rows)
+            name = failures.failed_worker_name(self, rows)
             failed = next((w for w in rows if w.name == name), None)
             exit_code = failed.exit_code if failed is not None else None
-        found = failures.run_advice(self.state, self.reason, exit_code)
+        max_restarts = stored_spec(cast(dict[str, Any], self.spec)).max_restarts
+        found = failures.run_advice(
+            self.state, self._cause, self.reason, exit_code, max_restarts=max_restarts
+        )
         return None if found is None else Advice.of(found[0], found[1], exit_code)
 
     @strawberry.field(

@@ -308,6 +308,29 @@ def test_a_workers_page(live: tuple[Server, str], page: Any, tmp_path: Path) -> 
     page.screenshot(path=str(screenshots(tmp_path) / "worker.png"), full_page=True)
 
 
+def test_an_ended_workers_page_says_where_it_ran(live: tuple[Server, str], page: Any) -> None:
+    # issue 21: an ended worker's page showed Machine "—" and GPU ids "—" (seed L-27)
+    server, token = live
+    [worker] = httpx.post(
+        f"{server.url}/graphql",
+        json={
+            "query": '{ run(name: "broken") { workers { state machine lastPlacement '
+            "{ machine gpuIds } } } }"
+        },
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()["data"]["run"]["workers"]
+    assert (worker["state"], worker["machine"]) == ("Failed", None)  # it holds nothing now
+    ran = worker["lastPlacement"]
+    assert ran["machine"] and ran["gpuIds"], worker
+    sign_in(page, server, token)
+    page.goto(f"{server.url}/o/default/w/default/workers/local/broken-0")
+    figures = page.get_by_label("Worker", exact=True)
+    assert figures.locator('[data-figure="machine"]').inner_text() == ran["machine"]
+    assert figures.locator('[data-figure="gpu-ids"]').inner_text() == ", ".join(
+        str(i) for i in ran["gpuIds"]
+    )
+
+
 def test_gpus_events_and_machines(live: tuple[Server, str], page: Any, tmp_path: Path) -> None:
     # seed L-39 (every GPU, its use, health and holder), L-44/L-46 (the workspace's events,
     # live), machines for the organisation's admins

@@ -17,6 +17,7 @@ import { StateBadge } from "../components/Table";
 
 const WORKER = /* GraphQL */ `query WorkerPage($run: String!, $ws: String) { run(name: $run, workspace: $ws) { name spec workers {
   ...WorkerFields
+  lastPlacement { machine gpuIds }
   started { image command user gpuIds restartPolicy timeLimit rank environment mounts }
   history { transitionAt state reason } } } }`;
 const QUERY = WORKER + WORKER_FIELDS;
@@ -53,6 +54,8 @@ export function WorkerPage({ org, workspace, worker: name }: { org: string; work
     memoryAsked(spec, worker.gpus),
   ].filter(Boolean);
   const s = worker.started;
+  // where it is placed, or where it ran last: an ended worker ran somewhere (issue 21)
+  const placement = worker.lastPlacement;
   // JSON in the schema: the specification's variables and its drives
   const environment = (s.environment ?? {}) as Record<string, string>;
   const mounts = Array.isArray(s.mounts) ? s.mounts : [];
@@ -72,11 +75,11 @@ export function WorkerPage({ org, workspace, worker: name }: { org: string; work
       <dl className="summary" aria-label="Worker">
         <div>
           <dt>Machine</dt>
-          <dd data-figure="machine">{worker.machine ?? "—"}</dd>
+          <dd data-figure="machine">{placement?.machine ?? "—"}</dd>
         </div>
         <div>
           <dt>GPU ids</dt>
-          <dd data-figure="gpu-ids">{worker.gpuIds.length ? worker.gpuIds.join(", ") : "—"}</dd>
+          <dd data-figure="gpu-ids">{placement?.gpuIds.length ? placement.gpuIds.join(", ") : "—"}</dd>
         </div>
         <div>
           <dt>Asked for</dt>
