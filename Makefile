@@ -83,10 +83,14 @@ schema-check: setup ## fail when schema.graphql is stale
 	$(BIN)/python -c "from backend.schema.schema import sdl, SDL_PATH; import sys; \
 	sys.exit(0 if SDL_PATH.read_text() == sdl() else 'schema.graphql is stale: run make schema')"
 
-# Three lanes, a test file each at a time (module-scoped live servers stay in one lane): the
-# suite waits on real processes more than it computes, so 2 cores keep three busy (14.7
-# minutes against 27 in one lane on this machine).
-TEST_LANES ?= 3
+# Test lanes (issue 22; tests/conftest.py marks each test unit, db, e2e or workloads). `make
+# test` runs them all in TEST_LANES pytest-xdist processes: an e2e or workloads module at a time
+# in one process (its live server starts once), the longest first, unit and db tests one at a
+# time to whichever process is free. The suite waits on real processes more than it computes,
+# so 2 cores keep more lanes than cores busy. `make test-fast` runs unit and db on SQLite only,
+# with Hypothesis' quick profile, in FAST_LANES.
+TEST_LANES ?= 6
+FAST_LANES ?= 3
 
 $(WORKLOADS_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,workloads]'
@@ -95,10 +99,12 @@ $(WORKLOADS_STAMP): $(STAMP)
 workloads: $(WORKLOADS_STAMP) ## PyTorch (CPU) for the real distributed-training tests (tests/workloads/)
 
 test: setup workloads services browser lint typecheck schema-check console-test ## every check and every test, SQLite and PostgreSQL, and the console's
-	$(BIN)/pytest -n $(TEST_LANES) --dist loadfile --durations=30
+	ASTRAEUS_HYPOTHESIS=thorough $(BIN)/pytest -n $(TEST_LANES) --dist loadgroup \
+	  --no-loadscope-reorder --durations=30
 
-test-fast: setup ## the tests only, without the real training runs (tests/workloads/)
-	$(BIN)/pytest -x -q -m 'not workloads'
+test-fast: setup ## unit and db tests on SQLite, quick property tests (no processes, no training)
+	ASTRAEUS_TEST_DATABASES=sqlite ASTRAEUS_HYPOTHESIS=quick $(BIN)/pytest -x -q \
+	  -n $(FAST_LANES) -m 'unit or db'
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) gen .pytest_cache .mypy_cache .ruff_cache

@@ -2,18 +2,32 @@
 
 The schema is built from the migrations once per backend; after each test every table is
 emptied, so tests are isolated and a live server in another process can share the database.
+Under pytest-xdist each worker is a session of its own: its own SQLite file and its own
+PostgreSQL database (`astraeus_test_<random>`), so lanes share no state.
+
+Every test lands in exactly one lane, given here by its folder and fixtures (issue 22):
+`unit` (pure rules, no database), `db` (the database fixtures, both dialects), `e2e` (real
+processes: a server, an agent, a browser) and `workloads` (real PyTorch training). `make
+test-fast` runs `unit or db` on SQLite only (ASTRAEUS_TEST_DATABASES=sqlite).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 import psycopg
 import pytest
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import text
 from starlette.applications import Starlette
 
@@ -23,11 +37,114 @@ from backend.config import Settings
 from backend.db import Database
 from backend.models import Base
 from backend.secrets import crypto
+from tests import support
 from tests.support import FakeClock, Tenancy, make_tenancy, searchable, server_settings
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "ASTRAEUS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
+# The databases each database test runs on; `make test-fast` sets "sqlite".
+DATABASES = [
+    name.strip()
+    for name in os.environ.get("ASTRAEUS_TEST_DATABASES", "sqlite,postgresql").split(",")
+    if name.strip()
+]
+
+# Hypothesis profiles, chosen by ASTRAEUS_HYPOTHESIS (the Makefile's targets set it):
+# `thorough` (make test, CI) runs each property test with the examples it asks for (Hypothesis'
+# 100 where it names none); `quick` (make test-fast) runs at most QUICK_EXAMPLES of any.
+QUICK_EXAMPLES = 10
+hypothesis_settings.register_profile("thorough", print_blob=True)
+hypothesis_settings.register_profile("quick", max_examples=QUICK_EXAMPLES)
+HYPOTHESIS_PROFILE = os.environ.get("ASTRAEUS_HYPOTHESIS", "thorough")
+hypothesis_settings.load_profile(HYPOTHESIS_PROFILE)
+
+SHARED_MEMORY = Path("/dev/shm")
+
+TESTS = Path(__file__).parent
+LANES = ("unit", "db", "e2e", "workloads")
+# Folders whose every test runs real processes, and real training.
+E2E_FOLDERS = ("e2e", "machine_agent")
+WORKLOADS_FOLDERS = ("workloads",)
+# What starts a real process: a test module holding one of these (imported or its own) is
+# e2e, as is a test using a fixture of these names (a live server, a cluster, a browser).
+PROCESS_STARTERS = {
+    "tests.e2e.live": ("Server", "AgentProcess", "running", "serving", "serving_seed_week"),
+    "tests.e2e.services": ("PrivatePostgres", "PrivateRedis"),
+    "tests.e2e.browser": ("sign_in", "NEEDS_CHROMIUM"),
+    "tests.e2e.test_agent_process": ("Cluster",),
+    "bench.fleet": ("serving",),
+}
+PROCESS_FIXTURES = {"live", "cluster", "browser", "page", "api"}
+# Fixtures that reach the database (every fixture on one depends on `database_url`).
+DATABASE_FIXTURES = {"database_url", "db"}
+
+
+def _starters() -> set[int]:
+    found = {id(subprocess)}
+    for module_name, names in PROCESS_STARTERS.items():
+        module = sys.modules.get(module_name)
+        found |= {id(getattr(module, name)) for name in names if hasattr(module, name)}
+    return found
+
+
+def _runs_processes(module: ModuleType, starters: set[int]) -> bool:
+    """A workload's Python is a real process (an agent in this process still starts one)."""
+    held = vars(module)
+    if held.get("WORKLOAD_PYTHON") is support.WORKLOAD_PYTHON:
+        return True
+    return any(id(value) in starters for value in held.values())
+
+
+def lane(item: pytest.Item, starters: set[int]) -> str:
+    folder = item.path.relative_to(TESTS).parts[0] if TESTS in item.path.parents else ""
+    if folder in WORKLOADS_FOLDERS:
+        return "workloads"
+    names = set(getattr(item, "fixturenames", ()))
+    module = getattr(item, "module", None)
+    if (
+        folder in E2E_FOLDERS
+        or names & PROCESS_FIXTURES
+        or (module is not None and _runs_processes(module, starters))
+    ):
+        return "e2e"
+    if names & DATABASE_FIXTURES:
+        return "db"
+    return "unit"
+
+
+def _at_most(item: pytest.Item, examples: int) -> None:
+    """A property test's own settings (`@settings(max_examples=…)`, a state machine's
+    `TestCase.settings`) win over the profile's: the quick profile caps them here."""
+    for holder, name in (
+        (getattr(item, "obj", None), "_hypothesis_internal_use_settings"),
+        (getattr(item, "cls", None), "settings"),
+    ):
+        own = getattr(holder, name, None)
+        if isinstance(own, hypothesis_settings) and own.max_examples > examples:
+            setattr(holder, name, hypothesis_settings(own, max_examples=examples))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test in exactly one lane (LANES), marked so `-m` can choose lanes; under the
+    quick Hypothesis profile no property test runs more than QUICK_EXAMPLES examples.
+
+    For `make test` (pytest-xdist, `--dist loadgroup --no-loadscope-reorder`): an e2e or
+    workloads module is one group, so its module-scoped server starts once, in one lane; unit
+    and db tests go one at a time to whichever lane is free. The longest work goes first
+    (workloads, then e2e), so that no lane starts a module of minutes near the end."""
+    starters = _starters()
+    lanes: dict[pytest.Item, str] = {}
+    for item in items:
+        lanes[item] = lane(item, starters)
+        item.add_marker(getattr(pytest.mark, lanes[item]))
+        if lanes[item] in ("e2e", "workloads"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        if HYPOTHESIS_PROFILE == "quick":
+            _at_most(item, QUICK_EXAMPLES)
+    first = {"workloads": 0, "e2e": 1, "db": 2, "unit": 3}
+    items.sort(key=lambda item: first[lanes[item]])  # stable: files keep their order
 
 
 def _postgres_database() -> Iterator[str]:
@@ -42,6 +159,21 @@ def _postgres_database() -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@contextlib.contextmanager
+def _sqlite_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The SQLite file's folder: in memory (/dev/shm) where there is one. A commit there costs
+    no disk write: the test of a day of samples, a commit a minute, took 20 s on disk and 11 s
+    there (issue 22)."""
+    if not os.access(SHARED_MEMORY, os.W_OK):
+        yield tmp_path_factory.mktemp("sqlite")
+        return
+    folder = Path(tempfile.mkdtemp(prefix="astraeus-test-", dir=SHARED_MEMORY))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def encryption_keys() -> Iterator[crypto.Keyring]:
     """The keys secrets are encrypted with in this test process (never the user's key file)."""
@@ -51,14 +183,15 @@ def encryption_keys() -> Iterator[crypto.Keyring]:
     crypto.configure(None)
 
 
-@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="session", params=DATABASES)
 def database_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'astraeus.db'}"
-        migrations.upgrade(url)
-        yield url
+        with _sqlite_folder(tmp_path_factory) as folder:
+            url = f"sqlite:///{folder / 'astraeus.db'}"
+            migrations.upgrade(url)
+            yield url
         return
     for url in _postgres_database():
         migrations.upgrade(url)

@@ -29,15 +29,6 @@ DEBIAN_PYTHON = Path("/usr/bin/python3")
 TORCHRUN = "import sys\nfrom torch.distributed.run import main\nsys.exit(main())\n"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test here runs real training through a live server (minutes): marked
-    `workloads`, which `make test-fast` leaves out."""
-    here = Path(__file__).parent
-    for item in items:
-        if here in item.path.parents:
-            item.add_marker(pytest.mark.workloads)
-
-
 @dataclass(frozen=True)
 class Workloads:
     """Where a workload's `python` and `torchrun` are (its PATH), and the scripts' folder."""
