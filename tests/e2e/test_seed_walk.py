@@ -10,7 +10,9 @@ are run as a user would write them for the seed's run. The data each line needs:
 - logs-metrics-debugging.txt: llama-sft, two workers of two GPUs on three machines named as
   in the seed (gpu-07, gpu-08, gpu-09, simulated "NVIDIA H100 80GB HBM3"), running until the
   `logs -f` line lets it finish; and the failure the seed's `jq .last_failure` shows: a
-  llama-sft whose rank 1 is killed for memory (its own server: a run's name is its own).
+  llama-sft whose rank 1 is killed for memory within a second (its own server: a run's name
+  is its own), read as the seed's "Debug a failed run" says: its log, its last failure, its
+  Memory chart near the limit.
 
 The lines of a page run in the seed's order, except where the seed shows a run in two moments:
 what it shows of llama-sft running comes before the `logs -f` that sees it complete.
