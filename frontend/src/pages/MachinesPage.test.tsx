@@ -1,6 +1,7 @@
-import { cleanup, render, screen, within } from "@testing-library/react";
+import { cleanup, screen, within } from "@testing-library/react";
 import { afterEach, describe, expect, it, vi } from "vitest";
 
+import { renderWithData } from "../testing/render";
 import { MachinesPage } from "./MachinesPage";
 
 afterEach(() => {
@@ -51,7 +52,7 @@ function answering() {
 describe("MachinesPage", () => {
   it("shows each cluster's quotas and alert thresholds under its machines (issue 21)", async () => {
     const asked = answering();
-    render(<MachinesPage />);
+    renderWithData(<MachinesPage />);
     const quotas = await screen.findByRole("table", { name: "Quotas on local" });
     const teamB = within(quotas).getByRole("row", { name: /team-b/ });
     expect(within(teamB).getByText("2")).toBeTruthy();
@@ -83,7 +84,7 @@ describe("MachinesPage", () => {
         return new Response(JSON.stringify(body), { status: 200 });
       }),
     );
-    render(<MachinesPage />);
+    renderWithData(<MachinesPage />);
     expect(await screen.findByText("Only the organisation's admins read every workspace's quota.")).toBeTruthy();
   });
 });

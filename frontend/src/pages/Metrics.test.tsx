@@ -1,6 +1,7 @@
-import { cleanup, render, screen } from "@testing-library/react";
+import { cleanup, screen } from "@testing-library/react";
 import { afterEach, describe, expect, it, vi } from "vitest";
 
+import { renderWithData } from "../testing/render";
 import { CHARTS, Metrics, plotOf, windowOf } from "./Metrics";
 
 // uPlot asks for the device's pixel ratio as it loads; jsdom has no matchMedia.
@@ -46,7 +47,7 @@ function answering(notMeasured: Record<string, string>) {
 describe("Metrics", () => {
   it("says a metric is not measured instead of showing nothing, and charts network received", async () => {
     const asked = answering({ task_network_receive_bytes_total: HOST_NETWORK });
-    render(<Metrics match={["worker:llama-sft-0"]} by="worker" />);
+    renderWithData(<Metrics match={["worker:llama-sft-0"]} by="worker" />);
     const network = await screen.findByText(HOST_NETWORK);
     expect(network.closest("figure")?.getAttribute("aria-label")).toBe("Network received");
     expect(network.getAttribute("title")).toBe("llama-sft-0");
@@ -78,7 +79,7 @@ describe("Metrics of a short life (seed L-52)", () => {
 
   it("asks each chart for the life's window, and the Memory chart for its limit too", async () => {
     const asked = answering({});
-    render(<Metrics match={["worker:oom-0"]} by="worker" life={{ from: "2026-12-01T07:00:00Z", to: "2026-12-01T07:00:06Z" }} />);
+    renderWithData(<Metrics match={["worker:oom-0"]} by="worker" life={{ from: "2026-12-01T07:00:00Z", to: "2026-12-01T07:00:06Z" }} />);
     await screen.findAllByText(/^No samples in this range/);
     expect(new Set(asked.map((v) => `${String(v.start)}-${String(v.end)}`))).toEqual(new Set(["1796108399-1796108409"]));
     const limit = asked.find((v) => v.metric === "task_memory_limit_bytes");

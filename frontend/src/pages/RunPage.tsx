@@ -1,9 +1,9 @@
 // A run's page (seed logs-metrics-debugging.txt): its state and sentence, who started it and
 // when; the readout; its goodput and bar; the failure panel with the seed's advice and Its log;
 // the Restarting in a loop panel; Run again; tabs Workers, Logs, Metrics and History.
-import { useEffect, useState } from "react";
+import { useState } from "react";
 
-import { graphql, rest } from "../api";
+import { graphql } from "../api";
 import { StackedBar } from "../components/StackedBar";
 import { formatDuration, parseDuration } from "../durations";
 import { memory as bytesOf, when } from "../format";
@@ -13,7 +13,7 @@ import { runLife } from "../life";
 import { LogView } from "../logs/LogView";
 import { Link, useNavigate } from "../nav";
 import { runPath, runsPath, workerPath, type RunTab } from "../routes";
-import { useQuery } from "../useQuery";
+import { useQuery, useRest } from "../useQuery";
 import { EventLog } from "./EventsPage";
 import { Metrics } from "./LazyMetrics";
 import { Summary } from "./Goodput";
@@ -181,22 +181,8 @@ function values(metric: number | Record<string, number> | undefined): number[] {
 // Workers running of total, GPUs, Machines, Time left or Runtime, Using now (GPU %, cores,
 // memory), Priority with how it starts and fails.
 function Readout({ run }: { run: Run }) {
-  const [now, setNow] = useState<TaskMetrics | null>(null);
-  useEffect(() => {
-    if (run.state !== "Running") return;
-    let live = true;
-    const load = () =>
-      rest<TaskMetrics>(`/tasks?job=${encodeURIComponent(run.name)}`).then(
-        (found) => live && setNow(found),
-        () => undefined,
-      );
-    void load();
-    const timer = window.setInterval(load, 15_000);
-    return () => {
-      live = false;
-      window.clearInterval(timer);
-    };
-  }, [run.name, run.state]);
+  // its workers' latest samples, every 15 s while it runs
+  const now = useRest<TaskMetrics>(`/tasks?job=${encodeURIComponent(run.name)}`, run.state === "Running", 15_000).data;
   const running = run.workers.filter((w) => w.state === "Running").length;
   const gpus = run.workers.reduce((sum, w) => sum + w.gpus, 0);
   const machines = new Set(run.workers.map((w) => w.machine).filter(Boolean)).size;
