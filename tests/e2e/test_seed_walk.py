@@ -754,7 +754,33 @@ def log_of_the_failed_worker(walk: Llama, line: str) -> None:
     ]
 
 
+@seed("L-48")
+def status_of_the_failure(walk: Llama, line: str) -> None:
+    # seed L-29, L-48 (Debug a failed run, step 1): the run's reason names the worker, the
+    # machine and why; each worker's line says where it ran, also once it ended
+    assert walk.sh(line).splitlines() == [
+        "llama-sft: Failed — Worker llama-sft-1 failed on local: OOMKilled: the container "
+        "exceeded its memory limit; the gang does not run without it",
+        "  llama-sft-0  Stopped  local  Stopped: its gang failed",
+        "  llama-sft-1  Failed  local  OOMKilled: the container exceeded its memory limit",
+    ]
+
+
+@seed("L-30")
+def workers_of_the_failure(walk: Llama, line: str) -> None:
+    # seed L-30: the seed's columns; an ended worker's MACHINE is where it ran
+    assert walk.sh(line).splitlines() == [
+        "WORKER                        RANK   STATE       MACHINE               REASON",
+        "llama-sft-0                   0      Stopped     local                 "
+        "Stopped: its gang failed",
+        "llama-sft-1                   1      Failed      local                 "
+        "OOMKilled: the container exceeded its memory limit",
+    ]
+
+
 KILLED_PAGE: dict[str, Callable[[Llama, str], None]] = {
+    "astra astraeus status llama-sft": status_of_the_failure,
+    "astra astraeus workers llama-sft": workers_of_the_failure,
     'curl -sS "$API/tasks/llama-sft-1/logs?tail=200" -H "Authorization: Bearer $ASTRA_TOKEN"'
     " | jq -r .logs": failure_logs,
     'curl -sS "$API/tasks/llama-sft-1" -H "Authorization: Bearer $ASTRA_TOKEN"'

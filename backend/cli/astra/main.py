@@ -31,7 +31,9 @@ from backend.cli.astra.subscribe import subscribe
 EXIT_INTERRUPTED = 130  # Ctrl-C while following, as shells report it
 EXIT_BROKEN_PIPE = 141  # the reader went away (`| head`): 128 + SIGPIPE, as shells report it
 
-WORKER_FIELDS = "name rank state reason machine gpus exitCode restarts"
+WORKER_FIELDS = "name rank state reason machine lastPlacement { machine } gpus exitCode restarts"
+# A worker in these has run somewhere (or never will): its machine is where it ran last.
+ENDED = ("Completed", "Failed", "Stopped")
 RUN_QUERY = f"""query($name: String!) {{
   run(name: $name) {{ name state reason workers {{ {WORKER_FIELDS} }} }}
 }}"""
@@ -55,12 +57,23 @@ def cell(text: object, width: int) -> str:
     return f"{text!s:<{width - 2}}  "
 
 
+def machine_of(worker: dict[str, Any]) -> str:
+    """Where the worker is placed; once it ended, where it ran last (a failed worker's machine
+    is where to look: seed L-48); '-' while it waits to be placed."""
+    last = worker.get("lastPlacement") or {}
+    if worker["machine"]:
+        return str(worker["machine"])
+    if worker["state"] in ENDED and last.get("machine"):
+        return str(last["machine"])
+    return "-"
+
+
 def format_status(run: dict[str, Any], paint: Paint = PLAIN) -> str:
     """``llama-sft: Running — 2 of 2 workers running``, then a line per worker (seed L-29)."""
     lines = [f"{run['name']}: {paint.state(run['state'])} — {run['reason']}"]
     for w in run["workers"]:
         state = paint.state(w["state"])
-        lines.append(f"  {w['name']}  {state}  {w['machine'] or '-'}  {w['reason']}")
+        lines.append(f"  {w['name']}  {state}  {machine_of(w)}  {w['reason']}")
     return "\n".join(lines)
 
 
@@ -69,7 +82,7 @@ def format_workers(run: dict[str, Any], paint: Paint = PLAIN) -> str:
     rows = [f"{'WORKER':<30}{'RANK':<7}{'STATE':<12}{'MACHINE':<22}REASON"]
     for w in run["workers"]:
         state = paint.state(cell(w["state"], 12), w["state"])
-        machine = cell(w["machine"] or "-", 22)
+        machine = cell(machine_of(w), 22)
         rows.append(f"{cell(w['name'], 30)}{cell(w['rank'], 7)}{state}{machine}{w['reason']}")
     return "\n".join(rows)
 
