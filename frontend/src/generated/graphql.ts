@@ -109,8 +109,6 @@ export type MetricRangeQueryVariables = Exact<{
 
 export type MetricRangeQuery = { metricRange: { metric: string, unit: string, unmeasured: Array<string>, notMeasured: string | null, series: Array<{ labels: unknown, points: Array<Array<number>> }> } };
 
-export type WorkerFieldsFragment = { name: string, rank: number, state: string, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null };
-
 export type RunQueryVariables = Exact<{
   name: string;
   ws: string | null | undefined;
@@ -118,13 +116,6 @@ export type RunQueryVariables = Exact<{
 
 
 export type RunQuery = { run: { name: string, cluster: string, state: string, reason: string, priority: number, createdAt: string, stateSince: string, endedAt: string | null, createdBy: string | null, spec: unknown, history: Array<{ transitionAt: string, state: string, reason: string }>, pendingReasons: Array<{ machine: string, reason: string }>, goodput: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: string, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: string, gpuHours: number, heldGpuHours: number } | null }, failedWorker: { name: string, rank: number, state: string, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null } | null, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null, restartLoop: { restarts: number, maxRestarts: number, restartAt: string | null, worker: { name: string, rank: number, state: string, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null } | null } | null, waitAdvice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null, workers: Array<{ name: string, rank: number, state: string, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null }> } | null };
-
-export type CreateRunMutationVariables = Exact<{
-  spec: unknown;
-}>;
-
-
-export type CreateRunMutation = { createRun: { run: { name: string } | null, errors: Array<{ code: string, field: string | null, message: string }> } };
 
 export type RunsQueryVariables = Exact<{
   all: boolean;
@@ -146,3 +137,12 @@ export type WorkerPageQueryVariables = Exact<{
 
 
 export type WorkerPageQuery = { run: { name: string, spec: unknown, workers: Array<{ name: string, rank: number, state: string, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, lastPlacement: { machine: string, gpuIds: Array<number> } | null, started: { image: string | null, command: Array<string> | null, user: string | null, gpuIds: Array<number>, restartPolicy: string, timeLimit: string | null, rank: number, environment: unknown, mounts: unknown }, history: Array<{ transitionAt: string, state: string, reason: string }>, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null }> } | null };
+
+export type CreateRunMutationVariables = Exact<{
+  spec: unknown;
+}>;
+
+
+export type CreateRunMutation = { createRun: { run: { name: string } | null, errors: Array<{ code: string, field: string | null, message: string }> } };
+
+export type WorkerFieldsFragment = { name: string, rank: number, state: string, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null };

@@ -12,7 +12,8 @@ import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
 import { Metrics } from "./LazyMetrics";
 import type { WorkerPageQuery } from "../generated/graphql";
-import { History, lastFailureOf, specOf, WORKER_FIELDS } from "./RunPage";
+import { History } from "./run/History";
+import { lastFailureOf, specOf, WORKER_FIELDS } from "./run/model";
 import { StateBadge } from "../components/Table";
 
 const WORKER = /* GraphQL */ `query WorkerPage($run: String!, $ws: String) { run(name: $run, workspace: $ws) { name spec workers {

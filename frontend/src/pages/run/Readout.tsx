@@ -1,0 +1,85 @@
+// The run's readout (seed: Workers running of total, GPUs, Machines, Time left or Runtime, Using
+// now, Priority with how it starts and fails).
+import { formatDuration, parseDuration } from "../../durations";
+import { memory as bytesOf } from "../../format";
+import { useRest } from "../../useQuery";
+import { specOf, type Run } from "./model";
+
+interface TaskMetrics {
+  tasks: { name: string; metrics: Record<string, number | Record<string, number>> }[];
+}
+
+function values(metric: number | Record<string, number> | undefined): number[] {
+  if (metric === undefined) return [];
+  return typeof metric === "number" ? [metric] : Object.values(metric);
+}
+
+// Workers running of total, GPUs, Machines, Time left or Runtime, Using now (GPU %, cores,
+// memory), Priority with how it starts and fails.
+export function Readout({ run }: { run: Run }) {
+  // its workers' latest samples, every 15 s while it runs
+  const now = useRest<TaskMetrics>(`/tasks?job=${encodeURIComponent(run.name)}`, run.state === "Running", 15_000).data;
+  const running = run.workers.filter((w) => w.state === "Running").length;
+  const gpus = run.workers.reduce((sum, w) => sum + w.gpus, 0);
+  const machines = new Set(run.workers.map((w) => w.machine).filter(Boolean)).size;
+  const firstRunning = run.history.find((h) => h.state === "Running")?.transitionAt;
+  const ended = run.endedAt ? new Date(run.endedAt).getTime() : Date.now();
+  const runtime = firstRunning ? ended - new Date(firstRunning).getTime() : null;
+  const spec = specOf(run);
+  const limit = parseDuration(spec.time_limit as string | undefined);
+  const clock =
+    limit !== null && runtime !== null && !run.endedAt
+      ? { label: "Time left", value: formatDuration(limit - runtime) }
+      : { label: "Runtime", value: runtime === null ? "—" : formatDuration(runtime) };
+  const tasks = now?.tasks ?? [];
+  const utilisation = tasks.flatMap((t) => values(t.metrics.task_gpu_utilization_ratio));
+  const gpuPercent = utilisation.length ? `${Math.round((utilisation.reduce((a, b) => a + b, 0) / utilisation.length) * 100)}%` : "—";
+  const cores = tasks.flatMap((t) => values(t.metrics.task_cpu_usage_cores)).reduce((a, b) => a + b, 0);
+  const memory = tasks.flatMap((t) => values(t.metrics.task_memory_used_bytes)).reduce((a, b) => a + b, 0);
+  const restartPolicy = (spec.restart_policy as string | undefined) ?? "on_failure";
+  const maxRestarts = (spec.max_restarts as number | undefined) ?? 10;
+  const fails =
+    restartPolicy === "never" ? "a failure ends it" : `restarts on failure, up to ${maxRestarts} in a row`;
+  const starts = run.workers.length > 1 ? `${run.workers.length} workers start together` : "starts alone";
+  return (
+    <dl className="summary readout" aria-label="Readout">
+      <div>
+        <dt>Workers running</dt>
+        <dd data-figure="workers">
+          {running} of {run.workers.length}
+        </dd>
+      </div>
+      <div>
+        <dt>GPUs</dt>
+        <dd data-figure="gpus">{gpus}</dd>
+      </div>
+      <div>
+        <dt>Machines</dt>
+        <dd data-figure="machines">{machines}</dd>
+      </div>
+      <div>
+        <dt>{clock.label}</dt>
+        <dd data-figure="clock">{clock.value}</dd>
+      </div>
+      <div>
+        <dt>Using now</dt>
+        <dd data-figure="using">
+          {run.state === "Running" && tasks.some((t) => Object.keys(t.metrics).length > 0)
+            ? `${gpuPercent} GPU · ${cores.toFixed(1)} cores · ${bytesOf(memory)}`
+            : "—"}
+        </dd>
+      </div>
+      <div>
+        <dt>Priority</dt>
+        <dd data-figure="priority">
+          {run.priority}
+          <span className="muted">
+            {" "}
+            {starts}; {fails}
+          </span>
+        </dd>
+      </div>
+    </dl>
+  );
+}
+

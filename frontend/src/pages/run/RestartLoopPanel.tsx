@@ -1,0 +1,58 @@
+import { when } from "../../format";
+import { lastFailureOf, type RestartLoop } from "./model";
+
+// A run restarting after failures or stalls in a row (seed: Restarting in a loop): its restarts,
+// when the next attempt is, and the last failure's advice and output.
+export function RestartLoopPanel({
+  loop,
+  onLog,
+  onMetrics,
+}: {
+  loop: RestartLoop;
+  onLog: (worker: string) => void;
+  onMetrics: () => void;
+}) {
+  const w = loop.worker;
+  const failure = lastFailureOf(w);
+  return (
+    <section className="panel restarting" aria-label="Restarting in a loop">
+      <h2>Restarting in a loop</h2>
+      <p>
+        <span data-figure="restarts">
+          {loop.restarts} of {loop.maxRestarts}
+        </span>{" "}
+        restarts in a row;{" "}
+        {loop.restartAt ? <>next attempt at {when(loop.restartAt)}</> : <>started again</>}.
+      </p>
+      <p className="muted">
+        Each failure doubles the wait, up to 5 minutes; after 10 restarts in a row it gives up; 10 minutes running
+        resets the count.
+      </p>
+      {w && failure && (
+        <div>
+          <p>
+            The last failure: <strong>{w.name}</strong>: <span data-figure="loop-reason">{failure.reason}</span>
+            {failure.failed_at ? ` at ${when(failure.failed_at)}` : ""}.
+          </p>
+          {w.advice && (
+            <p>
+              <strong>Look at:</strong> <span data-figure="loop-advice">{w.advice.lookAt}</span>
+            </p>
+          )}
+          <div className="actions">
+            <button type="button" onClick={() => onLog(w.name)}>
+              Its log
+            </button>
+            {w.advice?.open === "metrics" && (
+              <button type="button" onClick={onMetrics}>
+                Metrics
+              </button>
+            )}
+          </div>
+          {failure.log_tail && <pre className="log">{failure.log_tail}</pre>}
+        </div>
+      )}
+    </section>
+  );
+}
+
