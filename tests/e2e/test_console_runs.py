@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agent import cgroups
 from tests.e2e.browser import NEEDS_CHROMIUM, console_dir, screenshots, sign_in
 from tests.e2e.live import Server, running
 
@@ -284,6 +285,49 @@ def test_a_run_restarting_after_a_stall_shows_the_restarting_in_a_loop_panel(
     assert row.locator("td").first.inner_text() == (
         f"{happened:%Y-%m-%d %H:%M:%S} UTC\nfound {found:%Y-%m-%d %H:%M:%S} UTC"
     )
+
+
+# Asks for more memory than its limit at once: the kernel kills it within a second.
+HOG = """\
+import time
+print("loading", flush=True)
+time.sleep(0.5)
+hog = bytearray(400 * 2**20)
+time.sleep(600)
+"""
+
+
+def test_an_oom_kill_opens_the_memory_chart_with_its_limit(
+    live: tuple[Server, str], page: Any
+) -> None:
+    # seed L-52: OOMKilled → the Memory chart near the limit: the limit drawn as a line, the
+    # worker's short life charted (its samples at start and end), not a fixed hour
+    probe = cgroups.create("probe", "astraeus-console")
+    if probe is None:
+        pytest.skip("this machine gives the agent no control groups: no memory limit, no OOM")
+    probe.remove()
+    server, token = live
+    spec = {
+        "name": "hog",
+        "gpus": 1,
+        "memory_bytes": 64 * 2**20,
+        "restart_policy": "never",
+        "command": ["python3", "-c", HOG],
+    }
+    create(server, token, spec)
+    until_state(server, token, "hog", "Failed")
+    sign_in(page, server, token)
+    page.goto(f"{server.url}/o/default/w/default/runs/hog")
+    panel = page.get_by_role("region", name="Why it failed")
+    assert "OOMKilled" in panel.locator(".sentence").inner_text()
+    panel.get_by_role("button", name="Memory chart").click()
+    page.wait_for_url("**/runs/hog?tab=metrics**")
+    assert page.get_by_label("Range").evaluate("s => s.selectedOptions[0].text") == "Its life"
+    memory = page.locator('figure[data-metric="task_memory_used_bytes"]')
+    memory.locator(".u-wrap").wait_for(timeout=30_000)
+    labels = memory.locator(".u-legend .u-label").all_inner_texts()
+    assert "hog-0" in labels and "limit of hog-0" in labels, labels
+    assert memory.locator("figcaption").inner_text() == "Memory (MiB)"
 
 
 def test_a_workers_page(live: tuple[Server, str], page: Any, tmp_path: Path) -> None:
