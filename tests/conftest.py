@@ -38,7 +38,20 @@ from backend.db import Database
 from backend.models import Base
 from backend.secrets import crypto
 from tests import support
+from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy, make_tenancy, searchable, server_settings
+
+# Fixtures of tests/support that test modules in more than one folder use (issue 22: no test
+# module imports another's): defined there, offered to every test here.
+pytest_plugins = [
+    "tests.support.accounting",  # week
+    "tests.support.agents",  # service
+    "tests.support.contention",  # losing
+    "tests.support.jobs",  # redis_worker
+    "tests.support.lifecycle",  # placed
+    "tests.support.processes",  # live
+    "tests.support.stream",  # machine_token
+]
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "ASTRAEUS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -232,6 +245,13 @@ def clock() -> FakeClock:
 @pytest.fixture
 async def tenancy(db: Database, clock: FakeClock) -> Tenancy:
     return await make_tenancy(db, clock)
+
+
+@pytest.fixture
+async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
+    """The tenancy's organisation, driven through the services at the fake clock. A module
+    that needs machines or runs from the start overrides it."""
+    return World(db, clock, tenancy)
 
 
 @pytest.fixture

@@ -17,8 +17,7 @@ from backend.cli.astra.client import CONFLICT_TRIES, EXIT_UNREACHABLE, Api, CliE
 from backend.db import Database
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
-from tests.test_database_contention import conflicting_reads, postgresql_only
-from tests.test_mutations_contention import Losing, losing
+from tests.support.contention import Losing, conflicting_reads, postgresql_only
 
 SET = 'mutation { setSecret(name: "k", value: "%s") { secret { name } errors { code message } } }'
 
@@ -86,6 +85,3 @@ async def test_a_rest_read_answered_409_conflict_retry_is_sent_again_then_said(
     assert refused.value.exit_code == EXIT_UNREACHABLE
     assert f"(sent {CONFLICT_TRIES} times" in str(refused.value)
     assert cli.waits == CONFLICT_TRIES - 1
-
-
-__all__ = ["losing"]

@@ -5,16 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.cli.astra.goodput import table
-
-# The seed's block (goodput.txt, after `$ astra astraeus goodput --by run --days 7`).
-SEED_BLOCK = """\
-GPU-hours
-RUN                              HELD     USED GOODPUT    IDLE STALLED   START RESTART FAILURE PREEMPT WAITING
-llm                             323.1    300.1     93%     0.0     6.2     2.1     4.1    12.7     0.0     0.0
-sweep-7                         146.5    112.4     77%    21.0     0.0     7.7     0.0     0.0     3.3    18.0
-TOTAL                           469.6    412.5     88%    21.0     6.2     9.8     4.1    12.7     3.3    18.0
-
-USED = productive (running, GPUs busy); GOODPUT = used / held; WAITING = asked for, not yet held"""  # noqa: E501
+from tests.support.processes import SEED_BLOCK
 
 
 def ledger(

@@ -6,7 +6,6 @@ answer is CONFLICT_RETRY (409), through GraphQL and REST."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sqlite3
 from collections.abc import AsyncIterator
 
@@ -20,9 +19,10 @@ from backend.accounting import counting
 from backend.agents import service as agents
 from backend.db import Database, contention, database_away
 from backend.models import AgentCommand
-from tests.graphql.test_schema import gql
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support.api import gql
+from tests.support.contention import conflicting_reads, postgresql_only
 
 DELETE = """mutation($name: String!) {
   deleteRun(name: $name) { run { name state } errors { code message } }
@@ -44,11 +44,6 @@ def test_what_counts_as_contention() -> None:
     refused = OperationalError("SELECT 1", {}, psycopg.OperationalError("connection refused"))
     assert database_away(refused) and not contention(refused)
     assert not contention(ValueError("a bug"))
-
-
-def postgresql_only(db: Database) -> None:
-    if db.engine.dialect.name != "postgresql":
-        pytest.skip("deadlocks and serialisation failures are PostgreSQL's")
 
 
 async def running_runs(world: World, count: int) -> list[str]:
@@ -156,30 +151,6 @@ async def test_a_deadlock_is_tried_again_and_persisting_is_a_conflict_to_retry(
         "errors": [{"code": "CONFLICT_RETRY", "message": RETRY}],
     }
     assert (await world.run("r-01")).deleted_at is None  # nothing was changed
-
-
-@contextlib.asynccontextmanager
-async def conflicting_reads(db: Database) -> AsyncIterator[None]:
-    """Reading the events raises a real serialisation failure in PostgreSQL: the table is
-    behind a view that raises it at each row."""
-    statements = [
-        """CREATE FUNCTION conflict() RETURNS boolean LANGUAGE plpgsql AS $$
-        BEGIN
-          RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001';
-        END $$""",
-        "ALTER TABLE events RENAME TO events_kept",
-        "CREATE VIEW events AS SELECT * FROM events_kept WHERE conflict()",
-    ]
-    async with db.transaction() as session:
-        for statement in statements:
-            await session.execute(text(statement))
-    try:
-        yield
-    finally:
-        async with db.transaction() as session:
-            await session.execute(text("DROP VIEW events"))
-            await session.execute(text("ALTER TABLE events_kept RENAME TO events"))
-            await session.execute(text("DROP FUNCTION conflict()"))
 
 
 async def test_a_serialisation_failure_is_a_conflict_through_rest_and_graphql(

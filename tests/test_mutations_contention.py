@@ -5,18 +5,17 @@ createRun, runAgain, stopRun and deleteRun: tests/test_database_contention.py.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
 
 from backend.db import Database
-from tests.graphql.test_schema import gql
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support.api import gql
 
 RETRY = (
     "Other requests changed the same things at once and this one gave way; nothing was "
@@ -98,52 +97,6 @@ MUTATIONS = [
         "mutation { createJoinToken { joinToken { id } errors { code message } } }",
     ),
 ]
-
-
-Losing = Callable[[str, int], Awaitable[None]]
-
-
-@pytest.fixture
-async def losing(db: Database) -> AsyncIterator[Losing]:
-    """``lose(table, n)``: the next ``n`` writes of ``table`` raise a real deadlock in
-    PostgreSQL (a sequence counts them: its count survives the rollback)."""
-    if db.engine.dialect.name != "postgresql":
-        pytest.skip("deadlocks are PostgreSQL's (SQLite's busy file: test_database_contention)")
-    async with db.transaction() as session:
-        await session.execute(text("CREATE SEQUENCE losses MINVALUE 0"))
-        await session.execute(
-            text(
-                """CREATE FUNCTION lose() RETURNS trigger LANGUAGE plpgsql AS $$
-                BEGIN
-                  IF nextval('losses') <= 1000 THEN
-                    RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01';
-                  END IF;
-                  RETURN COALESCE(NEW, OLD);
-                END $$"""
-            )
-        )
-    tables: list[str] = []
-
-    async def lose(table: str, count: int) -> None:
-        async with db.transaction() as session:
-            if table not in tables:
-                tables.append(table)
-                await session.execute(
-                    text(
-                        f"CREATE TRIGGER lose BEFORE INSERT OR UPDATE OR DELETE ON {table} "
-                        "FOR EACH ROW EXECUTE FUNCTION lose()"
-                    )
-                )
-            await session.execute(text(f"SELECT setval('losses', {1000 - count}, true)"))
-
-    try:
-        yield lose
-    finally:
-        async with db.transaction() as session:
-            for table in tables:
-                await session.execute(text(f"DROP TRIGGER lose ON {table}"))
-            await session.execute(text("DROP FUNCTION lose()"))
-            await session.execute(text("DROP SEQUENCE losses"))
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])

@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from tests.graphql.test_goodput import graphql
 from tests.support import Tenancy
+from tests.support.api import graphql
 
 SET_QUOTA = """mutation($w: String!, $g: Int) { setQuota(workspace: $w, cluster: "local",
   gpus: $g) { quota { workspace cluster gpus } errors { code field message } } }"""

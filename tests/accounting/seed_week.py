@@ -15,8 +15,8 @@ from sqlalchemy import select
 
 from backend.machines import service as machines
 from backend.models import Machine, Worker
-from tests.accounting.test_tick import sample, tick
 from tests.lifecycle.world import World
+from tests.support.accounting import sample, tick
 
 
 async def minutes(

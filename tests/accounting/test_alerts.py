@@ -8,14 +8,13 @@ from sqlalchemy import select
 from backend.accounting.rules import Category, Ledger
 from backend.alerts import rules
 from backend.alerts import service as alerts
-from backend.db import Database
 from backend.errors import InvalidInput
 from backend.lifecycle import service as lifecycle
 from backend.machines import service as machines
 from backend.models import Event, Machine
-from tests.accounting.test_tick import sample, tick
 from tests.lifecycle.world import World
-from tests.support import FakeClock, Tenancy
+from tests.support import Tenancy
+from tests.support.accounting import sample, tick
 
 
 def held(productive: float, idle: float) -> Ledger:
@@ -43,11 +42,6 @@ def test_goodput_drop_is_the_seeds_rule(hour: Ledger, day: Ledger, fires: bool) 
             "Goodput of workspace default was 30% in the hour from 10:00 UTC, "
             "50 points under the day before (80%)"
         )
-
-
-@pytest.fixture
-async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
-    return World(db, clock, tenancy)
 
 
 async def events(world: World) -> list[tuple[str, str]]:

@@ -12,11 +12,11 @@ from sqlalchemy import select
 from backend.accounting import counting, repository, rules
 from backend.accounting.rules import Category
 from backend.agents import service as agents
-from backend.db import Database
 from backend.lifecycle import service as lifecycle
 from backend.metrics.rules import SampleIn
 from backend.models import GoodputRecount, Worker
-from tests.accounting.test_tick import (
+from tests.lifecycle.world import World
+from tests.support.accounting import (
     a_busy_and_an_idle_rank,
     all_intervals,
     expected,
@@ -24,17 +24,10 @@ from tests.accounting.test_tick import (
     sample,
     tick,
 )
-from tests.lifecycle.world import World
-from tests.support import FakeClock, Tenancy
 
 PRODUCTIVE = (Category.PRODUCTIVE.value, True)
 IDLE = (Category.IDLE.value, True)
 STARTING = (Category.STARTING.value, True)
-
-
-@pytest.fixture
-async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
-    return World(db, clock, tenancy)
 
 
 async def deliver(world: World, kept: list[tuple[datetime, dict[int, float]]]) -> None:

@@ -10,39 +10,23 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from backend.accounting import counting, repository, rules
+from backend.accounting import counting, repository
 from backend.accounting import service as accounting
-from backend.accounting.rules import Category, Ledger, Period, PhaseChange
+from backend.accounting.rules import Category, Period
 from backend.accounting.service import Viewer
-from backend.agents import service as agents
-from backend.db import Database
 from backend.lifecycle import service as lifecycle
-from backend.metrics.rules import SampleIn
-from backend.models import GoodputHour, GoodputRunTotal, MetricSample, Run, StateTransition, Worker
+from backend.models import GoodputHour, GoodputRunTotal, Run, StateTransition
 from tests.accounting.totals import assert_run_totals_match_the_hours
 from tests.lifecycle.world import World
-from tests.support import SEED_TIME, FakeClock, Tenancy
-
-T0 = SEED_TIME
-
-
-@pytest.fixture
-async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
-    return World(db, clock, tenancy)
-
-
-async def tick(world: World) -> counting.TickResult:
-    async with world.db.transaction() as session:
-        return await counting.tick(session, world.clock)
-
-
-async def ledger(world: World, scope: str = "run") -> dict[tuple[str, bool], float]:
-    async with world.db.read() as session:
-        rows = await session.scalars(select(GoodputHour).where(GoodputHour.scope == scope))
-        out: dict[tuple[str, bool], float] = defaultdict(float)
-        for r in rows:
-            out[(r.category, r.held)] += r.gpu_seconds
-    return {k: round(v, 3) for k, v in out.items() if round(v, 3)}
+from tests.support.accounting import (
+    T0,
+    a_busy_and_an_idle_rank,
+    all_intervals,
+    expected,
+    ledger,
+    sample,
+    tick,
+)
 
 
 async def run_id_of(world: World, name: str) -> int:
@@ -50,80 +34,6 @@ async def run_id_of(world: World, name: str) -> int:
         found = await session.scalar(select(Run.id).where(Run.name == name))
     assert found is not None
     return found
-
-
-async def all_intervals(world: World) -> list[repository.IntervalRow]:
-    """Every interval written, closed or open, earliest first."""
-    async with world.db.read() as session:
-        return await repository.intervals_of(
-            session,
-            start=T0 - timedelta(days=1),
-            end=T0 + timedelta(days=800),
-            workspace_ids=None,
-            limit=1_000_000,
-        )
-
-
-async def expected(world: World, until: datetime) -> dict[tuple[str, bool], float]:
-    """The pure computation over everything recorded: every worker from its submission."""
-    async with world.db.read() as session:
-        transitions = list(
-            await session.scalars(
-                select(StateTransition).where(StateTransition.worker_id.is_not(None))
-            )
-        )
-        samples = list(await session.scalars(select(MetricSample)))
-    changes: dict[int, list[PhaseChange]] = defaultdict(list)
-    for t in sorted(transitions, key=lambda t: (t.transition_at, t.id)):
-        if t.phase is None:
-            continue
-        same = changes[t.worker_id]  # type: ignore[index]
-        change = PhaseChange(t.transition_at, t.phase, t.gpus, t.machine_id)
-        if same and same[-1].at == change.at:
-            same[-1] = change
-        else:
-            same.append(change)
-    per_minute: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for s in samples:
-        per_minute[(s.worker_id, s.ts // 60_000 * 60_000)].append(s.value)
-    parts = []
-    for worker_id, worker_changes in changes.items():
-
-        def utilisation(minute: datetime, _: datetime, w: int = worker_id) -> float | None:
-            values = per_minute.get((w, int(minute.timestamp()) * 1000))
-            return sum(values) / len(values) if values else None
-
-        parts += rules.intervals(worker_changes, T0, until, utilisation)
-    totals = Ledger.of(parts)
-    out = {(c.value, True): round(v, 3) for c, v in totals.held.items() if round(v, 3)}
-    out |= {(c.value, False): round(v, 3) for c, v in totals.not_held.items() if round(v, 3)}
-    return out
-
-
-async def sample(world: World, busy: dict[int, float] | dict[str, float]) -> None:
-    """Each running worker's GPUs' utilisation now, as its agent would send it; ``busy`` by
-    rank, or by worker name (a worker not named: 0)."""
-    async with world.db.transaction() as session:
-        workers = list(await session.scalars(select(Worker).where(Worker.state == "Running")))
-        for w in workers:
-            assert w.machine_id is not None
-            at_ms = int(world.clock.now().timestamp() * 1000)
-            value = busy.get(w.name, busy.get(w.rank, 0.0))  # type: ignore[call-overload]
-            samples = [
-                SampleIn(w.id, "task_gpu_utilization_ratio", gpu, at_ms, value) for gpu in w.gpu_ids
-            ]
-            await agents.metrics(session, w.machine_id, samples, world.clock)
-
-
-async def a_busy_and_an_idle_rank(world: World) -> None:
-    """llama-sft: rank 0 busy, rank 1 idle, 8 GPUs each, for ten minutes, then stopped."""
-    await world.machine("gpu-07")
-    await world.machine("gpu-08")
-    await world.submit(gpus=8)
-    world.clock.advance(seconds=37)
-    await world.schedule()
-    world.clock.advance(seconds=5)
-    await world.start("llama-sft-0", "llama-sft-1")
 
 
 @pytest.mark.parametrize("tick_every", [60, 17, 600, None])

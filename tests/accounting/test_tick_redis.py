@@ -10,14 +10,13 @@ from dramatiq.brokers.redis import RedisBroker
 from backend.accounting import counting
 from backend.db import Database
 from backend.jobs import broker as job_broker
-from tests.accounting.test_tick import a_busy_and_an_idle_rank, expected, ledger, sample
-from tests.jobs.test_scheduling_pass import redis_worker  # noqa: F401  (a fixture)
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support.accounting import a_busy_and_an_idle_rank, expected, ledger, sample
 
 
 async def test_an_hour_of_ticks_through_redis_equals_the_pure_computation(
-    redis_worker: RedisBroker,  # noqa: F811
+    redis_worker: RedisBroker,
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,

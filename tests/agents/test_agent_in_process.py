@@ -5,71 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 
-from agent.connection import Agent, AgentConfig
-from agent.gpus import simulated
-from backend.agents.stream import AgentService, LogChunkInfo, serve
+from backend.agents.stream import AgentService, LogChunkInfo
 from backend.db import Database
 from backend.logs.service import WorkerRef
 from backend.models import AgentCommand, Machine, Worker
-from tests.agents.test_stream import _port, machine_token  # noqa: F401  (a fixture)
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
+from tests.support.agents import agent_for, wait_for, worker_state
 
 PRINTS = (
     "import time\nfor i in range(20):\n    print(f'line {i}', flush=True)\n    time.sleep(0.1)\n"
 )
 
 
-@pytest.fixture
-async def service(db: Database, clock: FakeClock) -> AsyncIterator[tuple[AgentService, str]]:
-    service = AgentService(db, clock, lease=timedelta(seconds=60), poll_interval=0.05)
-    address = f"127.0.0.1:{_port()}"
-    server = await serve(service, address)
-    try:
-        yield service, address
-    finally:
-        await server.stop(grace=0)
-
-
-def agent_for(address: str, token: str, data_dir: Path) -> Agent:
-    return Agent(
-        AgentConfig(
-            server=address,
-            token=token,
-            machine="gpu-07",
-            data_dir=data_dir,
-            gpus=simulated(2, "gpu-07"),
-            cpu_cores=8,
-            memory_bytes=64 * 2**30,
-            heartbeat_seconds=1,
-            sample_seconds=0.2,
-        )
-    )
-
-
-async def wait_for(what: str, check: object, seconds: float = 20) -> None:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not await check():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, f"waited for {what}"
-        await asyncio.sleep(0.05)
-
-
-async def worker_state(db: Database, name: str) -> str:
-    async with db.read() as session:
-        row = await session.scalar(select(Worker).where(Worker.name == name))
-    return row.state if row is not None else ""
-
-
 async def test_following_a_real_workers_log_streams_its_lines_until_it_ends(
     service: tuple[AgentService, str],
-    machine_token: str,  # noqa: F811
+    machine_token: str,
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
@@ -121,7 +76,7 @@ async def test_following_a_real_workers_log_streams_its_lines_until_it_ends(
 
 async def test_a_start_command_over_the_stream_limit_fails_its_worker_and_the_agent_goes_on(
     service: tuple[AgentService, str],
-    machine_token: str,  # noqa: F811
+    machine_token: str,
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,

@@ -19,9 +19,9 @@ from backend.db import Database
 from backend.metrics import service as metrics
 from backend.metrics.rules import SampleIn
 from backend.models import MetricSample, StateTransition, Worker
-from tests.agents.test_many_streams import statements
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support.stream import statements
 
 FIELDS = ("state", "phase", "progress_at", "progress_step", "stepped_at", "progress_rate")
 

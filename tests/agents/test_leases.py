@@ -24,8 +24,8 @@ from backend.db import Database
 from backend.machine_identity import service as identity
 from backend.machines import service as machines
 from backend.models import Cluster, Machine
-from tests.agents.test_stream import Agent, _port, hello
 from tests.support import FakeClock, Tenancy
+from tests.support.stream import Agent, _port, hello
 
 LEASE = timedelta(seconds=60)
 

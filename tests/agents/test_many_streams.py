@@ -7,9 +7,8 @@ at once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -23,9 +22,9 @@ from backend.agents.stream import AgentService, serve
 from backend.db import Database
 from backend.machine_identity import service as identity
 from backend.models import AgentCommand, Cluster
-from tests.agents.test_stream import Agent, _port, hello
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support.stream import Agent, _port, hello, statements
 
 POLL = 0.05
 
@@ -69,22 +68,6 @@ async def connected(address: str, tokens: dict[str, str]) -> dict[str, Agent]:
         agent.send(hello=hello(m))
     await asyncio.gather(*(a.receive("welcome") for a in agents.values()))
     return agents
-
-
-@contextlib.contextmanager
-def statements(db: Database) -> Iterator[list[str]]:
-    """The SQL statements the database is sent meanwhile."""
-    seen: list[str] = []
-
-    def heard(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        seen.append(statement)
-
-    engine = db.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", heard)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", heard)
 
 
 async def test_one_poll_looks_up_every_streams_commands_and_credentials_together(

@@ -24,9 +24,9 @@ from backend.accounting import service as accounting
 from backend.agents.stream import AgentService, serve
 from backend.db import Database
 from backend.models import MetricSample, Run, Worker
-from tests.agents.test_stream import _port, machine_token  # noqa: F401  (a fixture)
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
+from tests.support.stream import _port
 
 STEPS = (
     "import os, time\n"
@@ -66,7 +66,7 @@ def file_state(path: Path) -> tuple[int, int] | None:
 
 async def test_appended_and_overwritten_progress_give_the_same_goodput(
     service: tuple[AgentService, str],
-    machine_token: str,  # noqa: F811
+    machine_token: str,
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,

@@ -32,12 +32,12 @@ from backend.db import Database
 from backend.jobs import broker as job_broker
 from backend.logs.service import LogUnavailable, WorkerRef
 from backend.models import Machine, Worker
-from tests.agents.test_agent_in_process import agent_for, wait_for, worker_state
-from tests.agents.test_stream import _port, machine_token  # noqa: F401  (a fixture)
 from tests.e2e.services import PrivateRedis
 from tests.lifecycle.world import World
-from tests.rest.test_jobs import auth
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
+from tests.support.agents import agent_for, wait_for, worker_state
+from tests.support.api import auth
+from tests.support.stream import _port
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 MAX_BYTES = 900 * 1024
@@ -164,7 +164,7 @@ async def test_a_replica_without_the_stream_follows_and_tails_through_the_one_ho
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
-    machine_token: str,  # noqa: F811
+    machine_token: str,
     prefix: str,
     redis: Redis,
     tmp_path: Path,
@@ -208,7 +208,7 @@ async def test_a_reader_that_falls_behind_is_told_how_many_lines_it_missed(
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
-    machine_token: str,  # noqa: F811
+    machine_token: str,
     prefix: str,
     redis: Redis,
     tmp_path: Path,
@@ -241,7 +241,7 @@ async def test_once_the_stream_closes_the_claim_goes_and_other_replicas_answer_n
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
-    machine_token: str,  # noqa: F811
+    machine_token: str,
     prefix: str,
     redis: Redis,
     tmp_path: Path,
@@ -386,7 +386,7 @@ async def test_the_log_endpoint_answers_with_a_machine_held_by_another_replica(
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
-    machine_token: str,  # noqa: F811
+    machine_token: str,
     prefix: str,
     redis: Redis,
     redis_settings: Callable[[str], Settings],
@@ -435,7 +435,7 @@ async def test_the_embedded_router_serves_the_log_endpoint_without_redis(
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
-    machine_token: str,  # noqa: F811
+    machine_token: str,
     settings: Settings,
     tmp_path: Path,
 ) -> None:

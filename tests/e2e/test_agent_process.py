@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
-from tests.e2e.live import AgentProcess, Server, free_port
+from tests.e2e.live import AgentProcess
 from tests.support import WORKLOAD_PYTHON
+from tests.support.processes import Cluster
 
 SURVIVOR = (
     "import time, astraeus_progress\n"
@@ -31,72 +30,6 @@ FAILER = (
     "sys.exit(1)\n"
 )
 HANGS = "import time; print('loading', flush=True); time.sleep(600)"
-
-
-class Cluster:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.server = Server(
-            root / "data",
-            free_port(),
-            local_agent=False,
-            lease_time="8s",
-            scheduler_interval="1s",
-        )
-        self.server.start()
-        self.token = self.server.admin_token
-        self.agents: dict[str, AgentProcess] = {}
-
-    def agent(self, name: str, *extra: str) -> AgentProcess:
-        if name not in self.agents:
-            self.agents[name] = AgentProcess(self.server, name, self.root / name, extra=extra)
-        return self.agents[name]
-
-    def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
-        answer = httpx.post(
-            f"{self.server.url}/graphql",
-            headers={"Authorization": f"Bearer {self.token}"},
-            json={"query": query, "variables": variables},
-            timeout=10,
-        ).json()
-        assert "errors" not in answer, answer
-        return dict(answer["data"])
-
-    def submit(self, **spec: Any) -> None:
-        created = self.graphql(
-            "mutation($s: JSON!) { createRun(spec: $s) { errors { message } } }", s=spec
-        )
-        assert created["createRun"]["errors"] == []
-
-    def get(self, path: str) -> Any:
-        return httpx.get(
-            f"{self.server.url}/v1{path}",
-            headers={"Authorization": f"Bearer {self.token}"},
-            timeout=10,
-        ).json()
-
-    def workers(self, run: str) -> list[dict[str, Any]]:
-        data = self.graphql(
-            "query($n: String!) { run(name: $n) { workers { name state reason exitCode "
-            "lastFailure machine } } }",
-            n=run,
-        )
-        return list(data["run"]["workers"])
-
-    def wait(self, what: str, check: Callable[[], bool], seconds: float = 60) -> None:
-        deadline = time.monotonic() + seconds
-        while not check():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"waited {seconds}s for {what}")
-            time.sleep(0.25)
-
-    def status(self, run: str) -> str:
-        return str(self.get(f"/jobs/{run}")["status"])
-
-    def close(self) -> None:
-        for agent in self.agents.values():
-            agent.end()
-        self.server.stop()
 
 
 @pytest.fixture

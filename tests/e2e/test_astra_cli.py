@@ -9,7 +9,6 @@ import pty
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,8 +18,7 @@ import pytest
 from backend.cli.astra.client import EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
 from backend.cli.astra.main import EXIT_INTERRUPTED
 from tests.e2e.live import Server, free_port, running
-
-ASTRA = str(Path(sys.executable).parent / "astra")
+from tests.support.processes import ASTRA
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import pytest
 
 from tests.e2e.live import AgentProcess, Server, running, serving_seed_week
 from tests.support import Tenancy, searchable
-from tests.test_cli_goodput import SEED_BLOCK
+from tests.support.processes import SEED_BLOCK
 
 ASTRA = str(Path(sys.executable).parent / "astra")
 MODEL = "NVIDIA H100 80GB HBM3"

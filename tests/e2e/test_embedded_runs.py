@@ -15,6 +15,7 @@ import pytest
 
 from tests.e2e.live import Server, running
 from tests.support import WORKLOAD_PYTHON
+from tests.support.processes import job_when_ended, submit
 
 STEPS = (
     "import os, time\n"
@@ -33,31 +34,6 @@ CRASH = (
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
     with running(tmp_path_factory.mktemp("embedded") / "data") as live:
         yield live
-
-
-def submit(live: tuple[Server, str], spec: dict[str, Any]) -> None:
-    server, token = live
-    answer = httpx.post(
-        f"{server.url}/graphql",
-        headers={"Authorization": f"Bearer {token}"},
-        json={
-            "query": "mutation($s: JSON!) { createRun(spec: $s) { errors { message } } }",
-            "variables": {"s": spec},
-        },
-    ).json()
-    assert answer["data"]["createRun"]["errors"] == []
-
-
-def job_when_ended(live: tuple[Server, str], name: str) -> dict[str, Any]:
-    server, token = live
-    deadline = time.monotonic() + 60
-    while True:
-        job = httpx.get(
-            f"{server.url}/v1/jobs/{name}", headers={"Authorization": f"Bearer {token}"}
-        ).json()
-        if job["status"] in ("Completed", "Failed", "Stopped") or time.monotonic() > deadline:
-            return dict(job)
-        time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.live import Server, running
-from tests.e2e.test_embedded_runs import job_when_ended, submit
+from tests.support.processes import job_when_ended, submit
 
 pytestmark = pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed")
 

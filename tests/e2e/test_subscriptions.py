@@ -18,8 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from backend.cli.astra.client import EXIT_FAILED
 from tests.e2e.live import Server, running
 from tests.e2e.live_graphql import PROTOCOL, subscribe
-from tests.e2e.test_astra_cli import ASTRA
-from tests.e2e.test_embedded_runs import submit
+from tests.support.processes import ASTRA, submit
 
 FOLLOW = """subscription($w: String!, $tail: Int!) {
   followLog(worker: $w, tail: $tail) { text archived missed ended } }"""

@@ -15,8 +15,8 @@ from backend.db import Database
 from backend.lifecycle import service as lifecycle
 from backend.models import Event
 from tests.lifecycle.world import World
-from tests.rest.test_jobs import auth
 from tests.support import FakeClock, Tenancy
+from tests.support.api import auth
 
 EVENTS = "/v1/orgs/default/workspaces/default/events"
 GRAPHQL_EVENTS = """query($kind: String) { events(kind: $kind, limit: 50) {

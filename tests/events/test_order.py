@@ -18,8 +18,8 @@ from backend.db import Database
 from backend.models import Event, Workspace
 from backend.resolvers.context import build_context
 from backend.schema.schema import schema
-from tests.graphql.test_schema import gql
 from tests.support import SEED_TIME, FakeClock, Tenancy
+from tests.support.api import gql
 
 WRITERS = 6
 EACH = 5  # events per writer

@@ -13,10 +13,10 @@ from sqlalchemy import select
 from backend.db import Database
 from backend.models import Run, Secret, Webhook
 from backend.schema.schema import schema
-from tests.accounting.test_tick import sample, tick
-from tests.graphql.test_goodput import graphql
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support.accounting import sample, tick
+from tests.support.api import graphql
 
 # Each root field, as another workspace would aim it at 'default's run, machine, secret and
 # webhook.

@@ -7,9 +7,9 @@ import httpx
 import pytest
 
 from backend.db import Database
-from tests.graphql.test_goodput import graphql
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support.api import graphql
 
 QUERY = """query($name: String!) { run(name: $name) { state reason
   failedWorker { name state advice { reason exitCode kind lookAt open } lastFailure }

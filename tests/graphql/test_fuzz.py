@@ -13,11 +13,10 @@ from hypothesis import strategies as st
 from schemathesis.pytest import from_fixture
 
 from tests.e2e.live import Server
-from tests.rest.test_openapi import live  # noqa: F401  (a fixture: astraeus up, one run)
 
 
 @pytest.fixture(scope="module")
-def graphql_schema(live: tuple[Server, str]) -> schemathesis.BaseSchema:  # noqa: F811
+def graphql_schema(live: tuple[Server, str]) -> schemathesis.BaseSchema:
     server, token = live
     return schemathesis.graphql.from_url(
         f"{server.url}/graphql", headers={"Authorization": f"Bearer {token}"}
@@ -83,7 +82,7 @@ MASKED = "Unexpected error."  # strawberry's MaskErrors
 )
 def test_no_generated_query_or_mutation_is_a_server_error(
     case: schemathesis.Case,
-    live: tuple[Server, str],  # noqa: F811
+    live: tuple[Server, str],
 ) -> None:
     server, token = live
     response = case.call(

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import event
 
 from backend.db import Database
-from tests.accounting.test_tick import tick
 from tests.lifecycle.world import World
-from tests.rest.test_goodput import get, week, world  # noqa: F401  (fixtures)
 from tests.support import Tenancy
+from tests.support.accounting import tick
+from tests.support.api import get, graphql
 
 REPORT = """query($by: GoodputScope!, $workspace: String) {
   goodput(by: $by, workspace: $workspace) {
@@ -25,21 +25,9 @@ REPORT = """query($by: GoodputScope!, $workspace: String) {
 }"""
 
 
-async def graphql(
-    client: httpx.AsyncClient, token: str, query: str, **variables: Any
-) -> dict[str, Any]:
-    answer = await client.post(
-        "/graphql",
-        json={"query": query, "variables": variables},
-        headers={"Authorization": f"Bearer {token}"},
-    )
-    assert answer.status_code == 200, answer.text
-    return answer.json()  # type: ignore[no-any-return]
-
-
 async def test_the_report_equals_the_rest_shims(
     client: httpx.AsyncClient,
-    week: World,  # noqa: F811
+    week: World,
     tenancy: Tenancy,
 ) -> None:
     for by in ("RUN", "MACHINE", "WORKSPACE", "POOL"):
@@ -69,7 +57,7 @@ async def test_the_report_equals_the_rest_shims(
 
 async def test_a_runs_ledger_weeks_and_the_intervals_behind_a_figure(
     client: httpx.AsyncClient,
-    week: World,  # noqa: F811
+    week: World,
     tenancy: Tenancy,
 ) -> None:
     query = """{ run(name: "llm") { goodput { allocatedGpuHours productiveGpuHours } }
@@ -93,7 +81,7 @@ async def test_a_runs_ledger_weeks_and_the_intervals_behind_a_figure(
 
 async def test_bad_input_is_named_and_other_workspaces_see_nothing(
     client: httpx.AsyncClient,
-    week: World,  # noqa: F811
+    week: World,
     tenancy: Tenancy,
 ) -> None:
     weeks = await graphql(client, tenancy.member_token, "{ goodputWeekly(weeks: 0) { week } }")
@@ -126,7 +114,7 @@ async def test_bad_input_is_named_and_other_workspaces_see_nothing(
 
 async def test_a_reports_rows_come_a_page_at_a_time(
     client: httpx.AsyncClient,
-    week: World,  # noqa: F811
+    week: World,
     tenancy: Tenancy,
 ) -> None:
     query = """{ goodput(by: RUN) { rowCount all: rows { name } second: rows(first: 1, offset: 1)
@@ -142,7 +130,7 @@ async def test_a_reports_rows_come_a_page_at_a_time(
 
 async def test_the_goodput_page_takes_a_fixed_number_of_statements(
     client: httpx.AsyncClient,
-    world: World,  # noqa: F811
+    world: World,
     tenancy: Tenancy,
     db: Database,
 ) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import httpx
 
 from backend.db import Database
-from tests.accounting.test_tick import sample
-from tests.graphql.test_goodput import graphql
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support.accounting import sample
+from tests.support.api import graphql
 
 QUERY = "{ gpus { machine index model health utilization heldBy heldElsewhere line } }"
 

@@ -10,9 +10,9 @@ from sqlalchemy import func, select
 from backend.db import Database
 from backend.machine_identity import service as identity
 from backend.models import Cluster, JoinToken, Machine, MachineCredential
-from tests.graphql.test_goodput import graphql
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support.api import graphql
 
 CREATE = """mutation($e: String!, $u: Int!) { createJoinToken(expires: $e, uses: $u, name: "rack-4")
   { secret joinToken { name usesLeft expiresAt legacy } errors { code field message } } }"""

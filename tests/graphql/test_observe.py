@@ -7,10 +7,10 @@ import httpx
 import pytest
 
 from backend.db import Database
-from tests.accounting.test_tick import sample
-from tests.graphql.test_goodput import graphql
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support.accounting import sample
+from tests.support.api import graphql
 
 
 @pytest.fixture

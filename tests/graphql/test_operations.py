@@ -10,10 +10,10 @@ from backend.alerts import service as alerts
 from backend.db import Database
 from backend.machines import service as machines
 from backend.models import Machine, Run
-from tests.graphql.test_goodput import graphql
-from tests.lifecycle.test_scenarios import running_gang
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support.api import graphql
+from tests.support.lifecycle import running_gang
 
 AGAIN = """mutation($name: String!, $new: String!) { runAgain(name: $name, newName: $new) {
   run { name spec } errors { code field message } } }"""

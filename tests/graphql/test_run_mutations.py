@@ -5,9 +5,9 @@ from typing import Any
 import httpx
 
 from backend.db import Database
-from tests.graphql.test_schema import CREATE, gql
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy, run_spec
+from tests.support.api import CREATE, gql
 
 STOP = """mutation($name: String!) {
   stopRun(name: $name) { run { name state reason } errors { code field message } }

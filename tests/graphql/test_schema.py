@@ -10,26 +10,7 @@ from strawberry.permission import PermissionExtension
 from backend.db import Database
 from backend.schema.schema import SDL_PATH, schema, sdl
 from tests.support import Tenancy, row_counts, run_spec
-
-RUN_FIELDS = """name state reason priority createdBy spec
-  workers { name rank state reason gpus gpuIds restarts restartAt exitCode lastFailure straggler }
-  history { transitionAt state reason } taskCounts { state count }
-  goodput { allocatedGpuHours productiveGpuHours goodput }"""
-CREATE = f"""mutation($spec: JSON!, $ws: String) {{
-  createRun(spec: $spec, workspace: $ws) {{
-    run {{ {RUN_FIELDS} }}
-    errors {{ code field message }}
-  }}
-}}"""
-
-
-async def gql(client: httpx.AsyncClient, token: str | None, query: str, **variables: Any) -> Any:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    answer = await client.post(
-        "/graphql", json={"query": query, "variables": variables}, headers=headers
-    )
-    assert answer.status_code == 200, answer.text
-    return answer.json()
+from tests.support.api import CREATE, RUN_FIELDS, gql
 
 
 def test_the_exported_sdl_is_current() -> None:

@@ -9,9 +9,9 @@ from sqlalchemy import select
 from backend.db import Database
 from backend.models import Machine, Worker
 from backend.secrets import service as secrets
-from tests.graphql.test_schema import CREATE, gql
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy, row_counts, run_spec
+from tests.support.api import CREATE, gql
 
 SET = """mutation($name: String!, $value: String, $workspace: String) {
   setSecret(name: $name, value: $value, workspace: $workspace) {

@@ -8,7 +8,6 @@ from typing import Any
 from backend.db import Database
 from backend.resolvers.context import build_context
 from backend.schema.schema import schema
-from tests.rest.test_tasks import placed  # noqa: F401  (a fixture)
 from tests.support import FakeClock, Tenancy
 
 
@@ -29,7 +28,7 @@ async def test_another_workspace_follows_nothing(
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
-    placed: None,  # noqa: F811
+    placed: None,
 ) -> None:
     follow = """subscription { followLog(worker: "llama-sft-0") { text } }"""
     for outsider in (tenancy.other_token, tenancy.foreign_token):
@@ -53,7 +52,7 @@ async def test_another_workspace_gets_no_events(
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
-    placed: None,  # noqa: F811
+    placed: None,
 ) -> None:
     peek = """subscription { events(organization: "default", workspace: "default") { id } }"""
     bob = await first(db, clock, tenancy.other_token, peek)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.graphql.test_schema import gql
 from tests.support import FakeClock, Tenancy
+from tests.support.api import gql
 
 TOKENS = "{ tokens { id prefix user workspace revokedAt } }"
 REVOKE = """mutation($t: String!) {

@@ -16,8 +16,8 @@ from backend.db import Database
 from backend.models import Event, Webhook, Workspace
 from backend.webhooks import service as webhooks
 from backend.webhooks.addresses import parse_networks
-from tests.graphql.test_schema import gql
 from tests.support import FakeClock, Tenancy, row_counts, server_settings
+from tests.support.api import gql
 from tests.webhooks.receiver import receiving
 
 WEBHOOK = "id url kinds createdAt"

@@ -10,9 +10,9 @@ from sqlalchemy import select
 from backend.db import Database
 from backend.machines import service as machines
 from backend.models import Machine
-from tests.graphql.test_schema import CREATE, gql
 from tests.lifecycle.world import LEASE, World
 from tests.support import FakeClock, Tenancy, run_spec
+from tests.support.api import CREATE, gql
 
 CEILING = """mutation($ws: String!, $ceiling: Int!) {
   setPriorityCeiling(workspace: $ws, ceiling: $ceiling) {

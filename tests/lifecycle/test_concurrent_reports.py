@@ -7,14 +7,7 @@ import asyncio
 
 import pytest
 
-from backend.db import Database
 from tests.lifecycle.world import World
-from tests.support import FakeClock, Tenancy
-
-
-@pytest.fixture
-async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
-    return World(db, clock, tenancy)
 
 
 @pytest.mark.parametrize("attempt", range(3))

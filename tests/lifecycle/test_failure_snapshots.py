@@ -19,9 +19,9 @@ from backend.agents.service import WorkerEventInfo
 from backend.db import Database
 from backend.machines import service as machines
 from backend.models import Machine, StateTransition, Worker
-from tests.graphql.test_goodput import graphql
 from tests.lifecycle.world import LEASE, World
 from tests.support import FakeClock, Tenancy
+from tests.support.api import graphql
 
 QUERY = """query($name: String!) { run(name: $name) { state reason
   advice { reason exitCode kind lookAt open }

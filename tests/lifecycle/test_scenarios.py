@@ -16,26 +16,10 @@ from backend.metrics.rules import SampleIn
 from backend.models import Gpu, Machine
 from backend.runs.rules import task_counts
 from tests.lifecycle.world import LEASE, World
-from tests.support import SEED_TIME, FakeClock, Tenancy
+from tests.support import SEED_TIME
+from tests.support.lifecycle import running_gang
 
 T0 = SEED_TIME
-
-
-@pytest.fixture
-async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
-    return World(db, clock, tenancy)
-
-
-async def running_gang(world: World, **spec: object) -> None:
-    """llama-sft: 2 workers of 8 GPUs on gpu-07 and gpu-08, placed at +1s, running at +2s."""
-    await world.machine("gpu-07")
-    await world.machine("gpu-08")
-    await world.submit(**({"gpus": 8} | spec))
-    world.clock.advance(seconds=1)
-    await world.schedule()
-    world.clock.advance(seconds=1)
-    count = int(spec.get("workers", 2))  # type: ignore[call-overload]
-    await world.start(*(f"llama-sft-{rank}" for rank in range(count)))
 
 
 async def test_a_gang_starts_together_and_runs(world: World) -> None:

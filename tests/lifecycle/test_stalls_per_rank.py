@@ -16,7 +16,6 @@ from sqlalchemy import select
 
 from backend.accounting import counting
 from backend.accounting import repository as accounting_repository
-from backend.db import Database
 from backend.lifecycle import rules
 from backend.lifecycle.rules import (
     STALLED_WITH_GANG,
@@ -30,15 +29,10 @@ from backend.metrics import service as metrics_service
 from backend.metrics.rules import SampleIn
 from backend.models import Worker
 from tests.lifecycle.world import World
-from tests.support import SEED_TIME, FakeClock, Tenancy
+from tests.support import SEED_TIME
 
 T0 = SEED_TIME
 TIMEOUT = timedelta(minutes=5)
-
-
-@pytest.fixture
-async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
-    return World(db, clock, tenancy)
 
 
 # -- the rules alone ----------------------------------------------------------------------------

@@ -10,7 +10,6 @@ import pytest
 from sqlalchemy import select, update
 
 from backend.accounting import counting
-from backend.db import Database
 from backend.errors import Conflict
 from backend.lifecycle import rules
 from backend.lifecycle import service as lifecycle
@@ -30,14 +29,9 @@ from backend.lifecycle.rules import (
 )
 from backend.models import GoodputHour, GoodputInterval, GoodputOpenInterval, Worker
 from tests.lifecycle.world import World
-from tests.support import SEED_TIME, FakeClock, Tenancy
+from tests.support import SEED_TIME
 
 T0 = SEED_TIME
-
-
-@pytest.fixture
-async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
-    return World(db, clock, tenancy)
 
 
 async def tick(world: World) -> None:

@@ -19,12 +19,9 @@ from backend.db import Database
 from backend.logs import service as logs
 from backend.logs.service import Followed, WorkerRef
 from backend.models import Machine, Worker
-from tests.agents.test_agent_in_process import agent_for, service, wait_for, worker_state
-from tests.agents.test_stream import machine_token
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
-
-__all__ = ["machine_token", "service"]  # fixtures
+from tests.support.agents import agent_for, wait_for, worker_state
 
 # a quiet start (no line for 3 s), then 20 lines
 PRINTS = (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_agent_process import Cluster
+from tests.support.processes import Cluster
 
 
 @pytest.fixture

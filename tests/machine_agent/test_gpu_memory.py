@@ -10,8 +10,8 @@ import time
 
 from agent.gpus import simulated_memory_used
 from agent.metrics import group_rss_bytes
-from tests.e2e.test_agent_process import Cluster
 from tests.support import WORKLOAD_PYTHON
+from tests.support.processes import Cluster
 
 MIB = 2**20
 

@@ -17,13 +17,12 @@ from agent.metrics import NETWORK_METRICS
 from backend.agents.stream import AgentService
 from backend.db import Database
 from backend.models import Machine
-from tests.agents.test_agent_in_process import agent_for, service, wait_for  # noqa: F401
-from tests.agents.test_stream import machine_token  # noqa: F401  (a fixture)
+from tests.support.agents import agent_for, wait_for
 
 
 async def test_the_machine_keeps_its_agents_executor_and_unmeasured_metrics(
-    service: tuple[AgentService, str],  # noqa: F811
-    machine_token: str,  # noqa: F811
+    service: tuple[AgentService, str],
+    machine_token: str,
     db: Database,
     tmp_path: Path,
 ) -> None:
@@ -51,8 +50,8 @@ async def test_the_machine_keeps_its_agents_executor_and_unmeasured_metrics(
 
 
 async def test_a_hello_naming_an_unknown_executor_is_refused(
-    service: tuple[AgentService, str],  # noqa: F811
-    machine_token: str,  # noqa: F811
+    service: tuple[AgentService, str],
+    machine_token: str,
     db: Database,
     tmp_path: Path,
 ) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from tests.e2e.test_agent_process import Cluster
 from tests.support import WORKLOAD_PYTHON
+from tests.support.processes import Cluster
 
 SENTENCE = (
     "No machine runs containers: this cluster's agents run processes; drop image or add a "

@@ -14,8 +14,8 @@ from agent.executor import ProcessWorker
 from agent.gpus import GpuCounters, health_change
 from agent.logs import WorkerLog
 from agent.metrics import ProgressReport, Sampler, read_progress
-from tests.e2e.test_agent_process import Cluster
 from tests.support import WORKLOAD_PYTHON
+from tests.support.processes import Cluster
 
 
 def worker(tmp_path: Path, **payload: object) -> ProcessWorker:

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from agent import cgroups
-from tests.e2e.test_agent_process import Cluster
 from tests.support import WORKLOAD_PYTHON
+from tests.support.processes import Cluster
 
 
 def _cgroups_here() -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from tests.e2e.test_agent_process import Cluster
 from tests.support import WORKLOAD_PYTHON
+from tests.support.processes import Cluster
 
 STEPS = (
     "import time, astraeus_progress\n"

@@ -20,8 +20,8 @@ from backend.metrics import service as metrics
 from backend.metrics.service import Pruned
 from backend.models import MetricMinute, MetricSample
 from tests.metrics.conftest import DAY, MINUTE, SECOND, T0, Placed, at, ingest, series
-from tests.metrics.test_range import query
 from tests.support import FakeClock, Tenancy
+from tests.support.api import query
 
 CPU, RECEIVED, UTIL = (
     "task_cpu_usage_cores",

@@ -3,35 +3,15 @@ workspace sees (seed L-40, L-41)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any
-
 import pytest
 
-from backend.access import service as access
 from backend.db import Database
 from backend.errors import NotFound
-from backend.metrics import service as metrics
-from backend.metrics.service import RangeParams
 from tests.metrics.conftest import HOUR, MINUTE, T0, Placed, at, ingest, series
 from tests.support import FakeClock, Tenancy
+from tests.support.api import query
 
 END = T0 + 2 * MINUTE - 1  # two whole one-minute steps from T0
-
-
-async def query(
-    db: Database, clock: FakeClock, token: str, metric: str, *match: str, **params: str
-) -> dict[str, Any]:
-    async with db.read() as session:
-        principal = await access.authenticate(session, token)
-        answer = await metrics.range_query(
-            session,
-            principal,
-            RangeParams(metric=metric, match=match, **params),
-            now=clock.now(),
-            retention=timedelta(days=15),
-        )
-    return answer.to_json()
 
 
 def minutes(**params: str) -> dict[str, str]:

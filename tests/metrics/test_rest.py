@@ -8,8 +8,8 @@ import pytest
 
 from backend.db import Database
 from tests.metrics.conftest import HOUR, MINUTE, SECOND, T0, Placed, at, ingest, series
-from tests.rest.test_jobs import auth
 from tests.support import FakeClock, Tenancy, row_counts
+from tests.support.api import auth
 
 URL = "/v1/metrics/range"
 UTIL = "task_gpu_utilization_ratio"

@@ -4,8 +4,8 @@ import httpx
 
 from backend.db import Database
 from tests.lifecycle.world import World
-from tests.rest.test_jobs import auth
 from tests.support import FakeClock, Tenancy
+from tests.support.api import auth
 
 EVENTS = "/api/v1/orgs/default/workspaces/default/events"
 

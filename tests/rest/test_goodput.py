@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from backend.accounting import counting
-from backend.db import Database
-from tests.accounting.test_tick import sample, tick
 from tests.lifecycle.world import World
 from tests.support import SEED_TIME, FakeClock, Tenancy
+from tests.support.accounting import tick
+from tests.support.api import get
 
 CATEGORIES = [
     "productive",
@@ -28,34 +28,8 @@ CATEGORIES = [
 ]
 
 
-@pytest.fixture
-async def week(world: World) -> World:
-    """Two runs of the seed's table: llm (8 GPUs, busy) and sweep-7 (4 GPUs, idle, it waited
-    ten minutes for its first placement), an hour of ticks."""
-    await world.machine("gpu-07")
-    await world.submit(name="llm", workers=1, gpus=8)
-    await world.schedule()
-    await world.start("llm-0")
-    await world.submit(name="sweep-7", workers=1, gpus=4)  # no room yet: it waits
-    world.clock.advance(minutes=10)
-    await world.machine("gpu-08")
-    await world.schedule()
-    await world.start("sweep-7-0")
-    for _ in range(50):
-        world.clock.advance(minutes=1)
-        await sample(world, {0: 0.95})  # both rank 0: llm busy …
-        await tick(world)
-    return world
-
-
 def gpu_hours(ledger: dict[str, Any]) -> dict[str, float]:
     return {c: round(v, 4) for c, v in ledger["gpu_hours"].items() if v}
-
-
-async def get(client: httpx.AsyncClient, token: str, path: str, **params: Any) -> httpx.Response:
-    return await client.get(
-        f"/v1{path}", params=params, headers={"Authorization": f"Bearer {token}"}
-    )
 
 
 async def test_a_ledger_per_run_and_their_total(
@@ -181,11 +155,6 @@ async def test_bad_parameters_are_named_with_the_reason(
         assert body["errors"][0]["reason"] == reason
     weeks = await get(client, tenancy.member_token, "/goodput/weekly", weeks=0)
     assert weeks.status_code == 400 and weeks.json()["errors"][0]["field"] == "weeks"
-
-
-@pytest.fixture
-async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
-    return World(db, clock, tenancy)
 
 
 # -- /goodput/metrics ----------------------------------------------------------------------------

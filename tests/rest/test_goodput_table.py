@@ -17,10 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from backend.db import Database
 from tests.accounting.seed_week import play_seed_week
 from tests.lifecycle.world import World
-from tests.support import SEED_TIME, FakeClock, Tenancy
+from tests.support import SEED_TIME, Tenancy
 
 COLUMNS = ("HELD", "USED", "IDLE", "STALLED", "START", "RESTART", "FAILURE", "PREEMPT", "WAITING")
 
@@ -39,11 +38,6 @@ def columns(ledger: dict[str, Any]) -> dict[str, float]:
         "PREEMPT": held["preemption"],
         "WAITING": ledger["waiting_gpu_hours"],
     }
-
-
-@pytest.fixture
-async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
-    return World(db, clock, tenancy)
 
 
 async def test_a_week_of_llm_and_sweep_7_has_the_seeds_shape(

@@ -4,14 +4,11 @@ import httpx
 
 from backend.db import Database
 from tests.support import FakeClock, Tenancy, run_spec
+from tests.support.api import auth
 
 CREATE = """mutation($spec: JSON!) {
   createRun(spec: $spec) { run { name } errors { field message } }
 }"""
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def submit(client: httpx.AsyncClient, token: str, **spec: object) -> None:

@@ -3,8 +3,6 @@ no answer that breaks the document, against a live `astraeus up` (issue 6)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 import schemathesis
@@ -21,8 +19,7 @@ from starlette.routing import Mount, Route
 from backend.app import create_app
 from backend.config import Settings
 from backend.rest.openapi import document
-from tests.e2e.live import Server, running
-from tests.e2e.test_embedded_runs import submit
+from tests.e2e.live import Server
 
 
 def test_the_document_lists_every_route_of_the_shim(tmp_path: object) -> None:
@@ -30,13 +27,6 @@ def test_the_document_lists_every_route_of_the_shim(tmp_path: object) -> None:
     mount = next(r for r in app.routes if isinstance(r, Mount) and r.path == "/v1")
     served = {r.path for r in mount.routes if isinstance(r, Route)} - {"/openapi.json"}
     assert served == set(document()["paths"])
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
-    with running(tmp_path_factory.mktemp("openapi") / "data", local_agent=False) as live:
-        submit(live, {"name": "llama-sft", "gpus": 1, "command": ["true"]})
-        yield live
 
 
 @pytest.fixture(scope="module")

@@ -10,16 +10,8 @@ from backend.db import Database
 from backend.metrics.rules import SampleIn
 from backend.models import Worker
 from tests.lifecycle.world import World
-from tests.rest.test_jobs import auth
 from tests.support import FakeClock, Tenancy
-
-
-@pytest.fixture
-async def placed(db: Database, clock: FakeClock, tenancy: Tenancy) -> None:
-    world = World(db, clock, tenancy)
-    await world.machine("gpu-07")
-    await world.submit(workers=1, gpus=1)
-    await world.schedule()
+from tests.support.api import auth
 
 
 async def test_a_machine_that_does_not_answer_is_a_400(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
 from sqlalchemy import select
 
 from backend.agents.service import GpuInfo
@@ -16,8 +15,7 @@ from backend.models import Cluster, Machine
 from backend.scheduling import service as scheduling
 from backend.scheduling.rules import NO_CONTAINERS, machine_reasons, plan
 from tests.lifecycle.world import LEASE, World
-from tests.scheduling.test_rules import CLUSTER, NOW, ask, machine
-from tests.support import FakeClock, Tenancy
+from tests.support.scheduling import CLUSTER, NOW, ask, machine
 
 SENTENCE = (
     "No machine runs containers: this cluster's agents run processes; drop image or add a "
@@ -76,11 +74,6 @@ def test_a_hello_naming_an_unknown_executor_or_metric_is_refused_naming_the_fiel
     assert machine_rules.executor_problem("docker", twice) == (
         "unmeasured_metrics[1] repeats task_oom_kills_total"
     )
-
-
-@pytest.fixture
-async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
-    return World(db, clock, tenancy)
 
 
 async def register(world: World, name: str, executor: str | None) -> None:

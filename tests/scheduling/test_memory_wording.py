@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from backend.scheduling.rules import GIB, MIB, machine_reasons
-from tests.scheduling.test_rules import ask, machine
+from tests.support.scheduling import ask, machine
 
 
 def test_memory_is_rounded_as_a_person_would() -> None:

@@ -13,13 +13,11 @@ from sqlalchemy import select
 
 from agent import rendezvous
 from backend.config import Settings
-from backend.db import Database
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
 from backend.models import AgentCommand, Cluster, Machine, Worker
 from backend.scheduling.rules import MASTER_PORTS, master_port
 from tests.lifecycle.world import GIB, LEASE, World
-from tests.support import FakeClock, Tenancy
 
 
 def test_the_first_free_port_counting_from_the_one_after_the_last_attempts() -> None:
@@ -30,11 +28,6 @@ def test_the_first_free_port_counting_from_the_one_after_the_last_attempts() -> 
     assert master_port(set(), previous=MASTER_PORTS.stop - 1) == 29500  # wraps around
     assert master_port(set(MASTER_PORTS) - {29500}, previous=29500) == 29500
     assert master_port(set(MASTER_PORTS)) == 29500  # all taken: its agent says so
-
-
-@pytest.fixture
-async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
-    return World(db, clock, tenancy)
 
 
 async def machine(world: World, name: str, address: str | None, gpus: int = 8) -> int:

@@ -34,11 +34,6 @@ from tests.support import FakeClock, Tenancy, row_counts
 OTHER = "a run of another workspace"
 
 
-@pytest.fixture
-async def world(db: Database, clock: FakeClock, tenancy: Tenancy) -> World:
-    return World(db, clock, tenancy)
-
-
 async def reasons_seen_by(db: Database, workspace: str) -> list[str]:
     """Every sentence a workspace's members can read: its runs' and workers' reasons, their
     history and the workspace's events."""

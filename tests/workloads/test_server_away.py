@@ -26,8 +26,8 @@ from backend.accounting import counting
 from backend.clock import SystemClock
 from backend.db import Database
 from backend.models import StateTransition, Worker
-from tests.e2e.test_agent_process import Cluster
 from tests.support import WORKLOAD_PYTHON
+from tests.support.processes import Cluster
 
 AWAY_S = 70  # longer than a minute: at least one whole minute without the server
 STEPS = (

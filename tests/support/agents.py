@@ -1,0 +1,59 @@
+"""The real agent (agent/connection.py) in this process against the stream's server side."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from agent.connection import Agent, AgentConfig
+from agent.gpus import simulated
+from backend.agents.stream import AgentService, serve
+from backend.db import Database
+from backend.models import Worker
+from tests.support import FakeClock
+from tests.support.stream import _port
+
+
+@pytest.fixture
+async def service(db: Database, clock: FakeClock) -> AsyncIterator[tuple[AgentService, str]]:
+    service = AgentService(db, clock, lease=timedelta(seconds=60), poll_interval=0.05)
+    address = f"127.0.0.1:{_port()}"
+    server = await serve(service, address)
+    try:
+        yield service, address
+    finally:
+        await server.stop(grace=0)
+
+
+def agent_for(address: str, token: str, data_dir: Path) -> Agent:
+    return Agent(
+        AgentConfig(
+            server=address,
+            token=token,
+            machine="gpu-07",
+            data_dir=data_dir,
+            gpus=simulated(2, "gpu-07"),
+            cpu_cores=8,
+            memory_bytes=64 * 2**30,
+            heartbeat_seconds=1,
+            sample_seconds=0.2,
+        )
+    )
+
+
+async def wait_for(what: str, check: object, seconds: float = 20) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not await check():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, f"waited for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def worker_state(db: Database, name: str) -> str:
+    async with db.read() as session:
+        row = await session.scalar(select(Worker).where(Worker.name == name))
+    return row.state if row is not None else ""
