@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -444,12 +444,28 @@ def _field_errors(error: ErrorDetails) -> list[FieldError]:
 
 
 def stored_spec(data: Mapping[str, Any]) -> RunSpec:
-    """A run's stored specification read back: checked whole when it was submitted, stored as
-    ``RunSpec.to_json`` with its cluster and pool as placed. Every default is RunSpec's own (a
-    key stored by an older version and no longer known is left out), never restated by a
-    reader."""
-    known = {k: v for k, v in data.items() if k in RunSpec.model_fields}
-    return RunSpec.model_validate(known)
+    """A run's stored specification read back: stored as ``RunSpec.to_json`` (with its cluster
+    and pool as placed) once it was checked whole, so it is read as stored, not checked again: a
+    specification an older version accepted (a bound since tightened) is read as it was. Every
+    default is RunSpec's own (a key stored by an older version and no longer known is left
+    out), never restated by a reader."""
+    return _construct(RunSpec, data)
+
+
+_M = TypeVar("_M", bound=_Strict)
+# The parts of a specification that are models of their own.
+_PARTS: dict[str, type[_Strict]] = {"per_gpu": PerGpu, "mounts": Mount, "credentials": Credential}
+
+
+def _construct(model: type[_M], data: Mapping[str, Any]) -> _M:
+    known = {k: v for k, v in data.items() if k in model.model_fields}
+    for key, part in _PARTS.items():
+        value = known.get(key)
+        if isinstance(value, list):
+            known[key] = [_construct(part, v) for v in value]
+        elif isinstance(value, Mapping):
+            known[key] = _construct(part, value)
+    return model.model_construct(**known)
 
 
 def parse_spec(data: Any) -> RunSpec:

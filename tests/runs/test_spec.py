@@ -86,6 +86,17 @@ def test_a_key_an_older_version_stored_is_left_out_and_a_newer_field_takes_its_d
     assert (spec.name, spec.on_stall, spec.stall_timeout_delta) == ("old", "restart", None)
 
 
+def test_a_stored_specification_an_older_version_accepted_is_read_as_it_was() -> None:
+    # 64 credentials: more than a specification may name now (32)
+    credentials = [{"secret": f"s{i}", "env": f"S{i}"} for i in range(64)]
+    stored = parse_spec(run_spec()).to_json() | {"credentials": credentials}
+    spec = stored_spec(stored)
+    assert [c.secret for c in spec.credentials] == [f"s{i}" for i in range(64)]
+    # a part's default is its model's own too
+    full = [c | {"file": None} for c in credentials]
+    assert spec.to_json() == stored | {"credentials": full}
+
+
 def test_memory_limit_is_memory_bytes_or_per_gpu_memory_times_gpus() -> None:
     assert parse_spec(run_spec(memory_bytes=1000)).memory_limit_bytes == 1000
     per_gpu = run_spec(memory_bytes=None, gpus=4, per_gpu={"memory_bytes": 10})
