@@ -24,7 +24,7 @@ import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
 from agent import docker, prepare, rendezvous
-from agent.executor import OOM_KILLED, Exit, ProcessWorker
+from agent.executor import OOM_KILLED, EndCause, Exit, ProcessWorker
 from agent.gpus import GpuDevice, NvmlSampler
 from agent.identity import WorkloadUsers, workload_dir
 from agent.logs import LogFollower, WorkerLog
@@ -48,7 +48,7 @@ START_SAMPLE_WAIT_S = 2.0
 PASSING = {"reply", "heartbeat", "secret_request"}
 # A follower waits while this many messages are queued for the server (it skips ahead later).
 QUEUE_HIGH_WATER = 256
-PROTOCOL = 2  # workers named by id (proto Hello.protocol)
+PROTOCOL = 3  # workers named by id, ends reported as causes (proto Hello.protocol)
 # Answers to Connect that another try would get again: the agent stops, saying why.
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
@@ -160,7 +160,10 @@ class Agent:
             reason=reason,
         )
         if exit is not None:
-            event.reason = exit.reason
+            event.cause = agent_pb2.EndCause.Value(f"END_CAUSE_{exit.cause.upper()}")
+            event.detail = exit.detail
+            if exit.signal is not None:
+                event.signal = exit.signal
             if exit.code is not None:
                 event.exit_code = exit.code
             # A failure's snapshot; and a stop's: the server keeps it when it stopped the
@@ -501,7 +504,7 @@ class Agent:
                     preparing.cancel()
                 worker.exited.set()
                 self.report(
-                    worker, agent_pb2.WORKER_STATE_EXITED, Exit(None, "Stopped before it started")
+                    worker, agent_pb2.WORKER_STATE_EXITED, Exit(None, EndCause.STOPPED_BEFORE_START)
                 )
                 self._forget(worker)
             else:
@@ -529,7 +532,7 @@ class Agent:
         held = rendezvous.reserve(port)
         if held is None:
             reason = rendezvous.port_taken_reason(port, self.config.machine)
-            self._ended_before_start(worker, Exit(None, reason))
+            self._ended_before_start(worker, Exit(None, EndCause.NOT_STARTED, detail=reason))
             return False
         self.reserved[worker.worker_id] = held
         return True
@@ -579,7 +582,7 @@ class Agent:
                 gid=worker.workspace_gid if isinstance(worker, ProcessWorker) else None,
             )
             if problem is not None:
-                self._ended_before_start(worker, Exit(None, problem))
+                self._ended_before_start(worker, Exit(None, EndCause.NOT_STARTED, detail=problem))
                 return
         if isinstance(worker, docker.ContainerWorker):
 
@@ -627,7 +630,7 @@ class Agent:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(follow), 2)
         # Its last samples as it ended (a kill of its main process is seen by no look).
-        last = self.sampler.ended(worker, oom_killed=exit.reason == OOM_KILLED, at_ms=exit.at_ms)
+        last = self.sampler.ended(worker, oom_killed=exit.cause == OOM_KILLED, at_ms=exit.at_ms)
         if last:
             self._send(metrics=agent_pb2.MetricBatch(samples=last))
         self.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)

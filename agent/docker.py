@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 from agent import cgroups, prepare, shim
-from agent.executor import LOST, OOM_KILLED, PAYLOAD, SDK, STOP_GRACE_SECONDS, Exit, exited_with
+from agent.executor import LOST, OOM_KILLED, PAYLOAD, SDK, STOP_GRACE_SECONDS, EndCause, Exit
 from agent.identity import WorkloadUsers
 from agent.logs import WorkerLog
 
@@ -69,7 +69,7 @@ PROGRESS = "progress"
 SHM_BYTES = 8 * 2**30
 PULL_REPORT_SECONDS = 10.0
 RETRY_SECONDS = 1.0
-LOST_BEFORE_START = "Lost: its container never started"
+LOST_BEFORE_START = EndCause.LOST_BEFORE_START
 NO_IMAGE = "the run names no image"  # said as ErrImagePull: the run names no image
 
 
@@ -109,8 +109,9 @@ def pulling(image: str) -> str:
 
 
 def pull_failed(message: str) -> Exit:
-    """The seed's reason for an image that could not be pulled; it never ran: no exit code."""
-    return Exit(None, f"ErrImagePull: {message.strip()}")
+    """An image that could not be pulled (the server says "ErrImagePull: <the engine's
+    words>"); it never ran: no exit code."""
+    return Exit(None, EndCause.IMAGE_PULL, detail=message.strip())
 
 
 def _size(count: float) -> str:
@@ -168,7 +169,7 @@ def exit_of(state: dict[str, Any]) -> Exit | None:
     code = int(state.get("ExitCode") or 0)
     if state.get("Status") == "created" and code == 0:
         return None
-    return Exit(code, exited_with(code))
+    return Exit(code, EndCause.EXITED)
 
 
 STDIN, STDOUT, STDERR, SYSTEMERR = 0, 1, 2, 3
@@ -706,7 +707,7 @@ class ContainerWorker:
                 found = await self._pull(self.image, report)
         except (EngineError, httpx.TransportError) as error:
             failed = pull_failed(_said(error))
-            shim.record_exit(self.folder, failed.code, failed.reason)
+            shim.record_exit(self.folder, failed)
             return failed
         self.image_env = list((found.get("Config") or {}).get("Env") or [])
         return None
@@ -802,7 +803,8 @@ class ContainerWorker:
     def _not_started(self, message: str, code: int) -> None:
         """The engine refused: its message is the log, as a shell's would be for a process."""
         self.log.append(f"{message}\n".encode())
-        shim.record_exit(self.folder, code, exited_with(code))
+        cause = EndCause.NOT_FOUND if code == 127 else EndCause.EXITED
+        shim.record_exit(self.folder, Exit(code, cause))
 
     async def _state(self) -> dict[str, Any] | None:
         if self.container_id is None:
@@ -827,8 +829,7 @@ class ContainerWorker:
 
     def ended(self) -> Exit | None:
         """How the worker ended, once written down (by ``wait``, or a failed pull or start)."""
-        recorded = shim.recorded_exit(self.folder)
-        return Exit(*recorded) if recorded is not None else None
+        return shim.recorded_exit(self.folder)
 
     def alive(self) -> bool:
         """Whether the container was running when the engine last said (no call here)."""
@@ -848,7 +849,7 @@ class ContainerWorker:
                 await asyncio.sleep(RETRY_SECONDS)
                 continue
             await self._logs_copied()
-            shim.record_exit(self.folder, ended.code, ended.reason)
+            shim.record_exit(self.folder, ended)
             return ended
 
     async def _wait_once(self) -> Exit:

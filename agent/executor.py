@@ -35,17 +35,10 @@ HOME = "home"
 LINKS = "links.json"
 SDK = Path(__file__).parent / "sdk"
 SDK_MODULE = "astraeus_progress.py"
-LOST = "Lost: its process ended while the agent was away"
-OOM_KILLED = shim.OOM_KILLED
-exited_with = shim.exited_with
-
-
-@dataclass
-class Exit:
-    code: int | None
-    reason: str
-    # When the process ended (Unix ms), where it was seen to end; not part of how it ended.
-    at_ms: int | None = field(default=None, compare=False)
+EndCause = shim.EndCause
+Exit = shim.Exit
+LOST = EndCause.LOST
+OOM_KILLED = EndCause.OOM_KILLED
 
 
 def _read_int(path: Path) -> int | None:
@@ -174,8 +167,8 @@ class ProcessWorker:
         shutil.copyfile(SDK / SDK_MODULE, sdk / SDK_MODULE)
         (sdk / SDK_MODULE).chmod(0o644)
 
-    def _not_started(self, reason: str, code: int | None = None) -> None:
-        shim.record_exit(self.folder, code, reason)
+    def _not_started(self, why: str) -> None:
+        shim.record_exit(self.folder, Exit(None, EndCause.NOT_STARTED, detail=why))
 
     async def start(self) -> None:
         """Start the shim, which starts the command as the workload's user; the log begins
@@ -206,7 +199,7 @@ class ProcessWorker:
             links["folders"] = [str(p) for p in exposed.folders]
             shim.write_atomically(self.folder / LINKS, json.dumps(links), private=True)
         if not command:
-            return self._not_started(exited_with(127), 127)
+            return shim.record_exit(self.folder, Exit(127, EndCause.NOT_FOUND))
         self.cgroup = cgroups.create(str(self.worker_id), self.install)
         group = None
         if self.cgroup is not None:
@@ -250,8 +243,7 @@ class ProcessWorker:
 
     def ended(self) -> Exit | None:
         """How the worker ended, once its shim has written it down."""
-        recorded = shim.recorded_exit(self.folder)
-        return Exit(*recorded) if recorded is not None else None
+        return shim.recorded_exit(self.folder)
 
     def alive(self) -> bool:
         pid = _read_int(self.folder / SHIM_PID)

@@ -2,16 +2,18 @@
 
 The agent does not hold its workers' pipes. It starts this shim (in a session of its own),
 which starts the worker's command, copies its output to the log on disk, waits for it, and
-writes how it ended to ``exit.json``. A restarted agent finds the shim still there, or the exit
+writes how it ended to ``exit.json`` (a typed cause and its details: the server writes the
+sentence). A restarted agent finds the shim still there, or the exit
 it recorded, and carries on: no state change or failure snapshot is lost with the agent (the
 role containerd's shim plays for a container).
 
     python -m agent.shim <worker folder>
 
 The folder holds ``spec.json`` (written by the agent); the shim adds ``worker.pid`` (the
-worker's process group) and, at the end, ``exit.json`` (code, reason, time). The worker's
-process begins as ``agent/enter.py``, which joins its control group and becomes the workload's
-user before the command runs: the shim itself stays root, the workload never is.
+worker's process group) and, at the end, ``exit.json`` (code, cause, signal, detail, time).
+The worker's process begins as ``agent/enter.py``, which joins its control group and becomes
+the workload's user before the command runs: the shim itself stays root, the workload never
+is.
 """
 
 from __future__ import annotations
@@ -24,21 +26,45 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from agent.cgroups import WorkerCgroup
 from agent.logs import WorkerLog
 
-OOM_KILLED = "OOMKilled: the container exceeded its memory limit"
 ENTER = str(Path(__file__).with_name("enter.py"))
 SPEC = "spec.json"
 WORKER_PID = "worker.pid"
 EXIT = "exit.json"
 
 
-def exited_with(code: int) -> str:
-    return f"Exited with code {code}"
+class EndCause(StrEnum):
+    """How a worker's attempt ended (proto EndCause, END_CAUSE_ and the name in capitals)."""
+
+    EXITED = "exited"  # by itself, with its exit code
+    OOM_KILLED = "oom_killed"  # by the kernel, for its memory limit
+    SIGNALLED = "signalled"  # by a signal
+    NOT_FOUND = "not_found"  # its command is not there (127)
+    LOST = "lost"  # its process ended while the agent was away
+    LOST_BEFORE_START = "lost_before_start"  # its container never started
+    IMAGE_PULL = "image_pull"  # its image could not be pulled (detail: the engine's words)
+    NOT_STARTED = "not_started"  # it could not be started here (detail: why)
+    STOPPED_BEFORE_START = "stopped_before_start"
+
+
+@dataclass
+class Exit:
+    """How a worker ended: its cause and the facts the machine alone knows. No sentence: the
+    server writes it from these."""
+
+    code: int | None
+    cause: EndCause
+    signal: int | None = None
+    detail: str = ""
+    # When the process ended (Unix ms), where it was seen to end; not part of how it ended.
+    at_ms: int | None = field(default=None, compare=False)
 
 
 def write_atomically(path: Path, text: str, *, private: bool = False) -> None:
@@ -54,19 +80,31 @@ def write_atomically(path: Path, text: str, *, private: bool = False) -> None:
     partial.replace(path)
 
 
-def record_exit(folder: Path, code: int | None, reason: str, at_ms: int | None = None) -> None:
-    """How the worker ended, and when (``at_ms``, Unix ms: now by default)."""
-    at = at_ms if at_ms is not None else int(time.time() * 1000)
-    write_atomically(folder / EXIT, json.dumps({"code": code, "reason": reason, "at_ms": at}))
+def record_exit(folder: Path, exit: Exit) -> None:
+    """How the worker ended, and when (``exit.at_ms``, Unix ms: now by default)."""
+    at = exit.at_ms if exit.at_ms is not None else int(time.time() * 1000)
+    recorded = {"code": exit.code, "cause": str(exit.cause), "signal": exit.signal}
+    write_atomically(folder / EXIT, json.dumps(recorded | {"detail": exit.detail, "at_ms": at}))
 
 
-def recorded_exit(folder: Path) -> tuple[int | None, str, int | None] | None:
-    """The (code, reason, when in Unix ms) written in the folder's exit.json, or None before
-    it is written."""
+def recorded_exit(folder: Path) -> Exit | None:
+    """The end written in the folder's exit.json, or None before it is written. A shim of an
+    agent before causes wrote a code and a sentence: its code alone says how (none: lost)."""
     with contextlib.suppress(OSError, ValueError, TypeError):
         recorded = json.loads((folder / EXIT).read_text())
-        at = recorded.get("at_ms")
-        return recorded.get("code"), str(recorded.get("reason") or ""), int(at) if at else None
+        code, at = recorded.get("code"), recorded.get("at_ms")
+        if "cause" in recorded:
+            cause = EndCause(recorded["cause"])
+        else:
+            cause = EndCause.LOST if code is None else EndCause.EXITED
+        signal = recorded.get("signal")
+        return Exit(
+            code if code is None else int(code),
+            cause,
+            signal=signal if signal is None else int(signal),
+            detail=str(recorded.get("detail") or ""),
+            at_ms=int(at) if at else None,
+        )
     return None
 
 
@@ -103,8 +141,9 @@ def run(folder: Path) -> int:
     except OSError as error:
         missing = isinstance(error, FileNotFoundError)
         log.append(f"{spec['argv'][0]}: {error.strerror}\n".encode())
-        code = 127 if missing else 126
-        record_exit(folder, code, exited_with(code))
+        record_exit(
+            folder, Exit(127, EndCause.NOT_FOUND) if missing else Exit(126, EndCause.EXITED)
+        )
         return 0
     write_atomically(folder / WORKER_PID, str(child.pid))
     assert child.stdout is not None
@@ -117,15 +156,21 @@ def run(folder: Path) -> int:
     while chunk := os.read(descriptor, 65536):
         log.append(chunk)
     reaper.join()
-    code = child.returncode
-    at_ms = ended_ms[0] if ended_ms else None
-    if code < 0:
-        code = 128 - code  # killed by a signal: the shell's convention
-    if group is not None and group.oom_kills() > kills_before:
-        record_exit(folder, 137, OOM_KILLED, at_ms)
-    else:
-        record_exit(folder, code, exited_with(code), at_ms)
+    record_exit(folder, how_it_ended(child.returncode, group, kills_before, ended_ms))
     return 0
+
+
+def how_it_ended(
+    returncode: int, group: WorkerCgroup | None, kills_before: int, ended_ms: list[int]
+) -> Exit:
+    """Killed for memory (its group counted an OOM kill), by a signal (the exit code is 128 +
+    its number, the shell's convention), or exited by itself."""
+    at_ms = ended_ms[0] if ended_ms else None
+    if group is not None and group.oom_kills() > kills_before:
+        return Exit(137, EndCause.OOM_KILLED, at_ms=at_ms)
+    if returncode < 0:
+        return Exit(128 - returncode, EndCause.SIGNALLED, signal=-returncode, at_ms=at_ms)
+    return Exit(returncode, EndCause.EXITED, at_ms=at_ms)
 
 
 def _reap(child: subprocess.Popen[bytes], ended_ms: list[int]) -> None:

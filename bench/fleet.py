@@ -52,7 +52,7 @@ HEARTBEAT_S = 10.0  # agent/connection.py AgentConfig.heartbeat_seconds
 SAMPLE_S = 5.0  # AgentConfig.sample_seconds
 LINE_S = 1.0
 KEPT_LINES = 2000
-PROTOCOL = 2
+PROTOCOL = 3  # ends reported as causes (issue 22)
 STAMP = re.compile(r"@(\d+\.\d+)$")
 STEP = re.compile(r"^step (\d+) of ")
 
@@ -251,13 +251,21 @@ class SimMachine:
         if samples:
             self.send(metrics=agent_pb2.MetricBatch(samples=samples))
 
-    def report(self, w: SimWorker, state: int, reason: str = "", code: int | None = None) -> None:
+    def report(
+        self,
+        w: SimWorker,
+        state: int,
+        reason: str = "",
+        code: int | None = None,
+        cause: int = agent_pb2.END_CAUSE_UNSPECIFIED,
+    ) -> None:
         event = agent_pb2.WorkerEvent(
             worker_id=w.worker_id,
             attempt=w.attempt,
             state=state,
             at_ms=int(time.time() * 1000),
             reason=reason,
+            cause=cause,  # type: ignore[arg-type]
         )
         if code is not None:
             event.exit_code = code
@@ -338,9 +346,9 @@ class SimMachine:
                 w.task.cancel()
             self.counters.stopped += 1
             if w.started:
-                self.end(w, 143, "Stopped (SIGTERM)")
+                self.end(w, 143, agent_pb2.END_CAUSE_SIGNALLED)
             else:
-                self.end(w, None, "Stopped before it started")
+                self.end(w, None, agent_pb2.END_CAUSE_STOPPED_BEFORE_START)
         elif command.kind == agent_pb2.COMMAND_KIND_DELETE:
             w = self.workers.pop(key, None)
             if w is not None and w.task is not None:
@@ -359,13 +367,12 @@ class SimMachine:
             self.counters.lines += 1
             for request_id in w.follows.values():
                 self.reply(request_id, agent_pb2.LogChunk(worker_id=w.worker_id, text=line + "\n"))
-        reason = "Exited with code 0" if w.exit_code == 0 else f"Exited with code {w.exit_code}"
-        self.end(w, w.exit_code, reason)
+        self.end(w, w.exit_code, agent_pb2.END_CAUSE_EXITED)
 
-    def end(self, w: SimWorker, code: int | None, reason: str) -> None:
+    def end(self, w: SimWorker, code: int | None, cause: int) -> None:
         w.ended = True
         self.counters.exited += 1
-        self.report(w, agent_pb2.WORKER_STATE_EXITED, reason=reason, code=code)
+        self.report(w, agent_pb2.WORKER_STATE_EXITED, code=code, cause=cause)
         for request_id in w.follows.values():
             self.reply(request_id, agent_pb2.LogChunk(worker_id=w.worker_id, ended=True))
         w.follows.clear()

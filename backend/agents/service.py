@@ -14,7 +14,7 @@ from backend.agents import repository
 from backend.clock import Clock, SystemClock
 from backend.lifecycle import rules as lifecycle_rules
 from backend.lifecycle import service as lifecycle
-from backend.lifecycle.rules import Effects
+from backend.lifecycle.rules import Effects, EndCause
 from backend.machine_identity.rules import MachinePrincipal
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
@@ -64,9 +64,13 @@ class WorkerEventInfo:
     attempt: int | None
     kind: str  # preparing | pulling | ready | running | exited
     at: datetime
-    reason: str
+    reason: str  # what a preparing or pulling worker waits for
     exit_code: int | None
     log_tail: str
+    # How it ended, when it exited: the sentence is the lifecycle's to write.
+    cause: EndCause = EndCause.EXITED
+    signal: int | None = None
+    detail: str = ""
 
 
 def agent_time(ms: int, now: datetime) -> datetime:
@@ -128,7 +132,8 @@ async def reconcile(
             worker_id=w.id,
             kind="exited",
             attempt=w.attempt,
-            reason=LOST_BY_AGENT.format(machine=machine.name),
+            cause=EndCause.LOST_BY_AGENT,
+            detail=LOST_BY_AGENT.format(machine=machine.name),
         )
         total.freed |= fx.freed
     return to_stop, total
@@ -152,8 +157,11 @@ async def worker_event(
         kind=EVENT_KINDS[event.kind],
         at=event.at,
         attempt=event.attempt,
-        reason=event.reason or None,
+        reason=None if event.kind == "exited" else event.reason or None,
         exit_code=event.exit_code,
+        cause=event.cause,
+        signal=event.signal,
+        detail=event.detail,
         log_tail=event.log_tail,
     )
     if event.kind == "exited" and event.log_tail:
@@ -420,5 +428,6 @@ async def fail_worker(
         worker_id=worker_id,
         kind="exited",
         attempt=int(attempt) if attempt else None,
-        reason=reason,
+        cause=EndCause.UNDELIVERABLE,
+        detail=reason,
     )

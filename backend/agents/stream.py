@@ -34,7 +34,7 @@ from backend.agents.service import (
 from backend.clock import Clock
 from backend.db import Database, database_away
 from backend.errors import DatabaseUnavailable, NotFound, Unauthenticated
-from backend.lifecycle.rules import Effects
+from backend.lifecycle.rules import Effects, EndCause
 from backend.logs.service import LogText, WorkerRef
 from backend.machine_identity import service as identity
 from backend.machine_identity.rules import MachinePrincipal
@@ -53,6 +53,19 @@ _STATES = {
     agent_pb2.WORKER_STATE_READY: "ready",
     agent_pb2.WORKER_STATE_RUNNING: "running",
     agent_pb2.WORKER_STATE_EXITED: "exited",
+}
+# How a worker ended, as the agent says (an end it does not name is an exit).
+_CAUSES = {
+    agent_pb2.END_CAUSE_UNSPECIFIED: EndCause.EXITED,
+    agent_pb2.END_CAUSE_EXITED: EndCause.EXITED,
+    agent_pb2.END_CAUSE_OOM_KILLED: EndCause.OOM_KILLED,
+    agent_pb2.END_CAUSE_SIGNALLED: EndCause.SIGNALLED,
+    agent_pb2.END_CAUSE_NOT_FOUND: EndCause.NOT_FOUND,
+    agent_pb2.END_CAUSE_LOST: EndCause.LOST,
+    agent_pb2.END_CAUSE_LOST_BEFORE_START: EndCause.LOST_BEFORE_START,
+    agent_pb2.END_CAUSE_IMAGE_PULL: EndCause.IMAGE_PULL,
+    agent_pb2.END_CAUSE_NOT_STARTED: EndCause.NOT_STARTED,
+    agent_pb2.END_CAUSE_STOPPED_BEFORE_START: EndCause.STOPPED_BEFORE_START,
 }
 _COMMANDS = {
     "start": agent_pb2.COMMAND_KIND_START,
@@ -657,6 +670,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def _progress_info(self, machine: Machine, message: agent_pb2.AgentMessage) -> ProgressInfo:
         p = message.progress
         step = p.step if p.HasField("step") else None
+            cause=_CAUSES.get(e.cause, EndCause.EXITED),
+            signal=e.signal if e.HasField("signal") else None,
+            detail=e.detail,
         at = agent_time(p.at_ms, self.clock.now())
         return ProgressInfo(machine.id, p.worker_id, p.attempt or None, step, at)
 
@@ -839,11 +855,12 @@ def too_large(what: str, size: int, advice: str = SMALLER_SPEC) -> str:
     )
 
 
-# The protocol revision agents must speak: 2 names workers by id (issue 17).
-PROTOCOL = 2
+# The protocol revision agents must speak: 2 names workers by id (issue 17); 3 reports how a
+# worker ended as a typed cause, not a sentence (issue 22).
+PROTOCOL = 3
 OLD_AGENT = (
-    "This agent speaks an older protocol, which names workers by name: upgrade it to the "
-    "server's version."
+    "This agent speaks an older protocol (it names workers by name, or says how they ended in "
+    "sentences): upgrade it to the server's version."
 )
 OUTAGE_RETRY_START = 0.5  # seconds before a message the database could not take is retried
 OUTAGE_RETRY_CAP = 5.0

@@ -126,10 +126,69 @@ OOM_KILLED = "OOMKilled: the container exceeded its memory limit"
 MACHINE_LOST = "Machine lost: its lease expired"
 CONTAINER_RUNNING = "Container running"
 WAITING_FOR_ROOM = "Waiting for room for all its workers at once"
+LOST = "Lost: its process ended while the agent was away"
+LOST_BEFORE_START = "Lost: its container never started"
+STOPPED_BEFORE_START = "Stopped before it started"
+
+
+class EndCause(StrEnum):
+    """Why a worker's attempt ended, or a run failed, restarts or was preempted: stored beside
+    the sentence (workers.cause, runs.cause), which is written from it; failures are
+    classified by it, never by their sentence (runs/failures.py)."""
+
+    # As the worker's machine saw it (proto EndCause).
+    EXITED = "exited"
+    OOM_KILLED = "oom_killed"
+    SIGNALLED = "signalled"
+    NOT_FOUND = "not_found"
+    LOST = "lost"
+    LOST_BEFORE_START = "lost_before_start"
+    IMAGE_PULL = "image_pull"
+    NOT_STARTED = "not_started"
+    STOPPED_BEFORE_START = "stopped_before_start"
+    # As the server found it.
+    MACHINE_LOST = "machine_lost"
+    LOST_BY_AGENT = "lost_by_agent"
+    GPU_FAULT = "gpu_fault"
+    UNDELIVERABLE = "undeliverable"
+    STALLED = "stalled"
+    TIME_LIMIT = "time_limit"
+    PREEMPTED = "preempted"
+    RETRY_BUDGET = "retry_budget"
+
+
+@dataclass(frozen=True)
+class End:
+    """How a worker's attempt ended: the cause and its facts. ``detail`` is what the machine
+    alone knows (the engine's words on a pull, why it could not start) or the server's own
+    sentence for the ends it finds itself (a GPU fault, an undeliverable command)."""
+
+    cause: EndCause
+    exit_code: int | None = None
+    signal: int | None = None
+    detail: str = ""
 
 
 def exited_with(code: int) -> str:
     return f"Exited with code {code}"
+
+
+def end_sentence(end: End) -> str:
+    """The sentence people read for an end (seed: "Exited with code 1", "OOMKilled: …")."""
+    fixed = {
+        EndCause.OOM_KILLED: OOM_KILLED,
+        EndCause.MACHINE_LOST: MACHINE_LOST,
+        EndCause.LOST: LOST,
+        EndCause.LOST_BEFORE_START: LOST_BEFORE_START,
+        EndCause.STOPPED_BEFORE_START: STOPPED_BEFORE_START,
+    }
+    if end.cause in fixed:
+        return fixed[end.cause]
+    if end.cause == EndCause.IMAGE_PULL:
+        return f"ErrImagePull: {end.detail}"
+    if end.cause in (EndCause.EXITED, EndCause.SIGNALLED, EndCause.NOT_FOUND):
+        return exited_with(end.exit_code if end.exit_code is not None else -1)
+    return end.detail
 
 
 def starting_together(ready: int, total: int) -> str:
@@ -178,6 +237,8 @@ class WorkerView:
     ready: bool = False
     stop_cause: str | None = None
     exit_code: int | None = None
+    # The cause of its last failure snapshot (last_failure): its failure is classified by it.
+    cause: str | None = None
     restarts: int = 0
     restart_at: datetime | None = None
     last_failure: dict[str, Any] | None = None
@@ -238,6 +299,8 @@ class RunView:
     ended_at: datetime | None = None
     stop_cause: str | None = None
     stop_by: str | None = None
+    # Why it failed, restarts or was preempted while its reason says so (an EndCause).
+    cause: str | None = None
     first_failure: dict[str, Any] | None = None
     master_port: int | None = None
 
@@ -334,9 +397,16 @@ def _set_worker(
         )
 
 
-def _set_run(fx: Effects, run: RunView, state: str, reason: str, at: datetime) -> None:
+def _set_run(
+    fx: Effects,
+    run: RunView,
+    state: str,
+    reason: str,
+    at: datetime,
+    cause: EndCause | str | None = None,
+) -> None:
     changed = run.state != state
-    run.state, run.reason = state, reason
+    run.state, run.reason, run.cause = state, reason, cause
     if changed:
         fx.transitions.append(
             Transition(run_id=run.id, worker_id=None, at=at, state=state, reason=reason)
@@ -570,23 +640,24 @@ def worker_exited(
     w: WorkerView,
     at: datetime,
     fx: Effects,
+    end: End,
     *,
-    exit_code: int | None,
-    reason: str | None = None,
     log_tail: str = "",
     attempt: int | None = None,
 ) -> None:
-    """The agent saw the worker's container end (or the machine was lost)."""
+    """The agent saw the worker's container end (or the machine was lost): how, ``end``."""
     if not _current(run, w, attempt):
         return
-    reason = reason or exited_with(exit_code if exit_code is not None else -1)
+    reason = end_sentence(end)
+    exit_code = end.exit_code
     w.exit_code = exit_code
     fx.freed = True
     if w.stop_cause is not None and not _failed_first(run, w, exit_code, at):
         cause = Cause(w.stop_cause)
         stopped_for = _stop_snapshot_reason(run, w, cause)
         if stopped_for is not None:
-            w.last_failure = _failure_snapshot(stopped_for, at, exit_code, log_tail)
+            w.last_failure = _failure_snapshot(stopped_for[0], at, exit_code, log_tail)
+            w.cause = stopped_for[1]
         _release_room(w)
         phase = _after_stop_phase(run, cause, at)
         _set_worker(fx, run, w, STOPPED, _stopped_sentence(cause, run), phase, at)
@@ -597,9 +668,10 @@ def worker_exited(
         if run.stop_cause is None:
             _find_stalls(run, at, fx)  # stalled before the failure (it too), not yet found
         w.last_failure = _failure_snapshot(reason, at, exit_code, log_tail)
+        w.cause = end.cause
         machine = w.machine_name
         _release_room(w)
-        _gang_failed(run, w, machine, reason, at, fx)
+        _gang_failed(run, w, machine, reason, end.cause, at, fx)
     _conclude_if_done(run, _settled(run, at), fx)
 
 
@@ -616,19 +688,20 @@ def _failure_snapshot(
     }
 
 
-def _stop_snapshot_reason(run: RunView, w: WorkerView, cause: Cause) -> str | None:
+def _stop_snapshot_reason(run: RunView, w: WorkerView, cause: Cause) -> tuple[str, EndCause] | None:
     """An attempt the server ended abnormally keeps its story as a failure does (issue 20):
     at its time limit, preempted (a drain too), or stalled (the workers that stalled). An
     owner's stop, a gang torn down after another worker's failure (its log holds only the
-    consequence) and a barrier's requeue do not; None."""
+    consequence) and a barrier's requeue do not; None. The sentence and its cause."""
     if cause == Cause.TIME_LIMIT and run.policy.time_limit is not None:
-        return time_limit_sentence(run.policy.time_limit)
+        return time_limit_sentence(run.policy.time_limit), EndCause.TIME_LIMIT
     if cause == Cause.PREEMPTION:
         by = run.stop_by or "…"
-        return f"Preempted by a {by}" if by.startswith("drain of ") else preempted_sentence(by)
+        drain = by.startswith("drain of ")  # stop_by names who stopped it, not a reason
+        return (f"Preempted by a {by}" if drain else preempted_sentence(by)), EndCause.PREEMPTED
     timeout = run.policy.stall_timeout
     if cause == Cause.STALL and w.stalled_since is not None and timeout is not None:
-        return f"Stalled: no progress for {format_duration(timeout)}"
+        return f"Stalled: no progress for {format_duration(timeout)}", EndCause.STALLED
     return None
 
 
@@ -650,11 +723,23 @@ def _failed_first(run: RunView, w: WorkerView, exit_code: int | None, at: dateti
 
 
 def _gang_failed(
-    run: RunView, w: WorkerView, machine: str | None, reason: str, at: datetime, fx: Effects
+    run: RunView,
+    w: WorkerView,
+    machine: str | None,
+    reason: str,
+    cause: EndCause,
+    at: datetime,
+    fx: Effects,
 ) -> None:
     earliest = run.first_failure is None or at < run.first_failure["at"]
     if earliest:
-        run.first_failure = {"worker": w.name, "machine": machine, "reason": reason, "at": at}
+        run.first_failure = {
+            "worker": w.name,
+            "machine": machine,
+            "reason": reason,
+            "cause": str(cause),
+            "at": at,
+        }
     if run.stop_cause is None:
         _stop_running(run, at)
         run.stop_cause = Cause.FAILURE
@@ -666,7 +751,7 @@ def _gang_failed(
     _set_worker(fx, run, w, FAILED, reason, _after_stop_phase(run, Cause(run.stop_cause), at), at)
     if run.stop_cause == Cause.FAILURE:
         sentence = worker_failed_sentence(failure["worker"], failure["machine"], failure["reason"])
-        run.reason = sentence
+        run.reason, run.cause = sentence, failure.get("cause")
 
 
 def _ask_to_stop(
@@ -734,44 +819,57 @@ def _conclude_if_done(run: RunView, at: datetime, fx: Effects) -> None:
         _end(run, STOPPED, f"Stopped by {run.stop_by}", at, fx)
     elif cause == Cause.TIME_LIMIT:
         assert run.policy.time_limit is not None
-        _end(run, FAILED, time_limit_sentence(run.policy.time_limit), at, fx)
+        sentence = time_limit_sentence(run.policy.time_limit)
+        _end(run, FAILED, sentence, at, fx, EndCause.TIME_LIMIT)
     elif cause in (Cause.PREEMPTION, Cause.BARRIER):
-        _requeue(run, cause, run.reason, None, at, fx)
+        _requeue(run, cause, run.reason, None, at, fx, run.cause)
     else:
         _restart_or_fail(run, cause, at, fx)
 
 
-def _failure_sentence(run: RunView) -> str:
+def _failure_sentence(run: RunView) -> tuple[str, str | None]:
+    """The sentence of the gang's first failure and its cause."""
     failure = run.first_failure
     if failure is None:
-        return run.reason
-    return worker_failed_sentence(failure["worker"], failure["machine"], failure["reason"])
+        return run.reason, run.cause
+    sentence = worker_failed_sentence(failure["worker"], failure["machine"], failure["reason"])
+    return sentence, failure.get("cause")
 
 
 def _restart_or_fail(run: RunView, cause: Cause, at: datetime, fx: Effects) -> None:
-    sentence = run.reason if cause == Cause.STALL else _failure_sentence(run)
+    why: EndCause | str | None
+    if cause == Cause.STALL:
+        sentence, why = run.reason, EndCause.STALLED
+    else:
+        sentence, why = _failure_sentence(run)
     if run.policy.restart_policy == "never":
-        _end(run, FAILED, sentence, at, fx)
+        _end(run, FAILED, sentence, at, fx, why)
         return
     counted = _failures_counted(run, at)
     if counted >= run.policy.max_restarts:
-        final = (
-            budget_exhausted_sentence(run.policy.max_restarts)
-            if run.policy.max_restarts
-            else sentence
-        )
-        _end(run, FAILED, final, at, fx)
+        if run.policy.max_restarts:
+            sentence, why = (
+                budget_exhausted_sentence(run.policy.max_restarts),
+                EndCause.RETRY_BUDGET,
+            )
+        _end(run, FAILED, sentence, at, fx, why)
         return
     run.failures_in_row = counted + 1
     wait = restart_backoff(run.failures_in_row)
     restart_at = at + wait
     count = f"{run.failures_in_row}/{run.policy.max_restarts}"
     reason = f"Restarting in {format_duration(wait)} ({count}): {sentence}"
-    _requeue(run, cause, reason, restart_at, at, fx)
+    _requeue(run, cause, reason, restart_at, at, fx, why)
 
 
 def _requeue(
-    run: RunView, cause: Cause, reason: str, restart_at: datetime | None, at: datetime, fx: Effects
+    run: RunView,
+    cause: Cause,
+    reason: str,
+    restart_at: datetime | None,
+    at: datetime,
+    fx: Effects,
+    why: EndCause | str | None,
 ) -> None:
     run.stop_cause = run.stop_by = None
     run.running_since = None
@@ -784,11 +882,18 @@ def _requeue(
         w.restart_at = restart_at
         worker_reason = f"Waiting to be placed again: {reason}"
         _set_worker(fx, run, w, PENDING, worker_reason, phase, at)
-    _set_run(fx, run, PENDING, reason, at)
+    _set_run(fx, run, PENDING, reason, at, why)
     fx.freed = True
 
 
-def _end(run: RunView, state: str, reason: str, at: datetime, fx: Effects) -> None:
+def _end(
+    run: RunView,
+    state: str,
+    reason: str,
+    at: datetime,
+    fx: Effects,
+    why: EndCause | str | None = None,
+) -> None:
     run.ended_at = at
     run.restart_at = None
     for w in run.workers:
@@ -798,7 +903,7 @@ def _end(run: RunView, state: str, reason: str, at: datetime, fx: Effects) -> No
             _set_worker(fx, run, w, STOPPED, f"Stopped: the run {state.lower()}", Phase.ENDED, at)
         elif w.phase != Phase.ENDED:
             _set_worker(fx, run, w, w.state, w.reason, Phase.ENDED, at)
-    _set_run(fx, run, state, reason, at)
+    _set_run(fx, run, state, reason, at, why)
 
 
 def _stop_gang(
@@ -820,14 +925,14 @@ def _stop_gang(
 
 def stop(run: RunView, by: str, at: datetime, fx: Effects) -> None:
     """Its owner asked: wind down (counted productive), then Stopped."""
-    run.reason = f"Stopping: asked by {by}"
+    run.reason, run.cause = f"Stopping: asked by {by}", None
     _stop_gang(run, Cause.OWNER, by, f"Stopping: asked by {by}", at, fx)
 
 
 def time_limit_reached(run: RunView, at: datetime, fx: Effects) -> None:
     assert run.policy.time_limit is not None
     sentence = time_limit_sentence(run.policy.time_limit)
-    run.reason = f"Stopping: {sentence.lower()}"
+    run.reason, run.cause = f"Stopping: {sentence.lower()}", None
     _stop_gang(
         run,
         Cause.TIME_LIMIT,
@@ -842,7 +947,7 @@ def preempt(run: RunView, by_run: str, at: datetime, fx: Effects) -> None:
     """Stop for higher-priority work; the run is queued again, not failed."""
     if run.stop_cause is not None:
         return  # already winding down: its own cause (a failure to count, an owner) decides
-    run.reason = preempted_sentence(by_run)
+    run.reason, run.cause = preempted_sentence(by_run), EndCause.PREEMPTED
     _stop_gang(run, Cause.PREEMPTION, by_run, preempted_sentence(by_run), at, fx)
 
 
@@ -851,7 +956,7 @@ def drain_preempt(run: RunView, machine: str, at: datetime, fx: Effects) -> None
     if run.stop_cause is not None:
         return  # already winding down: its own cause (a failure to count, an owner) decides
     sentence = f"Preempted by a drain of {machine}"
-    run.reason = sentence
+    run.reason, run.cause = sentence, EndCause.PREEMPTED
     _stop_gang(run, Cause.PREEMPTION, f"drain of {machine}", sentence, at, fx)
 
 
@@ -862,7 +967,7 @@ def barrier_timed_out(run: RunView, at: datetime, fx: Effects) -> None:
         f"Gang requeued: {ready} of {total} ready after {format_duration(BARRIER_TIMEOUT)} "
         "at the barrier"
     )
-    run.reason = sentence
+    run.reason, run.cause = sentence, None
     _stop_gang(run, Cause.BARRIER, None, f"Stopping: {sentence}", at, fx)
 
 
@@ -870,7 +975,7 @@ def machine_lost(run: RunView, machine_id: int, at: datetime, fx: Effects) -> No
     """Every worker on a lost machine fails with the seed's sentence; the gang follows."""
     for w in run.workers:
         if w.machine_id == machine_id and w.alive:
-            worker_exited(run, w, at, fx, exit_code=None, reason=MACHINE_LOST)
+            worker_exited(run, w, at, fx, End(EndCause.MACHINE_LOST))
 
 
 # When a stall stops its gang, a member quiet for this part of the stall timeout had stopped
@@ -924,6 +1029,7 @@ def _stall_stops_gang(run: RunView, w: WorkerView, at: datetime, fx: Effects) ->
         _mark_stalled(run, other, f"Stalled with its gang: no progress for {quiet}", fx)
     quiet = format_duration(timeout)
     run.reason = f"Worker {w.name} stalled on {w.machine_name}: no progress for {quiet}"
+    run.cause = None  # advice once it restarts or fails (its sentence then carries it)
     _stop_running(run, at)
     _stop_gang(run, Cause.STALL, None, f"Stopping: worker {w.name} stalled", at, fx)
 
@@ -949,7 +1055,7 @@ def check_timers(run: RunView, now: datetime, fx: Effects) -> None:
         if run.placed:
             time_limit_reached(run, now, fx)
         elif run.stop_cause is None:
-            _end(run, FAILED, time_limit_sentence(limit), now, fx)
+            _end(run, FAILED, time_limit_sentence(limit), now, fx, EndCause.TIME_LIMIT)
         return
     if run.stop_cause is not None:
         return

@@ -36,6 +36,7 @@ _RUN_FIELDS = (
     "ended_at",
     "stop_cause",
     "stop_by",
+    "cause",
     "master_port",
 )
 _WORKER_FIELDS = (
@@ -46,6 +47,7 @@ _WORKER_FIELDS = (
     "gpu_ids",
     "ready",
     "stop_cause",
+    "cause",
     "exit_code",
     "restarts",
     "restart_at",
@@ -97,6 +99,7 @@ def _worker_view(w: Worker, machine_names: dict[int, str]) -> WorkerView:
         gpu_ids=list(w.gpu_ids or []),
         ready=w.ready,
         stop_cause=w.stop_cause,
+        cause=w.cause,
         exit_code=w.exit_code,
         restarts=w.restarts,
         restart_at=w.restart_at,
@@ -342,13 +345,20 @@ async def report(
     at: datetime | None = None,
     attempt: int | None = None,
     reason: str | None = None,
+    cause: rules.EndCause = rules.EndCause.EXITED,
+    signal: int | None = None,
+    detail: str = "",
     exit_code: int | None = None,
     log_tail: str = "",
     step: int | None = None,
 ) -> Effects:
     """A worker's state as its machine's agent saw it: preparing, pulling, ready, running,
     progress, exited. A report for a worker the machine does not run (another machine's, or
-    one moved on), or for an attempt other than the one it runs, changes nothing."""
+    one moved on), or for an attempt other than the one it runs, changes nothing. ``reason``
+    says what a preparing or pulling worker waits for; an end is its ``cause`` (with its exit
+    code, signal and detail), whose sentence the rules write."""
+    if kind == "exited" and reason is not None:
+        raise ValueError("an end is reported as a cause, never as a sentence")
     when = at or clock.now()
     worker = await repository.placed_worker(session, machine_id, worker_id)
     if worker is None or (attempt is not None and attempt != worker.attempt):
@@ -371,8 +381,7 @@ async def report(
                 w,
                 when,
                 fx,
-                exit_code=exit_code,
-                reason=reason,
+                rules.End(cause, exit_code, signal, detail),
                 log_tail=log_tail,
                 attempt=attempt,
             )

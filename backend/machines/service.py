@@ -13,7 +13,7 @@ from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.errors import NotFound
 from backend.lifecycle import service as lifecycle
-from backend.lifecycle.rules import Effects
+from backend.lifecycle.rules import Effects, EndCause
 from backend.machines import repository
 from backend.models import Gpu, Machine, Worker
 from backend.organizations import repository as organizations
@@ -209,7 +209,8 @@ async def gpu_fault(
         machine_id=machine.id,
         worker_id=holder.id,
         kind="exited",
-        reason=f"GPU fault on {machine.name}/{index}: {reason}",
+        cause=EndCause.GPU_FAULT,
+        detail=f"GPU fault on {machine.name}/{index}: {reason}",
     )
 
 

@@ -20,10 +20,13 @@ from backend.runs.spec import stored_spec
 def failure_json(run: Run, workers: list[Worker], now: datetime) -> dict[str, Any]:
     """Its failure (seed: Debug a failed run): the worker that failed it, the advice, and the
     Restarting in a loop panel's data, as GraphQL's failedWorker, advice and restartLoop."""
-    failed = failures.failed_worker_name(run.reason, workers) if run.state == "Failed" else None
+    failed = failures.failed_worker_name(run, workers) if run.state == "Failed" else None
     worker = next((w for w in workers if w.name == failed), None)
     exit_code = worker.exit_code if worker is not None else None
-    found = failures.run_advice(run.state, run.reason, exit_code)
+    max_restarts = stored_spec(run.spec).max_restarts
+    found = failures.run_advice(
+        run.state, run.cause, run.reason, exit_code, max_restarts=max_restarts
+    )
     loop = None
     restarts = failures.restarts_in_row(run.failures_in_row or 0, run.running_since, now)
     if restarts and run.state not in ("Completed", "Failed", "Stopped", "Deleted"):
@@ -31,7 +34,7 @@ def failure_json(run: Run, workers: list[Worker], now: datetime) -> dict[str, An
         snapshot = next((w.last_failure for w in workers if w.name == last), None)
         loop = {
             "restarts": restarts,
-            "max_restarts": stored_spec(run.spec).max_restarts,
+            "max_restarts": max_restarts,
             "restart_at": iso_z(run.restart_at) if run.restart_at else None,
             "worker": last,
             "last_failure": snapshot,

@@ -14,18 +14,20 @@ run that does not start").
 
 A stall (no row of its own) points at step 5, the metrics around the failure; a run restarting
 in a loop at the Restarting in a loop panel ("Debug a run that does not start").
+
+A failure is classified by its stored cause (lifecycle.rules.EndCause: workers.cause, runs.cause)
+and its exit code, never by its sentence, which the lifecycle writes from the cause.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from backend.lifecycle.rules import RESTART_COUNT_RESET
+from backend.lifecycle.rules import RESTART_COUNT_RESET, EndCause
 
 
 class FailureKind(StrEnum):
@@ -58,16 +60,6 @@ class Advice:
     # What to open beside it: "log" (the worker's), "memory" (its Memory chart), "machine".
     open: str
 
-
-_EXITED = re.compile(r"^Exited with code (\d+)")
-# A worker that stalled ("Stalled: no progress for 30m"), or the run's sentence for it.
-_STALLED = re.compile(r"^(Stalled: |Worker \S+ stalled)")
-# The run's sentences around a worker's reason (lifecycle.rules): a restart's and a gang's.
-_RESTARTING = re.compile(r"^Restarting in [^:]*: ")
-_GANG_FAILED = re.compile(
-    r"^Worker \S+ failed(?: on \S+)?: (.*); the gang does not run without it$"
-)
-_BUDGET = re.compile(r"^Retry budget exhausted after (\d+)/\d+ restarts")
 
 PROGRAM = Advice(FailureKind.PROGRAM, "Your program: its log.", "log")
 COMMAND_NOT_FOUND = Advice(
@@ -118,37 +110,45 @@ SIGNAL = Advice(
 OTHER = Advice(FailureKind.OTHER, "Its log.", "log")
 
 
-def classify(reason: str, exit_code: int | None = None) -> Advice:
-    """The advice for a worker's failure reason (its sentence) and exit code."""
-    if reason.startswith("OOMKilled"):
-        return OUT_OF_MEMORY
-    if reason.startswith("ErrImagePull"):
-        return IMAGE_PULL
-    if reason.startswith("Exceeded its time limit"):
-        return TIME_LIMIT
-    if reason.startswith("Machine lost"):
-        return MACHINE_LOST
-    if reason.startswith("Preempted by"):
-        return PREEMPTED
-    if _STALLED.match(reason):
-        return STALLED
-    budget = _BUDGET.match(reason)
-    if budget:
-        times = budget.group(1)
-        plural = "time" if times == "1" else "times"  # max_restarts: 1 said "1 times"
+# The causes whose advice does not depend on an exit code.
+_BY_CAUSE = {
+    EndCause.OOM_KILLED: OUT_OF_MEMORY,
+    EndCause.IMAGE_PULL: IMAGE_PULL,
+    EndCause.TIME_LIMIT: TIME_LIMIT,
+    EndCause.MACHINE_LOST: MACHINE_LOST,
+    EndCause.PREEMPTED: PREEMPTED,
+    EndCause.STALLED: STALLED,
+    EndCause.SIGNALLED: SIGNAL,
+    EndCause.NOT_FOUND: COMMAND_NOT_FOUND,
+}
+# The causes a run's own sentence carries (not a worker's end): its failed worker is not the
+# one its first failure names.
+_RUN_CAUSES = frozenset(
+    {EndCause.RETRY_BUDGET, EndCause.TIME_LIMIT, EndCause.STALLED, EndCause.PREEMPTED}
+)
+
+
+def classify(
+    cause: str | None, exit_code: int | None = None, *, max_restarts: int | None = None
+) -> Advice:
+    """The advice for a failure's cause (an EndCause, None when unknown) and exit code; a spent
+    retry budget's names the run's ``max_restarts``."""
+    if cause == EndCause.RETRY_BUDGET and max_restarts is not None:
+        plural = "time" if max_restarts == 1 else "times"  # max_restarts: 1 said "1 times"
         return Advice(
             FailureKind.RETRY_BUDGET,
-            f"It failed {times} {plural} in a row: the first failure's cause is in last_failure.",
+            f"It failed {max_restarts} {plural} in a row: the first failure's cause is in "
+            "last_failure.",
             "log",
         )
-    exited = _EXITED.match(reason)
-    code = int(exited.group(1)) if exited else exit_code
-    if code == 127:
+    if cause in _BY_CAUSE:
+        return _BY_CAUSE[EndCause(cause)]
+    if exit_code == 127:
         return COMMAND_NOT_FOUND
-    if code is not None and 1 <= code <= 125:
+    if exit_code is not None and 1 <= exit_code <= 125:
         return PROGRAM
-    if code is not None and code > 128:
-        return SIGNAL  # 128 + the signal's number; an OOM kill says OOMKilled (above)
+    if exit_code is not None and exit_code > 128:
+        return SIGNAL  # 128 + the signal's number; an OOM kill's cause says so (above)
     return OTHER
 
 
@@ -156,7 +156,8 @@ def worker_failure(
     state: str, reason: str, exit_code: int | None, last_failure: dict[str, Any] | None
 ) -> tuple[str, int | None] | None:
     """The failure a worker's panel explains: its own end when it failed, else its last failure
-    (a worker restarting after one); None when it never failed."""
+    (a worker restarting after one); None when it never failed. Its cause is the worker's
+    (the cause of its last failure snapshot, which its own failure writes too)."""
     if state == "Failed":
         return reason, exit_code
     if last_failure:
@@ -164,46 +165,40 @@ def worker_failure(
     return None
 
 
-_FAILED_WORKER = re.compile(r"^Worker (\S+) failed")
-
-
 def first_failed(
-    run_reason: str,
+    cause: str | None,
+    first_failure: dict[str, Any] | None,
     failed: list[tuple[str, Any]],
     snapshots: list[tuple[str, int, Any]] | None = None,
 ) -> str | None:
     """The worker that failed the run for good: the one its reason names (seed: "The run's
-    reason names the first worker that failed for good"), else the first to fail of
-    ``failed`` (worker name and when it failed); a run whose workers were stopped (its time
-    limit, a stall that spent the retry budget) failed none: the worker of the newest failure
-    snapshot (``snapshots``: name, rank, failed_at)."""
-    named = _FAILED_WORKER.match(run_reason)
-    if named:
-        return named.group(1)
+    reason names the first worker that failed for good"), the gang's first failure when the
+    run failed for a worker's end (its ``cause``); else the first to fail of ``failed``
+    (worker name and when it failed); a run whose workers were stopped (its time limit, a
+    stall that spent the retry budget) failed none: the worker of the newest failure snapshot
+    (``snapshots``: name, rank, failed_at)."""
+    if cause is not None and cause not in _RUN_CAUSES and first_failure:
+        return str(first_failure["worker"])
     if failed:
         return min(failed, key=lambda f: f[1])[0]
     return last_snapshot(snapshots or [])
 
 
-def run_cause(run_reason: str) -> str:
-    """The reason a run's sentence carries: a restart's ("Restarting in 20s (2/10): …") and a
-    gang's ("Worker w failed on m: …; the gang does not run without it") words taken off."""
-    reason = _RESTARTING.sub("", run_reason, count=1)
-    gang = _GANG_FAILED.match(reason)
-    return gang.group(1) if gang else reason
-
-
 def run_advice(
-    state: str, run_reason: str, exit_code: int | None = None
+    state: str,
+    cause: str | None,
+    run_reason: str,
+    exit_code: int | None = None,
+    *,
+    max_restarts: int | None = None,
 ) -> tuple[Advice, str] | None:
-    """What a run's failure means, from its own sentence (a time limit, a retry budget, a
-    preemption, a stall, a lost machine, or the failed worker's reason it names) with the exit
-    code of the worker that failed it: the advice and the reason it explains. A Failed run, a
-    run restarting after a failure, and a preempted run (until it runs again) have one; None
+    """What a run's failure means, from its cause (a time limit, a retry budget, a preemption,
+    a stall, a lost machine, or the cause of the failed worker's end) with the exit code of the
+    worker that failed it: the advice and the reason it explains. A Failed run, a run torn down
+    or restarting after a failure, and a preempted run (until it runs again) have one; None
     for the others."""
-    cause = run_cause(run_reason)
-    if state == "Failed" or run_reason != cause or cause.startswith("Preempted by"):
-        return classify(cause, exit_code), run_reason
+    if state == "Failed" or cause is not None:
+        return classify(cause, exit_code, max_restarts=max_restarts), run_reason
     return None
 
 
@@ -233,12 +228,13 @@ def snapshots_of(workers: Sequence[Any]) -> list[tuple[str, int, Any]]:
     ]
 
 
-def failed_worker_name(run_reason: str, workers: Sequence[Any]) -> str | None:
-    """The worker that failed a Failed run (of rows with name, rank, state, state_since and
-    last_failure): its reason names it, else the first that failed, else the one of the newest
-    snapshot (a time limit stops every worker and fails none)."""
+def failed_worker_name(run: Any, workers: Sequence[Any]) -> str | None:
+    """The worker that failed a Failed run (a row with cause and first_failure; of rows with
+    name, rank, state, state_since and last_failure): its reason names it, else the first that
+    failed, else the one of the newest snapshot (a time limit stops every worker and fails
+    none)."""
     failed = [(w.name, w.state_since) for w in workers if w.state == "Failed"]
-    return first_failed(run_reason, failed, snapshots_of(workers))
+    return first_failed(run.cause, run.first_failure, failed, snapshots_of(workers))
 
 
 def advice_json(advice: Advice, reason: str, exit_code: int | None) -> dict[str, Any]:
@@ -253,13 +249,13 @@ def advice_json(advice: Advice, reason: str, exit_code: int | None) -> dict[str,
 
 
 def worker_advice(worker: Any) -> dict[str, Any] | None:
-    """A worker's failure turned into advice (a row with state, reason, exit_code and
+    """A worker's failure turned into advice (a row with state, reason, exit_code, cause and
     last_failure): its own end when it failed, else its last failure; None when it never did."""
     failure = worker_failure(worker.state, worker.reason, worker.exit_code, worker.last_failure)
     if failure is None:
         return None
     reason, exit_code = failure
-    return advice_json(classify(reason, exit_code), reason, exit_code)
+    return advice_json(classify(worker.cause, exit_code), reason, exit_code)
 
 
 def _moment(at: Any) -> datetime:

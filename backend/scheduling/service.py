@@ -137,6 +137,8 @@ class Inputs:
     cluster: str
     reasons: dict[int, str]
     preempt_over_quota: bool
+    # The pending runs' causes (lifecycle EndCause): a preempted run keeps its sentence.
+    causes: dict[int, str | None] = field(default_factory=dict)
 
 
 async def _inputs(session: AsyncSession, cluster_id: int, now: datetime) -> Inputs:
@@ -161,6 +163,7 @@ async def _inputs(session: AsyncSession, cluster_id: int, now: datetime) -> Inpu
         cluster,
         {r.id: r.reason for r in pending},
         preempt_over_quota,
+        {r.id: r.cause for r in pending},
     )
 
 
@@ -185,8 +188,9 @@ async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> Pass
     names = {a.run_id: a.name for a in given.asks}
     changes = []
     for run_id, reason in decided.reasons.items():
-        # A preempted run's reason says so until it runs again (issue 20; seed L-57).
-        kept = given.reasons.get(run_id, "").startswith("Preempted by")
+        # A preempted run's reason says so until it runs again (issue 20; seed L-57); another
+        # sentence of the scheduler's replaces a restart's, and its cause with it.
+        kept = given.causes.get(run_id) == lifecycle_rules.EndCause.PREEMPTED
         if given.reasons.get(run_id) != reason and not kept:
             changes.append({"id": run_id, "reason": reason})
         result.reasons[names[run_id]] = reason

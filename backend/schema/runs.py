@@ -75,6 +75,7 @@ class Worker:
     _machine_id: strawberry.Private[int | None]
     _slow_since: strawberry.Private[datetime | None]
     _run_id: strawberry.Private[int]
+    _cause: strawberry.Private[str | None] = None
 
     @classmethod
     def from_model(cls, row: models.Worker) -> Worker:
@@ -94,6 +95,7 @@ class Worker:
             _machine_id=row.machine_id,
             _slow_since=row.slow_since,
             _run_id=row.run_id,
+            _cause=row.cause,
         )
 
     @strawberry.field(description="Running well behind its gang's median pace for several minutes.")
@@ -135,7 +137,7 @@ class Worker:
         if failure is None:
             return None
         reason, exit_code = failure
-        return Advice.of(failures.classify(reason, exit_code), reason, exit_code)
+        return Advice.of(failures.classify(self._cause, exit_code), reason, exit_code)
 
     @strawberry.field(description="Its own state changes with their reasons, newest first.")
     async def history(self, info: Info) -> list[HistoryEntry]:
@@ -213,6 +215,8 @@ class Run:
     _failures_in_row: strawberry.Private[int] = 0
     _running_since: strawberry.Private[datetime | None] = None
     _restart_at: strawberry.Private[datetime | None] = None
+    _cause: strawberry.Private[str | None] = None
+    _first_failure: strawberry.Private[dict[str, Any] | None] = None
 
     @classmethod
     def from_model(cls, row: models.Run) -> Run:
@@ -231,7 +235,17 @@ class Run:
             _failures_in_row=row.failures_in_row or 0,
             _running_since=row.running_since,
             _restart_at=row.restart_at,
+            _cause=row.cause,
+            _first_failure=row.first_failure,
         )
+
+    @property
+    def cause(self) -> str | None:
+        return self._cause
+
+    @property
+    def first_failure(self) -> dict[str, Any] | None:
+        return self._first_failure
 
     @strawberry.field(description="The cluster it runs on (a worker's page is under it).")
     async def cluster(self, info: Info) -> str:
@@ -256,7 +270,7 @@ class Run:
         if self.state != "Failed":
             return None
         rows = await info.context.loaders.workers_by_run.load(int(self.id))
-        name = failures.failed_worker_name(self.reason, rows)
+        name = failures.failed_worker_name(self, rows)
         return next((Worker.from_model(w) for w in rows if w.name == name), None)
 
     @strawberry.field(
@@ -269,10 +283,13 @@ class Run:
         exit_code = None
         if self.state == "Failed":
             rows = await info.context.loaders.workers_by_run.load(int(self.id))
-            name = failures.failed_worker_name(self.reason, rows)
+            name = failures.failed_worker_name(self, rows)
             failed = next((w for w in rows if w.name == name), None)
             exit_code = failed.exit_code if failed is not None else None
-        found = failures.run_advice(self.state, self.reason, exit_code)
+        max_restarts = stored_spec(cast(dict[str, Any], self.spec)).max_restarts
+        found = failures.run_advice(
+            self.state, self._cause, self.reason, exit_code, max_restarts=max_restarts
+        )
         return None if found is None else Advice.of(found[0], found[1], exit_code)
 
     @strawberry.field(

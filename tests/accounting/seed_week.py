@@ -56,7 +56,7 @@ async def play_seed_week(world: World) -> None:
     await minutes(world, 10, {"llm-0": 0.9, "llm-1": 0.9, "sweep-7-0": 0.9})
     await minutes(world, 10, {"llm-0": 0.9, "llm-1": 0.9, "sweep-7-0": 0.0})  # sweep-7 idles
     # llm-1 fails: llm-0 is stopped with it (failure, held), the gang waits 10 s, restarts
-    await world.report("llm-1", "exited", exit_code=1, reason="Exited with code 1")
+    await world.report("llm-1", "exited", exit_code=1)
     world.clock.advance(seconds=40)
     await world.report("llm-0", "exited", exit_code=143)
     world.clock.advance(seconds=10)

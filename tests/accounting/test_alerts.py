@@ -75,7 +75,7 @@ async def test_a_workspace_whose_goodput_drops_fires_and_then_resolves(world: Wo
     assert again.fired == [] and again.resolved == []
     async with world.db.transaction() as session:  # the run ends: no hour held, resolved
         await lifecycle.stop_run(session, world.clock, await world.run("llm"), "alice")
-    await world.report("llm-0", "exited", exit_code=143, reason="Stopped")
+    await world.report("llm-0", "exited", exit_code=143)
     world.clock.advance(hours=2)
     await tick(world)
     async with world.db.transaction() as session:

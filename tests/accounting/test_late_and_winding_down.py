@@ -154,7 +154,7 @@ async def test_winding_down_is_productive_for_at_most_the_grace_period(
     stopped = world.clock.now()
     if done_after is not None:
         world.clock.advance(seconds=done_after)
-        await world.report("llama-sft-0", "exited", exit_code=143, reason="Stopped")
+        await world.report("llama-sft-0", "exited", exit_code=143)
     for _ in range(4):  # ticks every minute; the stop never done: the agent is gone
         world.clock.advance(minutes=1)
         await tick(world)

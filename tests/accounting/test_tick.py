@@ -53,7 +53,7 @@ async def test_the_ledgers_equal_the_pure_computation_however_often_the_tick_run
         await lifecycle.stop_run(session, world.clock, await world.run("llama-sft"), "alice")
     world.clock.advance(seconds=3)
     for rank in (0, 1):
-        await world.report(f"llama-sft-{rank}", "exited", exit_code=143, reason="Stopped")
+        await world.report(f"llama-sft-{rank}", "exited", exit_code=143)
     world.clock.advance(minutes=2)
     await tick(world)
     until = counting.minute_floor(world.clock.now())

@@ -76,7 +76,7 @@ async def test_a_machine_joins_receives_its_commands_and_reports_its_workers(
                 attempt=1,
                 state=agent_pb2.WORKER_STATE_EXITED,
                 exit_code=0,
-                reason="Exited with code 0",
+                cause=agent_pb2.END_CAUSE_EXITED,
             )
         )
         while (await agent.receive("ack")).ack.up_to < last:
@@ -109,7 +109,7 @@ async def test_a_failure_snapshot_reaches_the_worker(
                 attempt=1,
                 state=agent_pb2.WORKER_STATE_EXITED,
                 exit_code=137,
-                reason="OOMKilled: the container exceeded its memory limit",
+                cause=agent_pb2.END_CAUSE_OOM_KILLED,
                 log_tail=tail,
             )
         )
@@ -145,20 +145,22 @@ async def test_a_wrong_token_or_no_hello_is_refused(
     await agent.close()
 
 
-async def test_an_agent_of_the_protocol_that_named_workers_is_refused(
-    endpoint: str, machine_token: str, db: Database
+@pytest.mark.parametrize("protocol", [0, 2])
+async def test_an_agent_of_an_older_protocol_is_refused(
+    endpoint: str, machine_token: str, db: Database, protocol: int
 ) -> None:
-    # issue 17: an older agent would name workers by name, which repeat across workspaces
+    # issue 17: an older agent would name workers by name, which repeat across workspaces;
+    # issue 22: one of protocol 2 says how a worker ended in a sentence, not a cause
     agent = Agent(endpoint, machine_token)
     old = hello()
-    old.ClearField("protocol")
+    old.protocol = protocol
     agent.send(hello=old)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await agent.receive("welcome")
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert caught.value.details() == (
-        "This agent speaks an older protocol, which names workers by name: upgrade it to the "
-        "server's version."
+        "This agent speaks an older protocol (it names workers by name, or says how they ended "
+        "in sentences): upgrade it to the server's version."
     )
     await agent.close()
     async with db.read() as session:

@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from backend.db import Database
+from backend.lifecycle.rules import EndCause
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 from tests.support.api import graphql
@@ -31,9 +32,7 @@ async def test_a_failed_gang_names_its_first_failure_and_advises(
     await world.schedule()
     await world.start("llama-sft-0", "llama-sft-1")
     world.clock.advance(seconds=30)
-    await world.report(
-        "llama-sft-1", "exited", exit_code=1, reason="Exited with code 1", log_tail="Traceback"
-    )
+    await world.report("llama-sft-1", "exited", exit_code=1, log_tail="Traceback")
     world.clock.advance(seconds=5)
     await world.report("llama-sft-0", "exited", exit_code=143)  # stopped with its gang
     run = (await graphql(client, tenancy.member_token, QUERY, name="llama-sft"))["data"]["run"]
@@ -65,7 +64,7 @@ async def test_a_worker_restarting_explains_its_last_failure(
         "llama-sft-0",
         "exited",
         exit_code=137,
-        reason="OOMKilled: the container exceeded its memory limit",
+        cause=EndCause.OOM_KILLED,
     )
     run = (await graphql(client, tenancy.member_token, QUERY, name="llama-sft"))["data"]["run"]
     assert run["failedWorker"] is None  # the run has not failed: it restarts

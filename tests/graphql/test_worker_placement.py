@@ -51,8 +51,8 @@ async def test_an_ended_worker_keeps_its_machine_and_gpu_ids(
     }
     assert sorted(g for _, ids in now.values() for g in ids) == [0, 1, 2, 3]
     world.clock.advance(seconds=5)
-    await world.report("short-0", "exited", exit_code=0, reason="Exited with code 0")
-    await world.report("short-1", "exited", exit_code=0, reason="Exited with code 0")
+    await world.report("short-0", "exited", exit_code=0)
+    await world.report("short-1", "exited", exit_code=0)
     ended = await workers(client, tenancy.member_token, "short")
     for w in ended:
         assert w["state"] == "Completed"

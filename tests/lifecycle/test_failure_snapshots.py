@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from backend.agents import service as agents
 from backend.agents.service import WorkerEventInfo
 from backend.db import Database
+from backend.lifecycle.rules import EndCause
 from backend.machines import service as machines
 from backend.models import Machine, StateTransition, Worker
 from tests.lifecycle.world import LEASE, World
@@ -94,7 +95,9 @@ async def test_an_exit_and_an_oom_kill_keep_their_snapshot(world: World) -> None
     await world.schedule()
     await world.start("llama-sft-0")
     oom = "OOMKilled: the container exceeded its memory limit"
-    await world.report("llama-sft-0", "exited", exit_code=137, reason=oom, log_tail=TAIL)
+    await world.report(
+        "llama-sft-0", "exited", exit_code=137, cause=EndCause.OOM_KILLED, log_tail=TAIL
+    )
     [worker] = await world.workers("llama-sft")
     assert (snap(worker)["reason"], snap(worker)["exit_code"]) == (oom, 137)
     assert snap(worker)["log_tail"] == TAIL
@@ -303,7 +306,7 @@ async def exit_event(
         attempt=attempt,
         kind="exited",
         at=world.clock.now(),
-        reason="Exited with code 143",
+        reason="",
         exit_code=143,
         log_tail=tail,
     )

@@ -33,7 +33,6 @@ from backend.lifecycle.rules import (
     ENDED_STATES,
     FAILED,
     HELD_PHASES,
-    OOM_KILLED,
     PENDING,
     PREPARING,
     PULLING,
@@ -42,6 +41,8 @@ from backend.lifecycle.rules import (
     STOPPED,
     STOPPING,
     Effects,
+    End,
+    EndCause,
     RunPolicy,
     RunView,
     Transition,
@@ -136,12 +137,13 @@ RUN_MOVES = {
 }
 
 EXITS = [
-    (0, None),
-    (1, None),
-    (1, "Connection closed by peer"),
-    (137, OOM_KILLED),
-    (143, None),
-    (None, "ErrImagePull: pull access denied for llama:latest"),
+    End(EndCause.EXITED, 0),
+    End(EndCause.EXITED, 1),
+    End(EndCause.SIGNALLED, 137, signal=9),
+    End(EndCause.OOM_KILLED, 137),
+    End(EndCause.EXITED, 143),
+    End(EndCause.IMAGE_PULL, detail="pull access denied for llama:latest"),
+    End(EndCause.NOT_STARTED, detail="Waiting for drive data: it is not reachable"),
 ]
 
 
@@ -494,7 +496,7 @@ class Cluster(RuleBasedStateMachine):
                 f"stopped {w.name}",
                 set(),
                 lambda fx: rules.worker_exited(
-                    run, w, self.now, fx, exit_code=143, attempt=agent.attempt
+                    run, w, self.now, fx, End(EndCause.EXITED, 143), attempt=agent.attempt
                 ),
             )
             assert not w.alive
@@ -552,17 +554,14 @@ class Cluster(RuleBasedStateMachine):
         if kind != "exit":
             self.agent_step(run, w, agent, kind)
             return
-        code, reason = exit
         self.apply(
             run,
             f"exited {w.name} {exit}",
             {"stopping:failure"},
-            lambda fx: rules.worker_exited(
-                run, w, self.now, fx, exit_code=code, reason=reason, attempt=agent.attempt
-            ),
+            lambda fx: rules.worker_exited(run, w, self.now, fx, exit, attempt=agent.attempt),
         )
         assert not w.alive and w.machine_id is None and w.gpu_ids == []
-        assert w.exit_code == code
+        assert w.exit_code == exit.exit_code
 
     @precondition(lambda self: self.agents)
     @rule()
@@ -612,7 +611,7 @@ class Cluster(RuleBasedStateMachine):
             elif kind == "running":
                 rules.worker_running(run, w, self.now, fx, attempt=old)
             else:
-                rules.worker_exited(run, w, self.now, fx, exit_code=1, attempt=old)
+                rules.worker_exited(run, w, self.now, fx, End(EndCause.EXITED, 1), attempt=old)
 
         fx = self.apply(run, f"stale {kind} {w.name}", set(), call)
         assert fx.transitions == [] and fx.commands == [] and not fx.freed
@@ -818,10 +817,14 @@ def _running_gang(policy: RunPolicy, workers: int = 2) -> tuple[RunView, list[Wo
 def test_a_drain_while_a_failed_gang_winds_down_does_not_requeue_it() -> None:
     run, (crashed, survivor) = _running_gang(RunPolicy(restart_policy="never"))
     fx = Effects()
-    rules.worker_exited(run, crashed, T0 + timedelta(seconds=5), fx, exit_code=1, attempt=1)
+    rules.worker_exited(
+        run, crashed, T0 + timedelta(seconds=5), fx, End(EndCause.EXITED, 1), attempt=1
+    )
     rules.drain_preempt(run, "gpu-02", T0 + timedelta(seconds=6), fx)
     assert (survivor.state, survivor.phase) == (STOPPING, "stopping:failure")
-    rules.worker_exited(run, survivor, T0 + timedelta(seconds=7), fx, exit_code=143, attempt=1)
+    rules.worker_exited(
+        run, survivor, T0 + timedelta(seconds=7), fx, End(EndCause.EXITED, 143), attempt=1
+    )
     assert (run.state, run.reason) == (
         FAILED,
         "Worker llm-0 failed on gpu-01: Exited with code 1; the gang does not run without it",
@@ -833,10 +836,14 @@ def test_the_time_a_failed_gang_takes_to_wind_down_does_not_reset_its_count() ->
     run, (crashed, survivor) = _running_gang(RunPolicy(max_restarts=1))
     run.failures_in_row = 1  # its one restart is spent
     fx = Effects()
-    rules.worker_exited(run, crashed, T0 + timedelta(minutes=5), fx, exit_code=1, attempt=1)
+    rules.worker_exited(
+        run, crashed, T0 + timedelta(minutes=5), fx, End(EndCause.EXITED, 1), attempt=1
+    )
     assert (crashed.state, crashed.phase) == (FAILED, ENDED)
     # Six more minutes to stop the survivor: ten since the gang ran whole, five of them down.
-    rules.worker_exited(run, survivor, T0 + timedelta(minutes=11), fx, exit_code=143, attempt=1)
+    rules.worker_exited(
+        run, survivor, T0 + timedelta(minutes=11), fx, End(EndCause.EXITED, 143), attempt=1
+    )
     assert (run.state, run.reason) == (FAILED, "Retry budget exhausted after 1/1 restarts")
     assert [(w.state, w.phase) for w in run.workers] == [(FAILED, ENDED), (STOPPED, ENDED)]
 

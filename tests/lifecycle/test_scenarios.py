@@ -10,7 +10,7 @@ from sqlalchemy import select
 from backend.agents import service as agents
 from backend.db import Database
 from backend.lifecycle import service as lifecycle
-from backend.lifecycle.rules import is_straggler
+from backend.lifecycle.rules import EndCause, is_straggler
 from backend.machines import service as machines
 from backend.metrics.rules import SampleIn
 from backend.models import Gpu, Machine
@@ -107,32 +107,39 @@ async def test_a_failure_snapshot_keeps_16_kib_whatever_the_machine_sends(world:
 
 
 @pytest.mark.parametrize(
-    ("exit_code", "reason", "expected"),
+    ("exit_code", "cause", "detail", "expected"),
     [
-        (127, None, "Exited with code 127"),  # seed L-51
+        (127, EndCause.NOT_FOUND, "", "Exited with code 127"),  # seed L-51
+        (137, EndCause.SIGNALLED, "", "Exited with code 137"),
         (
             137,
-            "OOMKilled: the container exceeded its memory limit",
+            EndCause.OOM_KILLED,
+            "",
             "OOMKilled: the container exceeded its memory limit",
         ),  # seed L-52
         (
             None,
-            "ErrImagePull: pull access denied for llama:latest",
+            EndCause.IMAGE_PULL,
+            "pull access denied for llama:latest",
             "ErrImagePull: pull access denied for llama:latest",
         ),  # seed L-53
+        (None, EndCause.LOST, "", "Lost: its process ended while the agent was away"),
     ],
 )
-async def test_the_agents_reason_is_the_workers_and_names_the_run(
-    world: World, exit_code: int | None, reason: str | None, expected: str
+async def test_the_agents_cause_is_the_workers_sentence_and_names_the_run(
+    world: World, exit_code: int | None, cause: EndCause, detail: str, expected: str
 ) -> None:
+    """The agent says how the worker ended (a cause, its details); the server writes the
+    sentence, the worker's and in the run's."""
     await running_gang(world, restart_policy="never", workers=1)
-    await world.report("llama-sft-0", "exited", exit_code=exit_code, reason=reason)
+    await world.report("llama-sft-0", "exited", exit_code=exit_code, cause=cause, detail=detail)
     assert await world.status("llama-sft") == (
         "Failed",
         f"Worker llama-sft-0 failed on gpu-07: {expected}; the gang does not run without it",
     )
     worker = (await world.workers("llama-sft"))[0]
     assert (worker.state, worker.reason, worker.exit_code) == ("Failed", expected, exit_code)
+    assert ((await world.run("llama-sft")).cause, worker.cause) == (cause, cause)
 
 
 async def test_each_failure_doubles_the_wait_until_the_budget_is_spent(world: World) -> None:
@@ -462,18 +469,13 @@ async def test_the_first_failure_is_the_earliest_exit_not_the_first_report(world
     await running_gang(world, restart_policy="never")
     world.clock.advance(seconds=20)
     crash = world.clock.now() - timedelta(seconds=5)
-    await world.report("llama-sft-1", "exited", exit_code=1, reason="Connection closed by peer")
-    await world.report(
-        "llama-sft-0",
-        "exited",
-        exit_code=1,
-        at=crash,
-        reason="CUDA error: an illegal memory access was encountered",
-    )
+    await world.report("llama-sft-1", "exited", exit_code=1)  # Connection closed by peer
+    # CUDA error: an illegal memory access was encountered
+    await world.report("llama-sft-0", "exited", exit_code=134, cause=EndCause.SIGNALLED, at=crash)
     assert await world.status("llama-sft") == (
         "Failed",
-        "Worker llama-sft-0 failed on gpu-07: CUDA error: an illegal memory access was "
-        "encountered; the gang does not run without it",
+        "Worker llama-sft-0 failed on gpu-07: Exited with code 134; the gang does not run "
+        "without it",
     )
 
 

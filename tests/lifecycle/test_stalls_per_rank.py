@@ -20,6 +20,8 @@ from backend.lifecycle import rules
 from backend.lifecycle.rules import (
     STALLED_WITH_GANG,
     Effects,
+    End,
+    EndCause,
     Phase,
     RunPolicy,
     RunView,
@@ -102,7 +104,7 @@ def test_every_quiet_rank_is_stalled_from_its_own_progress_whatever_stops_the_ga
     elif stopper == "failure":
         w = run.workers[failing]
         w.progress_at = min(w.progress_at or now, now)  # its own exit is its last sign
-        rules.worker_exited(run, w, now, fx, exit_code=1, attempt=1)
+        rules.worker_exited(run, w, now, fx, End(EndCause.EXITED, 1), attempt=1)
     elif stopper == "owner":
         rules.stop(run, "alice", now, fx)
     else:

@@ -38,7 +38,7 @@ from agent.docker import (
     timestamp_ns,
     worker_filters,
 )
-from agent.executor import SDK, Exit, ProcessWorker
+from agent.executor import SDK, EndCause, Exit, ProcessWorker
 from agent.logs import WorkerLog
 
 PAYLOAD: dict[str, Any] = {
@@ -296,7 +296,8 @@ def test_a_failed_pull_is_the_seeds_err_image_pull_without_an_exit_code() -> Non
     )
     assert pull_failed(message) == Exit(
         None,
-        "ErrImagePull: pull access denied for llama, repository does not exist or may require "
+        EndCause.IMAGE_PULL,
+        detail="pull access denied for llama, repository does not exist or may require "
         "'docker login': denied: requested access to the resource is denied",
     )
 
@@ -310,7 +311,7 @@ async def test_a_worker_without_an_image_cannot_be_pulled(tmp_path: Path) -> Non
         reasons.append(reason)
 
     ended = await worker.prepare(report)
-    assert ended == Exit(None, "ErrImagePull: the run names no image")
+    assert ended == Exit(None, EndCause.IMAGE_PULL, detail="the run names no image")
     assert worker.ended() == ended  # written down for a restarted agent
     assert reasons == []  # nothing was pulled
 
@@ -337,14 +338,14 @@ def state(**given: Any) -> dict[str, Any]:
 
 
 def test_a_container_that_exited_ends_with_its_code() -> None:
-    assert exit_of(state()) == Exit(0, "Exited with code 0")
-    assert exit_of(state(ExitCode=1)) == Exit(1, "Exited with code 1")
-    assert exit_of(state(ExitCode=137)) == Exit(137, "Exited with code 137")  # killed, not OOM
+    assert exit_of(state()) == Exit(0, EndCause.EXITED)
+    assert exit_of(state(ExitCode=1)) == Exit(1, EndCause.EXITED)
+    assert exit_of(state(ExitCode=137)) == Exit(137, EndCause.EXITED)  # killed, not OOM
 
 
 def test_a_container_killed_for_memory_ends_oom_killed() -> None:
     # seed: "OOMKilled: the container exceeded its memory limit", exit code 137
-    oom = Exit(137, "OOMKilled: the container exceeded its memory limit")
+    oom = Exit(137, EndCause.OOM_KILLED)
     assert exit_of(state(OOMKilled=True, ExitCode=137)) == oom
     # A process of the container was killed; its main process then ended on its own.
     assert exit_of(state(OOMKilled=True, ExitCode=1)) == oom
@@ -360,7 +361,7 @@ def test_a_container_whose_start_failed_ends_with_the_engines_code() -> None:
         StartedAt="0001-01-01T00:00:00Z",
         FinishedAt="0001-01-01T00:00:00Z",
     )
-    assert exit_of(failed) == Exit(127, "Exited with code 127")
+    assert exit_of(failed) == Exit(127, EndCause.EXITED)
 
 
 def test_a_container_never_started_has_no_end_yet() -> None:
@@ -588,7 +589,7 @@ async def test_a_container_runs_with_its_environment_progress_and_log(tmp_path: 
         astraeus_environment={"RANK": "1"},
         memory_limit_bytes=64 * 2**20,
     )
-    assert ended == Exit(3, "Exited with code 3")
+    assert ended == Exit(3, EndCause.EXITED)
     text, archived = worker.log.tail(10)
     # stdout and stderr reach the engine through two pipes: their lines may swap places.
     assert sorted(text.splitlines()) == ["err", "out 1"] and not archived
@@ -606,7 +607,7 @@ async def test_a_command_not_in_the_image_ends_127_with_the_engines_message(
     tmp_path: Path,
 ) -> None:
     worker, ended = await _run(tmp_path, 9002, "e2e-127", command=["trian.py"])
-    assert ended == Exit(127, "Exited with code 127")
+    assert ended == Exit(127, EndCause.EXITED)
     # The init execs the command: its message is the log ("exec trian.py failed: No such …").
     assert "trian.py" in worker.log.snapshot()
     await release(worker)
@@ -617,7 +618,7 @@ async def test_a_start_the_engine_refuses_ends_the_worker_with_its_message(
     tmp_path: Path,
 ) -> None:
     worker, ended = await _run(tmp_path, 9003, "e2e-refused", command=["true"], user="no-such-user")
-    assert ended == Exit(128, "Exited with code 128")  # the engine's code for a failed start
+    assert ended == Exit(128, EndCause.EXITED)  # the engine's code for a failed start
     assert "no-such-user" in worker.log.snapshot()
     await release(worker)
 
@@ -627,7 +628,7 @@ async def test_a_container_over_its_memory_limit_ends_oom_killed(tmp_path: Path)
     worker, ended = await _run(
         tmp_path, 9004, "e2e-oom", command=["tail", "/dev/zero"], memory_limit_bytes=32 * 2**20
     )
-    assert ended == Exit(137, "OOMKilled: the container exceeded its memory limit")
+    assert ended == Exit(137, EndCause.OOM_KILLED)
     await release(worker)
 
 
@@ -644,7 +645,7 @@ async def test_an_image_that_cannot_be_pulled_ends_err_image_pull(tmp_path: Path
 
     ended = await worker.prepare(report)
     assert ended is not None and ended.code is None
-    assert ended.reason.startswith("ErrImagePull: "), ended
+    assert ended.cause == EndCause.IMAGE_PULL and ended.detail, ended
     assert reasons[0] == "Pulling image astraeus-tests/no-such-image:nope"
 
 
@@ -657,7 +658,7 @@ async def test_a_stopped_container_ends_on_sigterm(tmp_path: Path) -> None:
     await worker.prepare()
     await worker.start()
     await worker.stop()
-    assert worker.ended() == Exit(143, "Exited with code 143")  # SIGTERM, through the init
+    assert worker.ended() == Exit(143, EndCause.EXITED)  # SIGTERM, through the init
     await release(worker)
 
 
@@ -683,7 +684,7 @@ async def test_a_restarted_agent_takes_the_container_back_without_repeating_its_
     worker.copying.cancel()  # the agent dies
     taken = ContainerWorker.adopt(worker.folder, tmp_path / "logs")
     assert taken is not None and taken.started
-    assert await taken.wait() == Exit(0, "Exited with code 0")
+    assert await taken.wait() == Exit(0, EndCause.EXITED)
     assert taken.log.tail(10) == ("one\ntwo\nthree\n", False)
     await release(taken)
 
@@ -754,6 +755,6 @@ async def test_a_container_that_ended_while_the_agent_was_away_keeps_its_log_and
     await worker.engine.call("POST", f"/containers/{worker.container_id}/wait", limit=30.0)
     taken = ContainerWorker.adopt(worker.folder, tmp_path / "logs")
     assert taken is not None
-    assert await taken.wait() == Exit(4, "Exited with code 4")
+    assert await taken.wait() == Exit(4, EndCause.EXITED)
     assert taken.log.tail(10) == ("a\nb\n", False)
     await release(taken)

@@ -13,7 +13,7 @@ from astraeus.agent.v1 import agent_pb2
 
 from agent import shim
 from agent.connection import Agent, AgentConfig
-from agent.executor import Exit, ProcessWorker
+from agent.executor import EndCause, Exit, ProcessWorker
 from agent.gpus import simulated
 from agent.logs import WorkerLog
 
@@ -44,8 +44,8 @@ def test_the_shim_dates_the_end_when_the_process_ended_not_when_its_output_close
     closed_ms = int(time.time() * 1000)
     recorded = shim.recorded_exit(folder)
     assert recorded is not None
-    code, reason, at_ms = recorded
-    assert (code, reason) == (3, "Exited with code 3")
+    assert recorded == Exit(3, EndCause.EXITED)
+    at_ms = recorded.at_ms
     assert at_ms is not None and started_ms <= at_ms < started_ms + 1500 < closed_ms
     assert WorkerLog(tmp_path / "logs", "7").tail(10)[0] == "bye\nlate\n"  # all of it, still
 
@@ -66,9 +66,9 @@ def test_the_agent_reports_an_exit_at_the_time_the_process_ended(tmp_path: Path)
         9, {"attempt": 2}, WorkerLog(tmp_path / "logs", "9"), tmp_path / "workers" / "9"
     )
     worker.keep()
-    shim.record_exit(worker.folder, 1, "Exited with code 1", at_ms=1_700_000_000_246)
+    shim.record_exit(worker.folder, Exit(1, EndCause.EXITED, at_ms=1_700_000_000_246))
     ended = worker.ended()
-    assert ended == Exit(1, "Exited with code 1") and ended.at_ms == 1_700_000_000_246
+    assert ended == Exit(1, EndCause.EXITED) and ended.at_ms == 1_700_000_000_246
     agent.report(worker, agent_pb2.WORKER_STATE_EXITED, ended)
     event = agent.queue.get_nowait().worker_event
     assert (event.worker_id, event.attempt, event.exit_code, event.at_ms) == (

@@ -11,7 +11,7 @@ import pytest
 from astraeus.agent.v1 import agent_pb2
 
 from agent.connection import Agent, AgentConfig
-from agent.executor import Exit, ProcessWorker
+from agent.executor import EndCause, Exit, ProcessWorker
 from agent.gpus import simulated
 from agent.logs import WorkerLog
 
@@ -44,7 +44,7 @@ def test_the_last_lines_go_with_a_failure_and_with_a_stop(
     log.append(b"".join(f"step {i}\n".encode() for i in range(80)))
     worker = ProcessWorker(9, {"attempt": 2}, log, tmp_path / "workers" / "9")
     worker.stopping = stopping
-    agent.report(worker, agent_pb2.WORKER_STATE_EXITED, Exit(code, f"Exited with code {code}"))
+    agent.report(worker, agent_pb2.WORKER_STATE_EXITED, Exit(code, EndCause.EXITED))
     event = agent.queue.get_nowait().worker_event
     expected = "".join(f"step {i}\n" for i in range(30, 80)) if sent else ""  # the last 50
     assert (event.exit_code, event.log_tail) == (code, expected)

@@ -7,6 +7,7 @@ from sqlalchemy import select
 
 from backend.agents import service as agents
 from backend.db import Database
+from backend.lifecycle.rules import EndCause
 from backend.metrics.rules import SampleIn
 from backend.models import Worker
 from tests.lifecycle.world import World
@@ -64,7 +65,7 @@ async def a_run_with_an_oom(world: World) -> None:
         "llama-sft-1",
         "exited",
         exit_code=137,
-        reason=OOM,
+        cause=EndCause.OOM_KILLED,
         log_tail="[rank1]: step 4410 loss 1.402\n",
     )
 

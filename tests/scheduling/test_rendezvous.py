@@ -13,6 +13,7 @@ from sqlalchemy import select
 
 from agent import rendezvous
 from backend.config import Settings
+from backend.lifecycle.rules import EndCause
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
 from backend.models import AgentCommand, Cluster, Machine, Worker
@@ -107,7 +108,7 @@ async def test_a_port_its_agent_found_taken_is_not_asked_for_again(world: World)
     await world.submit(name="ddp", workers=2, gpus=1)
     await world.schedule()
     taken = rendezvous.port_taken_reason(29500, "gpu-07")
-    await world.report("ddp-0", "exited", attempt=1, reason=taken)
+    await world.report("ddp-0", "exited", attempt=1, cause=EndCause.NOT_STARTED, detail=taken)
     assert (await world.run("ddp")).reason == (
         f"Worker ddp-0 failed on gpu-07: {taken}; the gang does not run without it"
     )

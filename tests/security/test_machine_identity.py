@@ -87,7 +87,7 @@ def hello(machine: str, cores: float = 4, memory: int = 8 * 2**30, gpus: int = 0
             for i in range(gpus)
         ],
         agent_version="forged",
-        protocol=2,
+        protocol=3,
     )
 
 
