@@ -92,14 +92,6 @@ async def forget(db: Database) -> None:
             await session.execute(delete(model))
 
 
-class Clock:
-    def __init__(self, moment: datetime) -> None:
-        self.moment = moment
-
-    def now(self) -> datetime:
-        return self.moment
-
-
 @settings(
     max_examples=100,
     deadline=None,
@@ -210,7 +202,7 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
                 for s in came:
                     t = datetime.fromtimestamp(s.ts / 1000, T0.tzinfo)
                     earliest[s.worker_id] = min(t, earliest.get(s.worker_id, t))
-                await counting.samples_arrived(session, Clock(moment), machine_ids[0], earliest)
+                await counting.samples_arrived(session, FakeClock(moment), machine_ids[0], earliest)
         if moment not in ticking:
             continue
         due = [row for when, row in recorded if when <= moment and row.id is None]
@@ -218,7 +210,7 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
             session.add_all(due)
         for _ in range(2 if twice else 1):
             async with db.transaction() as session:
-                await counting.tick(session, Clock(moment))
+                await counting.tick(session, FakeClock(moment))
     assert all(row.id is not None for _, row in recorded) or deleted is not None
     until = counting.minute_floor(end)
 
