@@ -1,7 +1,5 @@
 """The migrations are the schema: the same files build SQLite and PostgreSQL, with no drift."""
 
-import json
-
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -293,8 +291,9 @@ def test_0017_keeps_every_webhook_delivery_on_sqlite(tmp_path: object) -> None:
 def test_0022_backfills_the_causes_of_ends_written_before_from_their_sentences(
     tmp_path: object,
 ) -> None:
-    """0022: a worker's cause, its last failure's, and a run's (where its sentence gave advice)
-    are read once from the sentences written before; the server classifies by them after."""
+    """0022: a worker's cause (its last failure snapshot's) and a run's (where its sentence gave
+    advice) are read once from the sentences written before; the server classifies by them
+    after."""
     url = f"sqlite:///{tmp_path}/causes.db"
     config = migrations.alembic_config(url)
     command.upgrade(config, "0021")
@@ -349,9 +348,7 @@ def test_0022_backfills_the_causes_of_ends_written_before_from_their_sentences(
     command.upgrade(config, "0022")
     with engine.connect() as conn:
         run_causes = conn.execute(text("SELECT id, cause FROM runs ORDER BY id")).all()
-        worker_rows = conn.execute(
-            text("SELECT id, cause, last_failure FROM workers ORDER BY id")
-        ).all()
+        worker_rows = conn.execute(text("SELECT id, cause FROM workers ORDER BY id")).all()
     engine.dispose()
     assert [tuple(r) for r in run_causes] == [
         (1, "oom_killed"),
@@ -363,8 +360,7 @@ def test_0022_backfills_the_causes_of_ends_written_before_from_their_sentences(
     ]
     assert [(r[0], r[1]) for r in worker_rows] == [
         (1, "oom_killed"),
-        (2, None),
+        (2, "exited"),
         (3, "not_started"),
         (4, None),
     ]
-    assert json.loads(worker_rows[1][2]) == {"reason": "Exited with code 1", "cause": "exited"}

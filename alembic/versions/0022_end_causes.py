@@ -1,5 +1,6 @@
 """workers and runs keep the typed cause of an end (issue 22): the server classifies failures
 from it and writes the sentences itself; rows written before are backfilled from their reasons
+(a worker's from its last failure snapshot's)
 
 Revision ID: 0022
 Revises: 0021
@@ -75,18 +76,12 @@ def upgrade() -> None:
         sa.column("last_failure", sa.JSON),
     )
     for row in bind.execute(sa.select(workers)).all():
-        cause = worker_cause(row.reason)
-        if cause is None and row.state == "Failed":
-            cause = "not_started"  # a drive, its user, a port: the agent's own words
+        # A worker's cause is its last failure snapshot's (its own failure writes one too).
         failure: dict[str, Any] | None = row.last_failure
-        if failure and "cause" not in failure:
-            failure = {**failure, "cause": worker_cause(failure.get("reason")) or "not_started"}
-        if cause is not None or failure != row.last_failure:
-            bind.execute(
-                workers.update()
-                .where(workers.c.id == row.id)
-                .values(cause=cause, last_failure=failure)
-            )
+        said = failure.get("reason") if failure else row.reason if row.state == "Failed" else None
+        if said is not None:
+            cause = worker_cause(said) or "not_started"  # a drive, its user: the agent's words
+            bind.execute(workers.update().where(workers.c.id == row.id).values(cause=cause))
     runs = sa.table(
         "runs",
         sa.column("id", sa.BigInteger),

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from backend.lifecycle.rules import (
-    MACHINE_LOST,
     OOM_KILLED,
+    EndCause,
     budget_exhausted_sentence,
     preempted_sentence,
     time_limit_sentence,
@@ -20,74 +20,71 @@ from backend.runs.failures import (
     last_snapshot,
     restarts_in_row,
     run_advice,
-    run_cause,
     waiting,
     worker_failure,
 )
 
 
 @pytest.mark.parametrize(
-    ("reason", "exit_code", "kind", "look_at"),
+    ("cause", "exit_code", "kind", "look_at"),
     [
-        ("Exited with code 1", 1, FailureKind.PROGRAM, "Your program: its log."),
-        ("Exited with code 125", 125, FailureKind.PROGRAM, "Your program: its log."),
+        (EndCause.EXITED, 1, FailureKind.PROGRAM, "Your program: its log."),
+        (EndCause.EXITED, 125, FailureKind.PROGRAM, "Your program: its log."),
         (
-            "Exited with code 127",
+            EndCause.NOT_FOUND,
             127,
             FailureKind.COMMAND_NOT_FOUND,
             "The command is not in the image. Check command and the image's PATH.",
         ),
         (
-            OOM_KILLED,
+            EndCause.EXITED,
+            127,
+            FailureKind.COMMAND_NOT_FOUND,
+            "The command is not in the image. Check command and the image's PATH.",
+        ),
+        (
+            EndCause.OOM_KILLED,
             137,
             FailureKind.OUT_OF_MEMORY,
             "Memory: the Memory chart near the limit. Raise memory_bytes or "
             "per_gpu.memory_bytes, or lower the batch size.",
         ),
         (
-            "ErrImagePull: manifest for ghcr.io/acme/train:v9 not found",
+            EndCause.IMAGE_PULL,
             None,
             FailureKind.IMAGE_PULL,
             "Image name and tag; for a private registry, the registry credential.",
         ),
         (
-            time_limit_sentence(timedelta(hours=12)),
+            EndCause.TIME_LIMIT,
             None,
             FailureKind.TIME_LIMIT,
             "The time limit: raise it, or checkpoint and resume.",
         ),
         (
-            MACHINE_LOST,
+            EndCause.MACHINE_LOST,
             None,
             FailureKind.MACHINE_LOST,
             "The machine, not the run: see Machines troubleshooting. Restarted under its policy.",
         ),
         (
-            budget_exhausted_sentence(10),
-            1,
-            FailureKind.RETRY_BUDGET,
-            "It failed 10 times in a row: the first failure's cause is in last_failure.",
-        ),
-        (
-            budget_exhausted_sentence(1),
-            143,
-            FailureKind.RETRY_BUDGET,
-            "It failed 1 time in a row: the first failure's cause is in last_failure.",
-        ),
-        (
-            preempted_sentence("llama-70b"),
+            EndCause.PREEMPTED,
             None,
             FailureKind.PREEMPTED,
             "Not a failure: it is queued again.",
         ),
-        ("Exited with code 139", 139, FailureKind.SIGNAL, None),
-        ("Something nobody foresaw", None, FailureKind.OTHER, "Its log."),
+        (EndCause.EXITED, 139, FailureKind.SIGNAL, None),
+        (EndCause.SIGNALLED, 139, FailureKind.SIGNAL, None),
+        (EndCause.SIGNALLED, 137, FailureKind.SIGNAL, None),
+        (EndCause.NOT_STARTED, None, FailureKind.OTHER, "Its log."),
+        (EndCause.LOST, None, FailureKind.OTHER, "Its log."),
+        (None, None, FailureKind.OTHER, "Its log."),
     ],
 )
-def test_each_reason_of_the_seeds_table_has_its_advice(
-    reason: str, exit_code: int | None, kind: FailureKind, look_at: str | None
+def test_each_cause_of_the_seeds_table_has_its_advice(
+    cause: EndCause | None, exit_code: int | None, kind: FailureKind, look_at: str | None
 ) -> None:
-    advice = classify(reason, exit_code)
+    advice = classify(cause, exit_code)
     assert advice.kind == kind
     if look_at is not None:
         assert advice.look_at == look_at
@@ -96,10 +93,19 @@ def test_each_reason_of_the_seeds_table_has_its_advice(
     assert advice.open == opens.get(kind, "log")
 
 
-def test_the_exit_code_decides_when_the_reason_does_not_say() -> None:
-    assert classify("Failed", 127).kind == FailureKind.COMMAND_NOT_FOUND
-    assert classify("Failed", 3).kind == FailureKind.PROGRAM
-    assert classify("Failed", None).kind == FailureKind.OTHER
+@pytest.mark.parametrize(("max_restarts", "times"), [(10, "10 times"), (1, "1 time")])
+def test_a_spent_retry_budget_says_how_many_times_it_failed(max_restarts: int, times: str) -> None:
+    advice = classify(EndCause.RETRY_BUDGET, 1, max_restarts=max_restarts)
+    assert (advice.kind, advice.look_at) == (
+        FailureKind.RETRY_BUDGET,
+        f"It failed {times} in a row: the first failure's cause is in last_failure.",
+    )
+
+
+def test_the_exit_code_decides_when_the_cause_does_not_say() -> None:
+    assert classify(EndCause.LOST_BY_AGENT, 127).kind == FailureKind.COMMAND_NOT_FOUND
+    assert classify(None, 3).kind == FailureKind.PROGRAM
+    assert classify(EndCause.GPU_FAULT, None).kind == FailureKind.OTHER
 
 
 def test_which_failure_a_worker_explains() -> None:
@@ -117,12 +123,13 @@ def test_which_failure_a_worker_explains() -> None:
 
 def test_the_run_reason_names_the_first_worker_that_failed() -> None:
     t0, t1 = datetime(2026, 10, 1, tzinfo=UTC), datetime(2026, 10, 2, tzinfo=UTC)
-    named = (
-        "Worker llama-sft-1 failed on gpu-08: Exited with code 1; the gang does not run without it"
-    )
-    assert first_failed(named, [("llama-sft-0", t0), ("llama-sft-1", t1)]) == "llama-sft-1"
-    assert first_failed("Failed", [("a-1", t1), ("a-0", t0)]) == "a-0"
-    assert first_failed("Failed", []) is None
+    first = {"worker": "llama-sft-1", "machine": "gpu-08", "reason": "Exited with code 1"}
+    failed = [("llama-sft-0", t0), ("llama-sft-1", t1)]
+    assert first_failed(EndCause.EXITED, first, failed) == "llama-sft-1"
+    # a spent budget's sentence names no worker: the first that failed
+    assert first_failed(EndCause.RETRY_BUDGET, first, failed) == "llama-sft-0"
+    assert first_failed(None, None, [("a-1", t1), ("a-0", t0)]) == "a-0"
+    assert first_failed(None, None, []) is None
 
 
 @pytest.mark.parametrize(
@@ -205,13 +212,9 @@ LOOP_LOOK_AT = (
 )
 
 
-@pytest.mark.parametrize(
-    "reason",
-    ["Stalled: no progress for 30m", "Worker llama-sft-1 stalled on gpu-08: no progress for 30m"],
-)
-def test_a_stall_points_at_the_metrics_around_it(reason: str) -> None:
+def test_a_stall_points_at_the_metrics_around_it() -> None:
     # seed "Debug a failed run", step 5: a GPU at 0% (a hang)
-    advice = classify(reason, 143)
+    advice = classify(EndCause.STALLED, 143)
     assert (advice.kind, advice.look_at, advice.open) == (
         FailureKind.STALLED,
         STALLED_LOOK_AT,
@@ -220,11 +223,12 @@ def test_a_stall_points_at_the_metrics_around_it(reason: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("state", "reason", "exit_code", "kind", "look_at"),
+    ("state", "cause", "reason", "exit_code", "kind", "look_at"),
     [
         # seed L-54
         (
             "Failed",
+            EndCause.TIME_LIMIT,
             time_limit_sentence(timedelta(hours=12)),
             143,
             FailureKind.TIME_LIMIT,
@@ -233,6 +237,7 @@ def test_a_stall_points_at_the_metrics_around_it(reason: str) -> None:
         # seed L-56: not the last worker's "Your program: its log."
         (
             "Failed",
+            EndCause.RETRY_BUDGET,
             budget_exhausted_sentence(10),
             1,
             FailureKind.RETRY_BUDGET,
@@ -241,6 +246,7 @@ def test_a_stall_points_at_the_metrics_around_it(reason: str) -> None:
         # seed L-57: a preempted run until it runs again, and while it winds down
         (
             "Pending",
+            EndCause.PREEMPTED,
             preempted_sentence("llm"),
             None,
             FailureKind.PREEMPTED,
@@ -248,6 +254,7 @@ def test_a_stall_points_at_the_metrics_around_it(reason: str) -> None:
         ),
         (
             "Running",
+            EndCause.PREEMPTED,
             "Preempted by a drain of gpu-07",
             None,
             FailureKind.PREEMPTED,
@@ -256,6 +263,7 @@ def test_a_stall_points_at_the_metrics_around_it(reason: str) -> None:
         # seed L-55, restarting after its machine was lost
         (
             "Pending",
+            EndCause.MACHINE_LOST,
             "Restarting in 10s (1/10): Worker llama-sft-0 failed on gpu-07: Machine lost: its "
             "lease expired; the gang does not run without it",
             None,
@@ -265,6 +273,7 @@ def test_a_stall_points_at_the_metrics_around_it(reason: str) -> None:
         # a stall loop
         (
             "Pending",
+            EndCause.STALLED,
             "Restarting in 40s (3/10): Worker llama-sft-1 stalled on gpu-08: no progress for 5m",
             None,
             FailureKind.STALLED,
@@ -273,6 +282,7 @@ def test_a_stall_points_at_the_metrics_around_it(reason: str) -> None:
         # a gang's failure: the worker's reason it names
         (
             "Failed",
+            EndCause.EXITED,
             "Worker llama-sft-1 failed on gpu-08: Exited with code 1; the gang does not run "
             "without it",
             1,
@@ -281,6 +291,7 @@ def test_a_stall_points_at_the_metrics_around_it(reason: str) -> None:
         ),
         (
             "Failed",
+            EndCause.OOM_KILLED,
             "Worker llama-sft-1 failed on gpu-08: "
             + OOM_KILLED
             + "; the gang does not run without it",
@@ -291,10 +302,15 @@ def test_a_stall_points_at_the_metrics_around_it(reason: str) -> None:
         ),
     ],
 )
-def test_a_runs_own_sentence_gives_its_advice(
-    state: str, reason: str, exit_code: int | None, kind: FailureKind, look_at: str
+def test_a_runs_cause_gives_its_advice(
+    state: str,
+    cause: EndCause,
+    reason: str,
+    exit_code: int | None,
+    kind: FailureKind,
+    look_at: str,
 ) -> None:
-    found = run_advice(state, reason, exit_code)
+    found = run_advice(state, cause, reason, exit_code, max_restarts=10)
     assert found is not None
     advice, said = found
     assert (advice.kind, advice.look_at, said) == (kind, look_at, reason)
@@ -311,21 +327,12 @@ def test_a_runs_own_sentence_gives_its_advice(
     ],
 )
 def test_a_run_that_did_not_fail_has_no_failure_advice(state: str, reason: str) -> None:
-    assert run_advice(state, reason) is None
+    assert run_advice(state, None, reason) is None
 
 
-def test_the_runs_sentence_carries_the_workers_reason() -> None:
-    assert (
-        run_cause(
-            "Restarting in 5m (7/10): Worker a-0 failed on m: Exited with code 3; "
-            "the gang does not run without it"
-        )
-        == "Exited with code 3"
-    )
-    assert run_cause(
-        "Worker a-0 failed: " + MACHINE_LOST + "; the gang does not run without it"
-    ) == (MACHINE_LOST)
-    assert run_cause("Exceeded its time limit of 1h") == "Exceeded its time limit of 1h"
+def test_a_failed_run_without_a_cause_is_classified_by_its_exit_code() -> None:
+    found = run_advice("Failed", None, "Failed", 1)
+    assert found is not None and found[0].kind == FailureKind.PROGRAM
 
 
 def test_a_restarting_run_waits_in_the_restarting_in_a_loop_panel() -> None:
@@ -354,8 +361,8 @@ def test_a_run_that_failed_no_worker_shows_the_newest_snapshot() -> None:
     t0, t1 = "2026-10-01T01:00:00+00:00", "2026-10-01T02:00:00+00:00"
     snapshots = [("a-2", 2, t1), ("a-1", 1, t1), ("a-0", 0, t0)]
     assert last_snapshot(snapshots) == "a-1"
-    assert first_failed("Exceeded its time limit of 1h", [], snapshots) == "a-1"
-    assert first_failed("Exceeded its time limit of 1h", [], []) is None
+    assert first_failed(EndCause.TIME_LIMIT, None, [], snapshots) == "a-1"
+    assert first_failed(EndCause.TIME_LIMIT, None, [], []) is None
     # a worker that failed wins over snapshots
     at = datetime(2026, 10, 1, tzinfo=UTC)
-    assert first_failed(budget_exhausted_sentence(2), [("a-2", at)], snapshots) == "a-2"
+    assert first_failed(EndCause.RETRY_BUDGET, None, [("a-2", at)], snapshots) == "a-2"
