@@ -1,42 +1,65 @@
 """The goodput ledgers in Prometheus' text exposition format (seed: "Prometheus and
-OpenTelemetry"), pure: figures in, text out.
+OpenTelemetry"), pure: figures in, text out, written by ``prometheus_client``.
 
 All are gauges over whole hours: the hourly counts are kept 400 days and pruned, so a counter
-would go down.
+would go down. The figures come from the ledger at each scrape, so they are a custom collector
+yielding gauge families (prometheus_client's pattern for "metrics from another system"), not
+gauges kept up to date in a process-wide registry.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from backend.accounting.rules import Category, Ledger
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-HELP = {
+# Each gauge: its help and its labels, in the order they are written.
+GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "astraeus_goodput_ratio": (
-        "Productive over held, in the current UTC hour or the last 24 hours."
+        "Productive over held, in the current UTC hour or the last 24 hours.",
+        ("scope", "name", "window"),
     ),
-    "astraeus_goodput_gpu_hours": "GPU-hours by category.",
+    "astraeus_goodput_gpu_hours": (
+        "GPU-hours by category.",
+        ("scope", "name", "window", "category"),
+    ),
     "astraeus_run_goodput_gpu_hours": (
-        "A run's GPU-hours by category, since it was submitted (runs still going)."
+        "A run's GPU-hours by category, since it was submitted (runs still going).",
+        ("namespace", "run", "category"),
     ),
-    "astraeus_run_goodput_ratio": "A run's goodput: productive over held, since it was submitted.",
-    "astraeus_workers_stalled": "Workers stalled now.",
-    "astraeus_runs_with_straggler": "Runs whose gang has a straggler now.",
-    "astraeus_threshold_alerts_firing": "Threshold alerts firing (a cluster's operators only).",
+    "astraeus_run_goodput_ratio": (
+        "A run's goodput: productive over held, since it was submitted.",
+        ("namespace", "run"),
+    ),
+    "astraeus_workers_stalled": ("Workers stalled now.", ("namespace",)),
+    "astraeus_runs_with_straggler": ("Runs whose gang has a straggler now.", ("namespace",)),
+    "astraeus_threshold_alerts_firing": (
+        "Threshold alerts firing (a cluster's operators only).",
+        ("metric",),
+    ),
 }
 
 
-@dataclass
-class Exposition:
-    """Samples by metric, written in the order of HELP."""
+class Exposition(Collector):
+    """One scrape's gauges, collected in the order of GAUGES; a gauge without samples is left
+    out."""
 
-    samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self._families: dict[str, GaugeMetricFamily] = {}
 
     def add(self, metric: str, labels: dict[str, str], value: float) -> None:
-        assert metric in HELP, metric
-        self.samples.setdefault(metric, []).append((labels, value))
+        help_, names = GAUGES[metric]
+        assert tuple(labels) == names, (metric, labels)
+        family = self._families.get(metric)
+        if family is None:
+            family = self._families[metric] = GaugeMetricFamily(metric, help_, labels=names)
+        family.add_metric(list(labels.values()), round(float(value), 9))
 
     def ledger(self, scope: str, name: str, window: str, ledger: Ledger) -> None:
         """A scope's figures in one window: its ratio (when something was held) and its
@@ -56,27 +79,12 @@ class Exposition:
         if ledger.goodput is not None:
             self.add("astraeus_run_goodput_ratio", base, ledger.goodput)
 
+    def collect(self) -> Iterator[Metric]:
+        for metric in GAUGES:
+            if metric in self._families:
+                yield self._families[metric]
+
     def text(self) -> str:
-        lines: list[str] = []
-        for metric, help_ in HELP.items():
-            samples = self.samples.get(metric)
-            if not samples:
-                continue
-            lines.append(f"# HELP {metric} {help_}")
-            lines.append(f"# TYPE {metric} gauge")
-            lines.extend(f"{metric}{_labels(labels)} {_value(v)}" for labels, v in samples)
-        return "\n".join(lines) + "\n" if lines else ""
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
-
-
-def _value(value: float) -> str:
-    return repr(float(round(value, 9)))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        return generate_latest(registry).decode()

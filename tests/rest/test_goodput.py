@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from backend.accounting import counting
 from tests.lifecycle.world import World
@@ -160,11 +161,17 @@ async def test_bad_parameters_are_named_with_the_reason(
 # -- /goodput/metrics ----------------------------------------------------------------------------
 
 
+def key(metric: str, **labels: str) -> str:
+    """A sample's name and labels, the labels in name order (their order means nothing)."""
+    return metric + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
 def samples(text: str) -> dict[str, float]:
+    """Each sample of the text, read by prometheus_client's parser."""
     return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
+        key(s.name, **s.labels): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
     }
 
 
@@ -189,19 +196,18 @@ async def test_the_prometheus_exposition_has_the_seeds_names_and_labels(
     got = samples(text)
     by_run = (await get(client, tenancy.member_token, "/goodput", by="run")).json()
     llm = next(r for r in by_run["ledgers"] if r["name"] == "llm")
-    assert got['astraeus_run_goodput_ratio{namespace="default",run="llm"}'] == pytest.approx(
+    assert got[key("astraeus_run_goodput_ratio", namespace="default", run="llm")] == pytest.approx(
         llm["goodput"]
     )
-    assert got[
-        'astraeus_run_goodput_gpu_hours{namespace="default",run="sweep-7",category="waiting"}'
-    ] == pytest.approx(4 * 10 / 60)
+    waiting = key(
+        "astraeus_run_goodput_gpu_hours", namespace="default", run="sweep-7", category="waiting"
+    )
+    assert got[waiting] == pytest.approx(4 * 10 / 60)
     for scope, name in (("workspace", "default"), ("machine", "gpu-07"), ("cluster", "local")):
         for window in ("hour", "day"):
-            assert (
-                f'astraeus_goodput_ratio{{scope="{scope}",name="{name}",window="{window}"}}' in got
-            )
-    assert got['astraeus_workers_stalled{namespace="default"}'] == 0
-    assert got['astraeus_runs_with_straggler{namespace="default"}'] == 0
+            assert key("astraeus_goodput_ratio", scope=scope, name=name, window=window) in got
+    assert got[key("astraeus_workers_stalled", namespace="default")] == 0
+    assert got[key("astraeus_runs_with_straggler", namespace="default")] == 0
 
 
 async def test_the_exposition_shows_another_workspace_nothing_of_ours(
