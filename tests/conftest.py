@@ -150,8 +150,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     starters = _starters()
     lanes: dict[pytest.Item, str] = {}
     for item in items:
-        lanes[item] = lane(item, starters)
-        item.add_marker(getattr(pytest.mark, lanes[item]))
+        # a module may name its lane itself (`pytestmark = pytest.mark.e2e`): that one wins
+        named = sorted({m.name for m in item.iter_markers() if m.name in LANES})
+        if len(named) > 1:
+            raise pytest.UsageError(f"{item.nodeid} is marked for lanes {named}: one at most")
+        lanes[item] = named[0] if named else lane(item, starters)
+        if not named:
+            item.add_marker(getattr(pytest.mark, lanes[item]))
         if lanes[item] in ("e2e", "workloads"):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         if HYPOTHESIS_PROFILE == "quick":
