@@ -138,6 +138,13 @@ async def expire_leases(session: AsyncSession, clock: Clock, lease: timedelta) -
         return Effects()
     total = Effects()
     for machine in await repository.expired_machines(session, now):
+        assert machine.lease_expires_at is not None
+        log.warning(
+            "machine %s lost: its lease expired %.1fs ago (last heard %s)",
+            machine.name,
+            (now - machine.lease_expires_at).total_seconds(),
+            machine.last_seen_at.isoformat() if machine.last_seen_at else "never",
+        )
         machine.state, machine.reason = "lost", "Machine lost: its lease expired"
         fx = await lifecycle.machine_lost(session, clock, machine.id)
         total.freed |= fx.freed
