@@ -11,6 +11,7 @@ import strawberry
 from backend.accounting import rules
 from backend.accounting.service import Report, Row
 from backend.errors import FieldError, InvalidInput
+from backend.schema.enums import CategoryValue
 
 HOUR_SECONDS = 3600.0
 
@@ -25,7 +26,7 @@ class GoodputScope(Enum):
 
 @strawberry.type(description="GPU-hours of one category: all of it, and its held part.")
 class CategoryTime:
-    category: str = strawberry.field(
+    category: CategoryValue = strawberry.field(
         description="productive, idle, stalled, starting, restart, failure, preemption, waiting."
     )
     gpu_hours: float
@@ -54,7 +55,7 @@ class GoodputLedger:
     def of(cls, ledger: rules.Ledger) -> GoodputLedger:
         times = [
             CategoryTime(
-                category=c.value,
+                category=CategoryValue(c.value),
                 gpu_hours=(ledger.held[c] + ledger.not_held[c]) / HOUR_SECONDS,
                 held_gpu_hours=ledger.held[c] / HOUR_SECONDS,
             )
@@ -134,7 +135,7 @@ class GoodputInterval:
     machine: str | None
     start: datetime
     end: datetime
-    category: str
+    category: CategoryValue
     held: bool
     gpus: int
     gpu_hours: float

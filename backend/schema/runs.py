@@ -17,18 +17,25 @@ from backend.runs.rules import task_counts
 from backend.runs.spec import stored_spec
 from backend.scheduling import service as scheduling
 from backend.schema.common import UserError
+from backend.schema.enums import (
+    FailureKindValue,
+    LifeStateValue,
+    RunStateValue,
+    WorkerStateValue,
+)
 from backend.schema.goodput import GoodputLedger
 
 
 @strawberry.type(description="One state change, with the sentence that explains it.")
 class HistoryEntry:
     transition_at: datetime
-    state: str
+    state: LifeStateValue
     reason: str
 
     @classmethod
     def from_model(cls, row: models.StateTransition) -> HistoryEntry:
-        return cls(transition_at=row.transition_at, state=row.state, reason=row.reason)
+        state = LifeStateValue(row.state)
+        return cls(transition_at=row.transition_at, state=state, reason=row.reason)
 
 
 @strawberry.type(description="How a worker was started (seed L-28).")
@@ -46,7 +53,7 @@ class HowStarted:
 
 @strawberry.type(description="How many of a run's workers are in one state.")
 class StateCount:
-    state: str
+    state: WorkerStateValue
     count: int
 
 
@@ -61,7 +68,7 @@ class Worker:
     id: strawberry.ID
     name: str
     rank: int
-    state: str
+    state: WorkerStateValue
     reason: str
     state_since: datetime
     gpus: int = strawberry.field(description="GPUs it asks for.")
@@ -83,7 +90,7 @@ class Worker:
             id=strawberry.ID(str(row.id)),
             name=row.name,
             rank=row.rank,
-            state=row.state,
+            state=WorkerStateValue(row.state),
             reason=row.reason,
             state_since=row.state_since,
             gpus=row.gpus,
@@ -177,7 +184,7 @@ class Worker:
 class Advice:
     reason: str = strawberry.field(description="The failure's reason, as the worker said it.")
     exit_code: int | None
-    kind: str = strawberry.field(
+    kind: FailureKindValue = strawberry.field(
         description="A failure: program, command_not_found, out_of_memory, image_pull, "
         "time_limit, machine_lost, retry_budget, preempted, stalled, signal or other; a wait: "
         "machines, queue, plan, credential, drive, pulling, barrier or restart_loop."
@@ -193,7 +200,7 @@ class Advice:
         return cls(
             reason=reason,
             exit_code=exit_code,
-            kind=found.kind.value,
+            kind=FailureKindValue(found.kind.value),
             look_at=found.look_at,
             open=found.open,
         )
@@ -203,7 +210,7 @@ class Advice:
 class Run:
     id: strawberry.ID
     name: str
-    state: str
+    state: RunStateValue
     reason: str = strawberry.field(description="One sentence: why the run is in its state.")
     priority: int
     created_at: datetime
@@ -223,7 +230,7 @@ class Run:
         return cls(
             id=strawberry.ID(str(row.id)),
             name=row.name,
-            state=row.state,
+            state=RunStateValue(row.state),
             reason=row.reason,
             priority=row.priority,
             created_at=row.created_at,
@@ -348,7 +355,7 @@ class Run:
     async def task_counts(self, info: Info) -> list[StateCount]:
         rows = await info.context.loaders.workers_by_run.load(int(self.id))
         counts = task_counts(w.state for w in rows)
-        return [StateCount(state=s, count=n) for s, n in counts.items()]
+        return [StateCount(state=WorkerStateValue(s), count=n) for s, n in counts.items()]
 
 
 @strawberry.type(

@@ -3,6 +3,39 @@
 type Exact<T extends { [key: string]: unknown }> = { [K in keyof T]: T[K] };
 /** Internal type. DO NOT USE DIRECTLY. */
 export type Incremental<T> = T | { [P in keyof T]?: P extends ' $fragmentName' | '__typename' ? T[P] : never };
+/** What a failure or a wait means (seed: Debug a failed run, step 2; Debug a run that does not start). */
+export type FailureKind =
+  | 'barrier'
+  | 'command_not_found'
+  | 'credential'
+  | 'drive'
+  | 'image_pull'
+  | 'machine_lost'
+  | 'machines'
+  | 'other'
+  | 'out_of_memory'
+  | 'plan'
+  | 'preempted'
+  | 'program'
+  | 'pulling'
+  | 'queue'
+  | 'restart_loop'
+  | 'retry_budget'
+  | 'signal'
+  | 'stalled'
+  | 'time_limit';
+
+/** Where GPU time went (seed goodput.txt): the accounting's categories. */
+export type GoodputCategory =
+  | 'failure'
+  | 'idle'
+  | 'preemption'
+  | 'productive'
+  | 'restart'
+  | 'stalled'
+  | 'starting'
+  | 'waiting';
+
 /** What a goodput report has a row for. */
 export type GoodputScope =
   | 'MACHINE'
@@ -10,12 +43,49 @@ export type GoodputScope =
   | 'RUN'
   | 'WORKSPACE';
 
+/** A state a history entry records: a run's or a worker's. */
+export type LifeState =
+  | 'Completed'
+  | 'Deleted'
+  | 'Failed'
+  | 'Pending'
+  | 'Preparing'
+  | 'Pulling'
+  | 'Running'
+  | 'Starting'
+  | 'Stopped'
+  | 'Stopping';
+
+/** A run's state (seed: the lifecycle's states). */
+export type RunState =
+  | 'Completed'
+  | 'Deleted'
+  | 'Failed'
+  | 'Pending'
+  | 'Preparing'
+  | 'Pulling'
+  | 'Running'
+  | 'Starting'
+  | 'Stopped';
+
+/** A worker's state: a run's, but Deleted, and with Stopping while it winds down. */
+export type WorkerState =
+  | 'Completed'
+  | 'Failed'
+  | 'Pending'
+  | 'Preparing'
+  | 'Pulling'
+  | 'Running'
+  | 'Starting'
+  | 'Stopped'
+  | 'Stopping';
+
 export type ShellViewerQueryVariables = Exact<{ [key: string]: never; }>;
 
 
 export type ShellViewerQuery = { viewer: { user: string, isOrgAdmin: boolean } };
 
-export type LedgerFieldsFragment = { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: string, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: string, gpuHours: number, heldGpuHours: number } | null };
+export type LedgerFieldsFragment = { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: GoodputCategory, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: GoodputCategory, gpuHours: number, heldGpuHours: number } | null };
 
 export type FollowLogSubscriptionVariables = Exact<{
   w: string;
@@ -47,7 +117,7 @@ export type NewEventsSubscriptionVariables = Exact<{
 
 export type NewEventsSubscription = { events: { id: number, kind: string, state: string | null, reason: string, run: string | null, worker: string | null, createdAt: string, foundAt: string } };
 
-export type ReportFieldsFragment = { start: string, end: string, rowCount: number, total: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: string, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: string, gpuHours: number, heldGpuHours: number } | null }, rows: Array<{ name: string, ledger: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: string, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: string, gpuHours: number, heldGpuHours: number } | null } }> };
+export type ReportFieldsFragment = { start: string, end: string, rowCount: number, total: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: GoodputCategory, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: GoodputCategory, gpuHours: number, heldGpuHours: number } | null }, rows: Array<{ name: string, ledger: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: GoodputCategory, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: GoodputCategory, gpuHours: number, heldGpuHours: number } | null } }> };
 
 export type GoodputQueryVariables = Exact<{
   by: GoodputScope;
@@ -56,7 +126,7 @@ export type GoodputQueryVariables = Exact<{
 }>;
 
 
-export type GoodputQuery = { goodput: { start: string, end: string, rowCount: number, total: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: string, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: string, gpuHours: number, heldGpuHours: number } | null }, rows: Array<{ name: string, ledger: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: string, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: string, gpuHours: number, heldGpuHours: number } | null } }> }, attention: Array<{ run: string, worker: string, kind: string, since: string, reason: string, machine: string | null }>, alertsFiring: Array<{ metric: string, subject: string, reason: string, firedAt: string }> };
+export type GoodputQuery = { goodput: { start: string, end: string, rowCount: number, total: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: GoodputCategory, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: GoodputCategory, gpuHours: number, heldGpuHours: number } | null }, rows: Array<{ name: string, ledger: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: GoodputCategory, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: GoodputCategory, gpuHours: number, heldGpuHours: number } | null } }> }, attention: Array<{ run: string, worker: string, kind: string, since: string, reason: string, machine: string | null }>, alertsFiring: Array<{ metric: string, subject: string, reason: string, firedAt: string }> };
 
 export type WeeklyQueryVariables = Exact<{
   by: GoodputScope;
@@ -64,7 +134,7 @@ export type WeeklyQueryVariables = Exact<{
 }>;
 
 
-export type WeeklyQuery = { goodputWeekly: Array<{ week: string, report: { start: string, end: string, rowCount: number, total: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: string, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: string, gpuHours: number, heldGpuHours: number } | null }, rows: Array<{ name: string, ledger: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: string, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: string, gpuHours: number, heldGpuHours: number } | null } }> } }> };
+export type WeeklyQuery = { goodputWeekly: Array<{ week: string, report: { start: string, end: string, rowCount: number, total: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: GoodputCategory, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: GoodputCategory, gpuHours: number, heldGpuHours: number } | null }, rows: Array<{ name: string, ledger: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: GoodputCategory, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: GoodputCategory, gpuHours: number, heldGpuHours: number } | null } }> } }> };
 
 export type IntervalsQueryVariables = Exact<{
   by: GoodputScope;
@@ -76,7 +146,7 @@ export type IntervalsQueryVariables = Exact<{
 }>;
 
 
-export type IntervalsQuery = { goodputIntervals: Array<{ worker: string, machine: string | null, start: string, end: string, category: string, held: boolean, gpus: number }> };
+export type IntervalsQuery = { goodputIntervals: Array<{ worker: string, machine: string | null, start: string, end: string, category: GoodputCategory, held: boolean, gpus: number }> };
 
 export type GpusQueryVariables = Exact<{
   ws: string | null | undefined;
@@ -115,7 +185,7 @@ export type RunQueryVariables = Exact<{
 }>;
 
 
-export type RunQuery = { run: { name: string, cluster: string, state: string, reason: string, priority: number, createdAt: string, stateSince: string, endedAt: string | null, createdBy: string | null, spec: unknown, history: Array<{ transitionAt: string, state: string, reason: string }>, pendingReasons: Array<{ machine: string, reason: string }>, goodput: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: string, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: string, gpuHours: number, heldGpuHours: number } | null }, failedWorker: { name: string, rank: number, state: string, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null } | null, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null, restartLoop: { restarts: number, maxRestarts: number, restartAt: string | null, worker: { name: string, rank: number, state: string, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null } | null } | null, waitAdvice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null, workers: Array<{ name: string, rank: number, state: string, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null }> } | null };
+export type RunQuery = { run: { name: string, cluster: string, state: RunState, reason: string, priority: number, createdAt: string, stateSince: string, endedAt: string | null, createdBy: string | null, spec: unknown, history: Array<{ transitionAt: string, state: LifeState, reason: string }>, pendingReasons: Array<{ machine: string, reason: string }>, goodput: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: GoodputCategory, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: GoodputCategory, gpuHours: number, heldGpuHours: number } | null }, failedWorker: { name: string, rank: number, state: WorkerState, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: FailureKind, lookAt: string, open: string } | null } | null, advice: { reason: string, exitCode: number | null, kind: FailureKind, lookAt: string, open: string } | null, restartLoop: { restarts: number, maxRestarts: number, restartAt: string | null, worker: { name: string, rank: number, state: WorkerState, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: FailureKind, lookAt: string, open: string } | null } | null } | null, waitAdvice: { reason: string, exitCode: number | null, kind: FailureKind, lookAt: string, open: string } | null, workers: Array<{ name: string, rank: number, state: WorkerState, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: FailureKind, lookAt: string, open: string } | null }> } | null };
 
 export type RunsQueryVariables = Exact<{
   all: boolean;
@@ -123,7 +193,7 @@ export type RunsQueryVariables = Exact<{
 }>;
 
 
-export type RunsQuery = { runs: Array<{ name: string, state: string, reason: string, createdAt: string, createdBy: string | null, workers: Array<{ state: string, gpus: number }> }> };
+export type RunsQuery = { runs: Array<{ name: string, state: RunState, reason: string, createdAt: string, createdBy: string | null, workers: Array<{ state: WorkerState, gpus: number }> }> };
 
 export type SignedInQueryVariables = Exact<{ [key: string]: never; }>;
 
@@ -136,7 +206,7 @@ export type WorkerPageQueryVariables = Exact<{
 }>;
 
 
-export type WorkerPageQuery = { run: { name: string, spec: unknown, workers: Array<{ name: string, rank: number, state: string, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, lastPlacement: { machine: string, gpuIds: Array<number> } | null, started: { image: string | null, command: Array<string> | null, user: string | null, gpuIds: Array<number>, restartPolicy: string, timeLimit: string | null, rank: number, environment: unknown, mounts: unknown }, history: Array<{ transitionAt: string, state: string, reason: string }>, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null }> } | null };
+export type WorkerPageQuery = { run: { name: string, spec: unknown, workers: Array<{ name: string, rank: number, state: WorkerState, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, lastPlacement: { machine: string, gpuIds: Array<number> } | null, started: { image: string | null, command: Array<string> | null, user: string | null, gpuIds: Array<number>, restartPolicy: string, timeLimit: string | null, rank: number, environment: unknown, mounts: unknown }, history: Array<{ transitionAt: string, state: LifeState, reason: string }>, advice: { reason: string, exitCode: number | null, kind: FailureKind, lookAt: string, open: string } | null }> } | null };
 
 export type CreateRunMutationVariables = Exact<{
   spec: unknown;
@@ -145,4 +215,4 @@ export type CreateRunMutationVariables = Exact<{
 
 export type CreateRunMutation = { createRun: { run: { name: string } | null, errors: Array<{ code: string, field: string | null, message: string }> } };
 
-export type WorkerFieldsFragment = { name: string, rank: number, state: string, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: string, lookAt: string, open: string } | null };
+export type WorkerFieldsFragment = { name: string, rank: number, state: WorkerState, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, advice: { reason: string, exitCode: number | null, kind: FailureKind, lookAt: string, open: string } | null };
