@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
+from psycopg.types.json import Jsonb
 from sqlalchemy import JSON, BigInteger, DateTime, Integer, MetaData, event
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Dialect, Engine, make_url
@@ -297,3 +298,26 @@ async def copy_binary(
             for row in rows:
                 await copy.write_row(row)
         return cursor.rowcount
+
+
+async def insert_many(session: AsyncSession, model: type[Any], rows: list[dict[str, Any]]) -> None:
+    """Many new rows at once: COPY on PostgreSQL, one executemany elsewhere.
+
+    History rows come by the thousand in a scheduling pass; COPY takes them an order of
+    magnitude faster than INSERTs (see PERFORMANCE.md)."""
+    if not rows:
+        return
+    table = model.__table__
+    if session.get_bind().dialect.name != "postgresql":
+        await session.execute(table.insert(), rows)
+        return
+    columns = list(rows[0])
+    pg = await driver_connection(session)
+    statement = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
+    async with pg.cursor() as cursor, cursor.copy(statement) as copy:
+        for row in rows:
+            await copy.write_row([_copy_value(row[c]) for c in columns])
+
+
+def _copy_value(value: Any) -> Any:
+    return Jsonb(value) if isinstance(value, dict | list) else value

@@ -106,6 +106,12 @@ async def tick(session: AsyncSession, clock: Clock) -> TickResult:
     return TickResult(counted_from, until, recounted, workers + changed, intervals + written)
 
 
+async def hold_mark(session: AsyncSession) -> datetime | None:
+    """How far the tick has counted, with its mark held until the transaction ends: no tick
+    counts meanwhile. A deletion calls it before it reads the time (``count_deleted``)."""
+    return await repository.hold_mark(session)
+
+
 async def count_deleted(
     session: AsyncSession, worker_ids: list[int], at: datetime, counted: datetime | None
 ) -> None:
@@ -114,7 +120,7 @@ async def count_deleted(
     ``at``. (Otherwise the next tick would find neither worker nor history, and the time
     between the last tick and the deletion would be lost.)
 
-    ``counted`` is what ``repository.hold_mark`` answered, called before ``at`` was read: no
+    ``counted`` is what ``hold_mark`` answered, called before ``at`` was read: no
     tick has counted past ``at`` then, and none counts while the run goes."""
     pending = await repository.unaccounted_of(session, worker_ids)
     late = await repository.recounts(session, worker_ids)

@@ -32,8 +32,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.accounting.rules import CATEGORIES, HOUR, WINDING_DOWN, PhaseChange
-from backend.db import UTCDateTime, driver_connection
-from backend.lifecycle.repository import insert_many
+from backend.db import UTCDateTime, driver_connection, insert_many
 from backend.metrics.rules import BY_NAME
 from backend.models import (
     AccountingMark,

@@ -205,6 +205,20 @@ def ledgers_by_id(sums: Iterable[tuple[int, str, bool, float]]) -> dict[int, Led
     return {i: Ledger.of_sums(p) for i, p in parts.items()}
 
 
+async def cluster_ledgers(
+    session: AsyncSession, scope: str, cluster_id: int, start: datetime, end: datetime
+) -> dict[int, Ledger]:
+    """Each workspace's or pool's ledger of one cluster over the hours of [start, end)."""
+    return ledgers_by_id(
+        await repository.hour_sums(session, scope, start, end, cluster_id=cluster_id)
+    )
+
+
+async def scope_names(session: AsyncSession, scope: str, ids: Sequence[int]) -> dict[int, str]:
+    """The names of runs, machines, pools or workspaces, by id."""
+    return await repository.scope_names(session, scope, ids)
+
+
 async def exposition(
     session: AsyncSession,
     principal: Principal,

@@ -15,10 +15,9 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
-from backend.accounting import repository as ledgers
 from backend.accounting import rules as accounting_rules
-from backend.accounting.rules import HOUR, Ledger
-from backend.accounting.service import ledgers_by_id
+from backend.accounting import service as accounting
+from backend.accounting.rules import HOUR
 from backend.alerts import repository, rules
 from backend.alerts.rules import DEFAULTS, Finding
 from backend.clock import Clock
@@ -78,9 +77,11 @@ async def _findings(
     hour_start = hour_end - HOUR
     label = hour_start.strftime("%H:%M UTC")
     for scope in ("workspace", "pool"):
-        hour = await _ledgers(session, scope, cluster.id, hour_start, hour_end)
-        day = await _ledgers(session, scope, cluster.id, hour_start - 24 * HOUR, hour_start)
-        scope_names = await ledgers.scope_names(session, scope, list(hour))
+        hour = await accounting.cluster_ledgers(session, scope, cluster.id, hour_start, hour_end)
+        day = await accounting.cluster_ledgers(
+            session, scope, cluster.id, hour_start - 24 * HOUR, hour_start
+        )
+        scope_names = await accounting.scope_names(session, scope, list(hour))
         for scope_id, ledger in hour.items():
             subject = f"{scope}:{scope_names.get(scope_id, scope_id)}"
             workspace_id = scope_id if scope == "workspace" else None
@@ -114,12 +115,6 @@ async def _findings(
     if faults is not None:
         found.append(faults)
     return found
-
-
-async def _ledgers(
-    session: AsyncSession, scope: str, cluster_id: int, start: datetime, end: datetime
-) -> dict[int, Ledger]:
-    return ledgers_by_id(await ledgers.hour_sums(session, scope, start, end, cluster_id=cluster_id))
 
 
 def _event(

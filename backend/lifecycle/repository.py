@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
-from psycopg.types.json import Jsonb
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -14,6 +12,7 @@ from backend.lifecycle.rules import WORKER_ENDED_STATES
 from backend.models import (
     AgentCommand,
     Event,
+    Machine,
     Run,
     StateTransition,
     Worker,
@@ -27,6 +26,24 @@ async def runs_by_id(session: AsyncSession, run_ids: Sequence[int], *, lock: boo
     if lock:
         query = query.with_for_update()
     return list(await session.scalars(query))
+
+
+async def workers_by_run(session: AsyncSession, run_ids: Sequence[int]) -> dict[int, list[Worker]]:
+    """The gangs' workers, by run and rank."""
+    rows = await session.scalars(
+        select(Worker).where(Worker.run_id.in_(run_ids)).order_by(Worker.run_id, Worker.rank)
+    )
+    grouped: dict[int, list[Worker]] = {}
+    for worker in rows:
+        grouped.setdefault(worker.run_id, []).append(worker)
+    return grouped
+
+
+async def machine_names(session: AsyncSession, machine_ids: Sequence[int]) -> dict[int, str]:
+    rows = await session.execute(
+        select(Machine.id, Machine.name).where(Machine.id.in_(machine_ids))
+    )
+    return {row.id: row.name for row in rows}
 
 
 async def workspaces(session: AsyncSession, ids: Sequence[int]) -> dict[int, Workspace]:
@@ -90,32 +107,6 @@ async def move_workers(session: AsyncSession, moves: Sequence[tuple[int, int, st
 
 async def delete_workers(session: AsyncSession, run_id: int) -> None:
     await session.execute(delete(Worker).where(Worker.run_id == run_id))
-
-
-async def insert_many(session: AsyncSession, model: type[Any], rows: list[dict[str, Any]]) -> None:
-    """Many new rows at once: COPY on PostgreSQL, one executemany elsewhere.
-
-    History rows come by the thousand in a scheduling pass; COPY takes them an order of
-    magnitude faster than INSERTs (see PERFORMANCE.md)."""
-    if not rows:
-        return
-    table = model.__table__
-    if session.get_bind().dialect.name != "postgresql":
-        await session.execute(table.insert(), rows)
-        return
-    columns = list(rows[0])
-    connection = await session.connection()
-    raw = await connection.get_raw_connection()
-    pg = raw.driver_connection
-    assert pg is not None
-    statement = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
-    async with pg.cursor() as cursor, cursor.copy(statement) as copy:
-        for row in rows:
-            await copy.write_row([_copy_value(row[c]) for c in columns])
-
-
-def _copy_value(value: Any) -> Any:
-    return Jsonb(value) if isinstance(value, dict | list) else value
 
 
 def add(

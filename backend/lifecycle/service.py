@@ -14,14 +14,13 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.accounting import counting
-from backend.accounting import repository as accounting_repository
 from backend.clock import Clock, iso_offset
+from backend.db import insert_many
 from backend.errors import Conflict, NotFound
 from backend.events import rules as events_rules
 from backend.lifecycle import repository, rules
 from backend.lifecycle.rules import Effects, RunPolicy, RunView, Transition, WorkerView
 from backend.models import AgentCommand, Event, Run, StateTransition, Worker, Workspace
-from backend.runs import repository as runs_repository
 from backend.runs.spec import stored_spec
 
 _RUN_FIELDS = (
@@ -141,10 +140,10 @@ async def load_gangs(
     if not run_ids:
         return []
     runs = await repository.runs_by_id(session, run_ids, lock=lock)
-    workers = await runs_repository.workers_by_run(session, [r.id for r in runs])
+    workers = await repository.workers_by_run(session, [r.id for r in runs])
     spaces = await repository.workspaces(session, list({r.workspace_id for r in runs}))
     machine_ids = {w.machine_id for ws in workers.values() for w in ws if w.machine_id}
-    names = await runs_repository.machine_names(session, list(machine_ids)) if machine_ids else {}
+    names = await repository.machine_names(session, list(machine_ids)) if machine_ids else {}
     return [
         Gang(
             r,
@@ -194,9 +193,9 @@ class Writes:
     commands: list[dict[str, Any]] = field(default_factory=list)
 
     async def flush(self, session: AsyncSession) -> None:
-        await repository.insert_many(session, StateTransition, self.transitions)
-        await repository.insert_many(session, Event, self.events)
-        await repository.insert_many(session, AgentCommand, self.commands)
+        await insert_many(session, StateTransition, self.transitions)
+        await insert_many(session, Event, self.events)
+        await insert_many(session, AgentCommand, self.commands)
         self.transitions, self.events, self.commands = [], [], []
 
 
@@ -318,7 +317,7 @@ async def stop_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> Ef
 async def delete_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> Effects:
     """Deleted: the run stays listed (runs -a); its workers and their logs are removed, once
     their GPU time up to now is counted into the goodput ledgers."""
-    counted = await accounting_repository.hold_mark(session)  # before now is read
+    counted = await counting.hold_mark(session)  # before now is read
     machines = await repository.machines_that_ran(session, run.id)
     now = clock.now()
     gang, fx = await apply(

@@ -16,7 +16,7 @@ from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import Effects, EndCause
 from backend.machines import repository
 from backend.models import Gpu, Machine, Worker
-from backend.organizations import repository as organizations
+from backend.organizations import service as organizations
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ async def drain_by_name(
     hidden = NotFound("MACHINE_NOT_FOUND", f"No machine named '{name}' in cluster '{cluster}'.")
     if not principal.is_org_admin:
         raise hidden
-    clusters = await organizations.list_clusters(session, principal.organization_id)
+    clusters = await organizations.clusters(session, principal.organization_id)
     found = next((c for c in clusters if c.name == cluster), None)
     machine = await repository.get_machine(session, found.id, name) if found else None
     if machine is None:

@@ -12,7 +12,7 @@ from backend.access.rules import Principal
 from backend.errors import Forbidden
 from backend.machines import repository
 from backend.metrics import service as metrics
-from backend.organizations import repository as organizations
+from backend.organizations import service as organizations
 from backend.runs import service as runs
 
 UTILIZATION = "task_gpu_utilization_ratio"
@@ -54,7 +54,7 @@ async def gpus(
     """Every GPU of the organisation's clusters (where the workspace's runs may go); a run of
     another workspace that holds one is not named. Members see the machines in MEMBERS_SEE."""
     ws = await runs.workspace_for(session, principal, workspace)
-    clusters = await organizations.list_clusters(session, ws.organization_id)
+    clusters = await organizations.clusters(session, ws.organization_id)
     found = await repository.gpus_in_clusters(session, [c.id for c in clusters])
     machine_ids = sorted({m.id for _, m in found})
     held: dict[tuple[int, int], tuple[int, str, int]] = {}  # (machine, gpu) → worker, run, ws
@@ -109,7 +109,7 @@ async def machines(session: AsyncSession, principal: Principal) -> list[MachineV
     are the organisation admins')."""
     if not principal.is_org_admin:
         raise Forbidden("Only the organisation's admins see its machines; GPUs are in gpus.")
-    clusters = await organizations.list_clusters(session, principal.organization_id)
+    clusters = await organizations.clusters(session, principal.organization_id)
     return [
         MachineView(
             name=m.name,
@@ -149,7 +149,7 @@ async def pools(session: AsyncSession, principal: Principal) -> list[PoolView]:
             found.setdefault((m.cluster, m.pool), []).append(m)
     for cluster, name in await repository.pool_names(
         session,
-        [c.id for c in await organizations.list_clusters(session, principal.organization_id)],
+        [c.id for c in await organizations.clusters(session, principal.organization_id)],
     ):
         found.setdefault((cluster, name), [])
     return [

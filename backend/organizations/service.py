@@ -85,6 +85,21 @@ async def workspace_by_name(session: AsyncSession, organization_id: int, name: s
     return ws
 
 
+async def workspace(session: AsyncSession, workspace_id: int) -> Workspace | None:
+    return await repository.get_workspace(session, workspace_id)
+
+
+async def find_workspace(
+    session: AsyncSession, organization_id: int, name: str
+) -> Workspace | None:
+    return await repository.get_workspace_by_name(session, organization_id, name)
+
+
+async def clusters(session: AsyncSession, organization_id: int) -> list[Cluster]:
+    """The organisation's clusters, by name."""
+    return await repository.list_clusters(session, organization_id)
+
+
 async def cluster_by_name(session: AsyncSession, organization_id: int, name: str) -> Cluster:
     found = [c for c in await repository.list_clusters(session, organization_id) if c.name == name]
     if not found:

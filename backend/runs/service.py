@@ -11,13 +11,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
-from backend.accounting import repository as accounting_repository
+from backend.accounting import counting
 from backend.clock import Clock
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import is_straggler
 from backend.models import Event, Run, StateTransition, Worker, Workspace
-from backend.organizations import repository as orgs_repository
 from backend.organizations import service as organizations
 from backend.runs import repository
 from backend.runs.rules import WORKER_CREATED, WorkerState, plan_new_run
@@ -36,11 +35,9 @@ async def workspace_for(
     if name is None or name == principal.workspace_name:
         if principal.workspace_id is None:
             raise NotFound("WORKSPACE_NOT_FOUND", "This token acts in no workspace.")
-        found = await orgs_repository.get_workspace(session, principal.workspace_id)
+        found = await organizations.workspace(session, principal.workspace_id)
     else:
-        found = await orgs_repository.get_workspace_by_name(
-            session, principal.organization_id, name
-        )
+        found = await organizations.find_workspace(session, principal.organization_id, name)
     if found is None or not principal.can_see_workspace(found.id, found.organization_id):
         raise NotFound("WORKSPACE_NOT_FOUND", f"No workspace named '{name}'.")
     return found
@@ -231,7 +228,7 @@ async def get_run_by_id(session: AsyncSession, principal: Principal, run_id: int
     run = await repository.get_run(session, run_id)
     if run is None:
         raise NotFound("JOB_NOT_FOUND", "No such run.")
-    ws = await orgs_repository.get_workspace(session, run.workspace_id)
+    ws = await organizations.workspace(session, run.workspace_id)
     if ws is None or not principal.can_see_workspace(ws.id, ws.organization_id):
         raise NotFound("JOB_NOT_FOUND", "No such run.")
     return run
@@ -342,7 +339,7 @@ async def delete_run(
     deletions, or a deletion and a machine acknowledging its commands, cannot each hold a row
     the other waits for (issue 19: a deadlock on ``DELETE FROM workers``)."""
     run = await get_run(session, principal, name, workspace=workspace)
-    await accounting_repository.hold_mark(session)
+    await counting.hold_mark(session)
     await repository.lock_for_deletion(session, run.id)
     await lifecycle.delete_run(session, clock, run, principal.user_name)
     return run
