@@ -86,7 +86,7 @@ def hello(machine: str = "gpu-07", gpus: int = 2) -> agent_pb2.Hello:
             for i in range(gpus)
         ],
         agent_version="test",
-        protocol=2,
+        protocol=3,
     )
 
 
