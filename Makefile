@@ -69,9 +69,10 @@ serve: setup ## run the API server only (set ASTRAEUS_DATABASE_URL; run `astraeu
 services: ## start PostgreSQL and Redis if they are down (this machine kind's commands)
 	bash scripts/services.sh
 
-lint: setup ## ruff: lint and format check
+lint: setup ## ruff: lint and format check; import-linter: the layer and domain contracts (pyproject.toml)
 	$(BIN)/ruff check backend agent tests bench examples alembic/env.py
 	$(BIN)/ruff format --check backend agent tests bench examples alembic/env.py
+	$(BIN)/lint-imports --no-cache
 
 typecheck: setup ## mypy over backend/ and agent/
 	$(BIN)/mypy

@@ -111,3 +111,11 @@ def test_the_webhook_allow_list_is_read_from_the_environment(
         "ASTRAEUS_WEBHOOK_ALLOW: '10.1.2.3/8' is not a network such as 10.0.0.0/8: "
         "10.1.2.3/8 has host bits set"
     ]
+
+
+def test_the_cli_finds_the_embedded_servers_token_where_the_server_keeps_it() -> None:
+    # astra imports nothing of the server (import contract), so it writes the default itself.
+    from backend.cli.astra.client import EMBEDDED_DATA_DIR
+    from backend.config import default_data_dir
+
+    assert default_data_dir() == EMBEDDED_DATA_DIR

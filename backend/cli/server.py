@@ -40,7 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend import migrations
 from backend.access import redaction
 from backend.access import service as access
-from backend.access.repository import TokenRow
+from backend.access.service import TokenRow
 from backend.cli import demo
 from backend.cli import machines as machine_cli
 from backend.clock import SystemClock

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import strawberry
 
-from backend.access.repository import TokenRow
+from backend.access.service import TokenRow
 from backend.schema.common import UserError
 
 

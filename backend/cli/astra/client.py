@@ -12,8 +12,6 @@ from typing import Any
 
 import httpx
 
-from backend.config import default_data_dir
-
 # Exit codes scripts can rely on.
 EXIT_OK = 0
 EXIT_FAILED = 1  # the thing asked about failed (a run, a followed worker)
@@ -23,6 +21,10 @@ EXIT_NOT_FOUND = 4
 EXIT_REFUSED = 5  # the server refused the request (validation, permission)
 
 CONFIG_PATH = Path.home() / ".config" / "astraeus" / "cli.json"
+# The embedded server's data directory (backend/config.py's default, ASTRAEUS_DATA_DIR), where it
+# keeps its admin token. Written here too: the CLI imports nothing of the server, which it only
+# speaks HTTP to (the import contract in pyproject.toml; tests/test_config.py checks both agree).
+EMBEDDED_DATA_DIR = Path.home() / ".local" / "share" / "astraeus"
 EMBEDDED_API = "http://127.0.0.1:8080/v1"
 
 
@@ -95,7 +97,7 @@ def resolve_target(env: dict[str, str] | None = None) -> Target:
     api = env.get("ASTRALYX_API") or env.get("API") or config.get("api") or EMBEDDED_API
     token = env.get("ASTRALYX_TOKEN") or env.get("ASTRA_TOKEN") or config.get("token")
     if not token:
-        data_dir = Path(env.get("ASTRAEUS_DATA_DIR") or default_data_dir())
+        data_dir = Path(env.get("ASTRAEUS_DATA_DIR") or EMBEDDED_DATA_DIR)
         local = data_dir / "admin-token"
         if local.is_file():
             token = local.read_text().strip()
