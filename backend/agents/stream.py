@@ -190,6 +190,41 @@ WRITE_LINGER_S = 0.02
 _BATCHED = frozenset({"metrics", "progress", "command_ack"})
 
 
+# A machine's messages written together, at most: the next ones waiting, while they are
+# batched ones (and at most one sample batch, whose GPU utilisation folds into the worker's
+# once a batch).
+GROUP_MAX = 50
+
+
+def _group(
+    first: agent_pb2.AgentMessage, waiting: asyncio.Queue[agent_pb2.AgentMessage]
+) -> tuple[list[agent_pb2.AgentMessage], agent_pb2.AgentMessage | None]:
+    """The machine's messages to write together, starting with ``first``: the next ones
+    already waiting, while each is batched (samples, progress, acknowledgements) or writes
+    nothing (heartbeats, replies). Issue 19: a stream wrote one message per batch, so a
+    machine sending more than its writer's round trips allowed (a busy server) fell minutes
+    behind, its workers' ends queued behind its progress. Batched messages are each written
+    as many times as asked (written again they change nothing), so a group is tried again
+    whole. Returns the group, and the message taken that ends it (written next), if any."""
+    group = [first]
+    if not _groups(first):
+        return group, None
+    samples = first.WhichOneof("body") == "metrics"
+    while len(group) < GROUP_MAX and not waiting.empty():
+        message = waiting.get_nowait()
+        is_samples = message.WhichOneof("body") == "metrics"
+        if not _groups(message) or (samples and is_samples):
+            return group, message
+        samples |= is_samples
+        group.append(message)
+    return group, None
+
+
+def _groups(message: agent_pb2.AgentMessage) -> bool:
+    kind = message.WhichOneof("body")
+    return kind in _BATCHED or kind not in AgentService._handlers
+
+
 def _lock_order(message: agent_pb2.AgentMessage) -> int:
     """Where a batched message goes in its batch: by the worker whose rows it locks."""
     kind = message.WhichOneof("body")
@@ -307,7 +342,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self._delivery: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         # The machines' messages waiting to be written, and the writers that write them.
-        self._writes: asyncio.Queue[_Write] = asyncio.Queue()
+        # Each entry one stream's group of messages (_group), written in one batch.
+        self._writes: asyncio.Queue[list[_Write]] = asyncio.Queue()
         self._writers: list[asyncio.Task[None]] = []
         self.leases = LeaseKeeper(
             db,
@@ -523,22 +559,27 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         (or after ACK_EVERY of them), not one per message (issue 19: at a thousand machines
         the acknowledgements were half of what the server sent)."""
         unacknowledged = 0
+        carried: agent_pb2.AgentMessage | None = None
         while True:
-            message = await stream.received.get()
-            await self._apply_when_possible(machine, message)
-            unacknowledged += 1
-            if stream.received.empty() or unacknowledged >= ACK_EVERY:
-                stream.send(ack=agent_pb2.Ack(up_to=message.id))
+            first = carried if carried is not None else await stream.received.get()
+            group, carried = _group(first, stream.received)
+            await self._apply_when_possible(machine, group)
+            unacknowledged += len(group)
+            if (carried is None and stream.received.empty()) or unacknowledged >= ACK_EVERY:
+                stream.send(ack=agent_pb2.Ack(up_to=group[-1].id))
                 unacknowledged = 0
 
-    async def _apply_when_possible(self, machine: Machine, message: agent_pb2.AgentMessage) -> None:
-        """Apply the message; while the database is away it waits and is tried again (the
-        stream, and the log follows and tails that ride on it, go on). A heartbeat writes
-        nothing: that it was read renewed the lease already."""
+    async def _apply_when_possible(
+        self, machine: Machine, group: list[agent_pb2.AgentMessage]
+    ) -> None:
+        """Apply the messages; while the database is away they wait and are tried again (the
+        stream, and the log follows and tails that ride on it, go on); a group of several is
+        of messages written again unchanged (_group). A heartbeat writes nothing: that it was
+        read renewed the lease already."""
         backoff = OUTAGE_RETRY_START
         while True:
             try:
-                await self._apply(machine, message)
+                await self._apply(machine, group)
                 return
             except Exception as error:
                 # a pool with no connection free in time is the database too busy: waited out
@@ -547,25 +588,33 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 log.warning(
                     "machine %s: the database is away; its message %d waits %.1fs",
                     machine.name,
-                    message.id,
+                    group[0].id,
                     backoff,
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, OUTAGE_RETRY_CAP)
 
-    async def _apply(self, machine: Machine, message: agent_pb2.AgentMessage) -> None:
-        """Written with other machines' messages (``_writing``); raises what writing it
-        alone raised."""
-        kind = message.WhichOneof("body") or ""
-        handler = self._handlers.get(kind)
-        if handler is None:
+    async def _apply(self, machine: Machine, group: list[agent_pb2.AgentMessage]) -> None:
+        """Written with other machines' messages (``_writing``), the group's together;
+        raises what writing one of them alone raised."""
+        loop = asyncio.get_running_loop()
+        writes: list[_Write] = []
+        for message in group:
+            kind = message.WhichOneof("body") or ""
+            handler = self._handlers.get(kind)
+            if handler is not None:
+                writes.append(
+                    _Write(machine, message, handler, kind in _BATCHED, loop.create_future())
+                )
+        if not writes:
             return
-        done: asyncio.Future[Effects | None] = asyncio.get_running_loop().create_future()
-        self._writes.put_nowait(_Write(machine, message, handler, kind in _BATCHED, done))
+        self._writes.put_nowait(writes)
         self._start_writers()
-        fx = await done
-        if fx is not None and fx.freed:
-            self.on_freed()
+        await asyncio.wait([w.done for w in writes])
+        for w in writes:
+            fx = w.done.result()  # raises what writing it raised
+            if fx is not None and fx.freed:
+                self.on_freed()
 
     def _start_writers(self) -> None:
         self._writers = [w for w in self._writers if not w.done()]
@@ -579,11 +628,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         COMMIT, the session) paid once for many machines, not for each message. If one of
         them fails, each is written alone, so its failure is its own."""
         while True:
-            batch = [await self._writes.get()]
-            if self._writes.qsize() < WRITE_BATCH - 1:
+            batch = list(await self._writes.get())
+            if len(batch) + self._writes.qsize() < WRITE_BATCH:
                 await asyncio.sleep(WRITE_LINGER_S)  # let other machines' messages join it
             while len(batch) < WRITE_BATCH and not self._writes.empty():
-                batch.append(self._writes.get_nowait())
+                batch.extend(self._writes.get_nowait())
             try:
                 await self._write_batch(batch)
             except Exception as error:  # never expected: each was settled with its own

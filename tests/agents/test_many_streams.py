@@ -264,3 +264,43 @@ async def test_messages_written_together_are_acknowledged_together(
         assert len(acks) < 20, acks
     finally:
         await agent.close()
+
+
+async def test_a_machines_waiting_reports_are_written_together_in_order(
+    endpoint: str, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    """A machine's progress reports that wait for the writer are written together, a few
+    transactions for 40 of them (one each before: a machine sending faster than its writer's
+    round trips fell behind, its workers' ends queued behind its reports), in order: its
+    last step is the last one written."""
+    [agent] = (await connected(endpoint, await credentials(db, clock, ["gpu-00"]))).values()
+    world = World(db, clock, tenancy)
+    await world.submit(name="solo", workers=1, gpus=2)
+    assert (await world.schedule()).placed == ["solo"]
+    await world.start("solo-0")
+    [worker] = await world.workers("solo")
+    commits: list[int] = []
+    engine = db.engine.sync_engine
+
+    def committed(conn: Any) -> None:
+        commits.append(1)
+
+    event.listen(engine, "commit", committed)
+    try:
+        at = int(clock.now().timestamp() * 1000) - 60_000  # a minute of steps, in the past
+        sent = [
+            agent.send(
+                progress=agent_pb2.Progress(
+                    worker_id=worker.id, attempt=worker.attempt, step=i, at_ms=at + i
+                )
+            )
+            for i in range(1, 41)
+        ]
+        while (await agent.receive("ack")).ack.up_to < sent[-1]:
+            pass
+        assert len(commits) < 10, len(commits)
+    finally:
+        event.remove(engine, "commit", committed)
+        await agent.close()
+    [worker] = await world.workers("solo")
+    assert worker.progress_step == 40
