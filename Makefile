@@ -54,8 +54,8 @@ browser: ## install Debian's chromium for the console's browser tests when missi
 	    --no-install-recommends chromium; } || \
 	  echo "browser: chromium is missing and this is not root: the browser tests will skip"; }
 
-screenshots: setup browser ## the console's browser tests, saving screenshots to docs/screenshots
-	ASTRAEUS_SCREENSHOTS=docs/screenshots $(BIN)/pytest -q tests/e2e/test_console.py tests/e2e/test_console_runs.py
+screenshots: setup browser console ## retake docs/screenshots from `astraeus up --demo` after 6 minutes (MINUTES=6)
+	$(BIN)/python scripts/screenshots.py --minutes $(or $(MINUTES),6)
 
 up: setup ## run Astraeus embedded: SQLite in ~/.local/share/astraeus, prints the URL and token
 	$(BIN)/astraeus up

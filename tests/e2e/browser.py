@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.e2e.live import Server
+if TYPE_CHECKING:  # scripts/screenshots.py launches the browser without the tests' server
+    from tests.e2e.live import Server
 
 ROOT = Path(__file__).resolve().parents[2]
 DIST = ROOT / "frontend" / "dist"
@@ -27,6 +30,8 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+# The console's pages as the tests and docs/screenshots see them.
+VIEWPORT = {"width": 1280, "height": 800}
 
 try:
     from playwright import sync_api
@@ -37,6 +42,20 @@ NEEDS_CHROMIUM = pytest.mark.skipif(
     sync_api is None or not Path(CHROMIUM).exists(),
     reason="Debian's chromium is not installed (apt-get install chromium; .ci/run does)",
 )
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """Debian's chromium, headless, driven by Playwright's driver, until the block ends (the
+    tests' browser fixture and scripts/screenshots.py)."""
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 def console_dir() -> str:

@@ -7,24 +7,18 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, sync_api
+from tests.e2e.browser import VIEWPORT, chromium
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context = browser.new_context(viewport=VIEWPORT)
     try:
         yield context.new_page()
     finally:
