@@ -16,9 +16,11 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
 
 from backend.config import Settings
+from backend.db import send_jobs_with
 from backend.jobs.actors import BODIES
 from backend.jobs.coalescing import Coalescer, LocalFlags, RedisFlags
 from backend.jobs.observing import Stats, Timing, depths, exposition, stats_for, warn_if_behind
+from backend.scheduling.rules import PASS_JOB
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ _QUEUE_OF = {
     "machines.check_leases": QUEUE,
     "scheduling.pass": SCHEDULING,
 }
-PASS = "scheduling.pass"
+PASS = PASS_JOB
 
 _actors: dict[str, dramatiq.Actor[[], None]] = {}
 _broker: Broker | None = None
@@ -69,6 +71,7 @@ def install(settings: Settings, broker: Broker | None = None) -> Broker:
             max_backoff=30000,
         )
         _actors[name] = declare(_coalesced(body) if name == PASS else body)
+    send_jobs_with(send)  # the jobs a transaction asks for, sent once it commits
     return broker
 
 

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.clock import Clock
+from backend.db import after_commit
 from backend.errors import FieldError, Forbidden, InvalidInput, NotFound, Unauthenticated
 from backend.lifecycle.rules import Effects
 from backend.machine_identity import repository
@@ -45,6 +46,7 @@ from backend.machines import rules as machine_rules
 from backend.machines import service as machines
 from backend.models import Cluster, JoinToken, MachineCredential
 from backend.organizations import service as organizations
+from backend.scheduling.rules import PASS_JOB
 
 
 @dataclass(frozen=True)
@@ -280,6 +282,7 @@ async def revoke_credential(
         credential.revoked_at = now
     await session.flush()
     fx = await machines.lose(session, clock, cluster.id, machine, "Machine lost: " + REVOKED)
+    after_commit(session, PASS_JOB)  # its workers wait to be placed again elsewhere
     return live, fx
 
 

@@ -11,12 +11,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.clock import Clock
+from backend.db import after_commit
 from backend.errors import NotFound
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import Effects, EndCause
 from backend.machines import repository
 from backend.models import Gpu, Machine, Worker
 from backend.organizations import service as organizations
+from backend.scheduling.rules import PASS_JOB
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +178,7 @@ async def grant_restart_grace(session: AsyncSession, clock: Clock, lease: timede
 async def drain(session: AsyncSession, clock: Clock, machine: Machine) -> Effects:
     """Take no new work; its runs are preempted and queued again elsewhere."""
     machine.state, machine.reason = "draining", "Drained by an operator"
+    after_commit(session, PASS_JOB)  # its runs wait to be placed again elsewhere
     return await lifecycle.machine_drained(session, clock, machine.id, machine.name)
 
 

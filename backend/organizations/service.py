@@ -9,9 +9,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access import service as access
 from backend.access.rules import Principal
 from backend.clock import Clock
+from backend.db import after_commit
 from backend.errors import Conflict, FieldError, Forbidden, InvalidInput, NotFound
 from backend.models import Cluster, Organization, Pool, Workspace, WorkspaceQuota
 from backend.organizations import repository
+from backend.scheduling.rules import PASS_JOB
 
 # A run's priority is 0 to 100 (backend/runs/spec.py); so is a ceiling on it.
 MIN_PRIORITY, MAX_PRIORITY = 0, 100
@@ -166,6 +168,7 @@ async def set_preemption_policy(
     found = await cluster_by_name(session, organization_id, cluster)
     found.preempt_over_quota = preempt_over_quota
     await session.flush()
+    after_commit(session, PASS_JOB)  # runs may now make room by preempting over-quota ones
     return found
 
 
@@ -188,6 +191,7 @@ async def set_quota(
     else:
         quota.gpus = gpus
     await session.flush()
+    after_commit(session, PASS_JOB)  # runs waiting for the quota may fit now
     return gpus
 
 

@@ -7,7 +7,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.config import parse_duration
 from backend.errors import AstraeusError, FieldError, InvalidInput
-from backend.jobs import broker as job_broker
 from backend.machine_identity import service as identity
 from backend.resolvers.context import Info
 from backend.schema.common import UserError
@@ -95,5 +94,4 @@ async def revoke_machine_credential(
         revoked = await info.context.db.unit(work)
     except AstraeusError as error:
         return MachineCredentialPayload(credentials=[], errors=UserError.from_error(error))
-    job_broker.nudge_scheduler()  # its workers wait to be placed again elsewhere
     return MachineCredentialPayload(credentials=revoked, errors=[])

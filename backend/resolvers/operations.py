@@ -6,7 +6,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.alerts import service as alerts
 from backend.errors import AstraeusError
-from backend.jobs import broker as job_broker
 from backend.machines import service as machines
 from backend.organizations import service as organizations
 from backend.resolvers.context import Info
@@ -67,7 +66,6 @@ async def drain_machine(info: Info, cluster: str, machine: str) -> MachinePayloa
         state = await info.context.db.unit(work)
     except AstraeusError as error:
         return MachinePayload(machine=None, errors=UserError.from_error(error))
-    job_broker.nudge_scheduler()  # its runs wait to be placed again elsewhere
     return MachinePayload(machine=state, errors=[])
 
 
@@ -106,7 +104,6 @@ async def set_preemption_policy(
         policy = await info.context.db.unit(work)
     except AstraeusError as error:
         return PreemptionPolicyPayload(policy=None, errors=UserError.from_error(error))
-    job_broker.nudge_scheduler()  # runs may now make room by preempting over-quota ones
     return PreemptionPolicyPayload(policy=policy, errors=[])
 
 
@@ -125,7 +122,6 @@ async def set_quota(
         limit = await info.context.db.unit(work)
     except AstraeusError as error:
         return QuotaPayload(quota=None, errors=UserError.from_error(error))
-    job_broker.nudge_scheduler()  # runs waiting for the quota may fit now
     return QuotaPayload(quota=Quota(workspace=workspace, cluster=cluster, gpus=limit), errors=[])
 
 

@@ -8,7 +8,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from strawberry.scalars import JSON
 
 from backend.errors import AstraeusError, NotFound
-from backend.jobs import broker as job_broker
 from backend.machines import views as machine_views
 from backend.resolvers.context import Info
 from backend.runs import service as runs
@@ -46,7 +45,6 @@ async def create_run(info: Info, spec: JSON, workspace: str | None = None) -> Cr
         row = await info.context.db.unit(work)
     except AstraeusError as error:
         return CreateRunPayload(run=None, errors=UserError.from_error(error))
-    job_broker.nudge_scheduler()
     return CreateRunPayload(run=Run.from_model(row), errors=[])
 
 
@@ -68,7 +66,6 @@ async def _change(info: Info, change: Any, name: str, workspace: str | None) -> 
         row = await info.context.db.unit(work)
     except AstraeusError as error:
         return RunPayload(run=None, errors=UserError.from_error(error))
-    job_broker.nudge_scheduler()
     return RunPayload(run=Run.from_model(row), errors=[])
 
 
@@ -93,7 +90,6 @@ async def run_again(
         row = await info.context.db.unit(work)
     except AstraeusError as error:
         return CreateRunPayload(run=None, errors=UserError.from_error(error))
-    job_broker.nudge_scheduler()
     return CreateRunPayload(run=Run.from_model(row), errors=[])
 
 

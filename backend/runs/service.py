@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access.rules import Principal
 from backend.accounting import counting
 from backend.clock import Clock
+from backend.db import after_commit
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.rules import is_straggler
@@ -21,6 +22,7 @@ from backend.organizations import service as organizations
 from backend.runs import repository
 from backend.runs.rules import WORKER_CREATED, WorkerState, plan_new_run
 from backend.runs.spec import RunSpec, parse_spec
+from backend.scheduling.rules import PASS_JOB
 
 STRAGGLER_REASON = "Running well behind its gang's median pace"
 
@@ -136,6 +138,7 @@ async def create_run(
             session, ws, run, worker, worker.state, worker.reason, plan.created_at, phase="waiting"
         )
     await session.flush()
+    after_commit(session, PASS_JOB)  # to be placed
     return run
 
 
@@ -342,6 +345,7 @@ async def delete_run(
     await counting.hold_mark(session)
     await repository.lock_for_deletion(session, run.id)
     await lifecycle.delete_run(session, clock, run, principal.user_name)
+    after_commit(session, PASS_JOB)  # its GPUs are free
     return run
 
 
@@ -355,4 +359,5 @@ async def _act(
 ) -> Run:
     run = await get_run(session, principal, name, workspace=workspace)
     await action(session, clock, run, principal.user_name)
+    after_commit(session, PASS_JOB)  # its GPUs are free once it has wound down
     return run

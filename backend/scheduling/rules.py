@@ -25,6 +25,10 @@ from datetime import datetime
 
 from backend.lifecycle.rules import Placement
 
+# The job that places waiting runs (backend/jobs/actors.py): a service that frees GPUs or
+# queues a run asks for it after its commit (backend.db.after_commit).
+PASS_JOB = "scheduling.pass"
+
 GIB = 2**30
 MIB = 2**20
 ANOTHER_WORKSPACE = "a run of another workspace"
