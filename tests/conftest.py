@@ -89,6 +89,26 @@ PROCESS_STARTERS = {
     "bench.fleet": ("serving",),
 }
 PROCESS_FIXTURES = {"live", "cluster", "browser", "page", "api"}
+# The modules that take longest in `make test` (minutes of live servers, training, a day of
+# samples on PostgreSQL), longest first, as measured on 2 cores at a load of about 11 (issue 22:
+# `--durations`): started first, so that none of them begins near the end of the run.
+LONGEST = (
+    "tests/e2e/test_topology.py",  # 405 s: five tests of the production topology
+    "tests/workloads/test_ddp_stalls.py",  # 290 s
+    "tests/workloads/test_ddp.py",  # 220 s
+    "tests/security/test_hostile_requests.py",  # 150 s
+    "tests/workloads/test_server_away.py",  # 140 s
+    "tests/accounting/test_tick_properties.py",  # 105 s on PostgreSQL, 37 s on SQLite
+    "tests/accounting/test_alerts.py",  # 85 s on PostgreSQL, 35 s on SQLite
+    "tests/e2e/test_agent_process.py",  # 85 s
+    "tests/e2e/test_cli_seed_blocks.py",  # 70 s
+    "tests/security/test_resource_bounds.py",  # 68 s
+    "tests/accounting/test_tick.py",  # 60 s
+    "tests/e2e/test_seed_walk.py",
+    "tests/security/test_workspaces_never_meet.py",
+    "tests/e2e/test_demo.py",  # 50 s
+    "tests/accounting/test_tick_redis.py",  # 38 s on PostgreSQL, 28 s on SQLite
+)
 # Fixtures that reach the database (every fixture on one depends on `database_url`).
 DATABASE_FIXTURES = {"database_url", "db"}
 
@@ -138,31 +158,42 @@ def _at_most(item: pytest.Item, examples: int) -> None:
             setattr(holder, name, hypothesis_settings(own, max_examples=examples))
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Iterator[None]:
     """Each test in exactly one lane (LANES), marked so `-m` can choose lanes; under the
     quick Hypothesis profile no property test runs more than QUICK_EXAMPLES examples.
 
     For `make test` (pytest-xdist, `--dist loadgroup --no-loadscope-reorder`): an e2e or
     workloads module is one group, so its module-scoped server starts once, in one lane; unit
     and db tests go one at a time to whichever lane is free. The longest work goes first
-    (workloads, then e2e), so that no lane starts a module of minutes near the end."""
+    (LONGEST, then workloads and e2e), so that no lane starts minutes of work near the end.
+    The marks are given before the other plugins look (pytest-xdist reads the groups); the
+    order is set after pytest's own (which keeps a database's tests together)."""
     starters = _starters()
-    lanes: dict[pytest.Item, str] = {}
+    lanes: dict[int, str] = {}  # by id(item): pytest-xdist renames the items it groups
     for item in items:
         # a module may name its lane itself (`pytestmark = pytest.mark.e2e`): that one wins
         named = sorted({m.name for m in item.iter_markers() if m.name in LANES})
         if len(named) > 1:
             raise pytest.UsageError(f"{item.nodeid} is marked for lanes {named}: one at most")
-        lanes[item] = named[0] if named else lane(item, starters)
+        lanes[id(item)] = named[0] if named else lane(item, starters)
         if not named:
-            item.add_marker(getattr(pytest.mark, lanes[item]))
-        if lanes[item] in ("e2e", "workloads"):
+            item.add_marker(getattr(pytest.mark, lanes[id(item)]))
+        if lanes[id(item)] in ("e2e", "workloads"):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         if HYPOTHESIS_PROFILE == "quick":
             _at_most(item, QUICK_EXAMPLES)
+    yield
     first = {"workloads": 0, "e2e": 1, "db": 2, "unit": 3}
-    items.sort(key=lambda item: first[lanes[item]])  # stable: files keep their order
+
+    def order(item: pytest.Item) -> tuple[int, int]:
+        module = item.nodeid.split("::")[0]
+        known = LONGEST.index(module) if module in LONGEST else len(LONGEST)
+        return known, first[lanes[id(item)]]
+
+    items.sort(key=order)  # stable: pytest's order within each
 
 
 def _postgres_database() -> Iterator[str]:
