@@ -416,7 +416,7 @@ async def late_snapshot(
     if (
         worker is None
         or not failure
-        or failure.get("reason") != rules.MACHINE_LOST
+        or worker.cause != rules.EndCause.MACHINE_LOST
         or failure.get("log_tail")
         or not isinstance(failure.get("failed_at"), str)
     ):
