@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
+from pydantic import MISSING
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -23,6 +23,7 @@ from backend.errors import (
     FieldError,
     InvalidInput,
 )
+from backend.rest import answers
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,15 @@ class Call:
 
 
 def error_response(error: AstraeusError) -> JSONResponse:
-    body: dict[str, Any] = {"code": error.code, "message": error.message}
-    if error.fields:
-        body["errors"] = [{"field": f.field, "reason": f.reason} for f in error.fields]
+    body = answers.Error(
+        code=error.code,
+        message=error.message,
+        errors=[answers.FieldProblem(field=f.field, reason=f.reason) for f in error.fields]
+        if error.fields
+        else MISSING,
+    )
     headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
-    return JSONResponse(body, status_code=error.status, headers=headers)
+    return body.response(error.status, headers)
 
 
 def bearer(request: Request) -> str | None:
@@ -95,9 +100,9 @@ def endpoint(
                 log.warning("the database is away: %s %s", request.method, request.url.path)
                 return error_response(DatabaseUnavailable())
             log.exception("unexpected error in %s %s", request.method, request.url.path)
-            return JSONResponse(
-                {"code": "INTERNAL", "message": "Unexpected error; it has been logged."},
-                status_code=500,
+            internal = answers.Error(
+                code="INTERNAL", message="Unexpected error; it has been logged."
             )
+            return internal.response(500)
 
     return route

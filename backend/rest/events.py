@@ -3,37 +3,34 @@ L-46: ``?name=<run>&limit=50``)."""
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from backend.errors import InvalidInput
 from backend.events import service as events
 from backend.events.bell import bell_of
 from backend.events.rules import parse_listing
+from backend.rest.answers import Events
 from backend.rest.base import Call, endpoint
+from backend.rest.parameters import EventsQuery, WorkspacePath
 
 
 async def get_events(call: Call) -> Response:
     """``name`` (a run), ``limit`` (1 to 500, 50), ``before`` (an event id: the next page),
     ``kind`` (``run.state``, or ``run`` for every run event)."""
-    query = call.request.query_params
-    which, problems = parse_listing(
-        query.get("name"), query.get("limit"), query.get("before"), query.get("kind")
-    )
+    q = EventsQuery.of(call.request)
+    which, problems = parse_listing(q.name, q.limit, q.before, q.kind)
     if which is None:
         raise InvalidInput("INVALID_PARAMETER", problems)
     # up to the events bell's horizon: a reader that follows after the newest listed misses
     # none committed late below it (events.bell)
     horizon = await bell_of(call.request.app.state.db).settled()
+    where = WorkspacePath.of(call.request)
     found, more = await events.listing(
-        call.session,
-        call.principal,
-        call.request.path_params["org"],
-        call.request.path_params["workspace"],
-        which,
-        horizon,
+        call.session, call.principal, where.org, where.workspace, which, horizon
     )
-    return JSONResponse({"events": [e.to_json() for e in found], "next_before": more})
+    body = {"events": [e.to_json() for e in found], "next_before": more}
+    return Events.model_validate(body).response()
 
 
 routes = [Route("/orgs/{org}/workspaces/{workspace}/events", endpoint(get_events), methods=["GET"])]

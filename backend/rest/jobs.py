@@ -5,12 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from backend.clock import iso_z
 from backend.models import Run, StateTransition, Worker
+from backend.rest import answers
 from backend.rest.base import Call, endpoint
+from backend.rest.parameters import JobQuery, RunPath
 from backend.runs import failures
 from backend.runs import service as runs
 from backend.runs.rules import task_counts
@@ -68,8 +70,8 @@ def job_json(
 
 
 async def get_job(call: Call) -> Response:
-    name = call.request.path_params["run"]
-    workspace = call.request.query_params.get("workspace")
+    name = RunPath.of(call.request).run
+    workspace = JobQuery.of(call.request).workspace
     run = await runs.get_run(call.session, call.principal, name, workspace=workspace)
     workers = (await runs.workers_by_run(call.session, [run.id])).get(run.id, [])
     history = (await runs.history_by_run(call.session, [run.id])).get(run.id, [])
@@ -77,7 +79,7 @@ async def get_job(call: Call) -> Response:
     if run.created_by_id is not None:
         creator = (await runs.user_names(call.session, [run.created_by_id])).get(run.created_by_id)
     body = job_json(run, workers, history, creator) | failure_json(run, workers, call.clock.now())
-    return JSONResponse(body)
+    return answers.Job.model_validate(body).response()
 
 
 routes = [Route("/jobs/{run}", endpoint(get_job), methods=["GET"])]

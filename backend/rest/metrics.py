@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from backend.config import Settings
 from backend.metrics import service as metrics
 from backend.metrics.service import RangeParams
+from backend.rest.answers import MetricRange
 from backend.rest.base import Call, endpoint
+from backend.rest.parameters import RangeQuery
 
 
 async def get_range(call: Call) -> Response:
-    query = call.request.query_params
+    q = RangeQuery.of(call.request)
     params = RangeParams(
-        metric=query.get("metric"),
-        match=query.getlist("match"),
-        by=query.get("by"),
-        agg=query.get("agg"),
-        rate=query.get("rate"),
-        start=query.get("start"),
-        end=query.get("end"),
-        step=query.get("step"),
+        metric=q.metric,
+        match=q.match,
+        by=q.by,
+        agg=q.agg,
+        rate=q.rate,
+        start=q.start,
+        end=q.end,
+        step=q.step,
     )
     settings: Settings = call.request.app.state.settings
     answer = await metrics.range_query(
@@ -30,9 +32,9 @@ async def get_range(call: Call) -> Response:
         params,
         now=call.clock.now(),
         retention=settings.metrics_retention,
-        workspace=query.get("workspace"),
+        workspace=q.workspace,
     )
-    return JSONResponse(answer.to_json())
+    return MetricRange.model_validate(answer.to_json()).response()
 
 
 routes = [Route("/metrics/range", endpoint(get_range), methods=["GET"])]

@@ -1,0 +1,280 @@
+"""The REST shim's answers as pydantic models: every route serialises its body through one of
+these, and the OpenAPI document's schemas are generated from the same classes, so the two
+cannot drift. A field typed ``X | MISSING`` is absent from the body when not given (a
+ledger's goodput when nothing was held, a log's ``archived``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import MISSING, BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse
+
+Time = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+"""An RFC 3339 UTC time, as ``backend.clock.iso_z`` writes it."""
+
+
+class Answer(BaseModel):
+    """A body: frozen, no field it does not declare, attribute docstrings as descriptions."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    def response(
+        self, status_code: int = 200, headers: dict[str, str] | None = None
+    ) -> JSONResponse:
+        return JSONResponse(self.model_dump(mode="json"), status_code=status_code, headers=headers)
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+class FieldProblem(Answer):
+    field: str
+    reason: str
+
+
+class Error(Answer):
+    """An expected error: its code, a sentence, and each bad field and why."""
+
+    code: str
+    message: str
+    errors: list[FieldProblem] | MISSING = MISSING
+
+
+# -- jobs and tasks ------------------------------------------------------------------------------
+
+
+class Advice(Answer):
+    """A failure turned into the seed's advice (GraphQL's Advice, in snake case)."""
+
+    reason: str
+    exit_code: int | None
+    kind: str
+    look_at: str
+    """The seed's Look at sentence."""
+    open: str
+
+
+class Transition(Answer):
+    transition_at: Time
+    state: str
+    reason: str
+
+
+class RestartLoop(Answer):
+    """The Restarting in a loop panel: restarts in a row, when the next attempt is, the worker
+    of the last failure and its snapshot."""
+
+    restarts: int
+    max_restarts: int
+    restart_at: Time | None
+    worker: str | None
+    last_failure: dict[str, Any] | None
+
+
+class Job(Answer):
+    """A run as the shim shows it (a job)."""
+
+    name: str
+    status: str
+    reason: str
+    priority: int
+    created_at: Time
+    created_by: str | None
+    ended_at: Time | None
+    history: list[Transition]
+    task_counts: dict[str, int]
+    task_names: list[str]
+    spec: dict[str, Any]
+    failed_worker: str | None
+    """The worker that failed the run, while it is Failed."""
+    advice: Advice | None
+    """Its failure turned into the seed's advice (a Failed run, one restarting after a failure
+    or a stall, a preempted one until it runs again)."""
+    restart_loop: RestartLoop | None
+
+
+class LastFailure(Answer):
+    """A worker's last failure snapshot, as stored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    reason: str | MISSING = MISSING
+    failed_at: str | MISSING = MISSING
+    exit_code: int | MISSING | None = MISSING
+    log_tail: str | MISSING = MISSING
+
+
+class Placement(Answer):
+    machine: str | None
+    gpu_ids: list[int]
+
+
+class Task(Answer):
+    """A worker as the shim shows it (a task)."""
+
+    name: str
+    job: str
+    rank: int
+    status: str
+    reason: str
+    status_since: Time
+    gpus: int
+    exit_code: int | None
+    restarts: int
+    restart_at: Time | None
+    last_failure: LastFailure | None
+    advice: Advice | None
+    """Its failure (its own end, else its last) turned into advice."""
+    placement: Placement | None
+    metrics: dict[str, float | dict[str, float]]
+    """Each metric's newest value of the last two minutes; per GPU (by index) where the seed
+    measures GPUs."""
+
+
+class Tasks(Answer):
+    job: str
+    tasks: list[Task]
+
+
+class Logs(Answer):
+    task_name: str
+    logs: str
+    archived: bool | MISSING = MISSING
+    """Present (true) when the text came from the archive: the machine is gone."""
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+
+class Series(Answer):
+    labels: dict[str, str]
+    points: list[tuple[int, float]]
+    """[time in ms, value]"""
+
+
+class MetricRange(Answer):
+    """One metric's series over time, times in ms."""
+
+    metric: str
+    kind: str
+    unit: str
+    start: int
+    end: int
+    step: int
+    series: list[Series]
+    unmeasured: list[str]
+    """The workers whose machine's agent does not measure this metric (e.g. network bytes where
+    workers share the host's network)."""
+    not_measured: str | None
+    """Why, as the console says it ("Not measured: this machine's agent runs processes on the
+    host's network"); null when every worker's machine measures it."""
+
+
+# -- goodput -------------------------------------------------------------------------------------
+
+
+class Hours(Answer):
+    """GPU-hours of each category (backend.accounting.rules.Category; a test holds the two
+    equal)."""
+
+    productive: float
+    idle: float
+    stalled: float
+    starting: float
+    restart: float
+    failure: float
+    preemption: float
+    waiting: float
+
+
+class Ledger(Answer):
+    """GPU-hours by category; goodput is absent when nothing was held."""
+
+    gpu_hours: Hours
+    held_gpu_hours: Hours
+    allocated_gpu_hours: float
+    productive_gpu_hours: float
+    lost_gpu_hours: float
+    waiting_gpu_hours: float
+    goodput: Annotated[float, Field(ge=0, le=1)] | MISSING = MISSING
+
+
+class Named(Answer):
+    name: str
+
+
+class NamedLedger(Ledger, Named):
+    """A row of a report: the workspace, run, machine or pool, and its ledger."""
+
+
+class Report(Answer):
+    by: str
+    start: Time
+    end: Time
+    ledgers: list[NamedLedger]
+    total: Ledger
+
+
+class Week(Answer):
+    week: str
+
+
+class WeekReport(Report, Week):
+    """A report over one ISO week (Monday, UTC)."""
+
+
+class Weekly(Answer):
+    by: str
+    weeks: list[WeekReport]
+
+
+class RunSince(Answer):
+    run: str
+    since: Time
+
+
+class RunLedger(Ledger, RunSince):
+    """A run's own ledger since it was submitted."""
+
+
+class Interval(Answer):
+    """A worker interval behind a ledger figure, cut to the period asked."""
+
+    worker: str
+    run: str | None
+    machine: str | None
+    start: Time
+    end: Time
+    category: str
+    held: bool
+    gpus: int
+    gpu_hours: float
+
+
+class Intervals(Answer):
+    intervals: list[Interval]
+
+
+# -- events --------------------------------------------------------------------------------------
+
+
+class Event(Answer):
+    id: int
+    kind: str
+    state: str | None
+    reason: str
+    run: str | None
+    worker: str | None
+    workspace: str
+    created_at: Time
+    """When it happened (a stall: its start)."""
+    found_at: Time
+    """When it was found; events are listed in this order (by id)."""
+    data: dict[str, Any]
+
+
+class Events(Answer):
+    events: list[Event]
+    next_before: int | None
+    """The id to ask the next page before; null: no more."""
