@@ -705,6 +705,7 @@ async def hold(
     """One server against ``machines`` simulated machines for ``seconds`` once they are full;
     ``profile``: serve runs under cProfile, its statistics written there when it stops."""
     began = time.monotonic()
+    load_before = round(os.getloadavg()[0], 2)
     with serving(profile) as (server, database):
         assert server.process is not None
         pid = server.process.pid
@@ -761,6 +762,7 @@ async def hold(
                     "rss_mb": round(rss / 2**20, 1),
                     "cpu_s": round(cpu, 1),
                     "connected": fleet.connected(),
+                    "load1": round(os.getloadavg()[0], 2),  # the 2 cores are shared: noisy
                     **database_figures(database),
                 }
             )
@@ -806,6 +808,11 @@ async def hold(
             "timeline": timeline,
             "took_s": round(time.monotonic() - began, 1),
             "loadavg_at_end": os.getloadavg(),  # the 2 cores are shared: noisy
+            "load1_during_hold": [
+                min((t["load1"] for t in timeline), default=0),
+                max((t["load1"] for t in timeline), default=0),
+            ],
+            "load1_before": load_before,
             "server_cpu_s_before_hold": round(cpu_a - cpu0, 1),
         }
         # serve stops with every machine still connected (as in production): how long it takes
@@ -813,6 +820,10 @@ async def hold(
         await asyncio.to_thread(server.stop)
         result["serve_stop_s"] = round(server.stop_s, 1)
         await fleet_closing
+        # what serve said of leases (backend/agents/leases.py, backend/machines/service.py)
+        said = (server.root / "serve.log").read_text(errors="replace")
+        result["slow_lease_renewals"] = said.count("to renew")
+        result["machines_found_lost"] = said.count("lost: its lease expired")
     return result
 
 
@@ -840,7 +851,11 @@ def summary(r: dict[str, Any]) -> str:
         f"p95 {r['follow_p95_s']} s; serve CPU {r['server_cpu_pct_of_core']}% of a core, "
         f"RSS {r['server_rss_mb_start']} -> {r['server_rss_mb_end']} MB; the simulator "
         f"{r['fleet_cpu_pct_of_core']}% of a core; {r['hold_messages_per_s']} messages/s, serve "
-        f"{r['server_cpu_ms_per_message']} ms CPU each; serve stopped in {r.get('serve_stop_s')} s"
+        f"{r['server_cpu_ms_per_message']} ms CPU each; serve stopped in "
+        f"{r.get('serve_stop_s')} s; renewals over 2 s {r.get('slow_lease_renewals')}, "
+        f"machines found lost "
+        f"{r.get('machines_found_lost')}; load average {r.get('load1_before')} before, "
+        f"{r.get('load1_during_hold')} during the hold"
     )
 
 
