@@ -35,29 +35,16 @@ import logging
 import weakref
 from collections.abc import AsyncIterator
 
-from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.db import Database
-from backend.models import Event
+from backend.events import repository
 
 log = logging.getLogger(__name__)
 
 LOOK_SECONDS = 1.0  # how often the bell looks while someone waits
 IDLE_SECONDS = 30.0  # the longest a subscriber waits without looking itself
 MOST_PENDING = 64  # looks not settled yet that the bell keeps apart
-
-_SEQUENCE = text(
-    "SELECT CAST(coalesce(pg_get_serial_sequence('events', 'id'), 'events_id_seq') AS regclass)"
-    "::oid"
-)
-_LAST_ID = text("SELECT coalesce(pg_sequence_last_value(CAST(:sequence AS oid)), 0)")
-# (pg_sequence_last_value locks the sequence too: the look's own transaction is left out)
-_HOLDERS = text(
-    "SELECT virtualtransaction FROM pg_locks WHERE locktype = 'relation' "
-    "AND relation = CAST(:sequence AS oid) AND pid IS DISTINCT FROM pg_backend_pid() "
-    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-)
 
 
 class Bell:
@@ -127,7 +114,7 @@ class Bell:
                 if self.db.engine.dialect.name == "postgresql":
                     horizon = await self._postgresql_horizon(session)
                 else:
-                    horizon = int(await session.scalar(select(func.max(Event.id))) or 0)
+                    horizon = await repository.newest_id(session)
             self.looks += 1
             self.horizon = max(before, horizon)
             if self.horizon != before:
@@ -137,10 +124,9 @@ class Bell:
 
     async def _postgresql_horizon(self, session: AsyncSession) -> int:
         if self._sequence is None:
-            self._sequence = int((await session.execute(_SEQUENCE)).scalar_one())
-        where = {"sequence": self._sequence}
-        last = int((await session.execute(_LAST_ID, where)).scalar_one())  # first,
-        holders = frozenset((await session.scalars(_HOLDERS, where)).all())  # then these
+            self._sequence = await repository.id_sequence(session)
+        last = await repository.last_taken_id(session, self._sequence)  # first,
+        holders = await repository.sequence_holders(session, self._sequence)  # then these
         if self._pending and self._pending[-1][1] == holders:
             self._pending[-1] = (last, holders)  # settles when the same transactions end
         else:

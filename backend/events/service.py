@@ -4,14 +4,13 @@ workers with its reason, deletions, quota, alerts (seed L-43 … L-46)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.errors import NotFound
-from backend.events.rules import DELETED_STATE, FOUND_AT, MAX_LIMIT, EventView, Listing, shown_kind
+from backend.events import repository
+from backend.events.rules import FOUND_AT, MAX_LIMIT, EventView, Listing, shown_kind
 from backend.models import Event, Workspace
 from backend.organizations import service as organizations
 from backend.runs import service as runs
@@ -38,12 +37,15 @@ async def page(
 
     With ``upto`` (the events bell's horizon), none above it: a reader that follows the
     events after the newest it listed misses none committed late below it."""
-    query = _matching(select(Event).where(Event.workspace_id == ws.id), which.name, which.kind)
-    if which.before is not None:
-        query = query.where(Event.id < which.before)
-    if upto is not None:
-        query = query.where(Event.id <= upto)
-    rows = list(await session.scalars(query.order_by(Event.id.desc()).limit(which.limit + 1)))
+    rows = await repository.newest_first(
+        session,
+        ws.id,
+        name=which.name,
+        kind=which.kind,
+        before=which.before,
+        upto=upto,
+        limit=which.limit + 1,
+    )
     more = len(rows) > which.limit
     rows = rows[: which.limit]
     views = [view(e, ws.name) for e in rows]
@@ -73,10 +75,7 @@ async def workspace_of(
 
 
 async def last_id(session: AsyncSession, workspace_id: int) -> int:
-    found = await session.scalar(
-        select(func.max(Event.id)).where(Event.workspace_id == workspace_id)
-    )
-    return int(found or 0)
+    return await repository.last_id(session, workspace_id)
 
 
 async def after(
@@ -91,27 +90,10 @@ async def after(
 ) -> list[EventView]:
     """The workspace's events after the id ``cursor`` (and up to ``upto``) visible now,
     oldest first."""
-    query = _matching(
-        select(Event).where(Event.workspace_id == workspace.id, Event.id > cursor), name, kind
+    rows = await repository.oldest_first_after(
+        session, workspace.id, cursor, name=name, kind=kind, upto=upto, limit=limit
     )
-    if upto is not None:
-        query = query.where(Event.id <= upto)
-    rows = await session.scalars(query.order_by(Event.id).limit(limit))
     return [view(e, workspace.name) for e in rows]
-
-
-def _matching(query: Select[Any], name: str | None, kind: str | None) -> Select[Any]:
-    if name is not None:
-        query = query.where(Event.run_name == name)
-    if kind is not None:
-        wanted = (Event.kind == kind) | Event.kind.startswith(kind + ".")
-        old_deleted = (Event.kind == "run.state") & (Event.state == DELETED_STATE)
-        if kind == "run.deleted":  # rows from before it had its own kind
-            wanted = wanted | old_deleted
-        elif kind == "run.state":
-            wanted = wanted & ~old_deleted
-        query = query.where(wanted)
-    return query
 
 
 def view(event: Event, workspace: str) -> EventView:

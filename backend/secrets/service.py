@@ -10,13 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.errors import FieldError, InvalidInput, NotFound
-from backend.models import Run, Secret, Worker
+from backend.models import Secret
 from backend.runs import service as runs
 from backend.runs.spec import NAME_PATTERN, stored_spec
 from backend.secrets import repository
@@ -59,12 +58,10 @@ async def set_secret(
     _check(name, value)
     ws = await runs.workspace_for(session, principal, workspace)
     now = clock.now()
-    row = await session.scalar(
-        select(Secret).where(Secret.workspace_id == ws.id, Secret.name == name)
-    )
+    row = await repository.secret_named(session, ws.id, name)
     if row is None:
         row = Secret(workspace_id=ws.id, name=name, created_at=now, external=value is None)
-        session.add(row)
+        repository.add(session, row)
     row.value = value
     row.external = value is None or row.external
     row.updated_at = now
@@ -76,23 +73,17 @@ async def list_secrets(
     session: AsyncSession, principal: Principal, *, workspace: str | None = None
 ) -> list[Secret]:
     ws = await runs.workspace_for(session, principal, workspace)
-    return list(
-        await session.scalars(
-            select(Secret).where(Secret.workspace_id == ws.id).order_by(Secret.name)
-        )
-    )
+    return await repository.secrets_of(session, ws.id)
 
 
 async def delete_secret(
     session: AsyncSession, principal: Principal, name: str, *, workspace: str | None = None
 ) -> Secret:
     ws = await runs.workspace_for(session, principal, workspace)
-    row = await session.scalar(
-        select(Secret).where(Secret.workspace_id == ws.id, Secret.name == name)
-    )
+    row = await repository.secret_named(session, ws.id, name)
     if row is None:
         raise NotFound("SECRET_NOT_FOUND", f"No secret named '{name}'.")
-    await session.delete(row)
+    await repository.delete(session, row)
     return row
 
 
@@ -103,17 +94,13 @@ async def values_for_worker(
 
     Only the credentials of the worker's own run, only to the machine it is placed on, and only
     for the attempt it runs there now."""
-    worker = await session.scalar(
-        select(Worker).where(Worker.id == worker_id, Worker.machine_id == machine_id)
-    )
+    worker = await repository.placed_worker(session, machine_id, worker_id)
     if worker is None or worker.attempt != attempt:
         return None
-    run = await session.get(Run, worker.run_id)
+    run = await repository.run_of(session, worker)
     assert run is not None
     names = [c.secret for c in stored_spec(run.spec).credentials]
-    rows = await session.scalars(
-        select(Secret).where(Secret.workspace_id == run.workspace_id, Secret.name.in_(names))
-    )
+    rows = await repository.secrets_named(session, run.workspace_id, names)
     values = {r.name: r.value for r in rows if r.value is not None}
     return SecretValues(values, [n for n in dict.fromkeys(names) if n not in values])
 
