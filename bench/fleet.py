@@ -480,6 +480,35 @@ def database_figures(url: str) -> dict[str, float]:
     }
 
 
+DURATION = re.compile(
+    r'^astraeus_job_duration_seconds_(sum|count)\{actor="([^"]+)"\} ([0-9.e+-]+)$', re.M
+)
+
+
+def actor_times(url: str, token: str) -> dict[str, tuple[float, float]]:
+    """Each actor's total run time and count so far, from serve's /metrics (the tick, the
+    scheduling passes, the lease checks)."""
+    text = httpx.get(
+        f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30
+    ).text
+    found: dict[str, list[float]] = {}
+    for kind, actor, value in DURATION.findall(text):
+        found.setdefault(actor, [0.0, 0.0])[0 if kind == "sum" else 1] = float(value)
+    return {actor: (total, count) for actor, (total, count) in found.items()}
+
+
+def mean_times(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    """Each actor's mean run time, in seconds, between two readings (those that ran)."""
+    means = {}
+    for actor, (total, count) in after.items():
+        total0, count0 = before.get(actor, (0.0, 0.0))
+        if count > count0:
+            means[actor] = round((total - total0) / (count - count0), 3)
+    return means
+
+
 def percentile(xs: list[float], p: float) -> float:
     if not xs:
         return float("nan")
@@ -749,6 +778,7 @@ async def hold(
             for i in range(follows)
         ]
         timeline: list[dict[str, float]] = []
+        actors_a = actor_times(server.url, server.admin)
         cpu_a, _ = tree_figures(pid)
         own_a = time.process_time()
         sent_a = fleet.counters.sent
@@ -767,6 +797,7 @@ async def hold(
                 }
             )
         cpu_b, rss_end = tree_figures(pid)
+        actors_b = actor_times(server.url, server.admin)
         own_b = time.process_time()
         sent_b = fleet.counters.sent
         held = time.monotonic() - hold_began
@@ -813,6 +844,8 @@ async def hold(
                 max((t["load1"] for t in timeline), default=0),
             ],
             "load1_before": load_before,
+            # each job's mean run time during the hold (the goodput tick, scheduling passes)
+            "job_seconds_during_hold": mean_times(actors_a, actors_b),
             "server_cpu_s_before_hold": round(cpu_a - cpu0, 1),
         }
         # serve stops with every machine still connected (as in production): how long it takes
@@ -855,7 +888,8 @@ def summary(r: dict[str, Any]) -> str:
         f"{r.get('serve_stop_s')} s; renewals over 2 s {r.get('slow_lease_renewals')}, "
         f"machines found lost "
         f"{r.get('machines_found_lost')}; load average {r.get('load1_before')} before, "
-        f"{r.get('load1_during_hold')} during the hold"
+        f"{r.get('load1_during_hold')} during the hold; jobs' mean run time (s) "
+        f"{r.get('job_seconds_during_hold')}"
     )
 
 
