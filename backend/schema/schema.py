@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import strawberry
 from graphql import GraphQLError
 from strawberry.extensions import MaskErrors, ParserCache, SchemaExtension, ValidationCache
-from strawberry.extensions.field_extension import FieldExtension
 from strawberry.permission import PermissionExtension
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.types import ExecutionContext
@@ -57,34 +56,38 @@ from backend.schema.webhooks import CreateWebhookPayload, Webhook, WebhookPayloa
 SDL_PATH = Path(__file__).resolve().parents[2] / "schema.graphql"
 
 
-def _authenticated() -> list[FieldExtension]:
-    return [PermissionExtension(permissions=[IsAuthenticated()])]
+T = TypeVar("T")
 
 
+def authenticated(root: type[T]) -> type[T]:
+    """Every field of a root type asks for a valid API token (IsAuthenticated): said once here
+    for all of them, not on each field; tests/graphql/test_schema.py checks none lacks it."""
+    for field in root.__strawberry_definition__.fields:  # type: ignore[attr-defined]
+        field.extensions = [*field.extensions, PermissionExtension(permissions=[IsAuthenticated()])]
+    return root
+
+
+@authenticated
 @strawberry.type
 class Query:
-    @strawberry.field(extensions=_authenticated())
+    @strawberry.field
     def viewer(self, info: Info) -> Viewer:
         return Viewer.from_principal(info.context.require_principal())
 
     run: Run | None = strawberry.field(
         resolver=run_resolvers.run,
-        extensions=_authenticated(),
         description="A run of the workspace (org admins may name another workspace).",
     )
     runs: list[Run] = strawberry.field(
         resolver=run_resolvers.list_runs,
-        extensions=_authenticated(),
         description="The workspace's runs that have not ended; all: true adds ended and deleted.",
     )
     gpus: list[Gpu] = strawberry.field(
         resolver=run_resolvers.gpus,
-        extensions=_authenticated(),
         description="Every GPU the workspace's runs may use, by machine and index (seed L-39).",
     )
     events: EventPage = strawberry.field(
         resolver=event_resolvers.events_page,
-        extensions=_authenticated(),
         description=(
             "The workspace's events, newest first: of one run (name) or kind; limit 1 to 500 "
             "(50), before an id for the next page (seed L-44, L-46)."
@@ -92,7 +95,6 @@ class Query:
     )
     metric_range: MetricRange = strawberry.field(
         resolver=metric_resolvers.metric_range,
-        extensions=_authenticated(),
         description=(
             "One metric's series over time, of the workspace's workers: match label:value "
             "(repeatable), by, agg (sum, avg, max, min), rate, start, end, step (seed L-40)."
@@ -100,7 +102,6 @@ class Query:
     )
     machines: list[MachineInfo] = strawberry.field(
         resolver=run_resolvers.machines,
-        extensions=_authenticated(),
         description=(
             "Organisation admins: every machine of its clusters, its pool, state and reason, "
             "GPUs and unhealthy ones, last heard from."
@@ -108,53 +109,43 @@ class Query:
     )
     join_tokens: list[JoinToken] = strawberry.field(
         resolver=machine_identity_resolvers.join_tokens,
-        extensions=_authenticated(),
         description="Organisation admins: the cluster's join tokens (legacy machine tokens too).",
     )
     machine_credentials: list[MachineCredential] = strawberry.field(
         resolver=machine_identity_resolvers.machine_credentials,
-        extensions=_authenticated(),
         description="Organisation admins: each machine's own credential in the cluster.",
     )
     pools: list[PoolInfo] = strawberry.field(
         resolver=run_resolvers.pools,
-        extensions=_authenticated(),
         description="Organisation admins: its pools, with their machines and GPUs.",
     )
     attention: list[WorkerAttention] = strawberry.field(
         resolver=operation_resolvers.attention,
-        extensions=_authenticated(),
         description="The workspace's workers stalled now, then its stragglers now.",
     )
     quota: Quota = strawberry.field(
         resolver=operation_resolvers.quota,
-        extensions=_authenticated(),
         description="A workspace's GPU quota on a cluster (gpus null: none): members read their "
         "own workspace's (workspace left out: the token's); admins any of the organisation's.",
     )
     quotas: list[Quota] = strawberry.field(
         resolver=operation_resolvers.quotas,
-        extensions=_authenticated(),
         description="Organisation admins: every workspace's GPU quota on a cluster.",
     )
     thresholds: list[ThresholdSetting] = strawberry.field(
         resolver=operation_resolvers.thresholds,
-        extensions=_authenticated(),
         description="Organisation admins: a cluster's alert thresholds as they apply now.",
     )
     alerts_firing: list[Alert] = strawberry.field(
         resolver=operation_resolvers.alerts_firing,
-        extensions=_authenticated(),
         description="Threshold alerts firing: the workspace's; all the organisation's for admins.",
     )
     secrets: list[Secret] = strawberry.field(
         resolver=secret_resolvers.list_secrets,
-        extensions=_authenticated(),
         description="The workspace's secrets: names and whether they are set, never values.",
     )
     goodput: GoodputReport = strawberry.field(
         resolver=goodput_resolvers.goodput,
-        extensions=_authenticated(),
         description=(
             "Where the GPU time went: a ledger per run, machine, pool or workspace over whole "
             "UTC hours (the last 7 days by default, at most 400), most held first."
@@ -162,22 +153,18 @@ class Query:
     )
     goodput_weekly: list[GoodputWeek] = strawberry.field(
         resolver=goodput_resolvers.goodput_weekly,
-        extensions=_authenticated(),
         description="The last ISO weeks (Monday, UTC), this one included, oldest first.",
     )
     goodput_intervals: list[GoodputInterval] = strawberry.field(
         resolver=goodput_resolvers.goodput_intervals,
-        extensions=_authenticated(),
         description="The worker intervals behind a ledger figure, earliest first.",
     )
     webhooks: list[Webhook] = strawberry.field(
         resolver=webhook_resolvers.list_webhooks,
-        extensions=_authenticated(),
         description="The workspace's webhooks and their latest deliveries; never their secrets.",
     )
     tokens: list[ApiToken] = strawberry.field(
         resolver=token_resolvers.list_tokens,
-        extensions=_authenticated(),
         description=(
             "API tokens, never their secrets: the caller's own; an organisation admin's: every "
             "user token of the organisation's workspaces."
@@ -185,31 +172,27 @@ class Query:
     )
 
 
+@authenticated
 @strawberry.type
 class Mutation:
     create_run: CreateRunPayload = strawberry.mutation(
         resolver=run_resolvers.create_run,
-        extensions=_authenticated(),
         description="Submit a run from its specification (JSON).",
     )
     stop_run: RunPayload = strawberry.mutation(
         resolver=run_resolvers.stop_run,
-        extensions=_authenticated(),
         description="Wind a run down; it ends Stopped.",
     )
     delete_run: RunPayload = strawberry.mutation(
         resolver=run_resolvers.delete_run,
-        extensions=_authenticated(),
         description="Delete a run with its workers and their logs; it stays listed as Deleted.",
     )
     run_again: CreateRunPayload = strawberry.mutation(
         resolver=run_resolvers.run_again,
-        extensions=_authenticated(),
         description="Submit a run's specification again under a new name.",
     )
     create_join_token: JoinTokenPayload = strawberry.mutation(
         resolver=machine_identity_resolvers.create_join_token,
-        extensions=_authenticated(),
         description=(
             "Organisation admins: a token `astraeus agent` exchanges once for the machine's own "
             "credential; `uses` machines may join with it until it `expires` (e.g. 24h)."
@@ -217,7 +200,6 @@ class Mutation:
     )
     revoke_join_token: JoinTokenPayload = strawberry.mutation(
         resolver=machine_identity_resolvers.revoke_join_token,
-        extensions=_authenticated(),
         description=(
             "Organisation admins: no machine joins with it any more; a legacy machine token's "
             "streams are closed."
@@ -225,7 +207,6 @@ class Mutation:
     )
     revoke_machine_credential: MachineCredentialPayload = strawberry.mutation(
         resolver=machine_identity_resolvers.revoke_machine_credential,
-        extensions=_authenticated(),
         description=(
             "Organisation admins: the machine is lost at once, its workers placed elsewhere, "
             "its stream closed; it joins again only with a new join token."
@@ -233,7 +214,6 @@ class Mutation:
     )
     drain_machine: MachinePayload = strawberry.mutation(
         resolver=operation_resolvers.drain_machine,
-        extensions=_authenticated(),
         description=(
             "Organisation admins: the machine takes no new work; its runs are preempted and "
             "placed again elsewhere."
@@ -241,12 +221,10 @@ class Mutation:
     )
     set_threshold: ThresholdPayload = strawberry.mutation(
         resolver=operation_resolvers.set_threshold,
-        extensions=_authenticated(),
         description="Organisation admins: change one of a cluster's alert thresholds.",
     )
     set_priority_ceiling: WorkspaceSettingsPayload = strawberry.mutation(
         resolver=operation_resolvers.set_priority_ceiling,
-        extensions=_authenticated(),
         description=(
             "Organisation admins: the highest priority a workspace's runs may ask for (0 to "
             "100; default 50)."
@@ -254,7 +232,6 @@ class Mutation:
     )
     set_quota: QuotaPayload = strawberry.mutation(
         resolver=operation_resolvers.set_quota,
-        extensions=_authenticated(),
         description=(
             "Organisation admins: the most GPUs a workspace's runs may hold at once on a "
             "cluster (null or left out: no quota)."
@@ -262,7 +239,6 @@ class Mutation:
     )
     set_preemption_policy: PreemptionPolicyPayload = strawberry.mutation(
         resolver=operation_resolvers.set_preemption_policy,
-        extensions=_authenticated(),
         description=(
             "Organisation admins: whether a cluster's higher-priority runs may preempt runs of "
             "other workspaces holding more than their quota (otherwise only their own "
@@ -271,7 +247,6 @@ class Mutation:
     )
     set_secret: SecretPayload = strawberry.mutation(
         resolver=secret_resolvers.set_secret,
-        extensions=_authenticated(),
         description=(
             "Set a secret's value; without a value, declare it external: workers naming it "
             "wait while Preparing ('waiting for external secret …') until it is set."
@@ -279,12 +254,10 @@ class Mutation:
     )
     delete_secret: SecretPayload = strawberry.mutation(
         resolver=secret_resolvers.delete_secret,
-        extensions=_authenticated(),
         description="Delete a secret; runs already started keep what they were given.",
     )
     revoke_token: ApiTokenPayload = strawberry.mutation(
         resolver=token_resolvers.revoke_token,
-        extensions=_authenticated(),
         description=(
             "Revoke an API token (its id or first characters): the caller's own; an "
             "organisation admin: any user token of the organisation. Requests with it are "
@@ -293,7 +266,6 @@ class Mutation:
     )
     create_webhook: CreateWebhookPayload = strawberry.mutation(
         resolver=webhook_resolvers.create_webhook,
-        extensions=_authenticated(),
         description=(
             "Send the workspace's events from now on to an http(s) URL, those of the kinds "
             "named (and the kinds under them) or every kind. The answer holds the signing "
@@ -302,16 +274,15 @@ class Mutation:
     )
     delete_webhook: WebhookPayload = strawberry.mutation(
         resolver=webhook_resolvers.delete_webhook,
-        extensions=_authenticated(),
         description="Delete a webhook: nothing more is sent to it, not even deliveries due.",
     )
 
 
+@authenticated
 @strawberry.type
 class Subscription:
     follow_log: AsyncGenerator[LogChunk, None] = strawberry.subscription(
         resolver=event_resolvers.follow_log,
-        extensions=_authenticated(),
         description=(
             "A worker's log as its machine writes it (a run's name: its first worker), "
             "beginning with its last tail lines (0 to 10 000), until the worker ends: the last "
@@ -320,7 +291,6 @@ class Subscription:
     )
     events: AsyncGenerator[Event, None] = strawberry.subscription(
         resolver=event_resolvers.events_feed,
-        extensions=_authenticated(),
         description=(
             "The workspace's events as they happen (run and worker state changes with their "
             "reasons, deletions, alerts), from now or after an event id, oldest first; of one "
