@@ -65,3 +65,11 @@ class Principal:
 
     def can_see_organization(self, organization_id: int) -> bool:
         return self.is_org_admin and organization_id == self.organization_id
+
+
+def bearer_secret(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (HTTP, WebSocket or gRPC
+    metadata); None without one."""
+    if authorization and authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip()
+    return None

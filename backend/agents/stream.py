@@ -22,6 +22,7 @@ from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.access.rules import bearer_secret
 from backend.agents import service
 from backend.agents.leases import LeaseKeeper, renew_interval
 from backend.agents.service import (
@@ -888,8 +889,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
 def _bearer(context: grpc.aio.ServicerContext) -> str | None:
     metadata = dict(context.invocation_metadata() or ())
-    header = str(metadata.get("authorization", ""))
-    return header[7:].strip() if header.lower().startswith("bearer ") else None
+    return bearer_secret(str(metadata.get("authorization", "")))
 
 
 REGISTRATION_FAILED = "The server could not register this machine; its log says why."

@@ -13,7 +13,7 @@ from starlette.websockets import WebSocket
 from strawberry.types import Info as StrawberryInfo
 
 from backend.access import service as access
-from backend.access.rules import Principal
+from backend.access.rules import Principal, bearer_secret
 from backend.clock import Clock
 from backend.db import Database, database_away
 from backend.errors import DatabaseUnavailable, Unauthenticated
@@ -87,7 +87,7 @@ class Context:
         if not isinstance(header, str):
             return False
         found, self.auth_error, self.database_away = await _principal(
-            self.db, _secret(header), self.clock
+            self.db, bearer_secret(header), self.clock
         )
         self.principal = found
         return found is not None
@@ -98,12 +98,6 @@ class Context:
         if self.principal is None:
             raise Unauthenticated(self.auth_error or "An API token is required.")
         return self.principal
-
-
-def _secret(authorization: str | None) -> str | None:
-    if authorization and authorization.lower().startswith("bearer "):
-        return authorization[7:].strip()
-    return None
 
 
 async def _principal(
@@ -128,7 +122,7 @@ async def build_context(
     logs: LogSource | None = None,
     metrics_retention: timedelta | None = None,
 ) -> Context:
-    principal, error, away = await _principal(db, _secret(authorization), clock)
+    principal, error, away = await _principal(db, bearer_secret(authorization), clock)
     context = Context(
         db=db, clock=clock, principal=principal, auth_error=error, logs=logs, database_away=away
     )

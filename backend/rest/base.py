@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from backend.access import service as access
-from backend.access.rules import Principal
+from backend.access.rules import Principal, bearer_secret
 from backend.boundary import has_control_characters
 from backend.clock import Clock
 from backend.db import Database, contention, database_away
@@ -51,10 +51,7 @@ def error_response(error: AstraeusError) -> JSONResponse:
 
 
 def bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    if header.lower().startswith("bearer "):
-        return header[7:].strip()
-    return None
+    return bearer_secret(request.headers.get("authorization"))
 
 
 def refused_parameters(request: Request) -> list[FieldError]:
