@@ -13,6 +13,7 @@ from backend.db import Database
 from backend.events.bell import Bell
 from backend.models import Event, Organization
 from tests.support import SEED_TIME, FakeClock, Tenancy
+from tests.support.agents import wait_for
 
 
 async def add_event(db: Database, event_id: int | None = None) -> None:
@@ -31,6 +32,15 @@ async def add_event(db: Database, event_id: int | None = None) -> None:
         )
 
 
+async def first_look(bell: Bell) -> None:
+    """Until the bell has made its first look (a second at most), not a fixed sleep."""
+
+    async def looked() -> bool:
+        return bell.looks >= 1
+
+    await wait_for("the bell's first look", looked, 5)
+
+
 async def waiting(bell: Bell, subscribers: int) -> list[asyncio.Task[None]]:
     """Subscribers waiting on the bell after its first look (which rings: what became visible
     between a subscriber's read and its wait must wake it)."""
@@ -42,8 +52,7 @@ async def waiting(bell: Bell, subscribers: int) -> list[asyncio.Task[None]]:
             await bell.wait(bell.rings)
 
     tasks = [asyncio.create_task(subscriber()) for _ in range(subscribers)]
-    await asyncio.sleep(0.3)
-    assert bell.looks >= 1  # its first look made
+    await first_look(bell)
     ready.set()
     await asyncio.sleep(0.1)
     return tasks
@@ -105,9 +114,12 @@ async def test_a_subscriber_waits_not_for_a_ring_that_came_after_its_read(
 ) -> None:
     bell = Bell(db, look_seconds=0.2, idle_seconds=30.0)
     async with bell.listening():
-        await asyncio.sleep(0.3)
-        assert bell.looks >= 1  # its first look made
+        await first_look(bell)
         rings = bell.rings  # taken before the subscriber's read
         await add_event(db)  # visible after its read
-        await asyncio.sleep(0.5)  # the bell rang meanwhile
+
+        async def rang() -> bool:
+            return bell.rings > rings
+
+        await wait_for("the bell to ring", rang, 5)  # meanwhile
         await asyncio.wait_for(bell.wait(rings), timeout=0.1)  # at once
