@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
 from agent import docker, prepare, rendezvous
+from agent.backoff import Backoff
 from agent.executor import OOM_KILLED, EndCause, Exit, ProcessWorker
 from agent.gpus import GpuDevice, NvmlSampler
 from agent.identity import WorkloadUsers, workload_dir
@@ -114,7 +114,10 @@ class Agent:
     ended: dict[int, int] = field(default_factory=dict)  # reported ends not yet acknowledged
     preparing: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     secret_answers: dict[int, asyncio.Future[agent_pb2.SecretValues]] = field(default_factory=dict)
-    backoff_cap: float = BACKOFF_CAP
+    # Waits between reconnects: jittered, over again after a session of a minute or more.
+    reconnects: Backoff = field(
+        default_factory=lambda: Backoff(BACKOFF_START, BACKOFF_CAP, jitter=0.5, reset_after=60)
+    )
     # Seconds between heartbeats: the setting, or a third of the server's lease if shorter.
     beat_every: float = 0.0
     # Rank 0's MASTER_PORT, bound from its START until its process starts (agent/rendezvous.py).
@@ -241,7 +244,6 @@ class Agent:
                 kept = {f"{install}-{k}" for k in self.workers}
                 await docker.remove_orphans(self._engine(), kept, install)
         sampling = asyncio.create_task(self._sample_forever())
-        backoff = BACKOFF_START
         try:
             while True:
                 started = time.monotonic()
@@ -251,10 +253,7 @@ class Agent:
                     if error.code() in REFUSALS:
                         raise SystemExit(f"astraeus agent: {error.details()}") from None
                     log.warning("stream to %s ended: %s", self.config.server, error.details())
-                if time.monotonic() - started > 60:
-                    backoff = BACKOFF_START
-                await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
-                backoff = min(backoff * 2, self.backoff_cap)
+                await asyncio.sleep(self.reconnects.wait(time.monotonic() - started))
         finally:
             sampling.cancel()
             await docker.removals_done()
@@ -372,7 +371,7 @@ class Agent:
             log.info("joined as machine %s", message.welcome.machine_id)
             if message.welcome.lease_seconds:
                 # Back in well within a lease after any outage, the server's included.
-                self.backoff_cap = min(BACKOFF_CAP, message.welcome.lease_seconds / 4)
+                self.reconnects.cap = min(BACKOFF_CAP, message.welcome.lease_seconds / 4)
                 # Three beats a lease at least, whatever --heartbeat says.
                 self.beat_every = min(
                     self.config.heartbeat_seconds, message.welcome.lease_seconds / 3

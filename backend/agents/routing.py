@@ -40,6 +40,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from agent.backoff import Backoff
 from backend.agents.stream import AgentService, LogChunkInfo
 from backend.config import Settings
 from backend.logs.service import LogText, LogUnavailable, WorkerRef
@@ -337,13 +338,16 @@ class RedisRouter:
             await self.redis.aclose()
 
     async def _listen(self) -> None:
-        backoff = 0.2
+        # at most a second apart: until it listens again, log requests through this replica
+        # answer that Redis cannot be reached, so it listens within a second of Redis's return
+        # (one connection attempt a second meanwhile costs Redis nothing)
+        retry = Backoff(0.2, LISTEN_RETRY_MAX)
         while not self.stopping:
             try:
                 async with self.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(self.inbox)
                     self.listening.set()
-                    backoff = 0.2
+                    retry.reset()
                     while not self.stopping:
                         message = await pubsub.get_message(
                             ignore_subscribe_messages=True, timeout=1.0
@@ -358,11 +362,7 @@ class RedisRouter:
                     for backlog in self.backlogs.values():  # their chunks can no longer come
                         backlog.lost = True
                         backlog.arrived.set()
-            await asyncio.sleep(backoff)
-            # at most a second: until it listens again, log requests through this replica
-            # answer that Redis cannot be reached, so it listens within a second of Redis's
-            # return (one connection attempt a second meanwhile costs Redis nothing)
-            backoff = min(backoff * 2, LISTEN_RETRY_MAX)
+            await asyncio.sleep(retry.wait())
 
     def _dispatch(self, data: str) -> None:
         try:

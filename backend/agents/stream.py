@@ -22,6 +22,7 @@ from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from agent.backoff import Backoff
 from backend.access.rules import bearer_secret
 from backend.agents import service
 from backend.agents.leases import LeaseKeeper, renew_interval
@@ -577,7 +578,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         stream, and the log follows and tails that ride on it, go on); a group of several is
         of messages written again unchanged (_group). A heartbeat writes nothing: that it was
         read renewed the lease already."""
-        backoff = OUTAGE_RETRY_START
+        retry = Backoff(OUTAGE_RETRY_START, OUTAGE_RETRY_CAP)
         while True:
             try:
                 await self._apply(machine, group)
@@ -586,14 +587,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 # a pool with no connection free in time is the database too busy: waited out
                 if not database_away(error) and not isinstance(error, PoolTimeout):
                     raise
+                wait = retry.wait()
                 log.warning(
                     "machine %s: the database is away; its message %d waits %.1fs",
                     machine.name,
                     group[0].id,
-                    backoff,
+                    wait,
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, OUTAGE_RETRY_CAP)
+                await asyncio.sleep(wait)
 
     async def _apply(self, machine: Machine, group: list[agent_pb2.AgentMessage]) -> None:
         """Written with other machines' messages (``_writing``), the group's together;

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from agent.backoff import Backoff
 from backend import migrations
 from backend.access import redaction
 from backend.access import service as access
@@ -507,12 +508,9 @@ RESTART_DELAY_MAX = 30.0
 RESTART_DELAY_RESET_AFTER = 60.0
 
 
-def next_restart_delay(previous: float | None, stayed_up: float) -> float:
-    """Seconds to wait before starting the local agent again, after the wait before it
-    (``None``: the first exit) and the seconds it stayed up."""
-    if previous is None or stayed_up >= RESTART_DELAY_RESET_AFTER:
-        return RESTART_DELAY_FIRST
-    return min(previous * 2, RESTART_DELAY_MAX)
+def restart_backoff() -> Backoff:
+    """The waits before starting the local agent again (``wait(seconds it stayed up)``)."""
+    return Backoff(RESTART_DELAY_FIRST, RESTART_DELAY_MAX, reset_after=RESTART_DELAY_RESET_AFTER)
 
 
 class LocalAgent:
@@ -556,13 +554,13 @@ class LocalAgent:
         return self._stopping.is_set() or not self.serving()
 
     def _supervise(self) -> None:
-        delay: float | None = None
+        restarts = restart_backoff()
         while True:
             started = time.monotonic()
             outcome = self._run_agent()
             if outcome is None or self._ending():
                 return
-            delay = next_restart_delay(delay, time.monotonic() - started)
+            delay = restarts.wait(time.monotonic() - started)
             print(f"local agent {outcome}; starting it again in {delay:g}s", flush=True)
             if self._stopping.wait(delay):
                 return

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.identity import WorkloadUsers, workload_dir
-from backend.cli.server import next_restart_delay
+from backend.cli.server import restart_backoff
 from tests.e2e.live import Api, running, serving
 from tests.support import WORKLOAD_PYTHON
 
@@ -68,12 +68,11 @@ class TickerApi(Api):
 
 
 def test_restart_delays_double_from_1s_to_30s_and_start_over_after_60s_up() -> None:
-    delays = [next_restart_delay(None, 0.5)]
-    for _ in range(6):
-        delays.append(next_restart_delay(delays[-1], 2))
+    restarts = restart_backoff()
+    delays = [restarts.wait(0.5), *(restarts.wait(2) for _ in range(6))]
     assert delays == [1, 2, 4, 8, 16, 30, 30]
-    assert next_restart_delay(30, 59.9) == 30
-    assert next_restart_delay(30, 60) == 1
+    assert restarts.wait(59.9) == 30
+    assert restarts.wait(60) == 1
 
 
 def test_a_killed_local_agent_is_started_again_and_its_worker_and_machine_go_on(
