@@ -8,7 +8,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from backend import migrations
 from backend.db import Database
 from tests.accounting.seed_week import play_seed_week
 from tests.lifecycle.world import World
-from tests.support import FakeClock, Tenancy, make_tenancy
+from tests.support import FakeClock, Tenancy, free_port, make_tenancy
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 
@@ -38,12 +37,6 @@ def end_agent(data_dir: Path) -> None:
     workloads = workload_dir(data_dir, WorkloadUsers())
     if workloads != data_dir:
         shutil.rmtree(workloads, ignore_errors=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def master_ports() -> str:

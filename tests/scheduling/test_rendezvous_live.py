@@ -21,15 +21,9 @@ from backend.logs.service import WorkerRef
 from backend.machine_identity import service as identity
 from backend.models import Cluster, Machine, Run
 from tests.lifecycle.world import World
-from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
+from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy, free_port
 
 PRINTS = "import os; print(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], flush=True)"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import random
+import socket
 import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -31,6 +33,30 @@ def searchable(folder: Path) -> Path:
             break
         each.chmod(each.stat().st_mode | 0o111)
     return folder
+
+
+# Ports for the tests' servers: below the ephemeral range (32768-60999 here), where a port a
+# killed server leaves is never handed to some lane's outgoing connection before the server
+# comes back on it, and a thousand of their own to each parallel lane (pytest-xdist's gwN),
+# so two lanes never draw the same one. (20000-28999 are the servers' MASTER_PORTS.)
+_LANE = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % 10
+_GIVEN: set[int] = set()
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 no server of this lane has been given and nothing listens on."""
+    first = 10000 + 1000 * _LANE
+    for port in random.sample(range(first, first + 1000), 1000):
+        if port in _GIVEN:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port left in {first}-{first + 999}")
 
 
 # The Python a workload's command runs. An agent running as root starts workloads as users of

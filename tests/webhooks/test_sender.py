@@ -20,7 +20,7 @@ from backend.webhooks import rules
 from backend.webhooks.addresses import IPAddress, Policy, parse_networks
 from backend.webhooks.sender import Outgoing, sending
 from tests.certificates import Authority
-from tests.support import FakeClock
+from tests.support import FakeClock, free_port
 from tests.webhooks.receiver import receiving
 
 
@@ -51,12 +51,6 @@ def outgoing(url: str) -> Outgoing:
         secret="whsec_k",
         body=b'{"id":7}',
     )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextmanager
