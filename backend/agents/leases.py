@@ -114,7 +114,7 @@ class LeaseKeeper:
         began = time.monotonic()
         try:
             async with self._database().transaction() as session:
-                lost = await service.renew_leases(session, self.clock, heard, self.lease)
+                renewal = await service.renew_leases(session, self.clock, heard, self.lease)
         except BaseException as error:  # a cancellation too: what was heard is not forgotten
             self.heard |= heard  # tried again at the next renewal
             if not isinstance(error, Exception) or not database_away(error):
@@ -126,8 +126,13 @@ class LeaseKeeper:
         self.slowest_s = max(self.slowest_s, took)
         if took > SLOW_RENEWAL_S:  # what waits behind it: its connection, locks, a busy loop
             log.warning("the leases of %d machines took %.1fs to renew", len(heard), took)
-        if lost:
-            self.lost(lost)
+        if renewal.held:  # written by another transaction just now: renewed next time
+            self.heard |= renewal.held
+            log.info(
+                "%d machines' leases wait for their rows: renewed next time", len(renewal.held)
+            )
+        if renewal.lost:
+            self.lost(renewal.lost)
 
     async def _renewing(self) -> None:
         while True:

@@ -141,8 +141,9 @@ async def reconcile(
 
 async def renew_leases(
     session: AsyncSession, clock: Clock, machine_ids: set[int], lease: timedelta
-) -> set[int]:
-    """The leases of the machines a replica heard from, renewed at once; the lost ones' ids."""
+) -> machines.Renewal:
+    """The leases of the machines a replica heard from, renewed at once: which were lost
+    already, and which another transaction held (renewed next time)."""
     return await machines.renew_leases(session, clock, machine_ids, lease)
 
 

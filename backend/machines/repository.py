@@ -99,17 +99,28 @@ async def extend_lease(
 
 async def renew_leases(
     session: AsyncSession, machine_ids: Sequence[int], now: datetime, until: datetime
-) -> set[int]:
-    """Renew the leases of these machines (those still ready or draining) in one statement;
-    returns the ids renewed."""
-    rows = await session.scalars(
-        update(Machine)
-        .where(Machine.id.in_(machine_ids), Machine.state.in_(["ready", "draining"]))
-        .values(last_seen_at=now, lease_expires_at=until)
-        .returning(Machine.id)
-        .execution_options(synchronize_session=False)
+) -> tuple[set[int], set[int]]:
+    """Renew the leases of these machines (those still ready or draining) whose rows no other
+    transaction holds, without waiting for any (PostgreSQL: FOR NO KEY UPDATE SKIP LOCKED;
+    SQLite's one writer holds them all): one statement to lock, one to renew. Returns the ids
+    renewed and the ids whose rows were held (another transaction writing the machine: its
+    Hello, which renews the lease itself, or a check finding it lost), to be tried again."""
+    rows = await session.execute(
+        select(Machine.id, Machine.state)
+        .where(Machine.id.in_(machine_ids))
+        .order_by(Machine.id)
+        .with_for_update(key_share=True, skip_locked=True)
     )
-    return set(rows)
+    found = {int(machine_id): state for machine_id, state in rows}
+    live = sorted(m for m, state in found.items() if state in ("ready", "draining"))
+    if live:
+        await session.execute(
+            update(Machine)
+            .where(Machine.id.in_(live))
+            .values(last_seen_at=now, lease_expires_at=until)
+            .execution_options(synchronize_session=False)
+        )
+    return set(live), set(machine_ids) - set(found)
 
 
 async def extend_all_leases(session: AsyncSession, until: datetime) -> int:

@@ -102,19 +102,31 @@ async def heartbeat(session: AsyncSession, clock: Clock, machine_id: int, lease:
 RENEW_BATCH = 5000
 
 
+@dataclass(frozen=True)
+class Renewal:
+    """What a renewal of leases found: machines already lost (they must register again), and
+    machines whose rows another transaction held (not waited for: renewed next time)."""
+
+    lost: set[int]
+    held: set[int]
+
+
 async def renew_leases(
     session: AsyncSession, clock: Clock, machine_ids: Collection[int], lease: timedelta
-) -> set[int]:
+) -> Renewal:
     """Renew the leases of machines heard from, a batch a statement (one for a replica's
-    machines, up to thousands). Returns the ids of those already lost: they must register
-    again."""
+    machines, up to thousands), never waiting behind another transaction's write of a
+    machine (issue 19: one held row kept a thousand leases from being renewed)."""
     now = clock.now()
     ids = sorted(machine_ids)
     renewed: set[int] = set()
+    held: set[int] = set()
     for start in range(0, len(ids), RENEW_BATCH):
         batch = ids[start : start + RENEW_BATCH]
-        renewed |= await repository.renew_leases(session, batch, now, now + lease)
-    return set(ids) - renewed
+        done, busy = await repository.renew_leases(session, batch, now, now + lease)
+        renewed |= done
+        held |= busy
+    return Renewal(lost=set(ids) - renewed - held, held=held)
 
 
 async def expire_leases(session: AsyncSession, clock: Clock, lease: timedelta) -> Effects:
