@@ -662,30 +662,20 @@ async def follow(
     """Follow a worker's log over GraphQL (graphql-transport-ws); each line's lateness (its
     receipt minus the time the simulated workload stamped it with) into ``lateness``."""
     from websockets.asyncio.client import connect
-    from websockets.typing import Subprotocol
+
+    from backend.cli.astra.graphql_ws import (
+        PROTOCOL,
+        initialise,
+        subscribe_message,
+        websocket_url,
+    )
 
     last = 0
 
     try:
-        async with connect(
-            url.replace("http", "ws", 1) + "/graphql",
-            subprotocols=[Subprotocol("graphql-transport-ws")],
-        ) as ws:
-            await ws.send(
-                json.dumps(
-                    {"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}}
-                )
-            )
-            await ws.recv()
-            await ws.send(
-                json.dumps(
-                    {
-                        "id": "1",
-                        "type": "subscribe",
-                        "payload": {"query": FOLLOW, "variables": {"w": worker}},
-                    }
-                )
-            )
+        async with connect(websocket_url(url), subprotocols=[PROTOCOL]) as ws:
+            await initialise(ws, token)
+            await ws.send(subscribe_message(FOLLOW, {"w": worker}))
             while not stop.is_set():
                 try:
                     raw = await asyncio.wait_for(ws.recv(), 1)

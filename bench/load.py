@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import re
@@ -352,30 +351,30 @@ EVENTS = "subscription { events { id kind } }"
 async def events(url: str, token: str, seen: dict[str, int], stop: asyncio.Event) -> None:
     """An events subscription: how many came, how many not after the one before (by id)."""
     from websockets.asyncio.client import connect
-    from websockets.typing import Subprotocol
+
+    from backend.cli.astra.graphql_ws import (
+        PROTOCOL,
+        initialise,
+        read,
+        subscribe_message,
+        websocket_url,
+    )
 
     last = 0
     try:
-        async with connect(
-            url.replace("http", "ws", 1) + "/graphql",
-            subprotocols=[Subprotocol("graphql-transport-ws")],
-        ) as ws:
-            init = {"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}}
-            await ws.send(json.dumps(init))
-            await ws.recv()
-            await ws.send(
-                json.dumps({"id": "1", "type": "subscribe", "payload": {"query": EVENTS}})
-            )
+        async with connect(websocket_url(url), subprotocols=[PROTOCOL]) as ws:
+            await initialise(ws, token)
+            await ws.send(subscribe_message(EVENTS, {}))
             while not stop.is_set():
                 try:
                     raw = await asyncio.wait_for(ws.recv(), 1)
                 except TimeoutError:
                     continue
-                message = json.loads(raw)
-                if message["type"] != "next" or message["payload"].get("errors"):
+                result, ended = read(raw)
+                if result is None or ended or result.get("errors"):
                     seen["ended"] = seen.get("ended", 0) + 1
                     return
-                event_id = int(message["payload"]["data"]["events"]["id"])
+                event_id = int(result["data"]["events"]["id"])
                 seen["events"] = seen.get("events", 0) + 1
                 if event_id <= last:
                     seen["out_of_order"] = seen.get("out_of_order", 0) + 1

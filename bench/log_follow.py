@@ -32,9 +32,9 @@ import httpx
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
+from backend.cli.astra.graphql_ws import subscribe
 from bench.common import save
 from tests.e2e.live import Server, free_port
-from tests.e2e.live_graphql import subscribe
 
 INTERVAL_S = 0.05
 POLL_S = 0.2  # agent/connection.py FOLLOW_POLL_S

@@ -5,7 +5,6 @@ happen (issue 6; seed L-9, L-47)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import subprocess
 import time
@@ -16,8 +15,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from backend.cli.astra.client import EXIT_FAILED
+from backend.cli.astra.graphql_ws import PROTOCOL, init_message, subscribe, websocket_url
 from tests.e2e.live import Server, running
-from tests.e2e.live_graphql import PROTOCOL, subscribe
 from tests.support.processes import ASTRA, submit
 
 FOLLOW = """subscription($w: String!, $tail: Int!) {
@@ -113,11 +112,9 @@ async def test_the_workspaces_events_as_they_happen(live: tuple[Server, str]) ->
 
 async def test_a_websocket_without_a_valid_token_is_closed(live: tuple[Server, str]) -> None:
     server, _ = live
-    for payload in ({}, {"Authorization": "Bearer astx_nope"}):
-        async with connect(
-            server.url.replace("http", "ws", 1) + "/graphql", subprotocols=[PROTOCOL]
-        ) as ws:
-            await ws.send(json.dumps({"type": "connection_init", "payload": payload}))
+    for token in (None, "astx_nope"):
+        async with connect(websocket_url(server.url), subprotocols=[PROTOCOL]) as ws:
+            await ws.send(init_message(token))
             with pytest.raises(ConnectionClosed) as closed:
                 await ws.recv()
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403

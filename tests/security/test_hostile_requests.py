@@ -266,11 +266,10 @@ def test_a_websocket_message_over_the_limit_closes_the_socket(cluster: Cluster) 
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
-    url = cluster.server.url.replace("http", "ws", 1) + "/graphql"
-    with connect(url, subprotocols=["graphql-transport-ws"], max_size=None) as ws:  # type: ignore[list-item]
-        init = {"type": "connection_init", "payload": {"Authorization": f"Bearer {cluster.admin}"}}
-        ws.send(json.dumps(init))
-        assert json.loads(ws.recv(timeout=10))["type"] == "connection_ack"
+    from backend.cli.astra.graphql_ws import PROTOCOL, initialise_sync, websocket_url
+
+    with connect(websocket_url(cluster.server.url), subprotocols=[PROTOCOL], max_size=None) as ws:
+        initialise_sync(ws, cluster.admin)
         ws.send(json.dumps({"type": "ping", "payload": {"pad": "x" * (MIB // 2)}}))
         assert json.loads(ws.recv(timeout=10))["type"] == "pong"
         ws.send(json.dumps({"type": "ping", "payload": {"pad": "x" * (2 * MIB)}}))

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from agent.identity import UID_RANGE, WorkloadUsers, workload_dir
+from backend.cli.astra.graphql_ws import subscribe
 from tests.e2e.live import Api, Server, serving
-from tests.e2e.live_graphql import subscribe
 from tests.support import WORKLOAD_PYTHON
 
 pytestmark = pytest.mark.skipif(

@@ -22,8 +22,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from backend.cli.astra.graphql_ws import PROTOCOL, initialise
 from tests.e2e.live import Server, serving
-from tests.e2e.live_graphql import PROTOCOL, initialise
 
 EVENTS = "subscription { events { id kind } }"
 TOKENS = "{ tokens { id prefix user workspace expiresAt revokedAt } }"
@@ -75,7 +75,7 @@ async def _follow_until_closed(live: Live, token: str, revoke: Any) -> Ended:
     """Subscribe to the events with ``token``, call ``revoke`` once the stream is open, and
     read until the server closes the connection (at most 20 s)."""
     url = live.server.url.replace("http", "ws", 1) + "/graphql"
-    async with connect(url, subprotocols=[PROTOCOL]) as ws:  # type: ignore[list-item]
+    async with connect(url, subprotocols=[PROTOCOL]) as ws:
         await initialise(ws, token)
         subscribe = {"id": "1", "type": "subscribe", "payload": {"query": EVENTS}}
         await ws.send(json.dumps(subscribe))
