@@ -56,7 +56,7 @@ from typing import Any
 
 import psycopg
 
-from backend.accounting import counting, repository
+from backend.accounting import counting, ledger_queries, repository
 from backend.accounting import service as accounting
 from backend.accounting.rules import BUSY_UTILIZATION, Category, Period
 from backend.accounting.service import Viewer
@@ -738,7 +738,7 @@ def page_bare(url: str, ws: int, period: Period, repeat: int) -> list[float]:
     fetched and serialised."""
     from sqlalchemy.dialects import postgresql
 
-    statement = repository.named_ledgers_query("run", period.start, period.end, [ws], None)
+    statement = ledger_queries.named_ledgers_query("run", period.start, period.end, [ws], None)
     sql = str(
         statement.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
     )

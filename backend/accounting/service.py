@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
-from backend.accounting import repository, rules
+from backend.accounting import ledger_queries, repository, rules
 from backend.accounting.exposition import Exposition
 from backend.accounting.rules import (
     SCOPES,
@@ -124,7 +124,7 @@ async def cluster_viewer(
 async def report(session: AsyncSession, viewer: Viewer, by: str | None, period: Period) -> Report:
     """A ledger per run, machine, pool or workspace over the period, and their total."""
     scope = _by(by)
-    ledgers = await repository.named_ledgers(
+    ledgers = await ledger_queries.named_ledgers(
         session,
         scope,
         period.start,
@@ -175,7 +175,7 @@ async def run_ledgers(
         return {}
     since = rules.hour_floor(min(created for _, created in found))
     until = rules.hour_floor(now) + rules.HOUR
-    sums = await repository.hour_sums(
+    sums = await ledger_queries.hour_sums(
         session, "run", since, until, scope_ids=[run_id for run_id, _ in found]
     )
     ledgers = ledgers_by_id(sums)
@@ -210,13 +210,13 @@ async def cluster_ledgers(
 ) -> dict[int, Ledger]:
     """Each workspace's or pool's ledger of one cluster over the hours of [start, end)."""
     return ledgers_by_id(
-        await repository.hour_sums(session, scope, start, end, cluster_id=cluster_id)
+        await ledger_queries.hour_sums(session, scope, start, end, cluster_id=cluster_id)
     )
 
 
 async def scope_names(session: AsyncSession, scope: str, ids: Sequence[int]) -> dict[int, str]:
     """The names of runs, machines, pools or workspaces, by id."""
-    return await repository.scope_names(session, scope, ids)
+    return await ledger_queries.scope_names(session, scope, ids)
 
 
 async def exposition(
@@ -229,7 +229,7 @@ async def exposition(
 
     A workspace's token: its workspace, its share of the machines, pools and clusters it
     used, its runs still going. An organisation admin's: every workspace of the organisation."""
-    names = await repository.workspaces(
+    names = await ledger_queries.workspaces(
         session,
         principal.organization_id,
         None if principal.is_org_admin else [principal.workspace_id or 0],
@@ -243,33 +243,33 @@ async def exposition(
     }
     for window, period in windows.items():
         clusters = ledgers_by_id(
-            await repository.cluster_sums(session, period.start, period.end, ids)
+            await ledger_queries.cluster_sums(session, period.start, period.end, ids)
         )
-        cluster_names = await repository.cluster_names(session, list(clusters))
+        cluster_names = await ledger_queries.cluster_names(session, list(clusters))
         for cluster_id, ledger in sorted(clusters.items()):
             out.ledger("cluster", cluster_names.get(cluster_id, str(cluster_id)), window, ledger)
         for scope in ("workspace", "machine", "pool"):
             ledgers = ledgers_by_id(
-                await repository.hour_sums(
+                await ledger_queries.hour_sums(
                     session, scope, period.start, period.end, workspace_ids=ids
                 )
             )
-            scope_names = await repository.scope_names(session, scope, list(ledgers))
+            scope_names = await ledger_queries.scope_names(session, scope, list(ledgers))
             for scope_id, ledger in sorted(ledgers.items()):
                 out.ledger(scope, scope_names.get(scope_id, str(scope_id)), window, ledger)
-    live = await repository.live_runs(session, ids)
+    live = await ledger_queries.live_runs(session, ids)
     if live:
         since = min(rules.hour_floor(r.created_at) for r in live)
         runs_ = ledgers_by_id(
-            await repository.hour_sums(
+            await ledger_queries.hour_sums(
                 session, "run", since, hour + rules.HOUR, scope_ids=[r.id for r in live]
             )
         )
         for run in sorted(live, key=lambda r: (names.get(r.workspace_id, ""), r.name)):
             if run.id in runs_:
                 out.run(names.get(run.workspace_id, ""), run.name, runs_[run.id])
-    stalled = await repository.stalled_workers(session, ids)
-    slow = await repository.runs_with_straggler(session, ids, now - STRAGGLER_AFTER)
+    stalled = await ledger_queries.stalled_workers(session, ids)
+    slow = await ledger_queries.runs_with_straggler(session, ids, now - STRAGGLER_AFTER)
     for workspace_id, workspace in sorted(names.items(), key=lambda kv: kv[1]):
         out.add("astraeus_workers_stalled", {"namespace": workspace}, stalled.get(workspace_id, 0))
         out.add("astraeus_runs_with_straggler", {"namespace": workspace}, slow.get(workspace_id, 0))
@@ -303,7 +303,7 @@ async def explain(
     if problems:
         raise InvalidInput("INVALID_PARAMETER", problems)
     assert name is not None
-    scope_id = await repository.scope_id(
+    scope_id = await ledger_queries.scope_id(
         session, scope, name, principal.organization_id, viewer.workspace_ids
     )
     if scope_id is None:
@@ -312,7 +312,7 @@ async def explain(
     workspace_ids = viewer.workspace_ids
     if scope == "workspace":
         workspace_ids = [i for i in (workspace_ids or [scope_id]) if i == scope_id]
-    rows = await repository.intervals_of(
+    rows = await ledger_queries.intervals_of(
         session,
         start=period.start,
         end=period.end,
@@ -322,10 +322,10 @@ async def explain(
         limit=limit,
         **filters,
     )
-    machines = await repository.scope_names(
+    machines = await ledger_queries.scope_names(
         session, "machine", [r.machine_id for r in rows if r.machine_id is not None]
     )
-    run_names = await repository.scope_names(session, "run", [r.run_id for r in rows])
+    run_names = await ledger_queries.scope_names(session, "run", [r.run_id for r in rows])
     out = []
     for r in rows:
         start, end = max(r.start_at, period.start), min(r.end_at, period.end)

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.accounting.repository import spans
+from backend.accounting.ledger_queries import spans
 
 HOUR = timedelta(hours=1)
 BASE = datetime(2026, 10, 5, tzinfo=UTC)

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from backend.accounting import counting, repository
+from backend.accounting import counting, ledger_queries, repository
 from backend.accounting import service as accounting
 from backend.accounting.rules import Category, Period
 from backend.accounting.service import Viewer
@@ -188,7 +188,7 @@ async def test_whole_days_read_from_the_daily_cells_equal_the_hours(world: World
         (first + timedelta(hours=30), first + timedelta(days=4, hours=7)),
     ):
         async with world.db.read() as session:
-            mixed = await repository.hour_sums(session, "run", start, end)
+            mixed = await ledger_queries.hour_sums(session, "run", start, end)
             rows = await session.scalars(
                 select(GoodputHour).where(
                     GoodputHour.scope == "run", GoodputHour.hour >= start, GoodputHour.hour < end

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, select, update
 
-from backend.accounting import counting, repository, rules
+from backend.accounting import counting, ledger_queries, repository, rules
 from backend.accounting import service as accounting
 from backend.accounting.rules import Category, Interval, Ledger, Period, PhaseChange
 from backend.accounting.service import Viewer
@@ -224,8 +224,8 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
     pure = {w: rules.intervals(changes, T0, until, utilisation) for w, changes in truth.items()}
     # The ledgers: the run's cells equal the pure sums, category by category.
     async with db.read() as session:
-        cells = await repository.hour_sums(session, "run", T0 - rules.HOUR, until + rules.HOUR)
-        written = await repository.intervals_of(
+        cells = await ledger_queries.hour_sums(session, "run", T0 - rules.HOUR, until + rules.HOUR)
+        written = await ledger_queries.intervals_of(
             session,
             start=T0 - rules.HOUR,
             end=until + rules.HOUR,

@@ -14,8 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from backend.accounting import counting
-from backend.accounting import repository as accounting_repository
+from backend.accounting import counting, ledger_queries
 from backend.lifecycle import rules
 from backend.lifecycle.rules import (
     STALLED_WITH_GANG,
@@ -178,7 +177,7 @@ async def sample_busy(world: World) -> None:
 
 async def intervals_by_worker(world: World) -> dict[str, list[tuple[datetime, datetime, str]]]:
     async with world.db.read() as session:
-        rows = await accounting_repository.intervals_of(
+        rows = await ledger_queries.intervals_of(
             session,
             start=T0 - timedelta(days=1),
             end=T0 + timedelta(days=1),
