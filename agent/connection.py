@@ -23,6 +23,7 @@ import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
 from agent import docker, prepare, rendezvous
+from agent import engine as engines
 from agent.backoff import Backoff
 from agent.executor import OOM_KILLED, EndCause, Exit, ProcessWorker
 from agent.gpus import GpuDevice, NvmlSampler
@@ -80,7 +81,7 @@ class AgentConfig:
     sample_seconds: float = 5.0
     prepare_poll_seconds: float = 2.0
     executor: str = "process"  # or "docker": containers through the Docker Engine API
-    docker_socket: str = docker.SOCKET
+    docker_socket: str = engines.SOCKET
     nvml: NvmlSampler | None = None
     # Who workloads run as (agent/identity.py), and what of the machine they may reach:
     # folders drives may be filled from, folders mount paths may be linked in (none: only
@@ -214,8 +215,8 @@ class Agent:
             self._process_worker(process)
         return process
 
-    def _engine(self) -> docker.Engine:
-        return docker.engine_at(self.config.docker_socket)
+    def _engine(self) -> engines.Engine:
+        return engines.engine_at(self.config.docker_socket)
 
     # --- starting up ----------------------------------------------------------------------
 
@@ -242,7 +243,7 @@ class Agent:
             with contextlib.suppress(Exception):
                 install = self.config.install
                 kept = {f"{install}-{k}" for k in self.workers}
-                await docker.remove_orphans(self._engine(), kept, install)
+                await engines.remove_orphans(self._engine(), kept, install)
         sampling = asyncio.create_task(self._sample_forever())
         try:
             while True:

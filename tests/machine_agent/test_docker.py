@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from agent import docker
-from agent.docker import (
-    ContainerWorker,
+from agent import engine as engines
+from agent.docker import ContainerWorker, is_container_folder
+from agent.engine_answers import (
     CpuReading,
     EngineError,
     FrameError,
@@ -29,7 +30,6 @@ from agent.docker import (
     create_body,
     exit_of,
     image_reference,
-    is_container_folder,
     new_output,
     orphans,
     pull_failed,
@@ -726,7 +726,7 @@ async def test_containers_left_by_released_workers_are_removed_as_orphans(tmp_pa
     worker.release()
     others = await worker.engine.containers(worker_filters())
     kept = {c["Labels"]["astraeus.worker"] for c in others} - {"9009"}
-    assert len(await docker.remove_orphans(worker.engine, kept)) == 1
+    assert len(await engines.remove_orphans(worker.engine, kept)) == 1
     assert await worker.engine.containers(worker_filters("9009")) == []
 
 
