@@ -20,10 +20,10 @@ recording its time repeats that one chunk. Unlike a process's, a container's std
 reach the engine through two pipes, so lines printed at the same moment on both may be copied
 in either order (as ``docker logs`` shows them).
 
-The pure parts are functions, tested without an engine: the create body from a start payload
-(``create_body``), the multiplexed log frames (``FrameReader``), the container state to an end
-(``exit_of``), pull progress to a reason (``PullProgress``), stats to metrics
-(``stats_metrics``).
+The pure parts are functions in agent/engine_answers.py, tested without an engine: the create
+body from a start payload (``create_body``), the multiplexed log frames (``FrameReader``), the
+container state to an end (``exit_of``), pull progress to a reason (``PullProgress``), stats to
+metrics (``stats_metrics``). The Engine API client is agent/engine.py.
 """
 
 from __future__ import annotations
