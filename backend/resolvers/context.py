@@ -65,7 +65,7 @@ class Context:
     loaders: Loaders = field(init=False)
 
     def __post_init__(self) -> None:
-        self.loaders = Loaders.build(self.db, self.clock)
+        self.loaders = Loaders.build(self.db, self.clock, self.require_principal)
 
     def share(self, gates: dict[tuple[int, int | None], asyncio.Semaphore], size: int) -> None:
         """Resolvers and loaders reach the database through the gate of the caller's workspace
@@ -75,7 +75,7 @@ class Context:
         key = (self.principal.organization_id, self.principal.workspace_id)
         gate = gates.setdefault(key, asyncio.Semaphore(size))
         self.db = SharedDatabase(self.db, gate)
-        self.loaders = Loaders.build(self.db, self.clock)
+        self.loaders = Loaders.build(self.db, self.clock, self.require_principal)
 
     async def authenticate_connection(self) -> bool:
         """A WebSocket without an Authorization header: its token from connection_init

@@ -10,13 +10,16 @@ from typing import TypeVar
 from sqlalchemy.ext.asyncio import AsyncSession
 from strawberry.dataloader import DataLoader
 
+from backend.access.rules import Principal
 from backend.accounting import service as accounting
 from backend.accounting.rules import Ledger
 from backend.agents import service as agents
 from backend.clock import Clock
 from backend.db import Database
+from backend.errors import AstraeusError
 from backend.models import Run, StateTransition, WebhookDelivery, Worker
 from backend.runs import service as runs
+from backend.scheduling import service as scheduling
 from backend.webhooks import service as webhooks
 
 K = TypeVar("K")
@@ -50,13 +53,31 @@ class Loaders:
     webhook_deliveries: DataLoader[int, list[tuple[WebhookDelivery, str]]]
     # A run's ledger since it was submitted, by (run id, submitted at).
     run_ledger: DataLoader[tuple[int, datetime], Ledger]
+    # Why a run waits: each machine of its cluster and why it takes a worker or not.
+    pending_reasons: DataLoader[int, list[tuple[str, str]]]
 
     @classmethod
-    def build(cls, db: Database, clock: Clock) -> Loaders:
+    def build(cls, db: Database, clock: Clock, principal: Callable[[], Principal]) -> Loaders:
+        """The request's loaders; ``principal`` answers who asks (or refuses), for the loads
+        that depend on it."""
+
         async def run_ledgers(keys: list[tuple[int, datetime]]) -> list[Ledger]:
             async with db.read() as session:
                 found = await accounting.run_ledgers(session, keys, clock.now())
             return [found[run_id] for run_id, _ in keys]
+
+        async def pending_reasons(keys: list[int]) -> list[list[tuple[str, str]] | Exception]:
+            found: list[list[tuple[str, str]] | Exception] = []
+            async with db.read() as session:
+                for run_id in keys:
+                    try:  # a run refused is its own field's error, not its neighbours'
+                        run = await runs.get_run_by_id(session, principal(), run_id)
+                        reasons = await scheduling.pending_reasons(session, clock, principal(), run)
+                    except AstraeusError as error:
+                        found.append(error)
+                    else:
+                        found.append(reasons)
+            return found
 
         return cls(
             workers_by_run=_grouped(db, runs.workers_by_run, list),
@@ -69,4 +90,5 @@ class Loaders:
             cluster_name=_grouped(db, runs.cluster_names, str),
             webhook_deliveries=_grouped(db, webhooks.recent_deliveries, list),
             run_ledger=DataLoader(load_fn=run_ledgers),
+            pending_reasons=DataLoader(load_fn=pending_reasons),
         )

@@ -12,10 +12,8 @@ from backend import models
 from backend.lifecycle.rules import is_straggler
 from backend.resolvers.context import Info
 from backend.runs import failures
-from backend.runs import service as runs
 from backend.runs.rules import task_counts
 from backend.runs.spec import stored_spec
-from backend.scheduling import service as scheduling
 from backend.schema.common import UserError
 from backend.schema.enums import (
     FailureKindValue,
@@ -340,10 +338,7 @@ class Run:
         description="Read a pending reason: why each machine of its cluster takes a worker or not."
     )
     async def pending_reasons(self, info: Info) -> list[MachineReason]:
-        principal = info.context.require_principal()
-        async with info.context.db.read() as session:
-            run = await runs.get_run_by_id(session, principal, int(self.id))
-            rows = await scheduling.pending_reasons(session, info.context.clock, principal, run)
+        rows = await info.context.loaders.pending_reasons.load(int(self.id))
         return [MachineReason(machine=m, reason=r) for m, r in rows]
 
     @strawberry.field(description="Where its GPU time went since it was submitted.")
