@@ -725,8 +725,9 @@ async def test_containers_left_by_released_workers_are_removed_as_orphans(tmp_pa
     worker.container_id = None  # released, but its removal never ran (the agent stopped)
     worker.release()
     others = await worker.engine.containers(worker_filters())
-    kept = {c["Labels"]["astraeus.worker"] for c in others} - {"9009"}
-    assert len(await engines.remove_orphans(worker.engine, kept)) == 1
+    # labelled <install>-<worker id>: this install's worker 9009 is no longer kept
+    kept = {c["Labels"]["astraeus.worker"] for c in others} - {worker.key}
+    assert len(await engines.remove_orphans(worker.engine, kept, worker.install)) == 1
     assert await worker.engine.containers(worker_filters("9009")) == []
 
 
