@@ -9,7 +9,7 @@ PROTO = (
     Path(__file__).resolve().parent.parent / "proto" / "astraeus" / "agent" / "v1" / "agent.proto"
 )
 FIELD = re.compile(r"^\s*(optional |repeated )?[\w.]+ \w+ = \d+;")
-ENUM_VALUE = re.compile(r"^\s*([A-Z0-9_]+) = (\d+);")
+ENUM_VALUE = re.compile(r"^\s*([A-Z0-9_]+) = (\d+);", re.M)  # a line of its own, comments above it
 
 
 def test_every_field_and_enum_value_has_a_comment() -> None:

@@ -134,7 +134,7 @@ async def test_graphql_says_so_too_and_to_no_other_workspace(
 def console_query() -> str:
     """The query the console's Metrics section asks (frontend/src/pages/Metrics.tsx)."""
     source = (Path(__file__).parents[2] / "frontend/src/pages/Metrics.tsx").read_text()
-    return source.split("export const QUERY = `", 1)[1].split("`;", 1)[0]
+    return source.split("export const QUERY = /* GraphQL */ `", 1)[1].split("`;", 1)[0]
 
 
 async def test_the_consoles_query_gets_the_sentence(
