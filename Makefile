@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 WORKLOADS_STAMP := $(VENV)/.workloads
 
 .DEFAULT_GOAL := help
-.PHONY: help setup up serve test test-fast lint typecheck schema schema-check services bench load fleet proto clean \
+.PHONY: help setup up serve test test-fast checks lint typecheck schema schema-check services bench load fleet proto clean \
   console console-test browser screenshots demo workloads
 
 help: ## list the targets
@@ -99,9 +99,18 @@ $(WORKLOADS_STAMP): $(STAMP)
 
 workloads: $(WORKLOADS_STAMP) ## PyTorch (CPU) for the real distributed-training tests (tests/workloads/)
 
-test: setup workloads services browser lint typecheck schema-check console-test ## every check and every test, SQLite and PostgreSQL, and the console's
-	ASTRAEUS_HYPOTHESIS=thorough $(BIN)/pytest -n $(TEST_LANES) --dist loadgroup \
-	  --no-loadscope-reorder --durations=30
+checks: lint typecheck schema-check console-test ## the static checks: ruff, import contracts, mypy, schema drift, the console's tests
+
+# The checks run beside the tests (they compute while the tests mostly wait on processes), their
+# output kept and printed after; either failing fails `make test`.
+test: setup workloads services browser ## every check and every test, SQLite and PostgreSQL, and the console's
+	@started=$$(date +%s); log=$$(mktemp); \
+	  $(MAKE) --no-print-directory checks > $$log 2>&1 & checks=$$!; \
+	  ASTRAEUS_HYPOTHESIS=thorough $(BIN)/pytest -n $(TEST_LANES) --dist loadgroup \
+	    --no-loadscope-reorder --durations=30; tests=$$?; \
+	  wait $$checks; passed=$$?; cat $$log; rm -f $$log; \
+	  echo "test: checks $$([ $$passed = 0 ] && echo passed || echo FAILED), tests $$([ $$tests = 0 ] && echo passed || echo FAILED), in $$(( $$(date +%s) - started ))s"; \
+	  [ $$passed = 0 ] && [ $$tests = 0 ]
 
 test-fast: setup ## unit and db tests on SQLite, quick property tests (no processes, no training)
 	ASTRAEUS_TEST_DATABASES=sqlite ASTRAEUS_HYPOTHESIS=quick $(BIN)/pytest -x -q \
