@@ -32,13 +32,21 @@ def test_uvicorns_access_log_record_is_written_without_the_token(
     redaction.install()  # once is enough: no second filter
     access = logging.getLogger("uvicorn.access")
     assert sum(isinstance(f, redaction.TokenRedaction) for f in access.filters) == 1
-    with caplog.at_level(logging.INFO, logger="uvicorn.access"):
-        access.info(
-            '%s - "%s %s HTTP/%s" %d',
-            "127.0.0.1:5000",
-            "GET",
-            f"/v1/tasks?token={TOKEN}",
-            "1.1",
-            401,
-        )
-    assert caplog.messages == ['127.0.0.1:5000 - "GET /v1/tasks?token=[redacted] HTTP/1.1" 401']
+    # The record as uvicorn's own handler gets it: a server started earlier in this process
+    # configured uvicorn's loggers not to propagate, so caplog's root handler would see nothing.
+    access.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="uvicorn.access"):
+            access.info(
+                '%s - "%s %s HTTP/%s" %d',
+                "127.0.0.1:5000",
+                "GET",
+                f"/v1/tasks?token={TOKEN}",
+                "1.1",
+                401,
+            )
+    finally:
+        access.removeHandler(caplog.handler)
+    assert caplog.messages[-1:] == [
+        '127.0.0.1:5000 - "GET /v1/tasks?token=[redacted] HTTP/1.1" 401'
+    ]
