@@ -13,6 +13,7 @@ test-fast` runs `unit or db` on SQLite only (ASTRAEUS_TEST_DATABASES=sqlite).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -29,6 +30,7 @@ import psycopg
 import pytest
 from hypothesis import settings as hypothesis_settings
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 from starlette.applications import Starlette
 
 from backend import migrations
@@ -263,7 +265,16 @@ async def db(database_url: str) -> AsyncIterator[Database]:
     try:
         yield database
     finally:
-        await _empty_all_tables(database)
+        # A test's background writer (a lease keeper's last renewal) may still hold SQLite's
+        # one write lock past the busy timeout on a loaded machine: wait for it, a few times.
+        for attempt in range(3):
+            try:
+                await _empty_all_tables(database)
+                break
+            except OperationalError:
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(1)
         await database.dispose()
 
 
