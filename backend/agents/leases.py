@@ -81,6 +81,11 @@ class LeaseKeeper:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._renewing())
 
+    @property
+    def idle(self) -> bool:
+        """Not renewing, and its own connection let go (after the last stream's stop)."""
+        return self._task is None and self._own is None
+
     async def stop(self) -> None:
         """Stop renewing (the replica holds no stream any more) once what was heard since the
         last renewal is renewed (an agent gone a moment ago keeps its whole lease to come

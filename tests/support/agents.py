@@ -28,6 +28,13 @@ async def service(db: Database, clock: FakeClock) -> AsyncIterator[tuple[AgentSe
         yield service, address
     finally:
         await server.stop(grace=0)
+        # The streams' last steps (the lease keeper's final renewal) run after the server's
+        # stop returns: done before the database is emptied, so the two never wait on each
+        # other's write lock (SQLite).
+        for _ in range(300):
+            if not service.streams.by_machine and service.leases.idle:
+                break
+            await asyncio.sleep(0.05)
 
 
 def agent_for(address: str, token: str, data_dir: Path) -> Agent:
