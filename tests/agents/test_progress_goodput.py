@@ -21,12 +21,12 @@ from agent.executor import end_left_workers
 from agent.gpus import simulated
 from backend.accounting import counting
 from backend.accounting import service as accounting
-from backend.agents.stream import AgentService, serve
+from backend.agents.stream import AgentService
 from backend.db import Database
 from backend.models import MetricSample, Run, Worker
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
-from tests.support.stream import _port
+from tests.support.agents import agent_endpoint, wait_for
 
 STEPS = (
     "import os, time\n"
@@ -41,20 +41,8 @@ LOOKS = 72  # six minutes, a look every 5 s
 
 @pytest.fixture
 async def service(db: Database, clock: FakeClock) -> AsyncIterator[tuple[AgentService, str]]:
-    service = AgentService(db, clock, lease=timedelta(hours=1), poll_interval=0.05)
-    address = f"127.0.0.1:{_port()}"
-    server = await serve(service, address)
-    try:
-        yield service, address
-    finally:
-        await server.stop(grace=0)
-
-
-async def wait_for(what: str, check: object, seconds: float = 60) -> None:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not await check():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, f"waited for {what}"
-        await asyncio.sleep(0.05)
+    async with agent_endpoint(db, clock, lease=timedelta(hours=1)) as endpoint:
+        yield endpoint
 
 
 def file_state(path: Path) -> tuple[int, int] | None:
@@ -96,7 +84,7 @@ async def test_appended_and_overwritten_progress_give_the_same_goodput(
         async def joined() -> bool:
             return bool(svc.streams.by_machine)
 
-        await wait_for("the machine", joined)
+        await wait_for("the machine", joined, seconds=60)
         world = World(db, clock, tenancy)
         for name, mode in (("appends", "a"), ("overwrites", "w")):
             command = [WORKLOAD_PYTHON, "-c", STEPS.format(mode=mode)]
@@ -108,7 +96,7 @@ async def test_appended_and_overwritten_progress_give_the_same_goodput(
                 states = list(await session.scalars(select(Worker.state)))
             return states == ["Running", "Running"]
 
-        await wait_for("both running", both_running)
+        await wait_for("both running", both_running, seconds=60)
         async with db.read() as session:
             ids = dict((await session.execute(select(Worker.name, Worker.id))).all())
         files = [agent.workers[i].progress_file for i in ids.values()]
@@ -120,7 +108,7 @@ async def test_appended_and_overwritten_progress_give_the_same_goodput(
                 return all(n not in (None, b) for n, b in zip(now, before, strict=True))
 
             try:
-                await wait_for("a step of each", both_stepped)
+                await wait_for("a step of each", both_stepped, seconds=60)
             except AssertionError:
                 async with db.read() as session:
                     rows = (await session.execute(select(Worker.state, Worker.reason))).all()
@@ -138,7 +126,7 @@ async def test_appended_and_overwritten_progress_give_the_same_goodput(
                 )
             return sorted(ts for _, ts in newest.all()) == [last_ms, last_ms]
 
-        await wait_for("the samples on the server", all_samples_in)
+        await wait_for("the samples on the server", all_samples_in, seconds=60)
         async with db.transaction() as session:
             await counting.tick(session, clock)
             runs = list(await session.scalars(select(Run).order_by(Run.name)))

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -15,26 +14,22 @@ from sqlalchemy import select, update
 
 from agent.connection import Agent, AgentConfig
 from agent.gpus import simulated
-from backend.agents.stream import AgentService, serve
+from backend.agents.stream import AgentService
 from backend.db import Database
 from backend.logs.service import WorkerRef
 from backend.machine_identity import service as identity
 from backend.models import Cluster, Machine, Run
 from tests.lifecycle.world import World
-from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy, free_port
+from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
+from tests.support.agents import agent_endpoint
 
 PRINTS = "import os; print(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], flush=True)"
 
 
 @pytest.fixture
 async def endpoint(db: Database, clock: FakeClock) -> AsyncIterator[tuple[AgentService, str]]:
-    service = AgentService(db, clock, lease=timedelta(seconds=60), poll_interval=0.05)
-    address = f"127.0.0.1:{free_port()}"
-    server = await serve(service, address)
-    try:
-        yield service, address
-    finally:
-        await server.stop(grace=0)
+    async with agent_endpoint(db, clock) as served:
+        yield served
 
 
 async def credential(db: Database, clock: FakeClock) -> str:

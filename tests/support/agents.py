@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -19,9 +20,12 @@ from tests.support import FakeClock
 from tests.support.stream import _port
 
 
-@pytest.fixture
-async def service(db: Database, clock: FakeClock) -> AsyncIterator[tuple[AgentService, str]]:
-    service = AgentService(db, clock, lease=timedelta(seconds=60), poll_interval=0.05)
+@contextlib.asynccontextmanager
+async def agent_endpoint(
+    db: Database, clock: FakeClock, lease: timedelta = timedelta(seconds=60)
+) -> AsyncIterator[tuple[AgentService, str]]:
+    """The agents' gRPC endpoint on a port of its own, and the service behind it."""
+    service = AgentService(db, clock, lease=lease, poll_interval=0.05)
     address = f"127.0.0.1:{_port()}"
     server = await serve(service, address)
     try:
@@ -35,6 +39,12 @@ async def service(db: Database, clock: FakeClock) -> AsyncIterator[tuple[AgentSe
             if not service.streams.by_machine and service.leases.idle:
                 break
             await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def service(db: Database, clock: FakeClock) -> AsyncIterator[tuple[AgentService, str]]:
+    async with agent_endpoint(db, clock) as endpoint:
+        yield endpoint
 
 
 def agent_for(address: str, token: str, data_dir: Path) -> Agent:
