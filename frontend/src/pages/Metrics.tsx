@@ -158,12 +158,14 @@ function Chart(props: ChartSpec & { match: string[]; by: string; start: number; 
   const box = useRef<HTMLDivElement>(null);
   const series = found.data?.metricRange.series;
   const limitSeries = limit ? limits.data?.metricRange.series : undefined;
+  // drawn once its limit has answered too, so the chart is not drawn without it and again with it
+  const limitSettled = limit === undefined || limits.data !== null || limits.error !== null;
   const plot = useMemo(
     () => plotOf(metric, unit, decoded(series ?? []), decoded(limitSeries ?? [])),
     [metric, unit, series, limitSeries],
   );
   useEffect(() => {
-    if (!box.current || !series || series.length === 0) return;
+    if (!box.current || !series || series.length === 0 || !limitSettled) return;
     const chart = new uPlot(
       {
         width: box.current.clientWidth || 560,
@@ -188,7 +190,7 @@ function Chart(props: ChartSpec & { match: string[]; by: string; start: number; 
       box.current,
     );
     return () => chart.destroy();
-  }, [plot, series, unit, start, end]);
+  }, [plot, series, limitSettled, unit, start, end]);
   const empty = found.data && found.data.metricRange.series.length === 0;
   const notMeasured = found.data?.metricRange.notMeasured ?? null;
   return (
