@@ -439,8 +439,11 @@ class Agent:
         key = request.worker_id
         worker = self.workers.get(key)
         wlog = WorkerLog(self.log_root, str(key))
+        offset: int | None = None  # where the follower begins: after the tail, else the end
         if request.tail_lines:
-            text, archived = await asyncio.to_thread(wlog.tail, request.tail_lines)
+            text, archived, end = await asyncio.to_thread(wlog.tail_to_follow, request.tail_lines)
+            if not archived:
+                offset = end
             if text:
                 self._reply(
                     request_id, agent_pb2.LogChunk(worker_id=key, text=text, archived=archived)
@@ -448,7 +451,7 @@ class Agent:
         if worker is None or worker.exited.is_set():
             self._reply(request_id, agent_pb2.LogChunk(worker_id=key, ended=True))
             return
-        follower = LogFollower(wlog)
+        follower = LogFollower(wlog, offset)
         missed = 0
         while not worker.exited.is_set():
             if self.queue.qsize() < QUEUE_HIGH_WATER:

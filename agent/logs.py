@@ -119,6 +119,18 @@ class WorkerLog:
                 return data.decode(errors="replace"), archived
         return "", False
 
+    def tail_to_follow(self, lines: int) -> tuple[str, bool, int]:
+        """What a follow starts with: the last complete lines, as ``tail`` gives them, whether
+        they are archived, and the byte offset of the current log just after them, where the
+        follower goes on (``LogFollower(log, offset)``). Taken in one read, so a line written
+        in between is neither lost nor sent twice, and a line still being written comes whole
+        with the follower's first read."""
+        for path, archived in ((self.current, False), (self.archived, True)):
+            if path.exists():
+                data, start = _last_lines_at(path, lines, TAIL_BYTES, complete=not archived)
+                return data.decode(errors="replace"), archived, start + len(data)
+        return "", False, 0
+
     def snapshot(self) -> str:
         """The failure snapshot's output: the last 50 lines, at most 16 KiB."""
         exists = self.current.exists()
@@ -236,10 +248,13 @@ def _next_line_start(f: BinaryIO, position: int, end: int) -> int:
     return end
 
 
-def _last_lines_at(path: Path, count: int, limit: int) -> tuple[bytes, int]:
+def _last_lines_at(
+    path: Path, count: int, limit: int, *, complete: bool = False
+) -> tuple[bytes, int]:
     """The last ``count`` lines of a file within its last ``limit`` bytes, and the byte offset
     they start at: read from the end a block at a time, so linear in what is read (a tail of a
-    64 MiB log reads at most ``limit``, never the whole log)."""
+    64 MiB log reads at most ``limit``, never the whole log). With ``complete``, a last line
+    without its newline (still being written) is left out."""
     with path.open("rb") as f:
         end = f.seek(0, 2)
         position, blocks, newlines = end, [], 0
@@ -253,9 +268,12 @@ def _last_lines_at(path: Path, count: int, limit: int) -> tuple[bytes, int]:
     pieces = b"".join(reversed(blocks)).splitlines(keepends=True)
     if not whole and pieces:
         pieces = pieces[1:]  # part of a line that began before what was read: never shown
+    partial = 0
+    if complete and pieces and not pieces[-1].endswith(b"\n"):
+        partial = len(pieces.pop())
     kept = pieces[-count:] if count else []
     size = sum(len(p) for p in kept)
-    return b"".join(kept), end - size
+    return b"".join(kept), end - partial - size
 
 
 def _last_lines(path: Path, count: int, limit: int) -> str:
@@ -326,9 +344,11 @@ class LogFollower:
     nor the server holds more than a chunk for it.
     """
 
-    def __init__(self, log: WorkerLog) -> None:
+    def __init__(self, log: WorkerLog, offset: int | None = None) -> None:
+        """From ``offset`` of the current log (a tail's end: ``tail_to_follow``), else from
+        its end now."""
         self.log = log
-        self.offset = log.size()
+        self.offset = log.size() if offset is None else offset
 
     def read(self) -> tuple[str, int]:
         """The new complete lines since the last read, and how many lines were skipped."""

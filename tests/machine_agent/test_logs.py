@@ -25,6 +25,24 @@ def test_a_follower_reads_whole_lines_as_they_are_written(tmp_path: Path) -> Non
     assert follower.rest() == "no newline at the end\n"
 
 
+def test_a_follow_goes_on_from_where_its_tail_ended_losing_and_repeating_nothing(
+    tmp_path: Path,
+) -> None:
+    # a line written between the tail and the follower's start was lost (test_routing, CI)
+    log = WorkerLog(tmp_path, "41")
+    log.begin()
+    log.append(b"line 0\nline 1\nline")
+    text, archived, offset = log.tail_to_follow(1000)
+    assert (text, archived) == ("line 0\nline 1\n", False)  # the half-written line waits
+    log.append(b" 2\nline 3\n")  # written before the follower starts
+    follower = LogFollower(log, offset)
+    assert follower.read() == ("line 2\nline 3\n", 0)
+    log.append(b"line 4\n")
+    assert follower.read() == ("line 4\n", 0)
+    assert log.tail_to_follow(2)[0] == "line 3\nline 4\n"
+    assert WorkerLog(tmp_path, "none").tail_to_follow(10) == ("", False, 0)
+
+
 def test_a_follower_that_falls_behind_skips_ahead_and_counts_what_it_missed(
     tmp_path: Path,
 ) -> None:
