@@ -10,6 +10,7 @@ fails for good the others are stopped ("the gang does not run without it").
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -27,6 +28,16 @@ BARRIER_TIMEOUT = timedelta(minutes=15)
 STRAGGLER_PACE = 0.5
 # A failure snapshot keeps the last 16 KiB of output (seed L-47), whatever a machine sends.
 SNAPSHOT_BYTES = 16 * 1024
+# A worker whose last output says its collective lost a peer (gloo's, NCCL's and PyTorch's own
+# words) most likely died of another worker's end, which can be recorded after its own: a rank
+# that exits tears its connections down before its process is gone, and the rank that hears of
+# it may abort sooner. Such a failure counts as this much later when the gang's first failure
+# is chosen, so the rank that crashed is named, not the one that heard of it.
+PEER_LOST_GRACE = timedelta(seconds=5)
+PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer"
+    r"|remote process exited or there was a network error|NCCL communicator was aborted"
+)
 SNAPSHOT_CUT = "[earlier output cut: a failure snapshot keeps the last 16 KiB]\n"
 STRAGGLER_AFTER = timedelta(minutes=3)
 
@@ -652,7 +663,8 @@ def worker_exited(
     exit_code = end.exit_code
     w.exit_code = exit_code
     fx.freed = True
-    if w.stop_cause is not None and not _failed_first(run, w, exit_code, at):
+    peer_lost = PEER_LOST.search(log_tail) is not None
+    if w.stop_cause is not None and not _failed_first(run, w, exit_code, at, peer_lost):
         cause = Cause(w.stop_cause)
         stopped_for = _stop_snapshot_reason(run, w, cause)
         if stopped_for is not None:
@@ -671,7 +683,7 @@ def worker_exited(
         w.cause = end.cause
         machine = w.machine_name
         _release_room(w)
-        _gang_failed(run, w, machine, reason, end.cause, at, fx)
+        _gang_failed(run, w, machine, reason, end.cause, at, peer_lost, fx)
     _conclude_if_done(run, _settled(run, at), fx)
 
 
@@ -713,13 +725,28 @@ def _settled(run: RunView, at: datetime) -> datetime:
     return max([at, *(w.since for w in run.workers if w.since is not None)])
 
 
-def _failed_first(run: RunView, w: WorkerView, exit_code: int | None, at: datetime) -> bool:
+def _failed_first(
+    run: RunView, w: WorkerView, exit_code: int | None, at: datetime, peer_lost: bool
+) -> bool:
     """A worker torn down after another's failure may have failed earlier itself: the rank
     that crashed first is often reported last, after the others died of its absence."""
     first = run.first_failure
     return (
-        w.stop_cause == Cause.FAILURE and exit_code != 0 and first is not None and at < first["at"]
+        w.stop_cause == Cause.FAILURE
+        and exit_code != 0
+        and first is not None
+        and _precedes(at, peer_lost, first)
     )
+
+
+def _precedes(at: datetime, peer_lost: bool, first: dict[str, Any]) -> bool:
+    """Whether a failure at ``at`` comes before the gang's first so far: by when each ended, a
+    failure that heard of a lost peer counted PEER_LOST_GRACE later."""
+
+    def order(when: datetime, lost: bool) -> datetime:
+        return when + PEER_LOST_GRACE if lost else when
+
+    return order(at, peer_lost) < order(first["at"], bool(first.get("peer_lost")))
 
 
 def _gang_failed(
@@ -729,9 +756,10 @@ def _gang_failed(
     reason: str,
     cause: EndCause,
     at: datetime,
+    peer_lost: bool,
     fx: Effects,
 ) -> None:
-    earliest = run.first_failure is None or at < run.first_failure["at"]
+    earliest = run.first_failure is None or _precedes(at, peer_lost, run.first_failure)
     if earliest:
         run.first_failure = {
             "worker": w.name,
@@ -739,6 +767,7 @@ def _gang_failed(
             "reason": reason,
             "cause": str(cause),
             "at": at,
+            "peer_lost": peer_lost,
         }
     if run.stop_cause is None:
         _stop_running(run, at)

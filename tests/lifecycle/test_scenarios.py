@@ -479,6 +479,52 @@ async def test_the_first_failure_is_the_earliest_exit_not_the_first_report(world
     )
 
 
+GLOO_PEER_GONE = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+    "peer [127.0.0.1]:29500\n"
+)
+
+
+@pytest.mark.parametrize("order", ["heard of first", "crashed first"])
+async def test_the_rank_that_crashed_is_named_not_the_rank_that_heard_its_peer_go(
+    world: World, order: str
+) -> None:
+    # seed L-59; CI: rank 1 exited with code 3, rank 0 heard gloo's "Connection closed by peer"
+    # and aborted (134) 0.4 s before rank 1's process was gone: rank 0 was named
+    await running_gang(world, restart_policy="never")
+    world.clock.advance(seconds=20)
+    crashed = world.clock.now() - timedelta(seconds=1)
+    heard = crashed - timedelta(seconds=0.4)
+    reports = [
+        (
+            "llama-sft-0",
+            {
+                "exit_code": 134,
+                "cause": EndCause.SIGNALLED,
+                "at": heard,
+                "log_tail": "rank 0 step 4\n" + GLOO_PEER_GONE,
+            },
+        ),
+        ("llama-sft-1", {"exit_code": 3, "at": crashed, "log_tail": "rank 1: giving up\n"}),
+    ]
+    for worker, fields in reports if order == "heard of first" else reversed(reports):
+        await world.report(worker, "exited", **fields)
+    assert await world.status("llama-sft") == (
+        "Failed",
+        "Worker llama-sft-1 failed on gpu-08: Exited with code 3; the gang does not run without it",
+    )
+
+
+async def test_a_peer_lost_failure_well_before_another_is_still_the_first(world: World) -> None:
+    # the grace is seconds: a rank that lost its network long before the others failed is named
+    await running_gang(world, restart_policy="never")
+    world.clock.advance(seconds=30)
+    early = world.clock.now() - timedelta(seconds=20)
+    await world.report("llama-sft-1", "exited", exit_code=1, log_tail="rank 1\n")
+    await world.report("llama-sft-0", "exited", exit_code=1, at=early, log_tail=GLOO_PEER_GONE)
+    assert (await world.status("llama-sft"))[1].startswith("Worker llama-sft-0 failed")
+
+
 async def test_deleting_a_run_removes_its_workers_and_their_logs(world: World) -> None:
     # seed L-23
     await running_gang(world)
