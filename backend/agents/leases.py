@@ -68,6 +68,7 @@ class LeaseKeeper:
         self.heard: set[int] = set()
         self._own: Database | None = None
         self._task: asyncio.Task[None] | None = None
+        self._last: asyncio.Task[None] | None = None
         # How many renewals were written, and the longest one took (logged when slow).
         self.renewals = 0
         self.slowest_s = 0.0
@@ -84,7 +85,9 @@ class LeaseKeeper:
     @property
     def idle(self) -> bool:
         """Not renewing, and its own connection let go (after the last stream's stop)."""
-        return self._task is None and self._own is None
+        return (
+            self._task is None and self._own is None and (self._last is None or self._last.done())
+        )
 
     async def stop(self) -> None:
         """Stop renewing (the replica holds no stream any more) once what was heard since the
@@ -95,8 +98,14 @@ class LeaseKeeper:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        try:  # even when the stream that stops it is cancelled (a server stopping)
-            await asyncio.shield(self.renew())
+        # One last step, finished even when the stream that stops it is cancelled (a server
+        # stopping): the connection is let go whether or not its caller waits to see it.
+        self._last = asyncio.create_task(self._last_renewal())
+        await asyncio.shield(self._last)
+
+    async def _last_renewal(self) -> None:
+        try:
+            await self.renew()
         except Exception:
             log.exception("leases could not be renewed")
         if self._task is None:  # no stream came meanwhile

@@ -347,6 +347,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         # Each entry one stream's group of messages (_group), written in one batch.
         self._writes: asyncio.Queue[list[_Write]] = asyncio.Queue()
         self._writers: list[asyncio.Task[None]] = []
+        # The batches being written: each finishes its transaction even when its writer is
+        # cancelled (the last stream ended), so none is cut off holding a connection.
+        self._batches: set[asyncio.Task[None]] = set()
         self.leases = LeaseKeeper(
             db,
             clock,
@@ -635,12 +638,20 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 await asyncio.sleep(WRITE_LINGER_S)  # let other machines' messages join it
             while len(batch) < WRITE_BATCH and not self._writes.empty():
                 batch.extend(self._writes.get_nowait())
+            writing = asyncio.create_task(self._write_batch(batch))
+            self._batches.add(writing)
+            writing.add_done_callback(self._batches.discard)
             try:
-                await self._write_batch(batch)
+                await asyncio.shield(writing)
             except Exception as error:  # never expected: each was settled with its own
                 for w in batch:
                     if not w.done.done():
                         w.done.set_exception(error)
+
+    @property
+    def idle(self) -> bool:
+        """No stream, no batch being written, no lease renewal left (a server stopped)."""
+        return not self.streams.by_machine and not self._batches and self.leases.idle
 
     async def _write_batch(self, batch: list[_Write]) -> None:
         """The batch's progress reports and samples in a few statements for them all

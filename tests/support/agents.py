@@ -36,7 +36,7 @@ async def agent_endpoint(
         # stop returns: done before the database is emptied, so the two never wait on each
         # other's write lock (SQLite).
         for _ in range(300):
-            if not service.streams.by_machine and service.leases.idle:
+            if service.idle:
                 break
             await asyncio.sleep(0.05)
 
