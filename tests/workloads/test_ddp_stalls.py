@@ -286,14 +286,22 @@ def test_the_ledger_is_the_workers_history_to_the_second(
 def test_progress_appended_or_overwritten_gives_the_same_goodput(
     api: Api, seen: dict[str, Any], ledgers: dict[str, tuple[History, Intervals]]
 ) -> None:
-    goodput = {}
+    covered = {}
     for run in PROGRESS:
         job = seen["ended"][run]
         assert (job["status"], job["reason"]) == ("Completed", "2 of 2 workers completed"), job
+        stepping = 0.0  # GPU-seconds between each rank's first and last logged step (1 GPU each)
         for rank in (0, 1):
-            assert last_step(api.log(f"{run}-{rank}"), rank)[0] == STEPS - 1
+            text = api.log(f"{run}-{rank}")
+            steps = [m for m in STEP_LINE.finditer(text) if int(m.group(1)) == rank]
+            assert int(steps[-1].group(2)) == STEPS - 1, text
+            stepping += float(steps[-1].group(3)) - float(steps[0].group(3))
         history, _ = ledgers[run]
-        goodput[run] = ledger_of(api, run, at(history["createdAt"]))["goodput"]
-    # Stepping all along: busy all along, whichever way the file is written.
-    assert min(goodput.values()) > 0.8, goodput
-    assert abs(goodput["progress-append"] - goodput["progress-overwrite"]) <= 0.02, goodput
+        productive = ledger_of(api, run, at(history["createdAt"]))["productiveGpuHours"] * 3600
+        covered[run] = round(productive / stepping, 3)
+    # Stepping all along: productive all along, whichever way the file is written (before: an
+    # appended file was read as no report, 0.157 of the time). Measured against the ranks' own
+    # stepping, not the whole run: the time to wait and start (PyTorch's import) grows with the
+    # machine's load, the stepping is counted the same either way.
+    assert min(covered.values()) > 0.9, covered
+    assert abs(covered["progress-append"] - covered["progress-overwrite"]) <= 0.05, covered
