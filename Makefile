@@ -102,10 +102,11 @@ workloads: $(WORKLOADS_STAMP) ## PyTorch (CPU) for the real distributed-training
 checks: lint typecheck schema-check console-test ## the static checks: ruff, import contracts, mypy, schema drift, the console's tests
 
 # The checks run beside the tests (they compute while the tests mostly wait on processes), their
-# output kept and printed after; either failing fails `make test`.
+# output kept and printed after; either failing fails `make test`. They are started as `make`,
+# not `$(MAKE)`: a recipe line naming $(MAKE) runs even under `make -n`, and with it the suite.
 test: setup workloads services browser ## every check and every test, SQLite and PostgreSQL, and the console's
 	@started=$$(date +%s); log=$$(mktemp); \
-	  $(MAKE) --no-print-directory checks > $$log 2>&1 & checks=$$!; \
+	  make --no-print-directory checks > $$log 2>&1 & checks=$$!; \
 	  ASTRAEUS_HYPOTHESIS=thorough $(BIN)/pytest -n $(TEST_LANES) --dist loadgroup \
 	    --no-loadscope-reorder --durations=30; tests=$$?; \
 	  wait $$checks; passed=$$?; cat $$log; rm -f $$log; \
