@@ -31,6 +31,7 @@ from strawberry.types.execution import SubscriptionExecutionResult
 from strawberry.types.unset import UNSET, UnsetType
 
 from backend import migrations
+from backend.access import service as access
 from backend.access.watch import watch_of
 from backend.agents import routing
 from backend.agents.routing import LogRouter
@@ -66,6 +67,9 @@ class AstraeusGraphQL(GraphQL[Context, None]):
         logs = getattr(app.state, "agents", None)
         retention = app.state.settings.metrics_retention
         context = await build_context(app.state.db, app.state.clock, authorization, logs, retention)
+        context.token_uses = app.state.token_uses
+        if context.principal is not None:
+            context.token_uses.note(context.principal, app.state.clock.now())
         context.webhook_policy = webhooks.policy(app.state.settings)
         if isinstance(request, WebSocket):
             context.websocket = request
@@ -219,6 +223,20 @@ def freeze_what_started() -> None:
     gc.freeze()
 
 
+@asynccontextmanager
+async def _token_uses(db: Database) -> AsyncIterator[access.TokenUses]:
+    """When tokens were last used, written once a minute and once more as the server stops."""
+    uses = access.TokenUses()
+    keeping = asyncio.create_task(uses.keep(db))
+    try:
+        yield uses
+    finally:
+        keeping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeping
+        await uses.write(db)
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -247,6 +265,7 @@ def create_app(
                 _agent_endpoint(settings, app.state.db, app.state.clock)
             )
             await stack.enter_async_context(_jobs(settings))
+            app.state.token_uses = await stack.enter_async_context(_token_uses(app.state.db))
             freeze_what_started()
             try:
                 yield

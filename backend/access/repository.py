@@ -106,6 +106,7 @@ class TokenRow:
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None
+    last_used_at: datetime | None
 
 
 async def user_tokens(
@@ -127,6 +128,7 @@ async def user_tokens(
             ApiToken.created_at,
             ApiToken.expires_at,
             ApiToken.revoked_at,
+            ApiToken.last_used_at,
         )
         .join(User, User.id == ApiToken.user_id)
         .outerjoin(Workspace, Workspace.id == ApiToken.workspace_id)
@@ -149,6 +151,18 @@ async def revoke_token(session: AsyncSession, token_id: int, now: datetime) -> N
         update(ApiToken)
         .where(ApiToken.id == token_id, ApiToken.revoked_at.is_(None))
         .values(revoked_at=now)
+    )
+
+
+async def mark_used(session: AsyncSession, token_id: int, at: datetime) -> None:
+    """The token was used at ``at`` (never moved back by a slower request)."""
+    await session.execute(
+        update(ApiToken)
+        .where(
+            ApiToken.id == token_id,
+            (ApiToken.last_used_at.is_(None)) | (ApiToken.last_used_at < at),
+        )
+        .values(last_used_at=at)
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,8 +22,55 @@ from backend.access.rules import (
     token_refusal,
 )
 from backend.clock import Clock
+from backend.db import Database, database_away
 from backend.errors import Conflict, NotFound, Unauthenticated
 from backend.models import ApiToken, Membership, User
+
+log = logging.getLogger(__name__)
+
+
+# How often a replica writes when its tokens were last used: in memory per request, in the
+# database once a minute for all of them (a write per request would cost every read a
+# transaction of its own; on SQLite, a wait for the one write lock).
+USES_WRITTEN_EVERY_S = 60.0
+
+
+class TokenUses:
+    """When this replica's requests last used each token, written every USES_WRITTEN_EVERY_S
+    in one transaction: `astraeus token list` shows it as LAST USED, so an admin tells a token
+    in use from one to revoke. A write that fails (the database busy or away) keeps what it
+    held for the next."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, datetime] = {}
+
+    def note(self, principal: Principal, now: datetime) -> None:
+        """The principal's token was used at ``now`` (its request was authenticated)."""
+        last = self.pending.get(principal.token_id)
+        if last is None or now > last:
+            self.pending[principal.token_id] = now
+
+    async def write(self, db: Database) -> None:
+        """Write what was noted since the last write."""
+        uses, self.pending = self.pending, {}
+        if not uses:
+            return
+        try:
+            async with db.transaction() as session:
+                for token_id, at in sorted(uses.items()):
+                    await repository.mark_used(session, token_id, at)
+        except Exception as error:
+            for token_id, at in uses.items():  # kept for the next write, the later time kept
+                if token_id not in self.pending or at > self.pending[token_id]:
+                    self.pending[token_id] = at
+            if not database_away(error):
+                log.warning("when %d tokens were last used was not written: %s", len(uses), error)
+
+    async def keep(self, db: Database, every_s: float = USES_WRITTEN_EVERY_S) -> None:
+        """Write every ``every_s`` until cancelled (the server stopping writes once more)."""
+        while True:
+            await asyncio.sleep(every_s)
+            await self.write(db)
 
 
 @dataclass(frozen=True)

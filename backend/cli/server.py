@@ -266,7 +266,8 @@ def _expiry(text: str) -> timedelta:
 
 
 def cmd_token_list(settings: Settings, args: argparse.Namespace) -> int:
-    """Every user token of the organisation: id, prefix, user, workspace, state."""
+    """Every user token of the organisation: id, prefix, user, workspace, state, when it was
+    created and last used (written at most a minute late)."""
 
     async def work(session: AsyncSession) -> list[TokenRow]:
         org = await organizations.organization_by_name(session, args.organization)
@@ -282,10 +283,11 @@ def cmd_token_list(settings: Settings, args: argparse.Namespace) -> int:
             t.name or "-",
             _token_state(t, now),
             _when(t.created_at),
+            _when(t.last_used_at),
         ]
         for t in _in_transaction(settings, work)
     ]
-    header = ["ID", "PREFIX", "USER", "WORKSPACE", "NAME", "STATE", "CREATED"]
+    header = ["ID", "PREFIX", "USER", "WORKSPACE", "NAME", "STATE", "CREATED", "LAST USED"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())

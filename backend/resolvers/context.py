@@ -14,6 +14,7 @@ from strawberry.types import Info as StrawberryInfo
 
 from backend.access import service as access
 from backend.access.rules import Principal, bearer_secret
+from backend.access.service import TokenUses
 from backend.clock import Clock
 from backend.db import Database, database_away
 from backend.errors import DatabaseUnavailable, Unauthenticated
@@ -62,6 +63,9 @@ class Context:
     websocket: WebSocket | None = None
     # Where webhooks may be sent: the admin's allow-list, the server's own addresses and ports.
     webhook_policy: Policy = field(default_factory=Policy)
+    # Where a token's use is noted (written once a minute: access.TokenUses); None in tests of
+    # resolvers built without an app.
+    token_uses: TokenUses | None = None
     loaders: Loaders = field(init=False)
 
     def __post_init__(self) -> None:
@@ -89,6 +93,8 @@ class Context:
         found, self.auth_error, self.database_away = await _principal(
             self.db, bearer_secret(header), self.clock
         )
+        if found is not None and self.token_uses is not None:
+            self.token_uses.note(found, self.clock.now())
         self.principal = found
         return found is not None
 

@@ -80,6 +80,7 @@ def endpoint(
 
         async def work(session: AsyncSession) -> Response:
             principal = await access.authenticate(session, bearer(request), clock.now())
+            request.app.state.token_uses.note(principal, clock.now())
             return await handler(Call(request, principal, session, clock))
 
         try:

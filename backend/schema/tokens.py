@@ -20,6 +20,10 @@ class ApiToken:
     created_at: datetime
     expires_at: datetime | None = strawberry.field(description="Null: it never expires.")
     revoked_at: datetime | None
+    last_used_at: datetime | None = strawberry.field(
+        description="When a request last came with it (written at most a minute late); null: "
+        "never since this was recorded."
+    )
 
     @classmethod
     def of(cls, row: TokenRow) -> ApiToken:
@@ -32,6 +36,7 @@ class ApiToken:
             created_at=row.created_at,
             expires_at=row.expires_at,
             revoked_at=row.revoked_at,
+            last_used_at=row.last_used_at,
         )
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import httpx
 import pytest
 from sqlalchemy import select
+from starlette.applications import Starlette
 
 from backend.access import service as access
 from backend.access.rules import hash_token
@@ -176,3 +178,65 @@ async def test_the_watch_ends_streams_of_a_revoked_or_expired_token_only(
         looks = watch.looks
     await asyncio.sleep(0.2)
     assert watch.looks - looks <= 1  # no stream left: the watch stops looking
+
+
+async def _last_used(db: Database, secret: str) -> object:
+    async with db.read() as session:
+        return await session.scalar(
+            select(ApiToken.last_used_at).where(ApiToken.token_hash == hash_token(secret))
+        )
+
+
+async def test_a_tokens_last_use_is_written_once_a_minute_through_rest_and_graphql(
+    app: Starlette,
+    client: httpx.AsyncClient,
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+) -> None:
+    # `astraeus token list` shows LAST USED: an admin tells a token in use from one to revoke
+    uses: access.TokenUses = app.state.token_uses
+    member, other = tenancy.member_token, tenancy.other_token
+    first = clock.now()
+    answer = await client.get("/v1/goodput?by=run", headers={"Authorization": f"Bearer {member}"})
+    assert answer.status_code == 200
+    assert await _last_used(db, member) is None  # noted, written with the minute's others
+    await uses.write(db)
+    assert await _last_used(db, member) == first
+    assert await _last_used(db, other) is None  # only the token that was used
+
+    clock.advance(seconds=30)  # through GraphQL: the latest use is what is written
+    query = {"query": "{ runs { totalCount } }"}
+    headers = {"Authorization": f"Bearer {member}"}
+    assert (await client.post("/graphql", json=query, headers=headers)).status_code == 200
+    await uses.write(db)
+    assert await _last_used(db, member) == clock.now()
+    listed = await client.post(
+        "/graphql", json={"query": "{ tokens { lastUsedAt } }"}, headers=headers
+    )
+    assert listed.json()["data"]["tokens"] == [{"lastUsedAt": clock.now().isoformat()}]
+
+    # a refused request (another workspace's run) still used the token; a bad token writes none
+    clock.advance(minutes=2)
+    refused = await client.get("/v1/jobs/nope", headers={"Authorization": f"Bearer {other}"})
+    assert refused.status_code == 404
+    bad = await client.get("/v1/goodput?by=run", headers={"Authorization": "Bearer astx_x"})
+    assert bad.status_code == 401
+    await uses.write(db)
+    assert await _last_used(db, other) == clock.now()
+    assert uses.pending == {}
+
+
+async def test_uses_noted_while_the_database_is_away_are_written_when_it_is_back(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    uses = access.TokenUses()
+    async with db.read() as session:
+        principal = await access.authenticate(session, tenancy.member_token, clock.now())
+    uses.note(principal, clock.now())
+    away = Database.from_url("postgresql://astraeus@127.0.0.1:1/nowhere")  # refuses connections
+    await uses.write(away)
+    await away.dispose()
+    assert uses.pending == {principal.token_id: clock.now()}  # kept for the next write
+    await uses.write(db)
+    assert await _last_used(db, tenancy.member_token) == clock.now()

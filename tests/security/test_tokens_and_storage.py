@@ -169,6 +169,7 @@ def test_the_cli_lists_tokens_without_their_secrets(live: Live) -> None:
     listed = live.server.cli("token", "list")
     line = next(row for row in listed.splitlines() if " hal " in row)
     assert token[:12] in line and "expires " in line, listed
+    assert listed.splitlines()[0].split()[-2:] == ["LAST", "USED"], listed
     assert token not in listed and live.admin not in listed and live.bob not in listed
 
 
