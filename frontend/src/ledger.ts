@@ -1,6 +1,6 @@
 // A ledger of the API (GoodputLedger) split into the bar's segments.
-import { CATEGORIES, type Category } from "./categories";
-import type { LedgerFieldsFragment } from "./generated/graphql";
+import { CATEGORIES } from "./categories";
+import type { GoodputCategory, LedgerFieldsFragment } from "./generated/graphql";
 
 // Its type is generated from schema.graphql and this fragment (npm run codegen).
 export type Ledger = LedgerFieldsFragment;
@@ -14,7 +14,7 @@ export const LEDGER_FIELDS = /* GraphQL */ `
   }`;
 
 export interface Segment {
-  category: Category;
+  category: GoodputCategory;
   gpuHours: number;
   share: number; // of all the time asked for (held and waiting), 0 to 1
 }

@@ -1,5 +1,6 @@
-import { STYLE, type Category } from "../categories";
+import { STYLE } from "../categories";
 import { gpuHours } from "../format";
+import type { GoodputCategory } from "../generated/graphql";
 import { segments, type Ledger } from "../ledger";
 
 interface Props {
@@ -7,7 +8,7 @@ interface Props {
   name: string;
   // The longest bar on the page: bars are drawn to one scale so rows compare.
   scale: number;
-  onSegment?: (category: Category) => void;
+  onSegment?: (category: GoodputCategory) => void;
 }
 
 export function StackedBar({ ledger, name, scale, onSegment }: Props) {

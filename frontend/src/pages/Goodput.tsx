@@ -5,11 +5,18 @@
 // the worker intervals behind it.
 import { useEffect, useState } from "react";
 
-import { STYLE, type Category } from "../categories";
+import { STYLE } from "../categories";
 import { Legend } from "../components/Legend";
 import { StackedBar } from "../components/StackedBar";
 import { gpuHours, percent, when } from "../format";
-import type { GoodputQuery, GoodputScope, IntervalsQuery, ReportFieldsFragment, WeeklyQuery } from "../generated/graphql";
+import type {
+  GoodputCategory,
+  GoodputQuery,
+  GoodputScope,
+  IntervalsQuery,
+  ReportFieldsFragment,
+  WeeklyQuery,
+} from "../generated/graphql";
 import { biggestHeldLoss, LEDGER_FIELDS, notProductive, type Ledger } from "../ledger";
 import { Link } from "../nav";
 import { runPath } from "../routes";
@@ -52,7 +59,7 @@ type Alert = GoodputQuery["alertsFiring"][number];
 export function Goodput({ org, workspace }: { org: string; workspace: string }) {
   const [by, setBy] = useState<Scope>("RUN");
   const [weekly, setWeekly] = useState(false);
-  const [picked, setPicked] = useState<{ name: string; category: Category; start: string; end: string } | null>(
+  const [picked, setPicked] = useState<{ name: string; category: GoodputCategory; start: string; end: string } | null>(
     null,
   );
   const [start] = useState(() => new Date(Date.now() - 7 * 24 * 3600 * 1000).toISOString());
@@ -173,7 +180,7 @@ export function Summary({ total }: { total: Ledger }) {
           {loss && (
             <span className="muted">
               {" "}
-              biggest loss: {STYLE[loss.category as Category]?.label ?? loss.category} {gpuHours(loss.heldGpuHours)}
+              biggest loss: {STYLE[loss.category].label} {gpuHours(loss.heldGpuHours)}
             </span>
           )}
         </dd>
@@ -195,7 +202,7 @@ function ReportView({
   report: Report;
   by: Scope;
   runLink: (run: string) => string;
-  onSegment: (name: string, category: Category) => void;
+  onSegment: (name: string, category: GoodputCategory) => void;
 }) {
   const scale = Math.max(0, ...report.rows.map((r) => r.ledger.allocatedGpuHours + r.ledger.waitingGpuHours));
   return (
@@ -261,7 +268,7 @@ function Intervals(props: {
   by: Scope;
   workspace: string;
   name: string;
-  category: Category;
+  category: GoodputCategory;
   start: string;
   end: string;
   onClose: () => void;
