@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from backend.lifecycle.rules import HELD_PHASES, Phase
-from backend.metrics.rules import parse_time  # the same time forms as /metrics/range
+from backend.metrics.rules import BadTime, parse_time  # the same time forms as /metrics/range
 
 BUSY_UTILIZATION = 0.05  # "its GPUs busy (5% or more)"
 MINUTE = timedelta(minutes=1)
@@ -398,8 +398,8 @@ def parse_period(
             continue
         try:
             moments[field] = datetime.fromtimestamp(parse_time(raw) / 1000, tz=now.tzinfo)
-        except ValueError as error:
-            problems.append((field, str(error) or "must be an RFC 3339 time or a Unix time"))
+        except BadTime as error:
+            problems.append((field, str(error)))
     if problems:
         return None, problems
     until = moments.get("end", now)

@@ -371,8 +371,13 @@ TIME_RANGE = "must be a time from 1970 to 2999"
 TIME_FORMS = "must be Unix seconds, Unix milliseconds or an RFC 3339 time"
 
 
+class BadTime(ValueError):
+    """A time parameter that is not one: its message is the field's error ("must be …")."""
+
+
 def parse_time(raw: str) -> int:
-    """Unix seconds (the seed's form), Unix milliseconds, or an RFC 3339 time, as epoch ms."""
+    """Unix seconds (the seed's form), Unix milliseconds, or an RFC 3339 time, as epoch ms;
+    BadTime says why it is none."""
     text = raw.strip()
     try:
         number: float | None = float(text)
@@ -382,14 +387,14 @@ def parse_time(raw: str) -> int:
         try:
             moment = datetime.fromisoformat(text.replace("z", "Z"))
         except ValueError:
-            raise ValueError(TIME_FORMS) from None
+            raise BadTime(TIME_FORMS) from None
         if moment.tzinfo is None:
-            raise ValueError("needs a time zone, such as 2026-10-01T00:00:00Z") from None
+            raise BadTime("needs a time zone, such as 2026-10-01T00:00:00Z") from None
         ms = moment.timestamp() * 1000
     else:
         ms = number * 1000 if abs(number) < SECONDS_BELOW else number
     if not math.isfinite(ms) or not 0 <= ms < LATEST_MS:
-        raise ValueError(TIME_RANGE)
+        raise BadTime(TIME_RANGE)
     return round(ms)
 
 
@@ -398,11 +403,8 @@ def _time(name: str, raw: str | None, errors: _Errors, *, default: int) -> int |
         return default
     try:
         return parse_time(raw)
-    except ValueError as error:
-        reason = str(error)
-        if not reason.startswith(("needs", "must")):
-            reason = TIME_FORMS
-        errors.add(name, reason)
+    except BadTime as error:
+        errors.add(name, str(error))
         return None
 
 
