@@ -15,5 +15,10 @@ export default defineConfig({
       "/api": api,
     },
   },
-  test: { environment: "jsdom", include: ["src/**/*.test.{ts,tsx}"] },
+  test: {
+    environment: "jsdom",
+    include: ["src/**/*.test.{ts,tsx}"],
+    setupFiles: ["src/test-setup.ts"],
+    testTimeout: 30_000, // longer than a findBy's wait (src/test-setup.ts)
+  },
 });
