@@ -153,16 +153,26 @@ class Agent:
         self.queue.put_nowait(message)
 
     def report(
-        self, worker: Worker, state: int, exit: Exit | None = None, reason: str = ""
+        self,
+        worker: Worker,
+        state: int,
+        exit: Exit | None = None,
+        *,
+        waits: tuple[agent_pb2.Wait.ValueType, str] | None = None,
+        detail: str = "",
     ) -> None:
+        """A change of ``worker``: its end (``exit``), or while it prepares or pulls what it
+        waits for, named (and how far, in ``detail``); the server writes the sentences."""
         event = agent_pb2.WorkerEvent(
             worker_id=worker.worker_id,
             attempt=worker.attempt,
             state=state,
             # An end is dated when its process ended (the shim's record), not when seen here.
             at_ms=exit.at_ms if exit is not None and exit.at_ms else int(time.time() * 1000),
-            reason=reason,
+            detail=detail,
         )
+        if waits is not None:
+            event.waits_for, event.waits_on = waits
         if exit is not None:
             event.cause = agent_pb2.EndCause.Value(f"END_CAUSE_{exit.cause.upper()}")
             event.detail = exit.detail
@@ -558,13 +568,13 @@ class Agent:
         task.add_done_callback(lambda _: self.preparing.pop(worker.worker_id, None))
 
     async def _prepare(self, worker: Worker) -> None:
-        said = ""
+        said: tuple[agent_pb2.Wait.ValueType, str] | None = None
 
-        def preparing(reason: str) -> None:
+        def preparing(wait: agent_pb2.Wait.ValueType, name: str) -> None:
             nonlocal said
-            if reason != said:
-                said = reason
-                self.report(worker, agent_pb2.WORKER_STATE_PREPARING, reason=reason)
+            if (wait, name) != said:
+                said = (wait, name)
+                self.report(worker, agent_pb2.WORKER_STATE_PREPARING, waits=said)
 
         credentials = worker.payload.get("credentials") or []
         while credentials:
@@ -573,10 +583,10 @@ class Agent:
                 worker.secrets = dict(answer.values)
                 break
             missing = answer.missing[0] if answer is not None else credentials[0]["secret"]
-            preparing(prepare.waiting_for_secret(missing))
+            preparing(agent_pb2.WAIT_SECRET, missing)
             await asyncio.sleep(self.config.prepare_poll_seconds)
         for drive, source, folder in prepare.drives_to_fill(worker.payload, self.drive_root):
-            preparing(prepare.waiting_for_drive(drive))
+            preparing(agent_pb2.WAIT_DRIVE, drive)
             problem = await asyncio.to_thread(
                 prepare.fill_drive,
                 source,
@@ -588,9 +598,10 @@ class Agent:
                 self._ended_before_start(worker, Exit(None, EndCause.NOT_STARTED, detail=problem))
                 return
         if isinstance(worker, docker.ContainerWorker):
+            image = (agent_pb2.WAIT_IMAGE, worker.image or "")
 
-            async def pulling(reason: str) -> None:
-                self.report(worker, agent_pb2.WORKER_STATE_PULLING, reason=reason)
+            async def pulling(done: str) -> None:
+                self.report(worker, agent_pb2.WORKER_STATE_PULLING, waits=image, detail=done)
 
             failed = await worker.prepare(pulling)
             if failed is not None:

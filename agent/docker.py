@@ -2,8 +2,8 @@
 
 ``ContainerWorker`` offers what ``executor.ProcessWorker`` offers (keep, start, ended, alive,
 wait, stop, release, adopt, environment, progress_file), plus what only a container has:
-``prepare`` (the image pull, reported as "Pulling image …", or the worker's end as
-"ErrImagePull: …") and ``sample`` (its CPU, memory and OOM figures from the engine).
+``prepare`` (the image pull, reported with how far it is, or the worker's end as a pull's
+failure) and ``sample`` (its CPU, memory and OOM figures from the engine).
 
 The agent talks to the engine over its unix socket (``/var/run/docker.sock``) with httpx; no
 Docker SDK. Containers outlive the agent as shims do: each carries the labels
@@ -102,6 +102,7 @@ def _write_quickly(path: Path, text: str) -> None:
     partial.replace(path)
 
 
+# Called while an image is pulled with how far it is ("2.1 GB of 3.4 GB"; "" before sizes).
 PullReport = Callable[[str], Awaitable[None]]
 
 
@@ -202,9 +203,9 @@ class ContainerWorker:
     async def prepare(self, report: PullReport | None = None) -> Exit | None:
         """Have the image on this machine: None when it is, else how the worker ended.
 
-        While pulling, ``report`` is called with "Pulling image <image>" (the caller reports
-        the worker Pulling with it), then every ten seconds with how far the download is. A
-        failed pull is the worker's end, "ErrImagePull: <the engine's message>", also written
+        While pulling, ``report`` is called at once (the caller reports the worker Pulling its
+        image), then every ten seconds with how far the download is. A failed pull is the
+        worker's end (the server says "ErrImagePull: <the engine's message>"), also written
         down for a restarted agent. Run it in a task of its own: a pull takes minutes.
         """
         try:
@@ -223,13 +224,13 @@ class ContainerWorker:
     async def _pull(self, image: str, report: PullReport | None) -> dict[str, Any]:
         progress = PullProgress(image)
         if report is not None:
-            await report(progress.reason())
+            await report(progress.done())
         pulling = asyncio.create_task(self.engine.pull(image, progress))
         try:
             while not pulling.done():
                 await asyncio.wait({pulling}, timeout=PULL_REPORT_SECONDS)
                 if report is not None and not pulling.done():
-                    await report(progress.reason())
+                    await report(progress.done())
         finally:
             pulling.cancel()  # the caller gave up (the worker was stopped): so does the pull
         pulling.result()

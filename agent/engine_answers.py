@@ -80,10 +80,6 @@ def image_reference(image: str) -> tuple[str, str]:
     return image, "latest"
 
 
-def pulling(image: str) -> str:
-    return f"Pulling image {image}"
-
-
 def pull_failed(message: str) -> Exit:
     """An image that could not be pulled (the server says "ErrImagePull: <the engine's
     words>"); it never ran: no exit code."""
@@ -124,13 +120,13 @@ class PullProgress:
         elif status in ("Download complete", "Pull complete", "Already exists") and size:
             self.layers[layer] = (size, size)
 
-    def reason(self) -> str:
-        """The reason while pulling: how far the download is, once the engine says."""
+    def done(self) -> str:
+        """How far the download is ("2.1 GB of 3.4 GB"), once the engine says; "" before."""
         size = sum(total for _, total in self.layers.values())
         if not size:
-            return pulling(self.image)
+            return ""
         done = sum(current for current, _ in self.layers.values())
-        return f"{pulling(self.image)}: {_size(done)} of {_size(size)}"
+        return f"{_size(done)} of {_size(size)}"
 
 
 def exit_of(state: dict[str, Any]) -> Exit | None:

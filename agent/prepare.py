@@ -33,14 +33,6 @@ _SOURCE_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def waiting_for_secret(name: str) -> str:
-    return f"waiting for external secret {name}"
-
-
-def waiting_for_drive(name: str) -> str:
-    return f"Waiting for drive {name} to be filled"
-
-
 def drive_folder(root: Path, payload: dict[str, Any], drive: str) -> Path:
     return root / str(payload.get("workspace_id", "0")) / drive
 

@@ -1,5 +1,7 @@
 """The migrations are the schema: the same files build SQLite and PostgreSQL, with no drift."""
 
+import json
+
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -364,3 +366,157 @@ def test_0022_backfills_the_causes_of_ends_written_before_from_their_sentences(
         (3, "not_started"),
         (4, None),
     ]
+
+
+def test_0023_moves_gangs_stopping_for_a_drain_to_the_drain_cause(tmp_path: object) -> None:
+    """0023: a run stopping for a drain was a preemption "by" 'drain of <machine>'; it becomes
+    the cause drain, by the machine, with its workers; a preemption by a run stays one. Going
+    down, the old form comes back."""
+    url = f"sqlite:///{tmp_path}/drain.db"
+    config = migrations.alembic_config(url)
+    command.upgrade(config, "0022")
+    engine = create_engine(sync_url(url))
+    at = "2026-11-02 10:05:00.000000"
+    runs = [(1, "preemption", "drain of gpu-07"), (2, "preemption", "big"), (3, "owner", "ann")]
+    with engine.begin() as conn:
+        for id_, cause, by in runs:
+            conn.execute(
+                text(
+                    "INSERT INTO runs (id, workspace_id, cluster_id, name, spec, priority, "
+                    "worker_count, gpus_per_worker, state, reason, state_since, created_at, "
+                    "stop_cause, stop_by) VALUES (:id, 1, 1, :name, '{}', 50, 1, 0, 'Running', "
+                    "'', :at, :at, :cause, :by)"
+                ),
+                {"id": id_, "name": f"r{id_}", "at": at, "cause": cause, "by": by},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO workers (id, run_id, rank, name, state, reason, state_since, "
+                    "gpu_ids, gpus, attempt, restarts, created_at, stop_cause) VALUES (:id, :id, "
+                    "0, :name, 'Stopping', '', :at, '[]', 0, 1, 0, :at, :cause)"
+                ),
+                {"id": id_, "name": f"r{id_}-0", "at": at, "cause": cause},
+            )
+
+    def rows() -> list[tuple[object, ...]]:
+        with engine.connect() as conn:
+            return [
+                tuple(r)
+                for r in conn.execute(
+                    text(
+                        "SELECT r.id, r.stop_cause, r.stop_by, w.stop_cause FROM runs r "
+                        "JOIN workers w ON w.run_id = r.id ORDER BY r.id"
+                    )
+                )
+            ]
+
+    command.upgrade(config, "0023")
+    assert rows() == [
+        (1, "drain", "gpu-07", "drain"),
+        (2, "preemption", "big", "preemption"),
+        (3, "owner", "ann", "owner"),
+    ]
+    command.downgrade(config, "0022")
+    assert rows() == [(id_, cause, by, cause) for id_, cause, by in runs]
+    engine.dispose()
+
+
+def test_0024_backfills_what_waiting_runs_and_workers_wait_for_from_their_reasons(
+    tmp_path: object,
+) -> None:
+    """0024: a pending run's wait (the scheduler's sentence), a preparing or pulling run's and
+    worker's (the agent's) are read once from the sentences written before; others get none."""
+    url = f"sqlite:///{tmp_path}/waits.db"
+    config = migrations.alembic_config(url)
+    command.upgrade(config, "0023")
+    engine = create_engine(sync_url(url))
+    at = "2026-11-02 10:05:00.000000"
+    runs = [
+        (1, "Pending", "No machine fits: local has no ready machine"),
+        (2, "Pending", "Queued behind big"),
+        (3, "Pending", "Cannot plan workers: 3 workers of 5 GPUs are more than …"),
+        (4, "Preparing", "waiting for external secret hf-token"),
+        (5, "Pulling", "Pulling image ghcr.io/a/t:v9"),
+        (6, "Pending", "Restarting in 10s (1/10): Worker r6-0 failed on m: Exited with code 1"),
+        (7, "Running", "1 of 1 workers running"),
+    ]
+    workers = [(4, "Preparing", "waiting for external secret hf-token"), (5, "Pulling", "x")]
+    with engine.begin() as conn:
+        for id_, state, reason in runs:
+            conn.execute(
+                text(
+                    "INSERT INTO runs (id, workspace_id, cluster_id, name, spec, priority, "
+                    "worker_count, gpus_per_worker, state, reason, state_since, created_at) "
+                    "VALUES (:id, 1, 1, :name, '{}', 50, 1, 0, :state, :reason, :at, :at)"
+                ),
+                {"id": id_, "name": f"r{id_}", "state": state, "reason": reason, "at": at},
+            )
+        for id_, state, reason in workers:
+            conn.execute(
+                text(
+                    "INSERT INTO workers (id, run_id, rank, name, state, reason, state_since, "
+                    "gpu_ids, gpus, attempt, restarts, created_at) VALUES (:id, :id, 0, :name, "
+                    ":state, :reason, :at, '[]', 0, 1, 0, :at)"
+                ),
+                {"id": id_, "name": f"r{id_}-0", "state": state, "reason": reason, "at": at},
+            )
+    command.upgrade(config, "0024")
+    with engine.connect() as conn:
+        run_waits = conn.execute(text("SELECT id, waits_for FROM runs ORDER BY id")).all()
+        worker_waits = conn.execute(text("SELECT id, waits_for FROM workers ORDER BY id")).all()
+    engine.dispose()
+    assert [tuple(r) for r in run_waits] == [
+        (1, "machines"),
+        (2, "queue"),
+        (3, "plan"),
+        (4, "secret"),
+        (5, "image"),
+        (6, None),  # a restart's wait is told by its restart time
+        (7, None),
+    ]
+    assert [tuple(r) for r in worker_waits] == [(4, "secret"), (5, None)]
+
+
+def test_0025_webhooks_that_asked_for_run_state_still_get_deletions(tmp_path: object) -> None:
+    """0025: a deletion was a run.state event; since it is run.deleted, a webhook that named
+    run.state gets run.deleted too ('run' and no kinds name it already). Going down, back."""
+    url = f"sqlite:///{tmp_path}/hooks.db"
+    config = migrations.alembic_config(url)
+    command.upgrade(config, "0024")
+    engine = create_engine(sync_url(url))
+    hooks = [
+        (1, ["run.state"]),
+        (2, ["run.state", "alert"]),
+        (3, ["run"]),
+        (4, []),
+        (5, ["alert.firing"]),
+        (6, ["run.state", "run.deleted"]),
+    ]
+    with engine.begin() as conn:
+        for id_, kinds in hooks:
+            conn.execute(
+                text(
+                    "INSERT INTO webhooks (id, workspace_id, url, secret, kinds, cursor, "
+                    "horizon, created_at) VALUES (:id, 1, 'https://example.com/h', 's', :kinds, "
+                    "0, 0, '2026-11-02 10:05:00.000000')"
+                ),
+                {"id": id_, "kinds": json.dumps(kinds)},
+            )
+
+    def kinds() -> list[tuple[int, list[str]]]:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT id, kinds FROM webhooks ORDER BY id")).all()
+            return [(r[0], json.loads(r[1])) for r in rows]
+
+    command.upgrade(config, "0025")
+    assert kinds() == [
+        (1, ["run.state", "run.deleted"]),
+        (2, ["run.state", "alert", "run.deleted"]),
+        (3, ["run"]),
+        (4, []),
+        (5, ["alert.firing"]),
+        (6, ["run.state", "run.deleted"]),
+    ]
+    command.downgrade(config, "0024")
+    assert kinds() == [(i, k if i != 6 else ["run.state"]) for i, k in hooks]
+    engine.dispose()

@@ -21,6 +21,7 @@ from backend.machines.service import GpuInfo
 from backend.metrics import service as metrics_service
 from backend.metrics.rules import SampleIn
 from backend.models import AgentCommand, Machine
+from backend.runs.rules import Wait
 
 # What an agent reports, in the lifecycle's words.
 EVENT_KINDS = {
@@ -64,13 +65,15 @@ class WorkerEventInfo:
     attempt: int | None
     kind: str  # preparing | pulling | ready | running | exited
     at: datetime
-    reason: str  # what a preparing or pulling worker waits for
+    reason: str  # what a preparing or pulling worker waited for, from an agent before waits
     exit_code: int | None
     log_tail: str
     # How it ended, when it exited: the sentence is the lifecycle's to write.
     cause: EndCause = EndCause.EXITED
     signal: int | None = None
     detail: str = ""
+    # What a preparing or pulling worker waits for, and its name: the sentence is the lifecycle's.
+    waits: tuple[Wait, str] | None = None
 
 
 def agent_time(ms: int, now: datetime) -> datetime:
@@ -159,6 +162,7 @@ async def worker_event(
         at=event.at,
         attempt=event.attempt,
         reason=None if event.kind == "exited" else event.reason or None,
+        waits=None if event.kind == "exited" else event.waits,
         exit_code=event.exit_code,
         cause=event.cause,
         signal=event.signal,

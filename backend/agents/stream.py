@@ -45,6 +45,7 @@ from backend.machines import service as machines
 from backend.machines.service import GpuInfo
 from backend.metrics.rules import SampleIn
 from backend.models import AgentCommand, Machine
+from backend.runs.rules import Wait
 from backend.secrets import service as secrets
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,12 @@ _CAUSES = {
     agent_pb2.END_CAUSE_IMAGE_PULL: EndCause.IMAGE_PULL,
     agent_pb2.END_CAUSE_NOT_STARTED: EndCause.NOT_STARTED,
     agent_pb2.END_CAUSE_STOPPED_BEFORE_START: EndCause.STOPPED_BEFORE_START,
+}
+# What a preparing or pulling worker waits for, as the agent says (unspecified: nothing said).
+_WAITS = {
+    agent_pb2.WAIT_SECRET: Wait.SECRET,
+    agent_pb2.WAIT_DRIVE: Wait.DRIVE,
+    agent_pb2.WAIT_IMAGE: Wait.IMAGE,
 }
 _COMMANDS = {
     "start": agent_pb2.COMMAND_KIND_START,
@@ -730,6 +737,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             kind=_STATES[e.state],
             at=agent_time(e.at_ms, self.clock.now()),
             reason=e.reason,
+            waits=(_WAITS[e.waits_for], e.waits_on) if e.waits_for in _WAITS else None,
             exit_code=e.exit_code if e.HasField("exit_code") else None,
             log_tail=e.log_tail,
             cause=_CAUSES.get(e.cause, EndCause.EXITED),

@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from backend.config import format_duration
-from backend.runs.rules import RunState, WorkerState
+from backend.runs.rules import RunState, Wait, WorkerState
 
 RESTART_BASE = timedelta(seconds=10)
 RESTART_CAP = timedelta(minutes=5)
@@ -81,7 +81,8 @@ class Cause(StrEnum):
 
     OWNER = "owner"
     TIME_LIMIT = "time_limit"
-    PREEMPTION = "preemption"
+    PREEMPTION = "preemption"  # stop_by: the run it makes room for
+    DRAIN = "drain"  # a preemption by a drain; stop_by: the machine drained
     STALL = "stall"
     FAILURE = "failure"
     BARRIER = "barrier"
@@ -91,6 +92,7 @@ _STOPPING_PHASE = {
     Cause.OWNER: Phase.STOPPING_OWNER,
     Cause.TIME_LIMIT: Phase.STOPPING_TIME_LIMIT,
     Cause.PREEMPTION: Phase.STOPPING_PREEMPTION,
+    Cause.DRAIN: Phase.STOPPING_PREEMPTION,
     Cause.STALL: Phase.STOPPING_STALL,
     Cause.FAILURE: Phase.STOPPING_FAILURE,
     Cause.BARRIER: Phase.STOPPING_FAILURE,
@@ -98,6 +100,7 @@ _STOPPING_PHASE = {
 
 _REQUEUED_PHASE = {
     Cause.PREEMPTION: Phase.REQUEUED_PREEMPTION,
+    Cause.DRAIN: Phase.REQUEUED_PREEMPTION,
     Cause.STALL: Phase.REQUEUED_STALL,
     Cause.FAILURE: Phase.REQUEUED_FAILURE,
     Cause.BARRIER: Phase.REQUEUED_FAILURE,
@@ -202,6 +205,18 @@ def end_sentence(end: End) -> str:
     return end.detail
 
 
+def waiting_sentence(wait: Wait, name: str, done: str = "") -> str:
+    """What a preparing or pulling worker waits for, in the seed's words (L-64, L-65), from
+    what its agent reported: the name of the secret, drive or image, and how far a pull is."""
+    if wait == Wait.SECRET:
+        return f"waiting for external secret {name}"
+    if wait == Wait.DRIVE:
+        return f"Waiting for drive {name} to be filled"
+    if wait == Wait.IMAGE:
+        return f"Pulling image {name}: {done}" if done else f"Pulling image {name}"
+    raise ValueError(f"a worker's agent does not report waiting for {wait}")
+
+
 def starting_together(ready: int, total: int) -> str:
     return f"Starting together: {ready} of {total} ready"
 
@@ -217,6 +232,10 @@ def worker_failed_sentence(worker: str, machine: str | None, reason: str) -> str
 
 def preempted_sentence(by_run: str) -> str:
     return f"Preempted by higher-priority work ({by_run})"
+
+
+def drained_sentence(machine: str) -> str:
+    return f"Preempted by a drain of {machine}"
 
 
 def time_limit_sentence(limit: timedelta) -> str:
@@ -247,6 +266,8 @@ class WorkerView:
     gpu_ids: list[int] = field(default_factory=list)
     ready: bool = False
     stop_cause: str | None = None
+    # What it waits for while preparing or pulling (a Wait), beside its reason.
+    waits_for: str | None = None
     exit_code: int | None = None
     # The cause of its last failure snapshot (last_failure): its failure is classified by it.
     cause: str | None = None
@@ -310,6 +331,8 @@ class RunView:
     ended_at: datetime | None = None
     stop_cause: str | None = None
     stop_by: str | None = None
+    # What it waits for while pending (the scheduler's) or preparing (its slowest worker's).
+    waits_for: str | None = None
     # Why it failed, restarts or was preempted while its reason says so (an EndCause).
     cause: str | None = None
     first_failure: dict[str, Any] | None = None
@@ -385,11 +408,12 @@ def _set_worker(
     at: datetime,
     *,
     placing: bool = False,
+    waits: str | None = None,
 ) -> None:
     if not may_follow(w.state, state, placing=placing):
         return
     changed = (w.state, w.phase) != (state, str(phase))
-    w.state, w.reason, w.phase = state, reason, str(phase)
+    w.state, w.reason, w.phase, w.waits_for = state, reason, str(phase), waits
     if changed:
         if w.since is None or at > w.since:
             w.since = at
@@ -415,9 +439,11 @@ def _set_run(
     reason: str,
     at: datetime,
     cause: EndCause | str | None = None,
+    *,
+    waits: str | None = None,
 ) -> None:
     changed = run.state != state
-    run.state, run.reason, run.cause = state, reason, cause
+    run.state, run.reason, run.cause, run.waits_for = state, reason, cause, waits
     if changed:
         fx.transitions.append(
             Transition(run_id=run.id, worker_id=None, at=at, state=state, reason=reason)
@@ -511,7 +537,7 @@ def _refresh_run(run: RunView, at: datetime, fx: Effects) -> None:
     for state in (PREPARING, PULLING):
         slow = next((w for w in workers if w.state == state), None)
         if slow is not None:
-            _set_run(fx, run, state, slow.reason, at)
+            _set_run(fx, run, state, slow.reason, at, waits=slow.waits_for)
             return
     if running and run.state == RUNNING:
         _set_run(fx, run, RUNNING, workers_running(running, total), at)
@@ -534,12 +560,14 @@ def worker_preparing(
     fx: Effects,
     *,
     attempt: int | None = None,
+    waits: Wait | None = None,
 ) -> None:
-    """The agent is preparing (credentials, drives) or pulling the image; the reason says what."""
+    """The agent is preparing (credentials, drives) or pulling the image; the reason says what,
+    ``waits`` (when its agent said it) what kind of thing it is."""
     assert state in (PREPARING, PULLING, STARTING)
     if not _current(run, w, attempt) or w.stop_cause or w.ready or w.state == RUNNING:
         return  # late news: it is already past preparing and pulling
-    _set_worker(fx, run, w, state, reason, w.phase, at)
+    _set_worker(fx, run, w, state, reason, w.phase, at, waits=waits)
     _refresh_run(run, at, fx)
 
 
@@ -708,9 +736,9 @@ def _stop_snapshot_reason(run: RunView, w: WorkerView, cause: Cause) -> tuple[st
     if cause == Cause.TIME_LIMIT and run.policy.time_limit is not None:
         return time_limit_sentence(run.policy.time_limit), EndCause.TIME_LIMIT
     if cause == Cause.PREEMPTION:
-        by = run.stop_by or "…"
-        drain = by.startswith("drain of ")  # stop_by names who stopped it, not a reason
-        return (f"Preempted by a {by}" if drain else preempted_sentence(by)), EndCause.PREEMPTED
+        return preempted_sentence(run.stop_by or "…"), EndCause.PREEMPTED
+    if cause == Cause.DRAIN:
+        return drained_sentence(run.stop_by or "…"), EndCause.PREEMPTED
     timeout = run.policy.stall_timeout
     if cause == Cause.STALL and w.stalled_since is not None and timeout is not None:
         return f"Stalled: no progress for {format_duration(timeout)}", EndCause.STALLED
@@ -797,6 +825,7 @@ def _stopped_sentence(cause: Cause, run: RunView) -> str:
         Cause.OWNER: f"Stopped by {run.stop_by}",
         Cause.TIME_LIMIT: "Stopped at its time limit",
         Cause.PREEMPTION: f"Stopped: {preempted_sentence(run.stop_by or '…')}",
+        Cause.DRAIN: f"Stopped: {drained_sentence(run.stop_by or '…')}",
         Cause.STALL: "Stopped: it stalled",
         Cause.FAILURE: "Stopped: its gang failed",
         Cause.BARRIER: "Stopped: its gang did not start together",
@@ -804,7 +833,7 @@ def _stopped_sentence(cause: Cause, run: RunView) -> str:
 
 
 def _will_restart(run: RunView, cause: Cause, at: datetime) -> bool:
-    if cause in (Cause.PREEMPTION, Cause.BARRIER):
+    if cause in (Cause.PREEMPTION, Cause.DRAIN, Cause.BARRIER):
         return True
     if cause in (Cause.OWNER, Cause.TIME_LIMIT):
         return False
@@ -850,7 +879,7 @@ def _conclude_if_done(run: RunView, at: datetime, fx: Effects) -> None:
         assert run.policy.time_limit is not None
         sentence = time_limit_sentence(run.policy.time_limit)
         _end(run, FAILED, sentence, at, fx, EndCause.TIME_LIMIT)
-    elif cause in (Cause.PREEMPTION, Cause.BARRIER):
+    elif cause in (Cause.PREEMPTION, Cause.DRAIN, Cause.BARRIER):
         _requeue(run, cause, run.reason, None, at, fx, run.cause)
     else:
         _restart_or_fail(run, cause, at, fx)
@@ -984,9 +1013,9 @@ def drain_preempt(run: RunView, machine: str, at: datetime, fx: Effects) -> None
     """A machine of the gang is drained: the run stops and is queued again, like a preemption."""
     if run.stop_cause is not None:
         return  # already winding down: its own cause (a failure to count, an owner) decides
-    sentence = f"Preempted by a drain of {machine}"
+    sentence = drained_sentence(machine)
     run.reason, run.cause = sentence, EndCause.PREEMPTED
-    _stop_gang(run, Cause.PREEMPTION, f"drain of {machine}", sentence, at, fx)
+    _stop_gang(run, Cause.DRAIN, machine, sentence, at, fx)
 
 
 def barrier_timed_out(run: RunView, at: datetime, fx: Effects) -> None:

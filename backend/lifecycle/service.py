@@ -21,6 +21,7 @@ from backend.events import rules as events_rules
 from backend.lifecycle import repository, rules
 from backend.lifecycle.rules import Effects, RunPolicy, RunView, Transition, WorkerView
 from backend.models import AgentCommand, Event, Run, StateTransition, Worker, Workspace
+from backend.runs.rules import Wait
 from backend.runs.spec import stored_spec
 
 _RUN_FIELDS = (
@@ -35,6 +36,7 @@ _RUN_FIELDS = (
     "ended_at",
     "stop_cause",
     "stop_by",
+    "waits_for",
     "cause",
     "master_port",
 )
@@ -46,6 +48,7 @@ _WORKER_FIELDS = (
     "gpu_ids",
     "ready",
     "stop_cause",
+    "waits_for",
     "cause",
     "exit_code",
     "restarts",
@@ -98,6 +101,7 @@ def _worker_view(w: Worker, machine_names: dict[int, str]) -> WorkerView:
         gpu_ids=list(w.gpu_ids or []),
         ready=w.ready,
         stop_cause=w.stop_cause,
+        waits_for=w.waits_for,
         cause=w.cause,
         exit_code=w.exit_code,
         restarts=w.restarts,
@@ -344,6 +348,7 @@ async def report(
     at: datetime | None = None,
     attempt: int | None = None,
     reason: str | None = None,
+    waits: tuple[Wait, str] | None = None,
     cause: rules.EndCause = rules.EndCause.EXITED,
     signal: int | None = None,
     detail: str = "",
@@ -353,11 +358,14 @@ async def report(
 ) -> Effects:
     """A worker's state as its machine's agent saw it: preparing, pulling, ready, running,
     progress, exited. A report for a worker the machine does not run (another machine's, or
-    one moved on), or for an attempt other than the one it runs, changes nothing. ``reason``
-    says what a preparing or pulling worker waits for; an end is its ``cause`` (with its exit
-    code, signal and detail), whose sentence the rules write."""
-    if kind == "exited" and reason is not None:
+    one moved on), or for an attempt other than the one it runs, changes nothing. ``waits``
+    says what a preparing or pulling worker waits for and names it (``reason``: the sentence an
+    agent from before it wrote); an end is its ``cause`` (with its exit code, signal and
+    detail). The rules write the sentences."""
+    if kind == "exited" and (reason is not None or waits is not None):
         raise ValueError("an end is reported as a cause, never as a sentence")
+    if waits is not None:
+        reason = rules.waiting_sentence(*waits, detail)
     when = at or clock.now()
     worker = await repository.placed_worker(session, machine_id, worker_id)
     if worker is None or (attempt is not None and attempt != worker.attempt):
@@ -367,7 +375,16 @@ async def report(
     def rule(view: RunView, fx: Effects) -> None:
         w = view.worker(worker_name)
         if kind in (rules.PREPARING, rules.PULLING):
-            rules.worker_preparing(view, w, kind, reason or kind, when, fx, attempt=attempt)
+            rules.worker_preparing(
+                view,
+                w,
+                kind,
+                reason or kind,
+                when,
+                fx,
+                attempt=attempt,
+                waits=waits[0] if waits is not None else None,
+            )
         elif kind == "ready":
             rules.worker_ready(view, w, when, fx, attempt=attempt)
         elif kind == "running":

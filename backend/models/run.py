@@ -60,7 +60,11 @@ class Run(HasId, HasCreatedAt, Base):
     failures_in_row: Mapped[int] = mapped_column(Integer, default=0)
     # Not placed again before this time (the restart backoff).
     restart_at: Mapped[datetime | None]
-    # Why the gang is being stopped: owner, time_limit, preemption, stall, failure, barrier.
+    # What it waits for while pending or preparing (runs.rules.Wait), beside the reason that
+    # says it; null otherwise.
+    waits_for: Mapped[str | None] = mapped_column(String(16))
+    # Why the gang is being stopped: owner, time_limit, preemption, drain, stall, failure,
+    # barrier.
     stop_cause: Mapped[str | None] = mapped_column(String(16))
     # Who asked, for an owner's stop; which run, for a preemption.
     stop_by: Mapped[str | None] = mapped_column(String(128))

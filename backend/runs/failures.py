@@ -28,6 +28,7 @@ from enum import StrEnum
 from typing import Any
 
 from backend.lifecycle.rules import RESTART_COUNT_RESET, EndCause
+from backend.runs.rules import RunState, Wait
 
 
 class FailureKind(StrEnum):
@@ -264,67 +265,75 @@ def _moment(at: Any) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-# Debug a run that does not start: It is … / Look at …
-WAITS: tuple[tuple[tuple[str, ...], Advice], ...] = (
-    (("Restarting in",), RESTART_LOOP),
-    (
-        ("No machine fits", "Gang cannot be placed whole"),
-        Advice(FailureKind.MACHINES, "The per-machine reasons: Read a pending reason.", "machines"),
+# Debug a run that does not start: It is … / Look at …, by what it waits for (runs.rules.Wait,
+# stored beside the reason that says it). "No machine runs containers" has no advice: its
+# sentence says what to do.
+WAIT_ADVICE: dict[str, Advice] = {
+    Wait.MACHINES: Advice(
+        FailureKind.MACHINES, "The per-machine reasons: Read a pending reason.", "machines"
     ),
-    (
-        ("Queued behind", "Next to run", "Waits for namespace quota"),
-        Advice(FailureKind.QUEUE, "The queue, not the machines: Priorities.", "queue"),
+    Wait.QUEUE: Advice(FailureKind.QUEUE, "The queue, not the machines: Priorities.", "queue"),
+    Wait.PLAN: Advice(
+        FailureKind.PLAN,
+        "The GPU count does not split as asked: change machines or the count.",
+        "spec",
     ),
-    (
-        ("Cannot plan workers",),
-        Advice(
-            FailureKind.PLAN,
-            "The GPU count does not split as asked: change machines or the count.",
-            "spec",
-        ),
+    Wait.SECRET: Advice(
+        FailureKind.CREDENTIAL,
+        "The credential has not reached the machine: open the credential to see whether the "
+        "machine could fetch it.",
+        "credential",
     ),
-    (
-        ("waiting for external secret",),
-        Advice(
-            FailureKind.CREDENTIAL,
-            "The credential has not reached the machine: open the credential to see whether the "
-            "machine could fetch it.",
-            "credential",
-        ),
+    Wait.DRIVE: Advice(
+        FailureKind.DRIVE,
+        "The drive: open it to see whether it is reachable or still copying.",
+        "drive",
     ),
-    (
-        ("Waiting for data volume", "Waiting for drive"),
-        Advice(
-            FailureKind.DRIVE,
-            "The drive: open it to see whether it is reachable or still copying.",
-            "drive",
-        ),
-    ),
-    (
-        ("Pulling image",),
-        Advice(
-            FailureKind.PULLING,
-            "A large image on a slow link. Later runs on that machine reuse it.",
-            "log",
-        ),
-    ),
-    (
-        ("Starting together",),
-        Advice(
-            FailureKind.BARRIER,
-            "One member is still preparing or pulling; after 15 minutes at the barrier the gang "
-            "is requeued.",
-            "workers",
-        ),
-    ),
+}
+PULLING = Advice(
+    FailureKind.PULLING,
+    "A large image on a slow link. Later runs on that machine reuse it.",
+    "log",
+)
+BARRIER = Advice(
+    FailureKind.BARRIER,
+    "One member is still preparing or pulling; after 15 minutes at the barrier the gang is "
+    "requeued.",
+    "workers",
 )
 
 
-def waiting(reasons: list[str]) -> tuple[Advice, str] | None:
-    """Why a run does not start, from its reason and its workers' (the first that says): the
-    advice and the reason it explains."""
-    for reason in reasons:
-        for starts, advice in WAITS:
-            if reason.startswith(starts):
-                return advice, reason
+@dataclass(frozen=True)
+class Waiting:
+    """A run, or one of its workers, as the advice on its wait reads it: its state, its reason
+    and what it waits for (runs.waits_for, workers.waits_for); a run's restart time and whether
+    it is being stopped."""
+
+    state: str
+    reason: str
+    waits_for: str | None
+    restart_at: datetime | None = None
+    stopping: bool = False
+
+
+def waiting(run: Waiting, workers: Sequence[Waiting]) -> tuple[Advice, str] | None:
+    """Why a run does not start, and where to look: the advice and the reason it explains, from
+    the states and what the run and its workers wait for, never from the sentences. A pending
+    run waits for what the scheduler said, or, when it has said nothing since the run was
+    requeued with a restart time, for its restart; a starting one at the gang barrier; a
+    preparing or pulling one for what its slowest worker waits for (the run's first)."""
+    if run.stopping:
+        return None
+    if run.state == RunState.PENDING:
+        if run.waits_for is None:
+            return (RESTART_LOOP, run.reason) if run.restart_at is not None else None
+        found = WAIT_ADVICE.get(run.waits_for)
+        return None if found is None else (found, run.reason)
+    if run.state == RunState.STARTING:
+        return BARRIER, run.reason
+    for each in (run, *workers):
+        if each.state == RunState.PULLING:
+            return PULLING, each.reason
+        if each.state == RunState.PREPARING and each.waits_for in WAIT_ADVICE:
+            return WAIT_ADVICE[each.waits_for], each.reason
     return None

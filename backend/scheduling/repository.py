@@ -93,6 +93,7 @@ async def pending_runs(session: AsyncSession, cluster_id: int) -> list[Row[Any]]
             Run.spec,
             Run.restart_at,
             Run.reason,
+            Run.waits_for,
             Run.cause,
         ).where(Run.cluster_id == cluster_id, Run.state == "Pending", Run.deleted_at.is_(None))
     )
@@ -141,13 +142,14 @@ async def machine_addresses(session: AsyncSession, ids: Sequence[int]) -> dict[i
 
 
 async def set_reasons(session: AsyncSession, reasons: list[dict[str, Any]]) -> None:
-    """Change pending runs' sentences in one executemany (no history: the state is unchanged);
-    a sentence of the scheduler's has no cause (a restart's is replaced with it)."""
+    """Change pending runs' sentences and what each says they wait for, in one executemany
+    (no history: the state is unchanged); a sentence of the scheduler's has no cause (a
+    restart's is replaced with it)."""
     if reasons:
         table = cast(Table, Run.__table__)
         await session.execute(
             update(table)
             .where(table.c.id == bindparam("run_id"))
-            .values(reason=bindparam("text"), cause=None),
-            [{"run_id": r["id"], "text": r["reason"]} for r in reasons],
+            .values(reason=bindparam("text"), waits_for=bindparam("wait"), cause=None),
+            [{"run_id": r["id"], "text": r["reason"], "wait": r["waits_for"]} for r in reasons],
         )

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from backend.lifecycle.rules import Placement
+from backend.runs.rules import Wait
 
 # The job that places waiting runs (backend/jobs/actors.py): a service that frees GPUs or
 # queues a run asks for it after its commit (backend.db.after_commit).
@@ -151,8 +152,10 @@ class Plan:
     placements: dict[int, list[Placement]] = field(default_factory=dict)
     # victim run id -> the run it makes room for, as the victim's workspace may read it
     preemptions: dict[int, str] = field(default_factory=dict)
-    # run id -> the sentence that says why it is still pending (absent: keep its own)
+    # run id -> the sentence that says why it is still pending (absent: keep its own), and
+    # what kind of wait it says (stored beside it: the run's advice is chosen by it)
     reasons: dict[int, str] = field(default_factory=dict)
+    waiting: dict[int, Wait] = field(default_factory=dict)
     # What the sentences say, as ids: run -> the run it is queued behind; run -> the runs it
     # waits for to stop; victim -> the run it makes room for.
     blockers: dict[int, int] = field(default_factory=dict)
@@ -312,11 +315,14 @@ NO_CONTAINERS = (
 )
 
 
-def _cannot_plan(ask: Ask, machines: list[MachineRoom], quota: Quota | None) -> str | None:
+def _cannot_plan(
+    ask: Ask, machines: list[MachineRoom], quota: Quota | None
+) -> tuple[str, Wait] | None:
     if quota is not None and ask.total_gpus > quota.limit:
         return (
             f"Cannot plan workers: {ask.workers} workers of {_gpus(ask.gpus)} are more than "
-            f"{quota.workspace}'s quota of {_gpus(quota.limit)} on {quota.cluster}"
+            f"{quota.workspace}'s quota of {_gpus(quota.limit)} on {quota.cluster}",
+            Wait.PLAN,
         )
     present = [m for m in machines if m.state in ("ready", "draining")]
     if not present:
@@ -324,7 +330,7 @@ def _cannot_plan(ask: Ask, machines: list[MachineRoom], quota: Quota | None) -> 
     if ask.image:
         present = [m for m in present if m.runs_containers]
         if not present:
-            return NO_CONTAINERS
+            return NO_CONTAINERS, Wait.CONTAINERS
     if any(m.could_ever_fit(ask.gpus, ask.cpu, ask.memory) for m in present):
         return None
     largest = max(present, key=lambda m: (m.healthy_gpus, m.cpu_total, m.memory_total))
@@ -332,16 +338,18 @@ def _cannot_plan(ask: Ask, machines: list[MachineRoom], quota: Quota | None) -> 
     return (
         f"Cannot plan workers: no machine {where} has room for one worker of {ask.shape()} "
         f"(the largest, {largest.name}, has {_gpus(largest.healthy_gpus)}, "
-        f"{_cores(largest.cpu_total)}, {_gib(largest.memory_total)})"
+        f"{_cores(largest.cpu_total)}, {_gib(largest.memory_total)})",
+        Wait.PLAN,
     )
 
 
-def _quota_wait(ask: Ask, quota: Quota | None, used: int) -> str | None:
+def _quota_wait(ask: Ask, quota: Quota | None, used: int) -> tuple[str, Wait] | None:
     if quota is None or used + ask.total_gpus <= quota.limit:
         return None
     return (
         f"Waits for namespace quota: {quota.workspace} holds {used} of {_gpus(quota.limit)} "
-        f"on {quota.cluster}; this run asks for {ask.total_gpus}"
+        f"on {quota.cluster}; this run asks for {ask.total_gpus}",
+        Wait.QUEUE,
     )
 
 
@@ -411,7 +419,7 @@ def plan(
     freeing = [h for h in holders if h.stopping]
     blocked: dict[str | None, Ask] = {}
     # Whether a shape of gang can ever fit depends only on the machines: decided once per shape.
-    never_fits: dict[tuple[object, ...], str | None] = {}
+    never_fits: dict[tuple[object, ...], tuple[str, Wait] | None] = {}
     order = sorted(asks, key=lambda a: (-a.priority, a.queued_at, a.run_id))
     for ask in order:
         if ask.restart_at is not None and ask.restart_at > now:
@@ -425,13 +433,14 @@ def plan(
         if reason is None:
             reason = _quota_wait(ask, quota, used.get(ask.workspace_id, 0))
         if reason is not None:
-            result.reasons[ask.run_id] = reason
+            result.reasons[ask.run_id], result.waiting[ask.run_id] = reason
             continue
         blocker = _blocker(blocked, ask.pool)
         if blocker is not None:
             result.blockers[ask.run_id] = blocker.run_id
             name = seen_from(ask.workspace_id, blocker.workspace_id, blocker.name)
             result.reasons[ask.run_id] = f"Queued behind {name}"
+            result.waiting[ask.run_id] = Wait.QUEUE
             continue
         fit = _best_fit(room, ask)
         if fit is not None:
@@ -439,7 +448,7 @@ def plan(
             used[ask.workspace_id] = used.get(ask.workspace_id, 0) + ask.total_gpus
             continue
         blocked[ask.pool] = ask
-        result.reasons[ask.run_id] = _wait_reason(
+        result.reasons[ask.run_id], result.waiting[ask.run_id] = _wait_reason(
             room, ask, holders, freeing, result, cluster, over_quota
         )
     return result
@@ -460,8 +469,9 @@ def _wait_reason(
     result: Plan,
     cluster: str,
     over_quota: dict[int, int],
-) -> str:
-    """Why the run at the head of its queue waits, and the preemptions that make it room."""
+) -> tuple[str, Wait]:
+    """Why the run at the head of its queue waits (and what kind of wait that is), and the
+    preemptions that make it room."""
     waiting_for = [h for h in freeing if h.priority < ask.priority]
     if waiting_for and room.would_fit(ask, waiting_for):
         # Only those the gang needs: the others' room stays for the runs behind it.
@@ -472,7 +482,7 @@ def _wait_reason(
         for h in waiting_for:
             freeing.remove(h)
         result.waits[ask.run_id] = [h.run_id for h in waiting_for]
-        return f"Next to run: waiting for {_runs_seen_from(ask, waiting_for)} to stop"
+        return f"Next to run: waiting for {_runs_seen_from(ask, waiting_for)} to stop", Wait.QUEUE
     victims = _choose_victims(
         room, ask, [h for h in holders if h.run_id not in result.preemptions], over_quota
     )
@@ -483,18 +493,18 @@ def _wait_reason(
             if h.workspace_id != ask.workspace_id:
                 over_quota[h.workspace_id] -= sum(len(held.gpu_ids) for held in h.held)
         result.waits[ask.run_id] = [h.run_id for h in victims]
-        return f"Next to run: waiting for {_runs_seen_from(ask, victims)} to stop"
+        return f"Next to run: waiting for {_runs_seen_from(ask, victims)} to stop", Wait.QUEUE
     if not room.has_machines(ask.pool):
         where = f"pool {ask.pool} of {cluster}" if ask.pool else cluster
-        return f"No machine fits: {where} has no ready machine"
+        return f"No machine fits: {where} has no ready machine", Wait.MACHINES
     count = _workers_that_fit(room, ask)
     if count == 0:
         short = _short_on(room, ask)
-        return f"No machine fits: none has room now for a worker of {ask.shape()}" + (
-            f" ({short})" if short else ""
-        )
+        sentence = f"No machine fits: none has room now for a worker of {ask.shape()}"
+        return sentence + (f" ({short})" if short else ""), Wait.MACHINES
     return (
-        f"Gang cannot be placed whole: room for {count} of {ask.workers} workers of {ask.shape()}"
+        f"Gang cannot be placed whole: room for {count} of {ask.workers} workers of {ask.shape()}",
+        Wait.MACHINES,
     )
 
 

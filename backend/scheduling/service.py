@@ -135,7 +135,7 @@ class Inputs:
     quotas: dict[int, Quota]
     used: dict[int, int]
     cluster: str
-    reasons: dict[int, str]
+    reasons: dict[int, tuple[str, str | None]]  # each pending run's sentence and its Wait
     preempt_over_quota: bool
     # The pending runs' causes (lifecycle EndCause): a preempted run keeps its sentence.
     causes: dict[int, str | None] = field(default_factory=dict)
@@ -161,7 +161,7 @@ async def _inputs(session: AsyncSession, cluster_id: int, now: datetime) -> Inpu
         quotas,
         used,
         cluster,
-        {r.id: r.reason for r in pending},
+        {r.id: (r.reason, r.waits_for) for r in pending},
         preempt_over_quota,
         {r.id: r.cause for r in pending},
     )
@@ -191,8 +191,9 @@ async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> Pass
         # A preempted run's reason says so until it runs again (issue 20; seed L-57); another
         # sentence of the scheduler's replaces a restart's, and its cause with it.
         kept = given.causes.get(run_id) == lifecycle_rules.EndCause.PREEMPTED
-        if given.reasons.get(run_id) != reason and not kept:
-            changes.append({"id": run_id, "reason": reason})
+        wait = decided.waiting[run_id]
+        if given.reasons.get(run_id) != (reason, wait) and not kept:
+            changes.append({"id": run_id, "reason": reason, "waits_for": str(wait)})
         result.reasons[names[run_id]] = reason
     await repository.set_reasons(session, changes)
     return result

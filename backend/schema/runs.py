@@ -222,6 +222,8 @@ class Run:
     _restart_at: strawberry.Private[datetime | None] = None
     _cause: strawberry.Private[str | None] = None
     _first_failure: strawberry.Private[dict[str, Any] | None] = None
+    _waits_for: strawberry.Private[str | None] = None
+    _stopping: strawberry.Private[bool] = False
 
     @classmethod
     def from_model(cls, row: models.Run) -> Run:
@@ -242,6 +244,8 @@ class Run:
             _restart_at=row.restart_at,
             _cause=row.cause,
             _first_failure=row.first_failure,
+            _waits_for=row.waits_for,
+            _stopping=row.stop_cause is not None,
         )
 
     @property
@@ -319,14 +323,21 @@ class Run:
 
     @strawberry.field(
         description="Why it does not start, and where to look (seed: Debug a run that does not "
-        "start), from its reason or its workers'; null when it is not waiting to start."
+        "start), from what it or its workers wait for; null when it is not waiting to start."
     )
     async def wait_advice(self, info: Info) -> Advice | None:
-        if self.state not in ("Pending", "Preparing", "Starting"):
+        if self.state not in ("Pending", "Preparing", "Pulling", "Starting"):
             return None
         rows = await info.context.loaders.workers_by_run.load(int(self.id))
-        reasons = [self.reason, *(w.reason for w in rows)]
-        found = failures.waiting(reasons)
+        run = failures.Waiting(
+            self.state.value,
+            self.reason,
+            self._waits_for,
+            restart_at=self._restart_at,
+            stopping=self._stopping,
+        )
+        workers = [failures.Waiting(w.state, w.reason, w.waits_for) for w in rows]
+        found = failures.waiting(run, workers)
         return None if found is None else Advice.of(*found)
 
     @strawberry.field(description="Every state change of the run, oldest first.")

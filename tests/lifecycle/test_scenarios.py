@@ -14,7 +14,7 @@ from backend.lifecycle.rules import EndCause, is_straggler
 from backend.machines import service as machines
 from backend.metrics.rules import SampleIn
 from backend.models import Gpu, Machine
-from backend.runs.rules import task_counts
+from backend.runs.rules import Wait, task_counts
 from tests.lifecycle.world import LEASE, World
 from tests.support import SEED_TIME
 from tests.support.lifecycle import running_gang
@@ -319,13 +319,12 @@ async def test_a_gang_at_its_barrier_for_15_minutes_is_requeued(world: World) ->
     await world.submit(gpus=8)
     await world.schedule()
     await world.report("llama-sft-0", "ready")
-    await world.report(
-        "llama-sft-1", "Pulling", reason="Pulling image nvcr.io/nvidia/pytorch:24.05"
-    )
+    await world.report("llama-sft-1", "Pulling", waits=(Wait.IMAGE, "nvcr.io/nvidia/pytorch:24.05"))
     assert await world.status("llama-sft") == (
         "Pulling",
         "Pulling image nvcr.io/nvidia/pytorch:24.05",
     )
+    assert (await world.run("llama-sft")).waits_for == "image"
     world.clock.advance(minutes=15)
     await world.timers()
     sentence = "Gang requeued: 1 of 2 ready after 15m at the barrier"
@@ -435,8 +434,14 @@ async def test_a_drain_preempts_the_machines_runs(world: World) -> None:
         assert gpu07 is not None
         await machines.drain(session, world.clock, gpu07)
     assert await world.status("llama-sft") == ("Running", "Preempted by a drain of gpu-07")
+    stopping = (await world.workers("llama-sft"))[0]
+    assert (stopping.state, stopping.stop_cause) == ("Stopping", "drain")  # typed, not parsed
+    assert (await world.run("llama-sft")).stop_by == "gpu-07"
+    assert (await world.phases("llama-sft-0"))[-1][2] == "stopping:preemption"
     await world.report("llama-sft-0", "exited", exit_code=143)
     assert await world.status("llama-sft") == ("Pending", "Preempted by a drain of gpu-07")
+    drained = (await world.workers("llama-sft"))[0]
+    assert drained.last_failure["reason"] == "Preempted by a drain of gpu-07"
     assert (await world.schedule()).placed == ["llama-sft"]
     assert (await world.workers("llama-sft"))[0].reason == "Placed on gpu-08; starting"
 
@@ -584,3 +589,55 @@ async def test_without_progress_reports_a_stragglers_pace_is_its_gpu_utilisation
         0.88,
         0.21,
     ]
+
+
+async def test_what_a_worker_waits_for_is_reported_by_kind_and_said_by_the_server(
+    world: World,
+) -> None:
+    # seed L-64, L-65, "Pulling for a long time": the agent names what it waits for; the
+    # sentence is the server's, and the kind is kept beside it for the advice (issue 22)
+    await world.machine("gpu-07")
+    await world.submit(workers=1)
+    await world.schedule()
+    waits = [
+        ((Wait.SECRET, "hf-token"), "", "waiting for external secret hf-token"),
+        ((Wait.DRIVE, "datasets"), "", "Waiting for drive datasets to be filled"),
+        ((Wait.IMAGE, "ghcr.io/a/t:v9"), "", "Pulling image ghcr.io/a/t:v9"),
+        (
+            (Wait.IMAGE, "ghcr.io/a/t:v9"),
+            "2.1 GB of 3.4 GB",
+            "Pulling image ghcr.io/a/t:v9: 2.1 GB of 3.4 GB",
+        ),
+    ]
+    for wait, done, sentence in waits:
+        kind = "Pulling" if wait[0] == Wait.IMAGE else "Preparing"
+        await world.report("llama-sft-0", kind, waits=wait, detail=done)
+        [worker] = await world.workers("llama-sft")
+        run = await world.run("llama-sft")
+        assert (worker.reason, worker.waits_for) == (sentence, wait[0])
+        assert (run.state, run.reason, run.waits_for) == (kind, sentence, wait[0])
+    # once ready and running, nothing is waited for
+    await world.start("llama-sft-0")
+    [worker] = await world.workers("llama-sft")
+    run = await world.run("llama-sft")
+    assert (run.state, run.waits_for, worker.waits_for) == ("Running", None, None)
+
+
+async def test_the_scheduler_keeps_what_a_pending_run_waits_for_beside_its_reason(
+    world: World,
+) -> None:
+    await world.submit(workers=2, gpus=8)
+    await world.schedule()
+    run = await world.run("llama-sft")
+    assert (run.reason, run.waits_for) == (
+        "No machine fits: local has no ready machine",
+        "machines",
+    )
+    await world.machine("gpu-07")
+    await world.schedule()
+    run = await world.run("llama-sft")
+    assert run.reason.startswith("Gang cannot be placed whole") and run.waits_for == "machines"
+    await world.machine("gpu-08")
+    await world.schedule()
+    run = await world.run("llama-sft")
+    assert (run.state, run.waits_for) == ("Starting", None)

@@ -255,20 +255,19 @@ PULL_LINES = [
 ]
 
 
-def test_pull_progress_is_said_in_the_pulling_reason() -> None:
+def test_pull_progress_says_how_far_the_download_is() -> None:
+    # reported beside WAIT_IMAGE; the server writes "Pulling image …: 2.1 GB of 3.4 GB"
     progress = PullProgress("nvcr.io/nvidia/pytorch:24.05-py3")
-    assert progress.reason() == "Pulling image nvcr.io/nvidia/pytorch:24.05-py3"
+    assert progress.done() == ""
     for line in PULL_LINES[:5]:
         progress.feed(line)
-    assert progress.reason() == "Pulling image nvcr.io/nvidia/pytorch:24.05-py3"  # no sizes yet
+    assert progress.done() == ""  # no sizes yet
     for line in PULL_LINES[5:7]:
         progress.feed(line)
-    assert progress.reason() == (
-        "Pulling image nvcr.io/nvidia/pytorch:24.05-py3: 600.0 MB of 3.4 GB"
-    )
+    assert progress.done() == "600.0 MB of 3.4 GB"
     for line in PULL_LINES[7:]:
         progress.feed(line)  # one layer downloaded; extracting is not downloading
-    assert progress.reason() == ("Pulling image nvcr.io/nvidia/pytorch:24.05-py3: 2.1 GB of 3.4 GB")
+    assert progress.done() == "2.1 GB of 3.4 GB"
     assert progress.error is None
 
 
@@ -638,15 +637,15 @@ async def test_an_image_that_cannot_be_pulled_ends_err_image_pull(tmp_path: Path
         tmp_path, {"image": "astraeus-tests/no-such-image:nope", "attempt": 1}, 9005, "e2e-pull"
     )
     worker.keep()
-    reasons: list[str] = []
+    reports: list[str] = []
 
-    async def report(reason: str) -> None:
-        reasons.append(reason)
+    async def report(done: str) -> None:
+        reports.append(done)
 
     ended = await worker.prepare(report)
     assert ended is not None and ended.code is None
     assert ended.cause == EndCause.IMAGE_PULL and ended.detail, ended
-    assert reasons[0] == "Pulling image astraeus-tests/no-such-image:nope"
+    assert reports[0] == ""  # pulling, before the engine says any size
 
 
 @needs_engine

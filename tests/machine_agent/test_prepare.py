@@ -1,6 +1,7 @@
-"""Preparing a worker: drives filled once from their source, exposed to processes; the seed's
-reasons while waiting (seed L-64, L-65). Filling and linking as root touch only what the
-machine allows (issue 17)."""
+"""Preparing a worker: drives filled once from their source, exposed to processes (what it
+waits for meanwhile is reported as a Wait; the server writes the seed's sentence: tests/
+lifecycle/test_scenarios.py). Filling and linking as root touch only what the machine allows
+(issue 17)."""
 
 from __future__ import annotations
 
@@ -46,11 +47,6 @@ def allowed(tmp_path: Path) -> Path:
     (tmp_path / "other-worker" / "token.txt").write_text("hf_secret")
     (tmp_path / "home").mkdir()
     return tmp_path / "allowed"
-
-
-def test_the_reasons_are_the_seeds_words() -> None:
-    assert prepare.waiting_for_secret("hf-token") == "waiting for external secret hf-token"
-    assert prepare.waiting_for_drive("data") == "Waiting for drive data to be filled"
 
 
 def test_a_drive_is_filled_once_from_its_source(tmp_path: Path, allowed: Path) -> None:

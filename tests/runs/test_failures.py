@@ -15,6 +15,7 @@ from backend.lifecycle.rules import (
 )
 from backend.runs.failures import (
     FailureKind,
+    Waiting,
     classify,
     first_failed,
     last_snapshot,
@@ -23,6 +24,7 @@ from backend.runs.failures import (
     waiting,
     worker_failure,
 )
+from backend.runs.rules import Wait
 
 
 @pytest.mark.parametrize(
@@ -132,71 +134,140 @@ def test_the_run_reason_names_the_first_worker_that_failed() -> None:
     assert first_failed(None, None, []) is None
 
 
+LOOP_LOOK_AT = (
+    "The console's Restarting in a loop panel: restarts, when the next attempt is, and the last "
+    "failure's output. Each failure doubles the wait, up to 5 minutes; after 10 restarts in a row "
+    "it gives up; 10 minutes running resets the count."
+)
+MACHINES_LOOK_AT = "The per-machine reasons: Read a pending reason."
+QUEUE_LOOK_AT = "The queue, not the machines: Priorities."
+CREDENTIAL_LOOK_AT = (
+    "The credential has not reached the machine: open the credential to see whether the "
+    "machine could fetch it."
+)
+
+
+def pending(reason: str, wait: Wait) -> Waiting:
+    return Waiting("Pending", reason, wait)
+
+
 @pytest.mark.parametrize(
-    ("reason", "kind", "look_at"),
+    ("run", "workers", "kind", "look_at"),
     [
         (
-            "No machine fits: local has no ready machine",
+            pending("No machine fits: local has no ready machine", Wait.MACHINES),
+            [],
             FailureKind.MACHINES,
-            "The per-machine reasons: Read a pending reason.",
+            MACHINES_LOOK_AT,
         ),
         (
-            "Gang cannot be placed whole: room for 1 of 2 workers of 4 GPUs",
+            pending(
+                "Gang cannot be placed whole: room for 1 of 2 workers of 4 GPUs", Wait.MACHINES
+            ),
+            [],
             FailureKind.MACHINES,
-            "The per-machine reasons: Read a pending reason.",
+            MACHINES_LOOK_AT,
         ),
-        ("Queued behind llama-70b", FailureKind.QUEUE, "The queue, not the machines: Priorities."),
+        (pending("Queued behind llama-70b", Wait.QUEUE), [], FailureKind.QUEUE, QUEUE_LOOK_AT),
         (
-            "Next to run: waiting for sweep-7 to stop",
+            pending("Next to run: waiting for sweep-7 to stop", Wait.QUEUE),
+            [],
             FailureKind.QUEUE,
-            "The queue, not the machines: Priorities.",
+            QUEUE_LOOK_AT,
         ),
         (
-            "Waits for namespace quota: team-a holds 16 of 16 GPUs",
+            pending("Waits for namespace quota: team-a holds 16 of 16 GPUs", Wait.QUEUE),
+            [],
             FailureKind.QUEUE,
-            "The queue, not the machines: Priorities.",
+            QUEUE_LOOK_AT,
         ),
         (
-            "Cannot plan workers: 3 workers of 5 GPUs are more than …",
+            pending("Cannot plan workers: 3 workers of 5 GPUs are more than …", Wait.PLAN),
+            [],
             FailureKind.PLAN,
             "The GPU count does not split as asked: change machines or the count.",
         ),
-        (
-            "waiting for external secret hf-token",
+        (  # the run says its slowest worker's wait
+            Waiting("Preparing", "waiting for external secret hf-token", Wait.SECRET),
+            [Waiting("Preparing", "waiting for external secret hf-token", Wait.SECRET)],
             FailureKind.CREDENTIAL,
-            "The credential has not reached the machine: open the credential to see whether the "
-            "machine could fetch it.",
+            CREDENTIAL_LOOK_AT,
         ),
         (
-            "Waiting for drive datasets to be filled",
+            Waiting("Preparing", "Waiting for drive datasets to be filled", Wait.DRIVE),
+            [Waiting("Starting", "Ready; waiting for the rest of its gang", None)],
             FailureKind.DRIVE,
             "The drive: open it to see whether it is reachable or still copying.",
         ),
         (
-            "Pulling image ghcr.io/acme/train:v9",
+            Waiting("Pulling", "Pulling image ghcr.io/acme/train:v9: 2.1 GB of 3.4 GB", Wait.IMAGE),
+            [],
             FailureKind.PULLING,
             "A large image on a slow link. Later runs on that machine reuse it.",
         ),
         (
-            "Starting together: 1 of 2 ready",
+            Waiting("Starting", "Starting together: 1 of 2 ready", None),
+            [Waiting("Pulling", "Pulling image ghcr.io/acme/train:v9", Wait.IMAGE)],
             FailureKind.BARRIER,
             "One member is still preparing or pulling; after 15 minutes at the barrier the gang "
             "is requeued.",
         ),
+        (
+            Waiting(
+                "Pending",
+                "Restarting in 10s (1/10): Worker a-0 failed on gpu-07: Exited with code 1",
+                None,
+                restart_at=datetime(2026, 10, 1, tzinfo=UTC),
+            ),
+            [],
+            FailureKind.RESTART_LOOP,
+            LOOP_LOOK_AT,
+        ),
     ],
 )
 def test_each_wait_of_the_seeds_table_has_its_advice(
-    reason: str, kind: FailureKind, look_at: str
+    run: Waiting, workers: list[Waiting], kind: FailureKind, look_at: str
 ) -> None:
-    # seed L-61 … L-67: Debug a run that does not start
-    found = waiting(["Run created", reason])
+    # seed L-61 … L-67: Debug a run that does not start, by what the run and its workers wait
+    # for (issue 22: never by the sentence's first words)
+    found = waiting(run, workers)
     assert found is not None
     advice, said = found
-    assert (advice.kind, advice.look_at, said) == (kind, look_at, reason)
+    assert (advice.kind, advice.look_at, said) == (kind, look_at, run.reason)
+
+
+def test_a_worker_that_waits_is_advised_when_its_run_says_nothing_yet() -> None:
+    run = Waiting("Preparing", "Preparing", None)
+    worker = Waiting("Preparing", "waiting for external secret hf-token", Wait.SECRET)
+    found = waiting(run, [Waiting("Preparing", "Preparing", None), worker])
+    assert found is not None and found[0].kind == FailureKind.CREDENTIAL
+    assert found[1] == worker.reason
+
+
+def test_the_sentences_are_never_read_for_advice() -> None:
+    # A restart whose wait the scheduler has since said (the sentence replaced): its kind.
+    restarted = Waiting(
+        "Pending",
+        "No machine fits: local has no ready machine",
+        Wait.MACHINES,
+        restart_at=datetime(2026, 10, 1, tzinfo=UTC),
+    )
+    found = waiting(restarted, [])
+    assert found is not None and found[0].kind == FailureKind.MACHINES
+    # A sentence that reads like a wait with no kind beside it (an agent before waits_for):
+    # none; nor a run being stopped, nor one whose wait has no advice of its own.
+    old_agent = Waiting("Preparing", "waiting for external secret hf-token", None)
+    assert waiting(old_agent, [old_agent]) is None
+    stopping = Waiting("Starting", "Stopping: asked by ann", None, stopping=True)
+    assert waiting(stopping, []) is None
+    containers = pending("No machine runs containers: …", Wait.CONTAINERS)
+    assert waiting(containers, []) is None
+    assert waiting(Waiting("Pending", "Preempted by higher-priority work (big)", None), []) is None
 
 
 def test_a_run_going_well_needs_no_advice() -> None:
-    assert waiting(["2 of 2 workers running", "Container running"]) is None
+    running = Waiting("Running", "2 of 2 workers running", None)
+    assert waiting(running, [Waiting("Running", "Container running", None)]) is None
 
 
 # -- issue 20: every failure keeps its story -------------------------------------------------
@@ -204,11 +275,6 @@ def test_a_run_going_well_needs_no_advice() -> None:
 STALLED_LOOK_AT = (
     "Check the metrics around the failure: memory climbing to the limit, a GPU at 0% (a hang), "
     "network traffic stopping."
-)
-LOOP_LOOK_AT = (
-    "The console's Restarting in a loop panel: restarts, when the next attempt is, and the last "
-    "failure's output. Each failure doubles the wait, up to 5 minutes; after 10 restarts in a row "
-    "it gives up; 10 minutes running resets the count."
 )
 
 
@@ -337,12 +403,14 @@ def test_a_failed_run_without_a_cause_is_classified_by_its_exit_code() -> None:
 
 def test_a_restarting_run_waits_in_the_restarting_in_a_loop_panel() -> None:
     # seed L-68: Debug a run that does not start, "A worker restarting in a loop"
+    reason = (
+        "Restarting in 20s (2/10): Worker a-0 failed on m: Exited with code 1; "
+        "the gang does not run without it"
+    )
+    at = datetime(2026, 10, 1, tzinfo=UTC)
     found = waiting(
-        [
-            "Restarting in 20s (2/10): Worker a-0 failed on m: Exited with code 1; "
-            "the gang does not run without it",
-            "Waiting to be placed again: …",
-        ]
+        Waiting("Pending", reason, None, restart_at=at),
+        [Waiting("Pending", "Waiting to be placed again: …", None)],
     )
     assert found is not None
     assert (found[0].kind, found[0].look_at) == (FailureKind.RESTART_LOOP, LOOP_LOOK_AT)
