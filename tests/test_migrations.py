@@ -5,7 +5,7 @@ import json
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import Connection, create_engine, inspect, text
 
 from alembic import command
 from backend import migrations
@@ -290,6 +290,56 @@ def test_0017_keeps_every_webhook_delivery_on_sqlite(tmp_path: object) -> None:
     engine.dispose()
 
 
+AT = "2026-11-02 10:05:00.000000"
+
+
+def insert_run(conn: Connection, id_: int, state: str, reason: str, **columns: object) -> None:
+    """A run, as a revision before the one under test left it; ``columns`` add to it."""
+    values = {
+        "id": id_,
+        "workspace_id": 1,
+        "cluster_id": 1,
+        "name": f"r{id_}",
+        "spec": "{}",
+        "priority": 50,
+        "worker_count": 1,
+        "gpus_per_worker": 0,
+        "state": state,
+        "reason": reason,
+        "state_since": AT,
+        "created_at": AT,
+        **columns,
+    }
+    insert(conn, "runs", values)
+
+
+def insert_worker(
+    conn: Connection, id_: int, run: int, state: str, reason: str, **columns: object
+) -> None:
+    """A worker of ``run``, as a revision before the one under test left it."""
+    values = {
+        "id": id_,
+        "run_id": run,
+        "rank": 0,
+        "name": f"w{id_}",
+        "state": state,
+        "reason": reason,
+        "state_since": AT,
+        "gpu_ids": "[]",
+        "gpus": 0,
+        "attempt": 1,
+        "restarts": 0,
+        "created_at": AT,
+        **columns,
+    }
+    insert(conn, "workers", values)
+
+
+def insert(conn: Connection, table: str, values: dict[str, object]) -> None:
+    names = ", ".join(values)
+    conn.execute(text(f"INSERT INTO {table} ({names}) VALUES (:{', :'.join(values)})"), values)
+
+
 def test_0022_backfills_the_causes_of_ends_written_before_from_their_sentences(
     tmp_path: object,
 ) -> None:
@@ -300,7 +350,6 @@ def test_0022_backfills_the_causes_of_ends_written_before_from_their_sentences(
     config = migrations.alembic_config(url)
     command.upgrade(config, "0021")
     engine = create_engine(sync_url(url))
-    at = "2026-11-02 10:05:00.000000"
     runs = [
         (
             1,
@@ -322,31 +371,9 @@ def test_0022_backfills_the_causes_of_ends_written_before_from_their_sentences(
     ]
     with engine.begin() as conn:
         for id_, state, reason in runs:
-            conn.execute(
-                text(
-                    "INSERT INTO runs (id, workspace_id, cluster_id, name, spec, priority, "
-                    "worker_count, gpus_per_worker, state, reason, state_since, created_at) "
-                    "VALUES (:id, 1, 1, :name, '{}', 50, 1, 0, :state, :reason, :at, :at)"
-                ),
-                {"id": id_, "name": f"r{id_}", "state": state, "reason": reason, "at": at},
-            )
+            insert_run(conn, id_, state, reason)
         for id_, run, state, reason, failure in workers:
-            conn.execute(
-                text(
-                    "INSERT INTO workers (id, run_id, rank, name, state, reason, state_since, "
-                    "gpu_ids, gpus, attempt, restarts, last_failure, created_at) VALUES (:id, "
-                    ":run, 0, :name, :state, :reason, :at, '[]', 0, 1, 0, :failure, :at)"
-                ),
-                {
-                    "id": id_,
-                    "run": run,
-                    "name": f"w{id_}",
-                    "state": state,
-                    "reason": reason,
-                    "failure": failure,
-                    "at": at,
-                },
-            )
+            insert_worker(conn, id_, run, state, reason, last_failure=failure)
     command.upgrade(config, "0022")
     with engine.connect() as conn:
         run_causes = conn.execute(text("SELECT id, cause FROM runs ORDER BY id")).all()
@@ -376,27 +403,11 @@ def test_0023_moves_gangs_stopping_for_a_drain_to_the_drain_cause(tmp_path: obje
     config = migrations.alembic_config(url)
     command.upgrade(config, "0022")
     engine = create_engine(sync_url(url))
-    at = "2026-11-02 10:05:00.000000"
     runs = [(1, "preemption", "drain of gpu-07"), (2, "preemption", "big"), (3, "owner", "ann")]
     with engine.begin() as conn:
         for id_, cause, by in runs:
-            conn.execute(
-                text(
-                    "INSERT INTO runs (id, workspace_id, cluster_id, name, spec, priority, "
-                    "worker_count, gpus_per_worker, state, reason, state_since, created_at, "
-                    "stop_cause, stop_by) VALUES (:id, 1, 1, :name, '{}', 50, 1, 0, 'Running', "
-                    "'', :at, :at, :cause, :by)"
-                ),
-                {"id": id_, "name": f"r{id_}", "at": at, "cause": cause, "by": by},
-            )
-            conn.execute(
-                text(
-                    "INSERT INTO workers (id, run_id, rank, name, state, reason, state_since, "
-                    "gpu_ids, gpus, attempt, restarts, created_at, stop_cause) VALUES (:id, :id, "
-                    "0, :name, 'Stopping', '', :at, '[]', 0, 1, 0, :at, :cause)"
-                ),
-                {"id": id_, "name": f"r{id_}-0", "at": at, "cause": cause},
-            )
+            insert_run(conn, id_, "Running", "", stop_cause=cause, stop_by=by)
+            insert_worker(conn, id_, id_, "Stopping", "", stop_cause=cause)
 
     def rows() -> list[tuple[object, ...]]:
         with engine.connect() as conn:
@@ -430,7 +441,6 @@ def test_0024_backfills_what_waiting_runs_and_workers_wait_for_from_their_reason
     config = migrations.alembic_config(url)
     command.upgrade(config, "0023")
     engine = create_engine(sync_url(url))
-    at = "2026-11-02 10:05:00.000000"
     runs = [
         (1, "Pending", "No machine fits: local has no ready machine"),
         (2, "Pending", "Queued behind big"),
@@ -443,23 +453,9 @@ def test_0024_backfills_what_waiting_runs_and_workers_wait_for_from_their_reason
     workers = [(4, "Preparing", "waiting for external secret hf-token"), (5, "Pulling", "x")]
     with engine.begin() as conn:
         for id_, state, reason in runs:
-            conn.execute(
-                text(
-                    "INSERT INTO runs (id, workspace_id, cluster_id, name, spec, priority, "
-                    "worker_count, gpus_per_worker, state, reason, state_since, created_at) "
-                    "VALUES (:id, 1, 1, :name, '{}', 50, 1, 0, :state, :reason, :at, :at)"
-                ),
-                {"id": id_, "name": f"r{id_}", "state": state, "reason": reason, "at": at},
-            )
+            insert_run(conn, id_, state, reason)
         for id_, state, reason in workers:
-            conn.execute(
-                text(
-                    "INSERT INTO workers (id, run_id, rank, name, state, reason, state_since, "
-                    "gpu_ids, gpus, attempt, restarts, created_at) VALUES (:id, :id, 0, :name, "
-                    ":state, :reason, :at, '[]', 0, 1, 0, :at)"
-                ),
-                {"id": id_, "name": f"r{id_}-0", "state": state, "reason": reason, "at": at},
-            )
+            insert_worker(conn, id_, id_, state, reason)
     command.upgrade(config, "0024")
     with engine.connect() as conn:
         run_waits = conn.execute(text("SELECT id, waits_for FROM runs ORDER BY id")).all()
