@@ -121,8 +121,9 @@ class Agent:
     )
     # Seconds between heartbeats: the setting, or a third of the server's lease if shorter.
     beat_every: float = 0.0
-    # Rank 0's MASTER_PORT, bound from its START until its process starts (agent/rendezvous.py).
-    reserved: dict[int, list[Any]] = field(default_factory=dict)
+    # Rank 0's MASTER_PORT: bound from its START until its process starts, claimed machine-wide
+    # until the worker is gone (agent/rendezvous.py).
+    reserved: dict[int, rendezvous.Claim] = field(default_factory=dict)
     outbox: Outbox = field(init=False)
     sampler: Sampler = field(init=False)
 
@@ -502,7 +503,7 @@ class Agent:
         elif command.kind == agent_pb2.COMMAND_KIND_RELEASE:
             worker = self.workers.get(key)
             if worker is not None and not worker.started and not worker.exited.is_set():
-                self._release_master_port(key)  # the worker's process binds it now
+                self._master_port_started(key)  # the worker's process binds it now
                 await worker.start()
                 self.report(worker, agent_pb2.WORKER_STATE_RUNNING)
                 self._watch(worker)
@@ -542,7 +543,7 @@ class Agent:
         port = int(environment.get("MASTER_PORT") or 0)
         if not port:
             return True
-        held = rendezvous.reserve(port)
+        held = rendezvous.claim(port)
         if held is None:
             reason = rendezvous.port_taken_reason(port, self.config.machine)
             self._ended_before_start(worker, Exit(None, EndCause.NOT_STARTED, detail=reason))
@@ -550,8 +551,16 @@ class Agent:
         self.reserved[worker.worker_id] = held
         return True
 
+    def _master_port_started(self, worker_id: int) -> None:
+        """Its process binds the port now: the sockets go, the machine-wide claim stays."""
+        held = self.reserved.get(worker_id)
+        if held is not None:
+            held.started()
+
     def _release_master_port(self, worker_id: int) -> None:
-        rendezvous.release(self.reserved.pop(worker_id, []))
+        held = self.reserved.pop(worker_id, None)
+        if held is not None:
+            held.end()
 
     # --- preparing: credentials and drives --------------------------------------------------
 

@@ -9,12 +9,90 @@ start is refused with a reason that says so, and the server's next placement of 
 for the next free port (backend/scheduling/rules.py, master_port). The other ranks never learn
 another value than the one the server gave them all: a port picked here alone could not reach
 them.
+
+Agents of other installs on the machine (a second `astraeus up`, an agent per cluster) get
+their ports from servers that do not know each other's runs, and a rank 0 binds its port only
+seconds after its process starts (PyTorch's import): another agent would find the port free
+in between and start a second gang on it, whose ranks then meet the first's. So the port is
+also claimed machine-wide, for as long as the worker lives: a file per port in CLAIMS, locked
+(flock) by the agent whose worker uses it. The folder is root's (/run) when the agent is root,
+where no workload can write; an agent of an ordinary user claims in a folder of its own user.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
+import os
 import socket
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def claims_folder() -> Path:
+    if os.geteuid() == 0:
+        return Path("/run/astraeus/master-ports")
+    return Path(tempfile.gettempdir()) / f"astraeus-{os.geteuid()}-master-ports"
+
+
+@dataclass
+class Claim:
+    """A MASTER_PORT held for a gang's rank 0: its listening sockets until the worker's process
+    starts (it binds the port itself then), its claim's lock until the worker is gone."""
+
+    sockets: list[socket.socket] = field(default_factory=list)
+    lock: int | None = None  # the claim file's descriptor, locked
+
+    def started(self) -> None:
+        release(self.sockets)
+        self.sockets = []
+
+    def end(self) -> None:
+        self.started()
+        if self.lock is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.lock)  # closing the last descriptor drops the lock
+            self.lock = None
+
+
+def claim(port: int, folder: Path | None = None) -> Claim | None:
+    """``port`` for a gang's rank 0: claimed machine-wide and bound; None when another
+    install's worker has it, or another program listens there. Where the claims' folder cannot
+    be used, the port is bound only (and the agent says so in its log)."""
+    try:
+        lock: int | None = _lock(folder or claims_folder(), port)
+    except BlockingIOError:
+        return None  # another agent's worker has it
+    except OSError as error:
+        log.warning("MASTER_PORT %d is not claimed machine-wide (%s): bound only", port, error)
+        lock = None
+    held = reserve(port)
+    if held is None:
+        if lock is not None:
+            os.close(lock)
+        return None
+    return Claim(held, lock)
+
+
+def _lock(folder: Path, port: int) -> int:
+    """The claim file of ``port``, opened and locked (BlockingIOError: another holds it)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(folder / str(port), flags, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{folder / str(port)} is not a file")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
 
 # How the machine is reached when no address is given: the local address of a connection to
 # the server (the interface the route to the server goes out of), found without sending a packet.
