@@ -64,10 +64,11 @@ RUN = """query($run: String!) { run(name: $run) {
 } }"""
 
 
-def last_step(text: str, rank: int) -> tuple[int, datetime]:
-    """The last step a rank logged, and when it logged it (its progress is written next)."""
+def last_step(text: str, rank: int, context: object = None) -> tuple[int, datetime]:
+    """The last step a rank logged, and when it logged it (its progress is written next); a
+    rank that logged none fails with ``context`` (its history: when it ran, stalled, stopped)."""
     found = [m for m in STEP_LINE.finditer(text) if int(m.group(1)) == rank]
-    assert found, text
+    assert found, (text, context)
     step, logged = int(found[-1].group(2)), float(found[-1].group(3))
     return step, datetime.fromtimestamp(logged, UTC)
 
@@ -178,7 +179,7 @@ def test_keep_counts_both_ranks_stalled_each_from_its_own_last_progress(
     began: dict[int, datetime] = {}
     for worker in history["workers"]:
         rank = int(worker["name"].rsplit("-", 1)[1])
-        step, logged = last_step(api.log(worker["name"]), rank)
+        step, logged = last_step(api.log(worker["name"]), rank, worker["history"])
         assert step == (HANG_AT - 1 if rank == 1 else HANG_AT), worker["name"]
         assert [r for _, r in stalls(worker)] == [STALL], worker["history"]
         ((stalled_at, _),) = stalls(worker)
@@ -201,7 +202,7 @@ def test_restart_stalls_both_ranks_and_restarts_after_its_backoff(
     assert job["reason"] == (
         f"Restarting in {BACKOFF_S}s (1/1): Worker hang-restart-1 stalled on local: "
         f"no progress for {STALL_TIMEOUT}"
-    )
+    ), run["workers"]
     assert job["advice"]["kind"] == "stalled" and run["advice"]["kind"] == "stalled"
     loop = job["restart_loop"]
     assert (loop["restarts"], loop["max_restarts"]) == (1, 1)
@@ -219,7 +220,7 @@ def test_restart_stalls_both_ranks_and_restarts_after_its_backoff(
         rank = int(worker["name"].rsplit("-", 1)[1])
         snapshot = worker["lastFailure"]
         assert snapshot["reason"] == STALL, snapshot
-        step, logged = last_step(snapshot["log_tail"], rank)
+        step, logged = last_step(snapshot["log_tail"], rank, worker["history"])
         assert step == (HANG_AT - 1 if rank == 1 else HANG_AT), snapshot
         ((stalled_at, reason),) = stalls(worker)
         assert (reason == STALL) if rank == 1 else reason.startswith(STALLED), reason
