@@ -83,9 +83,9 @@ sys.stdin.read()
 def test_a_port_another_agents_worker_uses_is_refused_after_its_process_started(
     tmp_path: Path,
 ) -> None:
-    # Two installs on one machine get ports from servers that do not know each other's runs;
-    # a rank 0 binds its port seconds after its process starts. In CI a second gang started on
-    # a port in that window, and the two gangs' ranks met (their logs stayed empty).
+    # Two installs on one machine get ports from servers that do not know each other's runs
+    # (both default to 29500-30499); a rank 0 binds its port seconds after its process starts,
+    # and another install's agent found the port free in that window.
     port, folder = free_port(), tmp_path / "claims"
     other = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(port), str(folder)],
