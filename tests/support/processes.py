@@ -15,13 +15,13 @@ from tests.e2e.live import AgentProcess, Server, free_port, running
 
 
 class Cluster:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, lease: str = "8s") -> None:
         self.root = root
         self.server = Server(
             root / "data",
             free_port(),
             local_agent=False,
-            lease_time="8s",
+            lease_time=lease,
             scheduler_interval="1s",
         )
         self.server.start()
