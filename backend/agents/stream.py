@@ -736,13 +736,17 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             attempt=e.attempt or None,
             kind=_STATES[e.state],
             at=agent_time(e.at_ms, self.clock.now()),
-            reason=e.reason,
-            waits=(_WAITS[e.waits_for], e.waits_on) if e.waits_for in _WAITS else None,
+            reason=e.reason[: machine_rules.MAX_WORKER_REASON],
+            waits=(
+                (_WAITS[e.waits_for], e.waits_on[: machine_rules.MAX_WAITS_ON])
+                if e.waits_for in _WAITS
+                else None
+            ),
             exit_code=e.exit_code if e.HasField("exit_code") else None,
-            log_tail=e.log_tail,
+            log_tail=e.log_tail[-machine_rules.MAX_LOG_TAIL :],
             cause=_CAUSES.get(e.cause, EndCause.EXITED),
             signal=e.signal if e.HasField("signal") else None,
-            detail=e.detail,
+            detail=e.detail[: machine_rules.MAX_DETAIL],
         )
         return await service.worker_event(session, self.clock, machine.id, event)
 

@@ -25,6 +25,14 @@ MAX_MODEL = 128
 MAX_HEALTH_REASON = 500
 MAX_VERSION = 64
 MAX_KNOWN_WORKERS = 10_000
+# What a machine says of its workers, kept to what its sentences can hold (a worker's and a
+# run's reason are at most 1 000 characters): the name it waits for (a secret, a drive, an
+# image reference), the engine's words (``detail``), an old agent's sentence (``reason``), and a
+# failure snapshot's tail, which the agent itself keeps to 16 KiB (agent/logs.py SNAPSHOT_BYTES).
+MAX_WAITS_ON = 400
+MAX_DETAIL = 300
+MAX_WORKER_REASON = 300
+MAX_LOG_TAIL = 16 * 1024
 # The address other machines reach this one at (a gang's MASTER_ADDR): an IP address, or a host
 # name as DNS has them (labels of letters, digits and '-', at most 63 each, 253 in all).
 MAX_ADDRESS = 253

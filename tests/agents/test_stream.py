@@ -341,6 +341,59 @@ async def test_a_join_token_joins_once_and_never_connects(
     assert await machine_names(db) == ["gpu-07"]
 
 
+async def test_a_forged_agents_overlong_words_are_cut_to_what_a_reason_holds(
+    endpoint: str, machine_token: str, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    """A machine's words longer than a reason's column (1 000 characters) once failed the
+    write on PostgreSQL and the stream with it; they are cut, the stream goes on."""
+    agent = Agent(endpoint, machine_token)
+    try:
+        agent.send(hello=hello())
+        await agent.receive("welcome")
+        world = World(db, clock, tenancy)
+        await world.submit(workers=1, gpus=1, restart_policy="never")
+        await world.schedule()
+        start = await agent.receive("command")
+        image = "registry.example.com/" + "i" * 5000
+        last = agent.send(
+            worker_event=agent_pb2.WorkerEvent(
+                worker_id=start.command.worker_id,
+                attempt=1,
+                state=agent_pb2.WORKER_STATE_PULLING,
+                waits_for=agent_pb2.WAIT_IMAGE,
+                waits_on=image,
+                detail="d" * 5000,
+                reason="r" * 5000,
+            )
+        )
+        while (await agent.receive("ack")).ack.up_to < last:
+            pass
+        worker = (await world.workers("llama-sft"))[0]
+        assert worker.reason == f"Pulling image {image[:400]}: {'d' * 300}"
+        last = agent.send(
+            worker_event=agent_pb2.WorkerEvent(
+                worker_id=start.command.worker_id,
+                attempt=1,
+                state=agent_pb2.WORKER_STATE_EXITED,
+                cause=agent_pb2.END_CAUSE_IMAGE_PULL,
+                detail="e" * 5000,
+                log_tail="t" * 100_000 + "\nlast line\n",
+            )
+        )
+        while (await agent.receive("ack")).ack.up_to < last:
+            pass
+        worker = (await world.workers("llama-sft"))[0]
+        assert worker.state == "Failed"
+        assert worker.reason == "ErrImagePull: " + "e" * 300
+        assert worker.last_failure is not None
+        assert len(worker.last_failure["log_tail"]) == 16 * 1024
+        assert worker.last_failure["log_tail"].endswith("t\nlast line\n")
+        state, reason = await world.status("llama-sft")
+        assert state == "Failed" and len(reason) < 1000 and "e" * 300 in reason
+    finally:
+        await agent.close()
+
+
 async def test_a_bad_gpu_health_index_is_refused_and_the_stream_goes_on(
     endpoint: str, machine_token: str, db: Database
 ) -> None:
