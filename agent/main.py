@@ -11,7 +11,8 @@ import socket
 import sys
 from pathlib import Path
 
-from agent.connection import CREDENTIAL_FILE, Agent, AgentConfig
+from agent.config import AgentConfig
+from agent.connection import CREDENTIAL_FILE, Agent
 from agent.gpus import SIMULATED_MODEL, NvmlSampler, discover
 from agent.identity import GID_BASE, WorkloadUsers
 from agent.transport import Transport, TransportRefused

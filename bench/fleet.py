@@ -48,7 +48,7 @@ from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 from bench.common import OUT, fresh_database, save
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
-HEARTBEAT_S = 10.0  # agent/connection.py AgentConfig.heartbeat_seconds
+HEARTBEAT_S = 10.0  # agent/config.py AgentConfig.heartbeat_seconds
 SAMPLE_S = 5.0  # AgentConfig.sample_seconds
 LINE_S = 1.0
 KEPT_LINES = 2000

@@ -37,7 +37,7 @@ from bench.common import save
 from tests.e2e.live import Server, free_port
 
 INTERVAL_S = 0.05
-POLL_S = 0.2  # agent/connection.py FOLLOW_POLL_S
+POLL_S = 0.2  # agent/log_replies.py FOLLOW_POLL_S
 WRITER = (
     "import sys, time\n"
     "out = open(sys.argv[2], 'w') if len(sys.argv) > 2 else sys.stdout\n"

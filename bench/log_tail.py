@@ -32,7 +32,8 @@ import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 from sqlalchemy import select
 
-from agent.connection import Agent, AgentConfig
+from agent.config import AgentConfig
+from agent.connection import Agent
 from agent.gpus import simulated
 from agent.logs import WorkerLog
 from backend.agents.stream import AgentService, serve

@@ -15,8 +15,8 @@ from astraeus.agent.v1 import agent_pb2
 from sqlalchemy import event, select
 from sqlalchemy.engine import Engine
 
+from agent.config import AgentConfig
 from agent.connection import Agent as RealAgent
-from agent.connection import AgentConfig
 from agent.gpus import simulated
 from backend.agents import stream as agent_stream
 from backend.agents.stream import AgentService, serve

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from agent.connection import Agent, AgentConfig
+from agent.config import AgentConfig
+from agent.connection import Agent
 from agent.executor import end_left_workers
 from agent.gpus import simulated
 from backend.accounting import counting

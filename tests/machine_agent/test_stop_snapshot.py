@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from astraeus.agent.v1 import agent_pb2
 
-from agent.connection import Agent, AgentConfig
+from agent.config import AgentConfig
+from agent.connection import Agent
 from agent.executor import EndCause, Exit, ProcessWorker
 from agent.gpus import simulated
 from agent.logs import WorkerLog

@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 from agent import cgroups
-from agent.connection import Agent, AgentConfig
+from agent.config import AgentConfig
+from agent.connection import Agent
 from agent.gpus import simulated
 from agent.metrics import CGROUP_METRICS, NETWORK_METRICS, unmeasured
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from agent.connection import Agent, AgentConfig
+from agent.config import AgentConfig
+from agent.connection import Agent
 from agent.gpus import simulated
 from backend.agents.stream import AgentService
 from backend.db import Database

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from agent.connection import Agent, AgentConfig
+from agent.config import AgentConfig
+from agent.connection import Agent
 from agent.gpus import simulated
 from backend.agents.stream import AgentService, serve
 from backend.db import Database

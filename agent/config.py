@@ -1,0 +1,52 @@
+"""What an agent is told when it starts: its server and token, this machine and its GPUs, its
+folders, its executor, and what of the machine its workloads may reach (agent/main.py)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent import engine as engines
+from agent.gpus import GpuDevice, NvmlSampler
+from agent.identity import WorkloadUsers, workload_dir
+from agent.transport import Transport
+
+
+@dataclass
+class AgentConfig:
+    server: str
+    token: str
+    machine: str
+    data_dir: Path
+    gpus: list[GpuDevice]
+    cpu_cores: float
+    memory_bytes: int
+    pool: str | None = None
+    # Where other machines reach this one (gangs' MASTER_ADDR); empty: the local address of
+    # the connection to the server (agent/rendezvous.py).
+    advertise_address: str = ""
+    heartbeat_seconds: float = 10.0
+    sample_seconds: float = 5.0
+    prepare_poll_seconds: float = 2.0
+    executor: str = "process"  # or "docker": containers through the Docker Engine API
+    docker_socket: str = engines.SOCKET
+    nvml: NvmlSampler | None = None
+    # Who workloads run as (agent/identity.py), and what of the machine they may reach:
+    # folders drives may be filled from, folders mount paths may be linked in (none: only
+    # under the worker's own folder).
+    users: WorkloadUsers = field(default_factory=WorkloadUsers)
+    fill_roots: tuple[Path, ...] = ()
+    mount_roots: tuple[Path, ...] = ()
+    # TLS to the server, or plaintext on loopback only (agent/transport.py).
+    transport: Transport = field(default_factory=Transport)
+
+    @property
+    def install(self) -> str:
+        """Names this agent's data folder: two agents on one machine share no control group."""
+        return hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:12]
+
+    @property
+    def workload_dir(self) -> Path:
+        """Where the workers' folders and the drives are (agent/identity.py)."""
+        return workload_dir(self.data_dir, self.users)

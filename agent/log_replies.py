@@ -1,0 +1,82 @@
+"""The agent's answers to the server's log requests: a worker's last lines (a tail), and its
+new lines as they are written (a follow), read from the log kept on this machine (agent/logs.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from astraeus.agent.v1 import agent_pb2
+
+from agent.logs import LogFollower, WorkerLog
+from agent.state import AgentState
+
+FOLLOW_POLL_S = 0.2
+# A follower waits while this many messages are queued for the server (it skips ahead later).
+QUEUE_HIGH_WATER = 256
+
+
+class LogReplies(AgentState):
+    """The agent's log replies (a part of ``Agent``)."""
+
+    def _reply(self, request_id: int, chunk: agent_pb2.LogChunk) -> None:
+        # A reply needs no resending: the server waits for it only so long.
+        self._send(durable=False, reply=agent_pb2.Reply(request_id=request_id, log=chunk))
+
+    async def _reply_tail(self, request_id: int, request: agent_pb2.LogTailRequest) -> None:
+        """The last lines of a worker's log, cut to the bytes asked for (its end). Read in a
+        thread: the stream's heartbeats and commands go on meanwhile."""
+        text, archived = await asyncio.to_thread(
+            WorkerLog(self.log_root, str(request.worker_id)).tail,
+            request.lines or 1000,
+            timestamps=request.timestamps,
+        )
+        data = text.encode()
+        if request.max_bytes and len(data) > request.max_bytes:
+            text = data[-request.max_bytes :].decode(errors="ignore")
+        self._reply(
+            request_id,
+            agent_pb2.LogChunk(worker_id=request.worker_id, text=text, archived=archived),
+        )
+
+    def _follow(self, request_id: int, request: agent_pb2.LogFollowStart) -> None:
+        follow_id = request.follow_id or str(request_id)
+        task = asyncio.create_task(
+            self._stream_log(request_id, request), name=f"follow:{request.worker_id}"
+        )
+        self.follows[follow_id] = task
+        task.add_done_callback(lambda _: self.follows.pop(follow_id, None))
+
+    async def _stream_log(self, request_id: int, request: agent_pb2.LogFollowStart) -> None:
+        """Send the worker's new lines as they are written, until it ends or the server stops."""
+        key = request.worker_id
+        worker = self.workers.get(key)
+        wlog = WorkerLog(self.log_root, str(key))
+        offset: int | None = None  # where the follower begins: after the tail, else the end
+        if request.tail_lines:
+            text, archived, end = await asyncio.to_thread(wlog.tail_to_follow, request.tail_lines)
+            if not archived:
+                offset = end
+            if text:
+                self._reply(
+                    request_id, agent_pb2.LogChunk(worker_id=key, text=text, archived=archived)
+                )
+        if worker is None or worker.exited.is_set():
+            self._reply(request_id, agent_pb2.LogChunk(worker_id=key, ended=True))
+            return
+        follower = LogFollower(wlog, offset)
+        missed = 0
+        while not worker.exited.is_set():
+            if self.queue.qsize() < QUEUE_HIGH_WATER:
+                text, skipped = await asyncio.to_thread(follower.read)
+                missed += skipped
+                if text or missed:
+                    self._reply(
+                        request_id,
+                        agent_pb2.LogChunk(worker_id=key, text=text, missed_lines=missed),
+                    )
+                    missed = 0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.exited.wait(), FOLLOW_POLL_S)
+        rest = await asyncio.to_thread(follower.rest)
+        self._reply(request_id, agent_pb2.LogChunk(worker_id=key, text=rest, ended=True))
