@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.identity import WorkloadUsers, workload_dir
-from backend.cli.server import restart_backoff
+from backend.cli.local_agent import restart_backoff
 from tests.e2e.live import Api, running, serving
 from tests.support import WORKLOAD_PYTHON
 
