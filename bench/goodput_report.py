@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from backend.accounting import ledger_queries, repository
+from backend.accounting import ledger_queries, ledger_writes
 from backend.accounting import service as accounting
 from backend.accounting.rules import Category, Period
 from backend.accounting.service import Viewer
@@ -94,7 +94,7 @@ INSERT INTO goodput_run_totals (run_id, hour, workspace_id, cluster_id, last,
 SELECT scope_id, hour, workspace_id, cluster_id, hour = max(hour) OVER (PARTITION BY scope_id),
   {_RUNNING}
 FROM (
-  SELECT scope_id, hour, workspace_id, cluster_id, {repository.RUN_CELL_SUMS}
+  SELECT scope_id, hour, workspace_id, cluster_id, {ledger_writes.RUN_CELL_SUMS}
   FROM goodput_hours WHERE scope = 'run'
   GROUP BY scope_id, hour, workspace_id, cluster_id
 ) AS cells

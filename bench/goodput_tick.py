@@ -40,7 +40,7 @@ from typing import Any
 
 import psycopg
 
-from backend.accounting import counting, repository
+from backend.accounting import counting, ledger_writes, repository
 from backend.accounting.rules import BUSY_UTILIZATION
 from backend.db import Database
 from backend.metrics.rules import ROW_COLUMNS
@@ -311,19 +311,20 @@ async def tick(db: Database, now: datetime) -> tuple[float, float, counting.Tick
 
 
 TIMED = (
-    "lock_mark",
-    "unaccounted",
-    "orphans",
-    "count_steady_minute",
-    "open_intervals",
-    "mark_accounted",
+    (repository, "lock_mark"),
+    (repository, "unaccounted"),
+    (repository, "orphans"),
+    (ledger_writes, "count_steady_minute"),
+    (repository, "open_intervals"),
+    (repository, "mark_accounted"),
 )
 
 
 @contextlib.contextmanager
 def timing_repository(times: dict[str, float]) -> Iterator[None]:
-    """Time the tick's SQL (repository functions, row decoding included) by function."""
-    originals = {name: getattr(repository, name) for name in TIMED}
+    """Time the tick's SQL (repository and ledger_writes functions, row decoding included) by
+    function."""
+    originals = {(module, name): getattr(module, name) for module, name in TIMED}
 
     def wrap(name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def timed(*args: Any, **kwargs: Any) -> Any:
@@ -336,13 +337,13 @@ def timing_repository(times: dict[str, float]) -> Iterator[None]:
 
         return timed
 
-    for name, fn in originals.items():
-        setattr(repository, name, wrap(name, fn))
+    for (module, name), fn in originals.items():
+        setattr(module, name, wrap(name, fn))
     try:
         yield
     finally:
-        for name, fn in originals.items():
-            setattr(repository, name, fn)
+        for (module, name), fn in originals.items():
+            setattr(module, name, fn)
 
 
 def snapshot(url: str) -> None:

@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.accounting import repository, rules
+from backend.accounting import ledger_writes, repository, rules
 from backend.accounting.rules import Category, Interval, PhaseChange
 from backend.clock import Clock
 from backend.models import GoodputInterval, GoodputOpenInterval
@@ -93,7 +93,7 @@ async def tick(session: AsyncSession, clock: Clock) -> TickResult:
     if counted is not None and counted < until and _dialect(session) == "postgresql":
         # Workers without a change: set-based, minute by minute (one minute but after an outage).
         for minute in _minutes(counted, until):
-            steady, moved = await repository.count_steady_minute(
+            steady, moved = await ledger_writes.count_steady_minute(
                 session, minute, list(starts), rules.BUSY_UTILIZATION
             )
             workers, intervals = max(workers, steady), intervals + moved
@@ -256,7 +256,7 @@ async def _count(
     info = await repository.worker_info(session, ids)
     pools = await repository.machine_pools(session)
     busy = await repository.minute_utilization(session, ids, min(starts.values()), until)
-    cells: dict[repository.CellKey, float] = defaultdict(float)
+    cells: dict[ledger_writes.CellKey, float] = defaultdict(float)
     back = {w: at for w, at in starts.items() if counted is not None and at < counted}
     for row in await repository.closed_intervals_after(session, back):
         part = _as_interval(row, start=max(row.start_at, back[row.worker_id]))
@@ -323,7 +323,7 @@ async def _count(
     await repository.delete_open(session, list(opened))
     await repository.add_intervals(session, rows)
     await repository.add_open(session, still_open)
-    await repository.add_to_hours(session, cells)
+    await ledger_writes.add_to_hours(session, cells)
     return len(ids), len(rows)
 
 
@@ -332,7 +332,7 @@ def _owner(row: GoodputInterval | GoodputOpenInterval) -> repository.WorkerInfo:
 
 
 def _add(
-    cells: dict[repository.CellKey, float],
+    cells: dict[ledger_writes.CellKey, float],
     part: Interval,
     owner: repository.WorkerInfo | GoodputInterval | GoodputOpenInterval,
     pool: int | None,

@@ -1,6 +1,6 @@
 """All SQL of goodput accounting's reads: the ledgers a report, a week, a run, the Prometheus
 exposition or an alert sums, the names of what they are of, the intervals behind a figure. The
-tick's writes are in backend/accounting/repository.py."""
+tick's writes are in backend/accounting/repository.py and ledger_writes.py."""
 
 from __future__ import annotations
 

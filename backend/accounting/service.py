@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
-from backend.accounting import ledger_queries, repository, rules
+from backend.accounting import ledger_queries, ledger_writes, rules
 from backend.accounting.exposition import Exposition
 from backend.accounting.rules import (
     SCOPES,
@@ -395,4 +395,4 @@ RETENTION = timedelta(days=400)
 async def prune(session: AsyncSession, clock: Clock) -> tuple[int, int]:
     """The hourly ledgers and their intervals are kept 400 days (seed G-43), then deleted:
     from the whole hour 400 days ago, so a retried prune deletes nothing more."""
-    return await repository.prune(session, rules.hour_floor(clock.now() - RETENTION))
+    return await ledger_writes.prune(session, rules.hour_floor(clock.now() - RETENTION))

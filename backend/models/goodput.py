@@ -176,7 +176,7 @@ class GoodputRunTotal(Base):
     any whole hours [start, end) is then two rows apart: the row at end - 1 h (or its last
     row, if it ended before) less the row at start - 1 h. A 7-day report over 10 000 runs
     reads 20 000 rows instead of 10 000 x 168 x its categories. The tick keeps the rows up
-    to date from the hourly cells it writes (repository.refresh_run_totals), recomputing
+    to date from the hourly cells it writes (ledger_writes.refresh_run_totals), recomputing
     every hour from the earliest it changed."""
 
     __table__ = Table(

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from backend.accounting import counting, ledger_queries, repository
+from backend.accounting import counting, ledger_queries, ledger_writes, repository
 from backend.accounting import service as accounting
 from backend.accounting.rules import Category, Period
 from backend.accounting.service import Viewer
@@ -225,7 +225,7 @@ async def test_a_report_by_run_from_before_the_pruned_hours_sums_the_hours_still
         await tick(world)
     first = T0.replace(minute=0, second=0, microsecond=0)
     async with world.db.transaction() as session:
-        await repository.prune(session, first + timedelta(hours=2))
+        await ledger_writes.prune(session, first + timedelta(hours=2))
     async with world.db.read() as session:
         hours = await session.scalars(select(GoodputRunTotal.__table__.c.hour))
         assert min(hours) == first + timedelta(hours=1)  # the hour before the first kept
@@ -257,10 +257,10 @@ async def test_running_totals_fill_the_hours_between_cells_and_follow_a_change_b
     run_id, ws, cluster = run.id, run.workspace_id, run.cluster_id
     hour = T0.replace(minute=0, second=0, microsecond=0)
 
-    def cell(at: datetime, category: str, held: bool) -> repository.CellKey:
+    def cell(at: datetime, category: str, held: bool) -> ledger_writes.CellKey:
         return (at, ws, cluster, "run", run_id, category, held)
 
-    steps: list[dict[repository.CellKey, float]] = [
+    steps: list[dict[ledger_writes.CellKey, float]] = [
         {cell(hour, "waiting", False): 600.0},
         {cell(hour + timedelta(hours=3), "productive", True): 3600.0},  # two hours skipped
         {cell(hour + timedelta(hours=1), "idle", True): 60.0},  # an earlier hour, later
@@ -269,7 +269,7 @@ async def test_running_totals_fill_the_hours_between_cells_and_follow_a_change_b
     ]
     for step in steps:
         async with world.db.transaction() as session:
-            await repository.add_to_hours(session, step)
+            await ledger_writes.add_to_hours(session, step)
         async with world.db.read() as session:
             await assert_run_totals_match_the_hours(session)
     async with world.db.read() as session:
