@@ -20,7 +20,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # The sentences as they were written until this revision, each with the cause it said: read
-# here once, never again (backend/lifecycle/rules.py writes them from the cause from now on).
+# here once, never again (backend/lifecycle/sentences.py writes them from the cause from now on).
 _WORKER_SENTENCES = (
     ("OOMKilled", "oom_killed"),
     ("ErrImagePull", "image_pull"),

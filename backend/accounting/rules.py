@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from backend.lifecycle.rules import HELD_PHASES, Phase
+from backend.lifecycle.states import HELD_PHASES, Phase
 from backend.metrics.rules import BadTime, parse_time  # the same time forms as /metrics/range
 
 BUSY_UTILIZATION = 0.05  # "its GPUs busy (5% or more)"

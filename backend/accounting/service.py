@@ -28,7 +28,7 @@ from backend.accounting.rules import (
 )
 from backend.clock import Clock, iso_z
 from backend.errors import FieldError, Forbidden, InvalidInput, NotFound
-from backend.lifecycle.rules import STRAGGLER_AFTER
+from backend.lifecycle.progress import STRAGGLER_AFTER
 from backend.models import Run
 from backend.organizations import service as organizations
 from backend.parsing import whole_number

@@ -12,9 +12,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.accounting import counting as accounting
 from backend.agents import repository
 from backend.clock import Clock, SystemClock
-from backend.lifecycle import rules as lifecycle_rules
 from backend.lifecycle import service as lifecycle
-from backend.lifecycle.rules import Effects, EndCause
+from backend.lifecycle.progress import worker_progress
+from backend.lifecycle.sentences import EndCause
+from backend.lifecycle.states import PLACED_STATES, RUNNING
+from backend.lifecycle.views import Effects, RunPolicy, RunView, WorkerView
 from backend.machine_identity.rules import MachinePrincipal
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
@@ -120,13 +122,13 @@ async def reconcile(
         and (
             (w := placed.get(k.worker_id)) is None
             or w.attempt != k.attempt
-            or w.state not in lifecycle_rules.PLACED_STATES
+            or w.state not in PLACED_STATES
         )
     ]
     ids = {k.worker_id for k in known}
     total = Effects()
     for w in placed.values():
-        if w.id in ids or w.state not in lifecycle_rules.PLACED_STATES or not w.ready:
+        if w.id in ids or w.state not in PLACED_STATES or not w.ready:
             continue
         fx = await lifecycle.report(
             session,
@@ -238,7 +240,7 @@ async def reports(
     transaction holds are left to be written alone (``Leftovers``), so a batch of many
     machines never waits behind a scheduling pass or a gang's change, and never deadlocks with
     one. A report that only moves a running worker's progress (nearly all) is applied here by
-    the lifecycle's own rule (rules.worker_progress) to its row; one that ends a stall (a
+    the lifecycle's own rule (progress.worker_progress) to its row; one that ends a stall (a
     transition) is left to the lifecycle's whole path. Reports of a worker not on that
     machine, of another attempt, or of a worker no longer running change nothing, as there."""
     left = Leftovers()
@@ -249,7 +251,7 @@ async def reports(
     rows = await repository.lock_free_workers(
         session, {p.worker_id for p in progress} | {w for _, w in means}
     )
-    changed: dict[int, lifecycle_rules.WorkerView] = {}
+    changed: dict[int, WorkerView] = {}
     for index, p in enumerate(progress):
         row = rows.get(p.worker_id)
         if row is None:  # held by another transaction (or gone): the whole path decides
@@ -257,14 +259,14 @@ async def reports(
             continue
         if row.machine_id != p.machine_id or (p.attempt is not None and p.attempt != row.attempt):
             continue
-        if row.state != lifecycle_rules.RUNNING or row.stop_cause:
+        if row.state != RUNNING or row.stop_cause:
             continue
         if row.stalled_since is not None:  # no longer stalled: a transition of its gang
             left.progress.append(index)
             continue
         w = changed.get(row.id) or _progress_view(row)
         fx = Effects()
-        lifecycle_rules.worker_progress(_ALONE, w, p.at, fx, step=p.step)
+        worker_progress(_ALONE, w, p.at, fx, step=p.step)
         assert not fx.transitions and not fx.commands, "a running worker's progress only"
         changed[row.id] = w
     await repository.write_progress(
@@ -286,13 +288,11 @@ async def reports(
 
 # The run a lone worker's progress is applied in: the rule changes a running, unstalled
 # worker's progress fields alone, never its run (asserted above).
-_ALONE = lifecycle_rules.RunView(
-    id=0, name="", state="", reason="", policy=lifecycle_rules.RunPolicy(), workers=[]
-)
+_ALONE = RunView(id=0, name="", state="", reason="", policy=RunPolicy(), workers=[])
 
 
-def _progress_view(row: Any) -> lifecycle_rules.WorkerView:
-    return lifecycle_rules.WorkerView(
+def _progress_view(row: Any) -> WorkerView:
+    return WorkerView(
         id=row.id,
         rank=row.rank,
         name=row.name,

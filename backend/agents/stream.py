@@ -36,7 +36,8 @@ from backend.agents.service import (
 from backend.clock import Clock
 from backend.db import Database, database_away
 from backend.errors import DatabaseUnavailable, NotFound, Unauthenticated
-from backend.lifecycle.rules import Effects, EndCause
+from backend.lifecycle.sentences import EndCause
+from backend.lifecycle.views import Effects
 from backend.logs.service import LogText, WorkerRef
 from backend.machine_identity import service as identity
 from backend.machine_identity.rules import MachinePrincipal

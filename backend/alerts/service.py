@@ -22,7 +22,7 @@ from backend.alerts import repository, rules
 from backend.alerts.rules import DEFAULTS, Finding
 from backend.clock import Clock
 from backend.errors import FieldError, Forbidden, InvalidInput
-from backend.lifecycle.rules import STRAGGLER_AFTER
+from backend.lifecycle.progress import STRAGGLER_AFTER
 from backend.models import Alert, AlertThreshold, Cluster, Event
 from backend.organizations import service as organizations
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.lifecycle.rules import WORKER_ENDED_STATES
+from backend.lifecycle.states import WORKER_ENDED_STATES
 from backend.models import (
     AgentCommand,
     Event,
@@ -144,7 +144,7 @@ async def clear_pending_commands(
 
 async def placements(session: AsyncSession, worker_id: int, until: datetime) -> list[int]:
     """The machines a worker was placed on, one per attempt, in order, up to ``until``: the
-    "Placed on" transition each placement writes (lifecycle.rules.place)."""
+    "Placed on" transition each placement writes (lifecycle.starting.place)."""
     rows = await session.scalars(
         select(StateTransition.machine_id)
         .where(

@@ -18,8 +18,8 @@ from backend.clock import Clock, iso_offset
 from backend.db import insert_many
 from backend.errors import Conflict, NotFound
 from backend.events import rules as events_rules
-from backend.lifecycle import repository, rules
-from backend.lifecycle.rules import Effects, RunPolicy, RunView, Transition, WorkerView
+from backend.lifecycle import endings, progress, repository, rules, sentences, starting, states
+from backend.lifecycle.views import Effects, RunPolicy, RunView, Transition, WorkerView
 from backend.models import AgentCommand, Event, Run, StateTransition, Worker, Workspace
 from backend.runs.rules import Wait
 from backend.runs.spec import stored_spec
@@ -244,7 +244,7 @@ async def persist(
 
 
 async def _guard_ended(session: AsyncSession, gang: Gang) -> None:
-    """The rules never move a worker out of an ended attempt (rules.may_follow); the database
+    """The rules never move a worker out of an ended attempt (states.may_follow); the database
     says so too: each worker's new state of the same attempt is written only where that
     attempt has not ended, else the whole change is refused (its transaction rolls back)."""
     by_id = {w.id: w for w in gang.workers}
@@ -253,7 +253,7 @@ async def _guard_ended(session: AsyncSession, gang: Gang) -> None:
         for wv in gang.view.workers
         if (row := by_id[wv.id]).state != wv.state
         and row.attempt == wv.attempt  # a new attempt (a placement) starts afresh
-        and wv.state != rules.PENDING  # waiting to be placed again follows an end
+        and wv.state != states.PENDING  # waiting to be placed again follows an end
     ]
     if moves and await repository.move_workers(session, moves) != len(moves):
         raise Conflict(
@@ -311,10 +311,10 @@ async def apply(
 
 
 async def stop_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> Effects:
-    if run.state in rules.ENDED_STATES:
+    if run.state in states.ENDED_STATES:
         raise Conflict("RUN_ENDED", f"The run '{run.name}' has already ended ({run.state}).")
     now = clock.now()
-    _, fx = await apply(session, run.id, now, lambda view, fx: rules.stop(view, by, now, fx))
+    _, fx = await apply(session, run.id, now, lambda view, fx: endings.stop(view, by, now, fx))
     return fx
 
 
@@ -325,7 +325,7 @@ async def delete_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> 
     machines = await repository.machines_that_ran(session, run.id)
     now = clock.now()
     gang, fx = await apply(
-        session, run.id, now, lambda view, fx: rules.delete(view, by, now, fx, machines=machines)
+        session, run.id, now, lambda view, fx: endings.delete(view, by, now, fx, machines=machines)
     )
     gang.run.deleted_at = now
     await session.flush()
@@ -349,7 +349,7 @@ async def report(
     attempt: int | None = None,
     reason: str | None = None,
     waits: tuple[Wait, str] | None = None,
-    cause: rules.EndCause = rules.EndCause.EXITED,
+    cause: sentences.EndCause = sentences.EndCause.EXITED,
     signal: int | None = None,
     detail: str = "",
     exit_code: int | None = None,
@@ -365,7 +365,7 @@ async def report(
     if kind == "exited" and (reason is not None or waits is not None):
         raise ValueError("an end is reported as a cause, never as a sentence")
     if waits is not None:
-        reason = rules.waiting_sentence(*waits, detail)
+        reason = sentences.waiting_sentence(*waits, detail)
     when = at or clock.now()
     worker = await repository.placed_worker(session, machine_id, worker_id)
     if worker is None or (attempt is not None and attempt != worker.attempt):
@@ -374,8 +374,8 @@ async def report(
 
     def rule(view: RunView, fx: Effects) -> None:
         w = view.worker(worker_name)
-        if kind in (rules.PREPARING, rules.PULLING):
-            rules.worker_preparing(
+        if kind in (states.PREPARING, states.PULLING):
+            starting.worker_preparing(
                 view,
                 w,
                 kind,
@@ -386,18 +386,18 @@ async def report(
                 waits=waits[0] if waits is not None else None,
             )
         elif kind == "ready":
-            rules.worker_ready(view, w, when, fx, attempt=attempt)
+            starting.worker_ready(view, w, when, fx, attempt=attempt)
         elif kind == "running":
-            rules.worker_running(view, w, when, fx, attempt=attempt)
+            starting.worker_running(view, w, when, fx, attempt=attempt)
         elif kind == "progress":
-            rules.worker_progress(view, w, when, fx, step=step)
+            progress.worker_progress(view, w, when, fx, step=step)
         elif kind == "exited":
-            rules.worker_exited(
+            endings.worker_exited(
                 view,
                 w,
                 when,
                 fx,
-                rules.End(cause, exit_code, signal, detail),
+                sentences.End(cause, exit_code, signal, detail),
                 log_tail=log_tail,
                 attempt=attempt,
             )
@@ -433,7 +433,7 @@ async def late_snapshot(
     if (
         worker is None
         or not failure
-        or worker.cause != rules.EndCause.MACHINE_LOST
+        or worker.cause != sentences.EndCause.MACHINE_LOST
         or failure.get("log_tail")
         or not isinstance(failure.get("failed_at"), str)
     ):
@@ -443,7 +443,7 @@ async def late_snapshot(
     )
     if len(placed) != attempt or placed[-1] != machine_id:
         return False
-    worker.last_failure = {**failure, "log_tail": rules.snapshot_output(log_tail)}
+    worker.last_failure = {**failure, "log_tail": endings.snapshot_output(log_tail)}
     return True
 
 
@@ -468,7 +468,7 @@ async def machine_lost(session: AsyncSession, clock: Clock, machine_id: int) -> 
     total = Effects()
     for gang in await load_gangs(session, await repository.run_ids_on_machine(session, machine_id)):
         fx = Effects()
-        rules.machine_lost(gang.view, machine_id, now, fx)
+        endings.machine_lost(gang.view, machine_id, now, fx)
         total.freed |= fx.freed
         await persist(session, gang, fx, now)
     return total
@@ -482,7 +482,7 @@ async def machine_drained(
     for gang in await load_gangs(session, await repository.run_ids_on_machine(session, machine_id)):
         fx = Effects()
         if not gang.view.ended and gang.view.placed:
-            rules.drain_preempt(gang.view, machine_name, now, fx)
+            endings.drain_preempt(gang.view, machine_name, now, fx)
         total.freed |= fx.freed
         await persist(session, gang, fx, now)
     return total

@@ -21,7 +21,7 @@ from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.db import after_commit
 from backend.errors import FieldError, Forbidden, InvalidInput, NotFound, Unauthenticated
-from backend.lifecycle.rules import Effects
+from backend.lifecycle.views import Effects
 from backend.machine_identity import repository
 from backend.machine_identity.rules import (
     CREDENTIAL_PREFIX,

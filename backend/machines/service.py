@@ -14,7 +14,8 @@ from backend.clock import Clock
 from backend.db import after_commit
 from backend.errors import NotFound
 from backend.lifecycle import service as lifecycle
-from backend.lifecycle.rules import Effects, EndCause
+from backend.lifecycle.sentences import EndCause
+from backend.lifecycle.views import Effects
 from backend.machines import repository
 from backend.models import Gpu, Machine, Worker
 from backend.organizations import service as organizations

@@ -70,7 +70,7 @@ class Run(HasId, HasCreatedAt, Base):
     stop_by: Mapped[str | None] = mapped_column(String(128))
     # The port rank 0 listens on for the gang (MASTER_PORT), chosen free per machine.
     master_port: Mapped[int | None] = mapped_column(Integer)
-    # Why it failed, restarts or was preempted (lifecycle.rules.EndCause), while its reason
+    # Why it failed, restarts or was preempted (lifecycle.sentences.EndCause), while its reason
     # says so: its advice is classified by it.
     cause: Mapped[str | None] = mapped_column(String(32))
     # The first failure of the current attempt: {worker, machine, reason, at}.

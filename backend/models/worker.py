@@ -32,7 +32,7 @@ class Worker(HasId, HasCreatedAt, Base):
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     restart_at: Mapped[datetime | None]
     exit_code: Mapped[int | None] = mapped_column(Integer)
-    # How its last attempt ended (lifecycle.rules.EndCause): its failure is classified by it.
+    # How its last attempt ended (lifecycle.sentences.EndCause): its failure is classified by it.
     cause: Mapped[str | None] = mapped_column(String(32))
     # {reason, failed_at, exit_code, log_tail}: the last failure snapshot, kept across restarts.
     last_failure: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)

@@ -15,8 +15,8 @@ run that does not start").
 A stall (no row of its own) points at step 5, the metrics around the failure; a run restarting
 in a loop at the Restarting in a loop panel ("Debug a run that does not start").
 
-A failure is classified by its stored cause (lifecycle.rules.EndCause: workers.cause, runs.cause)
-and its exit code, never by its sentence, which the lifecycle writes from the cause.
+A failure is classified by its stored cause (lifecycle.sentences.EndCause: workers.cause,
+runs.cause) and its exit code, never by its sentence, which the lifecycle writes from the cause.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from backend.lifecycle.rules import RESTART_COUNT_RESET, EndCause
+from backend.lifecycle.endings import RESTART_COUNT_RESET
+from backend.lifecycle.sentences import EndCause
 from backend.runs.rules import RunState, Wait
 
 

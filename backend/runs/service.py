@@ -16,7 +16,7 @@ from backend.clock import Clock
 from backend.db import after_commit
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.lifecycle import service as lifecycle
-from backend.lifecycle.rules import is_straggler
+from backend.lifecycle.progress import is_straggler
 from backend.models import Event, Run, StateTransition, Worker, Workspace
 from backend.organizations import service as organizations
 from backend.runs import repository

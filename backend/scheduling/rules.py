@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from backend.lifecycle.rules import Placement
+from backend.lifecycle.views import Placement
 from backend.runs.rules import Wait
 
 # The job that places waiting runs (backend/jobs/actors.py): a service that frees GPUs or

@@ -13,9 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.config import get_settings
-from backend.lifecycle import rules as lifecycle_rules
 from backend.lifecycle import service as lifecycle
-from backend.lifecycle.rules import Effects
+from backend.lifecycle.endings import preempt
+from backend.lifecycle.sentences import EndCause
+from backend.lifecycle.starting import place
+from backend.lifecycle.views import Effects
 from backend.machines.views import MEMBERS_SEE
 from backend.models import Machine, Run, Worker
 from backend.runs.spec import RunSpec, stored_spec
@@ -190,7 +192,7 @@ async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> Pass
     for run_id, reason in decided.reasons.items():
         # A preempted run's reason says so until it runs again (issue 20; seed L-57); another
         # sentence of the scheduler's replaces a restart's, and its cause with it.
-        kept = given.causes.get(run_id) == lifecycle_rules.EndCause.PREEMPTED
+        kept = given.causes.get(run_id) == EndCause.PREEMPTED
         wait = decided.waiting[run_id]
         if given.reasons.get(run_id) != (reason, wait) and not kept:
             changes.append({"id": run_id, "reason": reason, "waits_for": str(wait)})
@@ -203,7 +205,7 @@ async def _preempt(session: AsyncSession, decided: Plan, now: datetime, result: 
     writes = lifecycle.Writes()
     for gang in await lifecycle.load_gangs(session, sorted(decided.preemptions)):
         fx = Effects()
-        lifecycle_rules.preempt(gang.view, decided.preemptions[gang.run.id], now, fx)
+        preempt(gang.view, decided.preemptions[gang.run.id], now, fx)
         await lifecycle.persist(session, gang, fx, now, writes)
         result.preempted.append(gang.run.name)
     await writes.flush(session)
@@ -234,7 +236,7 @@ async def _place(session: AsyncSession, decided: Plan, now: datetime, result: Pa
         port = master_port(head, gang.run.master_port, ports)
         head.add(port)
         fx = Effects()
-        lifecycle_rules.place(
+        place(
             gang.view,
             placements,
             now,

@@ -9,7 +9,7 @@ import strawberry
 from strawberry.scalars import JSON
 
 from backend import models
-from backend.lifecycle.rules import is_straggler
+from backend.lifecycle.progress import is_straggler
 from backend.resolvers.context import Info
 from backend.runs import failures
 from backend.runs.rules import task_counts

@@ -17,7 +17,7 @@ from backend.accounting.rules import (
     in_force,
     intervals,
 )
-from backend.lifecycle.rules import HELD_PHASES, Phase
+from backend.lifecycle.states import HELD_PHASES, Phase
 
 T0 = datetime(2026, 10, 5, 9, 58, 30, tzinfo=UTC)  # a Monday, just before an hour turns
 

@@ -20,7 +20,7 @@ from backend.accounting import service as accounting
 from backend.accounting.rules import Category, Interval, Ledger, Period, PhaseChange
 from backend.accounting.service import Viewer
 from backend.db import Database
-from backend.lifecycle.rules import Phase
+from backend.lifecycle.states import Phase
 from backend.metrics.rules import BY_NAME
 from backend.models import (
     AccountingMark,

@@ -11,7 +11,7 @@ import pytest
 
 from backend.accounting.rules import Category
 from backend.db import Database
-from backend.lifecycle.rules import EndCause
+from backend.lifecycle.sentences import EndCause
 from backend.runs.failures import FailureKind
 from backend.runs.rules import RunState, WorkerState
 from backend.schema.enums import (

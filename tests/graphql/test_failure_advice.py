@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from backend.db import Database
-from backend.lifecycle.rules import EndCause
+from backend.lifecycle.sentences import EndCause
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 from tests.support.api import graphql

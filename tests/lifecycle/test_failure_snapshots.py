@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from backend.agents import service as agents
 from backend.agents.service import WorkerEventInfo
 from backend.db import Database
-from backend.lifecycle.rules import EndCause
+from backend.lifecycle.sentences import EndCause
 from backend.machines import service as machines
 from backend.models import Machine, StateTransition, Worker
 from tests.lifecycle.world import LEASE, World

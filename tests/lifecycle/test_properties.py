@@ -27,8 +27,15 @@ from hypothesis.stateful import (
 )
 
 from backend.config import format_duration
-from backend.lifecycle import rules
-from backend.lifecycle.rules import (
+from backend.lifecycle import endings, progress, rules, sentences, starting
+from backend.lifecycle.sentences import (
+    End,
+    EndCause,
+    budget_exhausted_sentence,
+    restart_backoff,
+    time_limit_sentence,
+)
+from backend.lifecycle.states import (
     COMPLETED,
     ENDED_STATES,
     FAILED,
@@ -40,17 +47,8 @@ from backend.lifecycle.rules import (
     STARTING,
     STOPPED,
     STOPPING,
-    Effects,
-    End,
-    EndCause,
-    RunPolicy,
-    RunView,
-    Transition,
-    WorkerView,
-    budget_exhausted_sentence,
-    restart_backoff,
-    time_limit_sentence,
 )
+from backend.lifecycle.views import Effects, Placement, RunPolicy, RunView, Transition, WorkerView
 from backend.scheduling.rules import Ask, Held, Holder, MachineRoom, plan
 
 T0 = datetime(2026, 10, 1, 1, 2, 11, tzinfo=UTC)
@@ -381,7 +379,7 @@ class Cluster(RuleBasedStateMachine):
                     name=f"{name}-{rank}",
                     gpus=spec.gpus,
                     state=PENDING,
-                    reason=rules.WAITING_FOR_ROOM,
+                    reason=sentences.WAITING_FOR_ROOM,
                     phase=WAITING,
                 )
             )
@@ -459,7 +457,7 @@ class Cluster(RuleBasedStateMachine):
                 run,
                 "preempt",
                 {"stopping:preemption"},
-                lambda fx, run=run, by=by: rules.preempt(run, by, self.now, fx),
+                lambda fx, run=run, by=by: endings.preempt(run, by, self.now, fx),
             )
         for run_id in sorted(decided.placements):
             run = self.runs[run_id]
@@ -475,7 +473,7 @@ class Cluster(RuleBasedStateMachine):
                 run,
                 "place",
                 set(),
-                lambda fx, run=run, ps=placements, port=port: rules.place(
+                lambda fx, run=run, ps=placements, port=port: starting.place(
                     run, ps, self.now, fx, master_port=port, start_payload={}
                 ),
             )
@@ -495,7 +493,7 @@ class Cluster(RuleBasedStateMachine):
                 run,
                 f"stopped {w.name}",
                 set(),
-                lambda fx: rules.worker_exited(
+                lambda fx: endings.worker_exited(
                     run, w, self.now, fx, End(EndCause.EXITED, 143), attempt=agent.attempt
                 ),
             )
@@ -506,7 +504,7 @@ class Cluster(RuleBasedStateMachine):
                 run,
                 f"{kind} {w.name}",
                 set(),
-                lambda fx: rules.worker_preparing(
+                lambda fx: starting.worker_preparing(
                     run, w, kind, f"{kind} …", self.now, fx, attempt=agent.attempt
                 ),
             )
@@ -516,7 +514,7 @@ class Cluster(RuleBasedStateMachine):
                 run,
                 f"ready {w.name}",
                 set(),
-                lambda fx: rules.worker_ready(run, w, self.now, fx, attempt=agent.attempt),
+                lambda fx: starting.worker_ready(run, w, self.now, fx, attempt=agent.attempt),
             )
         elif agent.stage == "ready" and agent.released:
             agent.stage = agent.last = "running"
@@ -524,7 +522,7 @@ class Cluster(RuleBasedStateMachine):
                 run,
                 f"running {w.name}",
                 set(),
-                lambda fx: rules.worker_running(run, w, self.now, fx, attempt=agent.attempt),
+                lambda fx: starting.worker_running(run, w, self.now, fx, attempt=agent.attempt),
             )
             if w.stop_cause is None:
                 assert (w.state, w.phase, w.progress_at) == (RUNNING, "running", self.now)
@@ -534,7 +532,7 @@ class Cluster(RuleBasedStateMachine):
                 run,
                 f"progress {w.name}",
                 set(),
-                lambda fx: rules.worker_progress(run, w, self.now, fx),
+                lambda fx: progress.worker_progress(run, w, self.now, fx),
             )
             if w.stop_cause is None:
                 assert w.progress_at == self.now and w.stalled_since is None
@@ -558,7 +556,7 @@ class Cluster(RuleBasedStateMachine):
             run,
             f"exited {w.name} {exit}",
             {"stopping:failure"},
-            lambda fx: rules.worker_exited(run, w, self.now, fx, exit, attempt=agent.attempt),
+            lambda fx: endings.worker_exited(run, w, self.now, fx, exit, attempt=agent.attempt),
         )
         assert not w.alive and w.machine_id is None and w.gpu_ids == []
         assert w.exit_code == exit.exit_code
@@ -584,12 +582,12 @@ class Cluster(RuleBasedStateMachine):
 
         def call(fx: Effects) -> None:
             if kind == "ready":
-                rules.worker_ready(run, w, self.now, fx, attempt=attempt)
+                starting.worker_ready(run, w, self.now, fx, attempt=attempt)
             elif kind == "running":
-                rules.worker_running(run, w, self.now, fx, attempt=attempt)
+                starting.worker_running(run, w, self.now, fx, attempt=attempt)
             else:
                 assert kind is not None
-                rules.worker_preparing(run, w, kind, f"{kind} …", self.now, fx, attempt=attempt)
+                starting.worker_preparing(run, w, kind, f"{kind} …", self.now, fx, attempt=attempt)
 
         fx = self.apply(run, f"again {kind} {w.name}", set(), call)
         assert fx.transitions == [] and fx.commands == [], fx
@@ -605,13 +603,13 @@ class Cluster(RuleBasedStateMachine):
 
         def call(fx: Effects) -> None:
             if kind == "preparing":
-                rules.worker_preparing(run, w, PULLING, "Pulling", self.now, fx, attempt=old)
+                starting.worker_preparing(run, w, PULLING, "Pulling", self.now, fx, attempt=old)
             elif kind == "ready":
-                rules.worker_ready(run, w, self.now, fx, attempt=old)
+                starting.worker_ready(run, w, self.now, fx, attempt=old)
             elif kind == "running":
-                rules.worker_running(run, w, self.now, fx, attempt=old)
+                starting.worker_running(run, w, self.now, fx, attempt=old)
             else:
-                rules.worker_exited(run, w, self.now, fx, End(EndCause.EXITED, 1), attempt=old)
+                endings.worker_exited(run, w, self.now, fx, End(EndCause.EXITED, 1), attempt=old)
 
         fx = self.apply(run, f"stale {kind} {w.name}", set(), call)
         assert fx.transitions == [] and fx.commands == [] and not fx.freed
@@ -630,7 +628,7 @@ class Cluster(RuleBasedStateMachine):
                     run,
                     f"stop {run.name}",
                     {"stopping:owner"},
-                    lambda fx: rules.stop(run, "alice", self.now, fx),
+                    lambda fx: endings.stop(run, "alice", self.now, fx),
                 )
             return
         m = self.machines[pick % len(self.machines) + 1]
@@ -643,7 +641,7 @@ class Cluster(RuleBasedStateMachine):
                     run,
                     f"lost {m.name}",
                     {"stopping:failure"},
-                    lambda fx, run=run: rules.machine_lost(run, m.id, self.now, fx),
+                    lambda fx, run=run: endings.machine_lost(run, m.id, self.now, fx),
                 )
                 assert not any(w.machine_id == m.id for w in run.workers)
         elif kind == "drain" and m.state == "ready":
@@ -654,7 +652,7 @@ class Cluster(RuleBasedStateMachine):
                         run,
                         f"drain {m.name}",
                         {"stopping:preemption"},
-                        lambda fx, run=run: rules.drain_preempt(run, m.name, self.now, fx),
+                        lambda fx, run=run: endings.drain_preempt(run, m.name, self.now, fx),
                     )
 
     @rule()
@@ -805,11 +803,11 @@ TestCluster = Cluster.TestCase
 def _running_gang(policy: RunPolicy, workers: int = 2) -> tuple[RunView, list[WorkerView]]:
     views = [WorkerView(i + 1, i, f"llm-{i}", 1, PENDING, "", WAITING) for i in range(workers)]
     run = RunView(1, "llm", PENDING, "Run created", policy, views)
-    placements = [rules.Placement(i + 1, f"gpu-{i + 1:02d}", (0,)) for i in range(workers)]
+    placements = [Placement(i + 1, f"gpu-{i + 1:02d}", (0,)) for i in range(workers)]
     fx = Effects()
-    rules.place(run, placements, T0, fx, master_port=29500, start_payload={})
+    starting.place(run, placements, T0, fx, master_port=29500, start_payload={})
     for w in views:
-        rules.worker_running(run, w, T0, fx, attempt=1)
+        starting.worker_running(run, w, T0, fx, attempt=1)
     assert run.state == RUNNING
     return run, views
 
@@ -817,12 +815,12 @@ def _running_gang(policy: RunPolicy, workers: int = 2) -> tuple[RunView, list[Wo
 def test_a_drain_while_a_failed_gang_winds_down_does_not_requeue_it() -> None:
     run, (crashed, survivor) = _running_gang(RunPolicy(restart_policy="never"))
     fx = Effects()
-    rules.worker_exited(
+    endings.worker_exited(
         run, crashed, T0 + timedelta(seconds=5), fx, End(EndCause.EXITED, 1), attempt=1
     )
-    rules.drain_preempt(run, "gpu-02", T0 + timedelta(seconds=6), fx)
+    endings.drain_preempt(run, "gpu-02", T0 + timedelta(seconds=6), fx)
     assert (survivor.state, survivor.phase) == (STOPPING, "stopping:failure")
-    rules.worker_exited(
+    endings.worker_exited(
         run, survivor, T0 + timedelta(seconds=7), fx, End(EndCause.EXITED, 143), attempt=1
     )
     assert (run.state, run.reason) == (
@@ -836,12 +834,12 @@ def test_the_time_a_failed_gang_takes_to_wind_down_does_not_reset_its_count() ->
     run, (crashed, survivor) = _running_gang(RunPolicy(max_restarts=1))
     run.failures_in_row = 1  # its one restart is spent
     fx = Effects()
-    rules.worker_exited(
+    endings.worker_exited(
         run, crashed, T0 + timedelta(minutes=5), fx, End(EndCause.EXITED, 1), attempt=1
     )
     assert (crashed.state, crashed.phase) == (FAILED, ENDED)
     # Six more minutes to stop the survivor: ten since the gang ran whole, five of them down.
-    rules.worker_exited(
+    endings.worker_exited(
         run, survivor, T0 + timedelta(minutes=11), fx, End(EndCause.EXITED, 143), attempt=1
     )
     assert (run.state, run.reason) == (FAILED, "Retry budget exhausted after 1/1 restarts")
@@ -855,8 +853,8 @@ def test_a_running_report_delivered_again_is_not_progress() -> None:
     rules.check_timers(run, T0 + timedelta(minutes=5), fx)
     assert (w.phase, w.stalled_since) == ("stalled", T0)
     fx = Effects()
-    rules.worker_running(run, w, T0 + timedelta(minutes=6), fx, attempt=1)
+    starting.worker_running(run, w, T0 + timedelta(minutes=6), fx, attempt=1)
     assert fx.transitions == []
     assert (w.phase, w.stalled_since, w.progress_at) == ("stalled", T0, T0)
-    rules.worker_progress(run, w, T0 + timedelta(minutes=7), fx)
+    progress.worker_progress(run, w, T0 + timedelta(minutes=7), fx)
     assert (w.phase, w.stalled_since, w.progress_at) == ("running", None, T0 + timedelta(minutes=7))

@@ -10,7 +10,8 @@ from sqlalchemy import select
 from backend.agents import service as agents
 from backend.db import Database
 from backend.lifecycle import service as lifecycle
-from backend.lifecycle.rules import EndCause, is_straggler
+from backend.lifecycle.progress import is_straggler
+from backend.lifecycle.sentences import EndCause
 from backend.machines import service as machines
 from backend.metrics.rules import SampleIn
 from backend.models import Gpu, Machine

@@ -15,17 +15,12 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from backend.accounting import counting, ledger_queries
-from backend.lifecycle import rules
-from backend.lifecycle.rules import (
-    STALLED_WITH_GANG,
-    Effects,
-    End,
-    EndCause,
-    Phase,
-    RunPolicy,
-    RunView,
-    WorkerView,
-)
+from backend.lifecycle.endings import preempt, stop, worker_exited
+from backend.lifecycle.progress import worker_progress
+from backend.lifecycle.rules import STALLED_WITH_GANG, check_timers
+from backend.lifecycle.sentences import CONTAINER_RUNNING, End, EndCause
+from backend.lifecycle.states import RUNNING, Cause, Phase
+from backend.lifecycle.views import Effects, RunPolicy, RunView, WorkerView
 from backend.metrics import service as metrics_service
 from backend.metrics.rules import SampleIn
 from backend.models import Worker
@@ -47,8 +42,8 @@ def gang(progress: list[timedelta], on_stall: str) -> RunView:
             rank=i,
             name=f"g-{i}",
             gpus=1,
-            state=rules.RUNNING,
-            reason=rules.CONTAINER_RUNNING,
+            state=RUNNING,
+            reason=CONTAINER_RUNNING,
             phase=Phase.RUNNING,
             machine_id=i + 1,
             machine_name=f"m{i}",
@@ -62,7 +57,7 @@ def gang(progress: list[timedelta], on_stall: str) -> RunView:
     return RunView(
         id=1,
         name="g",
-        state=rules.RUNNING,
+        state=RUNNING,
         reason="",
         policy=policy,
         workers=workers,
@@ -99,15 +94,15 @@ def test_every_quiet_rank_is_stalled_from_its_own_progress_whatever_stops_the_ga
     fx = Effects()
     failing %= len(run.workers)
     if stopper == "timers":
-        rules.check_timers(run, now, fx)
+        check_timers(run, now, fx)
     elif stopper == "failure":
         w = run.workers[failing]
         w.progress_at = min(w.progress_at or now, now)  # its own exit is its last sign
-        rules.worker_exited(run, w, now, fx, End(EndCause.EXITED, 1), attempt=1)
+        worker_exited(run, w, now, fx, End(EndCause.EXITED, 1), attempt=1)
     elif stopper == "owner":
-        rules.stop(run, "alice", now, fx)
+        stop(run, "alice", now, fx)
     else:
-        rules.preempt(run, "urgent", now, fx)
+        preempt(run, "urgent", now, fx)
     found = stalled_at(fx)
     over = {w.id for w in run.workers if now - (w.progress_at or now) >= TIMEOUT}
     stall_stop = any(t.phase == Phase.STOPPING_STALL for t in fx.transitions)
@@ -122,9 +117,9 @@ def test_every_quiet_rank_is_stalled_from_its_own_progress_whatever_stops_the_ga
     # ... and no other, but those that stopped with a gang a stall stops.
     assert set(found) == (with_gang if stall_stop else over)
     if on_stall == "keep" and stopper == "timers":
-        assert not stall_stop and all(w.state == rules.RUNNING for w in run.workers)
+        assert not stall_stop and all(w.state == RUNNING for w in run.workers)
     if on_stall == "restart" and stopper == "timers" and over:
-        assert stall_stop and run.stop_cause == rules.Cause.STALL
+        assert stall_stop and run.stop_cause == Cause.STALL
 
 
 def test_both_ranks_hung_at_the_same_step_are_both_stalled_when_the_first_stops_the_gang() -> None:
@@ -133,7 +128,7 @@ def test_both_ranks_hung_at_the_same_step_are_both_stalled_when_the_first_stops_
     # idle) until the stop.
     run = gang([timedelta(seconds=60), timedelta(seconds=62)], "restart")
     fx = Effects()
-    rules.check_timers(run, T0 + timedelta(seconds=361), fx)
+    check_timers(run, T0 + timedelta(seconds=361), fx)
     assert stalled_at(fx) == {1: T0 + timedelta(seconds=60), 2: T0 + timedelta(seconds=62)}
     assert [(w.state, w.phase, w.stalled_since) for w in run.workers] == [
         ("Stopping", Phase.STOPPING_STALL, T0 + timedelta(seconds=60)),
@@ -148,17 +143,17 @@ def test_a_workload_that_reports_steps_is_not_kept_from_a_stall_by_its_output() 
     run = gang([timedelta(0)], "keep")
     w = run.workers[0]
     fx = Effects()
-    rules.worker_progress(run, w, T0 + timedelta(seconds=30), fx, step=10)
+    worker_progress(run, w, T0 + timedelta(seconds=30), fx, step=10)
     for s in range(60, 400, 5):
-        rules.worker_progress(run, w, T0 + timedelta(seconds=s), fx)  # output alone
-    rules.check_timers(run, T0 + timedelta(seconds=400), fx)
+        worker_progress(run, w, T0 + timedelta(seconds=s), fx)  # output alone
+    check_timers(run, T0 + timedelta(seconds=400), fx)
     assert w.stalled_since == T0 + timedelta(seconds=30)
     # A workload that never reports steps makes progress by its output (DESIGN §3).
     run = gang([timedelta(0)], "keep")
     w = run.workers[0]
     for s in range(60, 400, 5):
-        rules.worker_progress(run, w, T0 + timedelta(seconds=s), fx)
-    rules.check_timers(run, T0 + timedelta(seconds=400), fx)
+        worker_progress(run, w, T0 + timedelta(seconds=s), fx)
+    check_timers(run, T0 + timedelta(seconds=400), fx)
     assert w.stalled_since is None
 
 

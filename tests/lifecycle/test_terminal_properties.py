@@ -17,7 +17,8 @@ from sqlalchemy import delete, select
 from backend.accounting import counting
 from backend.db import Database
 from backend.lifecycle import service as lifecycle
-from backend.lifecycle.rules import ENDED_STATES, MACHINE_LOST
+from backend.lifecycle.sentences import MACHINE_LOST
+from backend.lifecycle.states import ENDED_STATES
 from backend.models import (
     AccountingMark,
     AgentCommand,

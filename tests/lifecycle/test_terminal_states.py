@@ -11,9 +11,9 @@ from sqlalchemy import select, update
 
 from backend.accounting import counting
 from backend.errors import Conflict
-from backend.lifecycle import rules
 from backend.lifecycle import service as lifecycle
-from backend.lifecycle.rules import (
+from backend.lifecycle.endings import stop
+from backend.lifecycle.states import (
     COMPLETED,
     FAILED,
     PENDING,
@@ -21,12 +21,9 @@ from backend.lifecycle.rules import (
     RUNNING,
     STOPPED,
     STOPPING,
-    Effects,
-    RunPolicy,
-    RunView,
-    WorkerView,
     may_follow,
 )
+from backend.lifecycle.views import Effects, RunPolicy, RunView, WorkerView, set_worker
 from backend.models import GoodputHour, GoodputInterval, GoodputOpenInterval, Worker
 from tests.lifecycle.world import World
 from tests.support import SEED_TIME
@@ -145,9 +142,7 @@ def test_a_rule_that_would_move_an_ended_worker_records_nothing() -> None:
         attempt=1,
     )
     fx = Effects()
-    rules._set_worker(
-        fx, run, w, STOPPING, "Stopping: worker b-068-1 failed", "stopping:failure", T0
-    )
+    set_worker(fx, run, w, STOPPING, "Stopping: worker b-068-1 failed", "stopping:failure", T0)
     assert (w.state, w.phase, fx.transitions) == (FAILED, "ended", [])
 
 
@@ -174,7 +169,7 @@ async def test_the_database_refuses_to_move_a_worker_whose_attempt_ended_meanwhi
                 .execution_options(synchronize_session=False)
             )
             fx = Effects()
-            rules.stop(gang.view, "ana", world.clock.now(), fx)
+            stop(gang.view, "ana", world.clock.now(), fx)
             await lifecycle.persist(session, gang, fx, world.clock.now())
     assert refused.value.code == "WORKER_ENDED"
     assert await world.phases("llama-sft-0") == before

@@ -7,7 +7,7 @@ from sqlalchemy import select
 
 from backend.agents import service as agents
 from backend.db import Database
-from backend.lifecycle.rules import EndCause
+from backend.lifecycle.sentences import EndCause
 from backend.metrics.rules import SampleIn
 from backend.models import Worker
 from tests.lifecycle.world import World

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from backend.lifecycle.rules import (
+from backend.lifecycle.sentences import (
     OOM_KILLED,
     EndCause,
     budget_exhausted_sentence,

@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from agent import rendezvous
 from backend.config import Settings
-from backend.lifecycle.rules import EndCause
+from backend.lifecycle.sentences import EndCause
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
 from backend.models import AgentCommand, Cluster, Machine, Worker

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from backend.lifecycle.rules import Placement
+from backend.lifecycle.views import Placement
 from backend.scheduling.rules import (
     GIB,
     Held,

@@ -40,7 +40,8 @@ CATEGORIES: dict[str, set[str]] = {
     "Failed": _REQUEUED,
     "Completed": set(),
 }
-# Reasons that say more than the state (lifecycle/rules.py's sentences).
+# Reasons that say more than the state (the lifecycle's sentences: lifecycle/endings.py,
+# progress.py, rules.py).
 REQUEUED = "Waiting to be placed again: "
 STALLED = ("Stalled: ", "Stalled with its gang: ")
 

@@ -49,8 +49,8 @@ SLEEP_S = 2.0  # between steps: rank 0's last progress is a step after rank 1's
 # Longer than a rank goes without output while it starts on a loaded machine at a quarter of a
 # core (CI: 52 s building its model, after the import; see above), as the server writes it.
 STALL_TIMEOUT = "1m30s"
-STALL = f"Stalled: no progress for {STALL_TIMEOUT}"  # lifecycle/rules.py's sentence
-BACKOFF_S = 10  # the first restart's wait (lifecycle/rules.py: restart_backoff)
+STALL = f"Stalled: no progress for {STALL_TIMEOUT}"  # lifecycle/progress.py's sentence
+BACKOFF_S = 10  # the first restart's wait (lifecycle/sentences.py: restart_backoff)
 STEPS, STEP_SLEEP_S = 120, 0.5  # the progress runs: a minute of steps
 HANGS = ("hang-keep", "hang-restart")
 PROGRESS = ("progress-append", "progress-overwrite")

@@ -1,0 +1,473 @@
+"""How a gang stops and ends: a worker's exit (or its machine's loss) and the gang's failure; a
+stop asked by its owner, its time limit, a preemption, a drain or the barrier; then its end, its
+restart after a backoff or its requeue; and its deletion. Pure, as every lifecycle rule
+(lifecycle/rules.py).
+
+When one worker fails for good the others are stopped ("the gang does not run without it")."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from backend.config import format_duration
+from backend.lifecycle.progress import find_stalls
+from backend.lifecycle.sentences import (
+    End,
+    EndCause,
+    budget_exhausted_sentence,
+    drained_sentence,
+    end_sentence,
+    preempted_sentence,
+    restart_backoff,
+    time_limit_sentence,
+    worker_failed_sentence,
+)
+from backend.lifecycle.starting import is_current, refresh_run
+from backend.lifecycle.states import (
+    COMPLETED,
+    DELETED,
+    ENDED_STATES,
+    FAILED,
+    PENDING,
+    STOPPED,
+    STOPPING,
+    Cause,
+    Phase,
+)
+from backend.lifecycle.views import Command, Effects, RunView, WorkerView, set_run, set_worker
+
+RESTART_COUNT_RESET = timedelta(minutes=10)
+BARRIER_TIMEOUT = timedelta(minutes=15)
+# A failure snapshot keeps the last 16 KiB of output (seed L-47), whatever a machine sends.
+SNAPSHOT_BYTES = 16 * 1024
+# A worker whose last output says its collective lost a peer (gloo's, NCCL's and PyTorch's own
+# words) most likely died of another worker's end, which can be recorded after its own: a rank
+# that exits tears its connections down before its process is gone, and the rank that hears of
+# it may abort sooner. Such a failure counts as this much later when the gang's first failure
+# is chosen, so the rank that crashed is named, not the one that heard of it.
+PEER_LOST_GRACE = timedelta(seconds=5)
+PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer"
+    r"|remote process exited or there was a network error|NCCL communicator was aborted"
+)
+SNAPSHOT_CUT = "[earlier output cut: a failure snapshot keeps the last 16 KiB]\n"
+
+
+_STOPPING_PHASE = {
+    Cause.OWNER: Phase.STOPPING_OWNER,
+    Cause.TIME_LIMIT: Phase.STOPPING_TIME_LIMIT,
+    Cause.PREEMPTION: Phase.STOPPING_PREEMPTION,
+    Cause.DRAIN: Phase.STOPPING_PREEMPTION,
+    Cause.STALL: Phase.STOPPING_STALL,
+    Cause.FAILURE: Phase.STOPPING_FAILURE,
+    Cause.BARRIER: Phase.STOPPING_FAILURE,
+}
+
+_REQUEUED_PHASE = {
+    Cause.PREEMPTION: Phase.REQUEUED_PREEMPTION,
+    Cause.DRAIN: Phase.REQUEUED_PREEMPTION,
+    Cause.STALL: Phase.REQUEUED_STALL,
+    Cause.FAILURE: Phase.REQUEUED_FAILURE,
+    Cause.BARRIER: Phase.REQUEUED_FAILURE,
+}
+
+
+def _release_room(w: WorkerView) -> None:
+    w.machine_id, w.machine_name, w.gpu_ids, w.ready = None, None, [], False
+
+
+def snapshot_output(text: str) -> str:
+    """The last 16 KiB of a failure's output; a first line says when more came."""
+    data = text.encode()
+    if len(data) <= SNAPSHOT_BYTES:
+        return text
+    return SNAPSHOT_CUT + data[-SNAPSHOT_BYTES:].decode(errors="ignore")
+
+
+def worker_exited(
+    run: RunView,
+    w: WorkerView,
+    at: datetime,
+    fx: Effects,
+    end: End,
+    *,
+    log_tail: str = "",
+    attempt: int | None = None,
+) -> None:
+    """The agent saw the worker's container end (or the machine was lost): how, ``end``."""
+    if not is_current(run, w, attempt):
+        return
+    reason = end_sentence(end)
+    exit_code = end.exit_code
+    w.exit_code = exit_code
+    fx.freed = True
+    peer_lost = PEER_LOST.search(log_tail) is not None
+    if w.stop_cause is not None and not _failed_first(run, w, exit_code, at, peer_lost):
+        cause = Cause(w.stop_cause)
+        stopped_for = _stop_snapshot_reason(run, w, cause)
+        if stopped_for is not None:
+            w.last_failure = _failure_snapshot(stopped_for[0], at, exit_code, log_tail)
+            w.cause = stopped_for[1]
+        _release_room(w)
+        phase = _after_stop_phase(run, cause, at)
+        set_worker(fx, run, w, STOPPED, _stopped_sentence(cause, run), phase, at)
+    elif exit_code == 0 and run.stop_cause is None:
+        _release_room(w)
+        set_worker(fx, run, w, COMPLETED, reason, Phase.ENDED, at)
+    else:
+        if run.stop_cause is None:
+            find_stalls(run, at, fx)  # stalled before the failure (it too), not yet found
+        w.last_failure = _failure_snapshot(reason, at, exit_code, log_tail)
+        w.cause = end.cause
+        machine = w.machine_name
+        _release_room(w)
+        _gang_failed(run, w, machine, reason, end.cause, at, peer_lost, fx)
+    _conclude_if_done(run, _settled(run, at), fx)
+
+
+def _failure_snapshot(
+    reason: str, at: datetime, exit_code: int | None, log_tail: str
+) -> dict[str, Any]:
+    """The last failure snapshot (seed L-21): the reason, the time, the exit code, the last
+    lines (a lost machine's come when its agent is back: lifecycle.service.late_snapshot)."""
+    return {
+        "reason": reason,
+        "failed_at": at,
+        "exit_code": exit_code,
+        "log_tail": snapshot_output(log_tail),
+    }
+
+
+def _stop_snapshot_reason(run: RunView, w: WorkerView, cause: Cause) -> tuple[str, EndCause] | None:
+    """An attempt the server ended abnormally keeps its story as a failure does (issue 20):
+    at its time limit, preempted (a drain too), or stalled (the workers that stalled). An
+    owner's stop, a gang torn down after another worker's failure (its log holds only the
+    consequence) and a barrier's requeue do not; None. The sentence and its cause."""
+    if cause == Cause.TIME_LIMIT and run.policy.time_limit is not None:
+        return time_limit_sentence(run.policy.time_limit), EndCause.TIME_LIMIT
+    if cause == Cause.PREEMPTION:
+        return preempted_sentence(run.stop_by or "…"), EndCause.PREEMPTED
+    if cause == Cause.DRAIN:
+        return drained_sentence(run.stop_by or "…"), EndCause.PREEMPTED
+    timeout = run.policy.stall_timeout
+    if cause == Cause.STALL and w.stalled_since is not None and timeout is not None:
+        return f"Stalled: no progress for {format_duration(timeout)}", EndCause.STALLED
+    return None
+
+
+def _settled(run: RunView, at: datetime) -> datetime:
+    """When the gang's news up to an exit at ``at`` is all in: an exit reported late (rank 0
+    exited at .246, after rank 1's exit at .376 had stopped the gang) is recorded at its own
+    time, ordered before the stop, but what follows for the gang (its end, its requeue)
+    follows the latest transition already recorded of any of its workers."""
+    return max([at, *(w.since for w in run.workers if w.since is not None)])
+
+
+def _failed_first(
+    run: RunView, w: WorkerView, exit_code: int | None, at: datetime, peer_lost: bool
+) -> bool:
+    """A worker torn down after another's failure may have failed earlier itself: the rank
+    that crashed first is often reported last, after the others died of its absence."""
+    first = run.first_failure
+    return (
+        w.stop_cause == Cause.FAILURE
+        and exit_code != 0
+        and first is not None
+        and _precedes(at, peer_lost, first)
+    )
+
+
+def _precedes(at: datetime, peer_lost: bool, first: dict[str, Any]) -> bool:
+    """Whether a failure at ``at`` comes before the gang's first so far: by when each ended, a
+    failure that heard of a lost peer counted PEER_LOST_GRACE later."""
+
+    def order(when: datetime, lost: bool) -> datetime:
+        return when + PEER_LOST_GRACE if lost else when
+
+    return order(at, peer_lost) < order(first["at"], bool(first.get("peer_lost")))
+
+
+def _gang_failed(
+    run: RunView,
+    w: WorkerView,
+    machine: str | None,
+    reason: str,
+    cause: EndCause,
+    at: datetime,
+    peer_lost: bool,
+    fx: Effects,
+) -> None:
+    earliest = run.first_failure is None or _precedes(at, peer_lost, run.first_failure)
+    if earliest:
+        run.first_failure = {
+            "worker": w.name,
+            "machine": machine,
+            "reason": reason,
+            "cause": str(cause),
+            "at": at,
+            "peer_lost": peer_lost,
+        }
+    if run.stop_cause is None:
+        stop_running(run, at)
+        run.stop_cause = Cause.FAILURE
+        for other in run.workers:
+            if other is not w and other.alive and other.stop_cause is None:
+                _ask_to_stop(run, other, Cause.FAILURE, f"Stopping: worker {w.name} failed", at, fx)
+    failure = run.first_failure
+    assert failure is not None
+    set_worker(fx, run, w, FAILED, reason, _after_stop_phase(run, Cause(run.stop_cause), at), at)
+    if run.stop_cause == Cause.FAILURE:
+        sentence = worker_failed_sentence(failure["worker"], failure["machine"], failure["reason"])
+        run.reason, run.cause = sentence, failure.get("cause")
+
+
+def _ask_to_stop(
+    run: RunView, w: WorkerView, cause: Cause, reason: str, at: datetime, fx: Effects
+) -> None:
+    w.stop_cause = cause
+    assert w.machine_id is not None
+    fx.commands.append(Command(w.machine_id, w.id, w.name, "stop", {"cause": str(cause)}))
+    set_worker(fx, run, w, STOPPING, reason, _STOPPING_PHASE[cause], at)
+
+
+def _stopped_sentence(cause: Cause, run: RunView) -> str:
+    return {
+        Cause.OWNER: f"Stopped by {run.stop_by}",
+        Cause.TIME_LIMIT: "Stopped at its time limit",
+        Cause.PREEMPTION: f"Stopped: {preempted_sentence(run.stop_by or '…')}",
+        Cause.DRAIN: f"Stopped: {drained_sentence(run.stop_by or '…')}",
+        Cause.STALL: "Stopped: it stalled",
+        Cause.FAILURE: "Stopped: its gang failed",
+        Cause.BARRIER: "Stopped: its gang did not start together",
+    }[cause]
+
+
+def _will_restart(run: RunView, cause: Cause, at: datetime) -> bool:
+    if cause in (Cause.PREEMPTION, Cause.DRAIN, Cause.BARRIER):
+        return True
+    if cause in (Cause.OWNER, Cause.TIME_LIMIT):
+        return False
+    if run.policy.restart_policy == "never":
+        return False
+    return _failures_counted(run, at) < run.policy.max_restarts
+
+
+def _failures_counted(run: RunView, at: datetime) -> int:
+    """Restarts in a row; ten minutes of running with every worker up resets the count."""
+    if run.running_since is not None and at - run.running_since >= RESTART_COUNT_RESET:
+        return 0
+    return run.failures_in_row
+
+
+def stop_running(run: RunView, at: datetime) -> None:
+    """A failure or a stall stops the gang running whole: the time it ran until now may reset
+    the count, the time its workers then take to wind down must not (nor decide it twice)."""
+    run.failures_in_row = _failures_counted(run, at)
+    run.running_since = None
+
+
+def _after_stop_phase(run: RunView, cause: Cause, at: datetime) -> Phase:
+    """A worker that stopped waits to be placed again (not held) or has ended."""
+    return _REQUEUED_PHASE[cause] if _will_restart(run, cause, at) else Phase.ENDED
+
+
+def _conclude_if_done(run: RunView, at: datetime, fx: Effects) -> None:
+    if any(w.alive for w in run.workers):
+        if run.stop_cause is None:
+            refresh_run(run, at, fx)
+        return
+    if run.stop_cause is None:
+        if all(w.state == COMPLETED for w in run.workers):
+            run.ended_at = at
+            n = len(run.workers)
+            set_run(fx, run, COMPLETED, f"{n} of {n} workers completed", at)
+        return
+    cause = Cause(run.stop_cause)
+    if cause == Cause.OWNER:
+        end_run(run, STOPPED, f"Stopped by {run.stop_by}", at, fx)
+    elif cause == Cause.TIME_LIMIT:
+        assert run.policy.time_limit is not None
+        sentence = time_limit_sentence(run.policy.time_limit)
+        end_run(run, FAILED, sentence, at, fx, EndCause.TIME_LIMIT)
+    elif cause in (Cause.PREEMPTION, Cause.DRAIN, Cause.BARRIER):
+        _requeue(run, cause, run.reason, None, at, fx, run.cause)
+    else:
+        _restart_or_fail(run, cause, at, fx)
+
+
+def _failure_sentence(run: RunView) -> tuple[str, str | None]:
+    """The sentence of the gang's first failure and its cause."""
+    failure = run.first_failure
+    if failure is None:
+        return run.reason, run.cause
+    sentence = worker_failed_sentence(failure["worker"], failure["machine"], failure["reason"])
+    return sentence, failure.get("cause")
+
+
+def _restart_or_fail(run: RunView, cause: Cause, at: datetime, fx: Effects) -> None:
+    why: EndCause | str | None
+    if cause == Cause.STALL:
+        sentence, why = run.reason, EndCause.STALLED
+    else:
+        sentence, why = _failure_sentence(run)
+    if run.policy.restart_policy == "never":
+        end_run(run, FAILED, sentence, at, fx, why)
+        return
+    counted = _failures_counted(run, at)
+    if counted >= run.policy.max_restarts:
+        if run.policy.max_restarts:
+            sentence, why = (
+                budget_exhausted_sentence(run.policy.max_restarts),
+                EndCause.RETRY_BUDGET,
+            )
+        end_run(run, FAILED, sentence, at, fx, why)
+        return
+    run.failures_in_row = counted + 1
+    wait = restart_backoff(run.failures_in_row)
+    restart_at = at + wait
+    count = f"{run.failures_in_row}/{run.policy.max_restarts}"
+    reason = f"Restarting in {format_duration(wait)} ({count}): {sentence}"
+    _requeue(run, cause, reason, restart_at, at, fx, why)
+
+
+def _requeue(
+    run: RunView,
+    cause: Cause,
+    reason: str,
+    restart_at: datetime | None,
+    at: datetime,
+    fx: Effects,
+    why: EndCause | str | None,
+) -> None:
+    run.stop_cause = run.stop_by = None
+    run.running_since = None
+    run.placed_at = None
+    run.restart_at = restart_at
+    phase = _REQUEUED_PHASE[cause]
+    for w in run.workers:
+        _release_room(w)
+        w.stop_cause = None
+        w.restart_at = restart_at
+        worker_reason = f"Waiting to be placed again: {reason}"
+        set_worker(fx, run, w, PENDING, worker_reason, phase, at)
+    set_run(fx, run, PENDING, reason, at, why)
+    fx.freed = True
+
+
+def end_run(
+    run: RunView,
+    state: str,
+    reason: str,
+    at: datetime,
+    fx: Effects,
+    why: EndCause | str | None = None,
+) -> None:
+    run.ended_at = at
+    run.restart_at = None
+    for w in run.workers:
+        w.stop_cause = None
+        w.restart_at = None
+        if w.state not in ENDED_STATES:
+            set_worker(fx, run, w, STOPPED, f"Stopped: the run {state.lower()}", Phase.ENDED, at)
+        elif w.phase != Phase.ENDED:
+            set_worker(fx, run, w, w.state, w.reason, Phase.ENDED, at)
+    set_run(fx, run, state, reason, at, why)
+
+
+def stop_gang(
+    run: RunView, cause: Cause, by: str | None, worker_reason: str, at: datetime, fx: Effects
+) -> None:
+    """Ask every placed worker to wind down; the gang ends or requeues once all are gone."""
+    if run.ended or run.stop_cause in (Cause.OWNER, Cause.TIME_LIMIT):
+        return
+    if run.stop_cause is None:
+        find_stalls(run, at, fx)  # stalled before the stop, not yet found: from their progress
+    run.stop_cause, run.stop_by = cause, by
+    for w in run.workers:
+        if w.alive and w.stop_cause is None:
+            _ask_to_stop(run, w, cause, worker_reason, at, fx)
+        elif w.alive:
+            w.stop_cause = cause  # already stopping: the later, stronger cause decides the end
+    _conclude_if_done(run, at, fx)
+
+
+def stop(run: RunView, by: str, at: datetime, fx: Effects) -> None:
+    """Its owner asked: wind down (counted productive), then Stopped."""
+    run.reason, run.cause = f"Stopping: asked by {by}", None
+    stop_gang(run, Cause.OWNER, by, f"Stopping: asked by {by}", at, fx)
+
+
+def time_limit_reached(run: RunView, at: datetime, fx: Effects) -> None:
+    assert run.policy.time_limit is not None
+    sentence = time_limit_sentence(run.policy.time_limit)
+    run.reason, run.cause = f"Stopping: {sentence.lower()}", None
+    stop_gang(
+        run,
+        Cause.TIME_LIMIT,
+        None,
+        f"Stopping: the run {sentence[0].lower()}{sentence[1:]}",
+        at,
+        fx,
+    )
+
+
+def preempt(run: RunView, by_run: str, at: datetime, fx: Effects) -> None:
+    """Stop for higher-priority work; the run is queued again, not failed."""
+    if run.stop_cause is not None:
+        return  # already winding down: its own cause (a failure to count, an owner) decides
+    run.reason, run.cause = preempted_sentence(by_run), EndCause.PREEMPTED
+    stop_gang(run, Cause.PREEMPTION, by_run, preempted_sentence(by_run), at, fx)
+
+
+def drain_preempt(run: RunView, machine: str, at: datetime, fx: Effects) -> None:
+    """A machine of the gang is drained: the run stops and is queued again, like a preemption."""
+    if run.stop_cause is not None:
+        return  # already winding down: its own cause (a failure to count, an owner) decides
+    sentence = drained_sentence(machine)
+    run.reason, run.cause = sentence, EndCause.PREEMPTED
+    stop_gang(run, Cause.DRAIN, machine, sentence, at, fx)
+
+
+def barrier_timed_out(run: RunView, at: datetime, fx: Effects) -> None:
+    total = len(run.workers)
+    ready = sum(1 for w in run.workers if w.ready)
+    sentence = (
+        f"Gang requeued: {ready} of {total} ready after {format_duration(BARRIER_TIMEOUT)} "
+        "at the barrier"
+    )
+    run.reason, run.cause = sentence, None
+    stop_gang(run, Cause.BARRIER, None, f"Stopping: {sentence}", at, fx)
+
+
+def machine_lost(run: RunView, machine_id: int, at: datetime, fx: Effects) -> None:
+    """Every worker on a lost machine fails with the seed's sentence; the gang follows."""
+    for w in run.workers:
+        if w.machine_id == machine_id and w.alive:
+            worker_exited(run, w, at, fx, End(EndCause.MACHINE_LOST))
+
+
+def delete(run: RunView, by: str, at: datetime, fx: Effects, *, machines: set[int]) -> None:
+    """Deleted: every worker is removed, with its logs on every machine that ran it."""
+    for w in run.workers:
+        if w.alive:
+            _release_room(w)
+        w.stop_cause = None
+        if w.state not in ENDED_STATES or w.phase != Phase.ENDED:
+            set_worker(
+                fx,
+                run,
+                w,
+                STOPPED if w.state not in ENDED_STATES else w.state,
+                f"Deleted by {by}",
+                Phase.ENDED,
+                at,
+            )
+    for machine_id in sorted(machines):
+        for w in run.workers:
+            fx.commands.append(Command(machine_id, w.id, w.name, "delete", {}))
+    run.ended_at = run.ended_at or at
+    run.restart_at = None
+    set_run(fx, run, DELETED, f"Deleted by {by}", at)
+    fx.freed = True

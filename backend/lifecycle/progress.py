@@ -1,0 +1,117 @@
+"""A running worker's progress: its pace and the stragglers found from it, and the stalls
+found when it stops (each stalled from its own last progress). Pure, as every lifecycle rule
+(lifecycle/rules.py)."""
+
+from __future__ import annotations
+
+import statistics
+from datetime import datetime, timedelta
+from typing import Any
+
+from backend.config import format_duration
+from backend.lifecycle.sentences import CONTAINER_RUNNING
+from backend.lifecycle.states import RUNNING, Phase
+from backend.lifecycle.views import Effects, RunView, WorkerView, set_worker
+
+# A straggler: a gang member at under half its gang's median pace for three minutes or more.
+STRAGGLER_PACE = 0.5
+STRAGGLER_AFTER = timedelta(minutes=3)
+
+
+def worker_progress(
+    run: RunView, w: WorkerView, at: datetime, fx: Effects, *, step: int | None = None
+) -> None:
+    """A progress report or a new log line: not stalled (any more); with a step, its pace.
+
+    A worker whose workload reports its steps (this attempt) makes progress by its steps
+    alone: a gang that only prints while it waits (rendezvous retries, NCCL warnings) is
+    found stalled all the same."""
+    if w.state != RUNNING or w.stop_cause:
+        return
+    if step is None and w.progress_step is not None:
+        return  # it reports its steps: output alone (a retry warning a second) is no progress
+    if step is not None:
+        _measure_pace(w, step, at)
+    if w.progress_at is None or at > w.progress_at:
+        w.progress_at = at
+    if w.stalled_since is not None:
+        w.stalled_since = None
+        set_worker(fx, run, w, RUNNING, CONTAINER_RUNNING, Phase.RUNNING, at)
+
+
+def _measure_pace(w: WorkerView, step: int, at: datetime) -> None:
+    previous_step, previous_at = w.progress_step, w.stepped_at
+    if previous_step is not None and previous_at is not None and at > previous_at:
+        pace = max(step - previous_step, 0) / (at - previous_at).total_seconds()
+        w.progress_rate = pace if w.progress_rate is None else (w.progress_rate + pace) / 2
+    if previous_at is None or at > previous_at:
+        w.progress_step, w.stepped_at = step, at
+
+
+def find_stragglers(run: RunView, now: datetime) -> None:
+    """Mark the running gang members whose pace stays well below the gang's median."""
+    if run.state != RUNNING or run.stop_cause is not None:
+        return
+
+    def progress(w: WorkerView) -> float | None:
+        return w.progress_rate
+
+    def utilisation(w: WorkerView) -> float | None:
+        return w.gpu_utilization if w.gpus else None
+
+    # Progress reports when the gang makes them, else (without) its GPUs' utilisation.
+    pace = progress
+    paces = [p for w in run.workers if (p := pace(w)) is not None]
+    if len(paces) < 2:
+        pace = utilisation
+        paces = [p for w in run.workers if (p := pace(w)) is not None]
+    if len(paces) < 2:
+        return
+    median = statistics.median(paces)
+    for w in run.workers:
+        mine = pace(w)
+        slow = mine is not None and mine < STRAGGLER_PACE * median
+        if slow and w.slow_since is None:
+            w.slow_since = now
+        elif not slow:
+            w.slow_since = None
+
+
+def is_straggler(w: WorkerView | Any, now: datetime) -> bool:
+    """Slow for several minutes: a straggler (a flag, not a state)."""
+    return w.state == RUNNING and w.slow_since is not None and now - w.slow_since >= STRAGGLER_AFTER
+
+
+def stalled_by(run: RunView, at: datetime, quiet_for: timedelta) -> list[WorkerView]:
+    """The running workers quiet for ``quiet_for`` at ``at`` not yet found stalled, those quiet
+    longest first."""
+    found = [
+        w
+        for w in run.workers
+        if w.state == RUNNING
+        and w.stop_cause is None
+        and w.stalled_since is None
+        and w.progress_at is not None
+        and at - w.progress_at >= quiet_for
+    ]
+    return sorted(found, key=lambda w: (w.progress_at, w.rank))
+
+
+def mark_stalled(run: RunView, w: WorkerView, reason: str, fx: Effects) -> None:
+    """Stalled from its own last progress (a transition dated back to it: the goodput tick
+    recounts what it had counted since, DESIGN §4 invariant 3)."""
+    assert w.progress_at is not None
+    w.stalled_since = w.progress_at
+    set_worker(fx, run, w, RUNNING, reason, Phase.STALLED, w.progress_at)
+
+
+def find_stalls(run: RunView, at: datetime, fx: Effects) -> list[WorkerView]:
+    """Every running worker whose progress stopped for the stall timeout is stalled, each from
+    its own last progress, whatever stops the gang (a stall, a failure, a stop) first."""
+    timeout = run.policy.stall_timeout
+    if timeout is None:
+        return []
+    found = stalled_by(run, at, timeout)
+    for w in found:
+        mark_stalled(run, w, f"Stalled: no progress for {format_duration(timeout)}", fx)
+    return found

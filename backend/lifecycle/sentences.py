@@ -1,0 +1,132 @@
+"""The seed's sentences: what people read for a worker's or a run's end, wait, failure,
+preemption or restart; and why an attempt ended (EndCause, End), which each end's sentence is
+written from. Pure, as every lifecycle rule (lifecycle/rules.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+
+from backend.config import format_duration
+from backend.runs.rules import Wait
+
+RESTART_BASE = timedelta(seconds=10)
+RESTART_CAP = timedelta(minutes=5)
+
+
+# The seed's sentences.
+OOM_KILLED = "OOMKilled: the container exceeded its memory limit"
+MACHINE_LOST = "Machine lost: its lease expired"
+CONTAINER_RUNNING = "Container running"
+WAITING_FOR_ROOM = "Waiting for room for all its workers at once"
+LOST = "Lost: its process ended while the agent was away"
+LOST_BEFORE_START = "Lost: its container never started"
+STOPPED_BEFORE_START = "Stopped before it started"
+
+
+class EndCause(StrEnum):
+    """Why a worker's attempt ended, or a run failed, restarts or was preempted: stored beside
+    the sentence (workers.cause, runs.cause), which is written from it; failures are
+    classified by it, never by their sentence (runs/failures.py)."""
+
+    # As the worker's machine saw it (proto EndCause).
+    EXITED = "exited"
+    OOM_KILLED = "oom_killed"
+    SIGNALLED = "signalled"
+    NOT_FOUND = "not_found"
+    LOST = "lost"
+    LOST_BEFORE_START = "lost_before_start"
+    IMAGE_PULL = "image_pull"
+    NOT_STARTED = "not_started"
+    STOPPED_BEFORE_START = "stopped_before_start"
+    # As the server found it.
+    MACHINE_LOST = "machine_lost"
+    LOST_BY_AGENT = "lost_by_agent"
+    GPU_FAULT = "gpu_fault"
+    UNDELIVERABLE = "undeliverable"
+    STALLED = "stalled"
+    TIME_LIMIT = "time_limit"
+    PREEMPTED = "preempted"
+    RETRY_BUDGET = "retry_budget"
+
+
+@dataclass(frozen=True)
+class End:
+    """How a worker's attempt ended: the cause and its facts. ``detail`` is what the machine
+    alone knows (the engine's words on a pull, why it could not start) or the server's own
+    sentence for the ends it finds itself (a GPU fault, an undeliverable command)."""
+
+    cause: EndCause
+    exit_code: int | None = None
+    signal: int | None = None
+    detail: str = ""
+
+
+def exited_with(code: int) -> str:
+    return f"Exited with code {code}"
+
+
+def end_sentence(end: End) -> str:
+    """The sentence people read for an end (seed: "Exited with code 1", "OOMKilled: …")."""
+    fixed = {
+        EndCause.OOM_KILLED: OOM_KILLED,
+        EndCause.MACHINE_LOST: MACHINE_LOST,
+        EndCause.LOST: LOST,
+        EndCause.LOST_BEFORE_START: LOST_BEFORE_START,
+        EndCause.STOPPED_BEFORE_START: STOPPED_BEFORE_START,
+    }
+    if end.cause in fixed:
+        return fixed[end.cause]
+    if end.cause == EndCause.IMAGE_PULL:
+        return f"ErrImagePull: {end.detail}"
+    if end.cause in (EndCause.EXITED, EndCause.SIGNALLED, EndCause.NOT_FOUND):
+        return exited_with(end.exit_code if end.exit_code is not None else -1)
+    return end.detail
+
+
+def waiting_sentence(wait: Wait, name: str, done: str = "") -> str:
+    """What a preparing or pulling worker waits for, in the seed's words (L-64, L-65), from
+    what its agent reported: the name of the secret, drive or image, and how far a pull is."""
+    if wait == Wait.SECRET:
+        return f"waiting for external secret {name}"
+    if wait == Wait.DRIVE:
+        return f"Waiting for drive {name} to be filled"
+    if wait == Wait.IMAGE:
+        return f"Pulling image {name}: {done}" if done else f"Pulling image {name}"
+    raise ValueError(f"a worker's agent does not report waiting for {wait}")
+
+
+def starting_together(ready: int, total: int) -> str:
+    return f"Starting together: {ready} of {total} ready"
+
+
+def workers_running(running: int, total: int) -> str:
+    return f"{running} of {total} workers running"
+
+
+def worker_failed_sentence(worker: str, machine: str | None, reason: str) -> str:
+    where = f" on {machine}" if machine else ""
+    return f"Worker {worker} failed{where}: {reason}; the gang does not run without it"
+
+
+def preempted_sentence(by_run: str) -> str:
+    return f"Preempted by higher-priority work ({by_run})"
+
+
+def drained_sentence(machine: str) -> str:
+    return f"Preempted by a drain of {machine}"
+
+
+def time_limit_sentence(limit: timedelta) -> str:
+    return f"Exceeded its time limit of {format_duration(limit)}"
+
+
+def budget_exhausted_sentence(max_restarts: int) -> str:
+    return f"Retry budget exhausted after {max_restarts}/{max_restarts} restarts"
+
+
+def restart_backoff(failures_in_row: int) -> timedelta:
+    """Each failure doubles the wait, from 10 seconds up to 5 minutes."""
+    wait = RESTART_BASE * (2 ** max(failures_in_row - 1, 0))
+    return min(wait, RESTART_CAP)

@@ -1,0 +1,84 @@
+"""A run's and its workers' states and phases, why a gang is stopped, and which state may
+follow which: the words every lifecycle rule speaks. Pure, as every lifecycle rule
+(lifecycle/rules.py)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from backend.runs.rules import RunState, WorkerState
+
+
+class Phase(StrEnum):
+    """Where a worker's GPU time goes now; goodput accounting reads the phases' intervals."""
+
+    WAITING = "waiting"  # waiting for its first placement
+    STARTING = "starting"  # placed, not yet running, first attempt
+    RESTART = "restart"  # the same on a later attempt
+    RUNNING = "running"  # productive or idle, by its GPUs' utilisation
+    STALLED = "stalled"  # running while stalled, from its last progress
+    STOPPING_OWNER = "stopping:owner"  # winding down when its owner asked
+    STOPPING_TIME_LIMIT = "stopping:time_limit"  # winding down at its time limit
+    STOPPING_PREEMPTION = "stopping:preemption"
+    STOPPING_STALL = "stopping:stall"
+    STOPPING_FAILURE = "stopping:failure"  # torn down with its gang after a failure
+    REQUEUED_FAILURE = "requeued:failure"  # waiting to be placed again after a failure
+    REQUEUED_PREEMPTION = "requeued:preemption"
+    REQUEUED_STALL = "requeued:stall"
+    ENDED = "ended"
+
+
+HELD_PHASES = frozenset(
+    {
+        Phase.STARTING,
+        Phase.RESTART,
+        Phase.RUNNING,
+        Phase.STALLED,
+        Phase.STOPPING_OWNER,
+        Phase.STOPPING_TIME_LIMIT,
+        Phase.STOPPING_PREEMPTION,
+        Phase.STOPPING_STALL,
+        Phase.STOPPING_FAILURE,
+    }
+)
+
+
+class Cause(StrEnum):
+    """Why a gang is being stopped."""
+
+    OWNER = "owner"
+    TIME_LIMIT = "time_limit"
+    PREEMPTION = "preemption"  # stop_by: the run it makes room for
+    DRAIN = "drain"  # a preemption by a drain; stop_by: the machine drained
+    STALL = "stall"
+    FAILURE = "failure"
+    BARRIER = "barrier"
+
+
+# The states, by their names in runs/rules.py (a run's are a worker's but Stopping, plus Deleted).
+PENDING = WorkerState.PENDING.value
+PREPARING = WorkerState.PREPARING.value
+PULLING = WorkerState.PULLING.value
+STARTING = WorkerState.STARTING.value
+RUNNING = WorkerState.RUNNING.value
+STOPPING = WorkerState.STOPPING.value
+COMPLETED = WorkerState.COMPLETED.value
+FAILED = WorkerState.FAILED.value
+STOPPED = WorkerState.STOPPED.value
+DELETED = RunState.DELETED.value
+
+PLACED_STATES = frozenset({PREPARING, PULLING, STARTING, RUNNING, STOPPING})
+ENDED_STATES = frozenset({COMPLETED, FAILED, STOPPED, DELETED})
+# A worker's attempt has ended: it holds nothing more until it is placed again.
+WORKER_ENDED_STATES = frozenset({COMPLETED, FAILED, STOPPED})
+
+
+def may_follow(state: str, next_state: str, *, placing: bool = False) -> bool:
+    """Terminal states are terminal: a worker that completed, failed or stopped takes no
+    further transition of its attempt. It may only wait to be placed again (Pending), keep
+    its state while its run ends or is deleted (its phase becomes ended), or start a new
+    attempt (``placing``). A stop, a report or a timer that comes after its end changes
+    nothing (issue 19: a gang stop recorded after a worker's own failure held it forever)."""
+    if placing or state not in WORKER_ENDED_STATES:
+        return True
+    return next_state in (state, PENDING)

@@ -1,0 +1,215 @@
+"""What a lifecycle rule is given and what it records: the views of a run and its workers,
+the transitions and agent commands it produces (Effects), and the recording of a change of
+state. Pure, as every lifecycle rule (lifecycle/rules.py): the service loads the views and
+writes back what changed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from backend.lifecycle.sentences import EndCause
+from backend.lifecycle.states import ENDED_STATES, HELD_PHASES, PLACED_STATES, Phase, may_follow
+
+
+@dataclass
+class WorkerView:
+    id: int
+    rank: int
+    name: str
+    gpus: int
+    state: str
+    reason: str
+    phase: str
+    machine_id: int | None = None
+    machine_name: str | None = None
+    gpu_ids: list[int] = field(default_factory=list)
+    ready: bool = False
+    stop_cause: str | None = None
+    # What it waits for while preparing or pulling (a Wait), beside its reason.
+    waits_for: str | None = None
+    exit_code: int | None = None
+    # The cause of its last failure snapshot (last_failure): its failure is classified by it.
+    cause: str | None = None
+    restarts: int = 0
+    restart_at: datetime | None = None
+    last_failure: dict[str, Any] | None = None
+    progress_at: datetime | None = None
+    stalled_since: datetime | None = None
+    # The workload's own step counter, and how fast it moves (steps per second, smoothed).
+    progress_step: int | None = None
+    stepped_at: datetime | None = None
+    progress_rate: float | None = None
+    # Since when it has been well behind its gang's median pace.
+    slow_since: datetime | None = None
+    attempt: int = 0
+    # Its GPUs' recent utilisation: its pace when the workload reports no progress. Written
+    # by the samples' ingest, read here, never written back by the lifecycle.
+    gpu_utilization: float | None = None
+    # When its state last changed (its latest transition as recorded).
+    since: datetime | None = None
+
+    @property
+    def placed(self) -> bool:
+        return self.machine_id is not None
+
+    @property
+    def alive(self) -> bool:
+        """Placed and not yet reported gone: it still holds its GPUs."""
+        return self.placed and self.state in PLACED_STATES
+
+    @property
+    def held_gpus(self) -> int:
+        return self.gpus if self.phase in HELD_PHASES else 0
+
+
+@dataclass
+class RunPolicy:
+    """What the specification says about how the run starts, fails and ends."""
+
+    restart_policy: str = "on_failure"
+    max_restarts: int = 10
+    time_limit: timedelta | None = None
+    stall_timeout: timedelta | None = None
+    on_stall: str = "restart"
+
+
+@dataclass
+class RunView:
+    id: int
+    name: str
+    state: str
+    reason: str
+    policy: RunPolicy
+    workers: list[WorkerView]
+    attempt: int = 0
+    failures_in_row: int = 0
+    restart_at: datetime | None = None
+    started_at: datetime | None = None
+    running_since: datetime | None = None
+    placed_at: datetime | None = None
+    ended_at: datetime | None = None
+    stop_cause: str | None = None
+    stop_by: str | None = None
+    # What it waits for while pending (the scheduler's) or preparing (its slowest worker's).
+    waits_for: str | None = None
+    # Why it failed, restarts or was preempted while its reason says so (an EndCause).
+    cause: str | None = None
+    first_failure: dict[str, Any] | None = None
+    master_port: int | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_STATES
+
+    @property
+    def placed(self) -> bool:
+        return any(w.placed for w in self.workers)
+
+    def worker(self, name: str) -> WorkerView:
+        for w in self.workers:
+            if w.name == name:
+                return w
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One recorded change: a run's (worker_id None) or a worker's state and phase."""
+
+    run_id: int
+    worker_id: int | None
+    at: datetime
+    state: str
+    reason: str
+    phase: str | None = None
+    held_gpus: int = 0
+    gpus: int = 0
+    machine_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Command:
+    """What a machine's agent must do for one worker."""
+
+    machine_id: int
+    # The machine knows the worker by this id alone (names repeat across workspaces).
+    worker_id: int
+    worker_name: str
+    kind: str  # start | release | stop | delete
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Effects:
+    transitions: list[Transition] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+    # Runs that gave room back: the scheduler should look again.
+    freed: bool = False
+
+
+@dataclass(frozen=True)
+class Placement:
+    machine_id: int
+    machine_name: str
+    gpu_ids: tuple[int, ...]
+
+
+# -- recording ---------------------------------------------------------------------------------
+
+
+def set_worker(
+    fx: Effects,
+    run: RunView,
+    w: WorkerView,
+    state: str,
+    reason: str,
+    phase: Phase | str,
+    at: datetime,
+    *,
+    placing: bool = False,
+    waits: str | None = None,
+) -> None:
+    """Record a worker's state, reason and phase; a change of state or phase is a transition.
+    A worker whose attempt ended keeps its state or waits to be placed again, unless this is
+    a new placement (may_follow)."""
+    if not may_follow(w.state, state, placing=placing):
+        return
+    changed = (w.state, w.phase) != (state, str(phase))
+    w.state, w.reason, w.phase, w.waits_for = state, reason, str(phase), waits
+    if changed:
+        if w.since is None or at > w.since:
+            w.since = at
+        fx.transitions.append(
+            Transition(
+                run_id=run.id,
+                worker_id=w.id,
+                at=at,
+                state=state,
+                reason=reason,
+                phase=str(phase),
+                held_gpus=w.held_gpus,
+                gpus=w.gpus,
+                machine_id=w.machine_id,
+            )
+        )
+
+
+def set_run(
+    fx: Effects,
+    run: RunView,
+    state: str,
+    reason: str,
+    at: datetime,
+    cause: EndCause | str | None = None,
+    *,
+    waits: str | None = None,
+) -> None:
+    """Record a run's state, reason and cause; a change of state is a transition."""
+    changed = run.state != state
+    run.state, run.reason, run.cause, run.waits_for = state, reason, cause, waits
+    if changed:
+        fx.transitions.append(
+            Transition(run_id=run.id, worker_id=None, at=at, state=state, reason=reason)
+        )
