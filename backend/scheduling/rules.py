@@ -12,132 +12,39 @@ nothing up.
 Workspaces never meet: a reason names a run only to that run's own workspace ("Queued behind
 a run of another workspace"), and a run preempts only its own workspace's runs, or, where the
 cluster's admins allow it, runs of a workspace holding more than its quota there.
+
+The rules are in pieces, each importing only those below it: placement.py (the machines and
+runs as placement sees them, the search for room, the victims that make it), pending_reasons.py
+(why a worker fits on each machine or not, what is short where) and, here, the queue: its
+order, quotas, the reasons a run waits, the preemptions, and the rendezvous port.
 """
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from backend.lifecycle.views import Placement
 from backend.runs.rules import Wait
+from backend.scheduling.pending_reasons import short_on
+from backend.scheduling.placement import (
+    Ask,
+    Holder,
+    MachineRoom,
+    Room,
+    best_fit,
+    choose_victims,
+    cores_text,
+    gpus_text,
+    memory_text,
+    workers_that_fit,
+)
 
 # The job that places waiting runs (backend/jobs/actors.py): a service that frees GPUs or
 # queues a run asks for it after its commit (backend.db.after_commit).
 PASS_JOB = "scheduling.pass"
 
-GIB = 2**30
-MIB = 2**20
 ANOTHER_WORKSPACE = "a run of another workspace"
-
-
-def _gib(value: int, way: Callable[[float], int] = round) -> str:
-    """Memory as a person writes it: 23.5 GiB, 512 MiB below a GiB (issue 21: not 23.5406 GiB).
-    ``way`` rounds: what is free is rounded down and what is needed up, so a shortfall never
-    reads as enough."""
-    if value < GIB:
-        return f"{way(value / MIB)} MiB"
-    tenths = way(value * 10 / GIB)
-    return f"{tenths // 10} GiB" if tenths % 10 == 0 else f"{tenths / 10:.1f} GiB"
-
-
-def _cores(value: float) -> str:
-    return f"{value:g} core" + ("" if value == 1 else "s")
-
-
-def _gpus(value: int) -> str:
-    return f"{value} GPU" + ("" if value == 1 else "s")
-
-
-@dataclass
-class MachineRoom:
-    """A machine as placement sees it: what it has, what is free now."""
-
-    id: int
-    name: str
-    pool: str | None
-    state: str  # ready | draining | lost | removed
-    cpu_total: float
-    memory_total: int
-    healthy_gpus: int
-    free_gpus: list[int]
-    cpu_free: float
-    memory_free: int
-    unhealthy_gpus: int = 0
-    # How its agent runs workers (Hello.executor): "docker" runs containers; "process" (and an
-    # agent that never said, None) runs host processes and so takes no run that names an image.
-    executor: str | None = None
-
-    @property
-    def runs_containers(self) -> bool:
-        return self.executor == "docker"
-
-    def takes(self, ask: Ask) -> bool:
-        """Whether its executor can run the ask's workers at all."""
-        return self.runs_containers or not ask.image
-
-    def fits(self, gpus: int, cpu: float, memory: int) -> bool:
-        return len(self.free_gpus) >= gpus and self.cpu_free >= cpu and self.memory_free >= memory
-
-    def could_ever_fit(self, gpus: int, cpu: float, memory: int) -> bool:
-        return self.healthy_gpus >= gpus and self.cpu_total >= cpu and self.memory_total >= memory
-
-
-@dataclass(frozen=True)
-class Ask:
-    """A pending run: its gang's shape and its place in the queue."""
-
-    run_id: int
-    name: str
-    workspace_id: int
-    workspace: str
-    priority: int
-    queued_at: datetime
-    workers: int
-    gpus: int
-    cpu: float
-    memory: int
-    pool: str | None = None
-    restart_at: datetime | None = None
-    # The run names an image: only a machine whose agent runs containers takes its workers.
-    image: bool = False
-
-    @property
-    def total_gpus(self) -> int:
-        return self.workers * self.gpus
-
-    def shape(self) -> str:
-        parts = [_gpus(self.gpus), _cores(self.cpu)]
-        if self.memory:
-            parts.append(_gib(self.memory, math.ceil))
-        return ", ".join(parts)
-
-
-@dataclass(frozen=True)
-class Held:
-    """What one worker of a placed run holds on its machine."""
-
-    machine_id: int
-    gpu_ids: tuple[int, ...]
-    cpu: float
-    memory: int
-
-
-@dataclass(frozen=True)
-class Holder:
-    """A placed run: what it holds, and what stopping it would cost (GPU-seconds so far)."""
-
-    run_id: int
-    name: str
-    priority: int
-    workspace_id: int
-    held: tuple[Held, ...]
-    cost: float
-    stopping: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,135 +86,6 @@ def _runs_seen_from(ask: Ask, holders: list[Holder]) -> str:
     return ", ".join(own)
 
 
-class _Room:
-    """The free room of the usable machines, with tentative changes that can be undone.
-
-    Machines are kept in buckets by their free GPU count, so the tightest fit for a worker is
-    found by looking at a few buckets rather than at every machine. Within a bucket the order
-    is stable: machines by name at first, a machine whose free count changed at the end.
-    """
-
-    def __init__(self, machines: Iterable[MachineRoom]) -> None:
-        self.machines = {m.id: m for m in sorted(machines, key=lambda m: m.name)}
-        self.free_in_pool: dict[str | None, int] = defaultdict(int)
-        self.free_total = 0
-        self.pools = {m.pool for m in self.machines.values()}
-        self.buckets: dict[int, dict[int, MachineRoom]] = defaultdict(dict)
-        for m in self.machines.values():
-            self.buckets[len(m.free_gpus)][m.id] = m
-            self._count(m, len(m.free_gpus))
-
-    def _count(self, m: MachineRoom, delta: int) -> None:
-        self.free_in_pool[m.pool] += delta
-        self.free_total += delta
-
-    def _move(self, m: MachineRoom, before: int) -> None:
-        if len(m.free_gpus) != before:
-            del self.buckets[before][m.id]
-            self.buckets[len(m.free_gpus)][m.id] = m
-
-    def free_gpus(self, pool: str | None) -> int:
-        return self.free_total if pool is None else self.free_in_pool[pool]
-
-    def has_machines(self, pool: str | None) -> bool:
-        return bool(self.machines) if pool is None else pool in self.pools
-
-    def tightest(self, ask: Ask) -> MachineRoom | None:
-        """The machine with the fewest free GPUs that still takes one worker of the ask."""
-        for free in sorted(k for k in self.buckets if k >= ask.gpus):
-            for m in self.buckets[free].values():
-                if (
-                    (ask.pool is None or m.pool == ask.pool)
-                    and m.takes(ask)
-                    and m.cpu_free >= ask.cpu
-                    and m.memory_free >= ask.memory
-                ):
-                    return m
-        return None
-
-    def take(self, m: MachineRoom, gpus: int, cpu: float, memory: int) -> tuple[int, ...]:
-        taken = tuple(sorted(m.free_gpus)[:gpus])
-        self.take_ids(m, taken, cpu, memory)
-        return taken
-
-    def take_ids(self, m: MachineRoom, gpu_ids: Iterable[int], cpu: float, memory: int) -> None:
-        ids = set(gpu_ids)
-        before = len(m.free_gpus)
-        m.free_gpus = [g for g in m.free_gpus if g not in ids]
-        m.cpu_free -= cpu
-        m.memory_free -= memory
-        self._count(m, len(m.free_gpus) - before)
-        self._move(m, before)
-
-    def give(self, m: MachineRoom, gpu_ids: Iterable[int], cpu: float, memory: int) -> None:
-        before = len(m.free_gpus)
-        m.free_gpus = sorted({*m.free_gpus, *gpu_ids})
-        m.cpu_free += cpu
-        m.memory_free += memory
-        self._count(m, len(m.free_gpus) - before)
-        self._move(m, before)
-
-    @contextmanager
-    def given_back(self, holders: Iterable[Holder]) -> Iterator[None]:
-        """As if these runs had stopped, for the length of the block."""
-        returned = [
-            (self.machines[held.machine_id], held)
-            for h in holders
-            for held in h.held
-            if held.machine_id in self.machines
-        ]
-        for m, held in returned:
-            self.give(m, held.gpu_ids, held.cpu, held.memory)
-        try:
-            yield
-        finally:
-            for m, held in returned:
-                self.take_ids(m, held.gpu_ids, held.cpu, held.memory)
-
-    def would_fit(self, ask: Ask, holders: Iterable[Holder]) -> bool:
-        """Would the gang fit if these runs gave their room back? Changes nothing."""
-        with self.given_back(holders):
-            fit = _best_fit(self, ask)
-            if fit is not None:
-                for p in fit:
-                    self.give(self.machines[p.machine_id], p.gpu_ids, ask.cpu, ask.memory)
-        return fit is not None
-
-
-def _place_workers(room: _Room, ask: Ask) -> list[tuple[MachineRoom, tuple[int, ...]]]:
-    """Take room for the gang's workers one after another, as far as they fit."""
-    taken: list[tuple[MachineRoom, tuple[int, ...]]] = []
-    for _ in range(ask.workers):
-        m = room.tightest(ask)
-        if m is None:
-            break
-        taken.append((m, room.take(m, ask.gpus, ask.cpu, ask.memory)))
-    return taken
-
-
-def _undo(room: _Room, ask: Ask, taken: list[tuple[MachineRoom, tuple[int, ...]]]) -> None:
-    for m, ids in reversed(taken):
-        room.give(m, ids, ask.cpu, ask.memory)
-
-
-def _best_fit(room: _Room, ask: Ask) -> list[Placement] | None:
-    """Place each worker where it fits most tightly; undo everything if the gang does not fit."""
-    if room.free_gpus(ask.pool) < ask.total_gpus:
-        return None
-    taken = _place_workers(room, ask)
-    if len(taken) < ask.workers:
-        _undo(room, ask, taken)
-        return None
-    return [Placement(m.id, m.name, ids) for m, ids in taken]
-
-
-def _workers_that_fit(room: _Room, ask: Ask) -> int:
-    """How many of the gang's workers would fit now, one after another."""
-    taken = _place_workers(room, ask)
-    _undo(room, ask, taken)
-    return len(taken)
-
-
 # A run naming an image where no machine of its cluster (or pool) runs containers.
 NO_CONTAINERS = (
     "No machine runs containers: this cluster's agents run processes; drop image or add a "
@@ -320,8 +98,8 @@ def _cannot_plan(
 ) -> tuple[str, Wait] | None:
     if quota is not None and ask.total_gpus > quota.limit:
         return (
-            f"Cannot plan workers: {ask.workers} workers of {_gpus(ask.gpus)} are more than "
-            f"{quota.workspace}'s quota of {_gpus(quota.limit)} on {quota.cluster}",
+            f"Cannot plan workers: {ask.workers} workers of {gpus_text(ask.gpus)} are more than "
+            f"{quota.workspace}'s quota of {gpus_text(quota.limit)} on {quota.cluster}",
             Wait.PLAN,
         )
     present = [m for m in machines if m.state in ("ready", "draining")]
@@ -337,8 +115,8 @@ def _cannot_plan(
     where = f"in pool {ask.pool}" if ask.pool else "in the cluster"
     return (
         f"Cannot plan workers: no machine {where} has room for one worker of {ask.shape()} "
-        f"(the largest, {largest.name}, has {_gpus(largest.healthy_gpus)}, "
-        f"{_cores(largest.cpu_total)}, {_gib(largest.memory_total)})",
+        f"(the largest, {largest.name}, has {gpus_text(largest.healthy_gpus)}, "
+        f"{cores_text(largest.cpu_total)}, {memory_text(largest.memory_total)})",
         Wait.PLAN,
     )
 
@@ -347,42 +125,10 @@ def _quota_wait(ask: Ask, quota: Quota | None, used: int) -> tuple[str, Wait] | 
     if quota is None or used + ask.total_gpus <= quota.limit:
         return None
     return (
-        f"Waits for namespace quota: {quota.workspace} holds {used} of {_gpus(quota.limit)} "
+        f"Waits for namespace quota: {quota.workspace} holds {used} of {gpus_text(quota.limit)} "
         f"on {quota.cluster}; this run asks for {ask.total_gpus}",
         Wait.QUEUE,
     )
-
-
-def _choose_victims(
-    room: _Room, ask: Ask, holders: list[Holder], over_quota: dict[int, int]
-) -> list[Holder] | None:
-    """The lower-priority runs whose room, given back, lets the gang fit, at least cost: the
-    ask's own workspace's, and those of workspaces still over their quota (``over_quota``: the
-    GPUs above it, where the admins' policy allows preempting them)."""
-    candidates = sorted(
-        (
-            h
-            for h in holders
-            if h.priority < ask.priority
-            and not h.stopping
-            and (h.workspace_id == ask.workspace_id or over_quota.get(h.workspace_id, 0) > 0)
-            and any(held.machine_id in room.machines for held in h.held)
-        ),
-        key=lambda h: (h.priority, h.cost, h.run_id),
-    )
-    chosen: list[Holder] = []
-    for h in candidates:
-        chosen.append(h)
-        if room.would_fit(ask, chosen):
-            break
-    else:
-        return None
-    # Keep only the victims the gang needs, sparing the most expensive first.
-    for h in sorted(chosen, key=lambda h: -h.cost):
-        rest = [v for v in chosen if v is not h]
-        if rest and room.would_fit(ask, rest):
-            chosen = rest
-    return chosen
 
 
 def plan(
@@ -413,7 +159,7 @@ def plan(
         else {}
     )
     # Copies: the machines given are left as they were.
-    room = _Room(replace(m, free_gpus=list(m.free_gpus)) for m in machines if m.state == "ready")
+    room = Room(replace(m, free_gpus=list(m.free_gpus)) for m in machines if m.state == "ready")
     used = dict(used_gpus)
     # Room that stopping runs are giving back, promised to the run they stop for.
     freeing = [h for h in holders if h.stopping]
@@ -442,7 +188,7 @@ def plan(
             result.reasons[ask.run_id] = f"Queued behind {name}"
             result.waiting[ask.run_id] = Wait.QUEUE
             continue
-        fit = _best_fit(room, ask)
+        fit = best_fit(room, ask)
         if fit is not None:
             result.placements[ask.run_id] = fit
             used[ask.workspace_id] = used.get(ask.workspace_id, 0) + ask.total_gpus
@@ -462,7 +208,7 @@ def _blocker(blocked: dict[str | None, Ask], pool: str | None) -> Ask | None:
 
 
 def _wait_reason(
-    room: _Room,
+    room: Room,
     ask: Ask,
     holders: list[Holder],
     freeing: list[Holder],
@@ -483,7 +229,7 @@ def _wait_reason(
             freeing.remove(h)
         result.waits[ask.run_id] = [h.run_id for h in waiting_for]
         return f"Next to run: waiting for {_runs_seen_from(ask, waiting_for)} to stop", Wait.QUEUE
-    victims = _choose_victims(
+    victims = choose_victims(
         room, ask, [h for h in holders if h.run_id not in result.preemptions], over_quota
     )
     if victims:
@@ -497,90 +243,15 @@ def _wait_reason(
     if not room.has_machines(ask.pool):
         where = f"pool {ask.pool} of {cluster}" if ask.pool else cluster
         return f"No machine fits: {where} has no ready machine", Wait.MACHINES
-    count = _workers_that_fit(room, ask)
+    count = workers_that_fit(room, ask)
     if count == 0:
-        short = _short_on(room, ask)
+        short = short_on(room, ask)
         sentence = f"No machine fits: none has room now for a worker of {ask.shape()}"
         return sentence + (f" ({short})" if short else ""), Wait.MACHINES
     return (
         f"Gang cannot be placed whole: room for {count} of {ask.workers} workers of {ask.shape()}",
         Wait.MACHINES,
     )
-
-
-# How many machines a "No machine fits" reason names for one resource; the others are counted.
-SHORT_NAMED = 3
-
-
-def _short_on(room: _Room, ask: Ask) -> str:
-    """What is short, machine by machine, where none takes a worker now: "cores short on a, b;
-    GPUs and memory short on c" (the machines of the ask's pool whose agent takes its workers;
-    the full numbers: Read a pending reason)."""
-    by_short: dict[str, list[str]] = defaultdict(list)
-    for m in room.machines.values():
-        if (ask.pool is not None and m.pool != ask.pool) or not m.takes(ask):
-            continue
-        short = [
-            what
-            for what, lacking in (
-                ("GPUs", len(m.free_gpus) < ask.gpus),
-                ("cores", m.cpu_free < ask.cpu),
-                ("memory", m.memory_free < ask.memory),
-            )
-            if lacking
-        ]
-        if short:
-            by_short[" and ".join(short)].append(m.name)
-    parts = []
-    for what, names in by_short.items():
-        named = ", ".join(names[:SHORT_NAMED])
-        if len(names) > SHORT_NAMED:
-            named += f" and {len(names) - SHORT_NAMED} more"
-        parts.append(f"{what} short on {named}")
-    return "; ".join(parts)
-
-
-def machine_reasons(ask: Ask, machines: list[MachineRoom]) -> list[tuple[str, str]]:
-    """Read a pending reason: for each machine of the cluster, why a worker fits there or not."""
-    out = []
-    for m in sorted(machines, key=lambda m: m.name):
-        out.append((m.name, _machine_reason(ask, m)))
-    return out
-
-
-def _machine_reason(ask: Ask, m: MachineRoom) -> str:
-    if m.state == "lost":
-        return "lost: its lease expired"
-    if m.state == "draining":
-        return "draining: takes no new work"
-    if m.state != "ready":
-        return f"{m.state}: takes no work"
-    if ask.pool is not None and m.pool != ask.pool:
-        return f"not in pool {ask.pool}"
-    if not m.takes(ask):
-        return "runs processes, not containers: the run names an image"
-    problems = []
-    if len(m.free_gpus) < ask.gpus:
-        sick = f" ({m.unhealthy_gpus} unhealthy)" if m.unhealthy_gpus else ""
-        problems.append(
-            f"{len(m.free_gpus)} of {_gpus(m.healthy_gpus + m.unhealthy_gpus)} free{sick}, "
-            f"a worker needs {ask.gpus}"
-        )
-    if m.cpu_free < ask.cpu:
-        problems.append(f"{m.cpu_free:g} of {_cores(m.cpu_total)} free, a worker needs {ask.cpu:g}")
-    if m.memory_free < ask.memory:
-        problems.append(
-            f"{_gib(m.memory_free, math.floor)} of {_gib(m.memory_total)} memory free, "
-            f"a worker needs {_gib(ask.memory, math.ceil)}"
-        )
-    if problems:
-        return "; ".join(problems)
-    fit = min(
-        len(m.free_gpus) // ask.gpus if ask.gpus else ask.workers,
-        int(m.cpu_free // ask.cpu) if ask.cpu else ask.workers,
-        m.memory_free // ask.memory if ask.memory else ask.workers,
-    )
-    return f"room for {min(fit, ask.workers)} of its {ask.workers} workers"
 
 
 # Ports rank 0's machine listens on for a gang's rendezvous (MASTER_PORT): one per live run

@@ -22,17 +22,9 @@ from backend.machines.views import MEMBERS_SEE
 from backend.models import Machine, Run, Worker
 from backend.runs.spec import RunSpec, stored_spec
 from backend.scheduling import repository
-from backend.scheduling.rules import (
-    Ask,
-    Held,
-    Holder,
-    MachineRoom,
-    Plan,
-    Quota,
-    machine_reasons,
-    master_port,
-    plan,
-)
+from backend.scheduling.pending_reasons import machine_reasons
+from backend.scheduling.placement import Ask, Held, Holder, MachineRoom
+from backend.scheduling.rules import Plan, Quota, master_port, plan
 
 
 @dataclass

@@ -3,7 +3,8 @@ import { describe, expect, it } from "vitest";
 import { memory } from "./format";
 
 describe("memory", () => {
-  // Each figure is what the CLI's _gib (backend/scheduling/rules.py) says for the same bytes.
+  // Each figure is what the CLI's memory_text (backend/scheduling/placement.py) says for the
+  // same bytes.
   it("says MiB below a GiB, as the CLI does (issue 21: not 0 GiB or 0.0 GiB)", () => {
     expect(memory(256 * 2 ** 20)).toBe("256 MiB");
     expect(memory(12.4 * 2 ** 20)).toBe("12 MiB");

@@ -24,9 +24,9 @@ function roundHalfEven(value: number): number {
   return floor % 2 === 0 ? floor : floor + 1;
 }
 
-// Memory as a person writes it and as the CLI does (backend/scheduling/rules.py _gib): whole MiB
-// below a GiB (256 MiB, not 0 GiB), else GiB to one decimal, without it when whole (23.5 GiB,
-// 80 GiB) (issue 21).
+// Memory as a person writes it and as the CLI does (backend/scheduling/placement.py
+// memory_text): whole MiB below a GiB (256 MiB, not 0 GiB), else GiB to one decimal, without it
+// when whole (23.5 GiB, 80 GiB) (issue 21).
 export function memory(bytes: number): string {
   if (bytes < GIB) return `${roundHalfEven(bytes / MIB)} MiB`;
   const tenths = roundHalfEven((bytes * 10) / GIB);

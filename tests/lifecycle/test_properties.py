@@ -49,7 +49,8 @@ from backend.lifecycle.states import (
     STOPPING,
 )
 from backend.lifecycle.views import Effects, Placement, RunPolicy, RunView, Transition, WorkerView
-from backend.scheduling.rules import Ask, Held, Holder, MachineRoom, plan
+from backend.scheduling.placement import Ask, Held, Holder, MachineRoom
+from backend.scheduling.rules import plan
 
 T0 = datetime(2026, 10, 1, 1, 2, 11, tzinfo=UTC)
 WORKSPACE = 1

@@ -13,7 +13,8 @@ from backend.machines import rules as machine_rules
 from backend.machines import service as machines
 from backend.models import Cluster, Machine
 from backend.scheduling import service as scheduling
-from backend.scheduling.rules import NO_CONTAINERS, machine_reasons, plan
+from backend.scheduling.pending_reasons import machine_reasons
+from backend.scheduling.rules import NO_CONTAINERS, plan
 from tests.lifecycle.world import LEASE, World
 from tests.support.scheduling import CLUSTER, NOW, ask, machine
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from backend.scheduling.rules import GIB, MIB, machine_reasons
+from backend.scheduling.pending_reasons import machine_reasons
+from backend.scheduling.placement import GIB, MIB
 from tests.support.scheduling import ask, machine
 
 

@@ -11,13 +11,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from backend.lifecycle.views import Placement
-from backend.scheduling.rules import (
-    GIB,
-    Held,
-    Holder,
-    Quota,
-    machine_reasons,
-)
+from backend.scheduling.pending_reasons import machine_reasons
+from backend.scheduling.placement import GIB, Held, Holder
+from backend.scheduling.rules import Quota
 from tests.support.scheduling import CLUSTER, NOW, ask, machine, run_plan
 
 

@@ -18,7 +18,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend.scheduling.rules import GIB, Ask, Held, Holder, MachineRoom, Plan, Quota, plan
+from backend.scheduling.placement import GIB, Ask, Held, Holder, MachineRoom
+from backend.scheduling.rules import Plan, Quota, plan
 
 NOW = datetime(2025, 6, 2, 9, 0, tzinfo=UTC)
 CLUSTER = "gpu-east"

@@ -6,7 +6,8 @@ Before, a worker of 1 GPU, 1 core waiting where GPUs were free and only cores we
 
 from __future__ import annotations
 
-from backend.scheduling.rules import GIB, machine_reasons
+from backend.scheduling.pending_reasons import machine_reasons
+from backend.scheduling.placement import GIB
 from tests.support.scheduling import ask, machine, run_plan
 
 HEAD = "No machine fits: none has room now for a worker of "

@@ -5,15 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from backend.scheduling.rules import (
-    GIB,
-    Ask,
-    Holder,
-    MachineRoom,
-    Plan,
-    Quota,
-    plan,
-)
+from backend.scheduling.placement import GIB, Ask, Holder, MachineRoom
+from backend.scheduling.rules import Plan, Quota, plan
 
 NOW = datetime(2025, 6, 2, 9, 0, tzinfo=UTC)
 
