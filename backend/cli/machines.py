@@ -10,29 +10,17 @@ astraeus machine-credential revoke   the machine is lost at once; its stream is 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
-from functools import partial
-from typing import Any, TypeVar
+from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.cli.transaction import in_transaction
 from backend.clock import SystemClock
-from backend.config import Settings, parse_duration
+from backend.config import Settings
 from backend.machine_identity import service as identity
 from backend.machine_identity.rules import DEFAULT_EXPIRY
 from backend.models import Cluster
 from backend.organizations import service as organizations
-
-T = TypeVar("T")
-InTransaction = Callable[[Settings, Callable[[AsyncSession], Awaitable[Any]]], Any]
-
-
-def duration(text: str) -> timedelta:
-    try:
-        return parse_duration(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 async def _cluster(session: AsyncSession, args: argparse.Namespace) -> Cluster:
@@ -40,9 +28,7 @@ async def _cluster(session: AsyncSession, args: argparse.Namespace) -> Cluster:
     return await organizations.cluster_by_name(session, org.id, args.cluster)
 
 
-def create_join_token(
-    in_transaction: InTransaction, settings: Settings, args: argparse.Namespace
-) -> int:
+def create_join_token(settings: Settings, args: argparse.Namespace) -> int:
     async def work(session: AsyncSession) -> str:
         cluster = await _cluster(session, args)
         issued = await identity.issue_join_token(
@@ -60,9 +46,7 @@ def create_join_token(
     return 0
 
 
-def list_join_tokens(
-    in_transaction: InTransaction, settings: Settings, args: argparse.Namespace
-) -> int:
+def list_join_tokens(settings: Settings, args: argparse.Namespace) -> int:
     async def work(session: AsyncSession) -> list[list[str]]:
         now = datetime.now(UTC)
         return [
@@ -83,9 +67,7 @@ def list_join_tokens(
     return 0
 
 
-def revoke_join_token(
-    in_transaction: InTransaction, settings: Settings, args: argparse.Namespace
-) -> int:
+def revoke_join_token(settings: Settings, args: argparse.Namespace) -> int:
     async def work(session: AsyncSession) -> str:
         token = await identity.revoke_join_token(
             session, SystemClock(), await _cluster(session, args), args.id
@@ -96,9 +78,7 @@ def revoke_join_token(
     return 0
 
 
-def list_credentials(
-    in_transaction: InTransaction, settings: Settings, args: argparse.Namespace
-) -> int:
+def list_credentials(settings: Settings, args: argparse.Namespace) -> int:
     async def work(session: AsyncSession) -> list[list[str]]:
         return [
             [
@@ -118,9 +98,7 @@ def list_credentials(
     return 0
 
 
-def revoke_credential(
-    in_transaction: InTransaction, settings: Settings, args: argparse.Namespace
-) -> int:
+def revoke_credential(settings: Settings, args: argparse.Namespace) -> int:
     async def work(session: AsyncSession) -> int:
         revoked, _ = await identity.revoke_credential(
             session, SystemClock(), await _cluster(session, args), args.machine
@@ -152,47 +130,3 @@ def _table(header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-
-
-def add_commands(sub: Any, in_transaction: InTransaction) -> None:
-    """The two command groups, on the ``astraeus`` parser's subcommands."""
-
-    def scoped(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        parser.add_argument("--cluster", default="local", help="the cluster (default: local)")
-        parser.add_argument("--organization", default="default")
-        return parser
-
-    tokens = sub.add_parser(
-        "agent-token", help="join tokens machines exchange for credentials of their own"
-    ).add_subparsers(dest="agent_token_command", required=True)
-    create = scoped(tokens.add_parser("create", help="print a new join token (shown once)"))
-    add_join_token_options(create)
-    create.add_argument(
-        "--expires", type=duration, help="how long it lets machines join, e.g. 1h or 7d (24h)"
-    )
-    create.add_argument("--name", default="", help="a label to tell the token apart")
-    create.set_defaults(func=partial(create_join_token, in_transaction))
-    listed = scoped(tokens.add_parser("list", help="the cluster's join tokens"))
-    listed.set_defaults(func=partial(list_join_tokens, in_transaction))
-    revoke = scoped(tokens.add_parser("revoke", help="no machine joins with it any more"))
-    revoke.add_argument("id", type=int, help="the token's id (agent-token list)")
-    revoke.set_defaults(func=partial(revoke_join_token, in_transaction))
-
-    credentials = sub.add_parser(
-        "machine-credential", help="machines' own credentials"
-    ).add_subparsers(dest="machine_credential_command", required=True)
-    shown = scoped(credentials.add_parser("list", help="each machine's credential"))
-    shown.set_defaults(func=partial(list_credentials, in_transaction))
-    gone = scoped(
-        credentials.add_parser(
-            "revoke", help="the machine is lost at once, its workers placed elsewhere"
-        )
-    )
-    gone.add_argument("machine", help="the machine's name")
-    gone.set_defaults(func=partial(revoke_credential, in_transaction))
-
-
-def add_join_token_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--uses", type=int, default=1, help="how many machines may join with it (default 1)"
-    )

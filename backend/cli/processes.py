@@ -1,6 +1,6 @@
 """The processes ``astraeus`` runs until a signal: ``up`` (everything embedded, with a local
 agent: backend/cli/local_agent.py), ``serve`` (the API server), ``worker`` (the Dramatiq
-actors), ``scheduler`` (the periodic jobs) and ``agent`` (a machine's agent: agent/main.py)."""
+actors), ``scheduler`` (the periodic jobs). ``agent``: backend/cli/agent_process.py."""
 
 from __future__ import annotations
 
@@ -136,17 +136,6 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
             agent.stop()
 
 
-def _end_with_parent(parent: int) -> None:
-    """Linux: this agent gets SIGTERM when `astraeus up` (``parent``) dies, however it dies."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    if os.getppid() != parent:  # it died before the signal was asked for
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     """A Dramatiq worker process: runs the actors sent through Redis, each queue on threads of
     its own (the tick and lease checks never wait behind scheduling passes)."""
@@ -184,11 +173,3 @@ def cmd_scheduler(settings: Settings, args: argparse.Namespace) -> int:
     )
     asyncio.run(job_broker.periodic(settings))
     return 0
-
-
-def cmd_agent(settings: Settings, args: argparse.Namespace) -> int:
-    from agent.main import run
-
-    if args.end_with_parent:
-        _end_with_parent(args.end_with_parent)
-    return run(args)

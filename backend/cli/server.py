@@ -20,28 +20,38 @@ astraeus machine-credential list or revoke machines' credentials
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from pydantic import ValidationError
 
-from backend.cli import machines as machine_cli
-from backend.cli.admin import (
-    cmd_bootstrap,
-    cmd_cluster_preemption,
-    cmd_db_upgrade,
-    cmd_secrets_new_key,
-    cmd_secrets_reencrypt,
-    cmd_workspace_ceiling,
-    cmd_workspace_create,
-    cmd_workspace_quota,
-)
-from backend.cli.processes import cmd_agent, cmd_scheduler, cmd_serve, cmd_up, cmd_worker
-from backend.cli.tokens import cmd_token_create, cmd_token_list, cmd_token_revoke
-from backend.cli.transaction import in_transaction
-from backend.config import get_settings, parse_duration, settings_problems
+from backend.config import Settings, get_settings, parse_duration, settings_problems
 from backend.errors import AstraeusError
+
+Command = Callable[[Settings, argparse.Namespace], int]
+
+
+def _later(module: str, name: str) -> Command:
+    """A subcommand's function, imported when that subcommand runs: `astraeus agent` loads the
+    agent alone (about 0.6 s of CPU), not the server's domains, migrations and web stack
+    (about 2.4 s more), and an admin command loads the services it calls."""
+
+    def run(settings: Settings, args: argparse.Namespace) -> int:
+        return int(getattr(importlib.import_module(f"backend.cli.{module}"), name)(settings, args))
+
+    return run
+
+
+def _duration(text: str) -> timedelta:
+    """``--expires 1h``: a duration such as 12h, 30d or 1h30m."""
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def _expiry(text: str) -> timedelta:
@@ -70,12 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also submit the example workloads (examples/): training, a failure, an OOM kill, "
         "an idle notebook and a stall",
     )
-    up.set_defaults(func=cmd_up)
+    up.set_defaults(func=_later("processes", "cmd_up"))
 
     serve = sub.add_parser("serve", help="run the API server")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    serve.set_defaults(func=cmd_serve)
+    serve.set_defaults(func=_later("processes", "cmd_serve"))
 
     worker = sub.add_parser("worker", help="run the Dramatiq actors (production: with Redis)")
     worker.add_argument(
@@ -84,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="threads for webhooks and pruning (the tick, lease checks and passes have theirs)",
     )
-    worker.set_defaults(func=cmd_worker)
+    worker.set_defaults(func=_later("processes", "cmd_worker"))
 
     agent = sub.add_parser("agent", help="join a cluster and run the workers placed here")
     from agent.main import add_arguments
@@ -92,26 +102,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(agent)
     # `astraeus up`'s local agent: end when that process does (its pid)
     agent.add_argument("--end-with-parent", type=int, metavar="PID", help=argparse.SUPPRESS)
-    agent.set_defaults(func=cmd_agent)
+    agent.set_defaults(func=_later("agent_process", "cmd_agent"))
 
     scheduler = sub.add_parser(
         "scheduler", help="send the periodic jobs (scheduling pass, metrics pruning)"
     )
-    scheduler.set_defaults(func=cmd_scheduler)
+    scheduler.set_defaults(func=_later("processes", "cmd_scheduler"))
 
     db = sub.add_parser("db", help="database administration").add_subparsers(
         dest="db_command", required=True
     )
     upgrade = db.add_parser("upgrade", help="apply the migrations")
     upgrade.add_argument("revision", nargs="?", default="head")
-    upgrade.set_defaults(func=cmd_db_upgrade)
+    upgrade.set_defaults(func=_later("admin", "cmd_db_upgrade"))
 
     boot = sub.add_parser("bootstrap", help="first-run set-up; prints the admin token once")
     boot.add_argument("--organization", default="default")
     boot.add_argument("--cluster", default="local")
     boot.add_argument("--workspace", default="default")
     boot.add_argument("--admin", default="admin")
-    boot.set_defaults(func=cmd_bootstrap)
+    boot.set_defaults(func=_later("admin", "cmd_bootstrap"))
 
     keys = sub.add_parser("secrets", help="secrets at rest").add_subparsers(
         dest="secrets_command", required=True
@@ -119,9 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     reencrypt = keys.add_parser(
         "reencrypt", help="encrypt every stored secret with the first key (key rotation)"
     )
-    reencrypt.set_defaults(func=cmd_secrets_reencrypt)
+    reencrypt.set_defaults(func=_later("admin", "cmd_secrets_reencrypt"))
     new_key = keys.add_parser("new-key", help="print a new encryption key (key rotation)")
-    new_key.set_defaults(func=cmd_secrets_new_key)
+    new_key.set_defaults(func=_later("admin", "cmd_secrets_new_key"))
 
     ws = sub.add_parser("workspace", help="workspaces").add_subparsers(
         dest="ws_command", required=True
@@ -129,21 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
     ws_create = ws.add_parser("create", help="add a workspace")
     ws_create.add_argument("name")
     ws_create.add_argument("--organization", default="default")
-    ws_create.set_defaults(func=cmd_workspace_create)
+    ws_create.set_defaults(func=_later("admin", "cmd_workspace_create"))
     ceiling = ws.add_parser(
         "ceiling", help="the highest priority a workspace's runs may ask for (default 50)"
     )
     ceiling.add_argument("name")
     ceiling.add_argument("ceiling", type=int, help="0 to 100")
     ceiling.add_argument("--organization", default="default")
-    ceiling.set_defaults(func=cmd_workspace_ceiling)
+    ceiling.set_defaults(func=_later("admin", "cmd_workspace_ceiling"))
 
     quota = ws.add_parser("quota", help="the most GPUs a workspace's runs may hold on a cluster")
     quota.add_argument("name")
     quota.add_argument("--cluster", default="local")
     quota.add_argument("--gpus", required=True, help="a number, or none for no quota")
     quota.add_argument("--organization", default="default")
-    quota.set_defaults(func=cmd_workspace_quota)
+    quota.set_defaults(func=_later("admin", "cmd_workspace_quota"))
 
     cluster = sub.add_parser("cluster", help="clusters").add_subparsers(
         dest="cluster_command", required=True
@@ -160,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         "deny (the default): runs preempt only their own workspace's",
     )
     preemption.add_argument("--organization", default="default")
-    preemption.set_defaults(func=cmd_cluster_preemption)
+    preemption.set_defaults(func=_later("admin", "cmd_cluster_preemption"))
 
     token = sub.add_parser("token", help="API tokens").add_subparsers(
         dest="token_command", required=True
@@ -179,17 +189,61 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="a user token is refused this long from now (30d, 12h; default: never)",
     )
-    machine_cli.add_join_token_options(create)
-    create.set_defaults(func=cmd_token_create)
+    _join_token_options(create)
+    create.set_defaults(func=_later("tokens", "cmd_token_create"))
     listing = token.add_parser("list", help="the organisation's user tokens (never secrets)")
     listing.add_argument("--organization", default="default")
-    listing.set_defaults(func=cmd_token_list)
+    listing.set_defaults(func=_later("tokens", "cmd_token_list"))
     revoke = token.add_parser("revoke", help="revoke a user token; its streams end within seconds")
     revoke.add_argument("token", help="the token's id or first characters (astraeus token list)")
     revoke.add_argument("--organization", default="default")
-    revoke.set_defaults(func=cmd_token_revoke)
-    machine_cli.add_commands(sub, in_transaction)
+    revoke.set_defaults(func=_later("tokens", "cmd_token_revoke"))
+    _machine_commands(sub)
     return parser
+
+
+def _machine_commands(sub: Any) -> None:
+    """``agent-token`` and ``machine-credential``: how machines join (backend/cli/machines.py)."""
+
+    def scoped(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        parser.add_argument("--cluster", default="local", help="the cluster (default: local)")
+        parser.add_argument("--organization", default="default")
+        return parser
+
+    tokens = sub.add_parser(
+        "agent-token", help="join tokens machines exchange for credentials of their own"
+    ).add_subparsers(dest="agent_token_command", required=True)
+    create = scoped(tokens.add_parser("create", help="print a new join token (shown once)"))
+    _join_token_options(create)
+    create.add_argument(
+        "--expires", type=_duration, help="how long it lets machines join, e.g. 1h or 7d (24h)"
+    )
+    create.add_argument("--name", default="", help="a label to tell the token apart")
+    create.set_defaults(func=_later("machines", "create_join_token"))
+    listed = scoped(tokens.add_parser("list", help="the cluster's join tokens"))
+    listed.set_defaults(func=_later("machines", "list_join_tokens"))
+    revoke = scoped(tokens.add_parser("revoke", help="no machine joins with it any more"))
+    revoke.add_argument("id", type=int, help="the token's id (agent-token list)")
+    revoke.set_defaults(func=_later("machines", "revoke_join_token"))
+
+    credentials = sub.add_parser(
+        "machine-credential", help="machines' own credentials"
+    ).add_subparsers(dest="machine_credential_command", required=True)
+    shown = scoped(credentials.add_parser("list", help="each machine's credential"))
+    shown.set_defaults(func=_later("machines", "list_credentials"))
+    gone = scoped(
+        credentials.add_parser(
+            "revoke", help="the machine is lost at once, its workers placed elsewhere"
+        )
+    )
+    gone.add_argument("machine", help="the machine's name")
+    gone.set_defaults(func=_later("machines", "revoke_credential"))
+
+
+def _join_token_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--uses", type=int, default=1, help="how many machines may join with it (default 1)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,4 +105,4 @@ def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_agent_token_create(settings: Settings, args: argparse.Namespace) -> int:
     """`token create --agent`: a join token, as `astraeus agent-token create` makes."""
-    return machine_cli.create_join_token(in_transaction, settings, args)
+    return machine_cli.create_join_token(settings, args)
