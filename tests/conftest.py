@@ -200,6 +200,28 @@ def pytest_collection_modifyitems(
     items.sort(key=order)  # stable: pytest's order within each
 
 
+# Each module's time (its tests' setup, call and teardown, in whichever lanes they ran), summed
+# from the reports as they arrive, for the summary `make test` prints: where the run's time
+# goes, to keep LONGEST in order and the run under its budget (issue 22).
+MODULE_SECONDS: dict[str, float] = {}
+MODULES_SHOWN = 25
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::")[0]
+    MODULE_SECONDS[module] = MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if len(MODULE_SECONDS) < 2:
+        return
+    total = sum(MODULE_SECONDS.values())
+    terminalreporter.section(f"the {MODULES_SHOWN} longest modules (of {total:.0f} s in all)")
+    ranked = sorted(MODULE_SECONDS.items(), key=lambda m: -m[1])[:MODULES_SHOWN]
+    for module, seconds in ranked:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {module}")
+
+
 def _postgres_database() -> Iterator[str]:
     name = f"astraeus_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
