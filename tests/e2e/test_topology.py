@@ -420,7 +420,9 @@ def test_postgresql_restarts(topology: Topology) -> None:
         # the machine's heartbeats cannot be written; the follow needs no database
         seen = len(direct.numbers())
         time.sleep(max(0.0, LEASE_S + 5 - (time.monotonic() - away)))
-        assert len(direct.numbers()) > seen + 2 * LEASE_S  # two lines a second
+        # the workload writes two lines a second; beside the whole suite on 2 cores fewer came
+        # (116 in 65 s): at least one a second came through the outage
+        assert len(direct.numbers()) > seen + LEASE_S
         t.postgres.start()
         # every process reconnects by itself; the machine is not taken for lost although its
         # lease ran out while nothing could be written, so the run goes on

@@ -14,6 +14,7 @@ import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -122,9 +123,18 @@ def test_a_token_revoked_through_graphql_closes_its_stream_too(live: Live) -> No
 
 
 def test_an_expired_token_is_refused_and_its_stream_closed(live: Live) -> None:
-    token = user_token(live, "fay", "--expires", "3s")
-    assert "errors" not in graphql(live, token, TOKENS)
-    ended = asyncio.run(_follow_until_closed(live, token, lambda: time.sleep(3)))
+    # Long enough for `astraeus token create` and the first query beside the whole suite (a
+    # 3 s token had expired before its first use); the stream is watched from its expiry on.
+    token = user_token(live, "fay", "--expires", "20s")
+    answer = graphql(live, token, TOKENS)
+    assert "errors" not in answer, answer
+    (own,) = answer["data"]["tokens"]
+    expires = datetime.fromisoformat(own["expiresAt"])
+
+    def until_expired() -> None:
+        time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()))
+
+    ended = asyncio.run(_follow_until_closed(live, token, until_expired))
     assert ended.seconds < 6 and ended.close_code == 4403, ended
     assert "expired" in json.dumps(ended.messages), ended.messages
     refused = httpx.get(
