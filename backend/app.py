@@ -35,8 +35,8 @@ from backend.access import service as access
 from backend.access.watch import watch_of
 from backend.agents import routing
 from backend.agents.routing import LogRouter
-from backend.agents.stream import AgentService
-from backend.agents.stream import serve as serve_agents
+from backend.agents.servicer import AgentService
+from backend.agents.servicer import serve as serve_agents
 from backend.boundary import BodyLimit, SecurityHeaders
 from backend.clock import Clock, SystemClock
 from backend.config import Settings, get_settings

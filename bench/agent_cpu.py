@@ -33,7 +33,7 @@ from sqlalchemy import func, select
 
 from agent.executor import end_left_workers
 from backend.access import service as access
-from backend.agents.stream import AgentService, serve
+from backend.agents.servicer import AgentService, serve
 from backend.clock import SystemClock
 from backend.db import Database
 from backend.machine_identity import service as identity

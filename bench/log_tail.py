@@ -36,7 +36,7 @@ from agent.config import AgentConfig
 from agent.connection import Agent
 from agent.gpus import simulated
 from agent.logs import WorkerLog
-from backend.agents.stream import AgentService, serve
+from backend.agents.servicer import AgentService, serve
 from backend.clock import SystemClock
 from backend.db import Database
 from backend.logs.service import WorkerRef

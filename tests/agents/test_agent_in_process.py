@@ -9,7 +9,8 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from backend.agents.stream import AgentService, LogChunkInfo
+from backend.agents.follow_buffer import LogChunkInfo
+from backend.agents.servicer import AgentService
 from backend.db import Database
 from backend.logs.service import WorkerRef
 from backend.models import AgentCommand, Machine, Worker

@@ -18,8 +18,8 @@ from sqlalchemy.engine import Engine
 from agent.config import AgentConfig
 from agent.connection import Agent as RealAgent
 from agent.gpus import simulated
-from backend.agents import stream as agent_stream
-from backend.agents.stream import AgentService, serve
+from backend.agents import streams as agent_streams
+from backend.agents.servicer import AgentService, serve
 from backend.db import Database
 from backend.machine_identity import service as identity
 from backend.machines import service as machines
@@ -154,7 +154,7 @@ async def test_a_stream_whose_other_messages_are_slow_keeps_its_lease(
     start_replica: StartReplica, db: Database, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the server reads a machine's messages no faster than it writes them once a few wait
-    monkeypatch.setattr(agent_stream, "RECEIVED_MAX", 20)
+    monkeypatch.setattr(agent_streams, "RECEIVED_MAX", 20)
     replica = await start_replica()
     agent = await _connect(replica.address, db, clock, "gpu-07")
     try:

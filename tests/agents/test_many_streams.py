@@ -18,7 +18,7 @@ from astraeus.agent.v1 import agent_pb2
 from sqlalchemy import event, select, text
 
 from backend.agents import repository
-from backend.agents.stream import AgentService, serve
+from backend.agents.servicer import AgentService, serve
 from backend.db import Database
 from backend.machine_identity import service as identity
 from backend.models import AgentCommand, Cluster

@@ -22,7 +22,7 @@ from agent.executor import end_left_workers
 from agent.gpus import simulated
 from backend.accounting import counting
 from backend.accounting import service as accounting
-from backend.agents.stream import AgentService
+from backend.agents.servicer import AgentService
 from backend.db import Database
 from backend.models import MetricSample, Run, Worker
 from tests.lifecycle.world import World

@@ -23,9 +23,10 @@ from redis.asyncio.client import PubSub
 from sqlalchemy import select
 from starlette.applications import Starlette
 
-from backend.agents import routing
-from backend.agents.routing import RedisRouter
-from backend.agents.stream import AgentService, LogChunkInfo, serve
+from backend.agents import redis_router, routing
+from backend.agents.follow_buffer import LogChunkInfo
+from backend.agents.redis_router import RedisRouter
+from backend.agents.servicer import AgentService, serve
 from backend.app import create_app
 from backend.config import Settings
 from backend.db import Database
@@ -393,7 +394,9 @@ async def test_the_log_endpoint_answers_with_a_machine_held_by_another_replica(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(routing, "PREFIX", prefix)  # this test's keys, for the app's router too
+    monkeypatch.setattr(
+        redis_router, "PREFIX", prefix
+    )  # this test's keys, for the app's router too
     async with (
         serving(redis_settings(REDIS_URL), db, clock) as (_, client),
         replica(db, clock, prefix) as a,

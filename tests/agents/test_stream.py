@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.agents import service as agents
-from backend.agents.stream import AgentService, serve
+from backend.agents.servicer import AgentService, serve
 from backend.db import Database
 from backend.lifecycle import service as lifecycle
 from backend.machine_identity import service as identity
@@ -168,7 +168,7 @@ async def test_an_agent_of_an_older_protocol_is_refused(
 
 
 def test_a_full_follow_buffer_counts_every_line_it_drops() -> None:
-    from backend.agents.stream import FOLLOW_BUFFER, Follow
+    from backend.agents.follow_buffer import FOLLOW_BUFFER, Follow
 
     follow = Follow()
     for i in range(FOLLOW_BUFFER):

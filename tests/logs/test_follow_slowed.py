@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import select
 
-from backend.agents.stream import AgentService
+from backend.agents.servicer import AgentService
 from backend.db import Database
 from backend.logs import service as logs
 from backend.logs.service import Followed, WorkerRef

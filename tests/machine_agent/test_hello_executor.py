@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 
 from agent.metrics import NETWORK_METRICS
-from backend.agents.stream import AgentService
+from backend.agents.servicer import AgentService
 from backend.db import Database
 from backend.models import Machine
 from tests.support.agents import agent_for, wait_for

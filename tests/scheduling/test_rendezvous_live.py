@@ -15,7 +15,7 @@ from sqlalchemy import select, update
 from agent.config import AgentConfig
 from agent.connection import Agent
 from agent.gpus import simulated
-from backend.agents.stream import AgentService
+from backend.agents.servicer import AgentService
 from backend.db import Database
 from backend.logs.service import WorkerRef
 from backend.machine_identity import service as identity

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from agent.config import AgentConfig
 from agent.connection import Agent
 from agent.gpus import simulated
-from backend.agents.stream import AgentService, serve
+from backend.agents.servicer import AgentService, serve
 from backend.db import Database
 from backend.models import Worker
 from tests.support import FakeClock

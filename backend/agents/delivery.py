@@ -1,0 +1,185 @@
+"""The machines' commands delivered on their streams: one loop for all of a replica's
+streams finds their new commands (the outbox the lifecycle writes) and checks that their
+credentials still hold, a query or two per poll however many streams there are."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from astraeus.agent.v1 import agent_pb2
+
+from backend.agents import service
+from backend.agents.streams import MESSAGE_LIMIT, MachineStream, Streams, too_large
+from backend.clock import Clock
+from backend.db import Database, database_away
+from backend.machine_identity import service as identity
+from backend.machine_identity.rules import MachinePrincipal
+from backend.models import AgentCommand
+
+log = logging.getLogger(__name__)
+
+_COMMANDS = {
+    "start": agent_pb2.COMMAND_KIND_START,
+    "release": agent_pb2.COMMAND_KIND_RELEASE,
+    "stop": agent_pb2.COMMAND_KIND_STOP,
+    "delete": agent_pb2.COMMAND_KIND_DELETE,
+}
+# How often the streams' credentials are checked (all of a replica's in one query): a revoked
+# one's stream ends within this and a poll interval.
+REVOCATION_CHECK_S = 2.0
+
+
+class CommandDelivery:
+    """The delivery loop of one replica's ``streams``; ``on_freed`` hears of GPUs freed by a
+    command that could not be delivered (its worker fails)."""
+
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        streams: Streams,
+        *,
+        poll_interval: float,
+        on_freed: Callable[[], None],
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.streams = streams
+        self.poll_interval = poll_interval
+        self.on_freed = on_freed
+        self._delivery: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def soon(self) -> None:
+        """Look for commands now (a stream opened): the delivery loop runs while this
+        replica holds streams."""
+        self._wake.set()
+        if self._delivery is None or self._delivery.done():
+            self._delivery = asyncio.create_task(self._delivering())
+
+    def stop(self) -> None:
+        """The last stream ended: the loop stops."""
+        delivery, self._delivery = self._delivery, None
+        if delivery is not None:
+            delivery.cancel()
+
+    async def _delivering(self) -> None:
+        """While this replica holds streams: every poll interval, one query for all of their
+        machines' new unacknowledged commands (sent in order on each machine's stream; none
+        while the database is away), and every REVOCATION_CHECK_S one for whether their
+        credentials still hold (a stream whose credential was revoked ends, saying why). A
+        stream opening wakes it at once."""
+        loop = asyncio.get_running_loop()
+        checked = -REVOCATION_CHECK_S
+        while self.streams.by_machine:
+            self._wake.clear()
+            check = loop.time() - checked >= REVOCATION_CHECK_S
+            try:
+                await self._deliver_once(check)
+                if check:
+                    checked = loop.time()
+            except Exception as error:
+                if not database_away(error):
+                    log.exception("commands could not be delivered; they are tried again")
+            # not wait_for: see _wait in backend/agents/redis_router.py
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_interval):
+                    await self._wake.wait()
+
+    async def _deliver_once(self, check_credentials: bool) -> None:
+        streams = [s for s in self.streams.by_machine.values() if not s.closed.is_set()]
+        if not streams:
+            return
+        refused: dict[MachinePrincipal, str] = {}
+        async with self.db.read() as session:
+            if check_credentials:
+                refused = await identity.revoked_among(
+                    session, {s.agent for s in streams if s.agent is not None}
+                )
+            commands = await service.new_commands(
+                session, {s.machine_id: s.last_command_sent for s in streams}
+            )
+        for stream in streams:
+            if stream.agent is not None and stream.agent in refused:
+                stream.refusal = refused[stream.agent]
+                stream.closed.set()
+                continue
+            try:
+                await self._send_commands(stream, commands.get(stream.machine_id, []))
+            except Exception as error:
+                if database_away(error):
+                    raise
+                log.exception("commands of machine %s could not be sent", stream.machine_id)
+                stream.closed.set()  # it registers again, and its commands are sent again
+
+    async def _send_commands(self, stream: MachineStream, commands: list[AgentCommand]) -> None:
+        """The machine's new commands on its stream, in order. A command too large for the
+        stream is never sent: its worker fails with a reason instead, and the stream carries
+        the next one."""
+        for c in commands:
+            if stream.closed.is_set() or c.id <= stream.last_command_sent:
+                return
+            message = agent_pb2.Command(
+                command_id=c.id,
+                kind=_COMMANDS[c.kind],
+                worker_id=c.target_worker_id or 0,
+                start=start_message(c) if c.kind == "start" else None,
+            )
+            size = message.ByteSize()
+            if size > MESSAGE_LIMIT:
+                await self._undeliverable(stream.machine_id, c, size)
+            else:
+                stream.send(command=message)
+            stream.last_command_sent = c.id
+
+    async def _undeliverable(self, machine_id: int, command: AgentCommand, size: int) -> None:
+        """A command the stream cannot carry: set aside, and its worker fails saying why."""
+        reason = too_large(f"Its {command.kind} command is", size)
+        async with self.db.transaction() as session:
+            fx = await service.undeliverable(session, self.clock, machine_id, command.id, reason)
+        if fx.freed:
+            self.on_freed()
+
+
+def start_message(command: AgentCommand) -> agent_pb2.StartWorker:
+    """A start command's stored payload as the protocol's typed message."""
+    p = command.payload
+    start = agent_pb2.StartWorker(
+        worker=command.worker_name,
+        run=str(p.get("run") or ""),
+        rank=int(p.get("rank") or 0),
+        attempt=int(p.get("attempt") or 0),
+        workspace_id=int(p.get("workspace_id") or 0),
+        image=str(p.get("image") or ""),
+        command=[str(a) for a in p.get("command") or []],
+        user=str(p.get("user") or ""),
+        working_dir=str(p.get("working_dir") or ""),
+        environment={str(k): str(v) for k, v in (p.get("environment") or {}).items()},
+        astraeus_environment={
+            str(k): str(v) for k, v in (p.get("astraeus_environment") or {}).items()
+        },
+        mounts=[
+            agent_pb2.Mount(
+                drive=m["drive"],
+                path=m["path"],
+                fill_from=m.get("fill_from") or "",
+                read_only=bool(m.get("read_only")),
+            )
+            for m in p.get("mounts") or []
+        ],
+        credentials=[
+            agent_pb2.Credential(
+                secret=c["secret"], env=c.get("env") or "", file=c.get("file") or ""
+            )
+            for c in p.get("credentials") or []
+        ],
+        gpu_ids=[int(i) for i in p.get("gpu_ids") or []],
+    )
+    if p.get("cpu") is not None:
+        start.cpu = float(p["cpu"])
+    if p.get("memory_limit_bytes") is not None:
+        start.memory_limit_bytes = int(p["memory_limit_bytes"])
+    return start
