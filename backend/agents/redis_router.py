@@ -27,9 +27,7 @@ import logging
 import os
 import socket
 import uuid
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
-from dataclasses import replace
 from typing import Any
 
 from redis.asyncio import Redis
@@ -39,7 +37,7 @@ from redis.exceptions import RedisError
 
 from agent.backoff import Backoff
 from backend.agents.claims import CLAIM_TTL, Claims
-from backend.agents.follow_buffer import LogChunkInfo
+from backend.agents.follow_buffer import FOLLOW_BUFFER, FollowBuffer, LogChunkInfo
 from backend.agents.servicer import AgentService
 from backend.logs.service import LogText, LogUnavailable, WorkerRef
 
@@ -47,7 +45,6 @@ log = logging.getLogger(__name__)
 
 PREFIX = "astraeus:logs"
 HOLDER_SHARE = 0.8  # of the asker's wait, what the holder waits for the machine
-FOLLOW_BUFFER = 64  # chunks a relayed follow keeps for a reader that is behind
 FOLLOW_KEEPALIVE = 5.0  # seconds between the holder's "still here" on a quiet follow
 SILENT_KEEPALIVES = 3  # an asker that hears nothing for this many keepalives stops waiting
 LISTEN_RETRY_MAX = 1.0  # seconds between attempts to listen again, at most
@@ -68,34 +65,21 @@ async def _wait(event: asyncio.Event, seconds: float) -> None:
 
 
 class Backlog:
-    """A relayed follow's chunks not read yet, at most ``size``: the lines of chunks that do
-    not fit are counted and reported as missed on the next chunk that does."""
+    """A relayed follow as its asker has it: the chunks not read yet, at most ``size``
+    (``buffer``: the lines of those that do not fit are counted as missed), and whether more
+    can come."""
 
     def __init__(self, size: int, keepalive: float) -> None:
-        self.size = size
+        self.buffer = FollowBuffer(size)
         self.keepalive = keepalive
-        self.chunks: deque[LogChunkInfo] = deque()
-        self.missed = 0
         self.gone = False  # the holder's follow finished without the worker ending
         self.lost = False  # the asker lost its Redis channel: nothing more can arrive
-        self.arrived = asyncio.Event()
         self.heard = asyncio.get_running_loop().time()
-
-    def offer(self, chunk: LogChunkInfo) -> None:
-        if len(self.chunks) >= self.size:
-            if not chunk.ended:
-                self.missed += chunk.missed + chunk.text.count("\n")
-                return
-            dropped = self.chunks.pop()  # the end must arrive: the newest waiting makes room
-            self.missed += dropped.missed + dropped.text.count("\n")
-        self.chunks.append(replace(chunk, missed=chunk.missed + self.missed))
-        self.missed = 0
-        self.arrived.set()
 
     def hear(self, message: dict[str, Any]) -> None:
         self.heard = asyncio.get_running_loop().time()
         if message["type"] == "chunk":
-            self.offer(
+            self.buffer.offer(
                 LogChunkInfo(
                     str(message["text"]),
                     bool(message["archived"]),
@@ -105,19 +89,23 @@ class Backlog:
             )
         elif message["type"] == "end":
             self.gone = True
-            self.arrived.set()
+            self.buffer.arrived.set()
+
+    def lose(self) -> None:
+        """The asker lost its Redis channel: the reader waits no more."""
+        self.lost = True
+        self.buffer.arrived.set()
 
     async def next(self) -> LogChunkInfo | None:
         """The next chunk; None once the holder's follow is over or it has gone silent."""
         loop = asyncio.get_running_loop()
-        while not self.chunks:
+        while (chunk := self.buffer.take()) is None:
             if self.gone or self.lost:
                 return None
             if loop.time() - self.heard > SILENT_KEEPALIVES * self.keepalive:
                 return None
-            self.arrived.clear()
-            await _wait(self.arrived, self.keepalive)
-        return self.chunks.popleft()
+            await _wait(self.buffer.arrived, self.keepalive)
+        return chunk
 
 
 class RedisRouter:
@@ -215,8 +203,7 @@ class RedisRouter:
                 if self.listening.is_set():
                     self.listening.clear()
                     for backlog in self.backlogs.values():  # their chunks can no longer come
-                        backlog.lost = True
-                        backlog.arrived.set()
+                        backlog.lose()
             await asyncio.sleep(retry.wait())
 
     def _dispatch(self, data: str) -> None:

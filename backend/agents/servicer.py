@@ -22,7 +22,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from backend.access.rules import bearer_secret
 from backend.agents import service
 from backend.agents.delivery import CommandDelivery
-from backend.agents.follow_buffer import Follow, LogChunkInfo
+from backend.agents.follow_buffer import FollowBuffer, LogChunkInfo
 from backend.agents.handlers import MessageHandlers
 from backend.agents.leases import LeaseKeeper, renew_interval
 from backend.agents.service import HelloInfo, KnownWorker
@@ -222,7 +222,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if stream is None:
             return
         request_id = next(stream.ids)
-        follow = Follow()
+        follow = FollowBuffer()
         stream.follows[request_id] = follow
         stream.outgoing.put_nowait(
             agent_pb2.ServerMessage(
@@ -234,15 +234,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         )
         try:
             while True:
-                getter = asyncio.ensure_future(follow.chunks.get())
-                closed = asyncio.ensure_future(stream.closed.wait())
-                done, _ = await asyncio.wait({getter, closed}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    return
-                closed.cancel()
-                chunk = getter.result()
-                yield LogChunkInfo(chunk.text, chunk.archived, chunk.missed_lines, chunk.ended)
+                chunk = follow.take()
+                if chunk is None:
+                    if stream.closed.is_set():  # closed, and all that came first was read
+                        return
+                    await _first_set(follow.arrived, stream.closed)
+                    continue
+                yield chunk
                 if chunk.ended:
                     return
         finally:
@@ -364,11 +362,22 @@ def _answered(stream: MachineStream, reply: agent_pb2.Reply) -> None:
     """A reply of the machine's to a request of ours: a followed log's lines, or an answer."""
     follow = stream.follows.get(reply.request_id)
     if follow is not None and reply.WhichOneof("body") == "log":
-        follow.offer(reply.log)
+        chunk = reply.log
+        follow.offer(LogChunkInfo(chunk.text, chunk.archived, chunk.missed_lines, chunk.ended))
         return
     future = stream.pending.get(reply.request_id)
     if future is not None and not future.done():
         future.set_result(reply)
+
+
+async def _first_set(*events: asyncio.Event) -> None:
+    """Until one of the events is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 async def serve(

@@ -12,7 +12,7 @@ from typing import Any
 
 from astraeus.agent.v1 import agent_pb2
 
-from backend.agents.follow_buffer import Follow
+from backend.agents.follow_buffer import FollowBuffer
 from backend.machine_identity.rules import MachinePrincipal
 
 RECEIVED_MAX = 10_000
@@ -48,7 +48,7 @@ class MachineStream:
     agent: MachinePrincipal | None = None
     # Why the server ends the stream (its credential was revoked): the agent is told so.
     refusal: str | None = None
-    follows: dict[int, Follow] = field(default_factory=dict)
+    follows: dict[int, FollowBuffer] = field(default_factory=dict)
     # The machine's messages in the order they came, for the writer: applied to the database
     # (waiting out an outage) and acknowledged in that order. Replies are answered at once.
     # Bounded: a machine whose messages cannot be written is read no faster than they are

@@ -167,23 +167,6 @@ async def test_an_agent_of_an_older_protocol_is_refused(
         assert await session.scalar(select(Machine).where(Machine.name == "gpu-07")) is None
 
 
-def test_a_full_follow_buffer_counts_every_line_it_drops() -> None:
-    from backend.agents.follow_buffer import FOLLOW_BUFFER, Follow
-
-    follow = Follow()
-    for i in range(FOLLOW_BUFFER):
-        follow.offer(agent_pb2.LogChunk(worker_id=7, text=f"line {i}\n"))
-    follow.offer(agent_pb2.LogChunk(worker_id=7, text="x\ny\n"))  # no room: 2 lines missed
-    follow.offer(agent_pb2.LogChunk(worker_id=7, text="z\n", ended=True))
-    chunks = []
-    while not follow.chunks.empty():
-        chunks.append(follow.chunks.get_nowait())
-    assert chunks[-1].ended
-    kept = sum(c.text.count("\n") for c in chunks)
-    # Every line is either delivered or counted as missed: FOLLOW_BUFFER + 2 + 1 in all.
-    assert kept + chunks[-1].missed_lines == FOLLOW_BUFFER + 3
-
-
 async def refusal(agent: Agent) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await agent.receive("welcome")
