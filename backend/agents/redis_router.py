@@ -47,6 +47,7 @@ PREFIX = "astraeus:logs"
 HOLDER_SHARE = 0.8  # of the asker's wait, what the holder waits for the machine
 FOLLOW_KEEPALIVE = 5.0  # seconds between the holder's "still here" on a quiet follow
 SILENT_KEEPALIVES = 3  # an asker that hears nothing for this many keepalives stops waiting
+LISTEN_RETRY_FIRST = 0.2  # seconds before the first attempt to listen again
 LISTEN_RETRY_MAX = 1.0  # seconds between attempts to listen again, at most
 LISTEN_WAIT = 2.0  # seconds serving() waits for the channel before going on without it
 REDIS_TIMEOUT = 2.0  # seconds a Redis command may take before it counts as failed
@@ -184,7 +185,7 @@ class RedisRouter:
         # at most a second apart: until it listens again, log requests through this replica
         # answer that Redis cannot be reached, so it listens within a second of Redis's return
         # (one connection attempt a second meanwhile costs Redis nothing)
-        retry = Backoff(0.2, LISTEN_RETRY_MAX)
+        retry = Backoff(LISTEN_RETRY_FIRST, LISTEN_RETRY_MAX)
         while not self.stopping:
             try:
                 async with self.redis.pubsub(ignore_subscribe_messages=True) as pubsub:

@@ -23,6 +23,7 @@ from redis.asyncio.client import PubSub
 from sqlalchemy import select
 from starlette.applications import Starlette
 
+from agent.backoff import Backoff
 from backend.agents import redis_router, routing
 from backend.agents.follow_buffer import LogChunkInfo
 from backend.agents.redis_router import RedisRouter
@@ -127,6 +128,24 @@ async def claimed_by(redis: Redis, prefix: str, replica_id: str, machine: int) -
     await wait_for(f"the claim of {replica_id}", claimed)
 
 
+async def refreshed(redis: Redis, key: str, holder: str, ttl_ms: int, times: int) -> None:
+    """Until the claim at ``key`` was refreshed ``times`` times (its time to live rose), held
+    by ``holder`` and within its TTL each time it is looked at."""
+    last = await redis.pttl(key)
+    seen = 0
+
+    async def enough() -> bool:
+        nonlocal last, seen
+        assert await redis.get(key) == holder
+        ttl = await redis.pttl(key)
+        assert 0 < ttl <= ttl_ms
+        seen += ttl > last
+        last = ttl
+        return seen >= times
+
+    await wait_for(f"{times} refreshes of {key}", enough, seconds=10)
+
+
 async def run_worker(db: Database, clock: FakeClock, tenancy: Tenancy, lines: int) -> WorkerRef:
     """Runs llama-sft-0, printing ``lines`` lines: the worker, as its machine knows it."""
     world = World(db, clock, tenancy)
@@ -226,7 +245,8 @@ async def test_a_reader_that_falls_behind_is_told_how_many_lines_it_missed(
         follower = b.router.follow(machine, worker, tail_lines=1000)
         chunks = [await anext(follower)]
         await completed(db)  # meanwhile some 10 chunks came for a backlog of 2
-        await asyncio.sleep(0.5)
+        (backlog,) = b.router.backlogs.values()
+        await until("the end in the backlog", lambda: any(c.ended for c in backlog.buffer.chunks))
         chunks += [c async for c in follower]
 
     assert chunks[-1].ended
@@ -253,7 +273,9 @@ async def test_once_the_stream_closes_the_claim_goes_and_other_replicas_answer_n
             machine = await machine_id(db)
             key = f"{prefix}:machine:{machine}"
             await claimed_by(redis, prefix, a.router.replica_id, machine)
-            await asyncio.sleep(1.5)  # past the TTL: refreshed while the stream lives
+            # past the TTL: refreshed while the stream lives, every 0.2 s (a third of the
+            # TTL); 7 refreshes: the claim outlived two TTLs (1.2 s and more)
+            await refreshed(redis, key, a.router.replica_id, ttl_ms=600, times=7)
             assert await redis.get(key) == a.router.replica_id
             assert 0 < await redis.pttl(key) <= 600
         await until("the stream to close", lambda: not a.service.streams.by_machine)
@@ -278,8 +300,11 @@ async def test_the_claim_of_a_replica_that_died_is_answered_none_at_once_then_ex
         assert await router.tail(7, LLAMA, 5, MAX_BYTES, wait_s=5) is None
         assert [c async for c in router.follow(7, LLAMA)] == []
         assert time.monotonic() - started < 0.5  # nobody listens on its channel: no wait
-        await asyncio.sleep(0.4)
-        assert not await redis.exists(f"{prefix}:machine:7")
+
+        async def expired() -> bool:
+            return not await redis.exists(f"{prefix}:machine:7")
+
+        await wait_for("the claim to expire", expired, seconds=0.4)
 
 
 async def next_message(inbox: PubSub) -> dict[str, Any]:
@@ -468,6 +493,16 @@ async def test_the_embedded_router_serves_the_log_endpoint_without_redis(
     }
 
 
+def failures_to_ceiling() -> int:
+    """How many attempts to listen again fail before the wait after one is the longest (the
+    waits double from LISTEN_RETRY_FIRST up to LISTEN_RETRY_MAX)."""
+    waits = Backoff(redis_router.LISTEN_RETRY_FIRST, redis_router.LISTEN_RETRY_MAX)
+    failures = 1
+    while waits.wait() < redis_router.LISTEN_RETRY_MAX:
+        failures += 1
+    return failures
+
+
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is needed")
 async def test_a_replica_listens_again_within_a_second_or_so_of_redis_coming_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -481,11 +516,14 @@ async def test_a_replica_listens_again_within_a_second_or_so_of_redis_coming_bac
     def attempts() -> int:
         return sum("listening again" in r.getMessage() for r in caplog.records)
 
+    async def at_ceiling() -> bool:  # the wait after the last failed attempt is the longest
+        return attempts() >= failures_to_ceiling()
+
     try:
         async with router.serving(None):
             assert router.listening.is_set()
             redis.kill()
-            await asyncio.sleep(10)  # long enough for a growing wait to reach its ceiling
+            await wait_for("the waits to grow to their ceiling", at_ceiling, seconds=20)
             assert not router.listening.is_set()
             failed = attempts()
 
