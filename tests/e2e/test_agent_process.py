@@ -30,6 +30,17 @@ FAILER = (
     "sys.exit(1)\n"
 )
 HANGS = "import time; print('loading', flush=True); time.sleep(600)"
+# Reports a step every half second for 15 s: three times its stall timeout (5 s, room for a
+# report to reach the server late on a loaded machine), so it is stalled unless its reports
+# count as progress.
+STEPPER = (
+    "import time, astraeus_progress\n"
+    "for i in range(30):\n"
+    "    print(f'step {i}', flush=True)\n"
+    "    astraeus_progress.report(i, loss=2.0 - i / 10)\n"
+    "    time.sleep(0.5)\n"
+)
+ENDED = ("Completed", "Failed", "Stopped")
 
 
 @pytest.fixture
@@ -185,14 +196,19 @@ def test_a_workload_reporting_steps_is_never_stalled_and_its_samples_arrive(
     cluster.submit(
         name="stepper",
         gpus=2,
-        stall_timeout="2s",
+        stall_timeout="5s",
         restart_policy="never",
-        command=[WORKLOAD_PYTHON, "-c", SURVIVOR],
+        command=[WORKLOAD_PYTHON, "-c", STEPPER],
     )
     started_ms = int(time.time() * 1000)
-    cluster.wait("completed", lambda: cluster.status("stepper") == "Completed")
-    history = cluster.get("/jobs/stepper")["history"]
-    assert [h["state"] for h in history] == ["Pending", "Starting", "Running", "Completed"]
+    cluster.wait("ended", lambda: cluster.status("stepper") in ENDED, seconds=180)
+    job = cluster.get("/jobs/stepper")
+    assert [h["state"] for h in job["history"]] == [
+        "Pending",
+        "Starting",
+        "Running",
+        "Completed",
+    ], (job, cluster.workers("stepper"))
 
     # Its samples reached the server: simulated GPUs busy while it stepped (seed L-34).
     busy = cluster.get(

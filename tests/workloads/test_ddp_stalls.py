@@ -4,12 +4,17 @@ ddp_train.py as a user writes it.
 
 Four runs go together (a module's fixture), so that one wait for the tick counts them all. The
 progress runs go first; the hanging ones once both progress runs step, the machine past the
-suite's start: no output is no progress, and in CI, with every module starting at once, a rank
-took 66 s to import PyTorch and 52 s more to build its model (a minute's stall timeout found
-both ranks stalled before they printed a line).
+suite's start. No output is no progress, and a rank is silent while it imports PyTorch (3 s of
+CPU here) and while it builds its DDP model (3 s more: DDP imports torch._dynamo), at a
+quarter of a core each (the CPU they ask for, which the agent's control group holds them to)
+and less under the suite's load: in CI a rank took 66 s to import and 52 s to build its model,
+and in a slower CI still, 90 s after joining it had not logged a step, so a stall timeout of a
+fixed 1m30s found it stalled before it hung. The hanging runs' stall timeout is therefore
+measured, not fixed: twice the longest time a progress rank took from running to its first
+step on this machine under this load, and at least 1m30s (`stall_timeout()`).
 - `hang-keep`, `hang-restart`: rank 1 hangs after step 5's update, before it logs it (a
   deadlock); rank 0 logs step 5 and blocks in step 6's all-reduce, a step (2 s) later. With
-  `stall_timeout: 1m30s`, both ranks are counted stalled, each from its own last progress (before,
+  that stall timeout, both ranks are counted stalled, each from its own last progress (before,
   with `on_stall: restart` only the first was: the gang's stop came before the second was
   looked at; and a stall was dated when the agent noticed the last output). `keep` leaves them
   running (stalled) until their owner stops them; `restart` stops the gang, keeps each
@@ -23,6 +28,7 @@ Each run's ledger is checked to the second against its workers' histories (ledge
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from datetime import UTC, datetime, timedelta
@@ -30,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from backend.config import format_duration
 from tests.workloads.conftest import Workloads
 from tests.workloads.ledger import (
     ENDED,
@@ -46,10 +53,9 @@ from tests.workloads.ledger import (
 
 HANG_AT = 5  # rank 1 hangs after this step's update; rank 0 logs it and blocks in the next
 SLEEP_S = 2.0  # between steps: rank 0's last progress is a step after rank 1's
-# Longer than a rank goes without output while it starts on a loaded machine at a quarter of a
-# core (CI: 52 s building its model, after the import; see above), as the server writes it.
-STALL_TIMEOUT = "1m30s"
-STALL = f"Stalled: no progress for {STALL_TIMEOUT}"  # lifecycle/progress.py's sentence
+# The least stall timeout of the hanging runs: longer than a rank goes without output while
+# it starts on a loaded machine (see above). Where starting takes longer, it is longer.
+LEAST_STALL_S = 90
 BACKOFF_S = 10  # the first restart's wait (lifecycle/sentences.py: restart_backoff)
 STEPS, STEP_SLEEP_S = 120, 0.5  # the progress runs: a minute of steps
 HANGS = ("hang-keep", "hang-restart")
@@ -73,6 +79,11 @@ def last_step(text: str, rank: int, context: object = None) -> tuple[int, dateti
     assert found, (text, context)
     step, logged = int(found[-1].group(2)), float(found[-1].group(3))
     return step, datetime.fromtimestamp(logged, UTC)
+
+
+def stalled(seen: dict[str, Any]) -> str:
+    """A hanging worker's reason once stalled (lifecycle/progress.py's sentence)."""
+    return f"Stalled: no progress for {seen['stall_timeout']}"
 
 
 def stalls(worker: dict[str, Any]) -> list[tuple[datetime, str]]:
@@ -127,6 +138,25 @@ def stepping(api: Api) -> bool:
     return True
 
 
+def stall_timeout(api: Api) -> str:
+    """The hanging runs' stall timeout, as the server writes durations: twice the longest a
+    progress rank took from running to its first step here and now (its import, joining, its
+    model; the longest silent stretch of a start is part of it), and at least LEAST_STALL_S."""
+    longest = 0.0
+    for run in PROGRESS:
+        for worker in api.graphql(RUN, run=run)["run"]["workers"]:
+            rank = int(worker["name"].rsplit("-", 1)[1])
+            running = min(
+                at(h["transitionAt"]) for h in worker["history"] if h["state"] == "Running"
+            )
+            first = next(
+                m for m in STEP_LINE.finditer(api.log(worker["name"])) if int(m.group(1)) == rank
+            )
+            started = datetime.fromtimestamp(float(first.group(3)), UTC) - running
+            longest = max(longest, started.total_seconds())
+    return format_duration(timedelta(seconds=max(LEAST_STALL_S, math.ceil(2 * longest))))
+
+
 @pytest.fixture(scope="module")
 def seen(api: Api, workloads: Workloads) -> dict[str, Any]:
     """The runs submitted, watched to their ends: what the restarting run showed while it
@@ -134,7 +164,6 @@ def seen(api: Api, workloads: Workloads) -> dict[str, Any]:
     script = str(workloads.scripts / "ddp_train.py")
     hang = ["python", script, "--steps", "1000", "--sleep", str(SLEEP_S)]
     hang += ["--hang-at", str(HANG_AT)]
-    stall = {"cpu": CPU, "stall_timeout": STALL_TIMEOUT}
     steps = ["python", script, "--steps", str(STEPS), "--sleep", str(STEP_SLEEP_S)]
     out: dict[str, Any] = {}
     # The progress runs start at a minute's start, so that their first step comes in the
@@ -143,7 +172,9 @@ def seen(api: Api, workloads: Workloads) -> dict[str, Any]:
     now = datetime.now(UTC)
     progress_at = now if now.second < 3 else now.replace(second=0, microsecond=0)
     progress_at += timedelta(minutes=0 if now.second < 3 else 1)
-    deadline = time.monotonic() + 900
+    # The runs end in about seven of a rank's starts (three starts, two stall timeouts of two
+    # starts each): an upper bound far above that.
+    deadline = time.monotonic() + 1800
     while time.monotonic() < deadline:
         if "submitted" not in out and datetime.now(UTC) >= progress_at:
             api.submit(spec("progress-append", workloads, steps, cpu=CPU))
@@ -152,6 +183,8 @@ def seen(api: Api, workloads: Workloads) -> dict[str, Any]:
             )
             out["submitted"] = datetime.now(UTC)
         if "hangs" not in out and "submitted" in out and stepping(api):
+            out["stall_timeout"] = stall_timeout(api)
+            stall = {"cpu": CPU, "stall_timeout": out["stall_timeout"]}
             api.submit(spec("hang-keep", workloads, hang, on_stall="keep", **stall))
             restart = {"restart_policy": "on_failure", "max_restarts": 1}
             api.submit(
@@ -187,6 +220,7 @@ def test_keep_counts_both_ranks_stalled_each_from_its_own_last_progress(
     api: Api, seen: dict[str, Any], ledgers: dict[str, tuple[History, Intervals]]
 ) -> None:
     # seed G-6: stalled, counted from when it stopped making progress
+    stall = stalled(seen)
     assert seen["ended"]["hang-keep"]["status"] == "Stopped"
     history, intervals = ledgers["hang-keep"]
     mine = by_worker(intervals)
@@ -195,7 +229,7 @@ def test_keep_counts_both_ranks_stalled_each_from_its_own_last_progress(
         rank = int(worker["name"].rsplit("-", 1)[1])
         step, logged = last_step(api.log(worker["name"]), rank, worker["history"])
         assert step == (HANG_AT - 1 if rank == 1 else HANG_AT), worker["name"]
-        assert [r for _, r in stalls(worker)] == [STALL], worker["history"]
+        assert [r for _, r in stalls(worker)] == [stall], worker["history"]
         ((stalled_at, _),) = stalls(worker)
         # dated by when its progress was written (the file's change), not when it was seen
         assert close(stalled_at, logged, 0.5), (worker["name"], stalled_at, logged)
@@ -212,10 +246,11 @@ def test_restart_stalls_both_ranks_and_restarts_after_its_backoff(
     api: Api, seen: dict[str, Any]
 ) -> None:
     # seed L-68, L-69 (the Restarting in a loop panel, the first wait), L-21, G-7
+    stall = stalled(seen)
     job, run = seen["waiting"]
     assert job["reason"] == (
         f"Restarting in {BACKOFF_S}s (1/1): Worker hang-restart-1 stalled on local: "
-        f"no progress for {STALL_TIMEOUT}"
+        f"no progress for {seen['stall_timeout']}"
     ), run["workers"]
     assert job["advice"]["kind"] == "stalled" and run["advice"]["kind"] == "stalled"
     loop = job["restart_loop"]
@@ -233,11 +268,11 @@ def test_restart_stalls_both_ranks_and_restarts_after_its_backoff(
     for worker in run["workers"]:
         rank = int(worker["name"].rsplit("-", 1)[1])
         snapshot = worker["lastFailure"]
-        assert snapshot["reason"] == STALL, snapshot
+        assert snapshot["reason"] == stall, snapshot
         step, logged = last_step(snapshot["log_tail"], rank, worker["history"])
         assert step == (HANG_AT - 1 if rank == 1 else HANG_AT), snapshot
         ((stalled_at, reason),) = stalls(worker)
-        assert (reason == STALL) if rank == 1 else reason.startswith(STALLED), reason
+        assert (reason == stall) if rank == 1 else reason.startswith(STALLED), reason
         assert close(stalled_at, logged, 0.5), (worker["name"], stalled_at, logged)
         first[rank] = stalled_at
         if worker["name"] == loop["worker"]:
@@ -252,6 +287,7 @@ def test_restart_counts_every_stall_of_both_ranks_and_spends_its_budget(
     api: Api, seen: dict[str, Any], ledgers: dict[str, tuple[History, Intervals]]
 ) -> None:
     # seed G-6, G-7, G-9, L-56
+    stall = stalled(seen)
     job = seen["ended"]["hang-restart"]
     assert (job["status"], job["reason"]) == ("Failed", "Retry budget exhausted after 1/1 restarts")
     assert job["advice"]["kind"] == "retry_budget", job["advice"]
@@ -284,7 +320,7 @@ def test_restart_counts_every_stall_of_both_ranks_and_spends_its_budget(
         assert [i["category"] for i in after] == ["restart"], (name, mine[name])
         # The second attempt's stall, as its own last lines date it.
         snapshot = api.get(f"/tasks/{name}").json()["last_failure"]
-        assert snapshot["reason"] == STALL, snapshot
+        assert snapshot["reason"] == stall, snapshot
         step, logged = last_step(snapshot["log_tail"], rank)
         assert step == (HANG_AT - 1 if rank == 1 else HANG_AT), snapshot
         assert close(changes[1][0], logged, 0.5), (name, changes[1][0], logged)
