@@ -14,7 +14,7 @@ from backend.machines import service as machines
 from backend.models import Event, Machine
 from tests.lifecycle.world import World
 from tests.support import Tenancy
-from tests.support.accounting import sample, tick
+from tests.support.accounting import sample_minutes, tick
 
 
 def held(productive: float, idle: float) -> Ledger:
@@ -57,14 +57,14 @@ async def test_a_workspace_whose_goodput_drops_fires_and_then_resolves(world: Wo
     await world.submit(name="llm", workers=1, gpus=8)
     await world.schedule()
     await world.start("llm-0")
-    busy = 0.9
-    for minute in range(26 * 60):  # a busy day, then an idle hour
-        if minute == 25 * 60:
-            busy = 0.0
-        world.clock.advance(minutes=1)
-        await sample(world, {0: busy})
-        if minute % 30 == 0 or minute >= 25 * 60:
-            await tick(world)
+    # A busy day, sampled each minute and counted each half hour, then an idle hour counted
+    # each minute.
+    for _ in range(25 * 2):
+        await sample_minutes(world, {0: 0.9}, 30)
+        await tick(world)
+    for _ in range(60):
+        await sample_minutes(world, {0: 0.0}, 1)
+        await tick(world)
     async with world.db.transaction() as session:
         evaluated = await alerts.evaluate(session, world.clock)
     assert [a.metric for a in evaluated.fired] == ["goodput_drop"]

@@ -84,16 +84,31 @@ async def expected(world: World, until: datetime) -> dict[tuple[str, bool], floa
 async def sample(world: World, busy: dict[int, float] | dict[str, float]) -> None:
     """Each running worker's GPUs' utilisation now, as its agent would send it; ``busy`` by
     rank, or by worker name (a worker not named: 0)."""
+    await sample_minutes(world, busy, 0)
+
+
+async def sample_minutes(
+    world: World, busy: dict[int, float] | dict[str, float], minutes: int
+) -> None:
+    """``minutes`` minutes pass, each running worker's GPUs sampled at the end of each (now
+    only, for none), and the samples sent as one batch per machine, as an agent sends what it
+    sampled since its last batch: one transaction, however many minutes."""
     async with world.db.transaction() as session:
         workers = list(await session.scalars(select(Worker).where(Worker.state == "Running")))
-        for w in workers:
-            assert w.machine_id is not None
+        batches: dict[int, list[SampleIn]] = defaultdict(list)
+        for _ in range(max(minutes, 1)):
+            if minutes:
+                world.clock.advance(minutes=1)
             at_ms = int(world.clock.now().timestamp() * 1000)
-            value = busy.get(w.name, busy.get(w.rank, 0.0))  # type: ignore[call-overload]
-            samples = [
-                SampleIn(w.id, "task_gpu_utilization_ratio", gpu, at_ms, value) for gpu in w.gpu_ids
-            ]
-            await agents.metrics(session, w.machine_id, samples, world.clock)
+            for w in workers:
+                assert w.machine_id is not None
+                value = busy.get(w.name, busy.get(w.rank, 0.0))  # type: ignore[call-overload]
+                batches[w.machine_id] += [
+                    SampleIn(w.id, "task_gpu_utilization_ratio", gpu, at_ms, value)
+                    for gpu in w.gpu_ids
+                ]
+        for machine_id, samples in batches.items():
+            await agents.metrics(session, machine_id, samples, world.clock)
 
 
 async def a_busy_and_an_idle_rank(world: World) -> None:
