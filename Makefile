@@ -4,6 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 WORKLOADS_STAMP := $(VENV)/.workloads
+# Python keeps each module's compiled form (__pycache__) where a machine's environment says
+# not to (PYTHONDONTWRITEBYTECODE, as on the CI machines): else every server, agent and CLI a
+# test starts compiles the backend from source again, half a second of CPU each, and pytest
+# rewrites every test module's assertions anew in each lane.
+unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
 .PHONY: help setup up serve test test-fast checks lint typecheck schema schema-check services bench load fleet proto clean \

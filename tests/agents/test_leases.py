@@ -25,6 +25,7 @@ from backend.machine_identity import service as identity
 from backend.machines import service as machines
 from backend.models import Cluster, Machine
 from tests.support import FakeClock, Tenancy
+from tests.support.agents import stop_serving
 from tests.support.stream import Agent, _port, hello
 
 LEASE = timedelta(seconds=60)
@@ -57,7 +58,7 @@ class Replica:
 
     async def stop(self) -> None:
         if self.server is not None:
-            await self.server.stop(grace=0)
+            await stop_serving(self.server, self.service)
             self.server = None
 
 

@@ -37,7 +37,7 @@ from backend.models import Machine, Worker
 from tests.e2e.services import PrivateRedis
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
-from tests.support.agents import agent_for, wait_for, worker_state
+from tests.support.agents import agent_for, stop_serving, wait_for, worker_state
 from tests.support.api import auth
 from tests.support.stream import _port
 
@@ -99,7 +99,7 @@ async def replica(
         try:
             yield Replica(service, router, address)
         finally:
-            await server.stop(grace=0)
+            await stop_serving(server, service)
 
 
 @contextlib.asynccontextmanager

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import timedelta
 
 import grpc
 import pytest
@@ -13,7 +12,6 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.agents import service as agents
-from backend.agents.servicer import AgentService, serve
 from backend.db import Database
 from backend.lifecycle import service as lifecycle
 from backend.machine_identity import service as identity
@@ -22,18 +20,15 @@ from backend.models import AgentCommand, Cluster, Gpu, JoinToken, Machine, Run
 from backend.secrets import service as secrets
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
-from tests.support.stream import Agent, _port, hello
+from tests.support.agents import agent_endpoint
+from tests.support.stream import Agent, hello
 
 
 @pytest.fixture
 async def endpoint(db: Database, clock: FakeClock, tenancy: Tenancy) -> AsyncIterator[str]:
-    service = AgentService(db, clock, lease=timedelta(seconds=60), poll_interval=0.05)
-    address = f"127.0.0.1:{_port()}"
-    server = await serve(service, address)
-    try:
+    """The agents' endpoint (the streams' last steps done before the test's database goes)."""
+    async with agent_endpoint(db, clock) as (_, address):
         yield address
-    finally:
-        await server.stop(grace=0)
 
 
 async def test_a_machine_joins_receives_its_commands_and_reports_its_workers(

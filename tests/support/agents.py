@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -32,14 +33,18 @@ async def agent_endpoint(
     try:
         yield service, address
     finally:
-        await server.stop(grace=0)
-        # The streams' last steps (the lease keeper's final renewal) run after the server's
-        # stop returns: done before the database is emptied, so the two never wait on each
-        # other's write lock (SQLite).
-        for _ in range(300):
-            if service.idle:
-                break
-            await asyncio.sleep(0.05)
+        await stop_serving(server, service)
+
+
+async def stop_serving(server: Any, service: AgentService) -> None:
+    """The endpoint stopped, and the streams' last steps (the lease keeper's final renewal),
+    which run after the server's stop returns, done: before the test's database is emptied or
+    removed, so that none writes to it after, or holds SQLite's write lock meanwhile."""
+    await server.stop(grace=0)
+    for _ in range(300):
+        if service.idle:
+            break
+        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
