@@ -264,11 +264,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await context.abort(code, refused.message)
             raise  # abort raises; this keeps type checkers sure
         except Exception as error:
-            if isinstance(error, PoolTimeout):  # the agent tries again later
-                await context.abort(grpc.StatusCode.UNAVAILABLE, BUSY)
-            if not database_away(error):
-                raise
-            await context.abort(grpc.StatusCode.UNAVAILABLE, DatabaseUnavailable().message)
+            await _unavailable_if_away(context, error)
             raise
         log.info("machine %s joined with a join token", request.machine)
         return agent_pb2.JoinReply(credential=issued.secret, machine=request.machine)
@@ -281,11 +277,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, error.message)
             raise  # abort raises; this keeps type checkers sure
         except Exception as error:
-            if isinstance(error, PoolTimeout):  # the agent tries again later
-                await context.abort(grpc.StatusCode.UNAVAILABLE, BUSY)
-            if not database_away(error):
-                raise
-            await context.abort(grpc.StatusCode.UNAVAILABLE, DatabaseUnavailable().message)
+            await _unavailable_if_away(context, error)
             raise
 
     async def _read(
@@ -325,6 +317,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         server's grace."""
         for stream in list(self.streams.by_machine.values()):
             stream.closed.set()
+
+
+async def _unavailable_if_away(context: grpc.aio.ServicerContext, error: Exception) -> None:
+    """The call aborted UNAVAILABLE (the agent tries again later) when ``error`` is the
+    database's: its pool full, or the database away; any other error is left to the caller."""
+    if isinstance(error, PoolTimeout):
+        await context.abort(grpc.StatusCode.UNAVAILABLE, BUSY)
+    if database_away(error):
+        await context.abort(grpc.StatusCode.UNAVAILABLE, DatabaseUnavailable().message)
 
 
 def _bearer(context: grpc.aio.ServicerContext) -> str | None:

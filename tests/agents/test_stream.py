@@ -21,7 +21,7 @@ from backend.secrets import service as secrets
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 from tests.support.agents import agent_endpoint
-from tests.support.stream import Agent, hello
+from tests.support.stream import Agent, hello, one_worker_started
 
 
 @pytest.fixture
@@ -91,12 +91,8 @@ async def test_a_failure_snapshot_reaches_the_worker(
 ) -> None:
     agent = Agent(endpoint, machine_token)
     try:
-        agent.send(hello=hello())
-        await agent.receive("welcome")
         world = World(db, clock, tenancy)
-        await world.submit(workers=1, gpus=1, restart_policy="never")
-        await world.schedule()
-        start = await agent.receive("command")
+        start = await one_worker_started(agent, world)
         tail = "".join(f"line {i}\n" for i in range(50))
         last = agent.send(
             worker_event=agent_pb2.WorkerEvent(
@@ -326,12 +322,8 @@ async def test_a_forged_agents_overlong_words_are_cut_to_what_a_reason_holds(
     write on PostgreSQL and the stream with it; they are cut, the stream goes on."""
     agent = Agent(endpoint, machine_token)
     try:
-        agent.send(hello=hello())
-        await agent.receive("welcome")
         world = World(db, clock, tenancy)
-        await world.submit(workers=1, gpus=1, restart_policy="never")
-        await world.schedule()
-        start = await agent.receive("command")
+        start = await one_worker_started(agent, world)
         image = "registry.example.com/" + "i" * 5000
         last = agent.send(
             worker_event=agent_pb2.WorkerEvent(

@@ -16,6 +16,7 @@ from sqlalchemy import event, select
 from backend.db import Database
 from backend.machine_identity import service as identity
 from backend.models import Cluster
+from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 
 
@@ -68,6 +69,16 @@ class Agent:
     async def close(self) -> None:
         self.outgoing.put_nowait(None)
         await self.channel.close()
+
+
+async def one_worker_started(agent: Agent, world: World) -> agent_pb2.ServerMessage:
+    """The agent welcomed, and a run of one worker (never restarted) placed on its machine:
+    the worker's start, as the agent receives it."""
+    agent.send(hello=hello())
+    await agent.receive("welcome")
+    await world.submit(workers=1, gpus=1, restart_policy="never")
+    await world.schedule()
+    return await agent.receive("command")
 
 
 def hello(machine: str = "gpu-07", gpus: int = 2) -> agent_pb2.Hello:
