@@ -25,6 +25,7 @@ from backend.db import Database
 from tests.accounting.seed_week import play_seed_week
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy, free_port, make_tenancy
+from tests.support.http import HTTP
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 
@@ -86,7 +87,7 @@ class Server:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if HTTP.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return self.log.read_text()
             except httpx.TransportError:
                 pass
@@ -173,7 +174,7 @@ class Api:
         self.headers = {"Authorization": f"Bearer {token}"}
 
     def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
-        answer = httpx.post(
+        answer = HTTP.post(
             f"{self.url}/graphql",
             headers=self.headers,
             json={"query": query, "variables": variables},
@@ -183,7 +184,7 @@ class Api:
         return dict(answer["data"])
 
     def get(self, path: str) -> Any:
-        return httpx.get(f"{self.url}/v1{path}", headers=self.headers, timeout=20).json()
+        return HTTP.get(f"{self.url}/v1{path}", headers=self.headers, timeout=20).json()
 
 
 class AgentProcess:

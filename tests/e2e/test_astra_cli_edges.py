@@ -11,11 +11,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from backend.cli.astra.main import EXIT_BROKEN_PIPE, GPUS
 from tests.e2e.live import Server, running
+from tests.support.http import HTTP
 
 BIN = Path(sys.executable).parent
 ASTRA = str(BIN / "astra")
@@ -89,7 +89,7 @@ def test_gpus_json_gives_the_fields(live: tuple[Server, str]) -> None:
     assert isinstance(gpus, list)
     query = '{ __type(name: "Gpu") { fields { name } } }'
     server, admin = live
-    known = httpx.post(
+    known = HTTP.post(
         f"{server.url}/graphql",
         json={"query": query},
         headers={"Authorization": f"Bearer {admin}"},

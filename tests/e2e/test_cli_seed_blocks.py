@@ -18,11 +18,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.e2e.live import AgentProcess, Server, running, serving_seed_week
 from tests.support import Tenancy, searchable
+from tests.support.http import HTTP
 from tests.support.processes import SEED_BLOCK
 
 ASTRA = str(Path(sys.executable).parent / "astra")
@@ -89,7 +89,7 @@ def test_goodput_by_run_is_the_seeds_block_with_the_weeks_figures(
     printed = astra(server, token, "goodput", "--by", "run", "--days", "7")
     assert printed.returncode == 0, printed.stderr
     start = (datetime.now(UTC) - timedelta(days=7)).isoformat()
-    api = httpx.get(
+    api = HTTP.get(
         f"{server.url}/v1/goodput",
         params={"by": "run", "start": start},
         headers={"Authorization": f"Bearer {token}"},
@@ -107,7 +107,7 @@ def test_goodput_by_run_is_the_seeds_block_with_the_weeks_figures(
     assert printed.stdout.splitlines() == expected
     # seed G-26: one run's own ledger since it was submitted
     own = astra(server, token, "goodput", "--run", "llm")
-    ledger = httpx.get(
+    ledger = HTTP.get(
         f"{server.url}/v1/runs/llm/goodput", headers={"Authorization": f"Bearer {token}"}
     ).json()
     assert own.stdout.splitlines() == [
@@ -125,7 +125,7 @@ def test_goodput_by_week_and_pool(seed_week: tuple[Server, Tenancy]) -> None:
     token = tenancy.member_token
     printed = astra(server, token, "goodput", "--weeks", "8", "--by", "pool")
     assert printed.returncode == 0, printed.stderr
-    weekly = httpx.get(
+    weekly = HTTP.get(
         f"{server.url}/v1/goodput/weekly",
         params={"weeks": 8, "by": "pool"},
         headers={"Authorization": f"Bearer {token}"},

@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.e2e.browser import NEEDS_CHROMIUM, console_dir, screenshots, sign_in
 from tests.e2e.live import Server, serving_seed_week
 from tests.support import Tenancy
+from tests.support.http import HTTP
 
 pytestmark = [NEEDS_CHROMIUM]
 
@@ -46,7 +46,7 @@ def test_the_goodput_page_shows_the_apis_figures(
     sign_in(page, server, tenancy.member_token)
     page.locator('tr[data-row="sweep-7"]').wait_for()
     start = (datetime.now(UTC) - timedelta(days=7)).isoformat()
-    api = httpx.get(
+    api = HTTP.get(
         f"{server.url}/v1/goodput",
         params={"by": "run", "start": start},
         headers={"Authorization": f"Bearer {tenancy.member_token}"},
@@ -105,7 +105,7 @@ def test_a_segment_opens_the_intervals_behind_it(
     page.locator('tr[data-row="sweep-7"] .segment-preemption').click()
     panel = page.get_by_role("region", name="Preemption intervals of sweep-7")
     panel.locator("tbody tr").first.wait_for()
-    intervals = httpx.get(
+    intervals = HTTP.get(
         f"{server.url}/v1/goodput/intervals",
         params={"by": "run", "name": "sweep-7", "category": "preemption"},
         headers={"Authorization": f"Bearer {tenancy.member_token}"},

@@ -12,12 +12,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from agent import cgroups
 from tests.e2e.browser import NEEDS_CHROMIUM, console_dir, screenshots, sign_in
 from tests.e2e.live import Server, running
+from tests.support.http import HTTP
 
 pytestmark = [NEEDS_CHROMIUM]
 
@@ -44,7 +44,7 @@ raise SystemExit(1)
 
 
 def create(server: Server, token: str, spec: dict[str, Any]) -> None:
-    answer = httpx.post(
+    answer = HTTP.post(
         f"{server.url}/graphql",
         json={
             "query": "mutation($s: JSON!) { createRun(spec: $s) { errors { message } } }",
@@ -58,7 +58,7 @@ def create(server: Server, token: str, spec: dict[str, Any]) -> None:
 def until_state(server: Server, token: str, run: str, state: str) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        found = httpx.get(
+        found = HTTP.get(
             f"{server.url}/v1/jobs/{run}", headers={"Authorization": f"Bearer {token}"}
         ).json()
         if found.get("status") == state:
@@ -247,7 +247,7 @@ def test_a_run_restarting_after_a_stall_shows_the_restarting_in_a_loop_panel(
     create(server, token, spec)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        job = httpx.get(
+        job = HTTP.get(
             f"{server.url}/v1/jobs/hangs", headers={"Authorization": f"Bearer {token}"}
         ).json()
         if job["restart_loop"] and job["restart_loop"]["last_failure"]:
@@ -271,7 +271,7 @@ def test_a_run_restarting_after_a_stall_shows_the_restarting_in_a_loop_panel(
     page.screenshot(path=str(screenshots(tmp_path) / "run-restarting.png"), full_page=True)
     # issue 21: the stall is dated from its last progress and found later: its History row
     # shows both times
-    events = httpx.post(
+    events = HTTP.post(
         f"{server.url}/graphql",
         json={"query": '{ events(name: "hangs") { events { id reason createdAt foundAt } } }'},
         headers={"Authorization": f"Bearer {token}"},
@@ -337,7 +337,7 @@ def test_a_workers_page(live: tuple[Server, str], page: Any, tmp_path: Path) -> 
     sign_in(page, server, token)
     page.goto(f"{server.url}/o/default/w/default/workers/local/chatty-0")
     page.get_by_role("heading", name="chatty-0").wait_for()
-    worker = httpx.get(
+    worker = HTTP.get(
         f"{server.url}/v1/tasks/chatty-0", headers={"Authorization": f"Bearer {token}"}
     ).json()
     figures = page.get_by_label("Worker", exact=True)
@@ -355,7 +355,7 @@ def test_a_workers_page(live: tuple[Server, str], page: Any, tmp_path: Path) -> 
 def test_an_ended_workers_page_says_where_it_ran(live: tuple[Server, str], page: Any) -> None:
     # issue 21: an ended worker's page showed Machine "—" and GPU ids "—" (seed L-27)
     server, token = live
-    [worker] = httpx.post(
+    [worker] = HTTP.post(
         f"{server.url}/graphql",
         json={
             "query": '{ run(name: "broken") { workers { state machine lastPlacement '
@@ -383,7 +383,7 @@ def test_gpus_events_and_machines(live: tuple[Server, str], page: Any, tmp_path:
     sign_in(page, server, token)
     page.get_by_role("link", name="GPUs").click()
     page.wait_for_url("**/o/default/w/default/gpus")
-    gpus = httpx.post(
+    gpus = HTTP.post(
         f"{server.url}/graphql",
         json={"query": "{ gpus { machine index heldBy } }"},
         headers={"Authorization": f"Bearer {token}"},
@@ -451,7 +451,7 @@ def test_the_machines_page_shows_quotas_and_thresholds(live: tuple[Server, str],
     # admin, read back on the Machines page (the last test here: the quota is far above what
     # the runs above ask, the threshold one no test above reads)
     server, token = live
-    answer = httpx.post(
+    answer = HTTP.post(
         f"{server.url}/graphql",
         json={
             "query": """mutation {

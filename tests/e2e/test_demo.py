@@ -8,16 +8,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from backend.cli.demo import specs
 from tests.e2e.live import running
+from tests.support.http import HTTP
 
 QUERY = """{ runs(all: true) { name state reason failedWorker { advice { kind lookAt } } } }"""
 
 
 def runs(url: str, token: str) -> dict[str, dict[str, Any]]:
-    answer = httpx.post(
+    answer = HTTP.post(
         f"{url}/graphql", json={"query": QUERY}, headers={"Authorization": f"Bearer {token}"}
     ).json()
     return {r["name"]: r for r in answer["data"]["runs"]}
@@ -47,7 +46,7 @@ def test_the_demo_submits_the_examples_and_they_run(tmp_path: Path) -> None:
             "kind": "program",
             "lookAt": "Your program: its log.",
         }
-        log = httpx.get(
+        log = HTTP.get(
             f"{server.url}/v1/tasks/crash-0/logs", headers={"Authorization": f"Bearer {token}"}
         ).json()["logs"]
         assert "RuntimeError: shard 17 is corrupt" in log

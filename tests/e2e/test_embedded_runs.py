@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.e2e.live import Server, running
 from tests.support import WORKLOAD_PYTHON
+from tests.support.http import HTTP
 from tests.support.processes import job_when_ended, submit
 
 STEPS = (
@@ -69,7 +69,7 @@ def test_the_local_machine_is_in_a_pool(live: tuple[Server, str]) -> None:
     server, token = live
     deadline = time.monotonic() + 30
     while True:  # the local agent joins a moment after the server answers
-        answer = httpx.post(
+        answer = HTTP.post(
             f"{server.url}/graphql",
             headers={"Authorization": f"Bearer {token}"},
             json={"query": "{ machines { name pool state } pools { name machines } }"},
@@ -154,7 +154,7 @@ def test_the_seeds_log_line_fetches_the_log_from_the_machine(
     # The log's text ends its last line; jq -r adds a newline of its own.
     lines = "".join(f"[rank1]: step {i}0 loss 1.8 world 2\n" for i in range(3))
     assert answer.stdout == lines + "\n"
-    body = httpx.get(
+    body = HTTP.get(
         f"{server.url}/v1/tasks/llama-sft/logs",
         params={"tail": 2},
         headers={"Authorization": f"Bearer {token}"},
@@ -170,7 +170,7 @@ def test_a_worker_never_placed_has_no_log(live: tuple[Server, str]) -> None:
     # seed L-16: 409 TASK_NOT_PLACED
     submit(live, {"name": "too-big", "gpus": 64, "command": ["true"]})
     server, token = live
-    answer = httpx.get(
+    answer = HTTP.get(
         f"{server.url}/v1/tasks/too-big-0/logs", headers={"Authorization": f"Bearer {token}"}
     )
     assert answer.status_code == 409
@@ -246,7 +246,7 @@ WORKLOADS = {
 
 def _worker(live: tuple[Server, str], run: str) -> dict[str, Any]:
     server, token = live
-    answer = httpx.post(
+    answer = HTTP.post(
         f"{server.url}/graphql",
         headers={"Authorization": f"Bearer {token}"},
         json={
@@ -261,7 +261,7 @@ def _worker(live: tuple[Server, str], run: str) -> dict[str, Any]:
 def _history(live: tuple[Server, str], run: str) -> str:
     server, token = live
     said = [
-        httpx.get(f"{server.url}/v1{path}", headers={"Authorization": f"Bearer {token}"}).json()
+        HTTP.get(f"{server.url}/v1{path}", headers={"Authorization": f"Bearer {token}"}).json()
         for path in (f"/jobs/{run}", f"/tasks/{run}-0")
     ]
     return f"{said}\n--- astraeus up's log\n{server.log.read_text()[-3000:]}"
@@ -310,7 +310,7 @@ def test_each_workload_ends_as_the_seed_says_with_its_snapshot_and_log(
         assert printed.stdout == "".join(f"{line}\n" for line in lines) + "\n"
     else:
         assert "no-such-program-here" in printed.stdout and "not found" in printed.stdout
-    body = httpx.get(
+    body = HTTP.get(
         f"{server.url}/v1/tasks/{run}-0/logs",
         params={"tail": 1},
         headers={"Authorization": f"Bearer {token}"},

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.e2e.live import Server, free_port
+from tests.support.http import HTTP
 
 pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None, reason="prometheus is not installed here"
@@ -55,7 +56,7 @@ def test_prometheus_scrapes_the_goodput_gauges(tmp_path: Path) -> None:
         while time.monotonic() < deadline and not result:
             time.sleep(1)
             try:
-                answer = httpx.get(
+                answer = HTTP.get(
                     f"http://127.0.0.1:{web}/api/v1/query",
                     params={"query": "astraeus_workers_stalled"},
                     timeout=5,
@@ -68,7 +69,7 @@ def test_prometheus_scrapes_the_goodput_gauges(tmp_path: Path) -> None:
         assert series["metric"]["namespace"] == "default"  # type: ignore[index]
         assert series["metric"]["job"] == "astralyx-goodput"  # type: ignore[index]
         assert series["value"][1] == "0"  # type: ignore[index]
-        targets = httpx.get(f"http://127.0.0.1:{web}/api/v1/targets").json()
+        targets = HTTP.get(f"http://127.0.0.1:{web}/api/v1/targets").json()
         [target] = targets["data"]["activeTargets"]
         assert target["health"] == "up", target
     finally:

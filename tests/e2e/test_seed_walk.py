@@ -32,12 +32,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from agent import cgroups
 from tests.e2e.live import AgentProcess, Server, running, serving_seed_week
 from tests.support import Tenancy, searchable
+from tests.support.http import HTTP
 
 pytestmark = pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed")
 
@@ -185,7 +185,7 @@ class SeedWeek:
 
     def rest(self, path: str, **params: Any) -> Any:
         headers = {"Authorization": f"Bearer {self.tenancy.member_token}"}
-        answer = httpx.get(f"{self.server.url}/v1{path}", params=params, headers=headers)
+        answer = HTTP.get(f"{self.server.url}/v1{path}", params=params, headers=headers)
         assert answer.status_code == 200, answer.text
         return answer.json()
 

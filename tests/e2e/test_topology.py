@@ -31,6 +31,7 @@ import pytest
 
 from tests.e2e.live import free_port
 from tests.e2e.services import MISSING, PrivatePostgres, PrivateRedis
+from tests.support.http import HTTP
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 ASTRA = str(Path(sys.executable).parent / "astra")
@@ -87,7 +88,7 @@ class Topology:
         ).stdout
 
     def graphql(self, api: int, query: str, **variables: Any) -> dict[str, Any]:
-        answer = httpx.post(
+        answer = HTTP.post(
             f"{self.apis[api]}/graphql",
             json={"query": query, "variables": variables},
             headers={"Authorization": f"Bearer {self.admin}"},
@@ -97,7 +98,7 @@ class Topology:
         return dict(answer["data"])
 
     def get(self, api: int, path: str) -> httpx.Response:
-        return httpx.get(
+        return HTTP.get(
             f"{self.apis[api]}/v1{path}",
             headers={"Authorization": f"Bearer {self.admin}"},
             timeout=30,
@@ -114,7 +115,7 @@ def healthy(url: str, process: subprocess.Popen[bytes], seconds: float = 60) -> 
     while time.monotonic() < deadline:
         assert process.poll() is None, "the process ended"
         try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+            if HTTP.get(f"{url}/healthz", timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass

@@ -8,10 +8,10 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.e2e.live import Server, free_port
+from tests.support.http import HTTP
 
 STAMP = r'"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z"'
 SEED_LINE = (
@@ -45,7 +45,7 @@ def test_up_then_the_seed_reads_a_run_back_and_another_workspace_cannot(server: 
     admin = server.admin_token
     assert admin not in printed  # the log: the token is only in its file
 
-    created = httpx.post(
+    created = HTTP.post(
         f"{server.url}/graphql",
         headers={"Authorization": f"Bearer {admin}"},
         json={
@@ -75,7 +75,7 @@ def test_up_then_the_seed_reads_a_run_back_and_another_workspace_cannot(server: 
     other = server.cli("token", "create", "--workspace", "team-b", "--user", "bob").strip()
     refused = seed_curl(server, other)
     assert refused.returncode != 0  # jq finds no history in the 404 answer
-    status = httpx.get(
+    status = HTTP.get(
         f"{server.url}/v1/jobs/llama-sft", headers={"Authorization": f"Bearer {other}"}
     )
     assert status.status_code == 404

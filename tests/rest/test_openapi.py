@@ -23,6 +23,7 @@ from backend.config import Settings
 from backend.rest import answers
 from backend.rest.openapi import document
 from tests.e2e.live import Server
+from tests.support.http import HTTP
 
 
 def test_the_document_lists_every_route_of_the_shim(tmp_path: object) -> None:
@@ -61,7 +62,7 @@ def test_parameters_come_from_the_query_models() -> None:
 @pytest.fixture(scope="module")
 def api(live: tuple[Server, str]) -> schemathesis.BaseSchema:
     server, _ = live
-    return schemathesis.openapi.from_dict(httpx.get(f"{server.url}/v1/openapi.json").json())
+    return schemathesis.openapi.from_dict(HTTP.get(f"{server.url}/v1/openapi.json").json())
 
 
 schema = from_fixture("api")

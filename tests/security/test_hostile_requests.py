@@ -29,6 +29,7 @@ import pytest
 
 from tests.e2e.browser import CHROMIUM, DIST, NEEDS_CHROMIUM, sign_in
 from tests.e2e.live import Server, serving
+from tests.support.http import HTTP
 
 MIB = 1024 * 1024
 B_RUN = "b-train"
@@ -68,12 +69,12 @@ class Cluster:
 
     def get(self, path: str, token: str, **params: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"}
-        return httpx.get(f"{self.server.url}/v1{path}", headers=headers, params=params, timeout=60)
+        return HTTP.get(f"{self.server.url}/v1{path}", headers=headers, params=params, timeout=60)
 
     def graphql(
         self, token: str, query: str, variables: dict[str, Any] | None = None
     ) -> httpx.Response:
-        return httpx.post(
+        return HTTP.post(
             f"{self.server.url}/graphql",
             headers={"Authorization": f"Bearer {token}"},
             json={"query": query, "variables": variables or {}},

@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.e2e.live import AgentProcess, Server, free_port, running
+from tests.support.http import HTTP
 
 
 class Cluster:
@@ -34,7 +34,7 @@ class Cluster:
         return self.agents[name]
 
     def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
-        answer = httpx.post(
+        answer = HTTP.post(
             f"{self.server.url}/graphql",
             headers={"Authorization": f"Bearer {self.token}"},
             json={"query": query, "variables": variables},
@@ -50,7 +50,7 @@ class Cluster:
         assert created["createRun"]["errors"] == []
 
     def get(self, path: str) -> Any:
-        return httpx.get(
+        return HTTP.get(
             f"{self.server.url}/v1{path}",
             headers={"Authorization": f"Bearer {self.token}"},
             timeout=10,
@@ -85,7 +85,7 @@ ASTRA = str(Path(sys.executable).parent / "astra")
 
 def submit(live: tuple[Server, str], spec: dict[str, Any]) -> None:
     server, token = live
-    answer = httpx.post(
+    answer = HTTP.post(
         f"{server.url}/graphql",
         headers={"Authorization": f"Bearer {token}"},
         json={
@@ -100,7 +100,7 @@ def job_when_ended(live: tuple[Server, str], name: str) -> dict[str, Any]:
     server, token = live
     deadline = time.monotonic() + 60
     while True:
-        job = httpx.get(
+        job = HTTP.get(
             f"{server.url}/v1/jobs/{name}", headers={"Authorization": f"Bearer {token}"}
         ).json()
         if job["status"] in ("Completed", "Failed", "Stopped") or time.monotonic() > deadline:

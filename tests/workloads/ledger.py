@@ -13,12 +13,11 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from backend.accounting import counting
 from backend.clock import SystemClock
 from backend.db import Database
 from tests.e2e.live import Server
+from tests.support.http import HTTP
 
 if TYPE_CHECKING:
     from tests.workloads.conftest import Workloads
@@ -67,7 +66,7 @@ class Api:
         self.url, self.headers = server.url, {"Authorization": f"Bearer {token}"}
 
     def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
-        answer = httpx.post(
+        answer = HTTP.post(
             f"{self.url}/graphql",
             headers=self.headers,
             json={"query": query, "variables": variables},
@@ -77,7 +76,7 @@ class Api:
         return dict(answer["data"])
 
     def get(self, path: str, **params: Any) -> Any:
-        return httpx.get(f"{self.url}/v1{path}", params=params, headers=self.headers, timeout=30)
+        return HTTP.get(f"{self.url}/v1{path}", params=params, headers=self.headers, timeout=30)
 
     def submit(self, spec: dict[str, Any]) -> None:
         made = self.graphql(
