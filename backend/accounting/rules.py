@@ -415,3 +415,26 @@ def parse_period(
     if hour_floor(until) - hour_floor(since) > MAX_PERIOD:
         return None, [("start", "a period is at most 400 days")]
     return period, []
+
+
+# A series' steps (goodput over time, issue 23): a point an hour, or a point a UTC day.
+DAY = timedelta(days=1)
+STEPS = {"hour": HOUR, "day": DAY}
+
+
+def day_floor(moment: datetime) -> datetime:
+    return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def series_points(period: Period, step: str) -> list[Period]:
+    """The points of a series over the period: its hours, or its UTC days, the first and the
+    last cut to the period (a period from 06:00 begins with that day's last 18 hours). They
+    cover the period once, in order."""
+    floor = hour_floor if step == "hour" else day_floor
+    out = []
+    moment = period.start
+    while moment < period.end:
+        following = min(floor(moment) + STEPS[step], period.end)
+        out.append(Period(moment, following))
+        moment = following
+    return out

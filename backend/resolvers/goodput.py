@@ -11,6 +11,8 @@ from backend.schema.goodput import (
     GoodputInterval,
     GoodputReport,
     GoodputScope,
+    GoodputSeries,
+    GoodputStep,
     GoodputWeek,
 )
 
@@ -51,6 +53,27 @@ async def goodput_weekly(
         viewer = await accounting.viewer_for(session, principal, workspace)
         found = await accounting.weekly(session, viewer, by.value, count, info.context.clock.now())
     return [GoodputWeek(week=w, report=GoodputReport.of(r)) for w, r in found]
+
+
+async def goodput_series(
+    info: Info,
+    by: GoodputScope = GoodputScope.WORKSPACE,
+    name: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    step: GoodputStep = GoodputStep.HOUR,
+    workspace: str | None = None,
+) -> GoodputSeries:
+    """A ledger each hour or UTC day of whole UTC hours (the last 7 days by default, at most
+    400): of one row by name, or of every row summed."""
+    principal = info.context.require_principal()
+    period = accounting.period_of(_time(start), _time(end), info.context.clock.now())
+    async with info.context.db.read() as session:
+        viewer = await accounting.viewer_for(session, principal, workspace)
+        found = await accounting.series(
+            session, viewer, principal, by=by.value, name=name, step=step.value, period=period
+        )
+    return GoodputSeries.of(found)
 
 
 async def goodput_intervals(

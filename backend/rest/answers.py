@@ -216,6 +216,26 @@ class Report(Answer):
     total: Ledger
 
 
+class Point(Ledger):
+    """One step of a series: the ledger of [start, end)."""
+
+    start: Time
+    end: Time
+
+
+class GoodputSeries(Answer):
+    """Goodput over time: a ledger each hour or UTC day, none left out, and their sum (the
+    report's row, or total, for the same period and scope)."""
+
+    by: str
+    name: str | None
+    step: str
+    start: Time
+    end: Time
+    points: list[Point]
+    total: Ledger
+
+
 class Week(Answer):
     week: str
 

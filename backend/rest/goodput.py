@@ -19,6 +19,7 @@ from backend.rest.parameters import (
     IntervalsQuery,
     JobQuery,
     RunPath,
+    SeriesQuery,
     WeeklyQuery,
 )
 
@@ -67,6 +68,18 @@ async def get_cluster_goodput(call: Call) -> Response:
     return answers.Report.model_validate(found.to_json()).response()
 
 
+async def get_series(call: Call) -> Response:
+    """``GET /goodput/series?by=run&name=llm&step=hour|day&start=…&end=…``: goodput over
+    time, one ledger a point; without ``name``, every row the caller reads, summed."""
+    q = SeriesQuery.of(call.request)
+    viewer = await accounting.viewer_for(call.session, call.principal, q.workspace)
+    period = accounting.period_of(q.start, q.end, call.clock.now())
+    found = await accounting.series(
+        call.session, viewer, call.principal, by=q.by, name=q.name, step=q.step, period=period
+    )
+    return answers.GoodputSeries.model_validate(found.to_json()).response()
+
+
 async def get_intervals(call: Call) -> Response:
     """``GET /goodput/intervals?by=run&name=llm&category=idle&start=…&end=…``: the worker
     intervals behind a ledger figure, earliest first (``limit``: 1 000, at most 10 000)."""
@@ -97,6 +110,7 @@ async def get_metrics(call: Call) -> Response:
 routes = [
     Route("/goodput/metrics", endpoint(get_metrics), methods=["GET"]),
     Route("/goodput/intervals", endpoint(get_intervals), methods=["GET"]),
+    Route("/goodput/series", endpoint(get_series), methods=["GET"]),
     Route("/goodput", endpoint(get_goodput), methods=["GET"]),
     Route("/goodput/weekly", endpoint(get_weekly), methods=["GET"]),
     Route("/runs/{run}/goodput", endpoint(get_run_goodput), methods=["GET"]),

@@ -84,6 +84,13 @@ OPERATIONS: dict[str, Operation] = {
         "A report per week.",
         (p.WeeklyQuery,),
     ),
+    "/goodput/series": Operation(
+        "Goodput over time: a ledger each hour or UTC day of whole UTC hours (issue 23).",
+        answers.GoodputSeries,
+        "The points, oldest first, and their total.",
+        (p.SeriesQuery,),
+        {"404": "NOT_FOUND: no run, machine, pool or workspace of that name."},
+    ),
     "/goodput/intervals": Operation(
         "The worker intervals behind a ledger figure, earliest first.",
         answers.Intervals,

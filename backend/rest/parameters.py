@@ -197,6 +197,13 @@ class IntervalsQuery(InWorkspace, InPeriod, Rows):
     """At most this many: 1 000 by default."""
 
 
+class SeriesQuery(InWorkspace, InPeriod, Rows):
+    name: Text = None
+    """One run, machine, pool or workspace; every one the caller reads, summed, by default."""
+    step: Annotated[str | None, Doc({"type": "string", "enum": ["hour", "day"]})] = None
+    """A point an hour (default) or a UTC day."""
+
+
 class EventsQuery(Parameters):
     name: Text = None
     """Of one run."""

@@ -9,7 +9,7 @@ from enum import Enum
 import strawberry
 
 from backend.accounting import rules
-from backend.accounting.service import Report, Row
+from backend.accounting.service import Report, Row, Series
 from backend.errors import FieldError, InvalidInput
 from backend.schema.enums import CategoryValue
 
@@ -139,3 +139,47 @@ class GoodputInterval:
     held: bool
     gpus: int
     gpu_hours: float
+
+
+@strawberry.enum(description="How long each point of a goodput series is.")
+class GoodputStep(Enum):
+    HOUR = "hour"
+    DAY = "day"
+
+
+@strawberry.type(description="One step of a goodput series: the ledger of [start, end).")
+class GoodputPoint:
+    start: datetime
+    end: datetime
+    ledger: GoodputLedger
+
+
+@strawberry.type(
+    description="Goodput over time: one run's, machine's, pool's or workspace's ledger (or "
+    "the sum of every one the caller reads) each hour or UTC day, none left out."
+)
+class GoodputSeries:
+    by: GoodputScope
+    name: str | None = strawberry.field(description="The row's name; null: every row summed.")
+    step: GoodputStep
+    start: datetime
+    end: datetime
+    points: list[GoodputPoint] = strawberry.field(description="Oldest first.")
+    total: GoodputLedger = strawberry.field(
+        description="The points summed: the report's row (or total) for the same period."
+    )
+
+    @classmethod
+    def of(cls, series: Series) -> GoodputSeries:
+        return cls(
+            by=GoodputScope(series.by),
+            name=series.name,
+            step=GoodputStep(series.step),
+            start=series.period.start,
+            end=series.period.end,
+            points=[
+                GoodputPoint(start=p.start, end=p.end, ledger=GoodputLedger.of(p.ledger))
+                for p in series.points
+            ],
+            total=GoodputLedger.of(series.total),
+        )

@@ -27,7 +27,7 @@ from backend.resolvers import webhooks as webhook_resolvers
 from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
 from backend.schema.events import Event, EventPage, LogChunk, MetricRange
-from backend.schema.goodput import GoodputInterval, GoodputReport, GoodputWeek
+from backend.schema.goodput import GoodputInterval, GoodputReport, GoodputSeries, GoodputWeek
 from backend.schema.guards import bounds, expected, log_errors
 from backend.schema.machine_identity import (
     JoinToken,
@@ -154,6 +154,13 @@ class Query:
     goodput_weekly: list[GoodputWeek] = strawberry.field(
         resolver=goodput_resolvers.goodput_weekly,
         description="The last ISO weeks (Monday, UTC), this one included, oldest first.",
+    )
+    goodput_series: GoodputSeries = strawberry.field(
+        resolver=goodput_resolvers.goodput_series,
+        description=(
+            "Goodput over time: one run's, machine's, pool's or workspace's ledger (by name; "
+            "without one, every row summed) each hour or UTC day of the period."
+        ),
     )
     goodput_intervals: list[GoodputInterval] = strawberry.field(
         resolver=goodput_resolvers.goodput_intervals,

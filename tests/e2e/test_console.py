@@ -181,3 +181,58 @@ def test_a_laptop_screen_keeps_the_figures_in_view(
         assert page.evaluate("document.documentElement.scrollWidth") <= 1024
     finally:
         context.close()
+
+
+def test_the_chart_over_time_opens_an_hours_intervals(
+    seed_week: tuple[Server, Tenancy], page: Any, tmp_path: Path
+) -> None:
+    # issue 23: the goodput page's stacked chart of the seed's week, hour by hour; a click on
+    # an hour opens the worker intervals behind it
+    server, tenancy = seed_week
+    headers = {"Authorization": f"Bearer {tenancy.member_token}"}
+    sign_in(page, server, tenancy.member_token)
+    chart = page.get_by_role("figure", name="default, hour by hour")
+    chart.locator("canvas").wait_for()
+    series = HTTP.get(
+        f"{server.url}/v1/goodput/series",
+        # the page's period: the last 7 days, to the hour
+        params={"by": "workspace", "name": "default", "start": days_ago(7)},
+        headers=headers,
+    ).json()
+    assert chart.get_attribute("data-points") == str(len(series["points"])) == "169"
+    busiest = max(series["points"], key=lambda p: p["allocated_gpu_hours"])
+    assert busiest["allocated_gpu_hours"] > 0
+
+    # the middle of the busiest hour, where uPlot's plotting area puts it
+    box = chart.locator(".u-over").bounding_box()
+    first, last = (to_seconds(series["start"]), to_seconds(series["end"]))
+    middle = (to_seconds(busiest["start"]) + to_seconds(busiest["end"])) / 2
+    page.mouse.click(
+        box["x"] + box["width"] * (middle - first) / (last - first), box["y"] + box["height"] / 2
+    )
+    panel = page.get_by_role("region", name="All intervals of default")
+    panel.locator("tbody tr").first.wait_for()
+    intervals = HTTP.get(
+        f"{server.url}/v1/goodput/intervals",
+        params={
+            "by": "workspace",
+            "name": "default",
+            "start": busiest["start"],
+            "end": busiest["end"],
+        },
+        headers=headers,
+    ).json()["intervals"]
+    assert panel.locator("tbody tr td:first-child").all_inner_texts() == [
+        i["worker"] for i in intervals
+    ]
+    shown = {c.lower() for c in panel.locator('[data-figure="category"]').all_inner_texts()}
+    assert shown == {i["category"] if i["held"] else "waiting" for i in intervals}
+    page.screenshot(path=str(screenshots(tmp_path) / "goodput-over-time.png"), full_page=True)
+
+
+def days_ago(days: int) -> str:
+    return (datetime.now(UTC) - timedelta(days=days)).isoformat()
+
+
+def to_seconds(moment: str) -> float:
+    return datetime.fromisoformat(moment.replace("Z", "+00:00")).timestamp()

@@ -37,6 +37,8 @@ QUERIES = {
     "goodputWeekly": '{ goodputWeekly(workspace: "default") { report { rows { name } } } }',
     "goodputIntervals": '{ goodputIntervals(by: RUN, name: "llama-sft", workspace: "default") '
     "{ worker } }",
+    "goodputSeries": '{ goodputSeries(by: RUN, name: "llama-sft", workspace: "default") '
+    "{ points { ledger { allocatedGpuHours } } } }",
     "webhooks": '{ webhooks(workspace: "default") { url } }',
     "joinTokens": '{ joinTokens(cluster: "local") { prefix } }',
     "machineCredentials": '{ machineCredentials(cluster: "local") { machine } }',

@@ -497,6 +497,9 @@ def test_team_b_reaches_nothing_of_default_by_its_ids(cluster: Cluster) -> None:
         ("/goodput", {"workspace": "default"}),
         ("/goodput/weekly", {"workspace": "default"}),
         ("/goodput/intervals", {"by": "run", "name": A_RUN, "workspace": "default"}),
+        ("/goodput/series", {"by": "run", "name": A_RUN}),
+        ("/goodput/series", {"by": "workspace", "name": "default"}),
+        ("/goodput/series", {"workspace": "default"}),
         ("/metrics/range", {"metric": "task_cpu_usage_cores", "workspace": "default"}),
         ("/organizations/default/clusters/local/goodput", {}),
     ]

@@ -43,6 +43,11 @@ export type GoodputScope =
   | 'RUN'
   | 'WORKSPACE';
 
+/** How long each point of a goodput series is. */
+export type GoodputStep =
+  | 'DAY'
+  | 'HOUR';
+
 /** A state a history entry records: a run's or a worker's. */
 export type LifeState =
   | 'Completed'
@@ -84,6 +89,17 @@ export type ShellViewerQueryVariables = Exact<{ [key: string]: never; }>;
 
 
 export type ShellViewerQuery = { viewer: { user: string, isOrgAdmin: boolean } };
+
+export type GoodputSeriesQueryVariables = Exact<{
+  by: GoodputScope;
+  name: string | null | undefined;
+  start: string | null | undefined;
+  step: GoodputStep;
+  ws: string | null | undefined;
+}>;
+
+
+export type GoodputSeriesQuery = { goodputSeries: { start: string, end: string, step: GoodputStep, points: Array<{ start: string, end: string, ledger: { allocatedGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: GoodputCategory, heldGpuHours: number }> } }> } };
 
 export type LedgerFieldsFragment = { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: GoodputCategory, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: GoodputCategory, gpuHours: number, heldGpuHours: number } | null };
 

@@ -2,10 +2,12 @@
 // productive (with the biggest loss) and waiting; workers stalled and stragglers now and
 // threshold alerts firing, listed first; then a row per run, machine, pool or workspace with
 // a bar of where its time went. By week (8) shows the last eight weeks. A bar's segment opens
-// the worker intervals behind it.
+// the worker intervals behind it. Over time (issue 23): the workspace's, or a row's, GPU time
+// hour by hour in a stacked chart with its goodput; a click on an hour opens its intervals.
 import { useEffect, useState } from "react";
 
 import { STYLE } from "../categories";
+import { GoodputOverTime } from "../components/GoodputOverTime";
 import { Legend } from "../components/Legend";
 import { StackedBar } from "../components/StackedBar";
 import { gpuHours, percent, when } from "../format";
@@ -56,12 +58,21 @@ type Report = ReportFieldsFragment;
 type Attention = GoodputQuery["attention"][number];
 type Alert = GoodputQuery["alertsFiring"][number];
 
+// What the intervals shown are of: a row's (or the workspace's) category, or all of an hour.
+export interface Picked {
+  by: Scope;
+  name: string;
+  category: GoodputCategory | null;
+  start: string;
+  end: string;
+}
+
 export function Goodput({ org, workspace }: { org: string; workspace: string }) {
   const [by, setBy] = useState<Scope>("RUN");
   const [weekly, setWeekly] = useState(false);
-  const [picked, setPicked] = useState<{ name: string; category: GoodputCategory; start: string; end: string } | null>(
-    null,
-  );
+  const [picked, setPicked] = useState<Picked | null>(null);
+  // the row charted over time; null: the whole workspace
+  const [charted, setCharted] = useState<string | null>(null);
   const [start] = useState(() => new Date(Date.now() - 7 * 24 * 3600 * 1000).toISOString());
   const page = useQuery<GoodputQuery>(PAGE, {
     by,
@@ -81,7 +92,14 @@ export function Goodput({ org, workspace }: { org: string; workspace: string }) 
         <div className="controls">
           <label>
             By{" "}
-            <select value={by} onChange={(e) => setBy(e.target.value as Scope)} aria-label="By">
+            <select
+              value={by}
+              onChange={(e) => {
+                setBy(e.target.value as Scope);
+                setCharted(null);
+              }}
+              aria-label="By"
+            >
               {SCOPES.map((s) => (
                 <option key={s} value={s}>
                   {SCOPE_LABEL[s]}
@@ -103,12 +121,37 @@ export function Goodput({ org, workspace }: { org: string; workspace: string }) 
       {page.data && <NeedsAttention attention={page.data.attention} alerts={page.data.alertsFiring} />}
       {!weekly && page.loading && !page.data && <p className="muted">Loading…</p>}
       {!weekly && page.data && (
+        <section className="over-time" aria-label="Over time">
+          <label>
+            Over time{" "}
+            <select aria-label="Over time" value={charted ?? ""} onChange={(e) => setCharted(e.target.value || null)}>
+              <option value="">Workspace {workspace}</option>
+              {page.data.goodput.rows.map((r) => (
+                <option key={r.name} value={r.name}>
+                  {SCOPE_COLUMN[by]} {r.name}
+                </option>
+              ))}
+            </select>
+          </label>
+          <GoodputOverTime
+            by={charted ? by : "WORKSPACE"}
+            name={charted ?? workspace}
+            workspace={workspace}
+            start={start}
+            title={`${charted ?? workspace}, hour by hour`}
+            onPoint={(p) =>
+              setPicked({ by: charted ? by : "WORKSPACE", name: charted ?? workspace, category: null, start: p.start, end: p.end })
+            }
+          />
+        </section>
+      )}
+      {!weekly && page.data && (
         <ReportView
           report={page.data.goodput}
           by={by}
           runLink={(run) => runPath(org, workspace, run)}
           onSegment={(name, category) =>
-            setPicked({ name, category, start: page.data!.goodput.start, end: page.data!.goodput.end })
+            setPicked({ by, name, category, start: page.data!.goodput.start, end: page.data!.goodput.end })
           }
         />
       )}
@@ -125,11 +168,11 @@ export function Goodput({ org, workspace }: { org: string; workspace: string }) 
                 report={report}
                 by={by}
                 runLink={(run) => runPath(org, workspace, run)}
-                onSegment={(name, category) => setPicked({ name, category, start: report.start, end: report.end })}
+                onSegment={(name, category) => setPicked({ by, name, category, start: report.start, end: report.end })}
               />
             </section>
           ))}
-      {picked && <Intervals by={by} workspace={workspace} {...picked} onClose={() => setPicked(null)} />}
+      {picked && <Intervals workspace={workspace} {...picked} onClose={() => setPicked(null)} />}
       <Legend />
     </main>
   );
@@ -264,15 +307,9 @@ const INTERVALS = /* GraphQL */ `query Intervals($by: GoodputScope!, $name: Stri
   }
 }`;
 
-function Intervals(props: {
-  by: Scope;
-  workspace: string;
-  name: string;
-  category: GoodputCategory;
-  start: string;
-  end: string;
-  onClose: () => void;
-}) {
+// The worker intervals behind a figure: a category's (its held part; waiting: all not held),
+// or, with no category, all of them (an hour of the chart).
+export function Intervals(props: Picked & { workspace: string; onClose: () => void }) {
   const { by, workspace, name, category, start, end, onClose } = props;
   // Waiting is every category's time not held: all the intervals, then the ones not held.
   const found = useQuery<IntervalsQuery>(INTERVALS, {
@@ -283,18 +320,18 @@ function Intervals(props: {
     end,
     ws: workspace,
   });
-  const rows = (found.data?.goodputIntervals ?? []).filter((i) => (category === "waiting" ? !i.held : i.held));
+  const all = found.data?.goodputIntervals ?? [];
+  const rows = category === null ? all : all.filter((i) => (category === "waiting" ? !i.held : i.held));
+  const what = category === null ? `GPU time of ${name}, ${when(start)} to ${when(end)}` : `${STYLE[category].label} of ${name}`;
   useEffect(() => {
     const close = (e: KeyboardEvent) => e.key === "Escape" && onClose();
     window.addEventListener("keydown", close);
     return () => window.removeEventListener("keydown", close);
   }, [onClose]);
   return (
-    <section className="intervals" aria-label={`${STYLE[category].label} intervals of ${name}`}>
+    <section className="intervals" aria-label={`${category === null ? "All" : STYLE[category].label} intervals of ${name}`}>
       <header>
-        <h2>
-          {STYLE[category].label} of {name}: the worker intervals behind it
-        </h2>
+        <h2>{what}: the worker intervals behind it</h2>
         <button type="button" onClick={onClose}>
           Close
         </button>
@@ -304,12 +341,23 @@ function Intervals(props: {
       {found.data && rows.length === 0 && <p className="empty">No intervals.</p>}
       {rows.length > 0 && (
         <table className="ledger">
-          <Head columns={["Worker", "Machine", "From", "To", { label: "GPUs", num: true }, { label: "GPU-hours", num: true }]} />
+          <Head
+            columns={[
+              "Worker",
+              "Machine",
+              ...(category === null ? ["Category"] : []),
+              "From",
+              "To",
+              { label: "GPUs", num: true },
+              { label: "GPU-hours", num: true },
+            ]}
+          />
           <tbody>
             {rows.map((i) => (
               <tr key={`${i.worker}-${i.start}-${i.held}`}>
                 <td>{i.worker}</td>
                 <td>{i.machine ?? "—"}</td>
+                {category === null && <td data-figure="category">{i.held ? STYLE[i.category].label : "Waiting"}</td>}
                 <td>{when(i.start)}</td>
                 <td>{when(i.end)}</td>
                 <td className="num">{i.gpus}</td>

@@ -1,9 +1,11 @@
 // A run's page (seed logs-metrics-debugging.txt): its state and sentence, who started it and
 // when; the readout; its goodput and bar; the failure panel with the seed's advice and Its log;
 // the Restarting in a loop panel; Run again; tabs Workers, Logs, Metrics and History. Its parts
-// are in run/.
+// are in run/. Its goodput over time (issue 23): hour by hour since it was submitted (the last
+// 7 days at most), a click on an hour opening its intervals.
 import { useState } from "react";
 
+import { GoodputOverTime } from "../components/GoodputOverTime";
 import { StackedBar } from "../components/StackedBar";
 import { Sentences, StateBadge } from "../components/Table";
 import { when } from "../format";
@@ -15,7 +17,7 @@ import { Link, useNavigate } from "../nav";
 import { runPath, runsPath, type RunTab } from "../routes";
 import { useQuery } from "../useQuery";
 import { EventLog } from "./EventsPage";
-import { Summary } from "./Goodput";
+import { Intervals, Summary, type Picked } from "./Goodput";
 import { Metrics } from "./LazyMetrics";
 import { FailurePanel } from "./run/FailurePanel";
 import { WORKER_FIELDS } from "./run/model";
@@ -46,11 +48,18 @@ const TABS: { tab: RunTab; label: string }[] = [
   { tab: "history", label: "History" },
 ];
 
+// Since the run's hour, but no more than the last 7 days (the report's default period).
+export function chartStart(createdAt: string, now = Date.now()): string {
+  const hour = Math.floor(Date.parse(createdAt) / 3.6e6) * 3.6e6;
+  return new Date(Math.max(hour, now - 7 * 24 * 3.6e6)).toISOString();
+}
+
 export function RunPage(props: { org: string; workspace: string; run: string; tab: RunTab; worker: string | null }) {
   const { org, workspace, run: name, tab, worker } = props;
   const go = useNavigate();
   const found = useQuery<RunQuery>(RUN, { name, ws: workspace }, true, 10_000);
   const [again, setAgain] = useState(false);
+  const [hour, setHour] = useState<Picked | null>(null);
   const run = found.data?.run;
   if (found.error) {
     return (
@@ -124,6 +133,15 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
         <h2>Goodput</h2>
         <Summary total={run.goodput} />
         <StackedBar ledger={run.goodput} name={run.name} scale={run.goodput.allocatedGpuHours + run.goodput.waitingGpuHours} />
+        <GoodputOverTime
+          by="RUN"
+          name={run.name}
+          workspace={workspace}
+          start={chartStart(run.createdAt)}
+          title={`${run.name}, hour by hour`}
+          onPoint={(p) => setHour({ by: "RUN", name: run.name, category: null, start: p.start, end: p.end })}
+        />
+        {hour && <Intervals workspace={workspace} {...hour} onClose={() => setHour(null)} />}
       </section>
       <div className="tabs tabs-wide" role="tablist" aria-label="Run">
         {TABS.map((t) => (
