@@ -102,26 +102,24 @@ PROCESS_STARTERS = {
 PROCESS_FIXTURES = {"live", "cluster", "browser", "page", "api"}
 # The modules that take longest in `make test` (minutes of live servers, training, property
 # tests of many examples), longest first, as a CI run on 2 cores measured them (issue 22: the
-# summary's "longest modules", pytest 1 748 s in 6 lanes): started first, so that none of them
-# begins near the end of the run.
-LONGEST = (
-    "tests/security/test_hostile_requests.py",  # 698 s: every parameter, every root field
-    "tests/workloads/test_ddp_stalls.py",  # 689 s
-    "tests/workloads/test_ddp.py",  # 504 s
-    "tests/accounting/test_tick_properties.py",  # 501 s: an example run 259 s, one 231 s
-    "tests/e2e/test_topology.py",  # 468 s: five tests of the production topology
-    "tests/e2e/test_agent_process.py",  # 415 s
-    "tests/accounting/test_alerts.py",  # 328 s (before its day was sampled in batches)
-    "tests/rest/test_goodput.py",  # 303 s (before the week fixture ticked each ten minutes)
-    "tests/accounting/test_tick.py",  # 290 s
-    "tests/e2e/test_seed_walk.py",  # 232 s
-    "tests/security/test_machine_identity.py",  # 215 s
-    "tests/graphql/test_fuzz.py",  # 203 s
-    "tests/security/test_workspaces_never_meet.py",  # 198 s
-    "tests/workloads/test_server_away.py",  # 193 s
-    "tests/e2e/test_cli_seed_blocks.py",  # 189 s
-    "tests/rest/test_openapi.py",  # 176 s
-    "tests/accounting/test_tick_redis.py",  # 172 s
+# summary's "longest modules"): started first, so that none of them begins near the end of the
+# run.
+LONGEST = (  # the module times of a fresh clone's `.ci/run` (2026-12-02, 6 lanes, 727 s)
+    "tests/workloads/test_ddp_stalls.py",  # 544 s: one fixture, the four runs to their ends
+    "tests/e2e/test_topology.py",  # 443 s: five tests of the production topology
+    "tests/accounting/test_tick_properties.py",  # 256 s: an example run 140 s, one 112 s
+    "tests/workloads/test_ddp.py",  # 244 s
+    "tests/workloads/test_server_away.py",  # 156 s
+    "tests/e2e/test_agent_process.py",  # 137 s
+    "tests/security/test_hostile_requests.py",  # 116 s: every parameter, every root field
+    "tests/webhooks/test_deliver.py",  # 78 s
+    "tests/rest/test_openapi.py",  # 72 s
+    "tests/graphql/test_fuzz.py",  # 70 s
+    "tests/accounting/test_tick.py",  # 68 s
+    "tests/lifecycle/test_scenarios.py",  # 68 s
+    "tests/security/test_machine_identity.py",  # 68 s
+    "tests/e2e/test_console_runs.py",  # 67 s
+    "tests/lifecycle/test_terminal_properties.py",  # 63 s
 )
 # Fixtures that reach the database (every fixture on one depends on `database_url`).
 DATABASE_FIXTURES = {"databases", "database_url", "db"}
