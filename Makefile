@@ -95,7 +95,7 @@ schema-check: setup ## fail when schema.graphql is stale
 # time to whichever process is free. The suite waits on real processes more than it computes,
 # so 2 cores keep more lanes than cores busy. `make test-fast` runs unit and db on SQLite only,
 # with Hypothesis' quick profile, in FAST_LANES.
-TEST_LANES ?= 8
+TEST_LANES ?= 6
 FAST_LANES ?= 3
 
 $(WORKLOADS_STAMP): $(STAMP)

@@ -47,6 +47,13 @@ from backend.models.goodput import TOTAL_COLUMNS
 from backend.runs.rules import ENDED_RUN_STATES
 
 
+async def counted_until(session: AsyncSession) -> datetime | None:
+    """How far the tick has counted (no lock: a read)."""
+    return await session.scalar(
+        select(AccountingMark.counted_until).where(AccountingMark.id == MARK_ID)
+    )
+
+
 async def hour_sums(
     session: AsyncSession,
     scope: str,

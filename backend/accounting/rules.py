@@ -417,6 +417,16 @@ def parse_period(
     return period, []
 
 
+def ettr(productive: float, gpus: int, submitted: datetime, until: datetime) -> float | None:
+    """The effective training time ratio (issue 23): productive GPU-seconds over what the
+    run's whole gang could have had from its submission to ``until`` (its end, or how far the
+    tick has counted while it goes): its GPUs times that wall time. Waiting, starting, restarts
+    and every loss count against it; a run its owner stopped is not charged past its end.
+    None before any time passed."""
+    possible = (until - submitted).total_seconds() * gpus
+    return productive / possible if possible > 0 else None
+
+
 # A series' steps (goodput over time, issue 23): a point an hour, or a point a UTC day.
 DAY = timedelta(days=1)
 STEPS = {"hour": HOUR, "day": DAY}

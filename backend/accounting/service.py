@@ -166,6 +166,10 @@ async def run_ledger(
     return run, (await run_ledgers(session, [(run.id, run.created_at)], now))[run.id]
 
 
+def run_clock(run: Run) -> RunClock:
+    return RunClock(run.id, run.created_at, run.ended_at, run.worker_count * run.gpus_per_worker)
+
+
 async def run_ledgers(
     session: AsyncSession, found: Sequence[tuple[int, datetime]], now: datetime
 ) -> dict[int, Ledger]:
@@ -180,6 +184,35 @@ async def run_ledgers(
     )
     ledgers = ledgers_by_id(sums)
     return {run_id: ledgers.get(run_id) or Ledger.empty() for run_id, _ in found}
+
+
+@dataclass(frozen=True)
+class RunClock:
+    """What a run's ETTR is computed from besides its ledger: its id, when it was submitted,
+    when it ended (None: it goes on) and its gang's GPUs."""
+
+    run_id: int
+    submitted: datetime
+    ended: datetime | None
+    gpus: int
+
+
+async def run_ettrs(
+    session: AsyncSession, found: Sequence[RunClock], now: datetime
+) -> dict[int, float | None]:
+    """Runs' ETTR (rules.ettr) from their ledgers, their wall time to their end or to how
+    far the tick has counted, whichever is first (the ledger holds nothing later)."""
+    ledgers = await run_ledgers(session, [(r.run_id, r.submitted) for r in found], now)
+    mark = await ledger_queries.counted_until(session)
+    out: dict[int, float | None] = {}
+    for r in found:
+        until = mark if r.ended is None or mark is None else min(r.ended, mark)
+        out[r.run_id] = (
+            None
+            if until is None
+            else rules.ettr(ledgers[r.run_id].productive, r.gpus, r.submitted, until)
+        )
+    return out
 
 
 def weeks_of(raw: str | int | None) -> int:

@@ -53,6 +53,9 @@ class Loaders:
     webhook_deliveries: DataLoader[int, list[tuple[WebhookDelivery, str]]]
     # A run's ledger since it was submitted, by (run id, submitted at).
     run_ledger: DataLoader[tuple[int, datetime], Ledger]
+    # A run's ETTR (accounting.rules.ettr), by what it is computed from besides its ledger:
+    # (run id, submitted at, ended at, its gang's GPUs).
+    run_ettr: DataLoader[tuple[int, datetime, datetime | None, int], float | None]
     # Why a run waits: each machine of its cluster and why it takes a worker or not.
     pending_reasons: DataLoader[int, list[tuple[str, str]]]
 
@@ -65,6 +68,14 @@ class Loaders:
             async with db.read() as session:
                 found = await accounting.run_ledgers(session, keys, clock.now())
             return [found[run_id] for run_id, _ in keys]
+
+        async def run_ettrs(
+            keys: list[tuple[int, datetime, datetime | None, int]],
+        ) -> list[float | None]:
+            clocks = [accounting.RunClock(*k) for k in keys]
+            async with db.read() as session:
+                found = await accounting.run_ettrs(session, clocks, clock.now())
+            return [found[k[0]] for k in keys]
 
         async def pending_reasons(keys: list[int]) -> list[list[tuple[str, str]] | Exception]:
             found: list[list[tuple[str, str]] | Exception] = []
@@ -90,5 +101,6 @@ class Loaders:
             cluster_name=_grouped(db, runs.cluster_names, str),
             webhook_deliveries=_grouped(db, webhooks.recent_deliveries, list),
             run_ledger=DataLoader(load_fn=run_ledgers),
+            run_ettr=DataLoader(load_fn=run_ettrs),
             pending_reasons=DataLoader(load_fn=pending_reasons),
         )

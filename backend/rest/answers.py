@@ -255,7 +255,12 @@ class RunSince(Answer):
 
 
 class RunLedger(Ledger, RunSince):
-    """A run's own ledger since it was submitted."""
+    """A run's own ledger since it was submitted, and its ETTR."""
+
+    ettr: float | None
+    """Effective training time ratio: its productive GPU time over its gang's GPUs times its
+    wall time since it was submitted (to its end, or as far as the ledgers have counted while
+    it goes); null before any time passed."""
 
 
 class Interval(Answer):

@@ -224,6 +224,7 @@ class Run:
     _first_failure: strawberry.Private[dict[str, Any] | None] = None
     _waits_for: strawberry.Private[str | None] = None
     _stopping: strawberry.Private[bool] = False
+    _gpus: strawberry.Private[int] = 0  # its gang's: workers times GPUs each
 
     @classmethod
     def from_model(cls, row: models.Run) -> Run:
@@ -243,6 +244,7 @@ class Run:
             _running_since=row.running_since,
             _restart_at=row.restart_at,
             _cause=row.cause,
+            _gpus=row.worker_count * row.gpus_per_worker,
             _first_failure=row.first_failure,
             _waits_for=row.waits_for,
             _stopping=row.stop_cause is not None,
@@ -356,6 +358,15 @@ class Run:
     async def goodput(self, info: Info) -> GoodputLedger:
         ledger = await info.context.loaders.run_ledger.load((int(self.id), self.created_at))
         return GoodputLedger.of(ledger)
+
+    @strawberry.field(
+        description="Effective training time ratio: its productive GPU time over its gang's "
+        "GPUs times its wall time since it was submitted (to its end, or as far as the ledgers "
+        "have counted while it goes); null before any time passed."
+    )
+    async def ettr(self, info: Info) -> float | None:
+        key = (int(self.id), self.created_at, self.ended_at, self._gpus)
+        return await info.context.loaders.run_ettr.load(key)
 
     @strawberry.field
     async def task_counts(self, info: Info) -> list[StateCount]:

@@ -6,6 +6,7 @@ screenshots of each tab and of a worker's page."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -183,6 +184,11 @@ def test_a_failed_run_shows_its_failure_and_advice(
     panel.wait_for()
     assert panel.locator(".sentence").inner_text().startswith("Worker broken-0 failed")
     assert panel.locator('[data-figure="advice"]').inner_text() == "Your program: its log."
+    # issue 23: its ETTR beside its goodput (none yet, or what the ledgers have counted), and
+    # its GPU time hour by hour
+    ettr = page.locator('[data-figure="ettr"]').inner_text()
+    assert re.fullmatch(r"ETTR (\d+%|—) \(productive time over its GPUs' wall time .*\)", ettr)
+    page.get_by_role("figure", name="broken, hour by hour").wait_for()
     page.screenshot(path=str(screenshots(tmp_path) / "run-failed.png"), full_page=True)
     panel.get_by_role("button", name="Its log").click()
     page.wait_for_url("**/runs/broken?tab=logs&worker=broken-0")

@@ -8,7 +8,7 @@ import { useState } from "react";
 import { GoodputOverTime } from "../components/GoodputOverTime";
 import { StackedBar } from "../components/StackedBar";
 import { Sentences, StateBadge } from "../components/Table";
-import { when } from "../format";
+import { percent, when } from "../format";
 import type { RunQuery } from "../generated/graphql";
 import { LEDGER_FIELDS } from "../ledger";
 import { runLife } from "../life";
@@ -32,6 +32,7 @@ const RUN_QUERY = /* GraphQL */ `query Run($name: String!, $ws: String) {
     history { transitionAt state reason }
     pendingReasons { machine reason }
     goodput { ...LedgerFields }
+    ettr
     failedWorker { ...WorkerFields }
     advice { reason exitCode kind lookAt open }
     restartLoop { restarts maxRestarts restartAt worker { ...WorkerFields } }
@@ -132,6 +133,9 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
       <section aria-label="Goodput of the run">
         <h2>Goodput</h2>
         <Summary total={run.goodput} />
+        <p className="muted" data-figure="ettr" title="Effective training time ratio: its productive GPU time over its GPUs times its wall time since it was submitted">
+          ETTR {percent(run.ettr)} <span>(productive time over its GPUs' wall time since it was submitted)</span>
+        </p>
         <StackedBar ledger={run.goodput} name={run.name} scale={run.goodput.allocatedGpuHours + run.goodput.waitingGpuHours} />
         <GoodputOverTime
           by="RUN"
