@@ -166,10 +166,6 @@ async def run_ledger(
     return run, (await run_ledgers(session, [(run.id, run.created_at)], now))[run.id]
 
 
-def run_clock(run: Run) -> RunClock:
-    return RunClock(run.id, run.created_at, run.ended_at, run.worker_count * run.gpus_per_worker)
-
-
 async def run_ledgers(
     session: AsyncSession, found: Sequence[tuple[int, datetime]], now: datetime
 ) -> dict[int, Ledger]:
@@ -195,6 +191,11 @@ class RunClock:
     submitted: datetime
     ended: datetime | None
     gpus: int
+
+
+def run_clock(run: Run) -> RunClock:
+    """What ``run_ettrs`` reads of a run besides its ledger."""
+    return RunClock(run.id, run.created_at, run.ended_at, run.worker_count * run.gpus_per_worker)
 
 
 async def run_ettrs(

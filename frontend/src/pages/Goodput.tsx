@@ -73,6 +73,8 @@ export function Goodput({ org, workspace }: { org: string; workspace: string }) 
   const [picked, setPicked] = useState<Picked | null>(null);
   // the row charted over time; null: the whole workspace
   const [charted, setCharted] = useState<string | null>(null);
+  const chartBy: Scope = charted ? by : "WORKSPACE";
+  const chartName = charted ?? workspace;
   const [start] = useState(() => new Date(Date.now() - 7 * 24 * 3600 * 1000).toISOString());
   const page = useQuery<GoodputQuery>(PAGE, {
     by,
@@ -134,14 +136,12 @@ export function Goodput({ org, workspace }: { org: string; workspace: string }) 
             </select>
           </label>
           <GoodputOverTime
-            by={charted ? by : "WORKSPACE"}
-            name={charted ?? workspace}
+            by={chartBy}
+            name={chartName}
             workspace={workspace}
             start={start}
-            title={`${charted ?? workspace}, hour by hour`}
-            onPoint={(p) =>
-              setPicked({ by: charted ? by : "WORKSPACE", name: charted ?? workspace, category: null, start: p.start, end: p.end })
-            }
+            title={`${chartName}, hour by hour`}
+            onPoint={(p) => setPicked({ by: chartBy, name: chartName, category: null, start: p.start, end: p.end })}
           />
         </section>
       )}
