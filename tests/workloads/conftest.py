@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,26 @@ def api(tmp_path_factory: pytest.TempPathFactory, workloads: Workloads) -> Itera
         yield Api(server, token)
 
 
+def reachable_by_others(path: Path) -> bool:
+    """Whether a user of its own (a workload's) can reach ``path``: every folder on the way
+    searchable by others."""
+    return all(folder.stat().st_mode & stat.S_IXOTH for folder in [path, *path.parents])
+
+
+def linked_copy(source: Path, target: Path) -> Path:
+    """``source``'s tree at ``target``, hard-linked where it shares the file system (instant),
+    copied where it does not."""
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, symlinks=True, copy_function=link)
+    return target
+
+
 @pytest.fixture(scope="session")
 def workloads() -> Iterator[Workloads]:
     torch = pytest.importorskip("torch", reason="the [workloads] extra (make test installs it)")
@@ -70,7 +91,10 @@ def workloads() -> Iterator[Workloads]:
         venv = root / "venv"
         subprocess.run([str(DEBIAN_PYTHON), "-m", "venv", "--without-pip", str(venv)], check=True)
         site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-        (site / "site-packages" / "torch.pth").write_text(f"{Path(torch.__file__).parent.parent}\n")
+        packages = Path(torch.__file__).parent.parent
+        if not reachable_by_others(packages):  # a checkout under a folder of mode 0700
+            packages = linked_copy(packages, root / "site-packages")
+        (site / "site-packages" / "torch.pth").write_text(f"{packages}\n")
         torchrun = venv / "bin" / "torchrun"
         torchrun.write_text(f"#!{venv / 'bin' / 'python'}\n{TORCHRUN}")
         torchrun.chmod(0o755)
