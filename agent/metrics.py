@@ -406,6 +406,18 @@ class Sampler:
         self._sample(out, worker, "task_oom_kills_total", at_ms, kills)
         self.oom_kills_sent[worker.worker_id] = kills
 
+    def last_report(self, worker: SampledWorker) -> agent_pb2.Progress | None:
+        """The progress file read once more as the worker ends, before its end is sent: the
+        steps and the checkpoint it reported since the last look (a look comes every few
+        seconds; a rank that crashes between two would take its last steps with it)."""
+        seen = self.seen.get(worker.worker_id)
+        if seen is None:
+            return None
+        now = self.clock()
+        out = Look()
+        self._report(worker, seen, now, int(now * 1000), out)
+        return out.progress[-1] if out.progress else None
+
     def ended(
         self, worker: SampledWorker, oom_killed: bool, at_ms: int | None = None
     ) -> list[agent_pb2.Sample]:

@@ -209,7 +209,11 @@ class WorkerKeeping(AgentState):
         for follow in [t for t in self.follows.values() if t.get_name() == mine]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(follow), 2)
-        # Its last samples as it ended (a kill of its main process is seen by no look).
+        # Its last report and samples as it ended (a kill of its main process is seen by no
+        # look), sent before its end.
+        report = self.sampler.last_report(worker)
+        if report is not None:
+            self._send(progress=report)
         last = self.sampler.ended(worker, oom_killed=exit.cause == OOM_KILLED, at_ms=exit.at_ms)
         if last:
             self._send(metrics=agent_pb2.MetricBatch(samples=last))

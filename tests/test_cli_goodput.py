@@ -73,3 +73,24 @@ def test_a_name_longer_than_the_column_widens_it_for_every_row() -> None:
     assert first.startswith(name + " ") and first.split()[1] == "1.0"
     # right-aligned under HELD on every row
     assert header.index("HELD") + 4 == first.index("1.0") + 3 == second.index("0.0") + 3
+
+
+def test_the_footer_tells_the_rework_where_some_is_known() -> None:
+    # issue 23: rework is a part of USED, under the seed's footer; a table whose runs never
+    # report checkpoints stays the seed's block to the line
+    from backend.cli.astra.goodput import rework_line, run_rework_line
+
+    total = ledger(469.6, 412.5, 0.878, 18.0)
+    assert rework_line(total, {"gpuHours": None, "unknownRuns": 1}) == ""
+    assert rework_line(total, {"gpuHours": 0.0, "unknownRuns": 0}) == ""
+    assert rework_line(total, {"gpuHours": 4.125, "unknownRuns": 2}) == (
+        "\nREWORK = 4.1 GPU-hours of USED were steps done again after restarts (1.0%); "
+        "unknown for 2 runs (no checkpoint reports)"
+    )
+    own = ledger(300.1, 300.1, 1.0, 0.0)
+    redos = [{"checkpointStep": 400.0, "stepsRedone": 100.0}]
+    assert run_rework_line(own, {"gpuHours": 3.0, "redos": redos}) == (
+        "\nREWORK = 3.0 GPU-hours of USED (1.0%): 100 steps done again after 1 restart, "
+        "back to checkpoint 400"
+    )
+    assert run_rework_line(own, {"gpuHours": None, "redos": redos}) == ""

@@ -39,6 +39,7 @@ from backend.models import (
     GoodputRunTotal,
     Machine,
     Pool,
+    Redo,
     Run,
     Worker,
     Workspace,
@@ -400,6 +401,108 @@ async def intervals_of(
         select(both).order_by(both.c.start_at, both.c.worker_id).limit(limit)
     )
     return [IntervalRow(*r) for r in rows]
+
+
+class RedoPiece(NamedTuple):
+    """A productive interval inside a restart's redo: what rework is made of. ``scope_id`` is
+    the interval's run, machine, pool or workspace."""
+
+    scope_id: int | None
+    run_id: int
+    start_at: datetime
+    end_at: datetime
+    gpus: int
+    redo_id: int
+    restarted_at: datetime
+    until: datetime | None
+    reached_step: int | None
+    checkpoint_step: int | None
+
+
+_SCOPE_COLUMNS = {
+    "run": "run_id",
+    "machine": "machine_id",
+    "pool": "pool_id",
+    "workspace": "workspace_id",
+}
+
+
+async def redo_pieces(
+    session: AsyncSession,
+    scope: str,
+    start: datetime,
+    end: datetime,
+    *,
+    workspace_ids: Sequence[int] | None,
+    cluster_id: int | None = None,
+    run_ids: Sequence[int] | None = None,
+) -> list[RedoPiece]:
+    """The productive intervals (closed, and open to the tick's mark) that overlap a redo of
+    their run within [start, end), each with its redo: one query from the redos, which are
+    few (a restart each), to their runs' intervals by index."""
+    mark = await counted_until(session)
+    redos = select(Redo).where(
+        Redo.restarted_at < end, or_(Redo.until.is_(None), Redo.until > start)
+    )
+    if workspace_ids is not None:
+        redos = redos.where(Redo.workspace_id.in_(workspace_ids))
+    if run_ids is not None:
+        redos = redos.where(Redo.run_id.in_(run_ids))
+    found = redos.subquery()
+    parts: list[Any] = [(GoodputInterval, GoodputInterval.end_at)]
+    if mark is not None and mark > start:
+        parts.append(
+            (GoodputOpenInterval, bindparam("open_end", mark, type_=GoodputInterval.end_at.type))
+        )
+    queries = []
+    for model, end_at in parts:
+        query = (
+            select(
+                getattr(model, _SCOPE_COLUMNS[scope]),
+                model.run_id,
+                model.start_at,
+                end_at.label("end_at"),
+                model.gpus,
+                found.c.id,
+                found.c.restarted_at,
+                found.c.until,
+                found.c.reached_step,
+                found.c.checkpoint_step,
+            )
+            .select_from(found)
+            .join(model, model.run_id == found.c.run_id)
+            .where(
+                model.category == "productive",
+                model.held,
+                model.start_at < end,
+                or_(found.c.until.is_(None), model.start_at < found.c.until),
+            )
+        )
+        if model is GoodputInterval:
+            query = query.where(model.end_at > start, model.end_at > found.c.restarted_at)
+        if workspace_ids is not None:
+            query = query.where(model.workspace_id.in_(workspace_ids))
+        if cluster_id is not None:
+            query = query.where(model.cluster_id == cluster_id)
+        queries.append(query)
+    both = union_all(*queries) if len(queries) > 1 else queries[0]
+    rows = await session.execute(both)
+    return [RedoPiece(*r) for r in rows]
+
+
+async def redos_of(session: AsyncSession, run_ids: Sequence[int]) -> list[Redo]:
+    """Runs' redos, each run's earliest first."""
+    if not run_ids:
+        return []
+    dialect = _dialect(session)
+    out: list[Redo] = []
+    for chunk in _batches(run_ids, dialect):
+        out += await session.scalars(
+            select(Redo)
+            .where(_in(Redo.run_id, chunk, dialect))
+            .order_by(Redo.run_id, Redo.restarted_at, Redo.id)
+        )
+    return out
 
 
 async def workspaces(

@@ -448,3 +448,40 @@ def series_points(period: Period, step: str) -> list[Period]:
         out.append(Period(moment, following))
         moment = following
     return out
+
+
+# -- rework (issue 23) ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedoSpan:
+    """A restart's span of work done again: from its new attempt's placement until a worker
+    reached the run's highest step again, or the run restarted once more (None: still open).
+    ``reached_step`` and ``checkpoint_step`` None: not reported, its rework is unknown."""
+
+    restarted_at: datetime
+    until: datetime | None
+    reached_step: int | None
+    checkpoint_step: int | None
+
+    @property
+    def known(self) -> bool:
+        return self.reached_step is not None and self.checkpoint_step is not None
+
+    @property
+    def steps_redone(self) -> int | None:
+        """The steps from the checkpoint it went back to up to the one it had reached."""
+        if self.reached_step is None or self.checkpoint_step is None:
+            return None
+        return max(self.reached_step - self.checkpoint_step, 0)
+
+
+def redone_seconds(
+    start: datetime, end: datetime, gpus: int, redo: RedoSpan, period: Period
+) -> float:
+    """The GPU-seconds of a productive interval [start, end) of ``gpus`` GPUs that fall in the
+    redo's span and the period: rework. Never more than the interval's own, so rework never
+    exceeds productive time."""
+    first = max(start, redo.restarted_at, period.start)
+    last = min(end, period.end) if redo.until is None else min(end, redo.until, period.end)
+    return max((last - first).total_seconds(), 0.0) * gpus

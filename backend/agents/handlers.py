@@ -103,15 +103,23 @@ class MessageHandlers:
     def progress_info(self, machine: Machine, message: agent_pb2.AgentMessage) -> ProgressInfo:
         p = message.progress
         step = p.step if p.HasField("step") else None
+        checkpoint = p.checkpoint_step if p.HasField("checkpoint_step") else None
         at = agent_time(p.at_ms, self.clock.now())
-        return ProgressInfo(machine.id, p.worker_id, p.attempt or None, step, at)
+        return ProgressInfo(machine.id, p.worker_id, p.attempt or None, step, at, checkpoint)
 
     async def _progress(
         self, session: AsyncSession, machine: Machine, message: agent_pb2.AgentMessage
     ) -> Effects:
         p = self.progress_info(machine, message)
         return await service.progress(
-            session, self.clock, p.machine_id, p.worker_id, p.attempt, p.step, p.at
+            session,
+            self.clock,
+            p.machine_id,
+            p.worker_id,
+            p.attempt,
+            p.step,
+            p.at,
+            checkpoint_step=p.checkpoint_step,
         )
 
     async def _gpu_health(

@@ -195,8 +195,18 @@ PROGRESS_COLUMNS = (
     Worker.progress_step,
     Worker.stepped_at,
     Worker.progress_rate,
+    Worker.reached_step,
+    Worker.checkpoint_step,
+    Worker.redo_until,
 )
-PROGRESS_FIELDS = ("progress_at", "progress_step", "stepped_at", "progress_rate")
+PROGRESS_FIELDS = (
+    "progress_at",
+    "progress_step",
+    "stepped_at",
+    "progress_rate",
+    "reached_step",
+    "checkpoint_step",
+)
 
 
 async def lock_free_workers(session: AsyncSession, ids: Collection[int]) -> dict[int, Any]:

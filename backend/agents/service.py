@@ -191,8 +191,11 @@ async def progress(
     attempt: int | None,
     step: int | None,
     at: datetime,
+    *,
+    checkpoint_step: int | None = None,
 ) -> Effects:
-    """A workload's report (with its step) or new output (without one): it is not stalled."""
+    """A workload's report (with its step, maybe its last checkpoint) or new output (without
+    one): it is not stalled."""
     return await lifecycle.report(
         session,
         clock,
@@ -202,6 +205,7 @@ async def progress(
         kind="progress",
         at=at,
         step=step,
+        checkpoint_step=checkpoint_step,
     )
 
 
@@ -214,6 +218,7 @@ class ProgressInfo:
     attempt: int | None
     step: int | None
     at: datetime
+    checkpoint_step: int | None = None
 
 
 @dataclass
@@ -260,14 +265,20 @@ async def reports(
         if row.machine_id != p.machine_id or (p.attempt is not None and p.attempt != row.attempt):
             continue
         if row.state != RUNNING or row.stop_cause:
+            if p.step is not None and row.state in PLACED_STATES:
+                left.progress.append(index)  # its last steps as it ends: for its run's rework
             continue
         if row.stalled_since is not None:  # no longer stalled: a transition of its gang
             left.progress.append(index)
             continue
         w = changed.get(row.id) or _progress_view(row)
+        if w.redo_until is not None and p.step is not None and p.step >= w.redo_until:
+            left.progress.append(index)  # its run redoes work no more: a change of its run's
+            continue
         fx = Effects()
-        worker_progress(_ALONE, w, p.at, fx, step=p.step)
+        worker_progress(_ALONE, w, p.at, fx, step=p.step, checkpoint_step=p.checkpoint_step)
         assert not fx.transitions and not fx.commands, "a running worker's progress only"
+        assert not fx.restarts and not fx.caught_up, "a running worker's progress only"
         changed[row.id] = w
     await repository.write_progress(
         session,
@@ -308,6 +319,9 @@ def _progress_view(row: Any) -> WorkerView:
         progress_step=row.progress_step,
         stepped_at=row.stepped_at,
         progress_rate=row.progress_rate,
+        reached_step=row.reached_step,
+        checkpoint_step=row.checkpoint_step,
+        redo_until=row.redo_until,
     )
 
 

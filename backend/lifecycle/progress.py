@@ -19,13 +19,23 @@ STRAGGLER_AFTER = timedelta(minutes=3)
 
 
 def worker_progress(
-    run: RunView, w: WorkerView, at: datetime, fx: Effects, *, step: int | None = None
+    run: RunView,
+    w: WorkerView,
+    at: datetime,
+    fx: Effects,
+    *,
+    step: int | None = None,
+    checkpoint_step: int | None = None,
 ) -> None:
-    """A progress report or a new log line: not stalled (any more); with a step, its pace.
+    """A progress report or a new log line: not stalled (any more); with a step, its pace,
+    the highest step reached, its last checkpoint, and whether it redoes work no more.
 
     A worker whose workload reports its steps (this attempt) makes progress by its steps
     alone: a gang that only prints while it waits (rendezvous retries, NCCL warnings) is
-    found stalled all the same."""
+    found stalled all the same. The step and checkpoint of a worker being stopped (its last
+    report, read as it ended) still count for its run's rework."""
+    if step is not None and w.alive:
+        _redo(w, step, checkpoint_step, at, fx)
     if w.state != RUNNING or w.stop_cause:
         return
     if step is None and w.progress_step is not None:
@@ -46,6 +56,18 @@ def _measure_pace(w: WorkerView, step: int, at: datetime) -> None:
         w.progress_rate = pace if w.progress_rate is None else (w.progress_rate + pace) / 2
     if previous_at is None or at > previous_at:
         w.progress_step, w.stepped_at = step, at
+
+
+def _redo(w: WorkerView, step: int, checkpoint_step: int | None, at: datetime, fx: Effects) -> None:
+    """The highest step and the last checkpoint, kept over attempts; after a restart, the
+    step that reaches the one its run had reached ends the work done again (a redo)."""
+    if w.reached_step is None or step > w.reached_step:
+        w.reached_step = step
+    if checkpoint_step is not None:
+        w.checkpoint_step = checkpoint_step
+    if w.redo_until is not None and step >= w.redo_until:
+        w.redo_until = None
+        fx.caught_up.append(at)
 
 
 def find_stragglers(run: RunView, now: datetime) -> None:

@@ -9,10 +9,12 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.lifecycle.states import WORKER_ENDED_STATES
+from backend.lifecycle.views import Restarted
 from backend.models import (
     AgentCommand,
     Event,
     Machine,
+    Redo,
     Run,
     StateTransition,
     Worker,
@@ -168,4 +170,35 @@ async def worker_by_id(session: AsyncSession, worker_id: int) -> Worker | None:
     session changed and did not write would be read over)."""
     return await session.scalar(
         select(Worker).where(Worker.id == worker_id).execution_options(populate_existing=True)
+    )
+
+
+async def restarted(session: AsyncSession, workspace_id: int, restart: Restarted) -> None:
+    """A restart ends the run's redo still open (it did not reach its step again) and opens
+    one of its own."""
+    await session.execute(
+        update(Redo)
+        .where(Redo.run_id == restart.run_id, Redo.until.is_(None))
+        .values(until=restart.at)
+    )
+    session.add(
+        Redo(
+            run_id=restart.run_id,
+            workspace_id=workspace_id,
+            attempt=restart.attempt,
+            restarted_at=restart.at,
+            reached_step=restart.reached_step,
+            checkpoint_step=restart.checkpoint_step,
+            caught_up=False,
+        )
+    )
+    await session.flush()
+
+
+async def caught_up(session: AsyncSession, run_id: int, at: datetime) -> None:
+    """A worker of the run reached its run's highest step again: its open redo ends there."""
+    await session.execute(
+        update(Redo)
+        .where(Redo.run_id == run_id, Redo.until.is_(None), Redo.restarted_at <= at)
+        .values(until=at, caught_up=True)
     )

@@ -60,6 +60,9 @@ _WORKER_FIELDS = (
     "stepped_at",
     "progress_rate",
     "slow_since",
+    "reached_step",
+    "checkpoint_step",
+    "redo_until",
 )
 
 
@@ -114,6 +117,9 @@ def _worker_view(w: Worker, machine_names: dict[int, str]) -> WorkerView:
         stepped_at=w.stepped_at,
         progress_rate=w.progress_rate,
         slow_since=w.slow_since,
+        reached_step=w.reached_step,
+        checkpoint_step=w.checkpoint_step,
+        redo_until=w.redo_until,
         gpu_utilization=w.gpu_utilization,
         since=w.state_since,
     )
@@ -237,8 +243,14 @@ async def persist(
         }
         for c in fx.commands
     )
+    for restart in fx.restarts:
+        await repository.restarted(session, gang.workspace.id, restart)
+    if fx.caught_up:
+        await repository.caught_up(session, gang.run.id, min(fx.caught_up))
     fx.transitions.clear()
     fx.commands.clear()
+    fx.restarts.clear()
+    fx.caught_up.clear()
     if writes is None:
         await batch.flush(session)
 
@@ -355,6 +367,7 @@ async def report(
     exit_code: int | None = None,
     log_tail: str = "",
     step: int | None = None,
+    checkpoint_step: int | None = None,
 ) -> Effects:
     """A worker's state as its machine's agent saw it: preparing, pulling, ready, running,
     progress, exited. A report for a worker the machine does not run (another machine's, or
@@ -390,7 +403,7 @@ async def report(
         elif kind == "running":
             starting.worker_running(view, w, when, fx, attempt=attempt)
         elif kind == "progress":
-            progress.worker_progress(view, w, when, fx, step=step)
+            progress.worker_progress(view, w, when, fx, step=step, checkpoint_step=checkpoint_step)
         elif kind == "exited":
             endings.worker_exited(
                 view,

@@ -13,6 +13,7 @@ from backend.lifecycle.views import (
     Command,
     Effects,
     Placement,
+    Restarted,
     RunView,
     WorkerView,
     set_run,
@@ -43,6 +44,8 @@ def place(
     run.running_since = None
     run.master_port = master_port
     phase = Phase.STARTING if run.attempt == 1 else Phase.RESTART
+    if run.attempt > 1:
+        _restarted(run, at, fx)
     master_addr = master_addr or placements[0].machine_name
     for w, p in zip(sorted(run.workers, key=lambda w: w.rank), placements, strict=True):
         w.machine_id, w.machine_name, w.gpu_ids = p.machine_id, p.machine_name, list(p.gpu_ids)
@@ -82,6 +85,18 @@ def place(
             )
         )
     set_run(fx, run, STARTING, starting_together(0, len(run.workers)), at)
+
+
+def _restarted(run: RunView, at: datetime, fx: Effects) -> None:
+    """A restart: the run goes back to its last checkpoint (the latest any worker reported)
+    and its work is done again until a worker reaches the highest step any had reached."""
+    reached = max((w.reached_step for w in run.workers if w.reached_step is not None), default=None)
+    checkpoint = max(
+        (w.checkpoint_step for w in run.workers if w.checkpoint_step is not None), default=None
+    )
+    fx.restarts.append(Restarted(run.id, run.attempt, at, reached, checkpoint))
+    for w in run.workers:
+        w.redo_until = reached
 
 
 def refresh_run(run: RunView, at: datetime, fx: Effects) -> None:

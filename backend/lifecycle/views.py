@@ -41,6 +41,11 @@ class WorkerView:
     progress_step: int | None = None
     stepped_at: datetime | None = None
     progress_rate: float | None = None
+    # The highest step it ever reported and its last checkpoint (all attempts), and after a
+    # restart the step it must reach again: until then its work is done again (issue 23).
+    reached_step: int | None = None
+    checkpoint_step: int | None = None
+    redo_until: int | None = None
     # Since when it has been well behind its gang's median pace.
     slow_since: datetime | None = None
     attempt: int = 0
@@ -141,10 +146,25 @@ class Command:
     payload: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Restarted:
+    """A run placed again after its gang ended: from here it redoes the steps since its last
+    checkpoint, up to the highest it had reached (either None: not reported)."""
+
+    run_id: int
+    attempt: int
+    at: datetime
+    reached_step: int | None
+    checkpoint_step: int | None
+
+
 @dataclass
 class Effects:
     transitions: list[Transition] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
+    # Restarts (each opens a redo), and when a worker's step reached its run's again after one.
+    restarts: list[Restarted] = field(default_factory=list)
+    caught_up: list[datetime] = field(default_factory=list)
     # Runs that gave room back: the scheduler should look again.
     freed: bool = False
 

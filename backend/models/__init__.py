@@ -18,6 +18,7 @@ from backend.models.machine import Gpu, LeaseCheck, Machine
 from backend.models.machine_credential import JoinToken, MachineCredential
 from backend.models.metric import MetricMinute, MetricSample
 from backend.models.organization import Organization
+from backend.models.rework import Redo
 from backend.models.run import Run
 from backend.models.secret import Secret
 from backend.models.user import ApiToken, Membership, User
@@ -51,6 +52,7 @@ __all__ = [
     "MetricSample",
     "Organization",
     "Pool",
+    "Redo",
     "Run",
     "Secret",
     "StateTransition",

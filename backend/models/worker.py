@@ -52,6 +52,11 @@ class Worker(HasId, HasCreatedAt, Base):
     progress_step: Mapped[int | None] = mapped_column(BigInteger)
     stepped_at: Mapped[datetime | None]
     progress_rate: Mapped[float | None] = mapped_column(Float)
+    # The highest step it ever reported and its last reported checkpoint, over all its attempts,
+    # and after a restart the step it must reach again before its work is new (issue 23).
+    reached_step: Mapped[int | None] = mapped_column(BigInteger)
+    checkpoint_step: Mapped[int | None] = mapped_column(BigInteger)
+    redo_until: Mapped[int | None] = mapped_column(BigInteger)
     # Its GPUs' recent mean utilisation (0 to 1), from its agent's samples: the pace of a worker
     # that reports no progress, for straggler detection.
     gpu_utilization: Mapped[float | None] = mapped_column(Float)

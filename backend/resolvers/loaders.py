@@ -56,6 +56,8 @@ class Loaders:
     # A run's ETTR (accounting.rules.ettr), by what it is computed from besides its ledger:
     # (run id, submitted at, ended at, its gang's GPUs).
     run_ettr: DataLoader[tuple[int, datetime, datetime | None, int], float | None]
+    # A run's rework since it was submitted, by (run id, submitted at, workspace id).
+    run_rework: DataLoader[tuple[int, datetime, int], accounting.RunRework]
     # Why a run waits: each machine of its cluster and why it takes a worker or not.
     pending_reasons: DataLoader[int, list[tuple[str, str]]]
 
@@ -75,6 +77,11 @@ class Loaders:
             clocks = [accounting.RunClock(*k) for k in keys]
             async with db.read() as session:
                 found = await accounting.run_ettrs(session, clocks, clock.now())
+            return [found[k[0]] for k in keys]
+
+        async def run_reworks(keys: list[tuple[int, datetime, int]]) -> list[accounting.RunRework]:
+            async with db.read() as session:
+                found = await accounting.run_reworks(session, keys, clock.now())
             return [found[k[0]] for k in keys]
 
         async def pending_reasons(keys: list[int]) -> list[list[tuple[str, str]] | Exception]:
@@ -102,5 +109,6 @@ class Loaders:
             webhook_deliveries=_grouped(db, webhooks.recent_deliveries, list),
             run_ledger=DataLoader(load_fn=run_ledgers),
             run_ettr=DataLoader(load_fn=run_ettrs),
+            run_rework=DataLoader(load_fn=run_reworks),
             pending_reasons=DataLoader(load_fn=pending_reasons),
         )

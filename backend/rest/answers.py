@@ -204,8 +204,23 @@ class Named(Answer):
     name: str
 
 
-class NamedLedger(Ledger, Named):
-    """A row of a report: the workspace, run, machine or pool, and its ledger."""
+class ReworkPart(Answer):
+    """The rework inside a row's productive time: GPU-hours of steps done again after
+    restarts, from each restart until a worker reached the run's highest step again."""
+
+    rework_gpu_hours: float | None
+    """The rework of the runs whose rework is known; a run's own row is null when its
+    rework is unknown (it restarted without reporting its checkpoint or steps)."""
+    rework_unknown_runs: int
+    """How many runs restarted here without the reports that measure their rework."""
+
+
+class NamedLedger(Ledger, ReworkPart, Named):
+    """A row of a report: the workspace, run, machine or pool, its ledger and its rework."""
+
+
+class ReportTotal(Ledger, ReworkPart):
+    """A report's rows summed."""
 
 
 class Report(Answer):
@@ -213,7 +228,7 @@ class Report(Answer):
     start: Time
     end: Time
     ledgers: list[NamedLedger]
-    total: Ledger
+    total: ReportTotal
 
 
 class Point(Ledger):
@@ -254,8 +269,36 @@ class RunSince(Answer):
     since: Time
 
 
+class Redo(Answer):
+    """A restart of the run and the work it did again."""
+
+    attempt: int
+    restarted_at: Time
+    checkpoint_step: int | None
+    """The last checkpoint the run had reported: where it went back to."""
+    reached_step: int | None
+    """The highest step the run had reported before the restart."""
+    steps_redone: int | None
+    until: Time | None
+    """When a worker reached that step again (caught_up), or the run restarted once more;
+    null while it still redoes them."""
+    caught_up: bool
+    gpu_hours: float | None
+    """Productive GPU-hours spent redoing them; null when unknown."""
+
+
+class RunRework(Answer):
+    """A run's rework since it was submitted: a part of its productive time."""
+
+    gpu_hours: float | None
+    """Null ("unknown", not 0) when a restart came without checkpoint or step reports."""
+    redos: list[Redo]
+
+
 class RunLedger(Ledger, RunSince):
-    """A run's own ledger since it was submitted, and its ETTR."""
+    """A run's own ledger since it was submitted, its ETTR and its rework."""
+
+    rework: RunRework
 
     ettr: float | None
     """Effective training time ratio: its productive GPU time over its gang's GPUs times its

@@ -54,8 +54,15 @@ async def get_run_goodput(call: Call) -> Response:
         JobQuery.of(call.request).workspace,
     )
     ettr = await accounting.run_ettrs(call.session, [accounting.run_clock(run)], call.clock.now())
+    rework = await accounting.run_rework(call.session, run, call.clock.now())
     return answers.RunLedger.model_validate(
-        {"run": run.name, "since": iso_z(run.created_at), "ettr": ettr[run.id], **ledger.to_json()}
+        {
+            "run": run.name,
+            "since": iso_z(run.created_at),
+            "ettr": ettr[run.id],
+            "rework": rework.to_json(),
+            **ledger.to_json(),
+        }
     ).response()
 
 

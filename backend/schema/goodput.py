@@ -9,6 +9,7 @@ from enum import Enum
 import strawberry
 
 from backend.accounting import rules
+from backend.accounting import service as accounting
 from backend.accounting.service import Report, Row, Series
 from backend.errors import FieldError, InvalidInput
 from backend.schema.enums import CategoryValue
@@ -73,10 +74,81 @@ class GoodputLedger:
         )
 
 
+@strawberry.type(
+    description="The rework inside productive time: GPU-hours of steps done again after "
+    "restarts, from each restart until a worker reached its run's highest step again."
+)
+class Rework:
+    gpu_hours: float | None = strawberry.field(
+        description="The rework of the runs whose rework is known; a run's own is null "
+        "(unknown, not 0) when it restarted without reporting checkpoints and steps."
+    )
+    unknown_runs: int = strawberry.field(
+        description="How many runs restarted here without the reports that measure rework."
+    )
+
+    @classmethod
+    def of(cls, found: accounting.ScopeRework, one_run: bool) -> Rework:
+        shown = found.to_json(one_run)
+        return cls(
+            gpu_hours=found.gpu_hours if shown["rework_gpu_hours"] is not None else None,
+            unknown_runs=found.unknown_runs,
+        )
+
+
+@strawberry.type(description="A restart of a run and the work it did again.")
+class Redo:
+    attempt: int
+    restarted_at: datetime
+    checkpoint_step: float | None = strawberry.field(
+        description="The last checkpoint the run had reported: where it went back to."
+    )
+    reached_step: float | None = strawberry.field(
+        description="The highest step the run had reported before the restart."
+    )
+    steps_redone: float | None
+    until: datetime | None = strawberry.field(
+        description="When a worker reached that step again (caughtUp), or the run restarted "
+        "once more; null while it still redoes them."
+    )
+    caught_up: bool
+    gpu_hours: float | None = strawberry.field(
+        description="Productive GPU-hours spent redoing them; null when unknown."
+    )
+
+
+@strawberry.type(description="A run's rework since it was submitted: part of its productive time.")
+class RunRework:
+    gpu_hours: float | None = strawberry.field(
+        description="Null (unknown, not 0) when a restart came without checkpoint or step reports."
+    )
+    redos: list[Redo]
+
+    @classmethod
+    def of(cls, found: accounting.RunRework) -> RunRework:
+        return cls(
+            gpu_hours=found.gpu_hours,
+            redos=[
+                Redo(
+                    attempt=r.attempt,
+                    restarted_at=r.restarted_at,
+                    checkpoint_step=r.checkpoint_step,
+                    reached_step=r.reached_step,
+                    steps_redone=r.steps_redone,
+                    until=r.until,
+                    caught_up=r.caught_up,
+                    gpu_hours=None if r.gpu_seconds is None else r.gpu_seconds / HOUR_SECONDS,
+                )
+                for r in found.redos
+            ],
+        )
+
+
 @strawberry.type(description="One run's, machine's, pool's or workspace's ledger.")
 class GoodputRow:
     name: str
     ledger: GoodputLedger
+    rework: Rework
 
 
 MAX_ROWS = 10_000
@@ -89,6 +161,7 @@ class GoodputReport:
     end: datetime
     total: GoodputLedger = strawberry.field(description="Every row's ledger summed.")
     row_count: int = strawberry.field(description="How many rows the report has in all.")
+    rework: Rework = strawberry.field(description="Every row's rework summed.")
     _rows: strawberry.Private[list[Row]]
 
     @strawberry.field(
@@ -104,7 +177,11 @@ class GoodputReport:
         if problems:
             raise InvalidInput("INVALID_PARAMETER", problems)
         return [
-            GoodputRow(name=r.name, ledger=GoodputLedger.of(r.ledger))
+            GoodputRow(
+                name=r.name,
+                ledger=GoodputLedger.of(r.ledger),
+                rework=Rework.of(r.rework, self.by == GoodputScope.RUN),
+            )
             for r in self._rows[offset : offset + first]
         ]
 
@@ -116,6 +193,7 @@ class GoodputReport:
             end=report.period.end,
             total=GoodputLedger.of(report.total),
             row_count=len(report.rows),
+            rework=Rework.of(report.rework, False),
             _rows=report.rows,
         )
 

@@ -21,7 +21,7 @@ from backend.schema.enums import (
     RunStateValue,
     WorkerStateValue,
 )
-from backend.schema.goodput import GoodputLedger
+from backend.schema.goodput import GoodputLedger, RunRework
 
 
 @strawberry.type(description="One state change, with the sentence that explains it.")
@@ -225,6 +225,7 @@ class Run:
     _waits_for: strawberry.Private[str | None] = None
     _stopping: strawberry.Private[bool] = False
     _gpus: strawberry.Private[int] = 0  # its gang's: workers times GPUs each
+    _workspace_id: strawberry.Private[int] = 0
 
     @classmethod
     def from_model(cls, row: models.Run) -> Run:
@@ -248,6 +249,7 @@ class Run:
             _first_failure=row.first_failure,
             _waits_for=row.waits_for,
             _stopping=row.stop_cause is not None,
+            _workspace_id=row.workspace_id,
         )
 
     @property
@@ -367,6 +369,15 @@ class Run:
     async def ettr(self, info: Info) -> float | None:
         key = (int(self.id), self.created_at, self.ended_at, self._gpus)
         return await info.context.loaders.run_ettr.load(key)
+
+    @strawberry.field(
+        description="The work it did again after restarts: a part of its productive time, from "
+        "each restart until a worker reached its highest step again; gpuHours null (unknown, "
+        "not 0) when it restarted without reporting checkpoints and steps."
+    )
+    async def rework(self, info: Info) -> RunRework:
+        key = (int(self.id), self.created_at, self._workspace_id)
+        return RunRework.of(await info.context.loaders.run_rework.load(key))
 
     @strawberry.field
     async def task_counts(self, info: Info) -> list[StateCount]:

@@ -132,3 +132,23 @@ def test_a_report_is_dated_when_the_file_changed_and_output_when_it_was_written(
     os.utime(w.progress_file, (2_100_000_000, 2_100_000_000))
     [report] = sampler.look([w]).progress
     assert report.at_ms == 2_000_000_000_000
+
+
+def test_the_file_is_read_once_more_as_the_worker_ends(tmp_path: Path) -> None:
+    # issue 23: a rank that crashes between two looks took its last steps and its checkpoint
+    # with it; they are sent before its end, for its run's rework
+    now = [1000.0]
+    sampler = Sampler(None, clock=lambda: now[0])
+    w = worker(tmp_path, gpu_ids=[0])
+    w.progress_file.write_text("7\n")
+    [seen] = sampler.look([w]).progress
+    assert seen.step == 7
+    assert sampler.last_report(w) is None  # nothing new since that look
+    with w.progress_file.open("a") as f:
+        f.write(json.dumps({"step": 24, "checkpoint_step": 19}) + "\n")
+    now[0] += 2
+    last = sampler.last_report(w)
+    assert last is not None
+    assert (last.step, last.checkpoint_step, last.attempt) == (24, 19, 1)
+    other = worker(tmp_path / "other")
+    assert sampler.last_report(other) is None  # never looked at: nothing to compare with

@@ -53,6 +53,8 @@ async def test_a_ledger_per_run_and_their_total(
         "lost_gpu_hours",
         "waiting_gpu_hours",
         "goodput",
+        "rework_gpu_hours",
+        "rework_unknown_runs",
     }
     assert list(llm["gpu_hours"]) == CATEGORIES
     total = body["total"]

@@ -8,29 +8,56 @@ counts them all:
 - a healthy run completes, both ranks' logs hold their steps, its GPU time is productive;
 - rank 1 ends at step 5: the run's reason names rank 1's worker, its last_failure holds its last
   lines, rank 0's log holds gloo's error (its peer closed the connection);
-- each worker runs `torchrun --nnodes=$WORLD_SIZE --node_rank=$RANK …`: it completes.
+- each worker runs `torchrun --nnodes=$WORLD_SIZE --node_rank=$RANK …`: it completes;
+- a run that checkpoints every 10 steps (rank 0, on a drive) loses rank 1 at step 25, restarts,
+  resumes after its checkpoint at step 19 and completes: steps 20 to 24 were done twice, and
+  the productive time from the restart until step 24 again is its rework (issue 23).
 Each run's ledger is checked to the second against the worker intervals behind it, and those
 against the workers' histories (seed goodput: categories as its table says).
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.workloads.conftest import Workloads
-from tests.workloads.ledger import Api, History, Intervals, check_ledger, counted, spec, wait_ended
+from tests.workloads.ledger import (
+    Api,
+    History,
+    Intervals,
+    at,
+    check_ledger,
+    counted,
+    spec,
+    wait_ended,
+)
 
 TORCHRUN = (
     "torchrun --nnodes=$WORLD_SIZE --node_rank=$RANK --master_addr=$MASTER_ADDR "
     "--master_port=$MASTER_PORT --nproc_per_node=1 {script} --steps 20 --sleep 0.25"
 )
-RUNS = ("ddp", "ddp-crash", "ddp-torchrun")
+RUNS = ("ddp", "ddp-crash", "ddp-torchrun", "ddp-resume")
+RESUME = ["--steps", "40", "--sleep", "0.25", "--fail-at", "25"]
 
 
 @pytest.fixture(scope="module")
-def jobs(api: Api, workloads: Workloads) -> dict[str, dict[str, Any]]:
+def shared_folder() -> Iterator[Path]:
+    """A folder every workload user may write (shared storage, as a cluster's scratch file
+    system): where a run keeps its checkpoint between attempts."""
+    folder = Path(tempfile.mkdtemp(prefix="astraeus-checkpoints-"))
+    folder.chmod(0o1777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def jobs(api: Api, workloads: Workloads, shared_folder: Path) -> dict[str, dict[str, Any]]:
     script = str(workloads.scripts / "ddp_train.py")
     api.submit(spec("ddp", workloads, ["python", script, "--steps", "20", "--sleep", "0.25"]))
     api.submit(
@@ -41,6 +68,14 @@ def jobs(api: Api, workloads: Workloads) -> dict[str, dict[str, Any]]:
         )
     )
     api.submit(spec("ddp-torchrun", workloads, ["sh", "-c", TORCHRUN.format(script=script)]))
+    api.submit(
+        spec(
+            "ddp-resume",
+            workloads,
+            ["python", script, *RESUME, "--checkpoint", str(shared_folder / "state.pt")],
+            restart_policy="on_failure",
+        )
+    )
     # The local machine's two cores take one gang at a time (a worker asks for a core), and a
     # rank imports torch in 2 s on an idle core: a minute each when the cores are shared.
     return wait_ended(api, RUNS, 600)
@@ -112,3 +147,26 @@ def test_the_ledger_is_the_workers_history_to_the_second(
     if run != "ddp-crash":
         # stepping, with the progress file appended to: the simulated GPUs were busy
         assert ledger["productiveGpuHours"] * 3600 > 5, ledger
+
+
+def test_a_run_killed_mid_way_redoes_the_steps_since_its_checkpoint(
+    api: Api, ledgers: dict[str, tuple[History, Intervals]]
+) -> None:
+    job = api.job("ddp-resume")
+    assert (job["status"], job["reason"]) == ("Completed", "2 of 2 workers completed")
+    first = api.log("ddp-resume-0")
+    assert "rank 0: model ready, training from step 20" in first, first
+    found = api.get("/runs/ddp-resume/goodput").json()
+    rework = found["rework"]
+    (redo,) = rework["redos"]
+    assert (redo["attempt"], redo["checkpoint_step"], redo["reached_step"]) == (2, 19, 24)
+    assert redo["steps_redone"] == 5 and redo["caught_up"], redo
+    # a part of productive time, inside the span from the restart to step 24 again (2 GPUs)
+    span = (at(redo["until"]) - at(redo["restarted_at"])).total_seconds()
+    assert 0 < rework["gpu_hours"] == redo["gpu_hours"] <= found["productive_gpu_hours"]
+    assert rework["gpu_hours"] * 3600 <= 2 * span + 1e-6
+    ours = api.graphql(
+        '{ run(name: "ddp-resume") { rework { gpuHours redos { stepsRedone checkpointStep } } } }'
+    )["run"]["rework"]
+    assert ours["gpuHours"] == pytest.approx(rework["gpu_hours"])
+    assert ours["redos"] == [{"stepsRedone": 5, "checkpointStep": 19}]

@@ -75,6 +75,43 @@ def table(scope: str, rows: list[tuple[str, dict[str, Any]]], total: dict[str, A
     return "\n".join(out)
 
 
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def rework_line(total: dict[str, Any], rework: dict[str, Any]) -> str:
+    """The footer's rework line (issue 23), under the table: the part of USED that was steps
+    done again after restarts, and the runs whose part is unknown. Only where some run's is
+    known (it reported checkpoints and restarted): a table of runs that never report them is
+    the seed's, to the line."""
+    hours = rework["gpuHours"] or 0.0
+    if hours <= 0:
+        return ""
+    used = total["productiveGpuHours"]
+    share = f" ({hours / used:.1%})" if used > 0 else ""
+    out = f"\nREWORK = {hours:.1f} GPU-hours of USED were steps done again after restarts{share}"
+    if rework["unknownRuns"]:
+        out += f"; unknown for {_runs(rework['unknownRuns'])} (no checkpoint reports)"
+    return out
+
+
+def run_rework_line(ledger: dict[str, Any], rework: dict[str, Any]) -> str:
+    """A run's own rework under its row: how much of USED, how many steps, from which
+    checkpoints (only when it is known and there is some, as ``rework_line``)."""
+    hours = rework["gpuHours"] or 0.0
+    redos = rework["redos"]
+    if hours <= 0 or not redos:
+        return ""
+    steps = sum(r["stepsRedone"] or 0 for r in redos)
+    checkpoints = ", ".join(f"{r['checkpointStep']:.0f}" for r in redos)
+    restarts = "1 restart" if len(redos) == 1 else f"{len(redos)} restarts"
+    return (
+        f"\nREWORK = {hours:.1f} GPU-hours of USED "
+        f"({hours / ledger['productiveGpuHours']:.1%}): {steps:.0f} steps done again after "
+        f"{restarts}, back to checkpoint {checkpoints}"
+    )
+
+
 def summed(ledgers: list[dict[str, Any]]) -> dict[str, Any]:
     """Ledgers added up as one (the weeks' TOTAL): goodput is the sum's used over held."""
     held: dict[str, float] = {}

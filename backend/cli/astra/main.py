@@ -174,6 +174,7 @@ GOODPUT = f"""query($by: GoodputScope!, $start: DateTime) {{
   goodput(by: $by, start: $start) {{
     rows(first: 10000) {{ name ledger {{ {goodput_table.LEDGER_FIELDS} }} }}
     total {{ {goodput_table.LEDGER_FIELDS} }}
+    rework {{ gpuHours unknownRuns }}
   }}
 }}"""
 GOODPUT_WEEKLY = f"""query($by: GoodputScope!, $weeks: Int!) {{
@@ -185,7 +186,10 @@ GOODPUT_WEEKLY = f"""query($by: GoodputScope!, $weeks: Int!) {{
   }}
 }}"""
 RUN_GOODPUT = f"""query($name: String!) {{
-  run(name: $name) {{ name goodput {{ {goodput_table.LEDGER_FIELDS} }} }}
+  run(name: $name) {{
+    name goodput {{ {goodput_table.LEDGER_FIELDS} }}
+    rework {{ gpuHours redos {{ checkpointStep stepsRedone }} }}
+  }}
 }}"""
 
 
@@ -202,7 +206,8 @@ def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
             raise CliError(f"astra: no run named '{args.run}' in this workspace", EXIT_NOT_FOUND)
         if args.json:
             return as_json(run)
-        return goodput_table.table("run", [(run["name"], run["goodput"])], None)
+        found = goodput_table.table("run", [(run["name"], run["goodput"])], None)
+        return found + goodput_table.run_rework_line(run["goodput"], run["rework"])
     if args.weeks is not None:
         weeks = api.graphql(GOODPUT_WEEKLY, by=args.by.upper(), weeks=args.weeks)
         found = weeks["goodputWeekly"]
@@ -213,7 +218,8 @@ def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
     report = api.graphql(GOODPUT, by=args.by.upper(), start=start)["goodput"]
     if args.json:
         return as_json(report)
-    return goodput_table.table(args.by, _rows(report), report["total"])
+    found = goodput_table.table(args.by, _rows(report), report["total"])
+    return found + goodput_table.rework_line(report["total"], report["rework"])
 
 
 GPUS = (

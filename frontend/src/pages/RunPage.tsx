@@ -23,6 +23,7 @@ import { FailurePanel } from "./run/FailurePanel";
 import { WORKER_FIELDS } from "./run/model";
 import { Readout } from "./run/Readout";
 import { RestartLoopPanel } from "./run/RestartLoopPanel";
+import { Rework } from "./run/Rework";
 import { RunAgain } from "./run/RunAgain";
 import { WorkersTable } from "./run/WorkersTable";
 
@@ -33,6 +34,7 @@ const RUN_QUERY = /* GraphQL */ `query Run($name: String!, $ws: String) {
     pendingReasons { machine reason }
     goodput { ...LedgerFields }
     ettr
+    rework { gpuHours redos { attempt restartedAt checkpointStep reachedStep stepsRedone until caughtUp gpuHours } }
     failedWorker { ...WorkerFields }
     advice { reason exitCode kind lookAt open }
     restartLoop { restarts maxRestarts restartAt worker { ...WorkerFields } }
@@ -136,6 +138,7 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
         <p className="muted" data-figure="ettr" title="Effective training time ratio: its productive GPU time over its GPUs times its wall time since it was submitted">
           ETTR {percent(run.ettr)} <span>(productive time over its GPUs' wall time since it was submitted)</span>
         </p>
+        <Rework rework={run.rework} productive={run.goodput.productiveGpuHours} />
         <StackedBar ledger={run.goodput} name={run.name} scale={run.goodput.allocatedGpuHours + run.goodput.waitingGpuHours} />
         <GoodputOverTime
           by="RUN"

@@ -4,11 +4,16 @@ from the environment (init_method env://), as torchrun and Astraeus both set the
 
     python ddp_train.py [--steps N] [--sleep SECONDS] [--exit-at STEP --exit-rank RANK]
                         [--hang-at STEP --hang-rank RANK] [--overwrite-progress]
+                        [--checkpoint PATH --checkpoint-every N [--fail-at STEP]]
 
-Each step's line ends with the time it was logged (seconds since the epoch).
+Each step's line ends with the time it was logged (seconds since the epoch). With
+--checkpoint, rank 0 saves the model, the optimizer and the step every N steps (written aside,
+then renamed) and reports it in its progress line ({"step": …, "checkpoint_step": …}); a start
+that finds the file resumes after its step, rank 0's state broadcast to the others by DDP.
 """
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -34,6 +39,15 @@ def main() -> None:
         "others block in the next step's all-reduce",
     )
     parser.add_argument("--hang-rank", type=int, default=1)
+    parser.add_argument("--checkpoint", help="where rank 0 saves its checkpoint and resumes from")
+    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument(
+        "--fail-at",
+        type=int,
+        default=-1,
+        help="rank 1 crashes here on a fresh start, not on one resumed from a checkpoint (a "
+        "fault the restart does not meet again)",
+    )
     parser.add_argument(
         "--overwrite-progress",
         action="store_true",
@@ -46,12 +60,26 @@ def main() -> None:
     master = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     print(f"rank {rank} of {world}: joined at {master}", flush=True)
     torch.manual_seed(0)
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    generator = torch.Generator().manual_seed(rank)
-    print(f"rank {rank}: model ready, training", flush=True)
+    network = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(network.parameters(), lr=0.05)
+    first, saved = 0, None
+    if args.checkpoint and os.path.exists(args.checkpoint) and rank == 0:
+        state = torch.load(args.checkpoint)
+        network.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        first = state["step"] + 1
+        saved = state["step"]
+    start = torch.tensor([first])
+    dist.broadcast(start, 0)  # where rank 0 resumes, every rank resumes
+    first = int(start.item())
+    model = DistributedDataParallel(network)  # broadcasts rank 0's parameters to the others
+    generator = torch.Generator().manual_seed(rank * 1000 + first)
+    print(f"rank {rank}: model ready, training from step {first}", flush=True)
     progress = os.environ.get("ASTRAEUS_PROGRESS_FILE")
-    for step in range(args.steps):
+    for step in range(first, args.steps):
+        if step == args.fail_at and rank == 1 and first == 0:
+            print(f"rank {rank}: crashing at step {step}", flush=True)
+            os._exit(4)
         if step == args.exit_at and rank == args.exit_rank:
             print(f"rank {rank}: giving up at step {step}", flush=True)
             sys.exit(3)
@@ -64,9 +92,21 @@ def main() -> None:
         if step == args.hang_at and rank == args.hang_rank:
             threading.Event().wait()  # never set
         print(f"rank {rank} step {step} loss {loss.item():.4f} at {time.time():.3f}", flush=True)
+        if args.checkpoint and rank == 0 and (step + 1) % args.checkpoint_every == 0:
+            aside = args.checkpoint + ".part"
+            torch.save(
+                {"model": network.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                aside,
+            )
+            os.replace(aside, args.checkpoint)
+            saved = step
+            print(f"rank {rank}: checkpoint at step {step}", flush=True)
         if progress:
+            line = (
+                f"{step}" if saved is None else json.dumps({"step": step, "checkpoint_step": saved})
+            )
             with open(progress, "w" if args.overwrite_progress else "a") as f:
-                f.write(f"{step}\n")
+                f.write(line + "\n")
         time.sleep(args.sleep)
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)
