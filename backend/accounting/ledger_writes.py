@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.accounting.repository import _TIME, UTILIZATION, _chunks, _dialect
 from backend.accounting.rules import CATEGORIES, HOUR
 from backend.db import driver_connection
-from backend.models import GoodputDay, GoodputHour, GoodputInterval, GoodputRunTotal
+from backend.models import GoodputDay, GoodputHour, GoodputInterval, GoodputRunTotal, Redo
 from backend.models.goodput import TOTAL_COLUMNS
 
 
@@ -309,8 +309,8 @@ async def _upsert_arrays(
 
 
 async def prune(session: AsyncSession, before: datetime) -> tuple[int, int]:
-    """Delete ledger hours (and whole days) and intervals older than ``before``; how many
-    hours and intervals. The runs' running totals keep the hour before ``before``: a period
+    """Delete ledger hours (and whole days), intervals and ended redos older than ``before``;
+    how many hours and intervals. The runs' running totals keep the hour before ``before``: a period
     from there on is the difference of two rows."""
     hours = await session.execute(delete(GoodputHour).where(GoodputHour.hour < before))
     totals = GoodputRunTotal.__table__
@@ -319,4 +319,6 @@ async def prune(session: AsyncSession, before: datetime) -> tuple[int, int]:
     intervals = await session.execute(
         delete(GoodputInterval).where(GoodputInterval.end_at <= before)
     )
+    # a restart's redo goes with the intervals its rework was measured on
+    await session.execute(delete(Redo).where(Redo.until <= before))
     return int(hours.rowcount), int(intervals.rowcount)  # type: ignore[attr-defined]

@@ -236,3 +236,26 @@ def days_ago(days: int) -> str:
 
 def to_seconds(moment: str) -> float:
     return datetime.fromisoformat(moment.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_run_that_restarted_without_checkpoints_shows_its_rework_unknown(
+    seed_week: tuple[Server, Tenancy], page: Any
+) -> None:
+    # issue 23: llm fails and restarts in the seed's week, and its steps come without
+    # checkpoints: its page says its rework is unknown, not 0, with the restart the API lists
+    server, tenancy = seed_week
+    rework = HTTP.get(
+        f"{server.url}/v1/runs/llm/goodput",
+        headers={"Authorization": f"Bearer {tenancy.member_token}"},
+    ).json()["rework"]
+    assert rework["gpu_hours"] is None and len(rework["redos"]) == 1
+    sign_in(page, server, tenancy.member_token)
+    page.goto(f"{server.url}/o/default/w/default/runs/llm")
+    figure = page.locator('[data-figure="rework"]')
+    figure.wait_for()
+    assert figure.inner_text().startswith("Rework unknown — it restarted without reporting")
+    restarts = page.get_by_role("table", name="Restarts and the steps they redid")
+    [row] = restarts.locator("tbody tr").all_inner_texts()
+    cells = row.split("\t")
+    assert cells[1] == "unknown" and cells[-1] == "unknown"  # back to: no checkpoint reported
+    assert cells[2] == str(rework["redos"][0]["reached_step"])
