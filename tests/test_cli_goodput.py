@@ -94,3 +94,50 @@ def test_the_footer_tells_the_rework_where_some_is_known() -> None:
         "back to checkpoint 400"
     )
     assert run_rework_line(own, {"gpuHours": None, "redos": redos}) == ""
+
+
+def test_machines_worst_is_a_line_a_machine_worst_first() -> None:
+    # issue 23: `astra astraeus machines --worst`
+    from backend.cli.astra.machines import worst
+
+    rows = [
+        {
+            "machine": "gpu-07",
+            "pool": "h100",
+            "lostGpuHours": 12.44,
+            "failureCount": 5,
+            "failures": [{"kind": "out_of_memory", "count": 1}, {"kind": "program", "count": 4}],
+            "faultCount": 0,
+            "vsPool": 5.0,
+            "action": "drain: 5× its pool's failures this week",
+        },
+        {
+            "machine": "gpu-08",
+            "pool": None,
+            "lostGpuHours": 0.0,
+            "failureCount": 0,
+            "failures": [],
+            "faultCount": 0,
+            "vsPool": None,
+            "action": "none",
+        },
+    ]
+    header, first, second, blank, footer = worst(rows).splitlines()
+    assert header.split() == [
+        "MACHINE",
+        "POOL",
+        "LOST",
+        "FAILURES",
+        "FAULTS",
+        "VS",
+        "POOL",
+        "ACTION",
+    ]
+    assert first.split("  ")[0] == "gpu-07"
+    assert "12.4" in first and "5 (out_of_memory 1, program 4)" in first and "5.0×" in first
+    assert first.endswith("drain: 5× its pool's failures this week")
+    assert second.split()[:6] == ["gpu-08", "-", "0.0", "0", "0", "-"]
+    assert header.index("ACTION") == first.index("drain") == second.index("none")
+    assert blank == "" and footer.startswith(
+        "LOST = GPU-hours held in failure, restart and stalled"
+    )

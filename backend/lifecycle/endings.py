@@ -36,7 +36,15 @@ from backend.lifecycle.states import (
     Cause,
     Phase,
 )
-from backend.lifecycle.views import Command, Effects, RunView, WorkerView, set_run, set_worker
+from backend.lifecycle.views import (
+    Command,
+    Effects,
+    Failed,
+    RunView,
+    WorkerView,
+    set_run,
+    set_worker,
+)
 
 RESTART_COUNT_RESET = timedelta(minutes=10)
 BARRIER_TIMEOUT = timedelta(minutes=15)
@@ -110,6 +118,8 @@ def worker_exited(
         if stopped_for is not None:
             w.last_failure = _failure_snapshot(stopped_for[0], at, exit_code, log_tail)
             w.cause = stopped_for[1]
+            if stopped_for[1] == EndCause.STALLED:
+                _record_failure(w, at, EndCause.STALLED, exit_code, fx)
         _release_room(w)
         phase = _after_stop_phase(run, cause, at)
         set_worker(fx, run, w, STOPPED, _stopped_sentence(cause, run), phase, at)
@@ -122,9 +132,20 @@ def worker_exited(
         w.last_failure = _failure_snapshot(reason, at, exit_code, log_tail)
         w.cause = end.cause
         machine = w.machine_name
+        if not peer_lost:  # one that died of a lost peer failed of another's end, not its machine's
+            _record_failure(w, at, end.cause, exit_code, fx)
         _release_room(w)
         _gang_failed(run, w, machine, reason, end.cause, at, peer_lost, fx)
     _conclude_if_done(run, _settled(run, at), fx)
+
+
+def _record_failure(
+    w: WorkerView, at: datetime, cause: EndCause, exit_code: int | None, fx: Effects
+) -> None:
+    """The attempt failed on its machine: kept for the machine's health (never a failure of
+    a worker that was not placed)."""
+    if w.machine_id is not None:
+        fx.failures.append(Failed(w.id, w.machine_id, at, str(cause), exit_code))
 
 
 def _failure_snapshot(

@@ -20,7 +20,15 @@ from backend.errors import Conflict, NotFound
 from backend.events import rules as events_rules
 from backend.lifecycle import endings, progress, repository, rules, sentences, starting, states
 from backend.lifecycle.views import Effects, RunPolicy, RunView, Transition, WorkerView
-from backend.models import AgentCommand, Event, Run, StateTransition, Worker, Workspace
+from backend.models import (
+    AgentCommand,
+    Event,
+    Run,
+    StateTransition,
+    Worker,
+    WorkerFailure,
+    Workspace,
+)
 from backend.runs.rules import Wait
 from backend.runs.spec import stored_spec
 
@@ -201,12 +209,14 @@ class Writes:
     transitions: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     commands: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
 
     async def flush(self, session: AsyncSession) -> None:
         await insert_many(session, StateTransition, self.transitions)
         await insert_many(session, Event, self.events)
         await insert_many(session, AgentCommand, self.commands)
-        self.transitions, self.events, self.commands = [], [], []
+        await insert_many(session, WorkerFailure, self.failures)
+        self.transitions, self.events, self.commands, self.failures = [], [], [], []
 
 
 async def persist(
@@ -247,10 +257,24 @@ async def persist(
         await repository.restarted(session, gang.workspace.id, restart)
     if fx.caught_up:
         await repository.caught_up(session, gang.run.id, min(fx.caught_up))
+    batch.failures.extend(
+        {
+            "machine_id": f.machine_id,
+            "cluster_id": gang.run.cluster_id,
+            "workspace_id": gang.workspace.id,
+            "run_id": gang.run.id,
+            "worker_id": f.worker_id,
+            "at": f.at,
+            "cause": f.cause,
+            "exit_code": f.exit_code,
+        }
+        for f in fx.failures
+    )
     fx.transitions.clear()
     fx.commands.clear()
     fx.restarts.clear()
     fx.caught_up.clear()
+    fx.failures.clear()
     if writes is None:
         await batch.flush(session)
 

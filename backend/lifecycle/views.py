@@ -158,6 +158,18 @@ class Restarted:
     checkpoint_step: int | None
 
 
+@dataclass(frozen=True)
+class Failed:
+    """A worker's attempt that failed (or stalled) on its machine: why (an EndCause), with
+    its exit code. The machines' health is counted from these."""
+
+    worker_id: int
+    machine_id: int
+    at: datetime
+    cause: str
+    exit_code: int | None
+
+
 @dataclass
 class Effects:
     transitions: list[Transition] = field(default_factory=list)
@@ -165,6 +177,7 @@ class Effects:
     # Restarts (each opens a redo), and when a worker's step reached its run's again after one.
     restarts: list[Restarted] = field(default_factory=list)
     caught_up: list[datetime] = field(default_factory=list)
+    failures: list[Failed] = field(default_factory=list)
     # Runs that gave room back: the scheduler should look again.
     freed: bool = False
 

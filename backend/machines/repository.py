@@ -9,7 +9,17 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.models import Cluster, Gpu, LeaseCheck, Machine, Pool, Run, Worker
+from backend.models import (
+    Cluster,
+    Gpu,
+    GpuFault,
+    LeaseCheck,
+    Machine,
+    Pool,
+    Run,
+    Worker,
+    WorkerFailure,
+)
 from backend.runs.rules import ENDED_RUN_STATES
 
 
@@ -211,3 +221,55 @@ async def pool_names(session: AsyncSession, cluster_ids: Sequence[int]) -> list[
         .where(Pool.cluster_id.in_(cluster_ids))
     )
     return [(r[0], r[1]) for r in rows]
+
+
+async def failure_counts(
+    session: AsyncSession, machine_ids: Sequence[int], start: datetime, end: datetime
+) -> list[tuple[int, str, int | None, int]]:
+    """(machine id, cause, exit code, how many) of the workers' failures on these machines in
+    [start, end)."""
+    if not machine_ids:
+        return []
+    rows = await session.execute(
+        select(
+            WorkerFailure.machine_id,
+            WorkerFailure.cause,
+            WorkerFailure.exit_code,
+            func.count(),
+        )
+        .where(
+            WorkerFailure.machine_id.in_(machine_ids),
+            WorkerFailure.at >= start,
+            WorkerFailure.at < end,
+        )
+        .group_by(WorkerFailure.machine_id, WorkerFailure.cause, WorkerFailure.exit_code)
+    )
+    return [(r[0], r[1], r[2], int(r[3])) for r in rows]
+
+
+async def gpu_fault_counts(
+    session: AsyncSession, machine_ids: Sequence[int], start: datetime, end: datetime
+) -> list[tuple[int, str, int, int, str]]:
+    """(machine id, kind, how many, the latest one's id and sentence) of these machines' GPU
+    faults in [start, end): a few rows however many faults an agent sent."""
+    if not machine_ids:
+        return []
+    window = (
+        GpuFault.machine_id.in_(machine_ids),
+        GpuFault.at >= start,
+        GpuFault.at < end,
+    )
+    counts = await session.execute(
+        select(GpuFault.machine_id, GpuFault.kind, func.count(), func.max(GpuFault.id))
+        .where(*window)
+        .group_by(GpuFault.machine_id, GpuFault.kind)
+    )
+    found = [(r[0], r[1], int(r[2]), int(r[3])) for r in counts]
+    reasons = dict(
+        (
+            await session.execute(
+                select(GpuFault.id, GpuFault.reason).where(GpuFault.id.in_([f[3] for f in found]))
+            )
+        ).all()
+    )
+    return [(machine, kind, n, last, reasons.get(last, "")) for machine, kind, n, last in found]

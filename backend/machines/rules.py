@@ -182,3 +182,15 @@ def _gpus_problem(gpus: tuple[GpuFacts, ...]) -> str | None:
         if problem:
             return problem
     return None
+
+
+# A GPU fault's kind, by the first words of the agent's sentence (agent/gpus.py health_change).
+FAULT_KINDS = (("XID", "xid"), ("ECC", "ecc"), ("Row remapping", "remap"))
+
+
+def fault_kind(reason: str) -> str:
+    """xid, ecc, remap, or other (an NVML health report in words of its own)."""
+    for start, kind in FAULT_KINDS:
+        if reason.startswith(start):
+            return kind
+    return "other"

@@ -16,8 +16,8 @@ from backend.errors import NotFound
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.sentences import EndCause
 from backend.lifecycle.views import Effects
-from backend.machines import repository
-from backend.models import Gpu, Machine, Worker
+from backend.machines import repository, rules
+from backend.models import Gpu, GpuFault, Machine, Worker
 from backend.organizations import service as organizations
 from backend.scheduling.rules import PASS_JOB
 
@@ -219,7 +219,18 @@ async def gpu_fault(
     gpu = gpus.get(index)
     if gpu is None:
         raise NotFound("GPU_NOT_FOUND", f"{machine.name} has no GPU {index}.")
+    repeated = (gpu.health, gpu.health_reason) == ("unhealthy", reason)
     gpu.health, gpu.health_reason = "unhealthy", reason
+    if not repeated:  # the same fault said again is not another
+        session.add(
+            GpuFault(
+                machine_id=machine.id,
+                gpu_index=index,
+                at=clock.now(),
+                kind=rules.fault_kind(reason),
+                reason=reason[:1000],
+            )
+        )
     holder: Worker | None = next(
         (w for w in await repository.workers_on(session, machine.id) if index in (w.gpu_ids or [])),
         None,

@@ -4,6 +4,7 @@ from backend.models.alert import Alert, AlertThreshold
 from backend.models.base import Base
 from backend.models.cluster import Cluster, Pool
 from backend.models.command import AgentCommand
+from backend.models.failure import GpuFault, WorkerFailure
 from backend.models.goodput import (
     AccountingMark,
     GoodputDay,
@@ -43,6 +44,7 @@ __all__ = [
     "GoodputRecount",
     "GoodputRunTotal",
     "Gpu",
+    "GpuFault",
     "JoinToken",
     "LeaseCheck",
     "Machine",
@@ -60,6 +62,7 @@ __all__ = [
     "Webhook",
     "WebhookDelivery",
     "Worker",
+    "WorkerFailure",
     "Workspace",
     "WorkspaceQuota",
 ]

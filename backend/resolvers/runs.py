@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 from strawberry.scalars import JSON
 
+from backend.accounting import service as accounting
 from backend.errors import AstraeusError, NotFound
+from backend.machines import health
 from backend.machines import views as machine_views
 from backend.resolvers.context import Info
 from backend.runs import service as runs
 from backend.schema.common import UserError
-from backend.schema.machines import Gpu, MachineInfo, PoolInfo
+from backend.schema.machines import (
+    Gpu,
+    MachineHealthReport,
+    MachineHealthRow,
+    MachineInfo,
+    PoolInfo,
+)
 from backend.schema.runs import CreateRunPayload, Run, RunPayload
 
 
@@ -105,3 +114,24 @@ async def pools(info: Info) -> list[PoolInfo]:
     async with info.context.db.read() as session:
         found = await machine_views.pools(session, principal)
     return [PoolInfo.of(p) for p in found]
+
+
+async def machine_health(
+    info: Info,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    cluster: str | None = None,
+) -> MachineHealthReport:
+    """Organisation admins: its machines ranked by the GPU time lost on them (the last 7 days
+    by default), with their failures, GPU faults and what to do (backend/machines/health.py)."""
+    principal = info.context.require_principal()
+    period = accounting.period_of(
+        start.isoformat() if start else None,
+        end.isoformat() if end else None,
+        info.context.clock.now(),
+    )
+    async with info.context.db.read() as session:
+        found = await health.machine_health(session, principal, period, cluster)
+    return MachineHealthReport(
+        start=period.start, end=period.end, machines=[MachineHealthRow.of(h) for h in found]
+    )

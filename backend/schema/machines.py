@@ -7,6 +7,7 @@ from datetime import datetime
 
 import strawberry
 
+from backend.machines.health import MachineHealth
 from backend.machines.views import GpuView, MachineView, PoolView
 
 
@@ -76,3 +77,78 @@ class PoolInfo:
     @classmethod
     def of(cls, view: PoolView) -> PoolInfo:
         return cls(**dataclasses.asdict(view))
+
+
+@strawberry.type(description="How many of one kind.")
+class KindCount:
+    kind: str
+    count: int
+
+
+@strawberry.type(description="GPU-hours held on a machine in one category.")
+class LostTime:
+    category: str = strawberry.field(description="failure, restart or stalled.")
+    gpu_hours: float
+
+
+@strawberry.type(
+    description="A machine's health over a period: the GPU time lost on it, its workers' "
+    "failures by kind, its GPU faults, how that compares with its pool, and what to do."
+)
+class MachineHealthRow:
+    machine: str
+    cluster: str
+    pool: str | None
+    lost_gpu_hours: float = strawberry.field(
+        description="GPU-hours held on it in failure, restart and stalled, every workspace's."
+    )
+    lost: list[LostTime]
+    failure_count: int = strawberry.field(
+        description="Attempts that failed or stalled on it (not a rank that died of a lost peer)."
+    )
+    failures: list[KindCount] = strawberry.field(
+        description="By kind: program, out_of_memory, signal, command_not_found, gpu_fault, "
+        "machine_lost, stalled, other."
+    )
+    fault_count: int
+    gpu_faults: list[KindCount] = strawberry.field(description="By kind: xid, ecc, remap, other.")
+    last_fault: str | None = strawberry.field(description="The newest GPU fault's sentence.")
+    unhealthy_gpus: int = strawberry.field(description="Its GPUs unhealthy now.")
+    pool_median_failures: float | None = strawberry.field(
+        description="The median failures of its pool's other machines; null: alone in its pool."
+    )
+    vs_pool: float | None = strawberry.field(
+        description="Its failures over that median; null when the median is 0 or none."
+    )
+    action: str = strawberry.field(
+        description="drain: …, watch: … or none (e.g. drain: 5× its pool's failures this week)."
+    )
+
+    @classmethod
+    def of(cls, h: MachineHealth) -> MachineHealthRow:
+        return cls(
+            machine=h.name,
+            cluster=h.cluster,
+            pool=h.pool,
+            lost_gpu_hours=h.lost / 3600,
+            lost=[
+                LostTime(category=c.value, gpu_hours=s / 3600)
+                for c, s in h.lost_gpu_seconds.items()
+            ],
+            failure_count=h.failure_count,
+            failures=[KindCount(kind=k, count=n) for k, n in sorted(h.failures.items())],
+            fault_count=h.fault_count,
+            gpu_faults=[KindCount(kind=k, count=n) for k, n in sorted(h.gpu_faults.items())],
+            last_fault=h.last_fault,
+            unhealthy_gpus=h.unhealthy_gpus,
+            pool_median_failures=h.pool_median_failures,
+            vs_pool=h.vs_pool,
+            action=h.action,
+        )
+
+
+@strawberry.type(description="The organisation's machines, worst first, over whole UTC hours.")
+class MachineHealthReport:
+    start: datetime
+    end: datetime
+    machines: list[MachineHealthRow]

@@ -35,7 +35,7 @@ from backend.schema.machine_identity import (
     MachineCredential,
     MachineCredentialPayload,
 )
-from backend.schema.machines import Gpu, MachineInfo, PoolInfo
+from backend.schema.machines import Gpu, MachineHealthReport, MachineInfo, PoolInfo
 from backend.schema.operations import (
     Alert,
     MachinePayload,
@@ -105,6 +105,15 @@ class Query:
         description=(
             "Organisation admins: every machine of its clusters, its pool, state and reason, "
             "GPUs and unhealthy ones, last heard from."
+        ),
+    )
+    machine_health: MachineHealthReport = strawberry.field(
+        resolver=run_resolvers.machine_health,
+        description=(
+            "Organisation admins: its machines ranked by the GPU time lost on them (failure, "
+            "restart, stalled) over whole UTC hours (the last 7 days by default), with their "
+            "workers' failures by kind, GPU faults (XID, ECC, remapped rows), their pool's "
+            "median and the suggested action (drain, watch, none)."
         ),
     )
     join_tokens: list[JoinToken] = strawberry.field(

@@ -56,6 +56,14 @@ def create(server: Server, token: str, spec: dict[str, Any]) -> None:
     assert answer["data"]["createRun"]["errors"] == [], answer
 
 
+def gql(server: Server, token: str, query: str) -> dict[str, Any]:
+    answer = HTTP.post(
+        f"{server.url}/graphql", json={"query": query}, headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    assert "errors" not in answer, answer
+    return dict(answer["data"])
+
+
 def until_state(server: Server, token: str, run: str, state: str) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -416,6 +424,18 @@ def test_gpus_events_and_machines(live: tuple[Server, str], page: Any, tmp_path:
     machines = page.get_by_role("table", name="Machines")
     machines.locator('tr[data-row="local"]').wait_for()
     assert machines.locator('tr[data-row="local"]').inner_text().split("\t")[3] == "ready"
+    # issue 23: the costly machines, as machineHealth ranks them (broken failed on local)
+    costly = page.get_by_role("table", name="Costly machines")
+    costly.locator('tr[data-row="local"]').wait_for()
+    health = gql(server, token, "{ machineHealth { machines { machine failureCount action } } }")
+    (local,) = health["machineHealth"]["machines"]
+    assert local["failureCount"] >= 1
+    row = costly.locator('tr[data-row="local"]')
+    assert row.locator('[data-figure="action"]').inner_text() == local["action"]
+    assert (
+        row.locator('[data-figure="failures"]').inner_text().startswith(str(local["failureCount"]))
+    )
+    page.screenshot(path=str(shots / "machines.png"), full_page=True)
 
 
 def test_a_run_that_does_not_start_says_where_to_look(

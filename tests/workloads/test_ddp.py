@@ -19,6 +19,7 @@ against the workers' histories (seed goodput: categories as its table says).
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.processes import ASTRA
 from tests.workloads.conftest import Workloads
 from tests.workloads.ledger import (
     Api,
@@ -170,3 +172,23 @@ def test_a_run_killed_mid_way_redoes_the_steps_since_its_checkpoint(
     )["run"]["rework"]
     assert ours["gpuHours"] == pytest.approx(rework["gpu_hours"])
     assert ours["redos"] == [{"stepsRedone": 5, "checkpointStep": 19}]
+
+
+def test_the_machine_its_ranks_failed_on_tops_machines_worst(
+    api: Api, jobs: dict[str, dict[str, Any]]
+) -> None:
+    # issue 23: ddp-crash's rank 1 and ddp-resume's rank 1 failed on the local machine; their
+    # rank 0s died of the lost peer (gloo's words in their logs): not the machine's failures
+    env = api.server.env_for(api.server.admin_token)
+    env["HOME"] = str(api.server.log.parent)
+    done = subprocess.run(
+        [ASTRA, "astraeus", "machines", "--worst"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    header, first, *_ = done.stdout.splitlines()
+    assert header.split()[:2] == ["MACHINE", "POOL"]
+    assert first.split()[0] == "local" and " 2 (program 2) " in first, done.stdout
+    found = api.graphql("{ machineHealth { machines { machine failureCount action } } }")
+    (local,) = found["machineHealth"]["machines"]
+    assert (local["machine"], local["failureCount"]) == ("local", 2)
+    assert local["action"].startswith("watch: 2 failures, ")  # alone: no pool to compare with

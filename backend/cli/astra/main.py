@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.cli.astra import goodput as goodput_table
+from backend.cli.astra import machines as machines_table
 from backend.cli.astra import quota as quota_cli
 from backend.cli.astra.client import (
     EXIT_FAILED,
@@ -231,6 +232,33 @@ FOLLOW = """subscription($w: String!, $tail: Int!) {
 SLOWED_NOTICE_EVERY_S = 5.0
 
 
+MACHINES = "{ machines { name cluster pool state reason gpus unhealthyGpus } }"
+MACHINE_HEALTH = """query($start: DateTime) { machineHealth(start: $start) { machines {
+  machine pool lostGpuHours failureCount failures { kind count } faultCount vsPool action
+} } }"""
+
+
+def cmd_machines(api: Api, args: argparse.Namespace) -> str:
+    """Organisation admins: the machines, a line each; with --worst, ranked by the GPU time
+    lost on them over the last days, with their failures, GPU faults and what to do."""
+    if not args.worst:
+        found = api.graphql(MACHINES)["machines"]
+        if args.json:
+            return as_json(found)
+        lines = [f"{'MACHINE':<24}{'POOL':<12}{'STATE':<10}{'GPUS':>5}{'UNHEALTHY':>10}  REASON"]
+        lines += [
+            f"{m['name']:<24}{m['pool'] or '-':<12}{m['state']:<10}{m['gpus']:>5}"
+            f"{m['unhealthyGpus']:>10}  {m['reason']}"
+            for m in found
+        ]
+        return "\n".join(lines)
+    start = (datetime.now(UTC) - timedelta(days=args.days)).isoformat()
+    found = api.graphql(MACHINE_HEALTH, start=start)["machineHealth"]["machines"]
+    if args.json:
+        return as_json(found)
+    return machines_table.worst(found)
+
+
 def cmd_gpus(api: Api, args: argparse.Namespace) -> str:
     """Every GPU the workspace may use: `gpu-07/0  NVIDIA H100 80GB HBM3  97%  ok  held by …`."""
     gpus = api.graphql(GPUS)["gpus"]
@@ -403,6 +431,13 @@ def build_parser() -> argparse.ArgumentParser:
     goodput.add_argument("--weeks", type=_positive, help="by ISO week, the last N weeks")
     goodput.add_argument("--run", help="one run's own ledger since it was submitted")
     command("gpus", cmd_gpus, "every GPU the workspace may use, its use and holder")
+    machines = command("machines", cmd_machines, "organisation admins: the machines")
+    machines.add_argument(
+        "--worst",
+        action="store_true",
+        help="ranked by the GPU time lost on them, with failures, GPU faults and what to do",
+    )
+    machines.add_argument("--days", type=_positive, default=7, help="the last days (7)")
     logs = command("logs", cmd_logs, "a worker's log (a run: its first worker)")
     logs.add_argument("worker")
     logs.add_argument("-f", "--follow", action="store_true", help="follow until it ends")

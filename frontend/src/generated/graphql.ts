@@ -111,6 +111,11 @@ export type FollowLogSubscriptionVariables = Exact<{
 
 export type FollowLogSubscription = { followLog: { text: string, missed: number, ended: boolean } };
 
+export type MachineHealthQueryVariables = Exact<{ [key: string]: never; }>;
+
+
+export type MachineHealthQuery = { machineHealth: { machines: Array<{ machine: string, cluster: string, pool: string | null, lostGpuHours: number, failureCount: number, faultCount: number, lastFault: string | null, unhealthyGpus: number, vsPool: number | null, action: string, failures: Array<{ kind: string, count: number }> }> } };
+
 export type EventFieldsFragment = { id: number, kind: string, state: string | null, reason: string, run: string | null, worker: string | null, createdAt: string, foundAt: string };
 
 export type EventsPageQueryVariables = Exact<{

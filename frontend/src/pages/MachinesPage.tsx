@@ -4,6 +4,7 @@ import { memory, when } from "../format";
 import type { ClusterLimitsQuery, MachinesQuery } from "../generated/graphql";
 import { useQuery } from "../useQuery";
 import { Head, StateBadge } from "../components/Table";
+import { CostlyMachines } from "./CostlyMachines";
 
 // Issue 21: a cluster's quotas (astra astraeus quota set) and alert thresholds (setThreshold),
 // read back where its admins see its machines.
@@ -88,6 +89,7 @@ export function MachinesPage() {
           </tbody>
         </table>
       )}
+      {found.data && found.data.machines.length > 0 && <CostlyMachines />}
       {found.data && found.data.pools.length > 0 && (
         <>
           <h2>Pools</h2>
