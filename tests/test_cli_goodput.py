@@ -141,3 +141,53 @@ def test_machines_worst_is_a_line_a_machine_worst_first() -> None:
     assert blank == "" and footer.startswith(
         "LOST = GPU-hours held in failure, restart and stalled"
     )
+
+
+def test_the_cost_table_is_money_by_held_category() -> None:
+    # issue 23: `astra astraeus goodput --by run --cost`
+    from backend.cli.astra.goodput import cost_table
+
+    def row(name: str, held: float, **amounts: float) -> dict[str, Any]:
+        return {
+            "name": name,
+            "held": held,
+            "lost": held - amounts.get("productive", 0.0),
+            "byCategory": [{"category": c, "amount": a} for c, a in amounts.items()],
+        }
+
+    cost = {
+        "currency": "USD",
+        "rows": [row("llm", 100.0, productive=90.0, stalled=4.0, failure=6.0)],
+        "total": row("TOTAL", 100.0, productive=90.0, stalled=4.0, failure=6.0),
+    }
+    title, header, llm, total, blank, footer = cost_table("run", cost).splitlines()
+    assert title == "Cost (USD)"
+    assert header.split() == [
+        "RUN",
+        "HELD",
+        "USED",
+        "IDLE",
+        "STALLED",
+        "START",
+        "RESTART",
+        "FAILURE",
+        "PREEMPT",
+        "LOST",
+    ]
+    assert llm.split() == [
+        "llm",
+        "100.00",
+        "90.00",
+        "0.00",
+        "4.00",
+        "0.00",
+        "0.00",
+        "6.00",
+        "0.00",
+        "10.00",
+    ]
+    assert total.split()[0] == "TOTAL" and header.index("LOST") + 4 == llm.index("10.00") + 5
+    assert blank == "" and footer.startswith("USED = productive; LOST = held")
+    assert cost_table("run", {"currency": None, "rows": [], "total": {}}).startswith(
+        "No pool has a price"
+    )

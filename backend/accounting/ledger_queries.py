@@ -490,6 +490,59 @@ async def redo_pieces(
     return [RedoPiece(*r) for r in rows]
 
 
+class PricedPiece(NamedTuple):
+    """A held interval on a priced pool: what a cost is made of."""
+
+    run_id: int
+    workspace_id: int
+    pool_id: int
+    category: str
+    start_at: datetime
+    end_at: datetime
+    gpus: int
+
+
+async def priced_pieces(
+    session: AsyncSession,
+    start: datetime,
+    end: datetime,
+    pool_ids: Sequence[int],
+    *,
+    workspace_ids: Sequence[int] | None,
+    cluster_id: int | None = None,
+) -> list[PricedPiece]:
+    """The held intervals (closed, and open to the tick's mark) on these pools overlapping
+    [start, end): the GPU time a price turns into money."""
+    if not pool_ids:
+        return []
+    mark = await counted_until(session)
+    parts: list[Any] = [(GoodputInterval, GoodputInterval.end_at)]
+    if mark is not None and mark > start:
+        parts.append(
+            (GoodputOpenInterval, bindparam("open_end", mark, type_=GoodputInterval.end_at.type))
+        )
+    queries = []
+    for model, end_at in parts:
+        query = select(
+            model.run_id,
+            model.workspace_id,
+            model.pool_id,
+            model.category,
+            model.start_at,
+            end_at.label("end_at"),
+            model.gpus,
+        ).where(model.held, model.pool_id.in_(pool_ids), model.start_at < end)
+        if model is GoodputInterval:
+            query = query.where(model.end_at > start)
+        if workspace_ids is not None:
+            query = query.where(model.workspace_id.in_(workspace_ids))
+        if cluster_id is not None:
+            query = query.where(model.cluster_id == cluster_id)
+        queries.append(query)
+    rows = await session.execute(union_all(*queries) if len(queries) > 1 else queries[0])
+    return [PricedPiece(*r) for r in rows]
+
+
 async def redos_of(session: AsyncSession, run_ids: Sequence[int]) -> list[Redo]:
     """Runs' redos, each run's earliest first."""
     if not run_ids:

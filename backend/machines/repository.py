@@ -213,14 +213,16 @@ async def machines_in_clusters(
     return [(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in rows]
 
 
-async def pool_names(session: AsyncSession, cluster_ids: Sequence[int]) -> list[tuple[str, str]]:
-    """(cluster, pool) names of the clusters' pools, machines or not."""
+async def pool_names(
+    session: AsyncSession, cluster_ids: Sequence[int]
+) -> list[tuple[str, str, float | None, str | None]]:
+    """(cluster, pool, price per GPU-hour, currency) of the clusters' pools, machines or not."""
     rows = await session.execute(
-        select(Cluster.name, Pool.name)
+        select(Cluster.name, Pool.name, Pool.gpu_hour_price, Pool.currency)
         .join(Cluster, Cluster.id == Pool.cluster_id)
         .where(Pool.cluster_id.in_(cluster_ids))
     )
-    return [(r[0], r[1]) for r in rows]
+    return [(r[0], r[1], r[2], r[3]) for r in rows]
 
 
 async def failure_counts(

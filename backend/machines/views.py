@@ -138,6 +138,9 @@ class PoolView:
     machines: int
     gpus: int
     unhealthy_gpus: int
+    # What a GPU-hour here costs (issue 23), in currency; None: no price.
+    gpu_hour_price: float | None = None
+    currency: str | None = None
 
 
 async def pools(session: AsyncSession, principal: Principal) -> list[PoolView]:
@@ -147,11 +150,13 @@ async def pools(session: AsyncSession, principal: Principal) -> list[PoolView]:
     for m in await machines(session, principal):
         if m.pool is not None:
             found.setdefault((m.cluster, m.pool), []).append(m)
-    for cluster, name in await repository.pool_names(
+    prices: dict[tuple[str, str], tuple[float | None, str | None]] = {}
+    for cluster, name, price, currency in await repository.pool_names(
         session,
         [c.id for c in await organizations.clusters(session, principal.organization_id)],
     ):
         found.setdefault((cluster, name), [])
+        prices[(cluster, name)] = (price, currency)
     return [
         PoolView(
             name=name,
@@ -159,6 +164,8 @@ async def pools(session: AsyncSession, principal: Principal) -> list[PoolView]:
             machines=len(members),
             gpus=sum(m.gpus for m in members),
             unhealthy_gpus=sum(m.unhealthy_gpus for m in members),
+            gpu_hour_price=prices.get((cluster, name), (None, None))[0],
+            currency=prices.get((cluster, name), (None, None))[1],
         )
         for (cluster, name), members in sorted(found.items())
     ]

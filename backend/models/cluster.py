@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from sqlalchemy import Boolean, ForeignKey, String, UniqueConstraint, false
+from sqlalchemy import Boolean, Float, ForeignKey, String, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import BigId
@@ -32,3 +32,7 @@ class Pool(HasId, HasCreatedAt, Base):
         BigId, ForeignKey("clusters.id", ondelete="CASCADE"), index=True
     )
     name: Mapped[str] = mapped_column(String(63))
+    # What a GPU-hour of its machines costs (issue 23), as its organisation's admins set it, in
+    # ``currency`` (ISO 4217); None: no price, its GPU time has no cost.
+    gpu_hour_price: Mapped[float | None] = mapped_column(Float)
+    currency: Mapped[str | None] = mapped_column(String(3))

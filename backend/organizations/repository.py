@@ -70,3 +70,14 @@ async def delete(session: AsyncSession, row: object) -> None:
 
 def add(session: AsyncSession, *rows: object) -> None:
     session.add_all(rows)
+
+
+async def priced_pools(session: AsyncSession, organization_id: int) -> list[tuple[Pool, str]]:
+    """The organisation's pools with a price, each with its cluster's name."""
+    rows = await session.execute(
+        select(Pool, Cluster.name)
+        .join(Cluster, Cluster.id == Pool.cluster_id)
+        .where(Cluster.organization_id == organization_id, Pool.gpu_hour_price.is_not(None))
+        .order_by(Cluster.name, Pool.name)
+    )
+    return [(r[0], r[1]) for r in rows]

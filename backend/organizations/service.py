@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -230,3 +232,72 @@ async def quotas_of(
 def require_admin(principal: Principal, what: str) -> None:
     if not principal.is_org_admin:
         raise Forbidden(f"Only the organisation's admins set {what}.")
+
+
+# The most a GPU-hour may be priced at: a typo (a price per GPU-year) is refused.
+MAX_GPU_HOUR_PRICE = 1_000_000.0
+CURRENCY = re.compile(r"[A-Z]{3}")
+
+
+@dataclass(frozen=True)
+class PoolPrice:
+    cluster: str
+    pool: str
+    gpu_hour_price: float | None
+    currency: str | None
+
+
+async def set_pool_price(
+    session: AsyncSession,
+    organization_id: int,
+    cluster: str,
+    pool: str,
+    price: float | None,
+    currency: str,
+) -> PoolPrice:
+    """What a GPU-hour of a pool's machines costs (issue 23); None: no price. One currency for
+    the organisation: every figure with a price adds up across pools."""
+    problems = []
+    if price is not None and not (math.isfinite(price) and 0 <= price <= MAX_GPU_HOUR_PRICE):
+        problems.append(
+            FieldError("pricePerGpuHour", f"must be from 0 to {MAX_GPU_HOUR_PRICE:,.0f}")
+        )
+    if not CURRENCY.fullmatch(currency):
+        problems.append(FieldError("currency", "must be an ISO 4217 code of 3 capital letters"))
+    if problems:
+        raise InvalidInput("INVALID_PRICE", problems)
+    found = await cluster_by_name(session, organization_id, cluster)
+    row = await repository.get_pool_by_name(session, found.id, pool)
+    if row is None:
+        raise NotFound("POOL_NOT_FOUND", f"No pool named '{pool}' in the cluster '{cluster}'.")
+    if price is not None:
+        others = {
+            p.currency
+            for p, _ in await repository.priced_pools(session, organization_id)
+            if p.id != row.id
+        }
+        if others and others != {currency}:
+            (theirs,) = others
+            raise InvalidInput(
+                "INVALID_PRICE",
+                [
+                    FieldError(
+                        "currency",
+                        f"must be {theirs}, the currency of the organisation's other priced "
+                        "pools: every cost adds up in one",
+                    )
+                ],
+            )
+    row.gpu_hour_price = price
+    row.currency = currency if price is not None else None
+    await session.flush()
+    return PoolPrice(found.name, row.name, row.gpu_hour_price, row.currency)
+
+
+async def pool_prices(session: AsyncSession, organization_id: int) -> dict[int, tuple[float, str]]:
+    """The price per GPU-hour and currency of each of the organisation's priced pools, by id."""
+    return {
+        p.id: (float(p.gpu_hour_price), str(p.currency))
+        for p, _ in await repository.priced_pools(session, organization_id)
+        if p.gpu_hour_price is not None and p.currency is not None
+    }

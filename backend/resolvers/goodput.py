@@ -8,6 +8,8 @@ from datetime import datetime
 from backend.accounting import service as accounting
 from backend.resolvers.context import Info
 from backend.schema.goodput import (
+    CostScope,
+    GoodputCost,
     GoodputInterval,
     GoodputReport,
     GoodputScope,
@@ -38,6 +40,23 @@ async def goodput(
         viewer = await accounting.viewer_for(session, principal, workspace)
         found = await accounting.report(session, viewer, by.value, period)
     return GoodputReport.of(found)
+
+
+async def goodput_cost(
+    info: Info,
+    by: CostScope = CostScope.WORKSPACE,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    workspace: str | None = None,
+) -> GoodputCost:
+    """The GPU time held on priced pools as money, by workspace or run (the last 7 days by
+    default)."""
+    principal = info.context.require_principal()
+    period = accounting.period_of(_time(start), _time(end), info.context.clock.now())
+    async with info.context.db.read() as session:
+        viewer = await accounting.viewer_for(session, principal, workspace)
+        found = await accounting.costs(session, viewer, principal.organization_id, by.value, period)
+    return GoodputCost.of(found)
 
 
 async def goodput_weekly(

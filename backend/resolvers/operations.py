@@ -11,6 +11,7 @@ from backend.organizations import service as organizations
 from backend.resolvers.context import Info
 from backend.runs import service as runs
 from backend.schema.common import UserError
+from backend.schema.machines import PoolPrice, PoolPricePayload
 from backend.schema.operations import (
     Alert,
     MachinePayload,
@@ -171,3 +172,34 @@ async def attention(info: Info, workspace: str | None = None) -> list[WorkerAtte
         )
         for a in found
     ]
+
+
+async def set_pool_price(
+    info: Info,
+    cluster: str,
+    pool: str,
+    price_per_gpu_hour: float | None = None,
+    currency: str = "USD",
+) -> PoolPricePayload:
+    """A pool's price per GPU-hour (issue 23: cost); null or left out: no price."""
+    principal = info.context.require_principal()
+
+    async def work(session: AsyncSession) -> organizations.PoolPrice:
+        organizations.require_admin(principal, "pools' prices")
+        return await organizations.set_pool_price(
+            session, principal.organization_id, cluster, pool, price_per_gpu_hour, currency
+        )
+
+    try:
+        found = await info.context.db.unit(work)
+    except AstraeusError as error:
+        return PoolPricePayload(price=None, errors=UserError.from_error(error))
+    return PoolPricePayload(
+        price=PoolPrice(
+            cluster=found.cluster,
+            pool=found.pool,
+            price_per_gpu_hour=found.gpu_hour_price,
+            currency=found.currency,
+        ),
+        errors=[],
+    )

@@ -231,6 +231,30 @@ class Report(Answer):
     total: ReportTotal
 
 
+class Cost(Answer):
+    """Money by held category: a GPU-hour on a priced pool times its price."""
+
+    cost: dict[str, float]
+    """By category: productive, idle, stalled, starting, restart, failure, preemption."""
+    held_cost: float
+    lost_cost: float
+    """All but productive."""
+
+
+class NamedCost(Cost, Named):
+    pass
+
+
+class CostReport(Answer):
+    by: str
+    start: Time
+    end: Time
+    currency: str | None
+    """ISO 4217; null when no pool of the organisation has a price."""
+    ledgers: list[NamedCost]
+    total: Cost
+
+
 class Point(Ledger):
     """One step of a series: the ledger of [start, end)."""
 

@@ -88,6 +88,18 @@ async def get_series(call: Call) -> Response:
     return answers.GoodputSeries.model_validate(found.to_json()).response()
 
 
+async def get_cost(call: Call) -> Response:
+    """``GET /goodput/cost?by=workspace|run&start=…&end=…``: the GPU time held on priced pools
+    as money (each pool's price per GPU-hour, set by the organisation's admins)."""
+    q = GoodputQuery.of(call.request)
+    viewer = await accounting.viewer_for(call.session, call.principal, q.workspace)
+    period = accounting.period_of(q.start, q.end, call.clock.now())
+    found = await accounting.costs(
+        call.session, viewer, call.principal.organization_id, q.by, period
+    )
+    return answers.CostReport.model_validate(found.to_json()).response()
+
+
 async def get_intervals(call: Call) -> Response:
     """``GET /goodput/intervals?by=run&name=llm&category=idle&start=…&end=…``: the worker
     intervals behind a ledger figure, earliest first (``limit``: 1 000, at most 10 000)."""
@@ -119,6 +131,7 @@ routes = [
     Route("/goodput/metrics", endpoint(get_metrics), methods=["GET"]),
     Route("/goodput/intervals", endpoint(get_intervals), methods=["GET"]),
     Route("/goodput/series", endpoint(get_series), methods=["GET"]),
+    Route("/goodput/cost", endpoint(get_cost), methods=["GET"]),
     Route("/goodput", endpoint(get_goodput), methods=["GET"]),
     Route("/goodput/weekly", endpoint(get_weekly), methods=["GET"]),
     Route("/runs/{run}/goodput", endpoint(get_run_goodput), methods=["GET"]),

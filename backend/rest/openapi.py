@@ -91,6 +91,12 @@ OPERATIONS: dict[str, Operation] = {
         (p.SeriesQuery,),
         {"404": "NOT_FOUND: no run, machine, pool or workspace of that name."},
     ),
+    "/goodput/cost": Operation(
+        "The GPU time held on priced pools as money, by workspace or run (issue 23).",
+        answers.CostReport,
+        "A row each, most first, and their total; currency null: no pool has a price.",
+        (p.GoodputQuery,),
+    ),
     "/goodput/intervals": Operation(
         "The worker intervals behind a ledger figure, earliest first.",
         answers.Intervals,

@@ -198,6 +198,64 @@ class GoodputReport:
         )
 
 
+@strawberry.enum(description="What a cost report has a row for.")
+class CostScope(Enum):
+    WORKSPACE = "workspace"
+    RUN = "run"
+
+
+@strawberry.type(description="Money of one held category.")
+class CategoryCost:
+    category: CategoryValue
+    amount: float
+
+
+@strawberry.type(description="A workspace's or run's GPU time on priced pools as money.")
+class CostRowType:
+    name: str
+    by_category: list[CategoryCost] = strawberry.field(
+        description="productive, idle, stalled, starting, restart, failure, preemption."
+    )
+    held: float = strawberry.field(description="Every held category's.")
+    lost: float = strawberry.field(description="All but productive.")
+
+    @classmethod
+    def of(cls, row: accounting.CostRow) -> CostRowType:
+        return cls(
+            name=row.name,
+            by_category=[
+                CategoryCost(category=CategoryValue(c.value), amount=v)
+                for c, v in row.by_category.items()
+            ],
+            held=row.held,
+            lost=row.lost,
+        )
+
+
+@strawberry.type(
+    description="The GPU time held on priced pools over whole UTC hours as money: each "
+    "interval's GPU-hours times its pool's price per GPU-hour (setPoolPrice)."
+)
+class GoodputCost:
+    by: CostScope
+    start: datetime
+    end: datetime
+    currency: str | None = strawberry.field(description="ISO 4217; null: no pool has a price.")
+    rows: list[CostRowType] = strawberry.field(description="Most first.")
+    total: CostRowType
+
+    @classmethod
+    def of(cls, found: accounting.CostReport) -> GoodputCost:
+        return cls(
+            by=CostScope(found.by),
+            start=found.period.start,
+            end=found.period.end,
+            currency=found.currency,
+            rows=[CostRowType.of(r) for r in found.rows],
+            total=CostRowType.of(found.total),
+        )
+
+
 @strawberry.type(description="One ISO week (Monday, UTC) of a weekly report.")
 class GoodputWeek:
     week: str = strawberry.field(description="2026-W40")

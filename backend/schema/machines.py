@@ -9,6 +9,7 @@ import strawberry
 
 from backend.machines.health import MachineHealth
 from backend.machines.views import GpuView, MachineView, PoolView
+from backend.schema.common import UserError
 
 
 @strawberry.type(
@@ -73,10 +74,22 @@ class PoolInfo:
     machines: int
     gpus: int
     unhealthy_gpus: int
+    price_per_gpu_hour: float | None = strawberry.field(
+        description="What a GPU-hour of its machines costs (setPoolPrice); null: no price."
+    )
+    currency: str | None = strawberry.field(description="ISO 4217, with its price.")
 
     @classmethod
     def of(cls, view: PoolView) -> PoolInfo:
-        return cls(**dataclasses.asdict(view))
+        return cls(
+            name=view.name,
+            cluster=view.cluster,
+            machines=view.machines,
+            gpus=view.gpus,
+            unhealthy_gpus=view.unhealthy_gpus,
+            price_per_gpu_hour=view.gpu_hour_price,
+            currency=view.currency,
+        )
 
 
 @strawberry.type(description="How many of one kind.")
@@ -145,6 +158,20 @@ class MachineHealthRow:
             vs_pool=h.vs_pool,
             action=h.action,
         )
+
+
+@strawberry.type(description="A pool's price per GPU-hour, as its organisation's admins set it.")
+class PoolPrice:
+    cluster: str
+    pool: str
+    price_per_gpu_hour: float | None = strawberry.field(description="Null: no price.")
+    currency: str | None
+
+
+@strawberry.type
+class PoolPricePayload:
+    price: PoolPrice | None
+    errors: list[UserError]
 
 
 @strawberry.type(description="The organisation's machines, worst first, over whole UTC hours.")

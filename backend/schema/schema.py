@@ -27,7 +27,13 @@ from backend.resolvers import webhooks as webhook_resolvers
 from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
 from backend.schema.events import Event, EventPage, LogChunk, MetricRange
-from backend.schema.goodput import GoodputInterval, GoodputReport, GoodputSeries, GoodputWeek
+from backend.schema.goodput import (
+    GoodputCost,
+    GoodputInterval,
+    GoodputReport,
+    GoodputSeries,
+    GoodputWeek,
+)
 from backend.schema.guards import bounds, expected, log_errors
 from backend.schema.machine_identity import (
     JoinToken,
@@ -35,7 +41,13 @@ from backend.schema.machine_identity import (
     MachineCredential,
     MachineCredentialPayload,
 )
-from backend.schema.machines import Gpu, MachineHealthReport, MachineInfo, PoolInfo
+from backend.schema.machines import (
+    Gpu,
+    MachineHealthReport,
+    MachineInfo,
+    PoolInfo,
+    PoolPricePayload,
+)
 from backend.schema.operations import (
     Alert,
     MachinePayload,
@@ -171,6 +183,13 @@ class Query:
             "without one, every row summed) each hour or UTC day of the period."
         ),
     )
+    goodput_cost: GoodputCost = strawberry.field(
+        resolver=goodput_resolvers.goodput_cost,
+        description=(
+            "Cost: the GPU time held on priced pools (setPoolPrice) as money, by workspace or "
+            "run, over whole UTC hours (the last 7 days by default)."
+        ),
+    )
     goodput_intervals: list[GoodputInterval] = strawberry.field(
         resolver=goodput_resolvers.goodput_intervals,
         description="The worker intervals behind a ledger figure, earliest first.",
@@ -251,6 +270,14 @@ class Mutation:
         description=(
             "Organisation admins: the most GPUs a workspace's runs may hold at once on a "
             "cluster (null or left out: no quota)."
+        ),
+    )
+    set_pool_price: PoolPricePayload = strawberry.mutation(
+        resolver=operation_resolvers.set_pool_price,
+        description=(
+            "Organisation admins: what a GPU-hour of a pool's machines costs, in a currency "
+            "(ISO 4217, USD by default; one for the organisation), which turns GPU-hours into "
+            "money on goodputCost (null or left out: no price)."
         ),
     )
     set_preemption_policy: PreemptionPolicyPayload = strawberry.mutation(

@@ -259,3 +259,43 @@ def test_a_run_that_restarted_without_checkpoints_shows_its_rework_unknown(
     cells = row.split("\t")
     assert cells[1] == "unknown" and cells[-1] == "unknown"  # back to: no checkpoint reported
     assert cells[2] == str(rework["redos"][0]["reached_step"])
+
+
+def test_a_priced_pool_shows_what_the_week_cost(
+    seed_week: tuple[Server, Tenancy], page: Any
+) -> None:
+    # issue 23: an admin prices h100 at 2.50 USD a GPU-hour; the goodput page shows the money
+    # by run, as goodputCost answers it; taken away again after
+    server, tenancy = seed_week
+
+    def gql(token: str, query: str, **variables: Any) -> dict[str, Any]:
+        answer = HTTP.post(
+            f"{server.url}/graphql",
+            json={"query": query, "variables": variables},
+            headers={"Authorization": f"Bearer {token}"},
+        ).json()
+        assert "errors" not in answer, answer
+        return dict(answer["data"])
+
+    price = """mutation($p: Float) { setPoolPrice(cluster: "local", pool: "h100",
+        pricePerGpuHour: $p) { errors { message } } }"""
+    assert gql(tenancy.admin_token, price, p=2.5)["setPoolPrice"]["errors"] == []
+    try:
+        sign_in(page, server, tenancy.member_token)
+        table = page.get_by_role("table", name="Cost")
+        table.locator('tr[data-row="TOTAL"]').wait_for()
+        cost = gql(
+            tenancy.member_token,
+            "query($s: DateTime) { goodputCost(by: RUN, start: $s) { currency "
+            "rows { name held lost } total { held lost } } }",
+            s=days_ago(7),
+        )["goodputCost"]
+        assert cost["currency"] == "USD"
+        for row in cost["rows"]:
+            shown = table.locator(f'tr[data-row="{row["name"]}"]')
+            assert shown.locator('[data-figure="held-cost"]').inner_text() == f"${row['held']:,.2f}"
+            assert shown.locator('[data-figure="lost-cost"]').inner_text() == f"${row['lost']:,.2f}"
+        total = table.locator('tr[data-row="TOTAL"] [data-figure="held-cost"]').inner_text()
+        assert total == f"${cost['total']['held']:,.2f}"
+    finally:
+        gql(tenancy.admin_token, price, p=None)

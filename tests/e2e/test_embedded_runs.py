@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from backend.cli.astra.client import EXIT_USAGE
 from tests.e2e.live import Server, running
 from tests.support import WORKLOAD_PYTHON
 from tests.support.http import HTTP
-from tests.support.processes import job_when_ended, submit
+from tests.support.processes import ASTRA, job_when_ended, submit
 
 STEPS = (
     "import os, time\n"
@@ -317,3 +318,53 @@ def test_each_workload_ends_as_the_seed_says_with_its_snapshot_and_log(
     ).json()
     assert body["task_name"] == f"{run}-0"
     assert body.get("archived", False) is (state != "Running")
+
+
+def astra_cli(live: tuple[Server, str], *args: str, stdin: str | None = None) -> Any:
+    server, token = live
+    env = server.env_for(token)
+    env["HOME"] = str(server.log.parent)  # no config file of the developer's
+    return subprocess.run(
+        [ASTRA, "astraeus", *args], env=env, input=stdin, capture_output=True, text=True
+    )
+
+
+def until_says(call: Any, text: str) -> Any:
+    deadline = time.monotonic() + 30
+    while True:
+        done = call()
+        if text in done.stdout or time.monotonic() > deadline:
+            return done
+        time.sleep(0.3)
+
+
+def test_a_pools_price_turns_the_table_into_money(live: tuple[Server, str]) -> None:
+    # issue 23: an admin prices the embedded machine's pool; goodput --cost is the money
+    unpriced = astra_cli(live, "goodput", "--by", "run", "--cost")
+    assert unpriced.returncode == 0 and unpriced.stdout.startswith("No pool has a price")
+    bad = astra_cli(live, "price", "set", "local", "cheap")
+    assert bad.returncode == EXIT_USAGE and "amount: must be a number" in bad.stderr
+    euros = astra_cli(live, "price", "set", "local", "2.5", "--currency", "usd")
+    assert euros.returncode != 0 and "currency: must be an ISO 4217 code" in euros.stderr
+    # the embedded machine's pool is there once its agent has joined
+    done = until_says(lambda: astra_cli(live, "price", "set", "local", "2.5"), "a GPU-hour")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "local on local: 2.50 USD a GPU-hour"
+    submitted = astra_cli(
+        live, "submit", "-", stdin=json.dumps({"name": "paid", "gpus": 1, "command": ["true"]})
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    cost = astra_cli(live, "goodput", "--by", "run", "--cost")
+    assert cost.returncode == 0, cost.stderr
+    lines = cost.stdout.splitlines()
+    assert lines[0] == "Cost (USD)" and lines[1].split()[:3] == ["RUN", "HELD", "USED"]
+    assert lines[-3].startswith("TOTAL ") and lines[-1].startswith("USED = productive; LOST")
+    total = json.loads(astra_cli(live, "goodput", "--by", "run", "--cost", "--json").stdout)
+    assert total["currency"] == "USD"
+    assert lines[-3].split()[1] == f"{total['total']['held']:.2f}"
+    by_pool = astra_cli(live, "goodput", "--by", "pool", "--cost")
+    assert by_pool.returncode == EXIT_USAGE and "--cost is by workspace or run" in by_pool.stderr
+    assert (
+        astra_cli(live, "price", "set", "local", "none").stdout.strip()
+        == "local on local has no price"
+    )

@@ -148,3 +148,53 @@ def weekly_table(scope: str, weeks: list[dict[str, Any]]) -> str:
     out.append(line("TOTAL", cells(summed([w["report"]["total"] for w in weeks])), width))
     out += ["", FOOTER]
     return "\n".join(out)
+
+
+COST_FOOTER = (
+    "USED = productive; LOST = held, not used productively; a GPU-hour costs its pool's price "
+    "(astra astraeus price set)"
+)
+COST_COLUMNS = (
+    ("HELD", 10, None),
+    ("USED", 10, "productive"),
+    ("IDLE", 10, "idle"),
+    ("STALLED", 10, "stalled"),
+    ("START", 10, "starting"),
+    ("RESTART", 10, "restart"),
+    ("FAILURE", 10, "failure"),
+    ("PREEMPT", 10, "preemption"),
+    ("LOST", 10, None),
+)
+
+
+def _money(row: dict[str, Any]) -> dict[str, str]:
+    by = {c["category"]: c["amount"] for c in row["byCategory"]}
+    out = {"HELD": f"{row['held']:.2f}", "LOST": f"{row['lost']:.2f}"}
+    for column, _, category in COST_COLUMNS:
+        if category is not None:
+            out[column] = f"{by.get(category, 0.0):.2f}"
+    return out
+
+
+def cost_table(scope: str, cost: dict[str, Any]) -> str:
+    """``goodput --cost``: the GPU time held on priced pools as money, a row each and the
+    TOTAL, in the organisation's currency (issue 23)."""
+    if cost["currency"] is None:
+        return (
+            "No pool has a price: an organisation admin sets one with "
+            "astra astraeus price set <pool> <amount>"
+        )
+    rows = [(r["name"], _money(r)) for r in cost["rows"]]
+    width = max([NAME_WIDTH, *(len(name) + 1 for name, _ in rows)])
+
+    def money_line(name: str, values: dict[str, str]) -> str:
+        return f"{name:<{width}}" + "".join(f"{values[c]:>{w}}" for c, w, _ in COST_COLUMNS)
+
+    out = [
+        f"Cost ({cost['currency']})",
+        money_line(scope.upper(), {c: c for c, _, _ in COST_COLUMNS}),
+    ]
+    out += [money_line(name, values) for name, values in rows]
+    out.append(money_line("TOTAL", _money(cost["total"])))
+    out += ["", COST_FOOTER]
+    return "\n".join(out)

@@ -194,13 +194,20 @@ RUN_GOODPUT = f"""query($name: String!) {{
 }}"""
 
 
+GOODPUT_COST = """query($by: CostScope!, $start: DateTime) { goodputCost(by: $by, start: $start) {
+  currency rows { name held lost byCategory { category amount } }
+  total { name held lost byCategory { category amount } } } }"""
+
+
 def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [(r["name"], r["ledger"]) for r in report["rows"]]
 
 
 def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
     """The seed's GPU-hours table: by workspace, run, machine or pool over the last days; by
-    ISO week; or one run's own since it was submitted."""
+    ISO week; or one run's own since it was submitted. With --cost, as money."""
+    if args.cost and (args.run or args.weeks is not None):
+        raise CliError("astra: --cost is over the last days, by workspace or run", EXIT_USAGE)
     if args.run:
         run = api.graphql(RUN_GOODPUT, name=args.run)["run"]
         if run is None:
@@ -216,6 +223,11 @@ def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
             return as_json(found)
         return goodput_table.weekly_table(args.by, found)
     start = (datetime.now(UTC) - timedelta(days=args.days)).isoformat()
+    if args.cost:
+        if args.by not in ("workspace", "run"):
+            raise CliError("astra: --cost is by workspace or run", EXIT_USAGE)
+        cost = api.graphql(GOODPUT_COST, by=args.by.upper(), start=start)["goodputCost"]
+        return as_json(cost) if args.json else goodput_table.cost_table(args.by, cost)
     report = api.graphql(GOODPUT, by=args.by.upper(), start=start)["goodput"]
     if args.json:
         return as_json(report)
@@ -428,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--by", choices=["workspace", "run", "machine", "pool"], default="workspace"
     )
     goodput.add_argument("--days", type=_positive, default=7, help="the last days (7)")
+    goodput.add_argument(
+        "--cost",
+        action="store_true",
+        help="as money: each pool's price per GPU-hour (by workspace or run)",
+    )
     goodput.add_argument("--weeks", type=_positive, help="by ISO week, the last N weeks")
     goodput.add_argument("--run", help="one run's own ledger since it was submitted")
     command("gpus", cmd_gpus, "every GPU the workspace may use, its use and holder")

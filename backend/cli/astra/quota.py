@@ -31,6 +31,12 @@ def add_commands(command: Command) -> None:
     show.add_argument("gpus", nargs="?", help="with set: the most GPUs at once, or none to lift it")
     show.add_argument("--workspace", help="another workspace of the organisation (admins)")
     show.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster (local)")
+    price = command("price", cmd_price, "a pool's price per GPU-hour (admins): goodput --cost")
+    price.add_argument("action", choices=["set"], help="set it (none: no price)")
+    price.add_argument("pool", help="the pool")
+    price.add_argument("amount", help="what a GPU-hour costs, or none")
+    price.add_argument("--currency", default="USD", help="ISO 4217 (USD)")
+    price.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster (local)")
     threshold = command("threshold", cmd_threshold, "a cluster's alert thresholds (admins)")
     threshold.add_argument("action", choices=["show"])
     threshold.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster (local)")
@@ -94,3 +100,42 @@ def threshold_table(rows: list[dict[str, Any]]) -> str:
 def cmd_threshold(api: Api, args: argparse.Namespace) -> str:
     rows = api.graphql(THRESHOLDS, c=args.cluster)["thresholds"]
     return json.dumps(rows, indent=2) if args.json else threshold_table(rows)
+
+
+SET_PRICE = """mutation($c: String!, $p: String!, $price: Float, $cur: String!) {
+  setPoolPrice(cluster: $c, pool: $p, pricePerGpuHour: $price, currency: $cur) {
+    price { cluster pool pricePerGpuHour currency } errors { code field message } } }"""
+
+
+def _amount(text: str) -> float | None:
+    if text == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise CliError(
+            f"astra: amount: must be a number (a GPU-hour's price), or none: {text!r}", EXIT_USAGE
+        ) from None
+
+
+def price_line(price: dict[str, Any]) -> str:
+    """`h100 on local: 2.50 USD a GPU-hour`, or that it has no price."""
+    if price["pricePerGpuHour"] is None:
+        return f"{price['pool']} on {price['cluster']} has no price"
+    return (
+        f"{price['pool']} on {price['cluster']}: "
+        f"{price['pricePerGpuHour']:.2f} {price['currency']} a GPU-hour"
+    )
+
+
+def cmd_price(api: Api, args: argparse.Namespace) -> str:
+    answer = api.graphql(
+        SET_PRICE, c=args.cluster, p=args.pool, price=_amount(args.amount), cur=args.currency
+    )
+    payload = answer["setPoolPrice"]
+    if payload["errors"]:
+        error = payload["errors"][0]
+        field = f"{error['field']}: " if error.get("field") else ""
+        raise CliError(f"astra: {field}{error['message']}", exit_for(error["code"]))
+    found = payload["price"]
+    return json.dumps(found, indent=2) if args.json else price_line(found)

@@ -3,6 +3,11 @@
 type Exact<T extends { [key: string]: unknown }> = { [K in keyof T]: T[K] };
 /** Internal type. DO NOT USE DIRECTLY. */
 export type Incremental<T> = T | { [P in keyof T]?: P extends ' $fragmentName' | '__typename' ? T[P] : never };
+/** What a cost report has a row for. */
+export type CostScope =
+  | 'RUN'
+  | 'WORKSPACE';
+
 /** What a failure or a wait means (seed: Debug a failed run, step 2; Debug a run that does not start). */
 export type FailureKind =
   | 'barrier'
@@ -110,6 +115,15 @@ export type FollowLogSubscriptionVariables = Exact<{
 
 
 export type FollowLogSubscription = { followLog: { text: string, missed: number, ended: boolean } };
+
+export type GoodputCostQueryVariables = Exact<{
+  by: CostScope;
+  start: string | null | undefined;
+  ws: string | null | undefined;
+}>;
+
+
+export type GoodputCostQuery = { goodputCost: { currency: string | null, rows: Array<{ name: string, held: number, lost: number, byCategory: Array<{ category: GoodputCategory, amount: number }> }>, total: { name: string, held: number, lost: number, byCategory: Array<{ category: GoodputCategory, amount: number }> } } };
 
 export type MachineHealthQueryVariables = Exact<{ [key: string]: never; }>;
 

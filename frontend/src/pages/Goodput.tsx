@@ -23,6 +23,7 @@ import { biggestHeldLoss, LEDGER_FIELDS, notProductive, type Ledger } from "../l
 import { Link } from "../nav";
 import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
+import { CostView } from "./CostView";
 import { Head } from "../components/Table";
 
 export type Scope = GoodputScope;
@@ -155,6 +156,7 @@ export function Goodput({ org, workspace }: { org: string; workspace: string }) 
           }
         />
       )}
+      {!weekly && page.data && (by === "RUN" || by === "WORKSPACE") && <CostView by={by} start={start} workspace={workspace} />}
       {weekly && weeks.error && <p className="error" role="alert">{weeks.error}</p>}
       {weekly && weeks.loading && !weeks.data && <p className="muted">Loading…</p>}
       {weekly &&
