@@ -39,6 +39,8 @@ QUERIES = {
     "{ worker } }",
     "goodputSeries": '{ goodputSeries(by: RUN, name: "llama-sft", workspace: "default") '
     "{ points { ledger { allocatedGpuHours } } } }",
+    "goodputCost": '{ goodputCost(by: RUN, workspace: "default") { rows { name held } } }',
+    "machineHealth": "{ machineHealth { machines { machine failureCount action } } }",
     "webhooks": '{ webhooks(workspace: "default") { url } }',
     "joinTokens": '{ joinTokens(cluster: "local") { prefix } }',
     "machineCredentials": '{ machineCredentials(cluster: "local") { machine } }',
@@ -63,6 +65,8 @@ MUTATIONS = {
     "{ workspace { name } errors { code } } }",
     "setQuota": 'mutation { setQuota(workspace: "default", cluster: "local", gpus: 0) '
     "{ quota { gpus } errors { code } } }",
+    "setPoolPrice": 'mutation { setPoolPrice(cluster: "local", pool: "h100", '
+    "pricePerGpuHour: 99) { price { pool } errors { code } } }",
     "setPreemptionPolicy": 'mutation { setPreemptionPolicy(cluster: "local", '
     "preemptOverQuota: true) { policy { cluster } errors { code } } }",
     "setSecret": 'mutation { setSecret(name: "hf-token", value: "stolen", workspace: "default") '

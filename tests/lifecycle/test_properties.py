@@ -334,9 +334,12 @@ class Cluster(RuleBasedStateMachine):
         assert (t.machine_id is not None) == (t.phase in HELD_PHASES), t
         # (e) times: now, but a stall is dated at the last progress; never earlier than before
         if t.phase == "stalled":
-            # Stalled from its last progress, and only once the stall timeout has passed.
+            # Stalled from its last progress, and only once the stall timeout has passed (a
+            # gang member stopped with the one that stalled: half of it, rules.STALLED_WITH_GANG)
             timeout = run.policy.stall_timeout
             assert timeout is not None and t.at == self.progress[w.id] == w.progress_at, t
+            if t.reason.startswith("Stalled with its gang"):
+                timeout = timeout * rules.STALLED_WITH_GANG
             assert self.now - t.at >= timeout, (t, self.now)
         else:
             assert t.at == self.now, f"{step}: {w.name} transition dated {t.at}, now {self.now}"

@@ -496,6 +496,7 @@ def test_team_b_reaches_nothing_of_default_by_its_ids(cluster: Cluster) -> None:
         ("/orgs/default/workspaces/default/events", {}),
         ("/goodput", {"workspace": "default"}),
         ("/goodput/weekly", {"workspace": "default"}),
+        ("/goodput/cost", {"workspace": "default"}),
         ("/goodput/intervals", {"by": "run", "name": A_RUN, "workspace": "default"}),
         ("/goodput/series", {"by": "run", "name": A_RUN}),
         ("/goodput/series", {"by": "workspace", "name": "default"}),
