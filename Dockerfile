@@ -5,6 +5,8 @@ WORKDIR /src
 COPY frontend/package.json frontend/package-lock.json ./
 RUN npm ci --no-audit --no-fund
 COPY frontend ./
+# the build's type check reads the Grafana dashboard (src/grafana.test.ts: ../../deploy/…)
+COPY deploy/grafana/dashboards /deploy/grafana/dashboards
 RUN npm run build
 
 FROM python:3.11-slim AS server

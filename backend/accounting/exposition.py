@@ -39,6 +39,10 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "astraeus_workers_stalled": ("Workers stalled now.", ("namespace",)),
     "astraeus_runs_with_straggler": ("Runs whose gang has a straggler now.", ("namespace",)),
+    "astraeus_gpus_unhealthy": (
+        "GPUs unhealthy now (an XID, uncorrectable ECC errors, row remapping), by cluster.",
+        ("cluster",),
+    ),
     "astraeus_threshold_alerts_firing": (
         "Threshold alerts firing (a cluster's operators only).",
         ("metric",),

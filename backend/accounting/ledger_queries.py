@@ -37,6 +37,7 @@ from backend.models import (
     GoodputInterval,
     GoodputOpenInterval,
     GoodputRunTotal,
+    Gpu,
     Machine,
     Pool,
     Redo,
@@ -403,6 +404,18 @@ async def intervals_of(
     return [IntervalRow(*r) for r in rows]
 
 
+async def _closed_and_open(session: AsyncSession, start: datetime) -> list[tuple[Any, Any]]:
+    """The interval tables a read after ``start`` unites, each with its end: the closed
+    intervals' own, and the open ones' the tick's mark (when it is past ``start``)."""
+    mark = await counted_until(session)
+    parts: list[tuple[Any, Any]] = [(GoodputInterval, GoodputInterval.end_at)]
+    if mark is not None and mark > start:
+        parts.append(
+            (GoodputOpenInterval, bindparam("open_end", mark, type_=GoodputInterval.end_at.type))
+        )
+    return parts
+
+
 class RedoPiece(NamedTuple):
     """A productive interval inside a restart's redo: what rework is made of. ``scope_id`` is
     the interval's run, machine, pool or workspace."""
@@ -440,7 +453,6 @@ async def redo_pieces(
     """The productive intervals (closed, and open to the tick's mark) that overlap a redo of
     their run within [start, end), each with its redo: one query from the redos, which are
     few (a restart each), to their runs' intervals by index."""
-    mark = await counted_until(session)
     redos = select(Redo).where(
         Redo.restarted_at < end, or_(Redo.until.is_(None), Redo.until > start)
     )
@@ -449,11 +461,7 @@ async def redo_pieces(
     if run_ids is not None:
         redos = redos.where(Redo.run_id.in_(run_ids))
     found = redos.subquery()
-    parts: list[Any] = [(GoodputInterval, GoodputInterval.end_at)]
-    if mark is not None and mark > start:
-        parts.append(
-            (GoodputOpenInterval, bindparam("open_end", mark, type_=GoodputInterval.end_at.type))
-        )
+    parts = await _closed_and_open(session, start)
     queries = []
     for model, end_at in parts:
         query = (
@@ -515,12 +523,7 @@ async def priced_pieces(
     [start, end): the GPU time a price turns into money."""
     if not pool_ids:
         return []
-    mark = await counted_until(session)
-    parts: list[Any] = [(GoodputInterval, GoodputInterval.end_at)]
-    if mark is not None and mark > start:
-        parts.append(
-            (GoodputOpenInterval, bindparam("open_end", mark, type_=GoodputInterval.end_at.type))
-        )
+    parts = await _closed_and_open(session, start)
     queries = []
     for model, end_at in parts:
         query = select(
@@ -587,6 +590,21 @@ async def cluster_sums(
         .group_by(GoodputHour.cluster_id, GoodputHour.category, GoodputHour.held)
     )
     return [(r[0], r[1], bool(r[2]), float(r[3])) for r in rows]
+
+
+async def unhealthy_gpus(session: AsyncSession, organization_id: int) -> list[tuple[str, int]]:
+    """(cluster name, its GPUs unhealthy now) of every cluster of the organisation, by name."""
+    unhealthy = func.count(Gpu.id).filter(Gpu.health != "ok")
+    rows = await session.execute(
+        select(Cluster.name, unhealthy)
+        .select_from(Cluster)
+        .outerjoin(Machine, Machine.cluster_id == Cluster.id)
+        .outerjoin(Gpu, Gpu.machine_id == Machine.id)
+        .where(Cluster.organization_id == organization_id)
+        .group_by(Cluster.name)
+        .order_by(Cluster.name)
+    )
+    return [(r[0], int(r[1])) for r in rows]
 
 
 async def cluster_names(session: AsyncSession, ids: Sequence[int]) -> dict[int, str]:

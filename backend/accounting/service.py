@@ -717,6 +717,10 @@ async def exposition(
     for workspace_id, workspace in sorted(names.items(), key=lambda kv: kv[1]):
         out.add("astraeus_workers_stalled", {"namespace": workspace}, stalled.get(workspace_id, 0))
         out.add("astraeus_runs_with_straggler", {"namespace": workspace}, slow.get(workspace_id, 0))
+    for cluster, unhealthy in await ledger_queries.unhealthy_gpus(
+        session, principal.organization_id
+    ):
+        out.add("astraeus_gpus_unhealthy", {"cluster": cluster}, unhealthy)
     for metric, firing in (alerts_firing or {}).items():  # a cluster's operators only
         out.add("astraeus_threshold_alerts_firing", {"metric": metric}, firing)
     return out.text()

@@ -34,6 +34,15 @@ async def on_a_whole_minute(world: World) -> datetime:
     return start
 
 
+async def training(world: World) -> None:
+    """train: one worker of GPUS GPUs on gpu-07, running from a whole minute."""
+    await world.machine("gpu-07")
+    await world.submit(name="train", workers=1, gpus=GPUS)
+    await world.schedule()
+    await on_a_whole_minute(world)
+    await world.start("train-0")
+
+
 async def steps(
     world: World, worker: str, first: int, last: int, *, checkpoints: int | None
 ) -> None:
@@ -92,11 +101,7 @@ async def rework_of(
 async def test_a_restart_at_step_500_after_a_checkpoint_at_400_redoes_100_steps(
     client: httpx.AsyncClient, world: World, tenancy: Tenancy
 ) -> None:
-    await world.machine("gpu-07")
-    await world.submit(name="train", workers=1, gpus=GPUS)
-    await world.schedule()
-    await on_a_whole_minute(world)
-    await world.start("train-0")
+    await training(world)
     await steps(world, "train-0", 1, 500, checkpoints=200)  # checkpoints at 200 and 400
     restart = await restart_after_failure(world, "train-0")
     # back at the checkpoint (400): steps 401 to 500 again, 10 s each, then new steps
@@ -139,11 +144,7 @@ async def test_a_restart_during_a_redo_keeps_the_step_to_reach(
     client: httpx.AsyncClient, world: World, tenancy: Tenancy
 ) -> None:
     # fails at 500 (checkpoint 400), again at 450 while redoing; the second redo still goes to 500
-    await world.machine("gpu-07")
-    await world.submit(name="train", workers=1, gpus=GPUS)
-    await world.schedule()
-    await on_a_whole_minute(world)
-    await world.start("train-0")
+    await training(world)
     await steps(world, "train-0", 1, 500, checkpoints=200)
     first = await restart_after_failure(world, "train-0")
     await steps(world, "train-0", 401, 450, checkpoints=200)
@@ -168,11 +169,7 @@ async def test_a_restart_during_a_redo_keeps_the_step_to_reach(
 async def test_without_checkpoint_reports_the_runs_rework_is_unknown_not_0(
     client: httpx.AsyncClient, world: World, tenancy: Tenancy
 ) -> None:
-    await world.machine("gpu-07")
-    await world.submit(name="train", workers=1, gpus=GPUS)
-    await world.schedule()
-    await on_a_whole_minute(world)
-    await world.start("train-0")
+    await training(world)
     await steps(world, "train-0", 1, 120, checkpoints=None)
     await restart_after_failure(world, "train-0")
     await steps(world, "train-0", 1, 130, checkpoints=None)
@@ -191,11 +188,7 @@ async def test_without_checkpoint_reports_the_runs_rework_is_unknown_not_0(
 async def test_a_run_that_never_restarted_redid_nothing(
     client: httpx.AsyncClient, world: World, tenancy: Tenancy
 ) -> None:
-    await world.machine("gpu-07")
-    await world.submit(name="train", workers=1, gpus=GPUS)
-    await world.schedule()
-    await on_a_whole_minute(world)
-    await world.start("train-0")
+    await training(world)
     await steps(world, "train-0", 1, 30, checkpoints=None)
     rest, ours = await rework_of(client, tenancy.member_token, "train")
     assert rest == {"gpu_hours": 0.0, "redos": []}

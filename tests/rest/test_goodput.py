@@ -220,6 +220,8 @@ async def test_the_exposition_shows_another_workspace_nothing_of_ours(
     assert samples(text) == {
         'astraeus_workers_stalled{namespace="team-b"}': 0.0,
         'astraeus_runs_with_straggler{namespace="team-b"}': 0.0,
+        # the cluster both workspaces' runs use: its GPUs' health, as `gpus` shows it to them
+        'astraeus_gpus_unhealthy{cluster="local"}': 0.0,
     }
     assert (await client.get("/v1/goodput/metrics")).status_code == 401
 

@@ -9,6 +9,40 @@ afterEach(() => {
   vi.unstubAllGlobals();
 });
 
+// machineHealth's answer (issue 23): gpu-07 a lemon, gpu-08 fine (not listed as costly).
+const HEALTH = {
+  machineHealth: {
+    machines: [
+      {
+        machine: "gpu-07",
+        cluster: "local",
+        pool: "h100",
+        lostGpuHours: 12.44,
+        failureCount: 5,
+        failures: [{ kind: "program", count: 5 }],
+        faultCount: 0,
+        lastFault: null,
+        unhealthyGpus: 0,
+        vsPool: 5,
+        action: "drain: 5× its pool's failures this week",
+      },
+      {
+        machine: "gpu-08",
+        cluster: "local",
+        pool: "h100",
+        lostGpuHours: 0,
+        failureCount: 0,
+        failures: [],
+        faultCount: 0,
+        lastFault: null,
+        unhealthyGpus: 0,
+        vsPool: null,
+        action: "none",
+      },
+    ],
+  },
+};
+
 // The server's answers, as tests/test_quota_surfaces.py has it answer an admin: one machine of
 // cluster local; team-b's quota of 2 GPUs; workers_stalled set to 3, the others the defaults.
 function answering() {
@@ -18,6 +52,7 @@ function answering() {
     vi.fn(async (_url: string, init: RequestInit) => {
       const { query, variables } = JSON.parse(String(init.body)) as { query: string; variables: Record<string, unknown> };
       asked.push(variables);
+      if (query.includes("machineHealth")) return new Response(JSON.stringify({ data: HEALTH }), { status: 200 });
       const data = query.includes("thresholds")
         ? {
             quotas: [{ workspace: "team-b", cluster: String(variables.c), gpus: 2 }],
@@ -65,11 +100,23 @@ describe("MachinesPage", () => {
     expect(asked).toContainEqual({ c: "local" });
   });
 
+  it("lists the costly machines with what to do, not the fine ones (issue 23)", async () => {
+    answering();
+    renderWithData(<MachinesPage />);
+    const costly = await screen.findByRole("table", { name: "Costly machines" });
+    const lemon = within(costly).getByRole("row", { name: /gpu-07/ });
+    expect(within(lemon).getByText("drain: 5× its pool's failures this week")).toBeTruthy();
+    expect(within(lemon).getByText("12.4")).toBeTruthy();
+    expect(within(lemon).getByText("5.0×")).toBeTruthy();
+    expect(within(costly).queryByRole("row", { name: /gpu-08/ })).toBeNull();
+  });
+
   it("shows the refusal when the limits are refused", async () => {
     vi.stubGlobal(
       "fetch",
       vi.fn(async (_url: string, init: RequestInit) => {
         const { query } = JSON.parse(String(init.body)) as { query: string };
+        if (query.includes("machineHealth")) return new Response(JSON.stringify({ data: HEALTH }), { status: 200 });
         const body = query.includes("thresholds")
           ? {
               data: null,
