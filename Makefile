@@ -96,7 +96,7 @@ schema-check: setup ## fail when schema.graphql is stale
 # so 2 cores keep more lanes than cores busy. `make test-fast` runs unit and db on SQLite only,
 # with Hypothesis' quick profile, in FAST_LANES.
 TEST_LANES ?= 6
-FAST_LANES ?= 3
+FAST_LANES ?= 4
 
 $(WORKLOADS_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,workloads]'

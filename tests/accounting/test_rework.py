@@ -15,13 +15,17 @@ import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sqlalchemy import select
 
 from backend.accounting import rules
 from backend.accounting import service as accounting
 from backend.accounting.rules import Period, RedoSpan
+from backend.agents import service as agents
+from backend.metrics.rules import SampleIn
+from backend.models import Worker
 from tests.lifecycle.world import World
 from tests.support import Tenancy
-from tests.support.accounting import sample, tick
+from tests.support.accounting import tick
 from tests.support.api import get, graphql
 
 T = datetime.fromisoformat("2026-10-01T00:00:00+00:00")
@@ -48,25 +52,33 @@ async def steps(
 ) -> None:
     """A step every 10 s from ``first`` to ``last``, a checkpoint every ``checkpoints`` steps
     (reported with each step after it, as the SDK does), the GPUs busy: sampled at each whole
-    minute, the tick counting every ten minutes (the ledgers are the same however often it
-    runs: test_tick.py). Reported as an agent's looks see them: every tenth step, the first
-    and the last (the agent reads the file's last line, not every line)."""
+    minute, sent as one batch at the end as an agent sends what it kept, then counted (the
+    ledgers are the same however often the tick runs: test_tick.py). Reported as an agent's
+    looks see them: every tenth step, the first and the last (the agent reads the file's last
+    line, not every line)."""
     checkpoint = None
     if checkpoints is not None and first > 1:
         checkpoint = (first - 1) // checkpoints * checkpoints or None
+    minutes = []
     for step in range(first, last + 1):
-        now = world.clock.now()
-        if now.second == 0:
-            await sample(world, {worker: 0.9})
-            if now.minute % 10 == 0:
-                await world.timers()
-                await tick(world)
+        if world.clock.now().second == 0:
+            minutes.append(int(world.clock.now().timestamp() * 1000))
         world.clock.advance(seconds=10)
         if checkpoints is not None and step % checkpoints == 0:
             checkpoint = step
         if step % 10 == 0 or step in (first, last):
             await world.report(worker, "progress", step=step, checkpoint_step=checkpoint)
+    async with world.db.transaction() as session:
+        row = await session.scalar(select(Worker).where(Worker.name == worker))
+        assert row is not None and row.machine_id is not None
+        batch = [
+            SampleIn(row.id, "task_gpu_utilization_ratio", gpu, at_ms, 0.9)
+            for at_ms in minutes
+            for gpu in row.gpu_ids
+        ]
+        await agents.metrics(session, row.machine_id, batch, world.clock)
     await world.timers()
+    await tick(world)
 
 
 async def restart_after_failure(world: World, worker: str) -> datetime:
