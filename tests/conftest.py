@@ -104,22 +104,23 @@ PROCESS_FIXTURES = {"live", "cluster", "browser", "page", "api"}
 # tests of many examples), longest first, as a CI run on 2 cores measured them (issue 22: the
 # summary's "longest modules"): started first, so that none of them begins near the end of the
 # run.
-LONGEST = (  # the module times of a fresh clone's `.ci/run` (2026-12-02, 6 lanes, 727 s)
-    "tests/workloads/test_ddp_stalls.py",  # 544 s: one fixture, the four runs to their ends
-    "tests/e2e/test_topology.py",  # 443 s: five tests of the production topology
-    "tests/accounting/test_tick_properties.py",  # 256 s: an example run 140 s, one 112 s
-    "tests/workloads/test_ddp.py",  # 244 s
-    "tests/workloads/test_server_away.py",  # 156 s
-    "tests/e2e/test_agent_process.py",  # 137 s
-    "tests/security/test_hostile_requests.py",  # 116 s: every parameter, every root field
-    "tests/webhooks/test_deliver.py",  # 78 s
-    "tests/rest/test_openapi.py",  # 72 s
-    "tests/graphql/test_fuzz.py",  # 70 s
-    "tests/accounting/test_tick.py",  # 68 s
-    "tests/lifecycle/test_scenarios.py",  # 68 s
-    "tests/security/test_machine_identity.py",  # 68 s
-    "tests/e2e/test_console_runs.py",  # 67 s
-    "tests/lifecycle/test_terminal_properties.py",  # 63 s
+LONGEST = (  # the module times of a fresh clone's `.ci/run` (2026-12-02 night, 6 lanes, 842 s)
+    "tests/workloads/test_ddp_stalls.py",  # 472 s: one fixture, the four runs to their ends
+    "tests/e2e/test_topology.py",  # 426 s: five tests of the production topology
+    "tests/workloads/test_ddp.py",  # 296 s: four gangs, one restarting from its checkpoint
+    "tests/accounting/test_tick_properties.py",  # 176 s: an example run 94 s, one 77 s
+    "tests/workloads/test_server_away.py",  # 162 s
+    "tests/e2e/test_agent_process.py",  # 148 s
+    "tests/security/test_machine_identity.py",  # 119 s
+    "tests/lifecycle/test_scenarios.py",  # 119 s
+    "tests/e2e/test_seed_walk.py",  # 99 s
+    "tests/graphql/test_fuzz.py",  # 94 s
+    "tests/lifecycle/test_terminal_properties.py",  # 88 s
+    "tests/webhooks/test_deliver.py",  # 86 s
+    "tests/e2e/test_cli_seed_blocks.py",  # 81 s
+    "tests/rest/test_openapi.py",  # 80 s
+    "tests/e2e/test_console_runs.py",  # 77 s
+    "tests/security/test_hostile_requests.py",  # 65 s: every parameter, every root field
 )
 # Fixtures that reach the database (every fixture on one depends on `database_url`).
 DATABASE_FIXTURES = {"databases", "database_url", "db"}
