@@ -83,7 +83,9 @@ async def test_a_follow_is_told_the_server_is_behind(
         async with contextlib.AsyncExitStack() as busy:
             async for chunk in logs.follow(svc, machine.id, WorkerRef(row.id, row.name), 1000):
                 if not chunks:  # the follow is on (the first line came): the server gets busy
-                    assert chunk.text == "start\n" and chunk.behind == 0, chunk
+                    # (not asked to be 0 behind yet: on a loaded 2-core CI machine the process
+                    # itself is held off its cores a second at times, which is being behind too)
+                    assert chunk.text == "start\n", chunk
                     await busy.enter_async_context(busy_loop(1.3))
                 chunks.append(chunk)
         assert chunks[-1].ended
