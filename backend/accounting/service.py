@@ -379,12 +379,14 @@ class ScopeRework:
     def gpu_hours(self) -> float:
         return self.gpu_seconds / 3600
 
+    def shown_gpu_hours(self, one_run: bool) -> float | None:
+        """A run's own figure is null when unknown ("unknown", not 0); a wider row's is what is
+        known (its unknown runs counted beside it)."""
+        return None if one_run and self.unknown_runs > 0 else self.gpu_hours
+
     def to_json(self, one_run: bool) -> dict[str, object]:
-        """A run's own figure is null when unknown ("unknown", not 0); a wider row gives what
-        is known and how many runs are not."""
-        unknown = one_run and self.unknown_runs > 0
         return {
-            "rework_gpu_hours": None if unknown else self.gpu_hours,
+            "rework_gpu_hours": self.shown_gpu_hours(one_run),
             "rework_unknown_runs": self.unknown_runs,
         }
 

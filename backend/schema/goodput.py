@@ -89,11 +89,7 @@ class Rework:
 
     @classmethod
     def of(cls, found: accounting.ScopeRework, one_run: bool) -> Rework:
-        shown = found.to_json(one_run)
-        return cls(
-            gpu_hours=found.gpu_hours if shown["rework_gpu_hours"] is not None else None,
-            unknown_runs=found.unknown_runs,
-        )
+        return cls(gpu_hours=found.shown_gpu_hours(one_run), unknown_runs=found.unknown_runs)
 
 
 @strawberry.type(description="A restart of a run and the work it did again.")

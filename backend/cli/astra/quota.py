@@ -56,6 +56,16 @@ def _gpus(text: str | None) -> int | None:
     return int(text)
 
 
+def mutated(payload: dict[str, Any], key: str) -> Any:
+    """A mutation's ``key`` once done; its first error, with the field it names, as the CLI's
+    error and exit code otherwise."""
+    if payload["errors"]:
+        error = payload["errors"][0]
+        field = f"{error['field']}: " if error.get("field") else ""
+        raise CliError(f"astra: {field}{error['message']}", exit_for(error["code"]))
+    return payload[key]
+
+
 def quota_line(quota: dict[str, Any]) -> str:
     """`default's GPU quota on local: 4 GPUs` (the sentence "Waits for namespace quota" counts
     against), or that it has none."""
@@ -78,12 +88,7 @@ def cmd_quota(api: Api, args: argparse.Namespace) -> str:
             )
         gpus = _gpus(args.gpus)
         answer = api.graphql(SET_QUOTA, w=args.workspace, c=args.cluster, g=gpus)
-        payload = answer["setQuota"]
-        if payload["errors"]:
-            error = payload["errors"][0]
-            field = f"{error['field']}: " if error.get("field") else ""
-            raise CliError(f"astra: {field}{error['message']}", exit_for(error["code"]))
-        found = payload["quota"]
+        found = mutated(answer["setQuota"], "quota")
     return json.dumps(found, indent=2) if args.json else quota_line(found)
 
 
@@ -132,10 +137,5 @@ def cmd_price(api: Api, args: argparse.Namespace) -> str:
     answer = api.graphql(
         SET_PRICE, c=args.cluster, p=args.pool, price=_amount(args.amount), cur=args.currency
     )
-    payload = answer["setPoolPrice"]
-    if payload["errors"]:
-        error = payload["errors"][0]
-        field = f"{error['field']}: " if error.get("field") else ""
-        raise CliError(f"astra: {field}{error['message']}", exit_for(error["code"]))
-    found = payload["price"]
+    found = mutated(answer["setPoolPrice"], "price")
     return json.dumps(found, indent=2) if args.json else price_line(found)
