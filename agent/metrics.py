@@ -138,20 +138,34 @@ def _read_tail(path: Path) -> tuple[bytes, bool] | None:
         os.close(fd)
 
 
+# A step the server can keep: 0 to the largest 64-bit signed integer (its columns' range).
+MAX_STEP = 2**63 - 1
+
+
+def _step(value: Any) -> int:
+    """A step of a report; ValueError for one out of range (negative, or past MAX_STEP): a
+    workload writes its file, and no number of its may stop the agent or the server."""
+    step = int(value)
+    if not 0 <= step <= MAX_STEP:
+        raise ValueError(f"step out of range: {step}")
+    return step
+
+
 def parse_progress(text: str) -> ProgressReport | None:
-    """One report: a bare step number, or a JSON object with ``step`` (the SDK's)."""
+    """One report: a bare step number, or a JSON object with ``step`` (the SDK's); a step or
+    checkpoint out of range makes it not a report."""
     text = text.strip()
     if not text:
         return None
     with contextlib.suppress(ValueError):
-        return ProgressReport(step=int(text))
+        return ProgressReport(step=_step(text))
     try:
         data = json.loads(text)
         return ProgressReport(
-            step=int(data["step"]),
+            step=_step(data["step"]),
             loss=float(data["loss"]) if data.get("loss") is not None else None,
             checkpoint_step=(
-                int(data["checkpoint_step"]) if data.get("checkpoint_step") is not None else None
+                _step(data["checkpoint_step"]) if data.get("checkpoint_step") is not None else None
             ),
             gpu_utilization=_utilization(data.get("gpu_utilization")),
         )

@@ -211,7 +211,11 @@ class WorkerKeeping(AgentState):
                 await asyncio.wait_for(asyncio.shield(follow), 2)
         # Its last report and samples as it ended (a kill of its main process is seen by no
         # look), sent before its end.
-        report = self.sampler.last_report(worker)
+        try:
+            report = self.sampler.last_report(worker)
+        except Exception:  # its end is sent whatever its progress file holds
+            log.exception("the last read of %s's progress file failed", worker.worker_id)
+            report = None
         if report is not None:
             self._send(progress=report)
         last = self.sampler.ended(worker, oom_killed=exit.cause == OOM_KILLED, at_ms=exit.at_ms)

@@ -21,6 +21,7 @@ from backend.lifecycle.views import Effects
 from backend.machines import rules as machine_rules
 from backend.metrics.rules import SampleIn
 from backend.models import Machine
+from backend.parsing import BIGGEST_ID
 from backend.runs.rules import Wait
 from backend.secrets import service as secrets
 
@@ -102,8 +103,13 @@ class MessageHandlers:
 
     def progress_info(self, machine: Machine, message: agent_pb2.AgentMessage) -> ProgressInfo:
         p = message.progress
-        step = p.step if p.HasField("step") else None
-        checkpoint = p.checkpoint_step if p.HasField("checkpoint_step") else None
+        # uint64 on the wire: past what a step column keeps, a (forged) agent's is no step
+        step = p.step if p.HasField("step") and p.step <= BIGGEST_ID else None
+        checkpoint = (
+            p.checkpoint_step
+            if p.HasField("checkpoint_step") and p.checkpoint_step <= BIGGEST_ID
+            else None
+        )
         at = agent_time(p.at_ms, self.clock.now())
         return ProgressInfo(machine.id, p.worker_id, p.attempt or None, step, at, checkpoint)
 

@@ -11,14 +11,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from astraeus.agent.v1 import agent_pb2
 from sqlalchemy import select, update
 
 from backend.agents import service
+from backend.agents.handlers import MessageHandlers
 from backend.agents.service import ProgressInfo
 from backend.db import Database
 from backend.metrics import service as metrics
 from backend.metrics.rules import SampleIn
-from backend.models import MetricSample, StateTransition, Worker
+from backend.models import Machine, MetricSample, StateTransition, Worker
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 from tests.support.stream import statements
@@ -215,3 +217,21 @@ async def test_a_batch_of_many_reports_is_a_few_statements(world: World, db: Dat
     assert len(seen) <= most, seen
     assert {w.progress_step for w in await world.workers("wide")} == {3}
     assert {w.gpu_utilization for w in await world.workers("wide")} == {0.7}
+
+
+def test_a_forged_agents_step_past_the_columns_range_is_no_step() -> None:
+    # uint64 on the wire, a signed 64-bit column behind: a (forged) agent's 2**64 - 1 is
+    # progress without a step or checkpoint, never a write that fails its batch
+    handlers = MessageHandlers.__new__(MessageHandlers)  # progress_info reads the clock alone
+    handlers.clock = FakeClock(datetime.fromisoformat("2026-10-01T00:00:00+00:00"))
+    machine = Machine(id=7, name="gpu-07")
+    huge = agent_pb2.AgentMessage(
+        progress=agent_pb2.Progress(worker_id=3, step=2**64 - 1, checkpoint_step=2**63)
+    )
+    found = handlers.progress_info(machine, huge)
+    assert (found.step, found.checkpoint_step) == (None, None)
+    kept = agent_pb2.AgentMessage(
+        progress=agent_pb2.Progress(worker_id=3, step=2**63 - 1, checkpoint_step=400)
+    )
+    found = handlers.progress_info(machine, kept)
+    assert (found.step, found.checkpoint_step) == (2**63 - 1, 400)

@@ -14,6 +14,7 @@ from agent.metrics import (
     ProgressRead,
     ProgressReport,
     Sampler,
+    parse_progress,
     read_progress,
     read_progress_file,
 )
@@ -152,3 +153,28 @@ def test_the_file_is_read_once_more_as_the_worker_ends(tmp_path: Path) -> None:
     assert (last.step, last.checkpoint_step, last.attempt) == (24, 19, 1)
     other = worker(tmp_path / "other")
     assert sampler.last_report(other) is None  # never looked at: nothing to compare with
+
+
+def test_a_step_out_of_range_is_not_a_report(tmp_path: Path) -> None:
+    # a hostile workload: a negative step, or one past what the server keeps (64-bit signed),
+    # in its file; the agent neither sends it nor fails its looks or its last read at the end
+    hostile = (
+        "-1\n",
+        f"{2**63}\n",
+        json.dumps({"step": 10, "checkpoint_step": -5}) + "\n",
+        json.dumps({"step": 2**64 + 7}) + "\n",
+    )
+    for n, text in enumerate(hostile):
+        assert parse_progress(text) is None, text
+        now = [1000.0]
+        sampler = Sampler(None, clock=lambda now=now: now[0])
+        w = worker(tmp_path / str(n))
+        w.progress_file.write_text("3\n")
+        [seen] = sampler.look([w]).progress
+        assert seen.step == 3
+        w.progress_file.write_text(text)
+        now[0] += 5
+        assert sampler.look([w]).progress == []  # not a report: nothing sent, no exception
+        assert sampler.last_report(w) is None
+    largest = parse_progress(f"{2**63 - 1}\n")
+    assert largest is not None and largest.step == 2**63 - 1  # the largest the server keeps
