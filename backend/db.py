@@ -107,6 +107,8 @@ def install_sqlite_pragmas(engine: Engine) -> None:
 
 # Database.transaction() asks for this: on SQLite its session takes the write lock as it begins.
 IMMEDIATE = {"sqlite_begin": "IMMEDIATE"}
+# Database.read() asks for this on PostgreSQL: its transaction begins READ ONLY.
+READ_ONLY = {"postgresql_readonly": True}
 
 
 def _own_transactions(dbapi_connection: Any, _record: Any) -> None:
@@ -261,9 +263,19 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
-        """A session for reading; closing it rolls back, and what it loaded stays readable."""
+        """A session for reading, and what it loaded stays readable after it.
+
+        On PostgreSQL its transaction is READ ONLY (a write in it fails, it is never kept),
+        and it ends with a COMMIT where it succeeded: psycopg forgets every statement it has
+        prepared on a ROLLBACK, so reads that rolled back made the connection parse and plan
+        each statement anew (issue 24: a range query planned its statement every time). On
+        an error it rolls back."""
         async with self._sessions() as session:
+            if self.engine.dialect.name == "postgresql":
+                await session.connection(execution_options=READ_ONLY)
             yield session
+            if session.in_transaction():
+                await session.commit()
 
     async def dispose(self) -> None:
         await self.engine.dispose()

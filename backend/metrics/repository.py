@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, overload
 
 import psycopg
 from sqlalchemy import (
-    ARRAY,
     BigInteger,
+    Column,
     ColumnElement,
+    Dialect,
     Float,
     Select,
     Table,
+    and_,
     any_,
     bindparam,
     case,
@@ -22,17 +26,19 @@ from sqlalchemy import (
     func,
     literal,
     literal_column,
+    null,
     or_,
     select,
     union_all,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.sql.selectable import Subquery
+from sqlalchemy.sql.selectable import CompoundSelect, Subquery
 
 from backend.db import copy_binary, driver_connection
 from backend.metrics.rules import (
     COUNTER_IDS,
+    ENDED_SLACK_MS,
     MINUTE_MS,
     ROW_COLUMNS,
     RangeRequest,
@@ -40,7 +46,7 @@ from backend.metrics.rules import (
     ScopedWorker,
     WorkerMachine,
 )
-from backend.models import Machine, MetricMinute, MetricSample, Run, Worker
+from backend.models import Machine, MetricMinute, MetricSample, Run, Worker, Workspace
 
 # Range queries are built on the tables, not the mapped classes: they return plain rows, and a
 # Core statement skips the ORM's compile step.
@@ -49,6 +55,7 @@ MINUTES: Table = MetricMinute.__table__  # type: ignore[assignment]
 WORKERS: Table = Worker.__table__  # type: ignore[assignment]
 RUNS: Table = Run.__table__  # type: ignore[assignment]
 MACHINES: Table = Machine.__table__  # type: ignore[assignment]
+WORKSPACES: Table = Workspace.__table__  # type: ignore[assignment]
 _PG_TYPES = ("int8", "int8", "float8", "int8", "int2", "int2")
 # Long enough back to find each series' sample before the range, so a rate has its first
 # increase: samples come every few seconds, one-minute summaries every minute.
@@ -169,95 +176,215 @@ async def _insert_skipping(
 # -- range queries -------------------------------------------------------------------------------
 
 
-async def workers_of(
+@dataclass(frozen=True)
+class RangeRows:
+    """What a range query read, in one statement: the workspace, as (id, organisation), None
+    where there is none; the workers it may read (``ScopedWorker``); and its buckets, (labels
+    kept, step start, value) for each series and step, oldest first per series."""
+
+    workspace: tuple[int, int] | None
+    scoped: list[ScopedWorker]
+    buckets: list[tuple[tuple[str, ...], int, float]]
+
+
+async def range_rows(
     session: AsyncSession,
-    workspace_id: int,
+    request: RangeRequest,
+    workspace: int | tuple[int, str],
     *,
-    runs: Sequence[str],
-    workers: Sequence[str],
-    ended_since: int,
-) -> list[ScopedWorker]:
-    """The workers of the workspace's live runs that a range query may read: those of the runs
-    or workers it names (all of them, to tell which names exist), or else of every run that
-    had not ended before ``ended_since`` (epoch ms)."""
-    query = (
-        select(WORKERS.c.id, WORKERS.c.name, RUNS.c.name, RUNS.c.ended_at)
-        .join(RUNS, RUNS.c.id == WORKERS.c.run_id)
-        .where(RUNS.c.workspace_id == workspace_id, RUNS.c.deleted_at.is_(None))
+    with_minutes: bool,
+) -> RangeRows:
+    """A range query's rows, in one statement, built once per shape with its values bound (a
+    query pays for running it, not for building it again).
+
+    The scope: the workspace, by id or by (organisation, name), and the workers of its live
+    runs the query may read, each with its machine where it is placed: those of the runs or
+    workers ``match`` names (all of them, to tell which names exist), or else of every run that
+    had not ended before the range (less ``ENDED_SLACK_MS``). The workspace's row comes even
+    without a worker. ``in_scope`` marks the workers whose samples are read: the names' labels
+    all apply, and the run had not ended before the range.
+
+    The buckets: two GROUP BYs: each worker's (and GPU's) samples in a step become one value,
+    then the series that share the labels kept are combined with ``agg``."""
+    runs = request.matches.get("run", ())
+    workers = request.matches.get("worker", ())
+    shape = _Shape(
+        postgresql=_is_postgresql(session),
+        by_id=isinstance(workspace, int),
+        runs=bool(runs),
+        workers=bool(workers),
+        with_minutes=with_minutes,
+        needs_machine=any(g.label == "machine" for g in request.by) or "machine" in request.matches,
+        of_machines="machine" in request.matches,
+        within_series=request.within_series,
+        agg=request.agg,
+        by=tuple(g.label for g in request.by),
+        step_ms=request.step_ms,
     )
-    if runs or workers:
-        query = query.where(or_(RUNS.c.name.in_(runs), WORKERS.c.name.in_(workers)))
+    lower = request.start_ms
+    if request.rate:
+        lower -= max(request.step_ms, RATE_LOOKBACK_MS)
+    values: dict[str, Any] = {
+        "since": datetime.fromtimestamp((request.start_ms - ENDED_SLACK_MS) / 1000, UTC),
+        "metric": request.metric.id,
+        "gpus": list(request.gpus),
+        "lower": lower,
+        "start": request.start_ms,
+        "end": request.end_ms,
+    }
+    if isinstance(workspace, int):
+        values["workspace"] = workspace
     else:
-        since = datetime.fromtimestamp(ended_since / 1000, UTC)
-        query = query.where(or_(RUNS.c.ended_at.is_(None), RUNS.c.ended_at >= since))
-    rows = await session.execute(query)
-    return [
-        ScopedWorker(id, name, run, _ms(ended) if ended else None) for id, name, run, ended in rows
-    ]
+        values["organization"], values["name"] = workspace
+    if runs:
+        values["runs"] = list(runs)
+    if workers:
+        values["workers"] = list(workers)
+    if shape.of_machines:
+        values["machines"] = list(request.matches["machine"])
+    connection = await session.connection()
+    result = await connection.execute(_range_statement(shape), values)
+    width = len(shape.by)
+    workspace_found: tuple[int, int] | None = None
+    scoped: list[ScopedWorker] = []
+    buckets: list[tuple[tuple[str, ...], int, float]] = []
+    dialect = connection.dialect
+    for row in result.all():
+        if row[0] == _BUCKET:
+            labels = tuple(map(_text, row[1 : 1 + width])) if width else ()
+            buckets.append((labels, int(row[1 + width]), float(row[2 + width])))
+            continue
+        ws, org, id, name, run, ended, read, machine, executor, unmeasured = row[3 + width :]
+        workspace_found = (ws, org)
+        if id is None:
+            continue
+        on = None
+        if machine is not None:
+            on = WorkerMachine(
+                name,
+                executor,
+                tuple(_loaded(dialect, MACHINES.c.unmeasured_metrics, unmeasured) or ()),
+            )
+        ended = _loaded(dialect, RUNS.c.ended_at, ended)
+        scoped.append(ScopedWorker(id, name, run, _ms(ended) if ended else None, on, bool(read)))
+    return RangeRows(workspace_found, scoped, buckets)
+
+
+def _loaded(dialect: Dialect, column: Column[Any], value: Any) -> Any:
+    """A scope value as its column's type loads it: the statement's first rows (the buckets')
+    give its columns their types, so the scope's few values are not typed by it (the
+    buckets' hundreds of rows then pay for no loading they do not need)."""
+    processor = column.type.dialect_impl(dialect).result_processor(dialect, None)
+    return value if processor is None or value is None else processor(value)
 
 
 def _ms(moment: datetime) -> int:
     return int(moment.timestamp() * 1000)
 
 
-async def buckets(
-    session: AsyncSession, worker_ids: Sequence[int], request: RangeRequest, *, with_minutes: bool
-) -> list[tuple[tuple[str, ...], int, float]]:
-    """(labels kept, step start, value) for each series and step, oldest first per series.
-
-    Two GROUP BYs in one statement: each worker's (and GPU's) samples in a step become one
-    value, then the series that share the labels kept are combined with ``agg``."""
-    needs_machine = any(g.label == "machine" for g in request.by) or "machine" in request.matches
-    lower = request.start_ms
-    if request.rate:
-        lower -= max(request.step_ms, RATE_LOOKBACK_MS)
-    tables = [SAMPLES, MINUTES] if with_minutes else [SAMPLES]
-    ids = _one_of(worker_ids, _is_postgresql(session))
-    parts = [_source(t, ids, request, lower, needs_machine) for t in tables]
-    source = (parts[0] if len(parts) == 1 else union_all(*parts)).subquery("s")
-    per_series = _per_series(source, request, needs_machine).subquery("series")
-    rows = await session.execute(_combined(per_series, request))
-    width = len(request.by)
-    return [
-        (tuple(_text(v) for v in row[:width]), int(row[width]), float(row[width + 1]))
-        for row in rows
-    ]
-
-
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _one_of(worker_ids: Sequence[int], postgresql: bool) -> Callable[[Table], ColumnElement[bool]]:
-    """``worker_id`` among the ids: one array parameter on PostgreSQL, however many workers."""
-    if postgresql:
-        ids = bindparam("worker_ids", list(worker_ids), type_=ARRAY(BigInteger))
-        return lambda table: table.c.worker_id == any_(ids)
-    return lambda table: table.c.worker_id.in_(list(worker_ids))
+@dataclass(frozen=True)
+class _Shape:
+    """What a range query's statement is made of; its values are bound."""
+
+    postgresql: bool
+    by_id: bool  # the workspace by id, else by organisation and name
+    runs: bool  # ``match`` names runs
+    workers: bool  # ``match`` names workers
+    with_minutes: bool
+    needs_machine: bool
+    of_machines: bool
+    within_series: str
+    agg: str
+    by: tuple[str, ...]
+    step_ms: int  # written into the SQL (see _bucket)
 
 
-def _source(
-    table: Table,
-    of_workers: Callable[[Table], ColumnElement[bool]],
-    request: RangeRequest,
-    lower_ms: int,
-    needs_machine: bool,
-) -> Select[Any]:
-    """The workers' samples of the metric in the range: an index-only scan per series, in key
+# The statement's rows: the first column says which part a row is of; then a bucket row's
+# columns (labels, step, value), then a scope row's (each part's are NULL in the other's rows).
+_BUCKET, _SCOPE = 0, 1
+_SCOPE_COLUMNS = 10
+
+
+@functools.lru_cache(maxsize=256)
+def _range_statement(shape: _Shape) -> CompoundSelect:
+    scope = _scope(shape).cte("scope")
+    read = select(scope.c.worker_id).where(scope.c.in_scope)
+    tables = [SAMPLES, MINUTES] if shape.with_minutes else [SAMPLES]
+    parts = [_source(t, read, shape) for t in tables]
+    source = (parts[0] if len(parts) == 1 else union_all(*parts)).subquery("s")
+    per_series = _per_series(source, shape).subquery("series")
+    width = len(shape.by)
+    bucket_rows = _combined(per_series, shape)
+    nulls: list[Any] = [null() for _ in range(width + 2)]  # the labels, the step, the value
+    scope_rows = select(literal_column(str(_SCOPE)), *nulls, *scope.c)
+    labels: list[Any] = [literal_column(f"label_{i}") for i in range(width)]
+    return union_all(bucket_rows, scope_rows).order_by(
+        literal_column("part"), *labels, literal_column("b")
+    )
+
+
+def _scope(shape: _Shape) -> Select[Any]:
+    live = and_(RUNS.c.workspace_id == WORKSPACES.c.id, RUNS.c.deleted_at.is_(None))
+    named = []
+    if shape.runs:
+        named.append(RUNS.c.name.in_(bindparam("runs", expanding=True)))
+    if shape.workers:
+        named.append(WORKERS.c.name.in_(bindparam("workers", expanding=True)))
+    not_ended = or_(RUNS.c.ended_at.is_(None), RUNS.c.ended_at >= bindparam("since"))
+    live = and_(live, or_(*named) if named else not_ended)
+    placed = RUNS.join(WORKERS, WORKERS.c.run_id == RUNS.c.id).outerjoin(
+        MACHINES, MACHINES.c.id == WORKERS.c.machine_id
+    )
+    query = select(
+        WORKSPACES.c.id.label("ws"),
+        WORKSPACES.c.organization_id.label("org"),
+        WORKERS.c.id.label("worker_id"),
+        WORKERS.c.name.label("worker"),
+        RUNS.c.name.label("run"),
+        RUNS.c.ended_at,
+        and_(*named, not_ended).label("in_scope"),
+        MACHINES.c.id.label("machine_id"),
+        MACHINES.c.executor,
+        MACHINES.c.unmeasured_metrics,
+    ).select_from(WORKSPACES.outerjoin(placed, live))
+    if shape.by_id:
+        return query.where(WORKSPACES.c.id == bindparam("workspace"))
+    return query.where(
+        WORKSPACES.c.organization_id == bindparam("organization"),
+        WORKSPACES.c.name == bindparam("name"),
+    )
+
+
+def _source(table: Table, read: Select[Any], shape: _Shape) -> Select[Any]:
+    """The workers' samples of the metric in the range: an index scan per series, in key
     order, so a rate's window needs no sort."""
     columns = [table.c.worker_id, table.c.gpu, table.c.ts, table.c.value]
-    if needs_machine:
+    if shape.needs_machine:
         columns.append(table.c.machine_id)
+    if shape.postgresql:
+        # An array of the ids, found first (an InitPlan): the index is then read series by
+        # series in its order, where a join from the scope would need a sort for a rate's window.
+        of_workers = table.c.worker_id == any_(func.array(read.scalar_subquery()))
+    else:
+        of_workers = table.c.worker_id.in_(read)
     query = select(*columns).where(
-        of_workers(table),
-        table.c.metric == request.metric.id,
-        table.c.gpu.in_(request.gpus),
-        table.c.ts >= lower_ms,
-        table.c.ts <= request.end_ms,
+        of_workers,
+        table.c.metric == bindparam("metric"),
+        table.c.gpu.in_(bindparam("gpus", expanding=True)),
+        table.c.ts >= bindparam("lower"),
+        table.c.ts <= bindparam("end"),
     )
-    if machines := request.matches.get("machine"):
+    if shape.of_machines:
         query = query.where(
-            table.c.machine_id.in_(select(MACHINES.c.id).where(MACHINES.c.name.in_(machines)))
+            table.c.machine_id.in_(
+                select(MACHINES.c.id).where(
+                    MACHINES.c.name.in_(bindparam("machines", expanding=True))
+                )
+            )
         )
     return query
 
@@ -269,18 +396,18 @@ def _bucket(ts: ColumnElement[int], step_ms: int) -> ColumnElement[int]:
     return (ts // step) * step
 
 
-def _per_series(source: Subquery, request: RangeRequest, needs_machine: bool) -> Select[Any]:
+def _per_series(source: Subquery, shape: _Shape) -> Select[Any]:
     series = [source.c.worker_id, source.c.gpu]
-    if needs_machine:
+    if shape.needs_machine:
         series.append(source.c.machine_id)
-    if request.within_series == "rate":
-        return _rates(source, request, series)
-    bucket = _bucket(source.c.ts, request.step_ms)
-    value = getattr(func, request.within_series)(source.c.value)
+    if shape.within_series == "rate":
+        return _rates(source, shape, series)
+    bucket = _bucket(source.c.ts, shape.step_ms)
+    value = getattr(func, shape.within_series)(source.c.value)
     return select(*series, bucket.label("b"), value.label("v")).group_by(*series, bucket)
 
 
-def _rates(source: Subquery, request: RangeRequest, series: list[Any]) -> Select[Any]:
+def _rates(source: Subquery, shape: _Shape, series: list[Any]) -> Select[Any]:
     """Per-second rate of a counter in each step: its increases over the time they took.
 
     An increase is measured between consecutive samples of a series; a value below the one
@@ -298,17 +425,17 @@ def _rates(source: Subquery, request: RangeRequest, series: list[Any]) -> Select
         (lagged.c.value >= lagged.c.pv, lagged.c.value - lagged.c.pv), else_=lagged.c.value
     )
     per_second = func.sum(increase) * literal(1000.0, Float) / func.sum(lagged.c.ts - lagged.c.pt)
-    bucket = _bucket(lagged.c.ts, request.step_ms)
+    bucket = _bucket(lagged.c.ts, shape.step_ms)
     return (
         select(*kept, bucket.label("b"), per_second.label("v"))
-        .where(lagged.c.pt.is_not(None), lagged.c.ts >= request.start_ms)
+        .where(lagged.c.pt.is_not(None), lagged.c.ts >= bindparam("start"))
         .group_by(*kept, bucket)
     )
 
 
-def _combined(per_series: Subquery, request: RangeRequest) -> Select[Any]:
+def _combined(per_series: Subquery, shape: _Shape) -> Select[Any]:
     joined: Any = per_series
-    wants = {g.label for g in request.by}
+    wants = set(shape.by)
     if wants & {"run", "worker"}:
         joined = joined.join(WORKERS, WORKERS.c.id == per_series.c.worker_id)
     if "run" in wants:
@@ -321,13 +448,18 @@ def _combined(per_series: Subquery, request: RangeRequest) -> Select[Any]:
         "machine": MACHINES.c.name,
         "gpu": per_series.c.gpu,
     }
-    labels = [column[g.label] for g in request.by]
-    value = getattr(func, request.agg)(per_series.c.v)
+    labels = [column[label] for label in shape.by]
+    value = getattr(func, shape.agg)(per_series.c.v)
     return (
-        select(*labels, per_series.c.b, value)
+        select(
+            literal_column(str(_BUCKET)).label("part"),
+            *(label.label(f"label_{i}") for i, label in enumerate(labels)),
+            per_series.c.b.label("b"),
+            value.label("v"),
+            *(null() for _ in range(_SCOPE_COLUMNS)),
+        )
         .select_from(joined)
         .group_by(*labels, per_series.c.b)
-        .order_by(*labels, per_series.c.b)
     )
 
 
@@ -402,16 +534,3 @@ async def latest(
         )
     )
     return [(r[0], r[1], r[2], float(r[3])) for r in rows]
-
-
-async def machines_of(session: AsyncSession, worker_ids: Sequence[int]) -> list[WorkerMachine]:
-    """The placed workers among these, with what their machine's agent cannot measure."""
-    rows = await session.execute(
-        select(WORKERS.c.name, MACHINES.c.executor, MACHINES.c.unmeasured_metrics)
-        .join(MACHINES, MACHINES.c.id == WORKERS.c.machine_id)
-        .where(WORKERS.c.id.in_(worker_ids))
-    )
-    return [
-        WorkerMachine(name, executor, tuple(unmeasured or ()))
-        for name, executor, unmeasured in rows
-    ]

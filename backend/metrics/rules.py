@@ -211,6 +211,8 @@ class ScopedWorker:
     name: str
     run: str
     run_ended_ms: int | None
+    machine: WorkerMachine | None = None  # where it is placed, if it is
+    read: bool = True  # its samples are read: ``in_scope``, as the statement found it
 
 
 # A run's last samples may carry a time a little after its end (the agent's clock, its last
@@ -227,20 +229,6 @@ def missing_names(
     run = next((r for r in request.matches.get("run", ()) if r not in runs), None)
     worker = next((w for w in request.matches.get("worker", ()) if w not in workers), None)
     return run, worker
-
-
-def in_scope(request: RangeRequest, found: Iterable[ScopedWorker]) -> list[int]:
-    """The workers whose samples the query reads: those the matches name (each label's values
-    are alternatives, labels all apply), of runs that had not ended before the range."""
-    runs = request.matches.get("run")
-    workers = request.matches.get("worker")
-    return [
-        w.id
-        for w in found
-        if (not runs or w.run in runs)
-        and (not workers or w.name in workers)
-        and (w.run_ended_ms is None or w.run_ended_ms >= request.start_ms - ENDED_SLACK_MS)
-    ]
 
 
 @dataclass

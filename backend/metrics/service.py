@@ -129,31 +129,28 @@ async def range_query(
 
     A run or worker named in ``match`` that the workspace does not have is absent (404), the
     same answer whether it exists elsewhere or nowhere. The workers are found first, so the
-    samples are read by worker id alone: an index-only scan per series, in the index's order."""
+    samples are read by worker id alone: an index-only scan per series, in the index's order.
+    One statement: the workspace, its workers in scope with their machines, and the
+    samples' buckets."""
     raw_from = epoch_ms(now - retention)
     request = rules.parse_range(params, epoch_ms(now), raw_from_ms=raw_from)
-    ws = await runs.workspace_for(session, principal, workspace)
-    found = await repository.workers_of(
+    wanted = runs.workspace_wanted(principal, workspace)
+    found = await repository.range_rows(
         session,
-        ws.id,
-        runs=request.matches.get("run", ()),
-        workers=request.matches.get("worker", ()),
-        ended_since=request.start_ms - rules.ENDED_SLACK_MS,
+        request,
+        wanted if isinstance(wanted, int) else (principal.organization_id, wanted),
+        with_minutes=request.start_ms < raw_from,
     )
-    run, worker = rules.missing_names(request, found)
+    runs.check_visible(principal, workspace, found.workspace)
+    ws_name = principal.workspace_name if isinstance(wanted, int) else wanted
+    run, worker = rules.missing_names(request, found.scoped)
     if run is not None:
-        raise NotFound("JOB_NOT_FOUND", f"No run named '{run}' in workspace '{ws.name}'.")
+        raise NotFound("JOB_NOT_FOUND", f"No run named '{run}' in workspace '{ws_name}'.")
     if worker is not None:
-        raise NotFound("TASK_NOT_FOUND", f"No worker named '{worker}' in workspace '{ws.name}'.")
-    worker_ids = rules.in_scope(request, found)
-    rows = []
-    unmeasured: list[str] = []
-    not_measured = None
-    if worker_ids:
-        with_minutes = request.start_ms < raw_from
-        rows = await repository.buckets(session, worker_ids, request, with_minutes=with_minutes)
-        placed = await repository.machines_of(session, worker_ids)
-        unmeasured, not_measured = rules.not_measured(request.metric.name, placed)
+        raise NotFound("TASK_NOT_FOUND", f"No worker named '{worker}' in workspace '{ws_name}'.")
+    placed = [w.machine for w in found.scoped if w.read and w.machine is not None]
+    unmeasured, not_measured = rules.not_measured(request.metric.name, placed)
+    rows = found.buckets
     return RangeAnswer(request, _series(request, rows), unmeasured, not_measured)
 
 

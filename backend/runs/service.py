@@ -34,15 +34,32 @@ async def workspace_for(
 
     A workspace the principal may not see is reported as absent, never as forbidden.
     """
+    wanted = workspace_wanted(principal, name)
+    if isinstance(wanted, int):
+        found = await organizations.workspace(session, wanted)
+    else:
+        found = await organizations.find_workspace(session, principal.organization_id, wanted)
+    check_visible(principal, name, None if found is None else (found.id, found.organization_id))
+    assert found is not None
+    return found
+
+
+def workspace_wanted(principal: Principal, name: str | None) -> int | str:
+    """Which workspace a request names: the token's own (its id), or another by name. For a
+    caller that finds it in its own statement (``workspace_for``'s rules, then
+    ``check_visible``)."""
     if name is None or name == principal.workspace_name:
         if principal.workspace_id is None:
             raise NotFound("WORKSPACE_NOT_FOUND", "This token acts in no workspace.")
-        found = await organizations.workspace(session, principal.workspace_id)
-    else:
-        found = await organizations.find_workspace(session, principal.organization_id, name)
-    if found is None or not principal.can_see_workspace(found.id, found.organization_id):
+        return principal.workspace_id
+    return name
+
+
+def check_visible(principal: Principal, name: str | None, found: tuple[int, int] | None) -> None:
+    """The workspace found, (id, organisation), is one the principal may act in: else it is
+    absent (404), the same answer whether it exists elsewhere or nowhere."""
+    if found is None or not principal.can_see_workspace(*found):
         raise NotFound("WORKSPACE_NOT_FOUND", f"No workspace named '{name}'.")
-    return found
 
 
 def _check_priority(ws: Workspace, spec: RunSpec) -> None:

@@ -4,9 +4,11 @@ workspace sees (seed L-40, L-41)."""
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import update
 
 from backend.db import Database
 from backend.errors import NotFound
+from backend.models import Run
 from tests.metrics.conftest import HOUR, MINUTE, T0, Placed, at, ingest, series
 from tests.support import FakeClock, Tenancy
 from tests.support.api import query
@@ -187,3 +189,33 @@ async def test_another_workspace_sees_none_of_the_series(
         assert worker.value.code == "TASK_NOT_FOUND"
     foreign = await query(db, clock, tenancy.foreign_token, util, **minutes())
     assert foreign["series"] == []
+
+
+async def test_a_run_ended_before_the_range_is_not_read_unless_within_the_slack(
+    db: Database, clock: FakeClock, tenancy: Tenancy, gpus: None
+) -> None:
+    """The scope (one statement with the samples): a run that ended over 5 minutes before the
+    range is not read, named or not; one that ended within the slack is (its last samples
+    may carry the agent's clock). Named labels all apply: a run and a worker of it, that
+    worker."""
+    util = "task_gpu_utilization_ratio"
+    token = tenancy.member_token
+    for ended, read in ((T0 - 6 * MINUTE, False), (T0 - 4 * MINUTE, True)):
+        async with db.transaction() as session:
+            await session.execute(
+                update(Run).where(Run.name == "llama-sft").values(ended_at=at(ended))
+            )
+        every = await query(db, clock, token, util, **minutes(by="task"))
+        named = await query(db, clock, token, util, "run:llama-sft", **minutes(by="task"))
+        both = await query(
+            db, clock, token, util, "run:llama-sft", "task:llama-sft-0", **minutes(by="gpu")
+        )
+        expected = [{"task": "llama-sft-0"}] if read else []
+        assert [s["labels"] for s in every["series"]] == expected
+        assert [s["labels"] for s in named["series"]] == expected
+        assert [s["labels"] for s in both["series"]] == (
+            [{"gpu": "0"}, {"gpu": "1"}] if read else []
+        )
+    with pytest.raises(NotFound) as other:
+        await query(db, clock, token, util, "run:llama-sft", "task:sweep-7-0", **minutes())
+    assert other.value.code == "TASK_NOT_FOUND"  # another workspace's worker: absent
