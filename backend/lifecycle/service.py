@@ -191,15 +191,23 @@ def _json_safe(value: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
 
 def _write_back(gang: Gang) -> None:
     view = gang.view
-    for name in _RUN_FIELDS:
-        setattr(gang.run, name, getattr(view, name))
+    _set_changed(gang.run, view, _RUN_FIELDS)
     gang.run.first_failure = _json_safe(view.first_failure, "at")
     by_id = {w.id: w for w in gang.workers}
     for wv in view.workers:
         row = by_id[wv.id]
-        for name in _WORKER_FIELDS:
-            setattr(row, name, getattr(wv, name))
+        _set_changed(row, wv, _WORKER_FIELDS)
         row.last_failure = _json_safe(wv.last_failure, "failed_at")
+
+
+def _set_changed(row: Run | Worker, view: object, names: Sequence[str]) -> None:
+    """The view's fields onto the row, those that changed only: an unchanged value written
+    would be left out of the UPDATE anyway, after its event and history were paid for (a
+    placing pass writes back thousands of rows)."""
+    for name in names:
+        value = getattr(view, name)
+        if getattr(row, name) != value:
+            setattr(row, name, value)
 
 
 @dataclass

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Row, Table, bindparam, select, text, update
+from sqlalchemy import BigInteger, Result, Row, Table, bindparam, select, text, update
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.models import Cluster, Gpu, Machine, Pool, Run, Worker, Workspace, WorkspaceQuota
 from backend.runs.rules import ENDED_RUN_STATES
+from backend.runs.spec import Footprint, stored_footprint
 
 SCHEDULING_LOCK = 0x5CED  # the advisory lock namespace of scheduling passes
 
@@ -45,14 +48,44 @@ async def cluster_policy(session: AsyncSession, cluster_id: int) -> tuple[str, b
     return str(row.name), bool(row.preempt_over_quota)
 
 
-async def machines(session: AsyncSession, cluster_id: int) -> list[tuple[Machine, str | None]]:
-    rows = await session.execute(
-        select(Machine, Pool.name)
+def _footprint() -> list[Any]:
+    """The columns of a run's stored specification that placement reads (runs.spec
+    stored_footprint makes its Footprint of them): read in SQL, so a pass neither sends nor
+    decodes every specification whole."""
+    spec = Run.spec
+    return [
+        spec["cpu"].as_float().label("cpu"),
+        # Bytes exceed a 32-bit INTEGER (as_integer()'s cast): read as text, cast to BIGINT.
+        sql_cast(spec["memory_bytes"].as_string(), BigInteger).label("memory_bytes"),
+        sql_cast(spec[("per_gpu", "memory_bytes")].as_string(), BigInteger).label("per_gpu_bytes"),
+        spec["pool"].as_string().label("pool"),
+        spec["image"].as_string().label("image"),
+    ]
+
+
+def footprint(row: Row[Any]) -> Footprint:
+    return stored_footprint(
+        row.cpu, row.memory_bytes, row.per_gpu_bytes, row.gpus_per_worker, row.pool, row.image
+    )
+
+
+async def machines(session: AsyncSession, cluster_id: int) -> list[Row[Any]]:
+    """The cluster's machines (not removed), by name, with their pool's name (``pool``)."""
+    rows: Result[Any] = await session.execute(
+        select(
+            Machine.id,
+            Machine.name,
+            Machine.state,
+            Machine.cpu_cores,
+            Machine.memory_bytes,
+            Machine.executor,
+            Pool.name.label("pool"),
+        )
         .outerjoin(Pool, Pool.id == Machine.pool_id)
         .where(Machine.cluster_id == cluster_id, Machine.state != "removed")
         .order_by(Machine.name)
     )
-    return [(m, pool) for m, pool in rows]
+    return list(rows)
 
 
 async def gpus(session: AsyncSession, cluster_id: int) -> dict[int, list[tuple[int, str]]]:
@@ -68,20 +101,32 @@ async def gpus(session: AsyncSession, cluster_id: int) -> dict[int, list[tuple[i
     return grouped
 
 
-async def placed_workers(session: AsyncSession, cluster_id: int) -> list[tuple[Worker, Run]]:
-    """Every worker that holds room on a machine of the cluster, with its run."""
+async def placed_workers(session: AsyncSession, cluster_id: int) -> list[Row[Any]]:
+    """Every worker that holds room on a machine of the cluster (``machine_id``, ``gpu_ids``),
+    with what placement needs of its run, as plain rows, by run and rank."""
     rows = await session.execute(
-        select(Worker, Run)
+        select(
+            Worker.machine_id,
+            Worker.gpu_ids,
+            Run.id,
+            Run.name,
+            Run.priority,
+            Run.workspace_id,
+            Run.placed_at,
+            Run.stop_cause,
+            Run.gpus_per_worker,
+            *_footprint(),
+        )
         .join(Run, Run.id == Worker.run_id)
         .where(Run.cluster_id == cluster_id, Worker.machine_id.is_not(None))
         .order_by(Run.id, Worker.rank)
     )
-    return [(w, r) for w, r in rows]
+    return list(rows)
 
 
 async def pending_runs(session: AsyncSession, cluster_id: int) -> list[Row[Any]]:
     """What placement needs of each pending run, as plain rows (thousands of them per pass)."""
-    rows = await session.execute(
+    rows: Result[Any] = await session.execute(
         select(
             Run.id,
             Run.name,
@@ -90,14 +135,57 @@ async def pending_runs(session: AsyncSession, cluster_id: int) -> list[Row[Any]]
             Run.created_at,
             Run.worker_count,
             Run.gpus_per_worker,
-            Run.spec,
             Run.restart_at,
             Run.reason,
             Run.waits_for,
             Run.cause,
+            *_footprint(),
         ).where(Run.cluster_id == cluster_id, Run.state == "Pending", Run.deleted_at.is_(None))
     )
     return list(rows)
+
+
+# Everything a pass decides from, in one value: the cluster's policy, its pending runs (with
+# whether each may be placed now: a restart's backoff ends with time), the workers placed on it
+# and their runs, its machines and their GPUs, the quotas and the names reasons show. Each part
+# in its key's order; md5 over the text, so equal inputs give the same value on any replica.
+_FINGERPRINT = text(
+    """
+SELECT md5(concat_ws(E'\\n',
+  (SELECT concat_ws(',', c.name, c.preempt_over_quota) FROM clusters c WHERE c.id = :cluster),
+  (SELECT string_agg(concat_ws(',', r.id, r.workspace_id, ws.name, r.priority, r.created_at,
+          r.worker_count, r.gpus_per_worker, r.restart_at, r.restart_at > :now, r.reason,
+          r.waits_for, r.cause), ';' ORDER BY r.id)
+     FROM runs r JOIN workspaces ws ON ws.id = r.workspace_id
+    WHERE r.cluster_id = :cluster AND r.state = 'Pending' AND r.deleted_at IS NULL),
+  (SELECT string_agg(concat_ws(',', w.id, w.run_id, w.machine_id, w.gpu_ids::text, r.priority,
+          r.workspace_id, r.placed_at, r.stop_cause, r.state), ';' ORDER BY w.id)
+     FROM workers w JOIN runs r ON r.id = w.run_id
+    WHERE r.cluster_id = :cluster AND w.machine_id IS NOT NULL),
+  (SELECT string_agg(concat_ws(',', m.id, m.name, m.state, m.cpu_cores, m.memory_bytes,
+          m.executor, m.pool_id, p.name), ';' ORDER BY m.id)
+     FROM machines m LEFT JOIN pools p ON p.id = m.pool_id
+    WHERE m.cluster_id = :cluster AND m.state <> 'removed'),
+  (SELECT string_agg(concat_ws(',', g.machine_id, g.index, g.health), ';'
+          ORDER BY g.machine_id, g.index)
+     FROM gpus g JOIN machines m ON m.id = g.machine_id WHERE m.cluster_id = :cluster),
+  (SELECT string_agg(concat_ws(',', q.workspace_id, ws.name, q.gpus), ';'
+          ORDER BY q.workspace_id)
+     FROM workspace_quotas q JOIN workspaces ws ON ws.id = q.workspace_id
+    WHERE q.cluster_id = :cluster)
+))
+"""
+)
+
+
+async def inputs_fingerprint(session: AsyncSession, cluster_id: int, now: datetime) -> str | None:
+    """A digest of every input of a pass over the cluster at ``now`` (see _FINGERPRINT):
+    equal digests, equal decisions. Computed in the database, so a pass with nothing new reads
+    one value instead of every row. PostgreSQL only (None on SQLite: every pass plans)."""
+    if session.get_bind().dialect.name != "postgresql":
+        return None
+    digest = await session.scalar(_FINGERPRINT, {"cluster": cluster_id, "now": now})
+    return str(digest)
 
 
 async def quotas(session: AsyncSession, cluster_id: int) -> list[tuple[int, str, int]]:
@@ -142,14 +230,30 @@ async def machine_addresses(session: AsyncSession, ids: Sequence[int]) -> dict[i
 
 
 async def set_reasons(session: AsyncSession, reasons: list[dict[str, Any]]) -> None:
-    """Change pending runs' sentences and what each says they wait for, in one executemany
-    (no history: the state is unchanged); a sentence of the scheduler's has no cause (a
-    restart's is replaced with it)."""
-    if reasons:
-        table = cast(Table, Run.__table__)
+    """Change pending runs' sentences and what each says they wait for (no history: the state is
+    unchanged); a sentence of the scheduler's has no cause (a restart's is replaced with it).
+    On PostgreSQL one UPDATE from three arrays (a first pass over a queue of 10 000 writes as
+    many), elsewhere one executemany."""
+    if not reasons:
+        return
+    if session.get_bind().dialect.name == "postgresql":
         await session.execute(
-            update(table)
-            .where(table.c.id == bindparam("run_id"))
-            .values(reason=bindparam("text"), waits_for=bindparam("wait"), cause=None),
-            [{"run_id": r["id"], "text": r["reason"], "wait": r["waits_for"]} for r in reasons],
+            text(
+                "UPDATE runs SET reason = v.reason, waits_for = v.wait, cause = NULL "
+                "FROM unnest(CAST(:ids AS bigint[]), CAST(:reasons AS text[]), "
+                "CAST(:waits AS text[])) AS v(id, reason, wait) WHERE runs.id = v.id"
+            ),
+            {
+                "ids": [r["id"] for r in reasons],
+                "reasons": [r["reason"] for r in reasons],
+                "waits": [r["waits_for"] for r in reasons],
+            },
         )
+        return
+    table = cast(Table, Run.__table__)
+    await session.execute(
+        update(table)
+        .where(table.c.id == bindparam("run_id"))
+        .values(reason=bindparam("text"), waits_for=bindparam("wait"), cause=None),
+        [{"run_id": r["id"], "text": r["reason"], "wait": r["waits_for"]} for r in reasons],
+    )

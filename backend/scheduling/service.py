@@ -19,8 +19,8 @@ from backend.lifecycle.sentences import EndCause
 from backend.lifecycle.starting import place
 from backend.lifecycle.views import Effects
 from backend.machines.views import MEMBERS_SEE
-from backend.models import Machine, Run, Worker
-from backend.runs.spec import RunSpec, stored_spec
+from backend.models import Run
+from backend.runs.spec import Footprint, stored_spec
 from backend.scheduling import repository
 from backend.scheduling.pending_reasons import machine_reasons
 from backend.scheduling.placement import Ask, Held, Holder, MachineRoom
@@ -32,10 +32,11 @@ class PassResult:
     placed: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
+    # False: its inputs were those of the last pass committed here, so it decided nothing.
+    planned: bool = True
 
 
-def _ask(run: Run | Row[Any], workspace: str) -> Ask:
-    spec = stored_spec(run.spec)
+def _ask(run: Run | Row[Any], workspace: str, needs: Footprint) -> Ask:
     return Ask(
         run_id=run.id,
         name=run.name,
@@ -45,42 +46,39 @@ def _ask(run: Run | Row[Any], workspace: str) -> Ask:
         queued_at=run.created_at,
         workers=run.worker_count,
         gpus=run.gpus_per_worker,
-        cpu=spec.cpu,
-        memory=spec.memory_limit_bytes or 0,
-        pool=spec.pool,
+        cpu=needs.cpu,
+        memory=needs.memory,
+        pool=needs.pool,
         restart_at=run.restart_at,
-        image=spec.image is not None,
+        image=needs.image,
     )
 
 
 def _rooms(
-    machines: list[tuple[Machine, str | None]],
-    gpus: dict[int, list[tuple[int, str]]],
-    placed: list[tuple[Worker, Run]],
+    machines: list[Row[Any]], gpus: dict[int, list[tuple[int, str]]], placed: list[Row[Any]]
 ) -> list[MachineRoom]:
     held_gpus: dict[int, set[int]] = defaultdict(set)
     cpu_used: dict[int, float] = defaultdict(float)
     memory_used: dict[int, int] = defaultdict(int)
-    specs: dict[int, RunSpec] = {}
-    for w, r in placed:
-        assert w.machine_id is not None
-        spec = specs.get(r.id) or specs.setdefault(r.id, stored_spec(r.spec))
+    for w in placed:
+        needs = repository.footprint(w)
         held_gpus[w.machine_id].update(w.gpu_ids or [])
-        cpu_used[w.machine_id] += spec.cpu
-        memory_used[w.machine_id] += spec.memory_limit_bytes or 0
+        cpu_used[w.machine_id] += needs.cpu
+        memory_used[w.machine_id] += needs.memory
     rooms = []
-    for m, pool in machines:
+    for m in machines:
         healthy = [index for index, health in gpus.get(m.id, []) if health == "ok"]
+        held = held_gpus[m.id]
         rooms.append(
             MachineRoom(
                 id=m.id,
                 name=m.name,
-                pool=pool,
+                pool=m.pool,
                 state=m.state,
                 cpu_total=m.cpu_cores,
                 memory_total=m.memory_bytes,
                 healthy_gpus=len(healthy),
-                free_gpus=[i for i in healthy if i not in held_gpus[m.id]],
+                free_gpus=[i for i in healthy if i not in held],
                 cpu_free=m.cpu_cores - cpu_used[m.id],
                 memory_free=m.memory_bytes - memory_used[m.id],
                 unhealthy_gpus=len(gpus.get(m.id, [])) - len(healthy),
@@ -90,17 +88,15 @@ def _rooms(
     return rooms
 
 
-def _holders(
-    placed: list[tuple[Worker, Run]], now: datetime
-) -> tuple[list[Holder], dict[int, int]]:
-    by_run: dict[int, tuple[Run, list[Worker]]] = {}
-    for w, r in placed:
-        by_run.setdefault(r.id, (r, []))[1].append(w)
+def _holders(placed: list[Row[Any]], now: datetime) -> tuple[list[Holder], dict[int, int]]:
+    by_run: dict[int, list[Row[Any]]] = {}
+    for w in placed:
+        by_run.setdefault(w.id, []).append(w)
     holders: list[Holder] = []
     used: dict[int, int] = defaultdict(int)
-    for run, workers in by_run.values():
-        spec = stored_spec(run.spec)
-        cpu, memory = spec.cpu, spec.memory_limit_bytes or 0
+    for workers in by_run.values():
+        run = workers[0]
+        needs = repository.footprint(run)
         gpus = sum(len(w.gpu_ids or []) for w in workers)
         used[run.workspace_id] += gpus
         since = run.placed_at or now
@@ -111,7 +107,7 @@ def _holders(
                 priority=run.priority,
                 workspace_id=run.workspace_id,
                 held=tuple(
-                    Held(w.machine_id, tuple(w.gpu_ids or []), cpu, memory)  # type: ignore[arg-type]
+                    Held(w.machine_id, tuple(w.gpu_ids or []), needs.cpu, needs.memory)
                     for w in workers
                 ),
                 cost=gpus * max((now - since).total_seconds(), 0.0),
@@ -147,7 +143,7 @@ async def _inputs(session: AsyncSession, cluster_id: int, now: datetime) -> Inpu
         ws_id: Quota(workspace=name, cluster=cluster, limit=limit)
         for ws_id, name, limit in await repository.quotas(session, cluster_id)
     }
-    asks = [_ask(r, names[r.workspace_id]) for r in pending]
+    asks = [_ask(r, names[r.workspace_id], repository.footprint(r)) for r in pending]
     return Inputs(
         asks,
         rooms,
@@ -161,10 +157,42 @@ async def _inputs(session: AsyncSession, cluster_id: int, now: datetime) -> Inpu
     )
 
 
+@dataclass(frozen=True)
+class _Planned:
+    """A cluster's last pass in this process: the digest of its inputs after it, and the reasons
+    it gave."""
+
+    fingerprint: str
+    reasons: dict[str, str]
+
+
+# By database and cluster. A pass whose inputs are those of the last pass here
+# decides nothing new (placement's rules are pure: the same inputs give the same plan, and
+# whether a restart's backoff has ended is among the inputs), so it reads the digest and
+# stops. Another process's changes change the digest.
+_planned: dict[tuple[str, int], _Planned] = {}
+
+
 async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> PassResult:
     """Place what fits, preempt what must give way, and say why the rest waits."""
     await repository.lock_cluster(session, cluster_id)
     now = clock.now()
+    key = (str(session.get_bind().engine.url), cluster_id)
+    fingerprint = await repository.inputs_fingerprint(session, cluster_id, now)
+    last = _planned.get(key)
+    if fingerprint is not None and last is not None and last.fingerprint == fingerprint:
+        return PassResult(reasons=dict(last.reasons), planned=False)
+    result = await _plan_and_write(session, cluster_id, now)
+    await session.flush()  # the inputs after the pass: with every change it made
+    after = await repository.inputs_fingerprint(session, cluster_id, now)
+    if after is not None:
+        # Kept before the commit: were the pass rolled back, the inputs would be those before
+        # it, whose digest is another wherever the pass changed anything.
+        _planned[key] = _Planned(after, dict(result.reasons))
+    return result
+
+
+async def _plan_and_write(session: AsyncSession, cluster_id: int, now: datetime) -> PassResult:
     given = await _inputs(session, cluster_id, now)
     decided = plan(
         given.asks,
@@ -277,7 +305,7 @@ async def pending_reasons(
     ask = next((a for a in given.asks if a.run_id == run.id), None)
     if ask is None:
         names = await repository.workspace_names(session, [run.workspace_id])
-        ask = _ask(run, names.get(run.workspace_id, ""))
+        ask = _ask(run, names.get(run.workspace_id, ""), stored_spec(run.spec).footprint)
     rooms = given.rooms
     if not principal.is_org_admin:
         rooms = [m for m in rooms if m.state in MEMBERS_SEE]

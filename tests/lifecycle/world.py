@@ -69,11 +69,12 @@ class World:
     async def schedule(self) -> PassResult:
         async with self.db.transaction() as session:
             results = await scheduling.schedule_all(session, self.clock)
-        merged = PassResult()
+        merged = PassResult(planned=False)
         for r in results.values():
             merged.placed += r.placed
             merged.preempted += r.preempted
             merged.reasons.update(r.reasons)
+            merged.planned |= r.planned
         return merged
 
     async def report(self, worker: str, kind: str, **fields: Any) -> None:
