@@ -159,6 +159,7 @@ async def three_passes(url: str) -> tuple[float, float, float, int, int]:
     with nothing new (the steady state of a cluster whose queue does not move); a third after
     one run more was submitted (one input changed: a whole plan again)."""
     db = Database.from_url(url)
+    before = written(url)
     try:
         with Timer() as first:
             async with db.transaction() as session:
@@ -167,6 +168,8 @@ async def three_passes(url: str) -> tuple[float, float, float, int, int]:
             async with db.transaction() as session:
                 again = await scheduling.schedule_all(session, Clock())
         assert not any(r.planned for r in again.values()), "the next pass planned again"
+        after = written(url)
+        WROTE.update({table: after[table] - before[table] for table in after})
         submit_one(url)
         with Timer() as third:
             async with db.transaction() as session:
@@ -176,6 +179,17 @@ async def three_passes(url: str) -> tuple[float, float, float, int, int]:
         return first.seconds, second.seconds, third.seconds, placed, waiting
     finally:
         await db.dispose()
+
+
+WROTE: dict[str, int] = {}  # the rows the first pass added (what it decided, written)
+
+
+def written(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        return {
+            table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
+            for table in ("state_transitions", "events", "agent_commands")
+        }
 
 
 def submit_one(url: str) -> None:
@@ -228,6 +242,7 @@ def main() -> None:
         "ratio": median(passes) / median(bares),
         "steady_ratio": median(steady) / median(bares),
         "one_more_ratio": median(changed) / median(bares),
+        "first_pass_wrote": dict(WROTE),
         "trials": {"pass": passes, "steady": steady, "one_more": changed, "bare": bares},
     }
     save("scheduling_pass", result)
@@ -238,7 +253,9 @@ def main() -> None:
         f"a pass after one run more {result['one_more_pass_seconds']:.2f} s; bare reads of "
         f"its inputs {result['bare_reads_seconds']:.3f} s; ratios {result['ratio']:.1f}x "
         f"(target 3x), {result['steady_ratio']:.2f}x (target 1.5x) and "
-        f"{result['one_more_ratio']:.1f}x"
+        f"{result['one_more_ratio']:.1f}x; the first pass wrote "
+        + ", ".join(f"{n:,} {table}" for table, n in WROTE.items())
+        + f" rows and updated the rows of {waiting + placed:,} runs and their placed workers"
     )
 
 
