@@ -1,5 +1,8 @@
 """The agent's answers to the server's log requests: a worker's last lines (a tail), and its
-new lines as they are written (a follow), read from the log kept on this machine (agent/logs.py)."""
+new lines as they are written (a follow), read from the log kept on this machine (agent/logs.py).
+
+A follow reads when its worker's log is written, woken by the agent's one watcher of followed
+logs (agent/log_watch.py), and on its own every FOLLOW_FALLBACK_S, should no event come."""
 
 from __future__ import annotations
 
@@ -11,9 +14,13 @@ from astraeus.agent.v1 import agent_pb2
 from agent.logs import LogFollower, WorkerLog
 from agent.state import AgentState
 
-FOLLOW_POLL_S = 0.2
-# A follower waits while this many messages are queued for the server (it skips ahead later).
+# A follow looks at its log this often without being woken (a filesystem without inotify, a
+# watcher that could not start): the longest its lines then wait.
+FOLLOW_FALLBACK_S = 1.0
+# A follower waits while this many messages are queued for the server (it skips ahead later),
+# looking again every QUEUE_RETRY_S: the queue drains without anything being written.
 QUEUE_HIGH_WATER = 256
+QUEUE_RETRY_S = 0.2
 
 
 class LogReplies(AgentState):
@@ -66,8 +73,12 @@ class LogReplies(AgentState):
             return
         follower = LogFollower(wlog, offset)
         missed = 0
-        while not worker.exited.is_set():
-            if self.queue.qsize() < QUEUE_HIGH_WATER:
+        with self.log_watch.following(wlog.folder) as written:
+            while not worker.exited.is_set():
+                if self.queue.qsize() >= QUEUE_HIGH_WATER:
+                    await _until(QUEUE_RETRY_S, worker.exited)
+                    continue
+                written.clear()  # a write from now on wakes the wait below
                 text, skipped = await asyncio.to_thread(follower.read)
                 missed += skipped
                 if text or missed:
@@ -76,7 +87,20 @@ class LogReplies(AgentState):
                         agent_pb2.LogChunk(worker_id=key, text=text, missed_lines=missed),
                     )
                     missed = 0
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(worker.exited.wait(), FOLLOW_POLL_S)
+                await _until(FOLLOW_FALLBACK_S, written, worker.exited)
         rest = await asyncio.to_thread(follower.rest)
         self._reply(request_id, agent_pb2.LogChunk(worker_id=key, text=rest, ended=True))
+
+
+async def _until(seconds: float, *events: asyncio.Event) -> None:
+    """Until one of the events is set, or the time is up. (Not ``asyncio.wait_for``: on Python
+    3.11 it can swallow a cancellation that comes as the event is set, and a follow stopped by
+    the server would go on.)"""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()

@@ -24,6 +24,7 @@ from astraeus.agent.v1 import agent_pb2
 from agent import docker, rendezvous
 from agent.config import AgentConfig
 from agent.executor import Exit, ProcessWorker
+from agent.log_watch import LogWatch
 from agent.metrics import Sampler
 from agent.outbox import Outbox
 
@@ -49,6 +50,7 @@ class AgentState:
     reserved: dict[int, rendezvous.Claim] = field(default_factory=dict)
     outbox: Outbox = field(init=False)
     sampler: Sampler = field(init=False)
+    log_watch: LogWatch = field(init=False)  # wakes follows as their logs are written
 
     def __post_init__(self) -> None:
         private_folders(self.config.data_dir, self.config.workload_dir)
@@ -56,6 +58,7 @@ class AgentState:
         self.sampler = Sampler(
             self.config.nvml, gpu_memory={g.index: g.memory_bytes for g in self.config.gpus}
         )
+        self.log_watch = LogWatch(self.log_root)
 
     @property
     def log_root(self) -> Path:
