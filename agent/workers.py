@@ -200,9 +200,10 @@ class WorkerKeeping(AgentState):
 
     async def _until_exit(self, worker: Worker) -> None:
         exit = await worker.wait()
+        # Its follows end with it, a deleted or replaced one's too (they hold the object).
+        worker.exited.set()
         if self.workers.get(worker.worker_id) is not worker:
             return  # deleted meanwhile
-        worker.exited.set()
         # Followers read to the end before the log is archived.
         await asyncio.sleep(0)
         mine = f"follow:{worker.worker_id}"

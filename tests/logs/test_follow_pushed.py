@@ -23,6 +23,7 @@ from backend.agents.servicer import AgentService
 from backend.db import Database
 from backend.logs.service import WorkerRef
 from backend.models import Machine, Worker
+from backend.runs import service as runs
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
 from tests.support.agents import agent_for, wait_for, worker_state
@@ -143,3 +144,28 @@ async def test_without_a_watcher_a_follows_own_look_still_brings_the_lines(
     assert late_s < LIVES_S - 1, chunks
     said = [r.getMessage() for r in caplog.records if "inotify" in r.getMessage()]
     assert len(said) == 1, said
+
+
+async def test_a_follow_of_a_worker_deleted_while_it_runs_ends(
+    service: tuple[AgentService, str],
+    machine_token: str,
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    tmp_path: Path,
+) -> None:
+    # Found in issue 24: the agent's end of a deleted worker skipped setting it exited, so its
+    # follows read on until the server stopped them.
+    svc, address = service
+    world = World(db, clock, tenancy)
+    async with followed(svc, address, machine_token, db, clock, tenancy, tmp_path) as follow:
+        chunks = []
+        async with asyncio.timeout(LIVES_S + 20):
+            async for came, chunk in follow:
+                chunks.append((came, chunk))
+                if "second " in chunk.text:
+                    principal = await world.principal()
+                    async with db.transaction() as session:
+                        await runs.delete_run(session, clock, principal, "llama-sft")
+    assert chunks[-1][1].ended
+    assert "last" not in "".join(c.text for _, c in chunks)  # killed before its last line
