@@ -12,11 +12,10 @@ from sqlalchemy import select
 from backend.agents.follow_buffer import LogChunkInfo
 from backend.agents.servicer import AgentService
 from backend.db import Database
-from backend.logs.service import WorkerRef
-from backend.models import AgentCommand, Machine, Worker
+from backend.models import AgentCommand
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
-from tests.support.agents import agent_for, wait_for, worker_state
+from tests.support.agents import agent_for, running_worker, wait_for, worker_state
 
 PRINTS = (
     "import time\nfor i in range(20):\n    print(f'line {i}', flush=True)\n    time.sleep(0.1)\n"
@@ -32,47 +31,26 @@ async def test_following_a_real_workers_log_streams_its_lines_until_it_ends(
     tmp_path: Path,
 ) -> None:
     svc, address = service
-    agent = agent_for(address, machine_token, tmp_path)
-    running = asyncio.create_task(agent.run_forever())
-    try:
-
-        async def joined() -> bool:
-            return bool(svc.streams.by_machine)
-
-        await wait_for("the machine", joined)
-        world = World(db, clock, tenancy)
-        await world.submit(workers=1, gpus=1, command=[WORKLOAD_PYTHON, "-c", PRINTS])
-        await world.schedule()
-
-        async def running_now() -> bool:
-            return await worker_state(db, "llama-sft-0") == "Running"
-
-        await wait_for("running", running_now)
-        async with db.read() as session:
-            machine = await session.scalar(select(Machine).where(Machine.name == "gpu-07"))
-            row = await session.scalar(select(Worker).where(Worker.name == "llama-sft-0"))
-        assert machine is not None and row is not None
-        worker = WorkerRef(row.id, row.name)
+    command = [WORKLOAD_PYTHON, "-c", PRINTS]
+    async with running_worker(
+        svc, address, machine_token, db, clock, tenancy, tmp_path, command
+    ) as (machine_id, worker):
         chunks: list[LogChunkInfo] = [
-            c async for c in svc.follow(machine.id, worker, tail_lines=1000)
+            c async for c in svc.follow(machine_id, worker, tail_lines=1000)
         ]
         assert chunks[-1].ended
         lines = "".join(c.text for c in chunks).splitlines()
         assert lines == [f"line {i}" for i in range(20)]
         assert len(chunks) > 2  # they came as they were written, not all at the end
-        assert not svc.streams.by_machine[machine.id].follows  # nothing left behind
+        assert not svc.streams.by_machine[machine_id].follows  # nothing left behind
 
         async def ended() -> bool:
             return await worker_state(db, "llama-sft-0") == "Completed"
 
         await wait_for("completed", ended)
-        tail = await svc.tail(machine.id, worker, 5, 900 * 1024, wait_s=5)
+        tail = await svc.tail(machine_id, worker, 5, 900 * 1024, wait_s=5)
         assert tail is not None and tail.archived
         assert tail.text.splitlines() == [f"line {i}" for i in range(15, 20)]
-    finally:
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running
 
 
 async def test_a_start_command_over_the_stream_limit_fails_its_worker_and_the_agent_goes_on(

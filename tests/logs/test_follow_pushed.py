@@ -15,18 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
 
 from agent import log_replies, log_watch
 from backend.agents.follow_buffer import LogChunkInfo
 from backend.agents.servicer import AgentService
 from backend.db import Database
-from backend.logs.service import WorkerRef
-from backend.models import Machine, Worker
 from backend.runs import service as runs
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
-from tests.support.agents import agent_for, wait_for, worker_state
+from tests.support.agents import running_worker
 
 # 'second' is written a second after 'first', with its time, and the worker lives on LIVES_S:
 # a line brought by its event comes within milliseconds, by a follow's own look within
@@ -51,38 +48,17 @@ async def followed(
     data_dir: Path,
 ) -> AsyncIterator[AsyncIterator[tuple[float, LogChunkInfo]]]:
     """The real agent running PRINTS, and its log followed: each chunk with when it came."""
-    agent = agent_for(address, machine_token, data_dir)
-    running = asyncio.create_task(agent.run_forever())
-    try:
-
-        async def joined() -> bool:
-            return bool(svc.streams.by_machine)
-
-        await wait_for("the machine", joined)
-        world = World(db, clock, tenancy)
-        await world.submit(workers=1, gpus=1, command=[WORKLOAD_PYTHON, "-c", PRINTS])
-        await world.schedule()
-
-        async def running_now() -> bool:
-            return await worker_state(db, "llama-sft-0") == "Running"
-
-        await wait_for("running", running_now)
-        async with db.read() as session:
-            machine = await session.scalar(select(Machine).where(Machine.name == "gpu-07"))
-            row = await session.scalar(select(Worker).where(Worker.name == "llama-sft-0"))
-        assert machine is not None and row is not None
+    async with running_worker(
+        svc, address, machine_token, db, clock, tenancy, data_dir, [WORKLOAD_PYTHON, "-c", PRINTS]
+    ) as (machine_id, worker):
 
         async def chunks() -> AsyncIterator[tuple[float, LogChunkInfo]]:
-            follow = svc.follow(machine.id, WorkerRef(row.id, row.name), tail_lines=1000)
+            follow = svc.follow(machine_id, worker, tail_lines=1000)
             async with contextlib.aclosing(follow):
                 async for chunk in follow:
                     yield time.time(), chunk
 
         yield chunks()
-    finally:
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running
 
 
 def second_line(chunks: list[tuple[float, LogChunkInfo]]) -> tuple[float, float, LogChunkInfo]:

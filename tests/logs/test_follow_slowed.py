@@ -10,18 +10,16 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
-from sqlalchemy import select
 
 from backend.agents.servicer import AgentService
 from backend.db import Database
 from backend.logs import service as logs
-from backend.logs.service import Followed, WorkerRef
-from backend.models import Machine, Worker
-from tests.lifecycle.world import World
+from backend.logs.service import Followed
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
-from tests.support.agents import agent_for, wait_for, worker_state
+from tests.support.agents import running_worker
 
 # a quiet start (no line for 3 s), then 20 lines
 PRINTS = (
@@ -54,34 +52,18 @@ async def test_a_follow_is_told_the_server_is_behind(
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
-    tmp_path: object,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(logs, "NOTICE_EVERY_S", 0.5)
     svc, address = service
-    agent = agent_for(address, machine_token, tmp_path)  # type: ignore[arg-type]
-    running = asyncio.create_task(agent.run_forever())
-    try:
-
-        async def joined() -> bool:
-            return bool(svc.streams.by_machine)
-
-        await wait_for("the machine", joined)
-        world = World(db, clock, tenancy)
-        await world.submit(workers=1, gpus=1, command=[WORKLOAD_PYTHON, "-c", PRINTS])
-        await world.schedule()
-
-        async def running_now() -> bool:
-            return await worker_state(db, "llama-sft-0") == "Running"
-
-        await wait_for("running", running_now)
-        async with db.read() as session:
-            machine = await session.scalar(select(Machine).where(Machine.name == "gpu-07"))
-            row = await session.scalar(select(Worker).where(Worker.name == "llama-sft-0"))
-        assert machine is not None and row is not None
+    command = [WORKLOAD_PYTHON, "-c", PRINTS]
+    async with running_worker(
+        svc, address, machine_token, db, clock, tenancy, tmp_path, command
+    ) as (machine_id, worker):
         chunks: list[Followed] = []
         async with contextlib.AsyncExitStack() as busy:
-            async for chunk in logs.follow(svc, machine.id, WorkerRef(row.id, row.name), 1000):
+            async for chunk in logs.follow(svc, machine_id, worker, 1000):
                 if not chunks:  # the follow is on (the first line came): the server gets busy
                     # (not asked to be 0 behind yet: on a loaded 2-core CI machine the process
                     # itself is held off its cores a second at times, which is being behind too)
@@ -96,7 +78,3 @@ async def test_a_follow_is_told_the_server_is_behind(
         notices = [c for c in chunks if not c.text and not c.ended]
         assert notices and all(c.behind >= logs.SLOWED_AFTER_S for c in notices), chunks
         assert logs.LAG.watchers == 0 and logs.LAG.task is None  # nothing left measuring
-    finally:
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running

@@ -17,8 +17,10 @@ from agent.connection import Agent
 from agent.gpus import simulated
 from backend.agents.servicer import AgentService, serve
 from backend.db import Database
-from backend.models import Worker
-from tests.support import FakeClock
+from backend.logs.service import WorkerRef
+from backend.models import Machine, Worker
+from tests.lifecycle.world import World
+from tests.support import FakeClock, Tenancy
 from tests.support.stream import _port
 
 
@@ -80,3 +82,44 @@ async def worker_state(db: Database, name: str) -> str:
     async with db.read() as session:
         row = await session.scalar(select(Worker).where(Worker.name == name))
     return row.state if row is not None else ""
+
+
+@contextlib.asynccontextmanager
+async def running_worker(
+    svc: AgentService,
+    address: str,
+    machine_token: str,
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    data_dir: Path,
+    command: list[str],
+) -> AsyncIterator[tuple[int, WorkerRef]]:
+    """The real agent in this event loop, joined as gpu-07, running one run of one worker
+    (llama-sft-0) of ``command``: the machine's id and the worker, once it runs. The agent
+    stops at the end."""
+    agent = agent_for(address, machine_token, data_dir)
+    running = asyncio.create_task(agent.run_forever())
+    try:
+
+        async def joined() -> bool:
+            return bool(svc.streams.by_machine)
+
+        await wait_for("the machine", joined)
+        world = World(db, clock, tenancy)
+        await world.submit(workers=1, gpus=1, command=command)
+        await world.schedule()
+
+        async def running_now() -> bool:
+            return await worker_state(db, "llama-sft-0") == "Running"
+
+        await wait_for("running", running_now)
+        async with db.read() as session:
+            machine = await session.scalar(select(Machine).where(Machine.name == "gpu-07"))
+            row = await session.scalar(select(Worker).where(Worker.name == "llama-sft-0"))
+        assert machine is not None and row is not None
+        yield machine.id, WorkerRef(row.id, row.name)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
