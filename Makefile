@@ -125,8 +125,9 @@ test-fast: setup ## unit and db tests on SQLite, quick property tests (no proces
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) gen .pytest_cache .mypy_cache .ruff_cache
 
-bench: setup services browser ## every benchmark (bench/) beside its bare baseline; the table in bench/RESULTS.md
-	$(BIN)/python -m bench.run_all
+BENCH_ARGS ?=
+bench: setup services browser ## every benchmark (bench/) beside its bare baseline; the table in bench/RESULTS.md (BENCH_ARGS="--scale 1m": also the million-worker tick)
+	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
 LOAD_ARGS ?= --agents 20 --runs 100
 load: setup services ## the production topology on loopback under load, simulated agents (bench/load.py; LOAD_ARGS)

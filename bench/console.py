@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from bench.common import fresh_database, median, save
-from bench.goodput import populate_ledgers
+from bench.goodput_report import populate_ledgers
 from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]

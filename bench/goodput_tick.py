@@ -21,8 +21,9 @@ UPDATE`` into goodput_hours and goodput_days (the ledgers the tick writes). It k
 worker changes phase inside the minute, which is this data's state. A second variant also
 inserts the intervals (goodput_intervals), which the tick writes too. Both ledgers are
 compared cell by cell after every trial. Neither bare statement keeps the runs' running
-totals (goodput_run_totals), which the tick brings up to date after its cells: the tick's
-ratio includes that work, the baseline does not.
+totals (goodput_run_totals), which the tick's statement moves on with its cells, nor looks for
+workers winding down or deleted without their time counted, which the tick does in the same
+scan: the tick's ratio includes that work, the baseline does not.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def populate_tick(url: str, runs: int, per_run: int, machines: int) -> dict[str,
             conn.execute(
                 "INSERT INTO pools (cluster_id, name, created_at) VALUES (%s, %s, %s) RETURNING id",
                 (cluster, f"pool-{p}", T0),
-            ).fetchone()[0]
+            ).fetchone()[0]  # type: ignore[index]
             for p in range(POOLS)
         ]
         lease = T0 + timedelta(days=1)
@@ -124,7 +125,7 @@ def populate_tick(url: str, runs: int, per_run: int, machines: int) -> dict[str,
                         )
                     )
         workers = conn.execute("SELECT id, run_id, machine_id FROM workers ORDER BY id").fetchall()
-        names = dict(conn.execute("SELECT id, name FROM workers").fetchall())
+        names: dict[int, str] = dict(conn.execute("SELECT id, name FROM workers").fetchall())
         with conn.cursor().copy(
             "COPY state_transitions (run_id, worker_id, transition_at, state, reason, phase, "
             "held_gpus, gpus, machine_id, accounted) FROM STDIN"
@@ -172,7 +173,9 @@ def populate_tick(url: str, runs: int, per_run: int, machines: int) -> dict[str,
                     copy.write_row((worker_id, at, value, machine, UTILIZATION, 0))
         # What the ticks up to PRIME left: every worker's open interval (running, from when it
         # started running), the mark at PRIME.
-        pool_of = dict(conn.execute("SELECT id, pool_id FROM machines").fetchall())
+        pool_of: dict[int, int | None] = dict(
+            conn.execute("SELECT id, pool_id FROM machines").fetchall()
+        )
         with conn.cursor().copy(
             "COPY goodput_open_intervals (worker_id, worker_name, run_id, workspace_id, "
             "cluster_id, phase, gpus, phase_machine_id, start_at, category, held, machine_id, "
@@ -488,7 +491,7 @@ async def bench_tick(url: str, trials: int, profile: bool) -> dict[str, Any]:
         await db.dispose()
 
 
-def print_tick(r: dict[str, Any], workers: int) -> None:
+def print_tick(r: dict[str, Any], workers: int, target: str) -> None:
     print(
         f"goodput tick, {workers:,} running workers of 8 GPUs, one minute "
         f"(the primed minute before it: {r['prime_tick_seconds']:.2f} s)"
@@ -501,9 +504,9 @@ def print_tick(r: dict[str, Any], workers: int) -> None:
         differ = ", ".join(f"{k} {v}" for k, v in c["cells_that_differ"].items() if v) or "none"
         print(
             f"  {case:<7} {c['tick_seconds']:>7.2f} ({c['tick_min_seconds']:.2f}) "
-            f"{c['bare_seconds']:>8.2f} {c['ratio']:>6.1f} "
+            f"{c['bare_seconds']:>8.2f} {c['ratio']:>6.2f} "
             f"{c['bare_with_intervals_seconds']:>11.2f} "
-            f"{c['ratio_to_bare_with_intervals']:>6.1f}  {c['hour_cells']:>6}  {differ}"
+            f"{c['ratio_to_bare_with_intervals']:>6.2f}  {c['hour_cells']:>6}  {differ}"
         )
     for who in ("tick", "bare"):
         totals = r["cases"]["first"][f"totals_{who}"]
@@ -515,4 +518,4 @@ def print_tick(r: dict[str, Any], workers: int) -> None:
     print("  where a later tick's time goes:")
     for part, seconds in r["breakdown_later_seconds"].items():
         print(f"    {part:<45} {seconds:7.3f} s")
-    print("  target: tick <= 2x the bare statement")
+    print(f"  target: {target}")

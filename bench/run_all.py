@@ -3,6 +3,12 @@ baseline; then bench/RESULTS.md: the machine, and what each printed, in one tabl
 
     python -m bench.run_all                 # all of them
     python -m bench.run_all --only console  # some (repeatable); RESULTS.md keeps the others'
+    python -m bench.run_all --scale 1m      # all of them, and the million-worker rows
+    python -m bench.run_all --only goodput_1m
+
+The million-worker rows (``--scale 1m``: the goodput tick at 1 000 000 workers, issue 24) take
+several minutes to fill, so `make bench` runs them only when asked (``BENCH_ARGS="--scale
+1m"``); each is a row of its own, and a row not run keeps what RESULTS.md had.
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ BENCHES = (
     "goodput",
     "console",
 )
+# Rows run only when asked, by scale: each name, and the module and arguments that print it.
+SCALED = {"1m": {"goodput_1m": ["bench.goodput", "--scale", "1m"]}}
+COMMANDS = {name: [f"bench.{name}"] for name in BENCHES} | {
+    name: command for rows in SCALED.values() for name, command in rows.items()
+}
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 # What follows this heading is written by hand from `make fleet` and `make load` (long runs on
 # a whole topology) and kept as it is when the table is written again.
@@ -76,7 +87,7 @@ def run(name: str) -> dict[str, object]:
     """One benchmark in its own process, its output shown as it comes and kept."""
     started = time.monotonic()
     process = subprocess.Popen(
-        [sys.executable, "-m", f"bench.{name}"],
+        [sys.executable, "-m", *COMMANDS[name]],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -108,8 +119,12 @@ def written_rows() -> dict[str, str]:
 def write(results: dict[str, dict[str, object]]) -> str:
     rows = ["| benchmark | measured | took | what it printed |", "|---|---|---|---|"]
     earlier = written_rows()
-    for name in BENCHES:
+    scaled = [name for rows_ in SCALED.values() for name in rows_]
+    for name in [*BENCHES, *scaled]:
         r = results.get(name)
+        if r is None and name in scaled:  # asked for only now and then: kept if written once
+            rows += [earlier[name]] if name in earlier else []
+            continue
         if r is None:
             rows.append(earlier.get(name, f"| {name} | not run | | |"))
             continue
@@ -135,12 +150,14 @@ def write(results: dict[str, dict[str, object]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", action="append", choices=BENCHES)
+    parser.add_argument("--only", action="append", choices=list(COMMANDS))
+    parser.add_argument("--scale", choices=sorted(SCALED), help="also the rows of this scale")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     kept = OUT / "run_all.json"
     results: dict[str, dict[str, object]] = json.loads(kept.read_text()) if kept.exists() else {}
-    for name in args.only or BENCHES:
+    names = args.only or [*BENCHES, *(SCALED[args.scale] if args.scale else [])]
+    for name in names:
         results[name] = run(name)
     print()
     print(write(results))

@@ -67,12 +67,12 @@ async def tick(session: AsyncSession, clock: Clock) -> TickResult:
         if counted is not None and since < counted:
             starts[worker_id] = min(since, starts.get(worker_id, since))
             from_history.add(worker_id)
-    if counted is not None and counted < until:
+    steady = counted is not None and counted < until and _dialect(session) == "postgresql"
+    if counted is not None and counted < until and not steady:
         # Winding down is productive for at most the stop's grace period: counted from the
-        # history, where the stop's time is, not carried on from the last count.
-        for worker_id in await repository.winding_down(session):
-            starts.setdefault(worker_id, counted)
-            from_history.add(worker_id)
+        # history, where the stop's time is, not carried on from the last count. (The steady
+        # minute's statement finds them itself.)
+        _wind_down(starts, from_history, await repository.winding_down(session), counted)
     if late.ids:
         await repository.recounted(session, late.ids)
         log.info(
@@ -88,16 +88,24 @@ async def tick(session: AsyncSession, clock: Clock) -> TickResult:
         (s for s in starts.values() if counted is not None and s < counted), default=None
     )
     counted_from = min([*starts.values(), *([counted] if counted is not None else [])])
-    closed = await _close_orphans(session, counted)
-    workers, intervals = 0, closed
-    if counted is not None and counted < until and _dialect(session) == "postgresql":
+    workers, intervals = 0, 0
+    if steady:
+        assert counted is not None
         # Workers without a change: set-based, minute by minute (one minute but after an outage).
+        # Those it finds winding down, and orphans, are left as they are, then counted as above.
+        orphans = 0
         for minute in _minutes(counted, until):
-            steady, moved = await ledger_writes.count_steady_minute(
+            done = await ledger_writes.count_steady_minute(
                 session, minute, list(starts), rules.BUSY_UTILIZATION
             )
-            workers, intervals = max(workers, steady), intervals + moved
-    elif counted is not None and counted < until:
+            workers, intervals = max(workers, done.workers), intervals + done.closed
+            _wind_down(starts, from_history, done.winding_down, counted)
+            orphans = max(orphans, done.orphans)
+        if orphans:
+            intervals += await _close_orphans(session, counted)
+    else:
+        intervals += await _close_orphans(session, counted)
+    if counted is not None and counted < until and not steady:
         for worker_id in await repository.open_intervals(session):
             starts.setdefault(worker_id, counted)  # from its open interval, as above
     changed, written = await _count(session, starts, from_history, counted, until)
@@ -179,6 +187,14 @@ async def samples_arrived(
         since = {w: at for w, at in since.items() if w in placed}
         await repository.add_recounts(session, since)
     return since
+
+
+def _wind_down(
+    starts: dict[int, datetime], from_history: set[int], workers: list[int], counted: datetime
+) -> None:
+    for worker_id in workers:
+        starts.setdefault(worker_id, counted)
+        from_history.add(worker_id)
 
 
 def _minutes(start: datetime, end: datetime) -> list[datetime]:

@@ -17,7 +17,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.accounting.repository import _TIME, UTILIZATION, _chunks, _dialect
-from backend.accounting.rules import CATEGORIES, HOUR
+from backend.accounting.rules import CATEGORIES, HOUR, WINDING_DOWN
 from backend.db import driver_connection
 from backend.models import GoodputDay, GoodputHour, GoodputInterval, GoodputRunTotal, Redo
 from backend.models.goodput import TOTAL_COLUMNS
@@ -34,27 +34,51 @@ def _add_cells(table: str, time: str) -> str:
     )
 
 
+# A run's cells of an hour as the columns of its running totals (GROUP BY the run and hour).
+RUN_CELL_SUMS = ", ".join(
+    f"sum(CASE WHEN category = '{category.value}' AND {held} THEN gpu_seconds ELSE 0 END) "
+    f"AS {category.value}_{part}"
+    for part, held in (("held", "held"), ("not_held", "NOT held"))
+    for category in CATEGORIES
+)
+
+
+def _columns(template: str) -> str:
+    return ", ".join(template.format(c=c) for c in TOTAL_COLUMNS)
+
+
 # The minute of every worker without a change, in one statement (PostgreSQL): its category by
 # its phase (running: by the minute's mean utilisation), its open interval carried on or
-# closed and a new one opened, its cells added to the hourly and daily ledgers.
+# closed and a new one opened, its cells added to the hourly and daily ledgers, and its run's
+# running totals moved on by the minute (``run_*``): added to the run's rows from the hour on
+# (its last row, since the tick counts in order), or a row for the hour made from its last row
+# (each hour between repeating it, as refresh_run_totals does) that then is last. Added, not
+# recomputed from the hour's cells: one statement sees only the hourly cells as they were
+# before it, and at a million workers reading them back took 6 of the tick's 18 s.
+# A worker winding down, or deleted without its time counted (an orphan), is not steady: it is
+# left as it is and named in the answer, for the tick to count from its history or close. The
+# same scan finds them that counts the others (two more scans of the open intervals took 0.5
+# to 1 s a tick at a million workers).
 _STEADY_MINUTE_SQL = """
 WITH busy AS (
   SELECT worker_id, avg(value) AS mean FROM metric_samples
   WHERE metric = %(metric)s AND ts >= %(start_ms)s AND ts < %(end_ms)s
   GROUP BY worker_id
-), counted AS (
+), open AS (
   SELECT o.worker_id, o.worker_name, o.run_id, o.workspace_id, o.cluster_id, o.gpus, o.held,
     o.machine_id, o.start_at, o.category AS was_category, o.pool_id AS was_pool,
     CASE WHEN o.phase <> 'running' THEN o.category
       WHEN b.mean >= %(busy)s THEN 'productive' ELSE 'idle' END AS category,
-    m.pool_id
+    m.pool_id, w.id IS NULL AS gone, o.phase = ANY(%(winding)s::text[]) AS winding
   FROM goodput_open_intervals o
+  LEFT JOIN workers w ON w.id = o.worker_id
   LEFT JOIN machines m ON m.id = o.machine_id
   LEFT JOIN busy b ON b.worker_id = o.worker_id
-  WHERE o.worker_id <> ALL(%(changed)s::bigint[])
+  WHERE o.worker_id <> ALL(%(changed)s::bigint[]) OR w.id IS NULL
 ), moved AS (
-  SELECT * FROM counted
-  WHERE NOT %(same_hour)s OR category <> was_category OR pool_id IS DISTINCT FROM was_pool
+  SELECT * FROM open
+  WHERE NOT (gone OR winding)
+    AND (NOT %(same_hour)s OR category <> was_category OR pool_id IS DISTINCT FROM was_pool)
 ), closed AS (
   INSERT INTO goodput_intervals (worker_id, worker_name, run_id, workspace_id, cluster_id,
     machine_id, pool_id, start_at, end_at, category, held, gpus)
@@ -68,27 +92,72 @@ WITH busy AS (
 ), cells AS (
   SELECT c.workspace_id, c.cluster_id, x.scope, x.scope_id, c.category, c.held,
     sum(c.gpus)::float8 * %(seconds)s AS gpu_seconds
-  FROM counted c CROSS JOIN LATERAL (VALUES ('run', c.run_id), ('workspace', c.workspace_id),
+  FROM open c CROSS JOIN LATERAL (VALUES ('run', c.run_id), ('workspace', c.workspace_id),
     ('machine', c.machine_id), ('pool', c.pool_id)) AS x(scope, scope_id)
-  WHERE x.scope_id IS NOT NULL
+  WHERE NOT (c.gone OR c.winding) AND x.scope_id IS NOT NULL
   GROUP BY 1, 2, 3, 4, 5, 6
-), hours AS ({hours}), days AS ({days})
-SELECT (SELECT count(*) FROM counted), (SELECT count(*) FROM closed),
-  array_agg(run_id), array_agg(workspace_id), array_agg(cluster_id)
-FROM (SELECT DISTINCT run_id, workspace_id, cluster_id FROM counted) AS runs
+), hours AS ({hours}), days AS ({days}),
+run_cells AS (
+  SELECT scope_id AS run_id, workspace_id, cluster_id, {sums}
+  FROM cells WHERE scope = 'run' GROUP BY scope_id, workspace_id, cluster_id
+), run_lasts AS (
+  SELECT r.*, t.hour AS last_hour, {was}
+  FROM run_cells r LEFT JOIN goodput_run_totals t ON t.run_id = r.run_id AND t.last
+), run_added AS (
+  UPDATE goodput_run_totals t SET {added}
+  FROM run_lasts r WHERE t.run_id = r.run_id AND r.last_hour >= %(hour)s AND t.hour >= %(hour)s
+), run_superseded AS (
+  UPDATE goodput_run_totals t SET last = false
+  FROM run_lasts r WHERE t.run_id = r.run_id AND t.hour = r.last_hour AND r.last_hour < %(hour)s
+), run_extended AS (
+  INSERT INTO goodput_run_totals (run_id, hour, workspace_id, cluster_id, last, {totals})
+  SELECT r.run_id, h.hour, r.workspace_id, r.cluster_id, h.hour = %(hour)s, {extended}
+  FROM run_lasts r CROSS JOIN LATERAL generate_series(
+    coalesce(r.last_hour + interval '1 hour', %(hour)s), %(hour)s, interval '1 hour') AS h(hour)
+  WHERE r.last_hour IS NULL OR r.last_hour < %(hour)s
+)
+SELECT count(*) FILTER (WHERE NOT (gone OR winding)), (SELECT count(*) FROM closed),
+  coalesce(array_agg(worker_id) FILTER (WHERE winding AND NOT gone), '{{}}'),
+  count(*) FILTER (WHERE gone)
+FROM open
 """
 _STEADY_MINUTE = _STEADY_MINUTE_SQL.format(
-    hours=_add_cells("goodput_hours", "hour"), days=_add_cells("goodput_days", "day")
+    hours=_add_cells("goodput_hours", "hour"),
+    days=_add_cells("goodput_days", "day"),
+    sums=RUN_CELL_SUMS,
+    was=_columns("t.{c} AS was_{c}"),
+    added=_columns("{c} = t.{c} + r.{c}"),
+    totals=_columns("{c}"),
+    extended=_columns("coalesce(r.was_{c}, 0) + CASE WHEN h.hour = %(hour)s THEN r.{c} ELSE 0 END"),
 )
+
+
+@dataclass(frozen=True)
+class SteadyMinute:
+    """What a steady minute counted: its workers and the intervals it closed; and those it left
+    for the tick: workers winding down (counted from their history) and how many open intervals
+    have lost their worker (orphans, closed at the mark)."""
+
+    workers: int
+    closed: int
+    winding_down: list[int]
+    orphans: int
 
 
 async def count_steady_minute(
     session: AsyncSession, minute: datetime, changed: Sequence[int], busy: float
-) -> tuple[int, int]:
+) -> SteadyMinute:
     """Count the minute from ``minute`` of every worker with an open interval but those
-    ``changed`` (PostgreSQL): how many workers, and how many intervals it closed."""
+    ``changed``, those winding down and orphans (PostgreSQL)."""
     end = minute + timedelta(minutes=1)
     pg = await driver_connection(session)
+    # For the tick's transaction only: no JIT (compiling this statement took 1.1 to 1.6 s at a
+    # million workers, more than it saved), and 32 MB for each hash (the default 8 MB made the
+    # minute's cells spill 63 MB to disk at a million workers; 0.75 s of its 11). At 48 MB and
+    # more the planner hashes the samples by worker too, which took 2 s more than their index.
+    await pg.execute(
+        "SELECT set_config('jit', 'off', true), set_config('hash_mem_multiplier', '8', true)"
+    )
     cursor = await pg.execute(
         _STEADY_MINUTE,
         {
@@ -97,6 +166,7 @@ async def count_steady_minute(
             "end_ms": int(end.timestamp() * 1000),
             "busy": busy,
             "changed": list(changed),
+            "winding": sorted(str(phase) for phase in WINDING_DOWN),
             "same_hour": minute.minute != 0,
             "start": minute,
             "seconds": 60.0,
@@ -106,18 +176,8 @@ async def count_steady_minute(
     )
     row = await cursor.fetchone()
     assert row is not None
-    counted, closed, runs, workspaces, clusters = row
-    hour = minute.replace(minute=0)
-    await refresh_run_totals(
-        session,
-        {
-            run: RunTouch(workspace, cluster, hour, hour)
-            for run, workspace, cluster in zip(
-                runs or [], workspaces or [], clusters or [], strict=True
-            )
-        },
-    )
-    return int(counted), int(closed)
+    workers, closed, winding, orphans = row
+    return SteadyMinute(int(workers), int(closed), list(winding), int(orphans))
 
 
 # A ledger cell: hour (or day), workspace, cluster, scope, scope id, category, held.
@@ -168,13 +228,6 @@ def _touch(touch: RunTouch | None, workspace: int, cluster: int, hour: datetime)
     return RunTouch(workspace, cluster, min(touch.first, hour), max(touch.last, hour))
 
 
-# A run's cells of an hour as the columns of its running totals (GROUP BY the run and hour).
-RUN_CELL_SUMS = ", ".join(
-    f"sum(CASE WHEN category = '{category.value}' AND {held} THEN gpu_seconds ELSE 0 END) "
-    f"AS {category.value}_{part}"
-    for part, held in (("held", "held"), ("not_held", "NOT held"))
-    for category in CATEGORIES
-)
 _TOTAL_HOUR = f"""
 WITH keys AS ({{keys}}), cells AS (
   SELECT scope_id AS run_id, {RUN_CELL_SUMS} FROM goodput_hours

@@ -18,6 +18,7 @@ from sqlalchemy import (
     delete,
     func,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -67,9 +68,13 @@ class Unaccounted:
     earliest: dict[int, datetime]
 
 
+# Written as the partial index's predicate, NOT accounted, on both dialects: the planners use
+# the index only for that very expression. (``accounted IS false`` on PostgreSQL and
+# ``accounted = 0`` on SQLite each read the whole history: 0.2 to 0.5 s a tick at 3 million
+# transitions, growing with the history.)
 _UNACCOUNTED = select(
     StateTransition.id, StateTransition.worker_id, StateTransition.transition_at
-).where(StateTransition.accounted.is_(False))
+).where(text("NOT state_transitions.accounted"))
 
 
 def _gather(found: Unaccounted, rows: Iterable[Any]) -> None:

@@ -8,14 +8,14 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from backend.accounting import counting, ledger_queries, ledger_writes, repository
 from backend.accounting import service as accounting
 from backend.accounting.rules import Category, Period
 from backend.accounting.service import Viewer
 from backend.lifecycle import service as lifecycle
-from backend.models import GoodputHour, GoodputRunTotal, Run, StateTransition
+from backend.models import GoodputHour, GoodputRunTotal, Run, StateTransition, Worker
 from tests.accounting.totals import assert_run_totals_match_the_hours
 from tests.lifecycle.world import World
 from tests.support.accounting import (
@@ -121,6 +121,29 @@ async def test_a_run_deleted_between_ticks_is_counted_to_its_deletion(
     assert max(i.end_at for i in intervals) == deleted  # none open, none past the deletion
     async with world.db.read() as session:
         assert await repository.open_intervals(session) == {}
+
+
+async def test_workers_deleted_without_their_time_counted_end_at_the_mark(world: World) -> None:
+    # Workers gone without lifecycle.delete_run (their history with them: an orphaned open
+    # interval) are counted to the tick's mark and no further, their intervals closed there
+    await a_busy_and_an_idle_rank(world)
+    world.clock.advance(minutes=2, seconds=50)
+    await sample(world, {0: 0.9, 1: 0.01})
+    await tick(world)
+    mark = counting.minute_floor(world.clock.now())
+    async with world.db.transaction() as session:
+        await session.execute(delete(Worker).where(Worker.name.like("llama-sft-%")))
+    world.clock.advance(minutes=3)
+    result = await tick(world)
+    assert result.intervals == 2 and await tick(world) == counting.TickResult(
+        None, counting.minute_floor(world.clock.now())
+    )
+    assert sum((await ledger(world)).values()) == pytest.approx(2 * 8 * (mark - T0).total_seconds())
+    intervals = await all_intervals(world)
+    assert max(i.end_at for i in intervals) == mark
+    async with world.db.read() as session:
+        assert await repository.open_intervals(session) == {}
+        await assert_run_totals_match_the_hours(session)
 
 
 async def test_a_stall_found_later_moves_time_already_counted_into_stalled(world: World) -> None:
@@ -287,6 +310,33 @@ async def test_running_totals_fill_the_hours_between_cells_and_follow_a_change_b
     [row] = report.rows
     assert row.ledger.held[Category.PRODUCTIVE] == 3600.0
     assert row.ledger.held[Category.STARTING] == 0.0
+
+
+async def test_a_steady_minute_moves_the_running_totals_on_over_hours_without_cells(
+    world: World,
+) -> None:
+    # The steady minute's running totals are added to the run's last row, not recomputed: a
+    # minute hours after that row (no cells between) repeats it for each hour between, as
+    # refresh_run_totals does (PostgreSQL: SQLite counts every worker by the rules)
+    if world.db.engine.dialect.name != "postgresql":
+        pytest.skip("the steady minute's statement is PostgreSQL's")
+    await a_busy_and_an_idle_rank(world)
+    world.clock.advance(minutes=3)
+    await tick(world)
+    hour = T0.replace(minute=0, second=0, microsecond=0)
+    later = counting.minute_floor(world.clock.now()) + timedelta(hours=3)
+    async with world.db.transaction() as session:
+        done = await ledger_writes.count_steady_minute(session, later, [], 0.05)
+    async with world.db.read() as session:
+        await assert_run_totals_match_the_hours(session)
+        rows = (
+            await session.execute(
+                select(GoodputRunTotal.__table__).order_by(GoodputRunTotal.__table__.c.hour)
+            )
+        ).all()
+    assert done.workers == 2 and done.winding_down == [] and done.orphans == 0
+    assert [r.hour for r in rows] == [hour + timedelta(hours=h) for h in range(4)]
+    assert [r.last for r in rows] == [False, False, False, True]
 
 
 async def test_a_run_submitted_after_one_was_deleted_starts_a_ledger_of_its_own(
