@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Row
@@ -159,18 +159,23 @@ async def _inputs(session: AsyncSession, cluster_id: int, now: datetime) -> Inpu
 
 @dataclass(frozen=True)
 class _Planned:
-    """A cluster's last pass in this process: the digest of its inputs after it, and the reasons
-    it gave."""
+    """A cluster's last pass in this process that changed nothing: the digest of its inputs,
+    the reasons it gave, and when it ran."""
 
     fingerprint: str
     reasons: dict[str, str]
+    at: datetime
 
 
-# By database and cluster. A pass whose inputs are those of the last pass here
+# By database and cluster. A pass whose inputs are those of a pass here that changed nothing
 # decides nothing new (placement's rules are pure: the same inputs give the same plan, and
-# whether a restart's backoff has ended is among the inputs), so it reads the digest and
-# stops. Another process's changes change the digest.
+# whether a restart's backoff has ended is among the inputs), so it reads the digest and stops.
+# A pass is remembered only where the digest after it is the one before it: it wrote nothing,
+# and nothing else was committed while it read (a run submitted during a pass is in neither its
+# reads nor its plan, but it is in the digest after it). Another process's changes change the
+# digest; and a remembered pass is planned again after REPLAN_AFTER whatever the digest says.
 _planned: dict[tuple[str, int], _Planned] = {}
+REPLAN_AFTER = timedelta(minutes=1)
 
 
 async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> PassResult:
@@ -178,17 +183,22 @@ async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> Pass
     await repository.lock_cluster(session, cluster_id)
     now = clock.now()
     key = (str(session.get_bind().engine.url), cluster_id)
-    fingerprint = await repository.inputs_fingerprint(session, cluster_id, now)
+    before = await repository.inputs_fingerprint(session, cluster_id, now)
     last = _planned.get(key)
-    if fingerprint is not None and last is not None and last.fingerprint == fingerprint:
+    if (
+        before is not None
+        and last is not None
+        and last.fingerprint == before
+        and timedelta(0) <= now - last.at < REPLAN_AFTER
+    ):
         return PassResult(reasons=dict(last.reasons), planned=False)
     result = await _plan_and_write(session, cluster_id, now)
     await session.flush()  # the inputs after the pass: with every change it made
     after = await repository.inputs_fingerprint(session, cluster_id, now)
-    if after is not None:
-        # Kept before the commit: were the pass rolled back, the inputs would be those before
-        # it, whose digest is another wherever the pass changed anything.
-        _planned[key] = _Planned(after, dict(result.reasons))
+    if after is not None and after == before:
+        _planned[key] = _Planned(after, dict(result.reasons), now)
+    else:
+        _planned.pop(key, None)
     return result
 
 
