@@ -418,7 +418,11 @@ async def report(
     worker_name = worker.name
 
     def rule(view: RunView, fx: Effects) -> None:
-        w = view.worker(worker_name)
+        # Again under the run's lock: the worker was read before it, and may have been deleted
+        # or moved on since (a report that raced its run's deletion failed the machine's stream).
+        w = next((w for w in view.workers if w.name == worker_name), None)
+        if w is None or w.machine_id != machine_id or attempt not in (None, w.attempt):
+            return
         if kind in (states.PREPARING, states.PULLING):
             starting.worker_preparing(
                 view,
