@@ -128,10 +128,9 @@ async def range_query(
     """A metric's series over a range, of the workspace's workers only.
 
     A run or worker named in ``match`` that the workspace does not have is absent (404), the
-    same answer whether it exists elsewhere or nowhere. The workers are found first, so the
-    samples are read by worker id alone: an index-only scan per series, in the index's order.
-    One statement: the workspace, its workers in scope with their machines, and the
-    samples' buckets."""
+    same answer whether it exists elsewhere or nowhere. One statement: the workspace, its
+    workers in scope with their machines, and the samples' buckets, read by the in-scope
+    workers' ids alone (an index-only scan per series, in the index's order)."""
     raw_from = epoch_ms(now - retention)
     request = rules.parse_range(params, epoch_ms(now), raw_from_ms=raw_from)
     wanted = runs.workspace_wanted(principal, workspace)

@@ -32,7 +32,7 @@ class PassResult:
     placed: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
-    # False: its inputs were those of the last pass committed here, so it decided nothing.
+    # False: its inputs were those of a pass here that changed nothing, so it decided nothing.
     planned: bool = True
 
 
