@@ -17,11 +17,13 @@ from sqlalchemy import (
     Dialect,
     Float,
     Select,
+    SmallInteger,
     Table,
     and_,
     any_,
     bindparam,
     case,
+    cast,
     delete,
     func,
     literal,
@@ -179,12 +181,12 @@ async def _insert_skipping(
 @dataclass(frozen=True)
 class RangeRows:
     """What a range query read, in one statement: the workspace, as (id, organisation), None
-    where there is none; the workers it may read (``ScopedWorker``); and its buckets, (labels
-    kept, step start, value) for each series and step, oldest first per series."""
+    where there is none; the workers it may read (``ScopedWorker``); and its series, by the
+    labels kept: (step start, value) for each step, oldest first."""
 
     workspace: tuple[int, int] | None
     scoped: list[ScopedWorker]
-    buckets: list[tuple[tuple[str, ...], int, float]]
+    series: dict[tuple[str, ...], list[tuple[int, float]]]
 
 
 async def range_rows(
@@ -208,18 +210,20 @@ async def range_rows(
     then the series that share the labels kept are combined with ``agg``."""
     runs = request.matches.get("run", ())
     workers = request.matches.get("worker", ())
+    machines = request.matches.get("machine", ())
     shape = _Shape(
         postgresql=_is_postgresql(session),
         by_id=isinstance(workspace, int),
-        runs=bool(runs),
-        workers=bool(workers),
+        runs=len(runs),
+        workers=len(workers),
+        machines=len(machines),
         with_minutes=with_minutes,
-        needs_machine=any(g.label == "machine" for g in request.by) or "machine" in request.matches,
-        of_machines="machine" in request.matches,
+        needs_machine=any(g.label == "machine" for g in request.by) or bool(machines),
         within_series=request.within_series,
         agg=request.agg,
         by=tuple(g.label for g in request.by),
         step_ms=request.step_ms,
+        gpus=request.gpus,
     )
     lower = request.start_ms
     if request.rate:
@@ -227,7 +231,6 @@ async def range_rows(
     values: dict[str, Any] = {
         "since": datetime.fromtimestamp((request.start_ms - ENDED_SLACK_MS) / 1000, UTC),
         "metric": request.metric.id,
-        "gpus": list(request.gpus),
         "lower": lower,
         "start": request.start_ms,
         "end": request.end_ms,
@@ -236,24 +239,40 @@ async def range_rows(
         values["workspace"] = workspace
     else:
         values["organization"], values["name"] = workspace
-    if runs:
-        values["runs"] = list(runs)
-    if workers:
-        values["workers"] = list(workers)
-    if shape.of_machines:
-        values["machines"] = list(request.matches["machine"])
-    connection = await session.connection()
-    result = await connection.execute(_range_statement(shape), values)
-    width = len(shape.by)
+    for key, names in (("runs", runs), ("workers", workers), ("machines", machines)):
+        values.update((f"{key}_{i}", name) for i, name in enumerate(names))
+    return _read(await _run(session, shape, values), len(shape.by), session.get_bind().dialect)
+
+
+async def _run(session: AsyncSession, shape: _Shape, values: dict[str, Any]) -> Sequence[Any]:
+    """The statement's rows. On PostgreSQL through psycopg's own cursor, its text compiled once
+    per shape, in binary: SQLAlchemy's execution and the text form of the values cost the last
+    hour's query about as much as running it (issue 24)."""
+    if not shape.postgresql:
+        connection = await session.connection()
+        return (await connection.execute(_range_statement(shape), values)).all()
+    sql, literals = _range_sql(shape)
+    pg = await driver_connection(session)
+    async with pg.cursor(binary=True) as cursor:
+        await cursor.execute(sql, literals | values, prepare=True)
+        return await cursor.fetchall()
+
+
+def _read(rows: Sequence[Any], width: int, dialect: Dialect) -> RangeRows:
+    """The statement's rows: the buckets first, a series' rows one after the other (its
+    order), then the scope's."""
+    scope = len(rows)
+    while scope and rows[scope - 1][0] == _SCOPE:
+        scope -= 1
+    series: dict[tuple[str, ...], list[tuple[int, float]]] = {}
+    if width == 0 and scope:  # no label kept: one series
+        series[()] = [row[1:3] for row in rows[:scope]]
+    for row in rows[:scope] if width else ():
+        labels = tuple(map(_text, row[1 : 1 + width]))
+        series.setdefault(labels, []).append(row[1 + width : 3 + width])
     workspace_found: tuple[int, int] | None = None
     scoped: list[ScopedWorker] = []
-    buckets: list[tuple[tuple[str, ...], int, float]] = []
-    dialect = connection.dialect
-    for row in result.all():
-        if row[0] == _BUCKET:
-            labels = tuple(map(_text, row[1 : 1 + width])) if width else ()
-            buckets.append((labels, int(row[1 + width]), float(row[2 + width])))
-            continue
+    for row in rows[scope:]:
         ws, org, id, name, run, ended, read, machine, executor, unmeasured = row[3 + width :]
         workspace_found = (ws, org)
         if id is None:
@@ -267,13 +286,14 @@ async def range_rows(
             )
         ended = _loaded(dialect, RUNS.c.ended_at, ended)
         scoped.append(ScopedWorker(id, name, run, _ms(ended) if ended else None, on, bool(read)))
-    return RangeRows(workspace_found, scoped, buckets)
+    return RangeRows(workspace_found, scoped, series)
 
 
 def _loaded(dialect: Dialect, column: Column[Any], value: Any) -> Any:
-    """A scope value as its column's type loads it: the statement's first rows (the buckets')
-    give its columns their types, so the scope's few values are not typed by it (the
-    buckets' hundreds of rows then pay for no loading they do not need)."""
+    """A scope value as its column's type loads it: through SQLAlchemy (SQLite) the statement's
+    first rows (the buckets') give its columns their types, so the scope's few values are not
+    typed by it (the buckets' hundreds of rows then pay for no loading they do not need);
+    psycopg's rows come typed, and are only made UTC here."""
     processor = column.type.dialect_impl(dialect).result_processor(dialect, None)
     return value if processor is None or value is None else processor(value)
 
@@ -292,21 +312,33 @@ class _Shape:
 
     postgresql: bool
     by_id: bool  # the workspace by id, else by organisation and name
-    runs: bool  # ``match`` names runs
-    workers: bool  # ``match`` names workers
+    # How many runs, workers and machines ``match`` names, each bound on its own (see _one_of).
+    runs: int
+    workers: int
+    machines: int
     with_minutes: bool
     needs_machine: bool
-    of_machines: bool
     within_series: str
     agg: str
     by: tuple[str, ...]
     step_ms: int  # written into the SQL (see _bucket)
+    gpus: tuple[int, ...]  # written into the SQL (see _source)
 
 
 # The statement's rows: the first column says which part a row is of; then a bucket row's
 # columns (labels, step, value), then a scope row's (each part's are NULL in the other's rows).
 _BUCKET, _SCOPE = 0, 1
 _SCOPE_COLUMNS = 10
+
+
+@functools.lru_cache(maxsize=256)
+def _range_sql(shape: _Shape) -> tuple[str, dict[str, Any]]:
+    """The statement as psycopg's text, and the values it holds itself (its literals)."""
+    compiled = _range_statement(shape).compile(dialect=_PSYCOPG)
+    return str(compiled), {k: v for k, v in compiled.params.items() if v is not None}
+
+
+_PSYCOPG = postgresql.psycopg.dialect()
 
 
 @functools.lru_cache(maxsize=256)
@@ -327,13 +359,22 @@ def _range_statement(shape: _Shape) -> CompoundSelect:
     )
 
 
+def _one_of(column: Column[Any], key: str, count: int) -> ColumnElement[bool]:
+    """``column`` holds one of ``count`` values, bound as ``key_0``, ``key_1``…: a statement
+    for each count, its text made once. PostgreSQL plans a prepared statement once for all its
+    runs (a generic plan) only when that plan costs about what one for the values would; for
+    an array parameter it counts ten values, and its plan for one worker's name read the whole
+    runs table (issue 24)."""
+    return column.in_([bindparam(f"{key}_{i}", type_=column.type) for i in range(count)])
+
+
 def _scope(shape: _Shape) -> Select[Any]:
     live = and_(RUNS.c.workspace_id == WORKSPACES.c.id, RUNS.c.deleted_at.is_(None))
     named = []
     if shape.runs:
-        named.append(RUNS.c.name.in_(bindparam("runs", expanding=True)))
+        named.append(_one_of(RUNS.c.name, "runs", shape.runs))
     if shape.workers:
-        named.append(WORKERS.c.name.in_(bindparam("workers", expanding=True)))
+        named.append(_one_of(WORKERS.c.name, "workers", shape.workers))
     not_ended = or_(RUNS.c.ended_at.is_(None), RUNS.c.ended_at >= bindparam("since"))
     live = and_(live, or_(*named) if named else not_ended)
     placed = RUNS.join(WORKERS, WORKERS.c.run_id == RUNS.c.id).outerjoin(
@@ -361,7 +402,12 @@ def _scope(shape: _Shape) -> Select[Any]:
 
 def _source(table: Table, read: Select[Any], shape: _Shape) -> Select[Any]:
     """The workers' samples of the metric in the range: an index scan per series, in key
-    order, so a rate's window needs no sort."""
+    order, so a rate's window needs no sort.
+
+    The GPUs are written into the SQL, checked integers of a few lists (all, one, the worker's
+    own -1): PostgreSQL's plan for an array parameter counts ten of them, and for the last
+    hour costs that plan over twice the one planned for its values, so it plans the
+    statement again at each run (0.5 ms, as long as running it; issue 24)."""
     columns = [table.c.worker_id, table.c.gpu, table.c.ts, table.c.value]
     if shape.needs_machine:
         columns.append(table.c.machine_id)
@@ -374,16 +420,14 @@ def _source(table: Table, read: Select[Any], shape: _Shape) -> Select[Any]:
     query = select(*columns).where(
         of_workers,
         table.c.metric == bindparam("metric"),
-        table.c.gpu.in_(bindparam("gpus", expanding=True)),
+        table.c.gpu.in_([literal_column(str(int(g)), SmallInteger) for g in shape.gpus]),
         table.c.ts >= bindparam("lower"),
         table.c.ts <= bindparam("end"),
     )
-    if shape.of_machines:
+    if shape.machines:
         query = query.where(
             table.c.machine_id.in_(
-                select(MACHINES.c.id).where(
-                    MACHINES.c.name.in_(bindparam("machines", expanding=True))
-                )
+                select(MACHINES.c.id).where(_one_of(MACHINES.c.name, "machines", shape.machines))
             )
         )
     return query
@@ -449,7 +493,8 @@ def _combined(per_series: Subquery, shape: _Shape) -> Select[Any]:
         "gpu": per_series.c.gpu,
     }
     labels = [column[label] for label in shape.by]
-    value = getattr(func, shape.agg)(per_series.c.v)
+    # a float on both databases (a rate is a numeric on PostgreSQL): the rows are the points
+    value = cast(getattr(func, shape.agg)(per_series.c.v), Float)
     return (
         select(
             literal_column(str(_BUCKET)).label("part"),

@@ -149,16 +149,9 @@ async def range_query(
         raise NotFound("TASK_NOT_FOUND", f"No worker named '{worker}' in workspace '{ws_name}'.")
     placed = [w.machine for w in found.scoped if w.read and w.machine is not None]
     unmeasured, not_measured = rules.not_measured(request.metric.name, placed)
-    rows = found.buckets
-    return RangeAnswer(request, _series(request, rows), unmeasured, not_measured)
-
-
-def _series(request: RangeRequest, rows: list[tuple[tuple[str, ...], int, float]]) -> list[Series]:
     names = [g.name for g in request.by]
-    grouped: dict[tuple[str, ...], list[tuple[int, float]]] = {}
-    for labels, ms, value in rows:
-        grouped.setdefault(labels, []).append((ms, value))
-    return [Series(dict(zip(names, key, strict=True)), pts) for key, pts in grouped.items()]
+    series = [Series(dict(zip(names, k, strict=True)), p) for k, p in found.series.items()]
+    return RangeAnswer(request, series, unmeasured, not_measured)
 
 
 @dataclass(frozen=True)
