@@ -12,7 +12,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
 .PHONY: help setup up serve test test-fast checks lint typecheck schema schema-check services bench load fleet proto clean \
-  console console-test browser screenshots demo workloads
+  console console-test browser screenshots demo workloads slurm
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -59,6 +59,14 @@ browser: ## install Debian's chromium for the console's browser tests when missi
 	    --no-install-recommends chromium; } || \
 	  echo "browser: chromium is missing and this is not root: the browser tests will skip"; }
 
+# A one-node Slurm cluster for the Slurm tests (tests/support/slurm.py, issue 25): Debian's
+# slurm-wlm, slurmdbd and munge; the cluster's accounting lives in this machine's MariaDB.
+slurm: ## install Debian's Slurm (slurmctld, slurmd, slurmdbd) and munge for the Slurm tests when missing (needs root)
+	@command -v slurmctld >/dev/null && command -v slurmdbd >/dev/null && command -v munged >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends slurm-wlm slurmdbd munge; } || \
+	  echo "slurm: Slurm is missing and this is not root: the Slurm tests will skip"; }
 screenshots: setup browser console ## retake docs/screenshots from `astraeus up --demo` after 6 minutes (MINUTES=6)
 	$(BIN)/python scripts/screenshots.py --minutes $(or $(MINUTES),6)
 
@@ -109,7 +117,7 @@ checks: lint typecheck schema-check console-test ## the static checks: ruff, imp
 # The checks run beside the tests (they compute while the tests mostly wait on processes), their
 # output kept and printed after; either failing fails `make test`. They are started as `make`,
 # not `$(MAKE)`: a recipe line naming $(MAKE) runs even under `make -n`, and with it the suite.
-test: setup workloads services browser ## every check and every test, SQLite and PostgreSQL, and the console's
+test: setup workloads services browser slurm ## every check and every test, SQLite and PostgreSQL, and the console's
 	@started=$$(date +%s); log=$$(mktemp); \
 	  make --no-print-directory checks > $$log 2>&1 & checks=$$!; \
 	  ASTRAEUS_HYPOTHESIS=thorough $(BIN)/pytest -n $(TEST_LANES) --dist loadgroup \

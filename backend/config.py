@@ -131,6 +131,8 @@ class Settings(BaseSettings):
     )
     # How often the scheduling pass (leases, timers, placement) runs besides on events.
     scheduler_interval: Duration = timedelta(seconds=5)
+    # How often each Slurm-backed cluster's jobs and nodes are read (backend/slurm/).
+    slurm_import_interval: Duration = timedelta(seconds=30)
     # Workers' metric samples are kept this long as sampled; older ones are summarised to
     # one-minute values kept until the second retention (no longer than the first: none kept).
     metrics_retention: Duration = timedelta(days=15)

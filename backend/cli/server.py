@@ -24,7 +24,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,6 +52,15 @@ def _duration(text: str) -> timedelta:
         return parse_duration(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from error
+
+
+def _when(text: str) -> datetime:
+    """An argument's time: ISO 8601, UTC where it names no zone."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError("must be a time such as 2026-11-01T00:00:00Z") from error
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _expiry(text: str) -> timedelta:
@@ -171,6 +180,56 @@ def build_parser() -> argparse.ArgumentParser:
     )
     preemption.add_argument("--organization", default="default")
     preemption.set_defaults(func=_later("admin", "cmd_cluster_preemption"))
+
+    create = cluster.add_parser(
+        "create", help="a new cluster: scheduled by Astraeus, or run by Slurm (--slurm)"
+    )
+    create.add_argument("name")
+    create.add_argument(
+        "--slurm",
+        action="store_true",
+        help="Slurm runs it: its jobs (sbatch included) are imported as runs, its nodes as "
+        "machines, its partitions as pools",
+    )
+    create.add_argument("--slurm-conf", help="the slurm.conf Slurm's commands read (SLURM_CONF)")
+    create.add_argument("--slurm-bin", help="the folder of sacct, squeue and sinfo (default: PATH)")
+    create.add_argument(
+        "--timeout",
+        type=float,
+        default=20.0,
+        help="seconds a Slurm command may take (they block while slurmctld is down)",
+    )
+    create.add_argument(
+        "--import-since",
+        type=_when,
+        help="import the jobs active since this time (ISO 8601; default: now)",
+    )
+    create.add_argument("--organization", default="default")
+    create.set_defaults(func=_later("slurm", "cmd_cluster_create"))
+
+    account = cluster.add_parser(
+        "account", help="the workspace a Slurm account's jobs are imported into"
+    )
+    account.add_argument("cluster")
+    account.add_argument("account", help="the Slurm account (sacctmgr's)")
+    target = account.add_mutually_exclusive_group(required=True)
+    target.add_argument("--workspace")
+    target.add_argument("--none", action="store_true", help="import its jobs no more")
+    account.add_argument("--organization", default="default")
+    account.set_defaults(func=_later("slurm", "cmd_cluster_account"))
+
+    importing = cluster.add_parser("import", help="read a Slurm cluster's jobs and nodes now")
+    importing.add_argument("cluster")
+    importing.add_argument(
+        "--since", type=_when, help="read again every job active since this time (ISO 8601)"
+    )
+    importing.add_argument("--organization", default="default")
+    importing.set_defaults(func=_later("slurm", "cmd_cluster_import"))
+
+    shown = cluster.add_parser("status", help="a Slurm cluster's import: when, errors, accounts")
+    shown.add_argument("cluster")
+    shown.add_argument("--organization", default="default")
+    shown.set_defaults(func=_later("slurm", "cmd_cluster_status"))
 
     token = sub.add_parser("token", help="API tokens").add_subparsers(
         dest="token_command", required=True

@@ -30,6 +30,16 @@ class NoDataYet(AstraeusError):
 
 
 def in_transaction(settings: Settings, work: Callable[..., Awaitable[T]]) -> T:
+    async def one(db: Database) -> T:
+        async with db.transaction() as session:
+            return await work(session)
+
+    return with_database(settings, one)
+
+
+def with_database(settings: Settings, work: Callable[[Database], Awaitable[T]]) -> T:
+    """The command's work with the server's database, for work that opens transactions of its
+    own (a Slurm import reads Slurm between two)."""
     # SQLAlchemy's 'unable to open database file' (a traceback), said plainly: no `up` yet
     url = settings.resolved_database_url
     embedded = url.startswith("sqlite:///") and ":memory:" not in url
@@ -39,8 +49,7 @@ def in_transaction(settings: Settings, work: Callable[..., Awaitable[T]]) -> T:
     async def go() -> T:
         db = Database.from_url(settings.resolved_database_url)
         try:
-            async with db.transaction() as session:
-                return await work(session)
+            return await work(db)
         finally:
             await db.dispose()
 

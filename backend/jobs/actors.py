@@ -16,6 +16,7 @@ from backend.lifecycle import service as lifecycle
 from backend.machines import service as machines
 from backend.metrics import service as metrics
 from backend.scheduling import service as scheduling
+from backend.slurm import service as slurm
 from backend.webhooks import service as webhooks
 from backend.webhooks.sender import Sender
 
@@ -35,6 +36,19 @@ async def scheduling_pass() -> None:
     placed = [name for r in results.values() for name in r.placed]
     if placed:
         log.info("placed %s", ", ".join(placed))
+
+
+async def slurm_import() -> None:
+    """Every Slurm-backed cluster's jobs and nodes read and written as runs and machines
+    (nothing to do without one: one query)."""
+    db, clock = runtime.database(), runtime.clock()
+    for result in await slurm.import_all(db, clock):
+        if result.unmapped:
+            log.info(
+                "slurm: cluster %s: jobs of accounts mapped to no workspace: %s",
+                result.cluster,
+                ", ".join(f"{a} ({n})" for a, n in sorted(result.unmapped.items())),
+            )
 
 
 async def machines_check_leases() -> None:
@@ -176,4 +190,5 @@ BODIES = {
     "accounting.prune": accounting_prune,
     "webhooks.deliver": webhooks_deliver,
     "webhooks.prune": webhooks_prune,
+    "slurm.import": slurm_import,
 }

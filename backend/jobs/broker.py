@@ -232,6 +232,7 @@ async def periodic(settings: Settings) -> None:
     await asyncio.gather(
         every(interval, "scheduling.pass"),
         every(interval, "machines.check_leases"),
+        every(settings.slurm_import_interval.total_seconds(), "slurm.import"),
         every(PRUNE_INTERVAL_S, "metrics.prune"),
         every(TICK_INTERVAL_S, "accounting.tick"),
         every(PRUNE_INTERVAL_S, "accounting.prune"),

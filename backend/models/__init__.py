@@ -22,6 +22,7 @@ from backend.models.organization import Organization
 from backend.models.rework import Redo
 from backend.models.run import Run
 from backend.models.secret import Secret
+from backend.models.slurm import SlurmAccount, SlurmImport
 from backend.models.user import ApiToken, Membership, User
 from backend.models.webhook import Webhook, WebhookDelivery
 from backend.models.worker import Attempt, Worker
@@ -57,6 +58,8 @@ __all__ = [
     "Redo",
     "Run",
     "Secret",
+    "SlurmAccount",
+    "SlurmImport",
     "StateTransition",
     "User",
     "Webhook",

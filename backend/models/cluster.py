@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Boolean, Float, ForeignKey, String, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.db import BigId
+from backend.db import BigId, PortableJSON
 from backend.models.base import Base, HasCreatedAt, HasId
 
 
@@ -20,6 +22,10 @@ class Cluster(HasId, HasCreatedAt, Base):
     # The admins' policy: may a higher-priority run preempt a run of another workspace that
     # holds more than its quota here? Without it, runs preempt only their own workspace's.
     preempt_over_quota: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # A cluster run by Slurm (issue 25): how its client commands reach slurmctld and slurmdbd
+    # ({"conf": the slurm.conf path, "bin": the folder of the commands, "timeout_s"}); None for
+    # a cluster Astraeus schedules itself.
+    slurm: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
 
 
 class Pool(HasId, HasCreatedAt, Base):

@@ -26,6 +26,15 @@ class Run(HasId, HasCreatedAt, Base):
         ),
         Index("ix_runs_workspace_id_state", "workspace_id", "state"),
         Index("ix_runs_cluster_id_state", "cluster_id", "state"),
+        # A run imported from another scheduler (a Slurm job), once per cluster.
+        Index(
+            "uq_runs_cluster_id_external_id",
+            "cluster_id",
+            "external_id",
+            unique=True,
+            sqlite_where=text("external_id IS NOT NULL"),
+            postgresql_where=text("external_id IS NOT NULL"),
+        ),
     )
 
     workspace_id: Mapped[int] = mapped_column(
@@ -75,3 +84,5 @@ class Run(HasId, HasCreatedAt, Base):
     cause: Mapped[str | None] = mapped_column(String(32))
     # The first failure of the current attempt: {worker, machine, reason, at}.
     first_failure: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
+    # Its id in the scheduler that runs it, when that is not Astraeus (a Slurm job id).
+    external_id: Mapped[str | None] = mapped_column(String(64))

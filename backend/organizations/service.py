@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -104,6 +105,38 @@ async def clusters(session: AsyncSession, organization_id: int) -> list[Cluster]
     return await repository.list_clusters(session, organization_id)
 
 
+CLUSTER_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+async def create_cluster(
+    session: AsyncSession,
+    clock: Clock,
+    organization_id: int,
+    name: str,
+    *,
+    slurm: dict[str, Any] | None = None,
+) -> Cluster:
+    """A new cluster of the organisation: scheduled by Astraeus, or run by Slurm (``slurm``:
+    how its commands reach it, backend/slurm/commands.py's SlurmSettings)."""
+    if not CLUSTER_NAME.match(name):
+        raise InvalidInput(
+            "INVALID_CLUSTER",
+            [FieldError("name", "must be 1 to 63 lowercase letters, digits and '-'")],
+        )
+    if any(c.name == name for c in await repository.list_clusters(session, organization_id)):
+        raise Conflict(
+            "CLUSTER_EXISTS",
+            f"A cluster named '{name}' already exists.",
+            [FieldError("name", "is taken by a cluster of this organisation")],
+        )
+    cluster = Cluster(organization_id=organization_id, name=name, created_at=clock.now())
+    if slurm is not None:  # never JSON's null: "not Slurm" is SQL's NULL, as in every query
+        cluster.slurm = slurm
+    repository.add(session, cluster)
+    await session.flush()
+    return cluster
+
+
 async def cluster_by_name(session: AsyncSession, organization_id: int, name: str) -> Cluster:
     found = [c for c in await repository.list_clusters(session, organization_id) if c.name == name]
     if not found:
@@ -115,7 +148,9 @@ async def placement_target(
     session: AsyncSession, organization_id: int, cluster: str | None, pool: str | None
 ) -> tuple[Cluster, Pool | None]:
     """The cluster (and pool) a run specification names, or the organisation's only cluster."""
-    clusters = await repository.list_clusters(session, organization_id)
+    # A Slurm-backed cluster's runs are its jobs, imported (backend/slurm/): a run is not
+    # submitted to it from here, and it is never the cluster a run goes to unnamed.
+    clusters = [c for c in await repository.list_clusters(session, organization_id) if not c.slurm]
     if cluster is None:
         if len(clusters) != 1:
             names = ", ".join(c.name for c in clusters) or "none"
@@ -132,9 +167,14 @@ async def placement_target(
     else:
         found = [c for c in clusters if c.name == cluster]
         if not found:
-            raise InvalidInput(
-                "INVALID_SPEC", [FieldError("cluster", f"no cluster named '{cluster}'")]
+            slurm = await repository.list_clusters(session, organization_id)
+            why = (
+                f"cluster '{cluster}' is run by Slurm: its runs are the jobs submitted there "
+                "(sbatch), imported"
+                if any(c.name == cluster for c in slurm)
+                else f"no cluster named '{cluster}'"
             )
+            raise InvalidInput("INVALID_SPEC", [FieldError("cluster", why)])
         chosen = found[0]
     if pool is None:
         return chosen, None

@@ -193,8 +193,10 @@ def record_transition(
     at: datetime,
     *,
     phase: str | None = None,
+    held: bool = False,
 ) -> None:
-    """Keep a state change in history and publish it as an event of the workspace."""
+    """Keep a state change in history and publish it as an event of the workspace. A worker
+    ``held`` from here holds its GPUs on its machine."""
     repository.add(
         session,
         StateTransition(
@@ -204,8 +206,9 @@ def record_transition(
             state=state,
             reason=reason,
             phase=phase,
-            held_gpus=0,
+            held_gpus=worker.gpus if worker and held else 0,
             gpus=worker.gpus if worker else 0,
+            machine_id=worker.machine_id if worker and held else None,
         ),
         Event(
             organization_id=workspace.organization_id,
@@ -359,6 +362,7 @@ async def delete_run(
     deletions, or a deletion and a machine acknowledging its commands, cannot each hold a row
     the other waits for (issue 19: a deadlock on ``DELETE FROM workers``)."""
     run = await get_run(session, principal, name, workspace=workspace)
+    _refuse_imported(run, "deleted")
     await counting.hold_mark(session)
     await repository.lock_for_deletion(session, run.id)
     await lifecycle.delete_run(session, clock, run, principal.user_name)
@@ -375,6 +379,19 @@ async def _act(
     action: Callable[[AsyncSession, Clock, Run, str], Awaitable[object]],
 ) -> Run:
     run = await get_run(session, principal, name, workspace=workspace)
+    _refuse_imported(run, "stopped")
     await action(session, clock, run, principal.user_name)
     after_commit(session, PASS_JOB)  # its GPUs are free once it has wound down
     return run
+
+
+def _refuse_imported(run: Run, what: str) -> None:
+    """A run imported from Slurm is Slurm's job: Slurm stops it (scancel), and its history is
+    the cluster's accounting."""
+    if run.external_id is None:
+        return
+    raise Conflict(
+        "RUN_IMPORTED",
+        f"The run '{run.name}' is Slurm job {run.external_id}, imported: it is not {what} "
+        f"here; cancel it in Slurm (scancel {run.external_id}).",
+    )

@@ -35,7 +35,12 @@ async def lock_cluster(session: AsyncSession, cluster_id: int) -> None:
 
 
 async def cluster_ids(session: AsyncSession) -> list[int]:
-    return list(await session.scalars(select(Cluster.id).order_by(Cluster.id)))
+    """The clusters Astraeus places runs on: a Slurm-backed one's jobs are placed by Slurm."""
+    return list(
+        await session.scalars(
+            select(Cluster.id).where(Cluster.slurm.is_(None)).order_by(Cluster.id)
+        )
+    )
 
 
 async def cluster_policy(session: AsyncSession, cluster_id: int) -> tuple[str, bool]:

@@ -1,0 +1,150 @@
+"""Reading a Slurm cluster through its client commands (issue 25): `sacct` for every job's
+history (from slurmdbd), `squeue --json` for the live queue and each pending job's reason,
+`sinfo` for the nodes. Each command runs with the cluster's slurm.conf, UTC times in one
+format, and a timeout: while slurmctld is down the commands block instead of failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from backend.slurm import rules
+from backend.slurm.rules import SlurmJob, SlurmNode
+
+DEFAULT_TIMEOUT_S = 20.0
+JOBS_PER_CALL = 500  # job ids named in one sacct call
+# What a command may print before it is cut off (a queue of 100 000 jobs is about 200 MB of
+# squeue's JSON; sacct's lines are ~250 bytes a job).
+MAX_OUTPUT = 512 * 1024 * 1024
+
+
+class SlurmUnavailable(Exception):
+    """A Slurm command failed or did not answer in time: the import tries again later."""
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """How the server reaches a cluster's Slurm: the slurm.conf its commands read, where the
+    commands are (None: the PATH), and how long each may take."""
+
+    conf: str | None = None
+    bin: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @classmethod
+    def of(cls, stored: dict[str, Any] | None) -> SlurmSettings:
+        stored = stored or {}
+        return cls(
+            conf=stored.get("conf"),
+            bin=stored.get("bin"),
+            timeout_s=float(stored.get("timeout_s") or DEFAULT_TIMEOUT_S),
+        )
+
+    def stored(self) -> dict[str, Any]:
+        return {"conf": self.conf, "bin": self.bin, "timeout_s": self.timeout_s}
+
+
+class SlurmCommands:
+    """One cluster's client commands."""
+
+    def __init__(self, settings: SlurmSettings) -> None:
+        self.settings = settings
+
+    def _env(self) -> dict[str, str]:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "TZ": "UTC",
+            "SLURM_TIME_FORMAT": "%Y-%m-%dT%H:%M:%S",
+            "LC_ALL": "C",
+        }
+        if self.settings.conf:
+            env["SLURM_CONF"] = self.settings.conf
+        return env
+
+    async def run(self, name: str, *args: str) -> str:
+        program = str(Path(self.settings.bin) / name) if self.settings.bin else name
+        try:
+            process = await asyncio.create_subprocess_exec(
+                program,
+                *args,
+                env=self._env(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                limit=MAX_OUTPUT,
+            )
+        except OSError as e:
+            raise SlurmUnavailable(f"{name}: {e.strerror or e}") from e
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), self.settings.timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+            raise SlurmUnavailable(
+                f"{name} did not answer within {self.settings.timeout_s:g}s "
+                "(is slurmctld or slurmdbd up?)"
+            ) from None
+        if process.returncode != 0:
+            said = err.decode(errors="replace").strip().splitlines()
+            raise SlurmUnavailable(
+                f"{name} exited with {process.returncode}: {said[-1] if said else 'no message'}"
+            )
+        if len(out) > MAX_OUTPUT:
+            raise SlurmUnavailable(f"{name} printed more than {MAX_OUTPUT} bytes")
+        return out.decode(errors="replace")
+
+    async def accounting(self, since: datetime, until: datetime) -> list[SlurmJob]:
+        """Every job allocation active at some time in [since, until] (sacct's window), of
+        every user; steps are not read (-X). A job that never started reaches this list
+        seconds after it is submitted, and one cancelled while pending may not be in it at
+        all: ``jobs`` asks for such jobs by id."""
+        return await self._sacct(
+            f"--starttime={since:%Y-%m-%dT%H:%M:%S}", f"--endtime={until:%Y-%m-%dT%H:%M:%S}"
+        )
+
+    async def jobs(self, job_ids: Sequence[str]) -> list[SlurmJob]:
+        """These jobs as accounting has them (those it has heard of)."""
+        out: list[SlurmJob] = []
+        ids = list(job_ids)
+        for start in range(0, len(ids), JOBS_PER_CALL):
+            out += await self._sacct("--jobs=" + ",".join(ids[start : start + JOBS_PER_CALL]))
+        return out
+
+    async def _sacct(self, *selection: str) -> list[SlurmJob]:
+        text = await self.run(
+            "sacct",
+            "-X",
+            "-P",
+            "--noheader",
+            "--allusers",
+            *selection,
+            "--format=" + ",".join(rules.SACCT_FIELDS),
+        )
+        try:
+            return rules.parse_sacct(text)
+        except (ValueError, KeyError) as e:
+            raise SlurmUnavailable(f"sacct printed what Astraeus cannot read: {e}") from e
+
+    async def queue(self) -> list[SlurmJob]:
+        """The live queue (pending and running jobs), with pending jobs' reasons."""
+        text = await self.run("squeue", "--json", "--all")
+        try:
+            return rules.parse_squeue(json.loads(text))
+        except (ValueError, KeyError, TypeError) as e:
+            raise SlurmUnavailable(f"squeue --json printed what Astraeus cannot read: {e}") from e
+
+    async def nodes(self) -> list[SlurmNode]:
+        text = await self.run("sinfo", "-N", "-h", "-o", rules.SINFO_FORMAT)
+        try:
+            return rules.parse_sinfo(text)
+        except ValueError as e:
+            raise SlurmUnavailable(f"sinfo printed what Astraeus cannot read: {e}") from e

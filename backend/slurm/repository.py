@@ -1,0 +1,157 @@
+"""What the Slurm import reads and writes: Slurm-backed clusters, the accounts' workspaces, where
+each import stands, the runs imported (by job id), and the nodes as machines of the cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.models import (
+    Cluster,
+    Gpu,
+    Machine,
+    Pool,
+    Run,
+    SlurmAccount,
+    SlurmImport,
+    Worker,
+    Workspace,
+)
+from backend.runs.rules import ENDED_RUN_STATES
+
+
+def add(session: AsyncSession, *rows: object) -> None:
+    session.add_all(rows)
+
+
+async def slurm_cluster_ids(session: AsyncSession) -> list[int]:
+    rows = await session.scalars(
+        select(Cluster.id).where(Cluster.slurm.is_not(None)).order_by(Cluster.id)
+    )
+    return list(rows)
+
+
+async def cluster(session: AsyncSession, cluster_id: int) -> Cluster | None:
+    return await session.get(Cluster, cluster_id)
+
+
+async def lock_import(session: AsyncSession, cluster_id: int) -> SlurmImport | None:
+    """The cluster's import row, locked until commit: one import of a cluster at a time."""
+    return await session.scalar(
+        select(SlurmImport).where(SlurmImport.cluster_id == cluster_id).with_for_update()
+    )
+
+
+async def import_row(session: AsyncSession, cluster_id: int) -> SlurmImport | None:
+    return await session.get(SlurmImport, cluster_id)
+
+
+async def accounts(session: AsyncSession, cluster_id: int) -> list[tuple[SlurmAccount, Workspace]]:
+    rows = await session.execute(
+        select(SlurmAccount, Workspace)
+        .join(Workspace, Workspace.id == SlurmAccount.workspace_id)
+        .where(SlurmAccount.cluster_id == cluster_id)
+        .order_by(SlurmAccount.account)
+    )
+    return [(a, w) for a, w in rows.all()]
+
+
+async def account(session: AsyncSession, cluster_id: int, name: str) -> SlurmAccount | None:
+    return await session.scalar(
+        select(SlurmAccount).where(
+            SlurmAccount.cluster_id == cluster_id, SlurmAccount.account == name
+        )
+    )
+
+
+async def imported_runs(
+    session: AsyncSession, cluster_id: int, job_ids: Sequence[str]
+) -> dict[str, Run]:
+    """The runs of these jobs, locked (a user's delete or a second import waits)."""
+    out: dict[str, Run] = {}
+    ids = list(job_ids)
+    for start in range(0, len(ids), 1000):
+        rows = await session.scalars(
+            select(Run)
+            .where(Run.cluster_id == cluster_id, Run.external_id.in_(ids[start : start + 1000]))
+            .order_by(Run.id)
+            .with_for_update()
+        )
+        for run in rows:
+            assert run.external_id is not None
+            out[run.external_id] = run
+    return out
+
+
+async def live_job_ids(session: AsyncSession, cluster_id: int) -> list[str]:
+    """The Slurm jobs whose imported runs have not ended here."""
+    rows = await session.scalars(
+        select(Run.external_id).where(
+            Run.cluster_id == cluster_id,
+            Run.external_id.is_not(None),
+            Run.state.not_in(ENDED_RUN_STATES),
+        )
+    )
+    return [r for r in rows if r is not None]
+
+
+async def workers_of(session: AsyncSession, run_ids: Sequence[int]) -> dict[int, list[Worker]]:
+    out: dict[int, list[Worker]] = {r: [] for r in run_ids}
+    ids = list(run_ids)
+    for start in range(0, len(ids), 1000):
+        rows = await session.scalars(
+            select(Worker)
+            .where(Worker.run_id.in_(ids[start : start + 1000]))
+            .order_by(Worker.run_id, Worker.rank)
+        )
+        for w in rows:
+            out[w.run_id].append(w)
+    return out
+
+
+async def machines(session: AsyncSession, cluster_id: int) -> dict[str, Machine]:
+    rows = await session.scalars(select(Machine).where(Machine.cluster_id == cluster_id))
+    return {m.name: m for m in rows}
+
+
+async def pools(session: AsyncSession, cluster_id: int) -> dict[str, Pool]:
+    rows = await session.scalars(select(Pool).where(Pool.cluster_id == cluster_id))
+    return {p.name: p for p in rows}
+
+
+async def gpus_of(session: AsyncSession, machine_ids: Sequence[int]) -> dict[int, list[Gpu]]:
+    out: dict[int, list[Gpu]] = {m: [] for m in machine_ids}
+    if not machine_ids:
+        return out
+    rows = await session.scalars(
+        select(Gpu).where(Gpu.machine_id.in_(list(machine_ids))).order_by(Gpu.index)
+    )
+    for g in rows:
+        out[g.machine_id].append(g)
+    return out
+
+
+async def delete(session: AsyncSession, *rows: object) -> None:
+    for row in rows:
+        await session.delete(row)
+
+
+async def live_names(session: AsyncSession, workspace_id: int, names: Sequence[str]) -> set[str]:
+    """Which of these names live runs of the workspace already have."""
+    if not names:
+        return set()
+    rows = await session.scalars(
+        select(Run.name).where(
+            Run.workspace_id == workspace_id,
+            Run.deleted_at.is_(None),
+            Run.name.in_(list(names)),
+        )
+    )
+    return set(rows)
+
+
+def first_import(cluster_id: int, since: datetime) -> SlurmImport:
+    return SlurmImport(cluster_id=cluster_id, since=since, unmapped={})

@@ -1,0 +1,519 @@
+"""Slurm's words in Astraeus's (issue 25), pure: a job as `sacct` and `squeue` print it, its
+nodes as `sinfo` does, and what each becomes here: a run with one worker per node, its states
+with their times to the second, the phases the goodput tick counts, and a pending job's reason
+in the seed's words ("Queued behind …", "Waits for namespace quota: …", "No machine fits: …").
+
+Nothing here runs a command or touches the database (commands.py reads Slurm; service.py
+writes runs).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from backend.lifecycle.sentences import (
+    OOM_KILLED,
+    exited_with,
+    preempted_sentence,
+    time_limit_sentence,
+    worker_failed_sentence,
+    workers_running,
+)
+from backend.lifecycle.states import Phase
+from backend.runs.rules import RunState, Wait
+from backend.scheduling.rules import seen_from
+
+# The fields asked of `sacct -X -P` (one line per job allocation, fields split by "|"), in order.
+SACCT_FIELDS = (
+    "JobID",
+    "JobName",
+    "Account",
+    "Partition",
+    "User",
+    "State",
+    "ExitCode",
+    "Submit",
+    "Start",
+    "End",
+    "NodeList",
+    "NNodes",
+    "AllocTRES",
+    "ReqTRES",
+    "Timelimit",
+    "Priority",
+)
+# The fields asked of `sinfo -N -h` (-o), split by "|": a node once per partition.
+SINFO_FORMAT = "%N|%P|%G|%c|%m|%T|%E"
+
+UNKNOWN_TIMES = {"", "Unknown", "None", "N/A"}
+
+
+class BadSlurmOutput(ValueError):
+    """A Slurm command printed what this version of Astraeus does not read."""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One job allocation: what it asked, where and when it ran, how it ended."""
+
+    job_id: str  # "12", an array's task "12_3", a heterogeneous job's part "12+1"
+    name: str
+    account: str
+    partition: str
+    user: str
+    state: str  # sacct's base state: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...
+    submit: datetime
+    start: datetime | None = None
+    end: datetime | None = None
+    nodes: tuple[str, ...] = ()
+    node_count: int = 1
+    gpus: int = 0  # in all, over its nodes: allocated once it started, asked before
+    exit_code: int | None = None
+    signal: int | None = None
+    time_limit: timedelta | None = None
+    priority: int = 0
+    reason: str = ""  # squeue's, while it is pending
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    partitions: tuple[str, ...]
+    gpus: int
+    gpu_model: str
+    cpus: float
+    memory_bytes: int
+    state: str  # sinfo's long state: idle, mixed, allocated, drained, down*, ...
+    reason: str
+
+
+# ---- reading what the commands print ----
+
+
+def utc(text: str) -> datetime | None:
+    """A time as Slurm prints it under TZ=UTC and SLURM_TIME_FORMAT=%Y-%m-%dT%H:%M:%S."""
+    if text in UNKNOWN_TIMES:
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    except ValueError as e:
+        raise BadSlurmOutput(f"not a time: {text!r}") from e
+
+
+def epoch(value: object) -> datetime | None:
+    """A time in `squeue --json` (seconds since the epoch; 0 for none)."""
+    if not isinstance(value, int) or value <= 0:
+        return None
+    return datetime.fromtimestamp(value, UTC)
+
+
+_TRES_GPU = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)")
+_TRES_UNTYPED = re.compile(r"(?:^|,)gres/gpu=(\d+)")
+
+
+def tres_gpus(tres: str) -> int:
+    """The GPUs a TRES string counts ("cpu=1,gres/gpu=2,mem=100M"): the untyped count, else
+    the typed ones ("gres/gpu:h100=2") summed."""
+    untyped = _TRES_UNTYPED.search(tres)
+    if untyped:
+        return int(untyped.group(1))
+    return sum(int(n) for n in _TRES_GPU.findall(tres))
+
+
+def time_limit(text: str) -> timedelta | None:
+    """sacct's Timelimit: "UNLIMITED", "Partition_Limit", "30:00", "01:00:00", "2-00:00:00"."""
+    if text in ("UNLIMITED", "Partition_Limit", "INVALID", "") or text in UNKNOWN_TIMES:
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    hours, minutes, seconds = parts[-3:]
+    return timedelta(days=int(days or 0), hours=hours, minutes=minutes, seconds=seconds)
+
+
+def hostnames(expression: str) -> tuple[str, ...]:
+    """A Slurm host list expanded: "gpu[01-03,07],cpu1" -> gpu01, gpu02, gpu03, gpu07, cpu1."""
+    if expression in ("", "None assigned", "(null)"):
+        return ()
+    names: list[str] = []
+    for part in _split_top(expression):
+        match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", part)
+        if match is None:
+            names.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            if not high:
+                names.append(f"{prefix}{low}{suffix}")
+                continue
+            width = len(low)
+            for n in range(int(low), int(high) + 1):
+                names.append(f"{prefix}{n:0{width}d}{suffix}")
+    return tuple(names)
+
+
+def _split_top(expression: str) -> list[str]:
+    """Split at the commas outside brackets."""
+    parts, depth, current = [], 0, ""
+    for ch in expression:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    if current:
+        parts.append(current)
+    return parts
+
+
+def parse_sacct(text: str) -> list[SlurmJob]:
+    """`sacct -X -P --noheader -o <SACCT_FIELDS>`'s lines as jobs."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) != len(SACCT_FIELDS):
+            raise BadSlurmOutput(f"sacct printed {len(fields)} fields, not {len(SACCT_FIELDS)}")
+        row = dict(zip(SACCT_FIELDS, fields, strict=True))
+        submit = utc(row["Submit"])
+        if submit is None:
+            continue  # not yet submitted as far as accounting knows
+        code, _, sig = row["ExitCode"].partition(":")
+        started = utc(row["Start"])
+        jobs.append(
+            SlurmJob(
+                job_id=row["JobID"],
+                name=row["JobName"],
+                account=row["Account"],
+                partition=row["Partition"],
+                user=row["User"],
+                state=row["State"].split(" ")[0].rstrip("+"),
+                submit=submit,
+                start=started,
+                end=utc(row["End"]),
+                nodes=hostnames(row["NodeList"]) if started else (),
+                node_count=int(row["NNodes"] or 1),
+                gpus=tres_gpus(row["AllocTRES"] if started else row["ReqTRES"])
+                or tres_gpus(row["ReqTRES"]),
+                exit_code=int(code) if code.isdigit() else None,
+                signal=int(sig) if sig.isdigit() else None,
+                time_limit=time_limit(row["Timelimit"]),
+                priority=int(row["Priority"]) if row["Priority"].isdigit() else 0,
+            )
+        )
+    return jobs
+
+
+def parse_squeue(document: dict[str, object]) -> list[SlurmJob]:
+    """`squeue --json`'s jobs: the queue as slurmctld sees it now, with each pending job's
+    reason and priority (sacct's lag behind and keep no live reason)."""
+    raw = document.get("jobs")
+    if not isinstance(raw, list):
+        raise BadSlurmOutput("squeue --json printed no list of jobs")
+    jobs = []
+    for job in raw:
+        if not isinstance(job, dict):
+            raise BadSlurmOutput("squeue --json printed a job that is not an object")
+        submit = epoch(job.get("submit_time"))
+        if submit is None:
+            continue
+        started = epoch(job.get("start_time")) if job.get("job_state") != "PENDING" else None
+        array_task = job.get("array_task_id")
+        job_id = str(job.get("job_id"))
+        if isinstance(array_task, int) and job.get("array_job_id"):
+            job_id = f"{job['array_job_id']}_{array_task}"
+        limit = job.get("time_limit")
+        tres = str(job.get("tres_alloc_str") or "") if started else ""
+        state = str(job.get("job_state", ""))
+        jobs.append(
+            SlurmJob(
+                job_id=job_id,
+                name=str(job.get("name", "")),
+                account=str(job.get("account", "")),
+                partition=str(job.get("partition", "")),
+                user=str(job.get("user_name", "")),
+                state=state,
+                submit=submit,
+                start=started,
+                nodes=hostnames(str(job.get("nodes", ""))) if started else (),
+                node_count=int(job.get("node_count") or 1),
+                gpus=tres_gpus(tres) or tres_gpus(str(job.get("tres_req_str") or "")),
+                time_limit=timedelta(minutes=limit) if isinstance(limit, int) and limit else None,
+                priority=int(job.get("priority") or 0),
+                reason=str(job.get("state_reason", "")),
+            )
+        )
+    return jobs
+
+
+def parse_sinfo(text: str) -> list[SlurmNode]:
+    """`sinfo -N -h -o <SINFO_FORMAT>`: a node once per partition, merged."""
+    nodes: dict[str, SlurmNode] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) != 7:
+            raise BadSlurmOutput(f"sinfo printed {len(fields)} fields, not 7")
+        name, partition, gres, cpus, memory, state, reason = fields
+        partition = partition.rstrip("*")
+        gpus, model = _gres_gpus(gres)
+        known = nodes.get(name)
+        partitions = (*known.partitions, partition) if known else (partition,)
+        nodes[name] = SlurmNode(
+            name=name,
+            partitions=partitions,
+            gpus=gpus,
+            gpu_model=model,
+            cpus=float(cpus or 0),
+            memory_bytes=int(memory or 0) * 1024 * 1024,
+            state=state,
+            reason="" if reason == "none" else reason,
+        )
+    return list(nodes.values())
+
+
+def _gres_gpus(gres: str) -> tuple[int, str]:
+    """sinfo's %G: "gpu:2", "gpu:h100:8(S:0-1)", "gpu:a100:4,gpu:v100:2", "(null)"."""
+    total, models = 0, []
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] != "gpu" or len(parts) < 2:
+            continue
+        count = parts[-1]
+        if count.isdigit():
+            total += int(count)
+            if len(parts) == 3:
+                models.append(parts[1])
+    return total, "/".join(models) if models else "GPU (Slurm gres)"
+
+
+# ---- what a job becomes here ----
+
+
+def run_name(job: SlurmJob) -> str:
+    """A run's name for a job: its job name made a name here, and its id ("train-12")."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", job.name.lower()).strip("-")
+    ident = re.sub(r"[^a-z0-9]+", "-", job.job_id.lower()).strip("-")
+    stem = stem[: 62 - len(ident)].strip("-")
+    return f"{stem}-{ident}" if stem else f"job-{ident}"
+
+
+def worker_gpus(job: SlurmJob) -> list[int]:
+    """Each node's GPUs (a worker per node): the job's GPUs split as evenly as they go."""
+    count = max(job.node_count, len(job.nodes), 1)
+    base, extra = divmod(job.gpus, count)
+    return [base + (1 if rank < extra else 0) for rank in range(count)]
+
+
+@dataclass(frozen=True)
+class Change:
+    """A state a job's run (and each worker) entered, at Slurm's time for it."""
+
+    at: datetime
+    state: str
+    phase: str  # each worker's accounting phase from here
+    held: bool  # each worker holds its GPUs from here
+    run_reason: str
+    worker_reason: str
+    cause: str | None = None
+    exit_code: int | None = None
+
+
+# Slurm's ended states and how Astraeus says them; the run state, its cause (runs.cause:
+# its advice is classified by it), and whether the worker failed.
+_ENDED: dict[str, tuple[RunState, str | None]] = {
+    "COMPLETED": (RunState.COMPLETED, None),
+    "FAILED": (RunState.FAILED, "exited"),
+    "OUT_OF_MEMORY": (RunState.FAILED, "oom_killed"),
+    "NODE_FAIL": (RunState.FAILED, "machine_lost"),
+    "BOOT_FAIL": (RunState.FAILED, "machine_lost"),
+    "TIMEOUT": (RunState.FAILED, "time_limit"),
+    "DEADLINE": (RunState.FAILED, "time_limit"),
+    "PREEMPTED": (RunState.STOPPED, "preempted"),
+    "CANCELLED": (RunState.STOPPED, None),
+    "REVOKED": (RunState.STOPPED, None),
+}
+LIVE_STATES = frozenset({"PENDING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"})
+
+
+def ended(job: SlurmJob) -> bool:
+    return job.state in _ENDED
+
+
+def end_sentence(job: SlurmJob) -> str:
+    """What a worker of an ended job reads, in the seed's words where it has some."""
+    if job.state == "OUT_OF_MEMORY":
+        return OOM_KILLED
+    if job.state in ("NODE_FAIL", "BOOT_FAIL"):
+        return "Machine lost: Slurm found its node failed"
+    if job.state in ("TIMEOUT", "DEADLINE") and job.time_limit is not None:
+        return time_limit_sentence(job.time_limit)
+    if job.state == "PREEMPTED":
+        return preempted_sentence("Slurm")
+    if job.state in ("CANCELLED", "REVOKED"):
+        return "Stopped: cancelled in Slurm"
+    if job.signal:
+        return f"Killed by signal {job.signal}"
+    return exited_with(job.exit_code if job.exit_code is not None else -1)
+
+
+def changes(job: SlurmJob, workers: list[str]) -> list[Change]:
+    """The job's life as Astraeus's transitions: submitted (waiting), started (running, its
+    GPUs held), ended. A job cancelled before it ran holds nothing."""
+    out = [
+        Change(
+            at=job.submit,
+            state=RunState.PENDING.value,
+            phase=Phase.WAITING.value,
+            held=False,
+            run_reason=f"Run created from Slurm job {job.job_id}",
+            worker_reason="Waiting to be placed with its gang",
+        )
+    ]
+    if job.start is not None and job.state != "PENDING":
+        out.append(
+            Change(
+                at=max(job.start, job.submit),
+                state=RunState.RUNNING.value,
+                phase=Phase.RUNNING.value,
+                held=True,
+                run_reason=workers_running(len(workers), len(workers)),
+                worker_reason=f"Running in Slurm job {job.job_id}",
+            )
+        )
+    if ended(job):
+        at = job.end or job.start or job.submit
+        state, cause = _ENDED[job.state]
+        if state == RunState.COMPLETED:
+            run_reason = f"{len(workers)} of {len(workers)} workers completed"
+        elif state == RunState.FAILED and workers:
+            node = job.nodes[0] if job.nodes else None
+            run_reason = worker_failed_sentence(workers[0], node, end_sentence(job))
+        else:
+            run_reason = end_sentence(job)
+        out.append(
+            Change(
+                at=max(at, out[-1].at),
+                state=state.value,
+                phase=Phase.ENDED.value,
+                held=False,
+                run_reason=run_reason,
+                worker_reason=end_sentence(job),
+                cause=cause,
+                exit_code=job.exit_code,
+            )
+        )
+    return out
+
+
+# ---- a pending job's reason ----
+
+# Slurm's reasons (squeue's REASON) that say the job waits for a limit of its account or QOS.
+_LIMIT = re.compile(r"^(Assoc|QOS)(Grp|Max)")
+_NO_NODE = {
+    "ReqNodeNotAvail",
+    "NodeDown",
+    "PartitionDown",
+    "PartitionInactive",
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "PartitionConfig",
+    "BadConstraints",
+    "Reservation",
+}
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """The job a pending job waits behind in its partition, as its workspace may name it."""
+
+    workspace_id: int | None
+    name: str
+
+
+def pending_reason(
+    job: SlurmJob, workspace_id: int, ahead: Ahead | None
+) -> tuple[str, Wait | None]:
+    """A pending job's reason in the seed's words, from Slurm's, with what it waits for."""
+    reason = job.reason
+    if reason == "Priority" and ahead is not None:
+        named = (
+            seen_from(workspace_id, ahead.workspace_id, ahead.name)
+            if ahead.workspace_id is not None
+            else "a job of another account"
+        )
+        return f"Queued behind {named}", Wait.QUEUE
+    if reason in ("Resources", "Priority"):
+        return f"Waits for resources: next to run in partition {job.partition}", Wait.QUEUE
+    if _LIMIT.match(reason):
+        return f"Waits for namespace quota: Slurm's limit {reason} on {job.account}", Wait.QUEUE
+    if reason in _NO_NODE:
+        return f"No machine fits: Slurm says {reason} in partition {job.partition}", Wait.MACHINES
+    if reason == "Dependency":
+        return "Waits for the jobs it depends on", Wait.QUEUE
+    if reason == "DependencyNeverSatisfied":
+        return "Cannot start: a job it depends on will never satisfy it", Wait.QUEUE
+    if reason == "BeginTime":
+        return "Waits for its begin time", Wait.QUEUE
+    if reason in ("JobHeldUser", "JobHeldAdmin"):
+        who = "its user" if reason == "JobHeldUser" else "an administrator"
+        return f"Held by {who} in Slurm", Wait.QUEUE
+    if reason in ("", "None"):
+        return "Waits for Slurm's scheduler", Wait.QUEUE
+    return f"Waits in Slurm's queue: {reason}", Wait.QUEUE
+
+
+def queue_ahead(pending: list[SlurmJob]) -> dict[str, SlurmJob]:
+    """For each pending job, the one just ahead of it in its partition's queue (Slurm's order:
+    priority, then submission, then id)."""
+    by_partition: dict[str, list[SlurmJob]] = {}
+    for job in pending:
+        by_partition.setdefault(job.partition, []).append(job)
+    out = {}
+    for jobs in by_partition.values():
+        jobs.sort(key=lambda j: (-j.priority, j.submit, _id_key(j.job_id)))
+        for before, job in itertools.pairwise(jobs):
+            out[job.job_id] = before
+    return out
+
+
+def _id_key(job_id: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", job_id))
+
+
+# ---- nodes ----
+
+
+def machine_state(node: SlurmNode) -> tuple[str, str]:
+    """A node's state and reason as a machine's: ready, draining or lost."""
+    state = node.state.rstrip("*~#!%$@^-")
+    if node.state.endswith("*") or state in ("down", "fail", "failing", "not_responding"):
+        return "lost", f"Slurm: {node.state}" + (f" ({node.reason})" if node.reason else "")
+    if state.startswith("drain"):
+        return "draining", f"Slurm: {node.state}" + (f" ({node.reason})" if node.reason else "")
+    return "ready", f"Slurm: {node.state}"
+
+
+def merge(accounted: list[SlurmJob], queued: list[SlurmJob]) -> list[SlurmJob]:
+    """One record per job: the live queue's for a job still in it (slurmctld's view is newer
+    than accounting's, and only it has a pending job's reason), else accounting's. A job that
+    ended is read from accounting only, which has its end and exit code: one the queue shows
+    ended before slurmdbd has it is read at the next import. (The queue is read first: a job
+    accounting has ended after it was read is taken as ended.)"""
+    out = {job.job_id: job for job in accounted}
+    for job in queued:
+        known = out.get(job.job_id)
+        if job.state in LIVE_STATES and (known is None or not ended(known)):
+            out[job.job_id] = job
+    return sorted(out.values(), key=lambda j: (j.submit, _id_key(j.job_id)))

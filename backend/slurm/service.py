@@ -1,0 +1,545 @@
+"""Slurm-backed clusters' entry point (issue 25): creating one, mapping its accounts to
+workspaces, and importing what Slurm ran — every job, `sbatch` from a user's shell included —
+as runs of the mapped workspaces, with their history to the second, so the goodput tick counts
+them into the same ledgers as Astraeus's own runs: waiting while pending (not held), held from
+start to end.
+
+An import reads Slurm first (its commands take seconds, or block while slurmctld is down) and
+then writes in one transaction, the cluster's import row locked: a second import at the same
+time waits and then finds nothing new. Every change is forward only and dated by Slurm, so an
+import retried or run twice records nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from backend.clock import Clock, iso_offset
+from backend.db import Database
+from backend.errors import Conflict, FieldError, InvalidInput, NotFound
+from backend.lifecycle.states import Phase
+from backend.models import Cluster, Gpu, Machine, Pool, Run, SlurmAccount, Worker, Workspace
+from backend.organizations import service as organizations
+from backend.runs import service as runs
+from backend.runs.rules import RunState
+from backend.slurm import repository, rules
+from backend.slurm.commands import SlurmCommands, SlurmSettings, SlurmUnavailable
+from backend.slurm.rules import Change, SlurmJob, SlurmNode
+
+log = logging.getLogger(__name__)
+
+# Each import reads the jobs active since the last one began, less this: a job that slurmdbd
+# recorded late (it keeps what slurmctld sends while it is away) is still read.
+MARGIN = timedelta(minutes=10)
+ACCOUNT_MAX = 64
+# A run's state's place in a job's life: changes only go forward.
+_ORDER = {RunState.PENDING.value: 0, RunState.RUNNING.value: 1}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What Slurm said at ``read_at``: its nodes and every job of the window, one record each."""
+
+    read_at: datetime
+    nodes: list[SlurmNode]
+    jobs: list[SlurmJob]
+
+
+@dataclass
+class ImportResult:
+    cluster: str
+    jobs: int = 0
+    created: int = 0
+    changed: int = 0
+    unmapped: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+
+
+# ---- admin: clusters and accounts ----
+
+
+async def create_cluster(
+    session: AsyncSession,
+    clock: Clock,
+    organization_id: int,
+    name: str,
+    settings: SlurmSettings,
+    *,
+    since: datetime | None = None,
+) -> Cluster:
+    """A cluster run by Slurm; its jobs are imported from ``since`` (default: now)."""
+    cluster = await organizations.create_cluster(
+        session, clock, organization_id, name, slurm=settings.stored()
+    )
+    repository.add(session, repository.first_import(cluster.id, since or clock.now()))
+    await session.flush()
+    return cluster
+
+
+async def map_account(
+    session: AsyncSession,
+    clock: Clock,
+    organization_id: int,
+    cluster_name: str,
+    account: str,
+    workspace_name: str | None,
+) -> SlurmAccount | None:
+    """The workspace a Slurm account's jobs are imported into (None: not imported any more;
+    its runs imported so far stay)."""
+    cluster = await slurm_cluster(session, organization_id, cluster_name)
+    if not account or len(account) > ACCOUNT_MAX or any(c in account for c in " |,\n\t"):
+        raise InvalidInput(
+            "INVALID_ACCOUNT",
+            [
+                FieldError(
+                    "account", f"must be a Slurm account name (1 to {ACCOUNT_MAX} characters)"
+                )
+            ],
+        )
+    found = await repository.account(session, cluster.id, account.lower())
+    if workspace_name is None:
+        if found is not None:
+            await repository.delete(session, found)
+        return None
+    ws = await organizations.workspace_by_name(session, organization_id, workspace_name)
+    if found is None:
+        found = SlurmAccount(
+            cluster_id=cluster.id,
+            account=account.lower(),
+            workspace_id=ws.id,
+            created_at=clock.now(),
+        )
+        repository.add(session, found)
+    found.workspace_id = ws.id
+    await session.flush()
+    return found
+
+
+async def slurm_cluster(session: AsyncSession, organization_id: int, name: str) -> Cluster:
+    cluster = await organizations.cluster_by_name(session, organization_id, name)
+    if cluster.slurm is None:
+        raise Conflict(
+            "NOT_SLURM",
+            f"Cluster '{name}' is scheduled by Astraeus, not Slurm.",
+            [FieldError("cluster", "is not backed by Slurm (astraeus cluster create --slurm)")],
+        )
+    return cluster
+
+
+@dataclass(frozen=True)
+class Status:
+    cluster: str
+    settings: SlurmSettings
+    accounts: list[tuple[str, str]]  # (account, workspace)
+    since: datetime | None
+    imported_at: datetime | None
+    error: str | None
+    error_at: datetime | None
+    unmapped: dict[str, int]
+
+
+async def status(session: AsyncSession, organization_id: int, name: str) -> Status:
+    cluster = await slurm_cluster(session, organization_id, name)
+    row = await repository.import_row(session, cluster.id)
+    return Status(
+        cluster=cluster.name,
+        settings=SlurmSettings.of(cluster.slurm),
+        accounts=[(a.account, w.name) for a, w in await repository.accounts(session, cluster.id)],
+        since=row.since if row else None,
+        imported_at=row.imported_at if row else None,
+        error=row.error if row else None,
+        error_at=row.error_at if row else None,
+        unmapped=dict(row.unmapped or {}) if row else {},
+    )
+
+
+async def read_again_from(
+    session: AsyncSession, organization_id: int, name: str, since: datetime
+) -> None:
+    """The next import reads every job active since ``since`` (after an account was mapped)."""
+    cluster = await slurm_cluster(session, organization_id, name)
+    row = await repository.lock_import(session, cluster.id)
+    if row is None:
+        repository.add(session, repository.first_import(cluster.id, since))
+    else:
+        row.since = since
+    await session.flush()
+
+
+# ---- the import ----
+
+
+async def import_all(db: Database, clock: Clock) -> list[ImportResult]:
+    """Every Slurm-backed cluster imported once (the import actor, each minute)."""
+    async with db.read() as session:
+        ids = await repository.slurm_cluster_ids(session)
+    return [await import_cluster(db, clock, cluster_id) for cluster_id in ids]
+
+
+async def import_cluster(db: Database, clock: Clock, cluster_id: int) -> ImportResult:
+    """Read the cluster's Slurm, then write what changed; a Slurm that does not answer is
+    recorded as the import's error (the status shows it) and tried again next time."""
+    async with db.read() as session:
+        cluster = await repository.cluster(session, cluster_id)
+        row = await repository.import_row(session, cluster_id)
+        if cluster is None or cluster.slurm is None:
+            raise NotFound("CLUSTER_NOT_FOUND", "No such Slurm cluster.")
+        name, settings = cluster.name, SlurmSettings.of(cluster.slurm)
+        since = row.since if row is not None else clock.now()
+        tracked = await repository.live_job_ids(session, cluster_id)
+    try:
+        snapshot = await read(SlurmCommands(settings), since, clock.now(), tracked)
+    except SlurmUnavailable as e:
+        error = str(e)[:1000]
+        log.warning("slurm: cluster %s not imported: %s", name, error)
+        await db.unit(lambda s: _record_error(s, cluster_id, clock.now(), error))
+        return ImportResult(cluster=name, error=error)
+    return await db.unit(lambda s: apply(s, clock, cluster_id, snapshot))
+
+
+async def read(
+    commands: SlurmCommands, since: datetime, now: datetime, tracked: Sequence[str] = ()
+) -> Snapshot:
+    """The queue first, then accounting: a job that ended between the two is read as ended.
+    ``tracked``: the jobs whose runs are live here, asked for by id when the queue no longer
+    has them and accounting's window does not list them (a job cancelled while pending)."""
+    queued = await commands.queue()
+    accounted = await commands.accounting(since, now + timedelta(minutes=1))
+    seen = {j.job_id for j in accounted} | {
+        j.job_id for j in queued if j.state in rules.LIVE_STATES
+    }
+    missing = [job_id for job_id in tracked if job_id not in seen]
+    if missing:
+        accounted += await commands.jobs(missing)
+    nodes = await commands.nodes()
+    return Snapshot(read_at=now, nodes=nodes, jobs=rules.merge(accounted, queued))
+
+
+async def _record_error(session: AsyncSession, cluster_id: int, now: datetime, error: str) -> None:
+    row = await repository.lock_import(session, cluster_id)
+    if row is None:
+        row = repository.first_import(cluster_id, now)
+        repository.add(session, row)
+    row.error, row.error_at = error, now
+
+
+async def apply(
+    session: AsyncSession, clock: Clock, cluster_id: int, snapshot: Snapshot
+) -> ImportResult:
+    """Write what the snapshot says that is not written yet."""
+    row = await repository.lock_import(session, cluster_id)
+    cluster = await repository.cluster(session, cluster_id)
+    assert cluster is not None
+    if row is None:
+        row = repository.first_import(cluster_id, snapshot.read_at)
+        repository.add(session, row)
+    machines = await _sync_nodes(session, cluster, snapshot.nodes, clock.now())
+    mapped = {a.account: w for a, w in await repository.accounts(session, cluster_id)}
+    jobs = [j for j in snapshot.jobs if j.account.lower() in mapped]
+
+    result = ImportResult(cluster=cluster.name, jobs=len(jobs))
+    result.unmapped = dict(
+        Counter(j.account for j in snapshot.jobs if j.account.lower() not in mapped)
+    )
+    known = await repository.imported_runs(session, cluster_id, [j.job_id for j in jobs])
+    workers = await repository.workers_of(session, [r.id for r in known.values()])
+    for job in jobs:
+        ws = mapped[job.account.lower()]
+        run = known.get(job.job_id)
+        if run is None:
+            run = await _create(session, cluster, ws, job, machines)
+            known[job.job_id] = run
+            workers[run.id] = await _workers_of(session, run)
+            result.created += 1
+        elif await _advance(session, ws, run, workers[run.id], job, machines, snapshot.read_at):
+            result.changed += 1
+    _set_pending_reasons(snapshot.jobs, known, mapped)
+    row.since = max(row.since, snapshot.read_at - MARGIN)
+    row.imported_at, row.error, row.error_at = snapshot.read_at, None, None
+    row.unmapped = result.unmapped
+    await session.flush()
+    if result.created or result.changed:
+        log.info(
+            "slurm: cluster %s: %d jobs imported, %d changed",
+            cluster.name,
+            result.created,
+            result.changed,
+        )
+    return result
+
+
+async def _workers_of(session: AsyncSession, run: Run) -> list[Worker]:
+    return (await repository.workers_of(session, [run.id]))[run.id]
+
+
+# ---- nodes as machines ----
+
+
+async def _sync_nodes(
+    session: AsyncSession, cluster: Cluster, nodes: list[SlurmNode], now: datetime
+) -> dict[str, Machine]:
+    """Each node a machine of the cluster (in the pool of its first partition), with its GPUs
+    and Slurm's state; a node Slurm no longer lists is removed."""
+    machines = await repository.machines(session, cluster.id)
+    pools = await repository.pools(session, cluster.id)
+    for node in nodes:
+        partition = node.partitions[0] if node.partitions else None
+        pool = pools.get(partition) if partition else None
+        if partition and pool is None:
+            pool = Pool(cluster_id=cluster.id, name=partition, created_at=now)
+            repository.add(session, pool)
+            await session.flush()
+            pools[partition] = pool
+        machine = machines.get(node.name)
+        if machine is None:
+            machine = Machine(
+                cluster_id=cluster.id, name=node.name, created_at=now, labels={}, executor="slurm"
+            )
+            repository.add(session, machine)
+            machines[node.name] = machine
+        state, reason = rules.machine_state(node)
+        machine.pool_id = pool.id if pool else None
+        machine.cpu_cores, machine.memory_bytes = node.cpus, node.memory_bytes
+        machine.state, machine.reason, machine.last_seen_at = state, reason, now
+        machine.labels = {"slurm_partitions": list(node.partitions)}
+    listed = {n.name for n in nodes}
+    for name, machine in machines.items():
+        if name not in listed and machine.state != "removed":
+            machine.state, machine.reason = "removed", "Slurm no longer lists this node"
+    await session.flush()
+    gpus = await repository.gpus_of(session, [m.id for m in machines.values()])
+    for node in nodes:
+        machine = machines[node.name]
+        have = {g.index: g for g in gpus[machine.id]}
+        for index in range(node.gpus):
+            gpu = have.pop(index, None)
+            if gpu is None:
+                gpu = Gpu(machine_id=machine.id, index=index, uuid=f"slurm:{node.name}:{index}")
+                repository.add(session, gpu)
+            gpu.model = node.gpu_model
+        await repository.delete(session, *have.values())
+    return machines
+
+
+# ---- jobs as runs ----
+
+
+def _spec(cluster: Cluster, name: str, job: SlurmJob, gpus: list[int]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "cluster": cluster.name,
+        "pool": job.partition or None,
+        "workers": len(gpus),
+        "gpus": max(gpus) if gpus else 0,
+        "restart_policy": "never",
+        "max_restarts": 0,
+        "slurm": {
+            "job_id": job.job_id,
+            "job_name": job.name,
+            "account": job.account,
+            "user": job.user,
+            "partition": job.partition,
+            "priority": job.priority,
+        },
+    }
+
+
+async def _free_name(session: AsyncSession, workspace_id: int, wanted: str) -> str:
+    """The run's name, or with a suffix where a live run of the workspace has it already."""
+    taken = await repository.live_names(
+        session, workspace_id, [wanted, *(f"{wanted[:58]}-{n}" for n in range(2, 10))]
+    )
+    if wanted not in taken:
+        return wanted
+    for n in range(2, 10):
+        name = f"{wanted[:58]}-{n}"
+        if name not in taken:
+            return name
+    raise Conflict("RUN_EXISTS", f"Runs named '{wanted}' and its variants already exist.")
+
+
+async def _create(
+    session: AsyncSession,
+    cluster: Cluster,
+    ws: Workspace,
+    job: SlurmJob,
+    machines: dict[str, Machine],
+) -> Run:
+    name = await _free_name(session, ws.id, rules.run_name(job))
+    gpus = rules.worker_gpus(job)
+    run = Run(
+        workspace_id=ws.id,
+        cluster_id=cluster.id,
+        name=name,
+        spec=_spec(cluster, name, job, gpus),
+        priority=50,
+        worker_count=len(gpus),
+        gpus_per_worker=max(gpus) if gpus else 0,
+        created_by_id=None,
+        state=RunState.PENDING.value,
+        reason="",
+        state_since=job.submit,
+        created_at=job.submit,
+        external_id=job.job_id,
+        attempt=0,
+        failures_in_row=0,
+    )
+    repository.add(session, run)
+    await session.flush()
+    workers = [
+        Worker(
+            run_id=run.id,
+            rank=rank,
+            name=f"{name}-{rank}",
+            state=RunState.PENDING.value,
+            reason="",
+            state_since=job.submit,
+            gpus=count,
+            gpu_ids=[],
+            attempt=0,
+            restarts=0,
+            phase=Phase.WAITING.value,
+            ready=False,
+            created_at=job.submit,
+        )
+        for rank, count in enumerate(gpus)
+    ]
+    repository.add(session, *workers)
+    await session.flush()
+    for change in rules.changes(job, [w.name for w in workers]):
+        _enter(session, ws, run, workers, job, change, machines)
+    await session.flush()
+    return run
+
+
+async def _advance(
+    session: AsyncSession,
+    ws: Workspace,
+    run: Run,
+    workers: list[Worker],
+    job: SlurmJob,
+    machines: dict[str, Machine],
+    now: datetime,
+) -> bool:
+    """Record the job's changes since the run was last written; whether there were any."""
+    here = _ORDER.get(run.state, 2)
+    todo = [
+        c for c in rules.changes(job, [w.name for w in workers]) if _ORDER.get(c.state, 2) > here
+    ]
+    if run.state == RunState.RUNNING.value and job.state == "PENDING":
+        # requeued by Slurm (a preemption with requeue, a node failure, scontrol requeue)
+        todo = [
+            Change(
+                at=max(now, run.state_since),
+                state=RunState.PENDING.value,
+                phase=Phase.REQUEUED_PREEMPTION.value,
+                held=False,
+                run_reason="Requeued by Slurm",
+                worker_reason="Requeued by Slurm",
+            )
+        ]
+    if not todo:
+        return False
+    for change in todo:
+        _enter(session, ws, run, workers, job, change, machines)
+    await session.flush()
+    return True
+
+
+def _enter(
+    session: AsyncSession,
+    ws: Workspace,
+    run: Run,
+    workers: list[Worker],
+    job: SlurmJob,
+    change: Change,
+    machines: dict[str, Machine],
+) -> None:
+    """The run and each worker enter the change's state at its time, in history."""
+    running = change.state == RunState.RUNNING.value
+    ended = change.phase == Phase.ENDED.value
+    run.state, run.reason, run.state_since = change.state, change.run_reason, change.at
+    run.waits_for = None
+    if running:
+        run.attempt += 1
+        run.placed_at = run.running_since = change.at
+        run.started_at = run.started_at or change.at
+    if ended:
+        run.ended_at, run.running_since, run.cause = change.at, None, change.cause
+    for rank, w in enumerate(workers):
+        w.state, w.reason, w.state_since, w.phase = (
+            change.state,
+            change.worker_reason,
+            change.at,
+            change.phase,
+        )
+        if running:
+            node = job.nodes[rank] if rank < len(job.nodes) else None
+            w.machine_id = machines[node].id if node in machines else None
+            w.attempt = run.attempt
+        if ended:
+            w.exit_code, w.cause = change.exit_code, change.cause
+            if change.state == RunState.FAILED.value and rank == 0:
+                w.last_failure = {
+                    "reason": change.worker_reason,
+                    "failed_at": iso_offset(change.at),
+                    "exit_code": change.exit_code,
+                    "log_tail": "",
+                }
+    if ended and change.state == RunState.FAILED.value and workers:
+        first = workers[0]
+        run.first_failure = {
+            "worker": first.name,
+            "machine": job.nodes[0] if job.nodes else None,
+            "reason": change.worker_reason,
+            "cause": change.cause,
+            "at": iso_offset(change.at),
+            "peer_lost": False,
+        }
+    runs.record_transition(session, ws, run, None, change.state, change.run_reason, change.at)
+    for w in workers:
+        runs.record_transition(
+            session,
+            ws,
+            run,
+            w,
+            change.state,
+            change.worker_reason,
+            change.at,
+            phase=change.phase,
+            held=change.held,
+        )
+    if ended:
+        for w in workers:
+            w.machine_id = None
+
+
+def _set_pending_reasons(
+    jobs: list[SlurmJob], runs_by_job: dict[str, Run], mapped: dict[str, Workspace]
+) -> None:
+    """Each pending job's reason, from Slurm's and its place in its partition's queue."""
+    pending = [j for j in jobs if j.state == "PENDING"]
+    ahead = rules.queue_ahead(pending)
+    for job in pending:
+        run = runs_by_job.get(job.job_id)
+        if run is None or run.state != RunState.PENDING.value:
+            continue
+        before = ahead.get(job.job_id)
+        named = None
+        if before is not None:
+            before_run = runs_by_job.get(before.job_id)
+            named = rules.Ahead(
+                workspace_id=before_run.workspace_id if before_run else None,
+                name=before_run.name if before_run else before.job_id,
+            )
+        reason, wait = rules.pending_reason(job, run.workspace_id, named)
+        if run.reason != reason:
+            run.reason = reason
+        run.waits_for = wait.value if wait else None

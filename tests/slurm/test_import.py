@@ -1,0 +1,370 @@
+"""Accounting for jobs Astraeus did not submit (issue 25), against a real one-node Slurm
+(tests/support/slurm.py: slurmctld, slurmd and slurmdbd with munge, two GPUs as gres): jobs
+submitted with plain `sbatch` appear as runs of the workspace their account is mapped to, with
+their history to the second, and the goodput tick counts them into the same ledgers: waiting
+while pending (not held), held from start to end on the node, its partition the pool."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from backend.access import service as access
+from backend.accounting import counting
+from backend.db import Database
+from backend.errors import Conflict, NotFound
+from backend.models import GoodputHour, Machine, Run, StateTransition, Worker
+from backend.organizations import service as organizations
+from backend.runs import service as runs
+from backend.scheduling import service as scheduling
+from backend.slurm import service as slurm
+from backend.slurm.commands import SlurmSettings
+from tests.support import FakeClock, Tenancy
+from tests.support.api import gql
+from tests.support.slurm import SlurmCluster, missing
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        bool(missing()) and os.environ.get("CI") != "true",
+        reason=f"needs Slurm here (make slurm): {', '.join(missing())}",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    found = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    found.start()
+    try:
+        yield found
+    finally:
+        found.stop()
+
+
+@pytest.fixture
+def accounts(cluster: SlurmCluster) -> Iterator[tuple[str, str]]:
+    """Two Slurm accounts of this test alone (other tests' jobs are of accounts not mapped)."""
+    tag = uuid.uuid4().hex[:6]
+    names = (f"alpha{tag}", f"beta{tag}")
+    for name in names:
+        cluster.account(name)
+    yield names
+    cluster.scancel_all()
+
+
+async def slurm_cluster(
+    db: Database, clock: FakeClock, cluster: SlurmCluster, mapping: dict[str, str]
+) -> int:
+    clock.moment = datetime.now(UTC)
+    async with db.transaction() as session:
+        org = await organizations.organization_by_name(session, "default")
+        created = await slurm.create_cluster(
+            session, clock, org.id, "hpc", SlurmSettings(conf=str(cluster.conf), timeout_s=30)
+        )
+        for account, workspace in mapping.items():
+            await slurm.map_account(session, clock, org.id, "hpc", account, workspace)
+        return created.id
+
+
+def sacct(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
+    """The job as accounting lists it (as the import reads it: in the list of the day's jobs,
+    which has a job seconds after `sacct -j` has it); empty until then."""
+    for line in cluster.run(
+        "sacct", "-X", "-P", "-n", "-a", "-o", "JobID,State,Submit,Start,End"
+    ).splitlines():
+        found, state, submit, start, end = line.split("|")
+        if found == job_id:
+            return {"state": state.split(" ")[0], "submit": submit, "start": start, "end": end}
+    return {"state": ""}
+
+
+async def wait_for(
+    cluster: SlurmCluster, job_id: str, *states: str, within: float = 60
+) -> dict[str, str]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = sacct(cluster, job_id)
+        if found["state"] in states:
+            return found
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"job {job_id} not {states} after {within}s: {sacct(cluster, job_id)}")
+
+
+def utc(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+
+
+async def run_of(db: Database, job_id: str) -> Run:
+    async with db.read() as session:
+        found = await session.scalar(select(Run).where(Run.external_id == job_id))
+        assert found is not None, f"job {job_id} was not imported"
+        return found
+
+
+async def workers_of(db: Database, run: Run) -> list[Worker]:
+    async with db.read() as session:
+        return list(
+            await session.scalars(
+                select(Worker).where(Worker.run_id == run.id).order_by(Worker.rank)
+            )
+        )
+
+
+async def history(db: Database, worker: Worker) -> list[tuple[datetime, str, str | None, int]]:
+    async with db.read() as session:
+        rows = await session.scalars(
+            select(StateTransition)
+            .where(StateTransition.worker_id == worker.id)
+            .order_by(StateTransition.transition_at, StateTransition.id)
+        )
+        return [(t.transition_at, t.state, t.phase, t.held_gpus) for t in rows]
+
+
+async def ledger(db: Database, scope: str, scope_id: int) -> dict[tuple[str, bool], float]:
+    async with db.read() as session:
+        rows = await session.scalars(
+            select(GoodputHour).where(GoodputHour.scope == scope, GoodputHour.scope_id == scope_id)
+        )
+        out: dict[tuple[str, bool], float] = {}
+        for r in rows:
+            out[(r.category, r.held)] = round(out.get((r.category, r.held), 0) + r.gpu_seconds, 3)
+    return {k: v for k, v in out.items() if v}
+
+
+async def tick_after(db: Database, clock: FakeClock, moment: datetime) -> None:
+    clock.moment = moment + timedelta(minutes=2)
+    async with db.transaction() as session:
+        await counting.tick(session, clock)
+
+
+async def test_a_job_submitted_with_plain_sbatch_appears_with_its_ledger(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    cluster: SlurmCluster,
+    accounts: tuple[str, str],
+) -> None:
+    alpha, _ = accounts
+    cluster_id = await slurm_cluster(db, clock, cluster, {alpha: "default"})
+    job = cluster.sbatch("-A", alpha, "--gres=gpu:2", "-J", "train llama", "--wrap", "sleep 2")
+    done = await wait_for(cluster, job, "COMPLETED")
+    submit, start, end = utc(done["submit"]), utc(done["start"]), utc(done["end"])
+
+    clock.moment = datetime.now(UTC)
+    result = await slurm.import_cluster(db, clock, cluster_id)
+    assert (result.error, result.created) == (None, 1)
+    run = await run_of(db, job)
+    assert run.name == f"train-llama-{job}" and run.state == "Completed"
+    assert run.reason == "1 of 1 workers completed"
+    assert (run.created_at, run.started_at, run.ended_at) == (submit, start, end)
+    (worker,) = await workers_of(db, run)
+    assert (worker.name, worker.gpus, worker.state) == (f"{run.name}-0", 2, "Completed")
+    assert await history(db, worker) == [
+        (submit, "Pending", "waiting", 0),
+        (start, "Running", "running", 2),
+        (end, "Completed", "ended", 0),
+    ]
+    async with db.read() as session:
+        node = await session.scalar(select(Machine).where(Machine.cluster_id == cluster_id))
+    assert node is not None and node.name == cluster.node and node.executor == "slurm"
+
+    # Imported again: nothing changes, nothing is recorded twice.
+    again = await slurm.import_cluster(db, clock, cluster_id)
+    assert (again.created, again.changed) == (0, 0)
+    assert len(await history(db, worker)) == 3
+
+    # The tick counts it to the second: the wait not held, the run held (idle: no agent on
+    # the node sampled its GPUs), on the node.
+    await tick_after(db, clock, end)
+    waited, ran = (start - submit).total_seconds() * 2, (end - start).total_seconds() * 2
+    expected = {("idle", True): ran} | ({("waiting", False): waited} if waited else {})
+    assert await ledger(db, "run", run.id) == expected
+    assert await ledger(db, "machine", node.id) == {("idle", True): ran}
+
+
+async def test_a_failed_job_shows_its_exit_code_and_first_failure(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    cluster: SlurmCluster,
+    accounts: tuple[str, str],
+) -> None:
+    alpha, _ = accounts
+    cluster_id = await slurm_cluster(db, clock, cluster, {alpha: "default"})
+    job = cluster.sbatch("-A", alpha, "--gres=gpu:1", "-J", "oops", "--wrap", "exit 3")
+    done = await wait_for(cluster, job, "FAILED")
+    clock.moment = datetime.now(UTC)
+    await slurm.import_cluster(db, clock, cluster_id)
+    run = await run_of(db, job)
+    (worker,) = await workers_of(db, run)
+    assert run.state == "Failed" and run.cause == "exited"
+    assert run.reason == (
+        f"Worker {worker.name} failed on {cluster.node}: Exited with code 3; "
+        "the gang does not run without it"
+    )
+    assert run.first_failure is not None and run.first_failure["worker"] == worker.name
+    assert worker.exit_code == 3 and worker.last_failure is not None
+    assert worker.last_failure["reason"] == "Exited with code 3"
+    assert worker.last_failure["exit_code"] == 3
+    assert datetime.fromisoformat(worker.last_failure["failed_at"]) == utc(done["end"])
+
+
+async def test_a_pending_job_shows_slurms_reason_and_its_wait_is_not_held(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    cluster: SlurmCluster,
+    accounts: tuple[str, str],
+) -> None:
+    alpha, beta = accounts
+    cluster_id = await slurm_cluster(db, clock, cluster, {alpha: "default", beta: "team-b"})
+    holder = cluster.sbatch("-A", alpha, "--gres=gpu:2", "-J", "holder", "--wrap", "sleep 60")
+    await wait_for(cluster, holder, "RUNNING")
+    next_job = cluster.sbatch("-A", alpha, "--gres=gpu:2", "-J", "next", "--wrap", "true")
+    behind = cluster.sbatch("-A", alpha, "--gres=gpu:1", "-J", "behind", "--wrap", "true")
+    other = cluster.sbatch("-A", beta, "--gres=gpu:1", "-J", "theirs", "--wrap", "true")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until slurmctld has weighed them all
+        reasons = cluster.run("squeue", "-h", "-t", "PD", "-o", "%i %r").split()
+        if "None" not in reasons and len(reasons) == 6:
+            break
+        await asyncio.sleep(0.3)
+
+    clock.moment = datetime.now(UTC)
+    assert (await slurm.import_cluster(db, clock, cluster_id)).created == 4
+    running, first, second, theirs = [
+        await run_of(db, j) for j in (holder, next_job, behind, other)
+    ]
+    assert (running.state, running.reason) == ("Running", "1 of 1 workers running")
+    assert (first.state, first.reason) == (
+        "Pending",
+        "Waits for resources: next to run in partition gpu",
+    )
+    assert second.reason == f"Queued behind {first.name}"
+    # team-b's job waits behind default's: it is not told which run that is
+    assert theirs.workspace_id != second.workspace_id
+    assert theirs.reason == "Queued behind a run of another workspace"
+
+    # Astraeus's scheduler never places a Slurm cluster's runs.
+    async with db.transaction() as session:
+        await scheduling.schedule_all(session, clock)
+    assert (await run_of(db, next_job)).state == "Pending"
+
+    # Cancelled while pending: it waited (not held) and never held its GPUs.
+    cluster.run("scancel", next_job)
+    cancelled = await wait_for(cluster, next_job, "CANCELLED")
+    clock.moment = datetime.now(UTC)
+    assert (await slurm.import_cluster(db, clock, cluster_id)).changed >= 1
+    first = await run_of(db, next_job)
+    assert (first.state, first.reason) == ("Stopped", "Stopped: cancelled in Slurm")
+    await tick_after(db, clock, utc(cancelled["end"]))
+    waited = (utc(cancelled["end"]) - utc(cancelled["submit"])).total_seconds() * 2
+    assert await ledger(db, "run", first.id) == {("waiting", False): waited}
+
+
+async def test_an_imported_run_is_slurms_and_is_seen_only_by_its_workspace(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    client: httpx.AsyncClient,
+    cluster: SlurmCluster,
+    accounts: tuple[str, str],
+) -> None:
+    alpha, _ = accounts
+    cluster_id = await slurm_cluster(db, clock, cluster, {alpha: "default"})
+    job = cluster.sbatch("-A", alpha, "--gres=gpu:1", "-J", "mine", "--wrap", "sleep 30")
+    await wait_for(cluster, job, "RUNNING")
+    clock.moment = datetime.now(UTC)
+    await slurm.import_cluster(db, clock, cluster_id)
+    run = await run_of(db, job)
+
+    query = "query($n: String!) { run(name: $n) { name state reason workers { name } } }"
+    mine = await gql(client, tenancy.member_token, query, n=run.name)
+    assert mine["data"]["run"]["state"] == "Running"
+    theirs = await gql(client, tenancy.other_token, query, n=run.name)
+    assert theirs["data"]["run"] is None or theirs.get("errors")
+    answer = await client.get(
+        f"/jobs/{run.name}", headers={"Authorization": f"Bearer {tenancy.other_token}"}
+    )
+    assert answer.status_code == 404
+
+    async with db.transaction() as session:
+        principal = await access.authenticate(session, tenancy.member_token)
+        with pytest.raises(Conflict, match=f"scancel {job}"):
+            await runs.stop_run(session, clock, principal, run.name)
+        with pytest.raises(Conflict, match="imported"):
+            await runs.delete_run(session, clock, principal, run.name)
+    async with db.transaction() as session:
+        other = await access.authenticate(session, tenancy.other_token)
+        with pytest.raises(NotFound):
+            await runs.stop_run(session, clock, other, run.name)
+    assert (await run_of(db, job)).state == "Running"
+
+
+async def test_a_slurm_that_does_not_answer_is_the_imports_error(  # issue 25
+    db: Database, clock: FakeClock, tenancy: Tenancy, tmp_path: Path
+) -> None:
+    clock.moment = datetime.now(UTC)
+    async with db.transaction() as session:
+        org = await organizations.organization_by_name(session, "default")
+        created = await slurm.create_cluster(
+            session,
+            clock,
+            org.id,
+            "gone",
+            SlurmSettings(conf=str(tmp_path / "slurm.conf"), timeout_s=2),
+        )
+    # Without its slurm.conf, squeue looks for slurmctld elsewhere and blocks: cut off.
+    result = await slurm.import_cluster(db, clock, created.id)
+    assert result.error == "squeue did not answer within 2s (is slurmctld or slurmdbd up?)"
+    async with db.read() as session:
+        found = await slurm.status(session, org.id, "gone")
+    assert found.error == result.error and found.imported_at is None
+
+
+async def test_the_admin_commands_create_map_and_import(  # issue 25
+    cluster: SlurmCluster, accounts: tuple[str, str], tmp_path: Path
+) -> None:
+    """`astraeus cluster create --slurm`, `cluster account`, `cluster import`, `cluster status`
+    on an embedded data folder, as an admin types them."""
+    alpha, beta = accounts
+    env = {**os.environ, "ASTRAEUS_DATA_DIR": str(tmp_path / "data")}
+
+    def astraeus(*argv: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "backend.cli.server", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    astraeus("db", "upgrade")
+    astraeus("bootstrap")
+    out = astraeus("cluster", "create", "hpc", "--slurm", "--slurm-conf", str(cluster.conf))
+    assert "run by Slurm" in out
+    astraeus("cluster", "account", "hpc", alpha, "--workspace", "default")
+    job = cluster.sbatch("-A", alpha, "--gres=gpu:1", "-J", "cli", "--wrap", "true")
+    ignored = cluster.sbatch("-A", beta, "--gres=gpu:1", "-J", "unmapped", "--wrap", "true")
+    await wait_for(cluster, job, "COMPLETED")
+    await wait_for(cluster, ignored, "COMPLETED")
+    out = astraeus("cluster", "import", "hpc")
+    assert "1 job of mapped accounts read, 1 new run, 0 changed" in out
+    assert f"not imported, their accounts mapped to no workspace: {beta} (1 job)" in out
+    status = astraeus("cluster", "status", "hpc")
+    assert f"account {alpha} -> workspace default" in status and "last error" not in status

@@ -1,0 +1,282 @@
+"""Slurm's words in Astraeus's (backend/slurm/rules.py): what sacct, squeue and sinfo print,
+read; a job's life as runs' transitions; a pending job's reason in the seed's words."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from backend.lifecycle.states import Phase
+from backend.runs.rules import Wait
+from backend.scheduling.rules import ANOTHER_WORKSPACE
+from backend.slurm import rules
+from backend.slurm.rules import Ahead, SlurmJob
+
+T = datetime(2026, 12, 3, 11, 0, 0, tzinfo=UTC)
+
+
+def job(**fields: object) -> SlurmJob:
+    base: dict[str, object] = {
+        "job_id": "12",
+        "name": "train",
+        "account": "alpha",
+        "partition": "gpu",
+        "user": "ana",
+        "state": "PENDING",
+        "submit": T,
+    }
+    return SlurmJob(**(base | fields))  # type: ignore[arg-type]
+
+
+SACCT = (
+    "7|train llama|alpha|gpu|ana|COMPLETED|0:0|2026-12-03T11:00:00|2026-12-03T11:00:05|"
+    "2026-12-03T11:10:05|gpu[01-02]|2|billing=2,cpu=2,gres/gpu=8,mem=1G,node=2|"
+    "billing=2,cpu=2,gres/gpu=8,mem=1G,node=2|01:00:00|4294901759\n"
+    "8|oops|alpha|gpu|ana|FAILED|3:0|2026-12-03T11:00:01|2026-12-03T11:00:02|"
+    "2026-12-03T11:00:03|vm|1|cpu=1,gres/gpu:h100=2|cpu=1,gres/gpu:h100=2|UNLIMITED|1\n"
+    "9|wait|beta|gpu|bo|PENDING|0:0|2026-12-03T11:00:04|Unknown|Unknown|None assigned|1||"
+    "cpu=1,gres/gpu=1,node=1|Partition_Limit|5\n"
+    "10|gone|beta|gpu|bo|CANCELLED by 0|0:15|2026-12-03T11:00:04|None|2026-12-03T11:00:09|"
+    "None assigned|1||cpu=1,gres/gpu=1|1-00:00:00|5\n"
+)
+
+
+def test_sacct_lines_are_read_with_their_times_gpus_and_exit_codes() -> None:  # issue 25
+    jobs = {j.job_id: j for j in rules.parse_sacct(SACCT)}
+    done = jobs["7"]
+    assert (done.name, done.account, done.partition, done.user) == (
+        "train llama",
+        "alpha",
+        "gpu",
+        "ana",
+    )
+    assert (done.submit, done.start, done.end) == (
+        T,
+        T + timedelta(seconds=5),
+        T + timedelta(minutes=10, seconds=5),
+    )
+    assert done.nodes == ("gpu01", "gpu02") and done.node_count == 2 and done.gpus == 8
+    assert done.time_limit == timedelta(hours=1) and done.priority == 4294901759
+    failed = jobs["8"]
+    assert (failed.state, failed.exit_code, failed.signal, failed.gpus) == ("FAILED", 3, 0, 2)
+    pending = jobs["9"]
+    assert pending.start is None and pending.nodes == () and pending.gpus == 1
+    assert pending.time_limit is None
+    cancelled = jobs["10"]
+    assert cancelled.state == "CANCELLED" and cancelled.start is None and cancelled.signal == 15
+    assert cancelled.time_limit == timedelta(days=1)
+
+
+def test_sacct_output_of_another_shape_is_refused_not_misread() -> None:
+    with pytest.raises(rules.BadSlurmOutput, match="fields"):
+        rules.parse_sacct("7|train|alpha\n")
+    with pytest.raises(rules.BadSlurmOutput, match="not a time"):
+        rules.parse_sacct(SACCT.splitlines()[0].replace("2026-12-03T11:00:00", "yesterday") + "\n")
+
+
+@pytest.mark.parametrize(
+    ("expression", "names"),
+    [
+        ("vm", ("vm",)),
+        ("gpu[01-03,07],cpu1", ("gpu01", "gpu02", "gpu03", "gpu07", "cpu1")),
+        ("a[8-10]b", ("a8b", "a9b", "a10b")),
+        ("None assigned", ()),
+    ],
+)
+def test_host_lists_expand(expression: str, names: tuple[str, ...]) -> None:
+    assert rules.hostnames(expression) == names
+
+
+def test_tres_counts_untyped_gpus_else_the_typed_ones_summed() -> None:
+    assert rules.tres_gpus("cpu=1,gres/gpu=2,mem=100M") == 2
+    assert rules.tres_gpus("cpu=1,gres/gpu=4,gres/gpu:a100=4") == 4
+    assert rules.tres_gpus("gres/gpu:a100=2,gres/gpu:v100=1") == 3
+    assert rules.tres_gpus("cpu=4,mem=1G") == 0
+
+
+def test_squeue_json_gives_the_live_state_reason_and_priority() -> None:
+    document = {
+        "jobs": [
+            {
+                "job_id": 2,
+                "name": "second",
+                "account": "alpha",
+                "partition": "gpu",
+                "user_name": "ana",
+                "job_state": "PENDING",
+                "state_reason": "Resources",
+                "priority": 4294901758,
+                "submit_time": int(T.timestamp()),
+                "start_time": int(T.timestamp()) + 3600,  # an expected start, not a start
+                "node_count": 1,
+                "tres_req_str": "cpu=1,mem=100M,node=1,billing=1,gres/gpu=2",
+                "time_limit": 5,
+            },
+            {
+                "job_id": 31,
+                "array_job_id": 30,
+                "array_task_id": 1,
+                "name": "sweep",
+                "account": "alpha",
+                "partition": "gpu",
+                "job_state": "RUNNING",
+                "state_reason": "None",
+                "submit_time": int(T.timestamp()),
+                "start_time": int(T.timestamp()) + 2,
+                "nodes": "vm",
+                "node_count": 1,
+                "tres_alloc_str": "cpu=1,gres/gpu=1",
+            },
+        ]
+    }
+    pending, running = rules.parse_squeue(document)
+    assert (pending.state, pending.reason, pending.start, pending.gpus) == (
+        "PENDING",
+        "Resources",
+        None,
+        2,
+    )
+    assert pending.time_limit == timedelta(minutes=5)
+    assert running.job_id == "30_1" and running.nodes == ("vm",)
+    assert running.start == T + timedelta(seconds=2)
+    with pytest.raises(rules.BadSlurmOutput):
+        rules.parse_squeue({"errors": []})
+
+
+def test_sinfo_merges_a_node_listed_once_per_partition() -> None:
+    text = (
+        "n1|gpu*|gpu:h100:8(S:0-1)|64|512000|mixed|none\n"
+        "n1|debug|gpu:h100:8(S:0-1)|64|512000|mixed|none\n"
+        "n2|gpu*|(null)|8|1000|drained|maintenance\n"
+    )
+    n1, n2 = rules.parse_sinfo(text)
+    assert n1.partitions == ("gpu", "debug") and (n1.gpus, n1.gpu_model) == (8, "h100")
+    assert n1.memory_bytes == 512000 * 1024 * 1024
+    assert rules.machine_state(n1) == ("ready", "Slurm: mixed")
+    assert rules.machine_state(n2) == ("draining", "Slurm: drained (maintenance)")
+    down = rules.SlurmNode("n3", ("gpu",), 2, "GPU", 8, 0, "idle*", "Not responding")
+    assert rules.machine_state(down)[0] == "lost"
+
+
+def test_a_job_becomes_a_named_run_with_a_worker_per_node() -> None:
+    assert rules.run_name(job(name="Train LLaMA 7B!", job_id="12")) == "train-llama-7b-12"
+    assert rules.run_name(job(name="sweep", job_id="30_1")) == "sweep-30-1"
+    assert rules.run_name(job(name="___", job_id="5")) == "job-5"
+    assert len(rules.run_name(job(name="x" * 200, job_id="123456"))) <= 63
+    assert rules.worker_gpus(job(node_count=2, gpus=8)) == [4, 4]
+    assert rules.worker_gpus(job(node_count=2, gpus=3)) == [2, 1]
+    assert rules.worker_gpus(job(node_count=1, gpus=0)) == [0]
+
+
+def test_a_completed_job_is_waiting_then_held_then_ended_at_slurms_times() -> None:
+    done = job(
+        state="COMPLETED",
+        start=T + timedelta(seconds=5),
+        end=T + timedelta(minutes=10),
+        nodes=("vm",),
+        gpus=2,
+        exit_code=0,
+    )
+    changes = rules.changes(done, ["train-12-0"])
+    assert [(c.at, c.state, c.phase, c.held) for c in changes] == [
+        (T, "Pending", Phase.WAITING, False),
+        (T + timedelta(seconds=5), "Running", Phase.RUNNING, True),
+        (T + timedelta(minutes=10), "Completed", Phase.ENDED, False),
+    ]
+    assert changes[1].run_reason == "1 of 1 workers running"
+    assert changes[2].run_reason == "1 of 1 workers completed"
+
+
+@pytest.mark.parametrize(
+    ("state", "extra", "run_state", "worker_reason"),
+    [
+        ("FAILED", {"exit_code": 3}, "Failed", "Exited with code 3"),
+        (
+            "OUT_OF_MEMORY",
+            {"exit_code": 0},
+            "Failed",
+            "OOMKilled: the container exceeded its memory limit",
+        ),
+        (
+            "TIMEOUT",
+            {"time_limit": timedelta(hours=12)},
+            "Failed",
+            "Exceeded its time limit of 12h",
+        ),
+        ("NODE_FAIL", {}, "Failed", "Machine lost: Slurm found its node failed"),
+        ("PREEMPTED", {}, "Stopped", "Preempted by higher-priority work (Slurm)"),
+        ("CANCELLED", {}, "Stopped", "Stopped: cancelled in Slurm"),
+        ("FAILED", {"exit_code": 0, "signal": 9}, "Failed", "Killed by signal 9"),
+    ],
+)
+def test_an_ended_job_says_why_in_the_seeds_words(
+    state: str, extra: dict[str, object], run_state: str, worker_reason: str
+) -> None:
+    ended = job(state=state, start=T, end=T + timedelta(minutes=1), nodes=("vm",), gpus=1, **extra)
+    last = rules.changes(ended, ["train-12-0"])[-1]
+    assert (last.state, last.worker_reason) == (run_state, worker_reason)
+    if run_state == "Failed":
+        assert last.run_reason == (
+            f"Worker train-12-0 failed on vm: {worker_reason}; the gang does not run without it"
+        )
+
+
+def test_a_job_cancelled_while_pending_never_held_its_gpus() -> None:
+    cancelled = job(state="CANCELLED", end=T + timedelta(minutes=3), gpus=2)
+    assert [(c.state, c.held) for c in rules.changes(cancelled, ["w-0"])] == [
+        ("Pending", False),
+        ("Stopped", False),
+    ]
+
+
+def test_pending_reasons_in_the_seeds_words() -> None:
+    queued = job(reason="Priority")
+    assert rules.pending_reason(queued, 1, Ahead(1, "big-3")) == ("Queued behind big-3", Wait.QUEUE)
+    assert rules.pending_reason(queued, 1, Ahead(2, "secret-run-3"))[0] == (
+        f"Queued behind {ANOTHER_WORKSPACE}"
+    )
+    assert rules.pending_reason(queued, 1, Ahead(None, "99"))[0] == (
+        "Queued behind a job of another account"
+    )
+    assert rules.pending_reason(job(reason="Resources"), 1, None) == (
+        "Waits for resources: next to run in partition gpu",
+        Wait.QUEUE,
+    )
+    assert rules.pending_reason(job(reason="AssocGrpGRES"), 1, None)[0] == (
+        "Waits for namespace quota: Slurm's limit AssocGrpGRES on alpha"
+    )
+    assert rules.pending_reason(job(reason="ReqNodeNotAvail"), 1, None) == (
+        "No machine fits: Slurm says ReqNodeNotAvail in partition gpu",
+        Wait.MACHINES,
+    )
+    assert (
+        rules.pending_reason(job(reason="JobHeldUser"), 1, None)[0] == "Held by its user in Slurm"
+    )
+    assert rules.pending_reason(job(reason="Licenses"), 1, None)[0] == (
+        "Waits in Slurm's queue: Licenses"
+    )
+
+
+def test_the_queue_ahead_is_slurms_order_in_each_partition() -> None:
+    a = job(job_id="1", priority=10)
+    b = job(job_id="2", priority=9)
+    c = job(job_id="3", priority=9, submit=T + timedelta(seconds=1))
+    other = job(job_id="4", priority=1, partition="cpu")
+    ahead = rules.queue_ahead([c, other, b, a])
+    assert {k: v.job_id for k, v in ahead.items()} == {"2": "1", "3": "2"}
+
+
+def test_the_queue_is_newer_than_accounting_but_an_end_is_accountings() -> None:
+    accounted = [
+        job(job_id="1", state="PENDING"),
+        job(job_id="2", state="COMPLETED", start=T, end=T + timedelta(minutes=1)),
+    ]
+    queued = [
+        job(job_id="1", state="RUNNING", start=T, nodes=("vm",)),
+        job(job_id="2", state="RUNNING", start=T, nodes=("vm",)),
+        job(job_id="3", state="PENDING", reason="Priority"),
+        job(job_id="4", state="COMPLETED", start=T, end=T),  # not yet in accounting
+    ]
+    merged = {j.job_id: j.state for j in rules.merge(accounted, queued)}
+    assert merged == {"1": "RUNNING", "2": "COMPLETED", "3": "PENDING"}

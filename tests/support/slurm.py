@@ -1,0 +1,271 @@
+"""A real one-node Slurm cluster for the tests (issue 25): Debian's slurm-wlm and slurmdbd with
+munge, all state in a folder of its own, ports of its own, accounting in a MariaDB database of
+its own. The node declares two GPUs as generic resources (character devices made with mknod:
+gres.conf's File= must name devices, or the node is INVAL).
+
+Started with `SlurmCluster.start()`, stopped (and its database dropped) with `stop()`; `run()`
+runs a Slurm command against it. Needs root (slurmd runs jobs as their users; the daemons
+run as root here) and MariaDB on 127.0.0.1:3306 with root and no password (this machine kind's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+DAEMONS = ("munged", "slurmdbd", "slurmctld", "slurmd", "sacctmgr", "sbatch")
+MARIADB = ("mariadb", "-h", "127.0.0.1", "-u", "root")
+GPUS = 2
+COMMAND_TIMEOUT = 30.0
+
+
+def missing() -> list[str]:
+    """What this machine lacks to run the cluster (empty when it can)."""
+    lacks = [name for name in DAEMONS if shutil.which(name) is None]
+    if shutil.which("mariadb") is None:
+        lacks.append("mariadb")
+    if os.geteuid() != 0:
+        lacks.append("root")
+    return lacks
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SlurmCluster:
+    """One node (this machine, under its short host name) in partition ``gpu``, with accounts
+    the tests add (``account``), accounting in slurmdbd."""
+
+    def __init__(self, root: Path, *, name: str = "astra") -> None:
+        self.root = root
+        self.name = name
+        self.node = socket.gethostname().split(".")[0]
+        self.database = f"slurm_acct_{uuid.uuid4().hex[:10]}"
+        self.conf = root / "etc" / "slurm.conf"
+        self.munge_socket = root / "munge" / "munge.sock"
+        self._daemons: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment a Slurm command needs to reach this cluster (and print UTC times)."""
+        return {
+            **os.environ,
+            "SLURM_CONF": str(self.conf),
+            "TZ": "UTC",
+            "SLURM_TIME_FORMAT": "%Y-%m-%dT%H:%M:%S",
+        }
+
+    def run(self, *argv: str, check: bool = True, timeout: float = COMMAND_TIMEOUT) -> str:
+        done = subprocess.run(
+            argv,
+            env=self.env,
+            cwd=self.root,  # where a batch job's output goes (slurm-<id>.out)
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}")
+        return done.stdout
+
+    # ---- start and stop ----
+
+    def start(self) -> None:
+        for folder in ("etc", "munge", "spool/ctld", "spool/d", "log", "dev", "run"):
+            (self.root / folder).mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root / "munge", 0o700)
+        self._devices()
+        self._munge()
+        self._configure()
+        subprocess.run([*MARIADB, "-e", f"CREATE DATABASE {self.database}"], check=True, timeout=30)
+        self._daemon("slurmdbd", "-D")
+        self._wait(lambda: self._answers(("sacctmgr", "-n", "list", "cluster")), "slurmdbd")
+        self.run("sacctmgr", "-i", "add", "cluster", self.name)
+        self._daemon("slurmctld", "-D", "-i")
+        self._wait(lambda: self._answers(("scontrol", "ping")), "slurmctld")
+        self._daemon("slurmd", "-D", "-N", self.node)
+        self._wait(self._node_idle, "slurmd (the node idle)")
+
+    def stop(self) -> None:
+        for process in reversed(self._daemons):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in reversed(self._daemons):
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+        self._daemons.clear()
+        self._stop_munge()
+        subprocess.run(
+            [*MARIADB, "-e", f"DROP DATABASE IF EXISTS {self.database}"], check=False, timeout=30
+        )
+
+    def account(self, name: str, *users: str) -> None:
+        """An account, with the users who may charge it (root always)."""
+        self.run("sacctmgr", "-i", "add", "account", name, f"cluster={self.name}")
+        for user in ("root", *users):
+            self.run("sacctmgr", "-i", "add", "user", user, f"account={name}")
+
+    def sbatch(self, *argv: str) -> str:
+        """Submit a batch job; its job id."""
+        out = self.run("sbatch", "--parsable", *argv)
+        return out.strip().split(";")[0]
+
+    def scancel_all(self) -> None:
+        self.run("scancel", "--full", "-u", "root", check=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if not self.run("squeue", "-h", "-o", "%i", check=False).strip():
+                return
+            time.sleep(0.2)
+
+    # ---- what start() is made of ----
+
+    def _devices(self) -> None:
+        for i in range(GPUS):
+            device = self.root / "dev" / f"gpu{i}"
+            if not device.exists():
+                os.mknod(device, 0o666 | 0o020000, os.makedev(1, 3))  # a character device
+
+    def _munge(self) -> None:
+        key = self.root / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
+        munge = self.root / "munge"
+        subprocess.run(
+            [
+                "munged",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={munge / 'munged.pid'}",
+                f"--log-file={munge / 'munged.log'}",
+                f"--seed-file={munge / 'munged.seed'}",
+                "--force",
+            ],
+            check=True,
+            timeout=30,
+        )
+
+    def _configure(self) -> None:
+        root, sock = self.root, self.munge_socket
+        ctld, slurmd, dbd = _free_port(), _free_port(), _free_port()
+        self.conf.write_text(
+            "\n".join(
+                [
+                    f"ClusterName={self.name}",
+                    f"SlurmctldHost={self.node}(127.0.0.1)",
+                    f"SlurmctldPort={ctld}",
+                    f"SlurmdPort={slurmd}",
+                    "SlurmUser=root",
+                    "SlurmdUser=root",
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={sock}",
+                    f"StateSaveLocation={root / 'spool/ctld'}",
+                    f"SlurmdSpoolDir={root / 'spool/d'}",
+                    f"SlurmctldPidFile={root / 'run/slurmctld.pid'}",
+                    f"SlurmdPidFile={root / 'run/slurmd.pid'}",
+                    f"SlurmctldLogFile={root / 'log/slurmctld.log'}",
+                    f"SlurmdLogFile={root / 'log/slurmd.log'}",
+                    "ProctrackType=proctrack/linuxproc",
+                    "TaskPlugin=task/none",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_Core_Memory",
+                    "SchedulerType=sched/backfill",
+                    "GresTypes=gpu",
+                    "MpiDefault=none",
+                    "ReturnToService=2",
+                    "AccountingStorageType=accounting_storage/slurmdbd",
+                    "AccountingStorageHost=127.0.0.1",
+                    f"AccountingStoragePort={dbd}",
+                    f"AccountingStoragePass={sock}",
+                    "AccountingStorageTRES=gres/gpu",
+                    "AccountingStorageEnforce=associations",
+                    "JobAcctGatherType=jobacct_gather/none",
+                    "DefMemPerCPU=100",
+                    "MinJobAge=300",
+                    "SchedulerParameters=sched_interval=2",
+                    f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs=2 RealMemory=2000 "
+                    f"Gres=gpu:{GPUS} State=UNKNOWN",
+                    f"PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
+                    "",
+                ]
+            )
+        )
+        (root / "etc" / "gres.conf").write_text(
+            f"NodeName={self.node} Name=gpu File={root / 'dev'}/gpu[0-{GPUS - 1}]\n"
+        )
+        dbd_conf = root / "etc" / "slurmdbd.conf"
+        dbd_conf.write_text(
+            "\n".join(
+                [
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={sock}",
+                    "DbdHost=localhost",
+                    "DbdAddr=127.0.0.1",
+                    f"DbdPort={dbd}",
+                    "SlurmUser=root",
+                    f"PidFile={root / 'run/slurmdbd.pid'}",
+                    f"LogFile={root / 'log/slurmdbd.log'}",
+                    "StorageType=accounting_storage/mysql",
+                    "StorageHost=127.0.0.1",
+                    "StoragePort=3306",
+                    "StorageUser=root",
+                    f"StorageLoc={self.database}",
+                    "",
+                ]
+            )
+        )
+        os.chmod(dbd_conf, 0o600)
+
+    def _daemon(self, *argv: str) -> None:
+        log = open(self.root / "log" / f"{argv[0]}.out", "ab")  # noqa: SIM115 (kept with it)
+        self._daemons.append(
+            subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        )
+        log.close()
+
+    def _answers(self, argv: Sequence[str]) -> bool:
+        try:
+            return (
+                subprocess.run(
+                    argv, env=self.env, capture_output=True, timeout=5, check=False
+                ).returncode
+                == 0
+            )
+        except subprocess.TimeoutExpired:
+            return False
+
+    def _node_idle(self) -> bool:
+        state = self.run("sinfo", "-h", "-n", self.node, "-o", "%T", check=False).strip()
+        return state == "idle"
+
+    def _wait(self, ready: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for process in self._daemons:
+                if process.poll() is not None:
+                    raise RuntimeError(f"{process.args[0]} exited: see {self.root / 'log'}")
+            if ready():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{what} not ready after {timeout:g}s: see {self.root / 'log'}")
+
+    def _stop_munge(self) -> None:
+        pid_file = self.root / "munge" / "munged.pid"
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
