@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import operator
 import random
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -13,8 +15,8 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
-from psycopg.types.json import Jsonb
-from sqlalchemy import JSON, BigInteger, DateTime, Integer, MetaData, event
+from sqlalchemy import JSON, BigInteger, DateTime, Integer, MetaData, bindparam, event, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Dialect, Engine, make_url
 from sqlalchemy.exc import DBAPIError
@@ -25,6 +27,8 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.util import identity_key
 from sqlalchemy.pool import NullPool
 from sqlalchemy.types import TypeDecorator
 
@@ -314,26 +318,133 @@ async def copy_binary(
 
 
 async def insert_many(session: AsyncSession, model: type[Any], rows: list[dict[str, Any]]) -> None:
-    """Many new rows at once: COPY on PostgreSQL, one executemany elsewhere.
+    """Many new rows at once: binary COPY on PostgreSQL, one executemany elsewhere.
 
     History rows come by the thousand in a scheduling pass; COPY takes them an order of
-    magnitude faster than INSERTs (see PERFORMANCE.md)."""
+    magnitude faster than INSERTs, and binary COPY sends the values as they are (issue 24: a
+    first pass's 13 000 rows took 0.29 s by text COPY). Every row has the first row's keys."""
     if not rows:
         return
     table = model.__table__
     if session.get_bind().dialect.name != "postgresql":
         await session.execute(table.insert(), rows)
         return
-    columns = list(rows[0])
+    columns = tuple(rows[0])
+    values = operator.itemgetter(*columns)
+    await copy_binary(
+        session,
+        table.name,
+        columns,
+        _pg_types(table, columns),
+        (values(row) if len(columns) > 1 else (values(row),) for row in rows),
+    )
+
+
+async def update_many(
+    session: AsyncSession, model: type[Any], changes: dict[int, dict[str, Any]]
+) -> None:
+    """Many rows changed at once: for each row's ``id``, the columns it changes and their new
+    values (a column's attribute and its name are the same). On PostgreSQL one UPDATE from
+    arrays for each set of columns changed, elsewhere one executemany for each (issue 24: the
+    ORM's flush of a first pass's 4 803 changed runs and workers took 0.25 s). The session's
+    own objects of those rows, where it holds some, take the new values as loaded: they agree
+    with the database, and the session writes none of them again."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for row_id, values in changes.items():
+        if values:
+            groups.setdefault(tuple(values), []).append(row_id)
+    table = model.__table__
+    dialect = session.get_bind().dialect
+    for columns, ids in groups.items():
+        rows = [changes[i] for i in ids]
+        if dialect.name == "postgresql":
+            await _update_from_arrays(session, table, columns, ids, rows)
+        else:
+            await _update_each(session, table, columns, ids, rows)
+    _as_loaded(session, model, changes)
+
+
+async def _update_from_arrays(
+    session: AsyncSession,
+    table: Any,
+    columns: tuple[str, ...],
+    ids: list[int],
+    rows: list[dict[str, Any]],
+) -> None:
+    dialect = session.get_bind().dialect
+    types = _pg_types(table, columns)
+    arrays: list[list[Any]] = [ids]
+    for name, pg_type in zip(columns, types, strict=True):
+        # An array holds values of one Python type: 1 and 2.5 both float, "a" and an enum str.
+        process = table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
+        process = process or _ARRAY_VALUES.get(pg_type)
+        values = [row[name] for row in rows]
+        arrays.append([None if v is None else process(v) for v in values] if process else values)
+    sets = ", ".join(f"{c} = v.{c}" for c in columns)
+    # Binary arrays: a text array of 8 652 sentences takes psycopg and the server 0.06 s to write
+    # and parse, the same in binary 0.01 s.
+    casts = ", ".join(f"%b::{t}[]" for t in ("int8", *types))
+    statement = (
+        f"UPDATE {table.name} SET {sets} FROM unnest({casts}) AS v(id, {', '.join(columns)}) "
+        f"WHERE {table.name}.id = v.id"
+    )
     pg = await driver_connection(session)
-    statement = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
-    async with pg.cursor() as cursor, cursor.copy(statement) as copy:
-        for row in rows:
-            await copy.write_row([_copy_value(row[c]) for c in columns])
+    async with pg.cursor() as cursor:
+        await cursor.execute(statement, arrays)
 
 
-def _copy_value(value: Any) -> Any:
-    return Jsonb(value) if isinstance(value, dict | list) else value
+async def _update_each(
+    session: AsyncSession,
+    table: Any,
+    columns: tuple[str, ...],
+    ids: list[int],
+    rows: list[dict[str, Any]],
+) -> None:
+    statement = (
+        update(table)
+        .where(table.c.id == bindparam("_id"))
+        .values({c: bindparam(f"_{c}") for c in columns})
+    )
+    params = [
+        {"_id": i, **{f"_{c}": row[c] for c in columns}} for i, row in zip(ids, rows, strict=True)
+    ]
+    await session.execute(statement, params)
+
+
+def _as_loaded(session: AsyncSession, model: type[Any], changes: dict[int, dict[str, Any]]) -> None:
+    identities = session.sync_session.identity_map
+    if not len(identities):
+        return
+    for row_id, values in changes.items():
+        held = identities.get(identity_key(model, row_id))
+        if held is not None:
+            for name, value in values.items():
+                set_committed_value(held, name, value)
+
+
+# The PostgreSQL type of each column type of ours, by its SQL there: what binary COPY sends,
+# what an UPDATE's arrays are cast to.
+_PG_TYPES = {
+    "BIGINT": "int8",
+    "INTEGER": "int4",
+    "SMALLINT": "int2",
+    "BOOLEAN": "bool",
+    "FLOAT": "float8",
+    "DOUBLE PRECISION": "float8",
+    "TIMESTAMP WITH TIME ZONE": "timestamptz",
+    "JSONB": "jsonb",
+    "TEXT": "text",
+}
+
+
+_ARRAY_VALUES: dict[str, Callable[[Any], Any]] = {"float8": float, "text": str}
+
+
+@functools.cache
+def _pg_types(table: Any, columns: tuple[str, ...]) -> tuple[str, ...]:
+    dialect = postgresql.dialect()
+    sql = [table.c[name].type.compile(dialect=dialect) for name in columns]
+    return tuple("text" if s.startswith("VARCHAR") else _PG_TYPES[s] for s in sql)
 
 
 # -- jobs sent by the transaction that needs them, once it commits --------------------------------

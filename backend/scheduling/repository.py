@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, Result, Row, Table, bindparam, select, text, update
+from sqlalchemy import BigInteger, Result, Row, Table, select, text, update
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.db import update_many
 from backend.models import Cluster, Gpu, Machine, Pool, Run, Worker, Workspace, WorkspaceQuota
 from backend.runs.rules import ENDED_RUN_STATES
 from backend.runs.spec import Footprint, stored_footprint
@@ -53,11 +54,20 @@ async def cluster_policy(session: AsyncSession, cluster_id: int) -> tuple[str, b
     return str(row.name), bool(row.preempt_over_quota)
 
 
+# The tables a pass reads, read as tables: plain rows, without the ORM's work per row (issue 24:
+# a first pass reads 10 000 pending runs).
+RUNS = cast(Table, Run.__table__)
+WORKERS = cast(Table, Worker.__table__)
+MACHINES = cast(Table, Machine.__table__)
+GPUS = cast(Table, Gpu.__table__)
+POOLS = cast(Table, Pool.__table__)
+
+
 def _footprint() -> list[Any]:
     """The columns of a run's stored specification that placement reads (runs.spec
     stored_footprint makes its Footprint of them): read in SQL, so a pass neither sends nor
     decodes every specification whole."""
-    spec = Run.spec
+    spec = RUNS.c.spec
     return [
         spec["cpu"].as_float().label("cpu"),
         # Bytes exceed a 32-bit INTEGER (as_integer()'s cast): read as text, cast to BIGINT.
@@ -76,32 +86,34 @@ def footprint(row: Row[Any]) -> Footprint:
 
 async def machines(session: AsyncSession, cluster_id: int) -> list[Row[Any]]:
     """The cluster's machines (not removed), by name, with their pool's name (``pool``)."""
+    m = MACHINES.c
     rows: Result[Any] = await session.execute(
         select(
-            Machine.id,
-            Machine.name,
-            Machine.state,
-            Machine.cpu_cores,
-            Machine.memory_bytes,
-            Machine.executor,
-            Pool.name.label("pool"),
+            m.id,
+            m.name,
+            m.state,
+            m.cpu_cores,
+            m.memory_bytes,
+            m.executor,
+            POOLS.c.name.label("pool"),
         )
-        .outerjoin(Pool, Pool.id == Machine.pool_id)
-        .where(Machine.cluster_id == cluster_id, Machine.state != "removed")
-        .order_by(Machine.name)
+        .select_from(MACHINES.outerjoin(POOLS, POOLS.c.id == m.pool_id))
+        .where(m.cluster_id == cluster_id, m.state != "removed")
+        .order_by(m.name)
     )
-    return list(rows)
+    return list(rows.all())
 
 
 async def gpus(session: AsyncSession, cluster_id: int) -> dict[int, list[tuple[int, str]]]:
     """(index, health) of every GPU of the cluster, by machine."""
+    g = GPUS.c
     rows = await session.execute(
-        select(Gpu.machine_id, Gpu.index, Gpu.health)
-        .join(Machine, Machine.id == Gpu.machine_id)
-        .where(Machine.cluster_id == cluster_id)
+        select(g.machine_id, g.index, g.health)
+        .select_from(GPUS.join(MACHINES, MACHINES.c.id == g.machine_id))
+        .where(MACHINES.c.cluster_id == cluster_id)
     )
     grouped: dict[int, list[tuple[int, str]]] = defaultdict(list)
-    for machine_id, index, health in rows:
+    for machine_id, index, health in rows.all():
         grouped[machine_id].append((index, health))
     return grouped
 
@@ -109,45 +121,47 @@ async def gpus(session: AsyncSession, cluster_id: int) -> dict[int, list[tuple[i
 async def placed_workers(session: AsyncSession, cluster_id: int) -> list[Row[Any]]:
     """Every worker that holds room on a machine of the cluster (``machine_id``, ``gpu_ids``),
     with what placement needs of its run, as plain rows, by run and rank."""
+    r, w = RUNS.c, WORKERS.c
     rows = await session.execute(
         select(
-            Worker.machine_id,
-            Worker.gpu_ids,
-            Run.id,
-            Run.name,
-            Run.priority,
-            Run.workspace_id,
-            Run.placed_at,
-            Run.stop_cause,
-            Run.gpus_per_worker,
+            w.machine_id,
+            w.gpu_ids,
+            r.id,
+            r.name,
+            r.priority,
+            r.workspace_id,
+            r.placed_at,
+            r.stop_cause,
+            r.gpus_per_worker,
             *_footprint(),
         )
-        .join(Run, Run.id == Worker.run_id)
-        .where(Run.cluster_id == cluster_id, Worker.machine_id.is_not(None))
-        .order_by(Run.id, Worker.rank)
+        .select_from(WORKERS.join(RUNS, r.id == w.run_id))
+        .where(r.cluster_id == cluster_id, w.machine_id.is_not(None))
+        .order_by(r.id, w.rank)
     )
-    return list(rows)
+    return list(rows.all())
 
 
 async def pending_runs(session: AsyncSession, cluster_id: int) -> list[Row[Any]]:
     """What placement needs of each pending run, as plain rows (thousands of them per pass)."""
+    r = RUNS.c
     rows: Result[Any] = await session.execute(
         select(
-            Run.id,
-            Run.name,
-            Run.workspace_id,
-            Run.priority,
-            Run.created_at,
-            Run.worker_count,
-            Run.gpus_per_worker,
-            Run.restart_at,
-            Run.reason,
-            Run.waits_for,
-            Run.cause,
+            r.id,
+            r.name,
+            r.workspace_id,
+            r.priority,
+            r.created_at,
+            r.worker_count,
+            r.gpus_per_worker,
+            r.restart_at,
+            r.reason,
+            r.waits_for,
+            r.cause,
             *_footprint(),
-        ).where(Run.cluster_id == cluster_id, Run.state == "Pending", Run.deleted_at.is_(None))
+        ).where(r.cluster_id == cluster_id, r.state == "Pending", r.deleted_at.is_(None))
     )
-    return list(rows)
+    return list(rows.all())
 
 
 # Everything a pass decides from, in one value: the cluster's policy, its pending runs (with
@@ -237,28 +251,12 @@ async def machine_addresses(session: AsyncSession, ids: Sequence[int]) -> dict[i
 async def set_reasons(session: AsyncSession, reasons: list[dict[str, Any]]) -> None:
     """Change pending runs' sentences and what each says they wait for (no history: the state is
     unchanged); a sentence of the scheduler's has no cause (a restart's is replaced with it).
-    On PostgreSQL one UPDATE from three arrays (a first pass over a queue of 10 000 writes as
-    many), elsewhere one executemany."""
-    if not reasons:
-        return
-    if session.get_bind().dialect.name == "postgresql":
-        await session.execute(
-            text(
-                "UPDATE runs SET reason = v.reason, waits_for = v.wait, cause = NULL "
-                "FROM unnest(CAST(:ids AS bigint[]), CAST(:reasons AS text[]), "
-                "CAST(:waits AS text[])) AS v(id, reason, wait) WHERE runs.id = v.id"
-            ),
-            {
-                "ids": [r["id"] for r in reasons],
-                "reasons": [r["reason"] for r in reasons],
-                "waits": [r["waits_for"] for r in reasons],
-            },
-        )
-        return
-    table = cast(Table, Run.__table__)
-    await session.execute(
-        update(table)
-        .where(table.c.id == bindparam("run_id"))
-        .values(reason=bindparam("text"), waits_for=bindparam("wait"), cause=None),
-        [{"run_id": r["id"], "text": r["reason"], "wait": r["waits_for"]} for r in reasons],
+    All at once (a first pass over a queue of 10 000 writes as many): db.update_many."""
+    await update_many(
+        session,
+        Run,
+        {
+            r["id"]: {"reason": r["reason"], "waits_for": r["waits_for"], "cause": None}
+            for r in reasons
+        },
     )
