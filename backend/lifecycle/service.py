@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.accounting import counting
@@ -20,17 +21,9 @@ from backend.errors import Conflict, NotFound
 from backend.events import rules as events_rules
 from backend.lifecycle import endings, progress, repository, rules, sentences, starting, states
 from backend.lifecycle.views import Effects, RunPolicy, RunView, Transition, WorkerView
-from backend.models import (
-    AgentCommand,
-    Event,
-    Run,
-    StateTransition,
-    Worker,
-    WorkerFailure,
-    Workspace,
-)
+from backend.models import AgentCommand, Event, Run, StateTransition, WorkerFailure
 from backend.runs.rules import Wait
-from backend.runs.spec import stored_spec
+from backend.runs.spec import RunSpec, stored_spec
 
 _RUN_FIELDS = (
     "state",
@@ -76,16 +69,18 @@ _WORKER_FIELDS = (
 
 @dataclass
 class Gang:
-    """A run and its workers as rows, and the same as a view the rules can change."""
+    """A run and its workers as the database had them when they were locked (plain rows, each
+    column an attribute; the run's with its workspace's ``organization_id``, each worker's
+    with its machine's ``machine_name``), its stored specification, and the same as a view the
+    rules change. What a rule changed is written from the difference (``persist``)."""
 
-    run: Run
-    workers: list[Worker]
-    workspace: Workspace
+    run: Row[Any]
+    workers: list[Row[Any]]
+    spec: RunSpec
     view: RunView
 
 
-def policy_of(stored: dict[str, Any]) -> RunPolicy:
-    spec = stored_spec(stored)
+def policy_of(spec: RunSpec) -> RunPolicy:
     return RunPolicy(
         restart_policy=spec.restart_policy,
         max_restarts=spec.max_restarts,
@@ -95,7 +90,7 @@ def policy_of(stored: dict[str, Any]) -> RunPolicy:
     )
 
 
-def _worker_view(w: Worker, machine_names: dict[int, str]) -> WorkerView:
+def _worker_view(w: Row[Any]) -> WorkerView:
     failure = dict(w.last_failure) if w.last_failure else None
     if failure and isinstance(failure.get("failed_at"), str):
         failure["failed_at"] = datetime.fromisoformat(failure["failed_at"])
@@ -108,7 +103,7 @@ def _worker_view(w: Worker, machine_names: dict[int, str]) -> WorkerView:
         reason=w.reason,
         phase=w.phase,
         machine_id=w.machine_id,
-        machine_name=machine_names.get(w.machine_id) if w.machine_id else None,
+        machine_name=w.machine_name,
         gpu_ids=list(w.gpu_ids or []),
         ready=w.ready,
         stop_cause=w.stop_cause,
@@ -133,7 +128,7 @@ def _worker_view(w: Worker, machine_names: dict[int, str]) -> WorkerView:
     )
 
 
-def _run_view(run: Run, workers: list[Worker], machine_names: dict[int, str]) -> RunView:
+def _run_view(run: Row[Any], workers: list[Row[Any]], spec: RunSpec) -> RunView:
     first = dict(run.first_failure) if run.first_failure else None
     if first and isinstance(first.get("at"), str):
         first["at"] = datetime.fromisoformat(first["at"])
@@ -142,8 +137,8 @@ def _run_view(run: Run, workers: list[Worker], machine_names: dict[int, str]) ->
         name=run.name,
         state=run.state,
         reason=run.reason,
-        policy=policy_of(run.spec),
-        workers=[_worker_view(w, machine_names) for w in workers],
+        policy=policy_of(spec),
+        workers=[_worker_view(w) for w in workers],
         first_failure=first,
     )
     for name in _RUN_FIELDS:
@@ -154,23 +149,17 @@ def _run_view(run: Run, workers: list[Worker], machine_names: dict[int, str]) ->
 async def load_gangs(
     session: AsyncSession, run_ids: Sequence[int], *, lock: bool = True
 ) -> list[Gang]:
-    """The runs with their workers, locked for update so two passes never decide twice."""
+    """The runs with their workers, locked for update so two passes never decide twice. What
+    the session changed and did not write yet is written first: the rows read are its own."""
     if not run_ids:
         return []
-    runs = await repository.runs_by_id(session, run_ids, lock=lock)
-    workers = await repository.workers_by_run(session, [r.id for r in runs])
-    spaces = await repository.workspaces(session, list({r.workspace_id for r in runs}))
-    machine_ids = {w.machine_id for ws in workers.values() for w in ws if w.machine_id}
-    names = await repository.machine_names(session, list(machine_ids)) if machine_ids else {}
-    return [
-        Gang(
-            r,
-            workers.get(r.id, []),
-            spaces[r.workspace_id],
-            _run_view(r, workers.get(r.id, []), names),
-        )
-        for r in runs
-    ]
+    await session.flush()
+    runs, workers = await repository.gang_rows(session, run_ids, lock=lock)
+    gangs = []
+    for run in runs:
+        spec, rows = stored_spec(run.spec), workers.get(run.id, [])
+        gangs.append(Gang(run, rows, spec, _run_view(run, rows, spec)))
+    return gangs
 
 
 async def load_gang(session: AsyncSession, run_id: int) -> Gang:
@@ -189,25 +178,35 @@ def _json_safe(value: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
     return out
 
 
-def _write_back(gang: Gang) -> None:
+def _changed(row: Row[Any], view: object, names: Sequence[str]) -> dict[str, Any]:
+    """The view's fields that differ from the row's: those alone are written (a placing pass
+    changes a few columns of thousands of rows)."""
+    return {name: value for name in names if (value := getattr(view, name)) != getattr(row, name)}
+
+
+def _changes(gang: Gang, since: dict[int | None, datetime], writes: Writes) -> None:
+    """What the rule changed of the run and of each worker, onto ``writes``; a new state with
+    the time it was entered."""
     view = gang.view
-    _set_changed(gang.run, view, _RUN_FIELDS)
-    gang.run.first_failure = _json_safe(view.first_failure, "at")
+    run = _changed(gang.run, view, _RUN_FIELDS)
+    first = _json_safe(view.first_failure, "at")
+    if first != gang.run.first_failure:
+        run["first_failure"] = first
+    if None in since and since[None] != gang.run.state_since:
+        run["state_since"] = since[None]
+    if run:
+        writes.runs.setdefault(gang.run.id, {}).update(run)
     by_id = {w.id: w for w in gang.workers}
     for wv in view.workers:
         row = by_id[wv.id]
-        _set_changed(row, wv, _WORKER_FIELDS)
-        row.last_failure = _json_safe(wv.last_failure, "failed_at")
-
-
-def _set_changed(row: Run | Worker, view: object, names: Sequence[str]) -> None:
-    """The view's fields onto the row, those that changed only: an unchanged value written
-    would be left out of the UPDATE anyway, after its event and history were paid for (a
-    placing pass writes back thousands of rows)."""
-    for name in names:
-        value = getattr(view, name)
-        if getattr(row, name) != value:
-            setattr(row, name, value)
+        worker = _changed(row, wv, _WORKER_FIELDS)
+        last = _json_safe(wv.last_failure, "failed_at")
+        if last != row.last_failure:
+            worker["last_failure"] = last
+        if wv.id in since and since[wv.id] != row.state_since:
+            worker["state_since"] = since[wv.id]
+        if worker:
+            writes.workers.setdefault(wv.id, {}).update(worker)
 
 
 @dataclass
@@ -218,13 +217,19 @@ class Writes:
     events: list[dict[str, Any]] = field(default_factory=list)
     commands: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    # The columns changed of each run and worker, by id.
+    runs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    workers: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     async def flush(self, session: AsyncSession) -> None:
+        await repository.update_runs(session, self.runs)
+        await repository.update_workers(session, self.workers)
         await insert_many(session, StateTransition, self.transitions)
         await insert_many(session, Event, self.events)
         await insert_many(session, AgentCommand, self.commands)
         await insert_many(session, WorkerFailure, self.failures)
         self.transitions, self.events, self.commands, self.failures = [], [], [], []
+        self.runs, self.workers = {}, {}
 
 
 async def persist(
@@ -234,20 +239,18 @@ async def persist(
 
     With ``writes``, the new rows wait there for one insert of many gangs' rows."""
     batch = writes if writes is not None else Writes()
-    rows: dict[int | None, Run | Worker] = {None: gang.run, **{w.id: w for w in gang.workers}}
-    last_state = {key: row.state for key, row in rows.items()}
+    workers = {w.id: w for w in gang.workers}
+    last_state: dict[int | None, str] = {None: gang.run.state}
+    last_state.update((w.id, w.state) for w in gang.workers)
     since: dict[int | None, datetime] = {}
     for t in fx.transitions:
         if t.state != last_state.get(t.worker_id):
             since[t.worker_id] = t.at
             last_state[t.worker_id] = t.state
-        row = rows.get(t.worker_id)
-        _add_history(batch, gang, row if isinstance(row, Worker) else None, t, at)
+        worker = workers.get(t.worker_id) if t.worker_id is not None else None
+        _add_history(batch, gang, worker.name if worker is not None else None, t, at)
     await _guard_ended(session, gang)
-    _write_back(gang)
-    for key, moment in since.items():
-        if key in rows:
-            rows[key].state_since = moment
+    _changes(gang, since, batch)
     batch.commands.extend(
         {
             "machine_id": c.machine_id,
@@ -262,14 +265,14 @@ async def persist(
         for c in fx.commands
     )
     for restart in fx.restarts:
-        await repository.restarted(session, gang.workspace.id, restart)
+        await repository.restarted(session, gang.run.workspace_id, restart)
     if fx.caught_up:
         await repository.caught_up(session, gang.run.id, min(fx.caught_up))
     batch.failures.extend(
         {
             "machine_id": f.machine_id,
             "cluster_id": gang.run.cluster_id,
-            "workspace_id": gang.workspace.id,
+            "workspace_id": gang.run.workspace_id,
             "run_id": gang.run.id,
             "worker_id": f.worker_id,
             "at": f.at,
@@ -308,7 +311,7 @@ async def _guard_ended(session: AsyncSession, gang: Gang) -> None:
 
 
 def _add_history(
-    batch: Writes, gang: Gang, worker: Worker | None, t: Transition, found: datetime
+    batch: Writes, gang: Gang, worker_name: str | None, t: Transition, found: datetime
 ) -> None:
     batch.transitions.append(
         {
@@ -325,11 +328,11 @@ def _add_history(
     )
     batch.events.append(
         {
-            "organization_id": gang.workspace.organization_id,
-            "workspace_id": gang.workspace.id,
+            "organization_id": gang.run.organization_id,
+            "workspace_id": gang.run.workspace_id,
             "run_id": gang.run.id,
             "run_name": gang.run.name,
-            "worker_name": worker.name if worker is not None else None,
+            "worker_name": worker_name,
             "kind": events_rules.kind_of(t.worker_id is not None, t.state),
             "state": t.state,
             "reason": t.reason,
@@ -371,7 +374,7 @@ async def delete_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> 
     gang, fx = await apply(
         session, run.id, now, lambda view, fx: endings.delete(view, by, now, fx, machines=machines)
     )
-    gang.run.deleted_at = now
+    await repository.update_runs(session, {run.id: {"deleted_at": now}})
     await session.flush()
     await counting.count_deleted(session, [w.id for w in gang.workers], now, counted)
     await repository.clear_pending_commands(session, [w.id for w in gang.workers], now)

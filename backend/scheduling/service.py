@@ -20,7 +20,7 @@ from backend.lifecycle.starting import place
 from backend.lifecycle.views import Effects
 from backend.machines.views import MEMBERS_SEE
 from backend.models import Run
-from backend.runs.spec import Footprint, stored_spec
+from backend.runs.spec import Footprint, RunSpec, stored_spec
 from backend.scheduling import repository
 from backend.scheduling.pending_reasons import machine_reasons
 from backend.scheduling.placement import Ask, Held, Holder, MachineRoom
@@ -192,9 +192,11 @@ async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> Pass
         and timedelta(0) <= now - last.at < REPLAN_AFTER
     ):
         return PassResult(reasons=dict(last.reasons), planned=False)
-    result = await _plan_and_write(session, cluster_id, now)
-    await session.flush()  # the inputs after the pass: with every change it made
-    after = await repository.inputs_fingerprint(session, cluster_id, now)
+    result, wrote = await _plan_and_write(session, cluster_id, now)
+    await session.flush()  # every change it made written: the next cluster's pass reads them
+    # What a pass writes is among its inputs (a run placed or preempted, a reason changed): after
+    # one that wrote, the digest differs from the one before it, and is not read again.
+    after = None if wrote else await repository.inputs_fingerprint(session, cluster_id, now)
     if after is not None and after == before:
         _planned[key] = _Planned(after, dict(result.reasons), now)
     else:
@@ -202,7 +204,10 @@ async def schedule(session: AsyncSession, clock: Clock, cluster_id: int) -> Pass
     return result
 
 
-async def _plan_and_write(session: AsyncSession, cluster_id: int, now: datetime) -> PassResult:
+async def _plan_and_write(
+    session: AsyncSession, cluster_id: int, now: datetime
+) -> tuple[PassResult, bool]:
+    """The pass's decisions, written; and whether it wrote anything."""
     given = await _inputs(session, cluster_id, now)
     decided = plan(
         given.asks,
@@ -228,7 +233,7 @@ async def _plan_and_write(session: AsyncSession, cluster_id: int, now: datetime)
             changes.append({"id": run_id, "reason": reason, "waits_for": str(wait)})
         result.reasons[names[run_id]] = reason
     await repository.set_reasons(session, changes)
-    return result
+    return result, bool(result.placed or result.preempted or changes)
 
 
 async def _preempt(session: AsyncSession, decided: Plan, now: datetime, result: PassResult) -> None:
@@ -272,7 +277,7 @@ async def _place(session: AsyncSession, decided: Plan, now: datetime, result: Pa
             now,
             fx,
             master_port=port,
-            start_payload=start_payload(gang.run),
+            start_payload=start_payload(gang.spec, gang.run.workspace_id),
             master_addr=addresses.get(head_id),
         )
         await lifecycle.persist(session, gang, fx, now, writes)
@@ -280,9 +285,8 @@ async def _place(session: AsyncSession, decided: Plan, now: datetime, result: Pa
     await writes.flush(session)
 
 
-def start_payload(run: Run) -> dict[str, Any]:
-    """What an agent needs to start a worker of the run."""
-    spec = stored_spec(run.spec)
+def start_payload(spec: RunSpec, workspace_id: int) -> dict[str, Any]:
+    """What an agent needs to start a worker of a run of this specification."""
     return {
         "image": spec.image,
         "command": spec.command,
@@ -291,7 +295,7 @@ def start_payload(run: Run) -> dict[str, Any]:
         "mounts": [m.model_dump(mode="json") for m in spec.mounts],
         # Names and targets only: the values reach the machine over its stream when asked.
         "credentials": [c.model_dump(mode="json") for c in spec.credentials],
-        "workspace_id": run.workspace_id,
+        "workspace_id": workspace_id,
         "cpu": spec.cpu,
         "memory_limit_bytes": spec.memory_limit_bytes,
     }
