@@ -6,6 +6,7 @@ accounting phase), the workspace event, and the agent commands (an outbox) — o
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -178,10 +179,20 @@ def _json_safe(value: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
     return out
 
 
-def _changed(row: Row[Any], view: object, names: Sequence[str]) -> dict[str, Any]:
+def _changed(row: Row[Any], view: object, names: tuple[str, ...]) -> dict[str, Any]:
     """The view's fields that differ from the row's: those alone are written (a placing pass
-    changes a few columns of thousands of rows)."""
-    return {name: value for name in names if (value := getattr(view, name)) != getattr(row, name)}
+    changes a few columns of thousands of rows). Compared as tuples first: most rows a rule
+    is given it leaves as they were."""
+    fields = _FIELDS[names]
+    new, old = fields(view), fields(row)
+    if new == old:
+        return {}
+    return {n: v for n, v, was in zip(names, new, old, strict=True) if v != was}
+
+
+_FIELDS: dict[tuple[str, ...], Callable[[object], tuple[Any, ...]]] = {
+    names: operator.attrgetter(*names) for names in (_RUN_FIELDS, _WORKER_FIELDS)
+}
 
 
 def _changes(gang: Gang, since: dict[int | None, datetime], writes: Writes) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime
@@ -79,9 +80,13 @@ def _footprint() -> list[Any]:
 
 
 def footprint(row: Row[Any]) -> Footprint:
-    return stored_footprint(
+    return _footprint_of(
         row.cpu, row.memory_bytes, row.per_gpu_bytes, row.gpus_per_worker, row.pool, row.image
     )
+
+
+# Runs come in few shapes: a pass makes each shape's footprint once (frozen, so shared).
+_footprint_of = functools.lru_cache(maxsize=4096)(stored_footprint)
 
 
 async def machines(session: AsyncSession, cluster_id: int) -> list[Row[Any]]:
