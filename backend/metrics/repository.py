@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -258,21 +259,24 @@ async def _run(session: AsyncSession, shape: _Shape, values: dict[str, Any]) -> 
         return await cursor.fetchall()
 
 
+_STEP = operator.itemgetter(0)
+
+
 def _read(rows: Sequence[Any], width: int, dialect: Dialect) -> RangeRows:
-    """The statement's rows: the buckets first, a series' rows one after the other (its
-    order), then the scope's."""
-    scope = len(rows)
-    while scope and rows[scope - 1][0] == _SCOPE:
-        scope -= 1
+    """The statement's rows, the series in their order: each one's steps, oldest first; the
+    scope's rows."""
+    buckets = [row for row in rows if row[0] == _BUCKET]
     series: dict[tuple[str, ...], list[tuple[int, float]]] = {}
-    if width == 0 and scope:  # no label kept: one series
-        series[()] = [row[1:3] for row in rows[:scope]]
-    for row in rows[:scope] if width else ():
+    if width == 0 and buckets:  # no label kept: one series
+        series[()] = [row[1:3] for row in buckets]
+    for row in buckets if width else ():
         labels = tuple(map(_text, row[1 : 1 + width]))
         series.setdefault(labels, []).append(row[1 + width : 3 + width])
+    for points in series.values():
+        points.sort(key=_STEP)
     workspace_found: tuple[int, int] | None = None
     scoped: list[ScopedWorker] = []
-    for row in rows[scope:]:
+    for row in [row for row in rows if row[0] == _SCOPE] if len(buckets) < len(rows) else ():
         ws, org, id, name, run, ended, read, machine, executor, unmeasured = row[3 + width :]
         workspace_found = (ws, org)
         if id is None:
@@ -354,9 +358,11 @@ def _range_statement(shape: _Shape) -> CompoundSelect:
     nulls: list[Any] = [null() for _ in range(width + 2)]  # the labels, the step, the value
     scope_rows = select(literal_column(str(_SCOPE)), *nulls, *scope.c)
     labels: list[Any] = [literal_column(f"label_{i}") for i in range(width)]
-    return union_all(bucket_rows, scope_rows).order_by(
-        literal_column("part"), *labels, literal_column("b")
-    )
+    # The series in their labels' order (the database's collation), where labels are kept;
+    # _read puts each one's steps in order: a sort of the last hour's 240 rows here (each as
+    # wide as a scope row) took longer than the whole statement's work beyond the bare one's
+    rows = union_all(bucket_rows, scope_rows)
+    return rows.order_by(*labels) if labels else rows
 
 
 def _one_of(column: Column[Any], key: str, count: int) -> ColumnElement[bool]:
