@@ -59,6 +59,7 @@ pytest_plugins = [
     "tests.support.jobs",  # redis_worker
     "tests.support.lifecycle",  # placed
     "tests.support.processes",  # live
+    "tests.support.slurm",  # slurm, slurm_accounts
     "tests.support.stream",  # machine_token
 ]
 

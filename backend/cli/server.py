@@ -200,6 +200,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a Slurm command may take (they block while slurmctld is down)",
     )
     create.add_argument(
+        "--state-dir",
+        help="a folder the server and every node see: runs submitted to Slurm from Astraeus keep "
+        "their job output, logs and ends there (without it, runs are not submitted)",
+    )
+    create.add_argument(
+        "--node-python",
+        default="python3",
+        help="the Python on the nodes that has Astraeus's agent package (agent.slurm_task)",
+    )
+    create.add_argument(
         "--import-since",
         type=_when,
         help="import the jobs active since this time (ISO 8601; default: now)",

@@ -28,7 +28,11 @@ def cmd_cluster_create(settings: Settings, args: argparse.Namespace) -> int:
                 f"cluster {found.name}: scheduled by Astraeus; machines join it with a join token"
             )
         options = slurm.SlurmSettings(
-            conf=args.slurm_conf, bin=args.slurm_bin, timeout_s=args.timeout
+            conf=args.slurm_conf,
+            bin=args.slurm_bin,
+            timeout_s=args.timeout,
+            state_dir=args.state_dir,
+            python=args.node_python,
         )
         found = await slurm.create_cluster(
             session, clock, org.id, args.name, options, since=args.import_since

@@ -148,9 +148,10 @@ async def placement_target(
     session: AsyncSession, organization_id: int, cluster: str | None, pool: str | None
 ) -> tuple[Cluster, Pool | None]:
     """The cluster (and pool) a run specification names, or the organisation's only cluster."""
-    # A Slurm-backed cluster's runs are its jobs, imported (backend/slurm/): a run is not
-    # submitted to it from here, and it is never the cluster a run goes to unnamed.
-    clusters = [c for c in await repository.list_clusters(session, organization_id) if not c.slurm]
+    # A Slurm-backed cluster takes the runs that name it (backend/slurm/ submits them); it is
+    # never the cluster a run goes to unnamed.
+    every = await repository.list_clusters(session, organization_id)
+    clusters = [c for c in every if not c.slurm]
     if cluster is None:
         if len(clusters) != 1:
             names = ", ".join(c.name for c in clusters) or "none"
@@ -165,16 +166,11 @@ async def placement_target(
             )
         chosen = clusters[0]
     else:
-        found = [c for c in clusters if c.name == cluster]
+        found = [c for c in every if c.name == cluster]
         if not found:
-            slurm = await repository.list_clusters(session, organization_id)
-            why = (
-                f"cluster '{cluster}' is run by Slurm: its runs are the jobs submitted there "
-                "(sbatch), imported"
-                if any(c.name == cluster for c in slurm)
-                else f"no cluster named '{cluster}'"
+            raise InvalidInput(
+                "INVALID_SPEC", [FieldError("cluster", f"no cluster named '{cluster}'")]
             )
-            raise InvalidInput("INVALID_SPEC", [FieldError("cluster", why)])
         chosen = found[0]
     if pool is None:
         return chosen, None

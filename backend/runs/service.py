@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,7 +20,7 @@ from backend.lifecycle.progress import is_straggler
 from backend.models import Event, Run, StateTransition, Worker, Workspace
 from backend.organizations import service as organizations
 from backend.runs import repository
-from backend.runs.rules import WORKER_CREATED, WorkerState, plan_new_run
+from backend.runs.rules import ENDED_RUN_STATES, WORKER_CREATED, WorkerState, plan_new_run
 from backend.runs.spec import RunSpec, parse_spec
 from backend.scheduling.rules import PASS_JOB
 
@@ -104,6 +104,8 @@ async def create_run(
     cluster, pool = await organizations.placement_target(
         session, ws.organization_id, spec.cluster, spec.pool
     )
+    if cluster.slurm is not None:
+        _check_slurm_spec(spec, cluster.name)
     if await repository.get_live_run_by_name(session, ws.id, spec.name) is not None:
         raise _name_taken(spec.name)
     _check_priority(ws, spec)
@@ -155,7 +157,8 @@ async def create_run(
             session, ws, run, worker, worker.state, worker.reason, plan.created_at, phase="waiting"
         )
     await session.flush()
-    after_commit(session, PASS_JOB)  # to be placed
+    # to be placed, or submitted to its cluster's Slurm
+    after_commit(session, SLURM_JOB if cluster.slurm is not None else PASS_JOB)
     return run
 
 
@@ -173,6 +176,29 @@ async def run_again(
     spec = dict(run.spec or {})
     spec["name"] = new_name
     return await create_run(session, clock, principal, spec, workspace=workspace)
+
+
+SLURM_JOB = "slurm.import"  # the actor that submits a Slurm cluster's runs and reads its jobs
+
+
+def _check_slurm_spec(spec: RunSpec, cluster: str) -> None:
+    """What a run on a Slurm cluster cannot ask for (yet): its workers are Slurm's tasks,
+    started by srun on the nodes as processes."""
+    why = f"is not supported on cluster '{cluster}', which Slurm runs"
+    refused = [
+        FieldError(name, why)
+        for name, given in (
+            ("image", spec.image is not None),
+            ("mounts", bool(spec.mounts)),
+            ("credentials", bool(spec.credentials)),
+            ("user", spec.user is not None),
+        )
+        if given
+    ]
+    if spec.command is None:
+        refused.append(FieldError("command", f"is required on cluster '{cluster}' (Slurm runs it)"))
+    if refused:
+        raise InvalidInput("INVALID_SPEC", refused)
 
 
 def _name_taken(name: str) -> Conflict:
@@ -343,8 +369,35 @@ async def stop_run(
     *,
     workspace: str | None = None,
 ) -> Run:
-    """Its owner (or anyone of its workspace) asks it to wind down."""
-    return await _act(session, clock, principal, name, workspace, lifecycle.stop_run)
+    """Its owner (or anyone of its workspace) asks it to wind down. A run on a Slurm cluster
+    is Slurm's job: one submitted from here is cancelled in Slurm (scancel, by the Slurm
+    actor), and ends when Slurm ends it; one imported from Slurm is refused."""
+    run = await get_run(session, principal, name, workspace=workspace)
+    if run.external_id is None:
+        await lifecycle.stop_run(session, clock, run, principal.user_name)
+        after_commit(session, PASS_JOB)  # its GPUs are free once it has wound down
+        return run
+    if not submitted_here(run):
+        raise Conflict(
+            "RUN_IMPORTED",
+            f"The run '{run.name}' is Slurm job {run.external_id}, imported: it is not stopped "
+            f"here; cancel it in Slurm (scancel {run.external_id}).",
+        )
+    if run.state in ENDED_RUN_STATES:
+        raise Conflict("RUN_ENDED", f"The run '{run.name}' has already ended ({run.state}).")
+    if run.stop_cause is None:
+        ws = await workspace_for(session, principal, workspace)
+        run.stop_cause, run.stop_by = "owner", principal.user_name
+        run.reason = f"Stopping: asked by {principal.user_name}"
+        record_transition(session, ws, run, None, run.state, run.reason, clock.now())
+    after_commit(session, SLURM_JOB)  # cancelled in Slurm
+    return run
+
+
+def submitted_here(run: Run) -> bool:
+    """A run submitted from Astraeus to a Slurm cluster (not one imported from it)."""
+    slurm = (run.spec or {}).get("slurm")
+    return isinstance(slurm, dict) and bool(slurm.get("submitted"))
 
 
 async def delete_run(
@@ -362,36 +415,14 @@ async def delete_run(
     deletions, or a deletion and a machine acknowledging its commands, cannot each hold a row
     the other waits for (issue 19: a deadlock on ``DELETE FROM workers``)."""
     run = await get_run(session, principal, name, workspace=workspace)
-    _refuse_imported(run, "deleted")
+    if run.external_id is not None and run.state not in ENDED_RUN_STATES:
+        raise Conflict(
+            "RUN_NOT_ENDED",
+            f"The run '{run.name}' is Slurm job {run.external_id}, not ended: stop it first "
+            "(its history is Slurm's until it ends).",
+        )
     await counting.hold_mark(session)
     await repository.lock_for_deletion(session, run.id)
     await lifecycle.delete_run(session, clock, run, principal.user_name)
     after_commit(session, PASS_JOB)  # its GPUs are free
     return run
-
-
-async def _act(
-    session: AsyncSession,
-    clock: Clock,
-    principal: Principal,
-    name: str,
-    workspace: str | None,
-    action: Callable[[AsyncSession, Clock, Run, str], Awaitable[object]],
-) -> Run:
-    run = await get_run(session, principal, name, workspace=workspace)
-    _refuse_imported(run, "stopped")
-    await action(session, clock, run, principal.user_name)
-    after_commit(session, PASS_JOB)  # its GPUs are free once it has wound down
-    return run
-
-
-def _refuse_imported(run: Run, what: str) -> None:
-    """A run imported from Slurm is Slurm's job: Slurm stops it (scancel), and its history is
-    the cluster's accounting."""
-    if run.external_id is None:
-        return
-    raise Conflict(
-        "RUN_IMPORTED",
-        f"The run '{run.name}' is Slurm job {run.external_id}, imported: it is not {what} "
-        f"here; cancel it in Slurm (scancel {run.external_id}).",
-    )

@@ -38,6 +38,12 @@ class SlurmSettings:
     conf: str | None = None
     bin: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
+    # Runs submitted from Astraeus: a folder the server and every node see (each run's job
+    # output, its workers' logs, starts and ends), and the Python on the nodes that has
+    # Astraeus's agent package (agent.slurm_task). Without a state folder, runs are not
+    # submitted to the cluster (its jobs are still imported).
+    state_dir: str | None = None
+    python: str = "python3"
 
     @classmethod
     def of(cls, stored: dict[str, Any] | None) -> SlurmSettings:
@@ -46,10 +52,18 @@ class SlurmSettings:
             conf=stored.get("conf"),
             bin=stored.get("bin"),
             timeout_s=float(stored.get("timeout_s") or DEFAULT_TIMEOUT_S),
+            state_dir=stored.get("state_dir"),
+            python=stored.get("python") or "python3",
         )
 
     def stored(self) -> dict[str, Any]:
-        return {"conf": self.conf, "bin": self.bin, "timeout_s": self.timeout_s}
+        return {
+            "conf": self.conf,
+            "bin": self.bin,
+            "timeout_s": self.timeout_s,
+            "state_dir": self.state_dir,
+            "python": self.python,
+        }
 
 
 class SlurmCommands:
@@ -69,14 +83,25 @@ class SlurmCommands:
             env["SLURM_CONF"] = self.settings.conf
         return env
 
-    async def run(self, name: str, *args: str) -> str:
+    async def submit(self, script: str, workdir: str) -> str:
+        """sbatch a batch script (on standard input); the job's id."""
+        out = await self.run("sbatch", "--parsable", f"--chdir={workdir}", stdin=script)
+        job_id = out.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise SlurmUnavailable(f"sbatch printed no job id: {out.strip()[:200]!r}")
+        return job_id
+
+    async def cancel(self, job_id: str) -> None:
+        await self.run("scancel", job_id)
+
+    async def run(self, name: str, *args: str, stdin: str | None = None) -> str:
         program = str(Path(self.settings.bin) / name) if self.settings.bin else name
         try:
             process = await asyncio.create_subprocess_exec(
                 program,
                 *args,
                 env=self._env(),
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 limit=MAX_OUTPUT,
@@ -84,7 +109,10 @@ class SlurmCommands:
         except OSError as e:
             raise SlurmUnavailable(f"{name}: {e.strerror or e}") from e
         try:
-            out, err = await asyncio.wait_for(process.communicate(), self.settings.timeout_s)
+            out, err = await asyncio.wait_for(
+                process.communicate(stdin.encode() if stdin is not None else None),
+                self.settings.timeout_s,
+            )
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()

@@ -98,6 +98,38 @@ async def live_job_ids(session: AsyncSession, cluster_id: int) -> list[str]:
     return [r for r in rows if r is not None]
 
 
+async def unsubmitted(session: AsyncSession, cluster_id: int) -> list[tuple[Run, Workspace]]:
+    """Runs submitted here to the cluster and not yet to Slurm, oldest first."""
+    rows = await session.execute(
+        select(Run, Workspace)
+        .join(Workspace, Workspace.id == Run.workspace_id)
+        .where(
+            Run.cluster_id == cluster_id,
+            Run.external_id.is_(None),
+            Run.state == "Pending",
+            Run.deleted_at.is_(None),
+        )
+        .order_by(Run.id)
+    )
+    return [(r, w) for r, w in rows.all()]
+
+
+async def asked_to_stop(session: AsyncSession, cluster_id: int) -> list[str]:
+    rows = await session.scalars(
+        select(Run.external_id).where(
+            Run.cluster_id == cluster_id,
+            Run.external_id.is_not(None),
+            Run.stop_cause == "owner",
+            Run.state.not_in(ENDED_RUN_STATES),
+        )
+    )
+    return [r for r in rows if r is not None]
+
+
+async def lock_run(session: AsyncSession, run_id: int) -> Run | None:
+    return await session.scalar(select(Run).where(Run.id == run_id).with_for_update())
+
+
 async def workers_of(session: AsyncSession, run_ids: Sequence[int]) -> dict[int, list[Worker]]:
     out: dict[int, list[Worker]] = {r: [] for r in run_ids}
     ids = list(run_ids)

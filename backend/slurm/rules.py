@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -517,3 +518,112 @@ def merge(accounted: list[SlurmJob], queued: list[SlurmJob]) -> list[SlurmJob]:
         if job.state in LIVE_STATES and (known is None or not ended(known)):
             out[job.job_id] = job
     return sorted(out.values(), key=lambda j: (j.submit, _id_key(j.job_id)))
+
+
+# ---- a run of Astraeus's as a Slurm job ----
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What a run asks of Slurm: one job whose tasks are its workers (the gang is Slurm's
+    allocation: placed whole or not at all), each run by agent.slurm_task on its node."""
+
+    run_id: int
+    run: str
+    account: str
+    partition: str | None
+    workers: int
+    gpus: int  # per worker
+    cpus: int  # per worker
+    memory_mb: int | None  # per worker
+    command: tuple[str, ...]
+    environment: tuple[tuple[str, str], ...]
+    time_limit: timedelta | None
+    priority: int  # Astraeus's, 0 to 100
+    run_dir: str
+    python: str
+    master_port: int
+
+
+# Astraeus's priority (0 to 100, 50 by default) as Slurm's nice value: a higher priority is a
+# lower nice. Slurm lets anyone raise their nice; only its operators lower it below 0.
+NICE_PER_PRIORITY = 1000
+
+
+def nice(priority: int) -> int:
+    return (50 - priority) * NICE_PER_PRIORITY
+
+
+def slurm_minutes(limit: timedelta) -> int:
+    """sbatch's --time in minutes, rounded up: a run is never cut before its own limit."""
+    return max(1, -(-int(limit.total_seconds()) // 60))
+
+
+def batch_script(s: Submission) -> str:
+    """The job's batch script: its resources as #SBATCH lines, then one srun of the workers."""
+    quote = shlex.quote
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={s.run}",
+        f"#SBATCH --account={s.account}",
+        f"#SBATCH --ntasks={s.workers}",
+        f"#SBATCH --cpus-per-task={s.cpus}",
+        f"#SBATCH --output={s.run_dir}/slurm-%j.out",
+        f"#SBATCH --comment=astraeus-run-{s.run_id}",
+        f"#SBATCH --nice={nice(s.priority)}",
+    ]
+    if s.partition:
+        lines.append(f"#SBATCH --partition={s.partition}")
+    if s.gpus:
+        lines.append(f"#SBATCH --gpus-per-task={s.gpus}")
+    if s.memory_mb:
+        lines.append(f"#SBATCH --mem-per-cpu={-(-s.memory_mb // s.cpus)}M")
+    if s.time_limit is not None:
+        lines.append(f"#SBATCH --time={slurm_minutes(s.time_limit)}")
+    lines.append("")
+    for name, value in s.environment:
+        lines.append(f"export {name}={quote(value)}")
+    task = [
+        s.python,
+        "-m",
+        "agent.slurm_task",
+        "--run-dir",
+        s.run_dir,
+        "--run",
+        s.run,
+        "--master-port",
+        str(s.master_port),
+        "--",
+        *s.command,
+    ]
+    # One failed rank ends the job (the gang does not run without it): --kill-on-bad-exit.
+    lines.append("exec srun --kill-on-bad-exit=1 " + " ".join(quote(a) for a in task))
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    """How one worker of a submitted run ended, as agent.slurm_task wrote it on its node."""
+
+    rank: int
+    node: str | None
+    ended_at: datetime
+    exit_code: int
+    signal: int | None
+    log_tail: str
+
+
+def task_end_sentence(end: TaskEnd) -> str:
+    if end.signal:
+        return f"Killed by signal {end.signal}"
+    return exited_with(end.exit_code)
+
+
+def first_failure(ends: list[TaskEnd]) -> TaskEnd | None:
+    """The worker that failed first: the earliest to end with an error of its own. A rank that
+    Slurm ended because another failed (--kill-on-bad-exit: a signal) is a consequence; it is
+    the first only where no rank exited with a code of its own."""
+    failed = [e for e in ends if e.exit_code != 0]
+    own = [e for e in failed if not e.signal]
+    chosen = own or failed
+    return min(chosen, key=lambda e: (e.ended_at, e.rank)) if chosen else None

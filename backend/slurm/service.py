@@ -12,7 +12,10 @@ import retried or run twice records nothing twice.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,12 +27,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.clock import Clock, iso_offset
 from backend.db import Database
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
+from backend.lifecycle.sentences import worker_failed_sentence
 from backend.lifecycle.states import Phase
 from backend.models import Cluster, Gpu, Machine, Pool, Run, SlurmAccount, Worker, Workspace
 from backend.organizations import service as organizations
 from backend.runs import service as runs
 from backend.runs.rules import RunState
-from backend.slurm import repository, rules
+from backend.runs.spec import stored_spec
+from backend.scheduling.rules import MASTER_PORTS
+from backend.slurm import repository, results, rules
 from backend.slurm.commands import SlurmCommands, SlurmSettings, SlurmUnavailable
 from backend.slurm.rules import Change, SlurmJob, SlurmNode
 
@@ -193,15 +199,123 @@ async def import_cluster(db: Database, clock: Clock, cluster_id: int) -> ImportR
             raise NotFound("CLUSTER_NOT_FOUND", "No such Slurm cluster.")
         name, settings = cluster.name, SlurmSettings.of(cluster.slurm)
         since = row.since if row is not None else clock.now()
-        tracked = await repository.live_job_ids(session, cluster_id)
+    commands = SlurmCommands(settings)
     try:
-        snapshot = await read(SlurmCommands(settings), since, clock.now(), tracked)
+        await submit_pending(db, clock, cluster_id, commands)
+        async with db.read() as session:
+            tracked = await repository.live_job_ids(session, cluster_id)
+        snapshot = await read(commands, since, clock.now(), tracked)
     except SlurmUnavailable as e:
         error = str(e)[:1000]
         log.warning("slurm: cluster %s not imported: %s", name, error)
         await db.unit(lambda s: _record_error(s, cluster_id, clock.now(), error))
         return ImportResult(cluster=name, error=error)
     return await db.unit(lambda s: apply(s, clock, cluster_id, snapshot))
+
+
+# ---- runs submitted here, as Slurm jobs ----
+
+
+def no_account_reason(workspace: str, cluster: str) -> str:
+    return (
+        f"Waits for a Slurm account: workspace {workspace} has none on cluster {cluster} "
+        f"(astraeus cluster account {cluster} ACCOUNT --workspace {workspace})"
+    )
+
+
+NO_STATE_DIR = (
+    "Waits for the cluster's state folder: Astraeus submits to this Slurm cluster once it has "
+    "one (astraeus cluster create --state-dir)"
+)
+
+
+async def submit_pending(
+    db: Database, clock: Clock, cluster_id: int, commands: SlurmCommands
+) -> int:
+    """Each run submitted here to the cluster and not yet to Slurm, as one job (sbatch);
+    how many were. sbatch runs outside any transaction; the job's id is written right after,
+    and a run deleted meanwhile has its job cancelled."""
+    async with db.read() as session:
+        cluster = await repository.cluster(session, cluster_id)
+        assert cluster is not None
+        todo = await repository.unsubmitted(session, cluster_id)
+        accounts = {w.id: a.account for a, w in await repository.accounts(session, cluster_id)}
+    for job_id in await _cancel_asked(db, cluster_id):
+        await commands.cancel(job_id)
+    settings = commands.settings
+    submitted = 0
+    for run, ws in todo:
+        account = accounts.get(ws.id)
+        wait = (
+            NO_STATE_DIR
+            if settings.state_dir is None
+            else no_account_reason(ws.name, cluster.name)
+            if account is None
+            else None
+        )
+        if wait is not None:
+            if run.reason != wait:
+                await db.unit(functools.partial(_set_reason, run_id=run.id, reason=wait))
+            continue
+        assert account is not None and settings.state_dir is not None
+        folder = results.run_dir(settings.state_dir, run.id)
+        results.prepare(folder)
+        script = rules.batch_script(_submission(run, account, settings, str(folder)))
+        job_id = await commands.submit(script, str(folder))
+        kept = await db.unit(
+            functools.partial(_submitted, run_id=run.id, job_id=job_id, account=account)
+        )
+        if kept:
+            submitted += 1
+        else:
+            await commands.cancel(job_id)
+    return submitted
+
+
+async def _cancel_asked(db: Database, cluster_id: int) -> list[str]:
+    """The jobs of runs asked here to stop that Slurm has not ended yet (scancel again is
+    harmless: the job ends once)."""
+    async with db.read() as session:
+        return await repository.asked_to_stop(session, cluster_id)
+
+
+def _submission(run: Run, account: str, settings: SlurmSettings, folder: str) -> rules.Submission:
+    spec = stored_spec(run.spec)
+    memory = spec.footprint.memory
+    return rules.Submission(
+        run_id=run.id,
+        run=run.name,
+        account=account,
+        partition=spec.pool,
+        workers=spec.workers,
+        gpus=spec.gpus,
+        cpus=max(1, math.ceil(spec.cpu)),
+        memory_mb=-(-memory // 2**20) if memory else None,
+        command=tuple(spec.command or ()),
+        environment=tuple(sorted(spec.environment.items())),
+        time_limit=spec.time_limit_delta,
+        priority=spec.priority,
+        run_dir=folder,
+        python=settings.python,
+        master_port=MASTER_PORTS.start + run.id % len(MASTER_PORTS),
+    )
+
+
+async def _set_reason(session: AsyncSession, run_id: int, reason: str) -> None:
+    run = await repository.lock_run(session, run_id)
+    if run is not None and run.state == RunState.PENDING.value and run.external_id is None:
+        run.reason = reason
+
+
+async def _submitted(session: AsyncSession, run_id: int, job_id: str, account: str) -> bool:
+    """The job's id on its run; False when the run was deleted or stopped meanwhile."""
+    run = await repository.lock_run(session, run_id)
+    if run is None or run.deleted_at is not None or run.state != RunState.PENDING.value:
+        return False
+    run.external_id = job_id
+    run.reason = f"Submitted to Slurm as job {job_id}"
+    run.spec = {**run.spec, "slurm": {"job_id": job_id, "account": account, "submitted": True}}
+    return True
 
 
 async def read(
@@ -240,6 +354,7 @@ async def apply(
     if row is None:
         row = repository.first_import(cluster_id, snapshot.read_at)
         repository.add(session, row)
+    settings = SlurmSettings.of(cluster.slurm)
     machines = await _sync_nodes(session, cluster, snapshot.nodes, clock.now())
     mapped = {a.account: w for a, w in await repository.accounts(session, cluster_id)}
     jobs = [j for j in snapshot.jobs if j.account.lower() in mapped]
@@ -254,11 +369,13 @@ async def apply(
         ws = mapped[job.account.lower()]
         run = known.get(job.job_id)
         if run is None:
-            run = await _create(session, cluster, ws, job, machines)
+            run = await _create(session, cluster, ws, job, machines, settings)
             known[job.job_id] = run
             workers[run.id] = await _workers_of(session, run)
             result.created += 1
-        elif await _advance(session, ws, run, workers[run.id], job, machines, snapshot.read_at):
+        elif await _advance(
+            session, ws, run, workers[run.id], job, machines, snapshot.read_at, settings
+        ):
             result.changed += 1
     _set_pending_reasons(snapshot.jobs, known, mapped)
     row.since = max(row.since, snapshot.read_at - MARGIN)
@@ -371,6 +488,7 @@ async def _create(
     ws: Workspace,
     job: SlurmJob,
     machines: dict[str, Machine],
+    settings: SlurmSettings,
 ) -> Run:
     name = await _free_name(session, ws.id, rules.run_name(job))
     gpus = rules.worker_gpus(job)
@@ -414,7 +532,7 @@ async def _create(
     repository.add(session, *workers)
     await session.flush()
     for change in rules.changes(job, [w.name for w in workers]):
-        _enter(session, ws, run, workers, job, change, machines)
+        _enter(session, ws, run, workers, change, machines, _tasks(run, job, settings))
     await session.flush()
     return run
 
@@ -427,6 +545,7 @@ async def _advance(
     job: SlurmJob,
     machines: dict[str, Machine],
     now: datetime,
+    settings: SlurmSettings,
 ) -> bool:
     """Record the job's changes since the run was last written; whether there were any."""
     here = _ORDER.get(run.state, 2)
@@ -448,9 +567,38 @@ async def _advance(
     if not todo:
         return False
     for change in todo:
-        _enter(session, ws, run, workers, job, change, machines)
+        # Slurm's times are whole seconds: a run submitted from here was created within the
+        # second before its job's submit time, and its history never goes back.
+        change = dataclasses.replace(change, at=max(change.at, run.state_since))
+        _enter(session, ws, run, workers, change, machines, _tasks(run, job, settings))
     await session.flush()
     return True
+
+
+@dataclass(frozen=True)
+class Tasks:
+    """Where each worker of a run's job runs, and how each ended where it said so."""
+
+    nodes: dict[int, str]
+    ends: dict[int, rules.TaskEnd]
+
+
+def _tasks(run: Run, job: SlurmJob, settings: SlurmSettings) -> Tasks:
+    """An imported job's workers are its nodes; a submitted run's are its tasks, each on the
+    node its agent.slurm_task said (else as srun lays tasks out: in blocks)."""
+    count = run.worker_count
+    if not (runs.submitted_here(run) and settings.state_dir):
+        return Tasks({r: job.nodes[r] for r in range(min(count, len(job.nodes)))}, {})
+    folder = results.run_dir(settings.state_dir, run.id)
+    started = results.starts(folder, count)
+    nodes = {}
+    for rank in range(count):
+        node = started.get(rank) or (
+            job.nodes[rank * len(job.nodes) // count] if job.nodes else None
+        )
+        if node is not None:
+            nodes[rank] = node
+    return Tasks(nodes, results.ends(folder, count))
 
 
 def _enter(
@@ -458,14 +606,25 @@ def _enter(
     ws: Workspace,
     run: Run,
     workers: list[Worker],
-    job: SlurmJob,
     change: Change,
     machines: dict[str, Machine],
+    tasks: Tasks,
 ) -> None:
-    """The run and each worker enter the change's state at its time, in history."""
+    """The run and each worker enter the change's state at its time, in history. At a
+    submitted run's end each worker ends as its task said, and a failed run names the worker
+    that failed first (the earliest to exit with an error of its own)."""
     running = change.state == RunState.RUNNING.value
     ended = change.phase == Phase.ENDED.value
-    run.state, run.reason, run.state_since = change.state, change.run_reason, change.at
+    failed = ended and change.state == RunState.FAILED.value
+    first = rules.first_failure(list(tasks.ends.values())) if failed else None
+    run_reason = change.run_reason
+    if ended and change.state == RunState.STOPPED.value and run.stop_cause == "owner":
+        run_reason = f"Stopped by {run.stop_by}"  # asked here, cancelled in Slurm
+    if first is not None:
+        run_reason = worker_failed_sentence(
+            workers[first.rank].name, first.node, rules.task_end_sentence(first)
+        )
+    run.state, run.reason, run.state_since = change.state, run_reason, change.at
     run.waits_for = None
     if running:
         run.attempt += 1
@@ -473,52 +632,63 @@ def _enter(
         run.started_at = run.started_at or change.at
     if ended:
         run.ended_at, run.running_since, run.cause = change.at, None, change.cause
+    ending: dict[int, tuple[str, str]] = {}  # rank -> (state, reason) at the end
     for rank, w in enumerate(workers):
-        w.state, w.reason, w.state_since, w.phase = (
-            change.state,
-            change.worker_reason,
-            change.at,
-            change.phase,
-        )
+        state, reason = change.state, change.worker_reason
+        if ended and tasks.ends:
+            state, reason = _task_end(change, tasks.ends.get(rank), first, workers)
+        ending[rank] = (state, reason)
+        w.state, w.reason, w.state_since, w.phase = state, reason, change.at, change.phase
         if running:
-            node = job.nodes[rank] if rank < len(job.nodes) else None
+            node = tasks.nodes.get(rank)
             w.machine_id = machines[node].id if node in machines else None
             w.attempt = run.attempt
         if ended:
-            w.exit_code, w.cause = change.exit_code, change.cause
-            if change.state == RunState.FAILED.value and rank == 0:
+            end = tasks.ends.get(rank)
+            w.exit_code = end.exit_code if end else change.exit_code
+            w.cause = change.cause if state == RunState.FAILED.value else None
+            if state == RunState.FAILED.value and (end is not None or rank == 0):
                 w.last_failure = {
-                    "reason": change.worker_reason,
-                    "failed_at": iso_offset(change.at),
-                    "exit_code": change.exit_code,
-                    "log_tail": "",
+                    "reason": reason,
+                    "failed_at": iso_offset(end.ended_at if end else change.at),
+                    "exit_code": w.exit_code,
+                    "log_tail": end.log_tail if end else "",
                 }
-    if ended and change.state == RunState.FAILED.value and workers:
-        first = workers[0]
+    if failed and workers:
+        by = workers[first.rank] if first is not None else workers[0]
         run.first_failure = {
-            "worker": first.name,
-            "machine": job.nodes[0] if job.nodes else None,
-            "reason": change.worker_reason,
+            "worker": by.name,
+            "machine": first.node if first is not None else tasks.nodes.get(0),
+            "reason": rules.task_end_sentence(first) if first is not None else change.worker_reason,
             "cause": change.cause,
-            "at": iso_offset(change.at),
+            "at": iso_offset(first.ended_at if first is not None else change.at),
             "peer_lost": False,
         }
-    runs.record_transition(session, ws, run, None, change.state, change.run_reason, change.at)
-    for w in workers:
+    runs.record_transition(session, ws, run, None, change.state, run_reason, change.at)
+    for rank, w in enumerate(workers):
+        state, reason = ending[rank]
         runs.record_transition(
-            session,
-            ws,
-            run,
-            w,
-            change.state,
-            change.worker_reason,
-            change.at,
-            phase=change.phase,
-            held=change.held,
+            session, ws, run, w, state, reason, change.at, phase=change.phase, held=change.held
         )
     if ended:
         for w in workers:
             w.machine_id = None
+
+
+def _task_end(
+    change: Change,
+    end: rules.TaskEnd | None,
+    first: rules.TaskEnd | None,
+    workers: list[Worker],
+) -> tuple[str, str]:
+    """A submitted run's worker at its job's end: as its task ended, or stopped with its gang."""
+    if end is not None and end.exit_code == 0:
+        return RunState.COMPLETED.value, rules.task_end_sentence(end)
+    if end is not None and (first is None or end.rank == first.rank or not end.signal):
+        return RunState.FAILED.value, rules.task_end_sentence(end)
+    if first is not None:
+        return RunState.STOPPED.value, f"Stopping: worker {workers[first.rank].name} failed"
+    return change.state, change.worker_reason
 
 
 def _set_pending_reasons(
@@ -529,8 +699,8 @@ def _set_pending_reasons(
     ahead = rules.queue_ahead(pending)
     for job in pending:
         run = runs_by_job.get(job.job_id)
-        if run is None or run.state != RunState.PENDING.value:
-            continue
+        if run is None or run.state != RunState.PENDING.value or run.stop_cause is not None:
+            continue  # (a run asked to stop says so until Slurm has cancelled it)
         before = ahead.get(job.job_id)
         named = None
         if before is not None:

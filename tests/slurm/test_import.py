@@ -11,9 +11,7 @@ import os
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -21,18 +19,28 @@ import pytest
 from sqlalchemy import select
 
 from backend.access import service as access
-from backend.accounting import counting
 from backend.db import Database
 from backend.errors import Conflict, NotFound
-from backend.models import GoodputHour, Machine, Run, StateTransition, Worker
+from backend.models import Machine
 from backend.organizations import service as organizations
 from backend.runs import service as runs
 from backend.scheduling import service as scheduling
-from backend.slurm import service as slurm
+from backend.slurm import service as importer
 from backend.slurm.commands import SlurmSettings
 from tests.support import FakeClock, Tenancy
 from tests.support.api import gql
-from tests.support.slurm import SlurmCluster, missing
+from tests.support.slurm import (
+    SlurmCluster,
+    history,
+    hpc,
+    ledger,
+    missing,
+    run_of,
+    tick_after,
+    utc,
+    wait_for,
+    workers_of,
+)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -43,127 +51,21 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    found = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    found.start()
-    try:
-        yield found
-    finally:
-        found.stop()
-
-
-@pytest.fixture
-def accounts(cluster: SlurmCluster) -> Iterator[tuple[str, str]]:
-    """Two Slurm accounts of this test alone (other tests' jobs are of accounts not mapped)."""
-    tag = uuid.uuid4().hex[:6]
-    names = (f"alpha{tag}", f"beta{tag}")
-    for name in names:
-        cluster.account(name)
-    yield names
-    cluster.scancel_all()
-
-
-async def slurm_cluster(
-    db: Database, clock: FakeClock, cluster: SlurmCluster, mapping: dict[str, str]
-) -> int:
-    clock.moment = datetime.now(UTC)
-    async with db.transaction() as session:
-        org = await organizations.organization_by_name(session, "default")
-        created = await slurm.create_cluster(
-            session, clock, org.id, "hpc", SlurmSettings(conf=str(cluster.conf), timeout_s=30)
-        )
-        for account, workspace in mapping.items():
-            await slurm.map_account(session, clock, org.id, "hpc", account, workspace)
-        return created.id
-
-
-def sacct(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
-    """The job as accounting lists it (as the import reads it: in the list of the day's jobs,
-    which has a job seconds after `sacct -j` has it); empty until then."""
-    for line in cluster.run(
-        "sacct", "-X", "-P", "-n", "-a", "-o", "JobID,State,Submit,Start,End"
-    ).splitlines():
-        found, state, submit, start, end = line.split("|")
-        if found == job_id:
-            return {"state": state.split(" ")[0], "submit": submit, "start": start, "end": end}
-    return {"state": ""}
-
-
-async def wait_for(
-    cluster: SlurmCluster, job_id: str, *states: str, within: float = 60
-) -> dict[str, str]:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        found = sacct(cluster, job_id)
-        if found["state"] in states:
-            return found
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"job {job_id} not {states} after {within}s: {sacct(cluster, job_id)}")
-
-
-def utc(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
-
-
-async def run_of(db: Database, job_id: str) -> Run:
-    async with db.read() as session:
-        found = await session.scalar(select(Run).where(Run.external_id == job_id))
-        assert found is not None, f"job {job_id} was not imported"
-        return found
-
-
-async def workers_of(db: Database, run: Run) -> list[Worker]:
-    async with db.read() as session:
-        return list(
-            await session.scalars(
-                select(Worker).where(Worker.run_id == run.id).order_by(Worker.rank)
-            )
-        )
-
-
-async def history(db: Database, worker: Worker) -> list[tuple[datetime, str, str | None, int]]:
-    async with db.read() as session:
-        rows = await session.scalars(
-            select(StateTransition)
-            .where(StateTransition.worker_id == worker.id)
-            .order_by(StateTransition.transition_at, StateTransition.id)
-        )
-        return [(t.transition_at, t.state, t.phase, t.held_gpus) for t in rows]
-
-
-async def ledger(db: Database, scope: str, scope_id: int) -> dict[tuple[str, bool], float]:
-    async with db.read() as session:
-        rows = await session.scalars(
-            select(GoodputHour).where(GoodputHour.scope == scope, GoodputHour.scope_id == scope_id)
-        )
-        out: dict[tuple[str, bool], float] = {}
-        for r in rows:
-            out[(r.category, r.held)] = round(out.get((r.category, r.held), 0) + r.gpu_seconds, 3)
-    return {k: v for k, v in out.items() if v}
-
-
-async def tick_after(db: Database, clock: FakeClock, moment: datetime) -> None:
-    clock.moment = moment + timedelta(minutes=2)
-    async with db.transaction() as session:
-        await counting.tick(session, clock)
-
-
 async def test_a_job_submitted_with_plain_sbatch_appears_with_its_ledger(  # issue 25
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
-    cluster: SlurmCluster,
-    accounts: tuple[str, str],
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
 ) -> None:
-    alpha, _ = accounts
-    cluster_id = await slurm_cluster(db, clock, cluster, {alpha: "default"})
-    job = cluster.sbatch("-A", alpha, "--gres=gpu:2", "-J", "train llama", "--wrap", "sleep 2")
-    done = await wait_for(cluster, job, "COMPLETED")
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(db, clock, slurm, {alpha: "default"})
+    job = slurm.sbatch("-A", alpha, "--gres=gpu:2", "-J", "train llama", "--wrap", "sleep 2")
+    done = await wait_for(slurm, job, "COMPLETED")
     submit, start, end = utc(done["submit"]), utc(done["start"]), utc(done["end"])
 
     clock.moment = datetime.now(UTC)
-    result = await slurm.import_cluster(db, clock, cluster_id)
+    result = await importer.import_cluster(db, clock, cluster_id)
     assert (result.error, result.created) == (None, 1)
     run = await run_of(db, job)
     assert run.name == f"train-llama-{job}" and run.state == "Completed"
@@ -178,10 +80,10 @@ async def test_a_job_submitted_with_plain_sbatch_appears_with_its_ledger(  # iss
     ]
     async with db.read() as session:
         node = await session.scalar(select(Machine).where(Machine.cluster_id == cluster_id))
-    assert node is not None and node.name == cluster.node and node.executor == "slurm"
+    assert node is not None and node.name == slurm.node and node.executor == "slurm"
 
     # Imported again: nothing changes, nothing is recorded twice.
-    again = await slurm.import_cluster(db, clock, cluster_id)
+    again = await importer.import_cluster(db, clock, cluster_id)
     assert (again.created, again.changed) == (0, 0)
     assert len(await history(db, worker)) == 3
 
@@ -198,20 +100,20 @@ async def test_a_failed_job_shows_its_exit_code_and_first_failure(  # issue 25
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
-    cluster: SlurmCluster,
-    accounts: tuple[str, str],
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
 ) -> None:
-    alpha, _ = accounts
-    cluster_id = await slurm_cluster(db, clock, cluster, {alpha: "default"})
-    job = cluster.sbatch("-A", alpha, "--gres=gpu:1", "-J", "oops", "--wrap", "exit 3")
-    done = await wait_for(cluster, job, "FAILED")
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(db, clock, slurm, {alpha: "default"})
+    job = slurm.sbatch("-A", alpha, "--gres=gpu:1", "-J", "oops", "--wrap", "exit 3")
+    done = await wait_for(slurm, job, "FAILED")
     clock.moment = datetime.now(UTC)
-    await slurm.import_cluster(db, clock, cluster_id)
+    await importer.import_cluster(db, clock, cluster_id)
     run = await run_of(db, job)
     (worker,) = await workers_of(db, run)
     assert run.state == "Failed" and run.cause == "exited"
     assert run.reason == (
-        f"Worker {worker.name} failed on {cluster.node}: Exited with code 3; "
+        f"Worker {worker.name} failed on {slurm.node}: Exited with code 3; "
         "the gang does not run without it"
     )
     assert run.first_failure is not None and run.first_failure["worker"] == worker.name
@@ -225,25 +127,25 @@ async def test_a_pending_job_shows_slurms_reason_and_its_wait_is_not_held(  # is
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
-    cluster: SlurmCluster,
-    accounts: tuple[str, str],
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
 ) -> None:
-    alpha, beta = accounts
-    cluster_id = await slurm_cluster(db, clock, cluster, {alpha: "default", beta: "team-b"})
-    holder = cluster.sbatch("-A", alpha, "--gres=gpu:2", "-J", "holder", "--wrap", "sleep 60")
-    await wait_for(cluster, holder, "RUNNING")
-    next_job = cluster.sbatch("-A", alpha, "--gres=gpu:2", "-J", "next", "--wrap", "true")
-    behind = cluster.sbatch("-A", alpha, "--gres=gpu:1", "-J", "behind", "--wrap", "true")
-    other = cluster.sbatch("-A", beta, "--gres=gpu:1", "-J", "theirs", "--wrap", "true")
+    alpha, beta = slurm_accounts
+    cluster_id = await hpc(db, clock, slurm, {alpha: "default", beta: "team-b"})
+    holder = slurm.sbatch("-A", alpha, "--gres=gpu:2", "-J", "holder", "--wrap", "sleep 60")
+    await wait_for(slurm, holder, "RUNNING")
+    next_job = slurm.sbatch("-A", alpha, "--gres=gpu:2", "-J", "next", "--wrap", "true")
+    behind = slurm.sbatch("-A", alpha, "--gres=gpu:1", "-J", "behind", "--wrap", "true")
+    other = slurm.sbatch("-A", beta, "--gres=gpu:1", "-J", "theirs", "--wrap", "true")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # until slurmctld has weighed them all
-        reasons = cluster.run("squeue", "-h", "-t", "PD", "-o", "%i %r").split()
+        reasons = slurm.run("squeue", "-h", "-t", "PD", "-o", "%i %r").split()
         if "None" not in reasons and len(reasons) == 6:
             break
         await asyncio.sleep(0.3)
 
     clock.moment = datetime.now(UTC)
-    assert (await slurm.import_cluster(db, clock, cluster_id)).created == 4
+    assert (await importer.import_cluster(db, clock, cluster_id)).created == 4
     running, first, second, theirs = [
         await run_of(db, j) for j in (holder, next_job, behind, other)
     ]
@@ -263,10 +165,10 @@ async def test_a_pending_job_shows_slurms_reason_and_its_wait_is_not_held(  # is
     assert (await run_of(db, next_job)).state == "Pending"
 
     # Cancelled while pending: it waited (not held) and never held its GPUs.
-    cluster.run("scancel", next_job)
-    cancelled = await wait_for(cluster, next_job, "CANCELLED")
+    slurm.run("scancel", next_job)
+    cancelled = await wait_for(slurm, next_job, "CANCELLED")
     clock.moment = datetime.now(UTC)
-    assert (await slurm.import_cluster(db, clock, cluster_id)).changed >= 1
+    assert (await importer.import_cluster(db, clock, cluster_id)).changed >= 1
     first = await run_of(db, next_job)
     assert (first.state, first.reason) == ("Stopped", "Stopped: cancelled in Slurm")
     await tick_after(db, clock, utc(cancelled["end"]))
@@ -279,15 +181,15 @@ async def test_an_imported_run_is_slurms_and_is_seen_only_by_its_workspace(  # i
     clock: FakeClock,
     tenancy: Tenancy,
     client: httpx.AsyncClient,
-    cluster: SlurmCluster,
-    accounts: tuple[str, str],
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
 ) -> None:
-    alpha, _ = accounts
-    cluster_id = await slurm_cluster(db, clock, cluster, {alpha: "default"})
-    job = cluster.sbatch("-A", alpha, "--gres=gpu:1", "-J", "mine", "--wrap", "sleep 30")
-    await wait_for(cluster, job, "RUNNING")
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(db, clock, slurm, {alpha: "default"})
+    job = slurm.sbatch("-A", alpha, "--gres=gpu:1", "-J", "mine", "--wrap", "sleep 30")
+    await wait_for(slurm, job, "RUNNING")
     clock.moment = datetime.now(UTC)
-    await slurm.import_cluster(db, clock, cluster_id)
+    await importer.import_cluster(db, clock, cluster_id)
     run = await run_of(db, job)
 
     query = "query($n: String!) { run(name: $n) { name state reason workers { name } } }"
@@ -304,7 +206,7 @@ async def test_an_imported_run_is_slurms_and_is_seen_only_by_its_workspace(  # i
         principal = await access.authenticate(session, tenancy.member_token)
         with pytest.raises(Conflict, match=f"scancel {job}"):
             await runs.stop_run(session, clock, principal, run.name)
-        with pytest.raises(Conflict, match="imported"):
+        with pytest.raises(Conflict, match="not ended: stop it first"):
             await runs.delete_run(session, clock, principal, run.name)
     async with db.transaction() as session:
         other = await access.authenticate(session, tenancy.other_token)
@@ -319,7 +221,7 @@ async def test_a_slurm_that_does_not_answer_is_the_imports_error(  # issue 25
     clock.moment = datetime.now(UTC)
     async with db.transaction() as session:
         org = await organizations.organization_by_name(session, "default")
-        created = await slurm.create_cluster(
+        created = await importer.create_cluster(
             session,
             clock,
             org.id,
@@ -327,19 +229,19 @@ async def test_a_slurm_that_does_not_answer_is_the_imports_error(  # issue 25
             SlurmSettings(conf=str(tmp_path / "slurm.conf"), timeout_s=2),
         )
     # Without its slurm.conf, squeue looks for slurmctld elsewhere and blocks: cut off.
-    result = await slurm.import_cluster(db, clock, created.id)
+    result = await importer.import_cluster(db, clock, created.id)
     assert result.error == "squeue did not answer within 2s (is slurmctld or slurmdbd up?)"
     async with db.read() as session:
-        found = await slurm.status(session, org.id, "gone")
+        found = await importer.status(session, org.id, "gone")
     assert found.error == result.error and found.imported_at is None
 
 
 async def test_the_admin_commands_create_map_and_import(  # issue 25
-    cluster: SlurmCluster, accounts: tuple[str, str], tmp_path: Path
+    slurm: SlurmCluster, slurm_accounts: tuple[str, str], tmp_path: Path
 ) -> None:
     """`astraeus cluster create --slurm`, `cluster account`, `cluster import`, `cluster status`
     on an embedded data folder, as an admin types them."""
-    alpha, beta = accounts
+    alpha, beta = slurm_accounts
     env = {**os.environ, "ASTRAEUS_DATA_DIR": str(tmp_path / "data")}
 
     def astraeus(*argv: str) -> str:
@@ -356,13 +258,13 @@ async def test_the_admin_commands_create_map_and_import(  # issue 25
 
     astraeus("db", "upgrade")
     astraeus("bootstrap")
-    out = astraeus("cluster", "create", "hpc", "--slurm", "--slurm-conf", str(cluster.conf))
+    out = astraeus("cluster", "create", "hpc", "--slurm", "--slurm-conf", str(slurm.conf))
     assert "run by Slurm" in out
     astraeus("cluster", "account", "hpc", alpha, "--workspace", "default")
-    job = cluster.sbatch("-A", alpha, "--gres=gpu:1", "-J", "cli", "--wrap", "true")
-    ignored = cluster.sbatch("-A", beta, "--gres=gpu:1", "-J", "unmapped", "--wrap", "true")
-    await wait_for(cluster, job, "COMPLETED")
-    await wait_for(cluster, ignored, "COMPLETED")
+    job = slurm.sbatch("-A", alpha, "--gres=gpu:1", "-J", "cli", "--wrap", "true")
+    ignored = slurm.sbatch("-A", beta, "--gres=gpu:1", "-J", "unmapped", "--wrap", "true")
+    await wait_for(slurm, job, "COMPLETED")
+    await wait_for(slurm, ignored, "COMPLETED")
     out = astraeus("cluster", "import", "hpc")
     assert "1 job of mapped accounts read, 1 new run, 0 changed" in out
     assert f"not imported, their accounts mapped to no workspace: {beta} (1 job)" in out

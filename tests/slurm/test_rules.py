@@ -280,3 +280,67 @@ def test_the_queue_is_newer_than_accounting_but_an_end_is_accountings() -> None:
     ]
     merged = {j.job_id: j.state for j in rules.merge(accounted, queued)}
     assert merged == {"1": "RUNNING", "2": "COMPLETED", "3": "PENDING"}
+
+
+def submission(**fields: object) -> rules.Submission:
+    base: dict[str, object] = {
+        "run_id": 7,
+        "run": "ddp",
+        "account": "nlp",
+        "partition": "gpu",
+        "workers": 2,
+        "gpus": 1,
+        "cpus": 4,
+        "memory_mb": 16 * 1024,
+        "command": ("python", "train.py", "--name", "it's"),
+        "environment": (("HF_HOME", "/data/hf cache"),),
+        "time_limit": timedelta(hours=2, seconds=1),
+        "priority": 70,
+        "run_dir": "/shared/astraeus/run-7",
+        "python": "/opt/astraeus/bin/python",
+        "master_port": 29507,
+    }
+    return rules.Submission(**(base | fields))  # type: ignore[arg-type]
+
+
+def test_a_run_is_one_batch_job_whose_tasks_are_its_workers() -> None:  # issue 25
+    script = rules.batch_script(submission())
+    assert script.splitlines() == [
+        "#!/bin/bash",
+        "#SBATCH --job-name=ddp",
+        "#SBATCH --account=nlp",
+        "#SBATCH --ntasks=2",
+        "#SBATCH --cpus-per-task=4",
+        "#SBATCH --output=/shared/astraeus/run-7/slurm-%j.out",
+        "#SBATCH --comment=astraeus-run-7",
+        "#SBATCH --nice=-20000",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --gpus-per-task=1",
+        "#SBATCH --mem-per-cpu=4096M",
+        "#SBATCH --time=121",
+        "",
+        "export HF_HOME='/data/hf cache'",
+        "exec srun --kill-on-bad-exit=1 /opt/astraeus/bin/python -m agent.slurm_task "
+        "--run-dir /shared/astraeus/run-7 --run ddp --master-port 29507 -- "
+        "python train.py --name 'it'\"'\"'s'",
+    ]
+    bare = rules.batch_script(
+        submission(partition=None, gpus=0, memory_mb=None, time_limit=None, priority=50)
+    )
+    assert "--partition" not in bare and "--gpus-per-task" not in bare
+    assert "--time" not in bare and "#SBATCH --nice=0" in bare
+
+
+def test_the_first_failure_is_the_earliest_rank_to_fail_of_its_own() -> None:  # issue 25
+    def end(rank: int, seconds: int, code: int, sig: int | None = None) -> rules.TaskEnd:
+        return rules.TaskEnd(rank, "n1", T + timedelta(seconds=seconds), code, sig, "")
+
+    # rank 0 was killed by Slurm first (--kill-on-bad-exit races the report): a consequence
+    ends = [end(0, 1, 137, 9), end(1, 2, 3), end(2, 3, 1)]
+    first = rules.first_failure(ends)
+    assert first is not None and first.rank == 1
+    assert rules.task_end_sentence(first) == "Exited with code 3"
+    assert rules.first_failure([end(0, 1, 0), end(1, 2, 0)]) is None
+    only_killed = rules.first_failure([end(0, 4, 143, 15), end(1, 2, 137, 9)])
+    assert only_killed is not None and only_killed.rank == 1
+    assert rules.task_end_sentence(only_killed) == "Killed by signal 9"

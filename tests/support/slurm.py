@@ -10,6 +10,7 @@ run as root here) and MariaDB on 127.0.0.1:3306 with root and no password (this 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -18,8 +19,20 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from backend.accounting import counting
+from backend.db import Database
+from backend.models import GoodputHour, Run, StateTransition, Worker
+from backend.organizations import service as organizations
+from backend.slurm import service as importer
+from backend.slurm.commands import SlurmSettings
+from tests.support import FakeClock
 
 DAEMONS = ("munged", "slurmdbd", "slurmctld", "slurmd", "sacctmgr", "sbatch")
 MARIADB = ("mariadb", "-h", "127.0.0.1", "-u", "root")
@@ -269,3 +282,126 @@ class SlurmCluster:
         if pid_file.exists():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+
+
+# ---- fixtures (tests/conftest.py offers them to every test) ----
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A one-node Slurm cluster of the test module's own."""
+    found = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    found.start()
+    try:
+        yield found
+    finally:
+        found.stop()
+
+
+@pytest.fixture
+def slurm_accounts(slurm: SlurmCluster) -> Iterator[tuple[str, str]]:
+    """Two Slurm accounts of this test alone (other tests' jobs are of accounts not mapped);
+    every job is cancelled after it."""
+    tag = uuid.uuid4().hex[:6]
+    names = (f"alpha{tag}", f"beta{tag}")
+    for name in names:
+        slurm.account(name)
+    yield names
+    slurm.scancel_all()
+
+
+# ---- what the Slurm tests read and wait for ----
+
+
+async def hpc(
+    db: Database,
+    clock: FakeClock,
+    cluster: SlurmCluster,
+    mapping: dict[str, str],
+    **settings: object,
+) -> int:
+    """Cluster hpc, backed by the test's Slurm, its accounts mapped as given."""
+    clock.moment = datetime.now(UTC)
+    async with db.transaction() as session:
+        org = await organizations.organization_by_name(session, "default")
+        created = await importer.create_cluster(
+            session,
+            clock,
+            org.id,
+            "hpc",
+            SlurmSettings(conf=str(cluster.conf), timeout_s=30, **settings),  # type: ignore[arg-type]
+        )
+        for account, workspace in mapping.items():
+            await importer.map_account(session, clock, org.id, "hpc", account, workspace)
+        return created.id
+
+
+def sacct(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
+    """The job as accounting lists it (as the import reads it: in the list of the day's jobs,
+    which has a job seconds after `sacct -j` has it); empty until then."""
+    for line in cluster.run(
+        "sacct", "-X", "-P", "-n", "-a", "-o", "JobID,State,Submit,Start,End"
+    ).splitlines():
+        found, state, submit, start, end = line.split("|")
+        if found == job_id:
+            return {"state": state.split(" ")[0], "submit": submit, "start": start, "end": end}
+    return {"state": ""}
+
+
+async def wait_for(
+    cluster: SlurmCluster, job_id: str, *states: str, within: float = 60
+) -> dict[str, str]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = sacct(cluster, job_id)
+        if found["state"] in states:
+            return found
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"job {job_id} not {states} after {within}s: {sacct(cluster, job_id)}")
+
+
+def utc(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+
+
+async def run_of(db: Database, job_id: str) -> Run:
+    async with db.read() as session:
+        found = await session.scalar(select(Run).where(Run.external_id == job_id))
+        assert found is not None, f"job {job_id} was not imported"
+        return found
+
+
+async def workers_of(db: Database, run: Run) -> list[Worker]:
+    async with db.read() as session:
+        return list(
+            await session.scalars(
+                select(Worker).where(Worker.run_id == run.id).order_by(Worker.rank)
+            )
+        )
+
+
+async def history(db: Database, worker: Worker) -> list[tuple[datetime, str, str | None, int]]:
+    async with db.read() as session:
+        rows = await session.scalars(
+            select(StateTransition)
+            .where(StateTransition.worker_id == worker.id)
+            .order_by(StateTransition.transition_at, StateTransition.id)
+        )
+        return [(t.transition_at, t.state, t.phase, t.held_gpus) for t in rows]
+
+
+async def ledger(db: Database, scope: str, scope_id: int) -> dict[tuple[str, bool], float]:
+    async with db.read() as session:
+        rows = await session.scalars(
+            select(GoodputHour).where(GoodputHour.scope == scope, GoodputHour.scope_id == scope_id)
+        )
+        out: dict[tuple[str, bool], float] = {}
+        for r in rows:
+            out[(r.category, r.held)] = round(out.get((r.category, r.held), 0) + r.gpu_seconds, 3)
+    return {k: v for k, v in out.items() if v}
+
+
+async def tick_after(db: Database, clock: FakeClock, moment: datetime) -> None:
+    clock.moment = moment + timedelta(minutes=2)
+    async with db.transaction() as session:
+        await counting.tick(session, clock)

@@ -1,0 +1,256 @@
+"""Astraeus on Slurm (issue 25): a run submitted to a Slurm-backed cluster becomes one Slurm job
+whose tasks are its workers (srun; agent.slurm_task on each node gives them torchrun's
+environment and keeps their logs and ends), against a real one-node Slurm with two GPUs. An
+unmodified PyTorch DDP (gloo) script trains as a two-worker gang and completes; one whose rank
+fails shows that rank as the first failure, with its snapshot; the ledgers are to the second."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from backend.db import Database
+from backend.models import Run
+from backend.slurm import service as importer
+from tests.support import FakeClock, Tenancy
+from tests.support.api import CREATE, graphql
+from tests.support.slurm import (
+    SlurmCluster,
+    history,
+    hpc,
+    ledger,
+    missing,
+    run_of,
+    tick_after,
+    utc,
+    wait_for,
+    workers_of,
+)
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        bool(missing()) and os.environ.get("CI") != "true",
+        reason=f"needs Slurm here (make slurm): {', '.join(missing())}",
+    ),
+]
+
+# The same unmodified DDP script the embedded runs train with (tests/workloads/scripts).
+DDP = Path(__file__).parents[1] / "workloads" / "scripts" / "ddp_train.py"
+
+
+def ddp_spec(name: str, *args: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "cluster": "hpc",
+        "workers": 2,
+        "gpus": 1,
+        "command": [sys.executable, str(DDP), "--steps", "6", "--sleep", "0.1", *args],
+        "environment": {"PYTHONUNBUFFERED": "1"},
+    }
+
+
+async def submit(client: httpx.AsyncClient, token: str, spec: dict[str, Any]) -> dict[str, Any]:
+    answer = await graphql(client, token, CREATE, spec=spec)
+    created = answer["data"]["createRun"]
+    assert not created["errors"], created["errors"]
+    return created["run"]  # type: ignore[no-any-return]
+
+
+async def submitted_job(db: Database, clock: FakeClock, cluster_id: int, name: str) -> str:
+    clock.moment = datetime.now(UTC)
+    result = await importer.import_cluster(db, clock, cluster_id)
+    assert result.error is None, result.error
+    async with db.read() as session:
+        run = await session.scalar(select(Run).where(Run.name == name))
+    assert run is not None and run.external_id is not None, "not submitted"
+    assert run.spec["slurm"] == {
+        "job_id": run.external_id,
+        "account": run.spec["slurm"]["account"],
+        "submitted": True,
+    }
+    return run.external_id
+
+
+@pytest.fixture
+def torch_ok() -> None:
+    pytest.importorskip("torch", reason="the [workloads] extra (make test installs it)")
+
+
+async def test_a_two_worker_ddp_run_is_one_slurm_job_and_completes(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    client: httpx.AsyncClient,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+    tmp_path: Path,
+    torch_ok: None,
+) -> None:
+    alpha, _ = slurm_accounts
+    state = tmp_path / "state"
+    cluster_id = await hpc(
+        db, clock, slurm, {alpha: "default"}, state_dir=str(state), python=sys.executable
+    )
+    clock.moment = datetime.now(UTC)
+    await submit(client, tenancy.member_token, ddp_spec("ddp"))
+    job = await submitted_job(db, clock, cluster_id, "ddp")
+    line = slurm.run("squeue", "-h", "-j", job, "-o", "%j|%a|%D|%C|%b").strip()
+    assert line.startswith(f"ddp|{alpha}|1|2|"), line  # one job: both workers, one node
+    done = await wait_for(slurm, job, "COMPLETED", within=120)
+
+    clock.moment = datetime.now(UTC)
+    await importer.import_cluster(db, clock, cluster_id)
+    run = await run_of(db, job)
+    assert (run.state, run.reason) == ("Completed", "2 of 2 workers completed")
+    workers = await workers_of(db, run)
+    assert [(w.name, w.state, w.exit_code, w.reason) for w in workers] == [
+        ("ddp-0", "Completed", 0, "Exited with code 0"),
+        ("ddp-1", "Completed", 0, "Exited with code 0"),
+    ]
+    # Slurm's times are whole seconds; the run was created here within the one it started in
+    start, end = max(utc(done["start"]), run.created_at), max(utc(done["end"]), run.created_at)
+    for w in workers:
+        steps = [(state, phase, held) for _, state, phase, held in await history(db, w)]
+        assert steps == [
+            ("Pending", "waiting", 0),
+            ("Running", "running", 1),
+            ("Completed", "ended", 0),
+        ]
+        assert [at for at, *_ in await history(db, w)][1:] == [start, end]
+    # Each worker's log is on its node as the agent keeps logs: the DDP ranks met.
+    folder = state / f"run-{run.id}" / "logs"
+    for rank in (0, 1):
+        log = (folder / f"ddp-{rank}" / "current.log").read_text()
+        assert f"rank {rank} of 2: joined at {slurm.node}:" in log
+        assert f"rank {rank}: done" in log
+
+    await tick_after(db, clock, end)
+    held = (end - start).total_seconds() * 2  # two workers of one GPU each
+    waited = (start - run.created_at).total_seconds() * 2
+    found = await ledger(db, "run", run.id)
+    assert found.pop(("idle", True)) == round(held, 3)
+    assert found == ({("waiting", False): round(waited, 3)} if round(waited, 3) else {})
+
+
+async def test_a_run_whose_rank_fails_shows_the_first_failure_and_its_snapshot(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    client: httpx.AsyncClient,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+    tmp_path: Path,
+    torch_ok: None,
+) -> None:
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(
+        db,
+        clock,
+        slurm,
+        {alpha: "default"},
+        state_dir=str(tmp_path / "state"),
+        python=sys.executable,
+    )
+    clock.moment = datetime.now(UTC)
+    await submit(
+        client,
+        tenancy.member_token,
+        ddp_spec("crash", "--steps", "60", "--exit-at", "2", "--exit-rank", "1"),
+    )
+    job = await submitted_job(db, clock, cluster_id, "crash")
+    await wait_for(slurm, job, "FAILED", within=120)
+    clock.moment = datetime.now(UTC)
+    await importer.import_cluster(db, clock, cluster_id)
+
+    run = await run_of(db, job)
+    first, second = await workers_of(db, run)
+    assert run.state == "Failed"
+    assert run.reason == (
+        f"Worker crash-1 failed on {slurm.node}: Exited with code 3; "
+        "the gang does not run without it"
+    )
+    assert run.first_failure is not None
+    assert (run.first_failure["worker"], run.first_failure["machine"]) == ("crash-1", slurm.node)
+    assert (second.state, second.exit_code) == ("Failed", 3)
+    assert second.last_failure is not None
+    assert second.last_failure["reason"] == "Exited with code 3"
+    assert "rank 1: giving up at step 2" in second.last_failure["log_tail"]
+    # rank 0 was ended by Slurm because rank 1 failed (--kill-on-bad-exit)
+    assert (first.state, first.reason) == ("Stopped", "Stopping: worker crash-1 failed")
+
+
+async def test_a_run_of_a_workspace_without_a_slurm_account_waits_saying_so(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    client: httpx.AsyncClient,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(db, clock, slurm, {alpha: "default"}, state_dir=str(tmp_path))
+    clock.moment = datetime.now(UTC)
+    run = await submit(client, tenancy.other_token, ddp_spec("theirs"))
+    assert run["state"] == "Pending"
+    await importer.import_cluster(db, clock, cluster_id)
+    query = "query($n: String!) { run(name: $n) { state reason } }"
+    found = (await graphql(client, tenancy.other_token, query, n="theirs"))["data"]["run"]
+    assert found == {
+        "state": "Pending",
+        "reason": "Waits for a Slurm account: workspace team-b has none on cluster hpc "
+        "(astraeus cluster account hpc ACCOUNT --workspace team-b)",
+    }
+    assert slurm.run("squeue", "-h", "-n", "theirs").strip() == ""
+
+    # What Slurm cannot run (yet) is refused, naming the field.
+    spec = ddp_spec("boxed") | {"image": "pytorch/pytorch:2.4"}
+    answer = await graphql(client, tenancy.member_token, CREATE, spec=spec)
+    errors = answer["data"]["createRun"]["errors"]
+    assert {e["field"] for e in errors} == {"image"}
+    assert "which Slurm runs" in errors[0]["message"]
+
+
+async def test_a_submitted_run_stopped_here_is_cancelled_in_slurm(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    client: httpx.AsyncClient,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(
+        db, clock, slurm, {alpha: "default"}, state_dir=str(tmp_path), python=sys.executable
+    )
+    clock.moment = datetime.now(UTC)
+    spec = ddp_spec("long") | {"workers": 1, "command": ["sleep", "300"]}
+    await submit(client, tenancy.member_token, spec)
+    job = await submitted_job(db, clock, cluster_id, "long")
+    await wait_for(slurm, job, "RUNNING")
+    # another workspace cannot stop it; its own can, and Slurm cancels it
+    stop = "mutation($n: String!) { stopRun(name: $n) { run { state reason } errors { code } } }"
+    theirs = await graphql(client, tenancy.other_token, stop, n="long")
+    assert theirs["data"]["stopRun"]["errors"][0]["code"] == "JOB_NOT_FOUND"
+    mine = (await graphql(client, tenancy.member_token, stop, n="long"))["data"]["stopRun"]
+    assert mine["run"]["reason"].startswith("Stopping: asked by ")
+    await importer.import_cluster(db, clock, cluster_id)
+    await wait_for(slurm, job, "CANCELLED")
+    clock.moment = datetime.now(UTC)
+    await importer.import_cluster(db, clock, cluster_id)
+    run = await run_of(db, job)
+    assert run.state == "Stopped" and run.reason.startswith("Stopped by ")
+    delete = "mutation($n: String!) { deleteRun(name: $n) { run { state } errors { code } } }"
+    deleted = (await graphql(client, tenancy.member_token, delete, n="long"))["data"]
+    assert (
+        deleted["deleteRun"]["errors"] == [] and deleted["deleteRun"]["run"]["state"] == "Deleted"
+    )
