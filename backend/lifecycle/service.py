@@ -91,59 +91,63 @@ def policy_of(spec: RunSpec) -> RunPolicy:
     )
 
 
-def _worker_view(w: Row[Any]) -> WorkerView:
-    failure = dict(w.last_failure) if w.last_failure else None
+def _worker_view(row: Row[Any]) -> WorkerView:
+    # By key of the row's mapping: a Row's attribute costs 0.6 us, its mapping's key a tenth
+    # (a first pass makes 3 455 workers' views of 30 columns).
+    w = row._mapping
+    failure = dict(w["last_failure"]) if w["last_failure"] else None
     if failure and isinstance(failure.get("failed_at"), str):
         failure["failed_at"] = datetime.fromisoformat(failure["failed_at"])
     return WorkerView(
-        id=w.id,
-        rank=w.rank,
-        name=w.name,
-        gpus=w.gpus,
-        state=w.state,
-        reason=w.reason,
-        phase=w.phase,
-        machine_id=w.machine_id,
-        machine_name=w.machine_name,
-        gpu_ids=list(w.gpu_ids or []),
-        ready=w.ready,
-        stop_cause=w.stop_cause,
-        waits_for=w.waits_for,
-        cause=w.cause,
-        exit_code=w.exit_code,
-        restarts=w.restarts,
-        restart_at=w.restart_at,
+        id=w["id"],
+        rank=w["rank"],
+        name=w["name"],
+        gpus=w["gpus"],
+        state=w["state"],
+        reason=w["reason"],
+        phase=w["phase"],
+        machine_id=w["machine_id"],
+        machine_name=w["machine_name"],
+        gpu_ids=list(w["gpu_ids"] or []),
+        ready=w["ready"],
+        stop_cause=w["stop_cause"],
+        waits_for=w["waits_for"],
+        cause=w["cause"],
+        exit_code=w["exit_code"],
+        restarts=w["restarts"],
+        restart_at=w["restart_at"],
         last_failure=failure,
-        progress_at=w.progress_at,
-        stalled_since=w.stalled_since,
-        attempt=w.attempt,
-        progress_step=w.progress_step,
-        stepped_at=w.stepped_at,
-        progress_rate=w.progress_rate,
-        slow_since=w.slow_since,
-        reached_step=w.reached_step,
-        checkpoint_step=w.checkpoint_step,
-        redo_until=w.redo_until,
-        gpu_utilization=w.gpu_utilization,
-        since=w.state_since,
+        progress_at=w["progress_at"],
+        stalled_since=w["stalled_since"],
+        attempt=w["attempt"],
+        progress_step=w["progress_step"],
+        stepped_at=w["stepped_at"],
+        progress_rate=w["progress_rate"],
+        slow_since=w["slow_since"],
+        reached_step=w["reached_step"],
+        checkpoint_step=w["checkpoint_step"],
+        redo_until=w["redo_until"],
+        gpu_utilization=w["gpu_utilization"],
+        since=w["state_since"],
     )
 
 
 def _run_view(run: Row[Any], workers: list[Row[Any]], spec: RunSpec) -> RunView:
-    first = dict(run.first_failure) if run.first_failure else None
+    values = run._mapping
+    first = dict(values["first_failure"]) if values["first_failure"] else None
     if first and isinstance(first.get("at"), str):
         first["at"] = datetime.fromisoformat(first["at"])
     view = RunView(
-        id=run.id,
-        name=run.name,
-        state=run.state,
-        reason=run.reason,
+        id=values["id"],
+        name=values["name"],
+        state=values["state"],
+        reason=values["reason"],
         policy=policy_of(spec),
         workers=[_worker_view(w) for w in workers],
         first_failure=first,
     )
     for name in _RUN_FIELDS:
-        setattr(view, name, getattr(run, name))
+        setattr(view, name, values[name])
     return view
 
 
@@ -183,15 +187,16 @@ def _changed(row: Row[Any], view: object, names: tuple[str, ...]) -> dict[str, A
     """The view's fields that differ from the row's: those alone are written (a placing pass
     changes a few columns of thousands of rows). Compared as tuples first: most rows a rule
     is given it leaves as they were."""
-    fields = _FIELDS[names]
-    new, old = fields(view), fields(row)
+    of_view, of_row = _FIELDS[names]
+    new, old = of_view(view), of_row(row._mapping)
     if new == old:
         return {}
     return {n: v for n, v, was in zip(names, new, old, strict=True) if v != was}
 
 
-_FIELDS: dict[tuple[str, ...], Callable[[object], tuple[Any, ...]]] = {
-    names: operator.attrgetter(*names) for names in (_RUN_FIELDS, _WORKER_FIELDS)
+_FIELDS: dict[tuple[str, ...], tuple[Callable[[Any], tuple[Any, ...]], ...]] = {
+    names: (operator.attrgetter(*names), operator.itemgetter(*names))
+    for names in (_RUN_FIELDS, _WORKER_FIELDS)
 }
 
 

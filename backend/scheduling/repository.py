@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, Result, Row, Table, select, text, update
+from sqlalchemy import BigInteger, Result, Row, RowMapping, Table, select, text, update
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -79,9 +79,10 @@ def _footprint() -> list[Any]:
     ]
 
 
-def footprint(row: Row[Any]) -> Footprint:
+def footprint(row: Row[Any] | RowMapping) -> Footprint:
+    m = row if isinstance(row, RowMapping) else row._mapping
     return _footprint_of(
-        row.cpu, row.memory_bytes, row.per_gpu_bytes, row.gpus_per_worker, row.pool, row.image
+        m["cpu"], m["memory_bytes"], m["per_gpu_bytes"], m["gpus_per_worker"], m["pool"], m["image"]
     )
 
 

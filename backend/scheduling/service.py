@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -36,20 +37,22 @@ class PassResult:
     planned: bool = True
 
 
-def _ask(run: Run | Row[Any], workspace: str, needs: Footprint) -> Ask:
+def _ask(run: Mapping[Any, Any], workspace: str, needs: Footprint) -> Ask:
+    """A pending run's ask, from its row's mapping (by key: a Row's attribute costs 0.6 us, its
+    mapping's key a tenth of that, and a pass reads 13 columns of 10 000 runs)."""
     return Ask(
-        run_id=run.id,
-        name=run.name,
-        workspace_id=run.workspace_id,
+        run_id=run["id"],
+        name=run["name"],
+        workspace_id=run["workspace_id"],
         workspace=workspace,
-        priority=run.priority,
-        queued_at=run.created_at,
-        workers=run.worker_count,
-        gpus=run.gpus_per_worker,
+        priority=run["priority"],
+        queued_at=run["created_at"],
+        workers=run["worker_count"],
+        gpus=run["gpus_per_worker"],
         cpu=needs.cpu,
         memory=needs.memory,
         pool=needs.pool,
-        restart_at=run.restart_at,
+        restart_at=run["restart_at"],
         image=needs.image,
     )
 
@@ -137,13 +140,13 @@ async def _inputs(session: AsyncSession, cluster_id: int, now: datetime) -> Inpu
     placed = await repository.placed_workers(session, cluster_id)
     rooms = _rooms(machines, await repository.gpus(session, cluster_id), placed)
     holders, used = _holders(placed, now)
-    pending = await repository.pending_runs(session, cluster_id)
-    names = await repository.workspace_names(session, list({r.workspace_id for r in pending}))
+    pending = [r._mapping for r in await repository.pending_runs(session, cluster_id)]
+    names = await repository.workspace_names(session, list({r["workspace_id"] for r in pending}))
     quotas = {
         ws_id: Quota(workspace=name, cluster=cluster, limit=limit)
         for ws_id, name, limit in await repository.quotas(session, cluster_id)
     }
-    asks = [_ask(r, names[r.workspace_id], repository.footprint(r)) for r in pending]
+    asks = [_ask(r, names[r["workspace_id"]], repository.footprint(r)) for r in pending]
     return Inputs(
         asks,
         rooms,
@@ -151,9 +154,9 @@ async def _inputs(session: AsyncSession, cluster_id: int, now: datetime) -> Inpu
         quotas,
         used,
         cluster,
-        {r.id: (r.reason, r.waits_for) for r in pending},
+        {r["id"]: (r["reason"], r["waits_for"]) for r in pending},
         preempt_over_quota,
-        {r.id: r.cause for r in pending},
+        {r["id"]: r["cause"] for r in pending},
     )
 
 
@@ -319,7 +322,9 @@ async def pending_reasons(
     ask = next((a for a in given.asks if a.run_id == run.id), None)
     if ask is None:
         names = await repository.workspace_names(session, [run.workspace_id])
-        ask = _ask(run, names.get(run.workspace_id, ""), stored_spec(run.spec).footprint)
+        columns = ("id", "name", "workspace_id", "priority", "created_at", "worker_count")
+        values = {c: getattr(run, c) for c in (*columns, "gpus_per_worker", "restart_at")}
+        ask = _ask(values, names.get(run.workspace_id, ""), stored_spec(run.spec).footprint)
     rooms = given.rooms
     if not principal.is_org_admin:
         rooms = [m for m in rooms if m.state in MEMBERS_SEE]
