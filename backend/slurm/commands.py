@@ -154,6 +154,7 @@ class SlurmCommands:
             "-P",
             "--noheader",
             "--allusers",
+            "--duplicates",  # a requeued job's instances, each with its own start and end
             *selection,
             "--format=" + ",".join(rules.SACCT_FIELDS),
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from backend.lifecycle.sentences import (
@@ -77,6 +77,18 @@ class SlurmJob:
     time_limit: timedelta | None = None
     priority: int = 0
     reason: str = ""  # squeue's, while it is pending
+    # Its instances that ran before Slurm queued it again (a preemption with requeue, a node
+    # failure, scontrol requeue), oldest first.
+    previous: tuple[Instance, ...] = ()
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One run of a job that Slurm then queued again: its start, its end, its state then."""
+
+    start: datetime
+    end: datetime
+    state: str
 
 
 @dataclass(frozen=True)
@@ -369,9 +381,16 @@ def end_sentence(job: SlurmJob) -> str:
     return exited_with(job.exit_code if job.exit_code is not None else -1)
 
 
+# A job Slurm started again after a requeue is placed again (the accounting counts a held
+# phase after a wait to be placed again only from a new placement: "restart"), then running.
+# Slurm says only the second it started: it is counted running from a millisecond after.
+RESTART_GAP = timedelta(milliseconds=1)
+
+
 def changes(job: SlurmJob, workers: list[str]) -> list[Change]:
-    """The job's life as Astraeus's transitions: submitted (waiting), started (running, its
-    GPUs held), ended. A job cancelled before it ran holds nothing."""
+    """The job's life as Astraeus's transitions: submitted (waiting), each instance that ran
+    and was queued again (running, held; then waiting to be placed again), its current one
+    started (running, its GPUs held), ended. A job cancelled before it ran holds nothing."""
     out = [
         Change(
             at=job.submit,
@@ -382,19 +401,31 @@ def changes(job: SlurmJob, workers: list[str]) -> list[Change]:
             worker_reason="Waiting to be placed with its gang",
         )
     ]
-    if job.start is not None and job.state != "PENDING":
-        out.append(
-            Change(
-                at=max(job.start, job.submit),
-                state=RunState.RUNNING.value,
-                phase=Phase.RUNNING.value,
-                held=True,
-                run_reason=workers_running(len(workers), len(workers)),
-                worker_reason=f"Running in Slurm job {job.job_id}",
+
+    def then(change: Change) -> None:  # never before the change before it
+        out.append(replace(change, at=max(change.at, out[-1].at)))
+
+    def started(at: datetime) -> None:
+        if len(out) > 1:  # a later attempt: placed again (restart), then running
+            then(
+                Change(
+                    at=at,
+                    state=RunState.STARTING.value,
+                    phase=Phase.RESTART.value,
+                    held=True,
+                    run_reason=f"Started again by Slurm (job {job.job_id})",
+                    worker_reason=f"Started again by Slurm (job {job.job_id})",
+                )
             )
-        )
+            at += RESTART_GAP
+        then(_started(job, at, workers))
+
+    for instance in job.previous:
+        started(instance.start)
+        then(requeue_change(instance.end, instance.state))
+    if job.start is not None and job.state != "PENDING":
+        started(job.start)
     if ended(job):
-        at = job.end or job.start or job.submit
         state, cause = _ENDED[job.state]
         if state == RunState.COMPLETED:
             run_reason = f"{len(workers)} of {len(workers)} workers completed"
@@ -403,9 +434,9 @@ def changes(job: SlurmJob, workers: list[str]) -> list[Change]:
             run_reason = worker_failed_sentence(workers[0], node, end_sentence(job))
         else:
             run_reason = end_sentence(job)
-        out.append(
+        then(
             Change(
-                at=max(at, out[-1].at),
+                at=job.end or job.start or job.submit,
                 state=state.value,
                 phase=Phase.ENDED.value,
                 held=False,
@@ -416,6 +447,35 @@ def changes(job: SlurmJob, workers: list[str]) -> list[Change]:
             )
         )
     return out
+
+
+def _started(job: SlurmJob, at: datetime, workers: list[str]) -> Change:
+    return Change(
+        at=at,
+        state=RunState.RUNNING.value,
+        phase=Phase.RUNNING.value,
+        held=True,
+        run_reason=workers_running(len(workers), len(workers)),
+        worker_reason=f"Running in Slurm job {job.job_id}",
+    )
+
+
+def requeue_change(at: datetime, state: str) -> Change:
+    """A running job queued again by Slurm, from the end of the instance that ran."""
+    if state in ("NODE_FAIL", "BOOT_FAIL"):
+        phase, reason = Phase.REQUEUED_FAILURE, "Machine lost: Slurm found its node failed"
+    elif state == "PREEMPTED":
+        phase, reason = Phase.REQUEUED_PREEMPTION, preempted_sentence("Slurm")
+    else:
+        phase, reason = Phase.REQUEUED_PREEMPTION, "Requeued by Slurm"
+    return Change(
+        at=at,
+        state=RunState.PENDING.value,
+        phase=phase.value,
+        held=False,
+        run_reason=reason,
+        worker_reason=reason,
+    )
 
 
 # ---- a pending job's reason ----
@@ -512,10 +572,32 @@ def merge(accounted: list[SlurmJob], queued: list[SlurmJob]) -> list[SlurmJob]:
     ended is read from accounting only, which has its end and exit code: one the queue shows
     ended before slurmdbd has it is read at the next import. (The queue is read first: a job
     accounting has ended after it was read is taken as ended.)"""
-    out = {job.job_id: job for job in accounted}
+    out: dict[str, SlurmJob] = {}
+    instances: dict[str, list[SlurmJob]] = {}
+    for job in accounted:
+        instances.setdefault(job.job_id, []).append(job)
+    for job_id, found in instances.items():
+        # sacct --duplicates: a requeued job's instances, the current one last (not started,
+        # or started after the others)
+        found.sort(key=lambda j: (j.start is None, j.start or j.submit))
+        ran = tuple(
+            Instance(j.start, j.end, j.state)
+            for j in found[:-1]
+            if j.start is not None and j.end is not None
+        )
+        current = found[-1]
+        if current.state == "REQUEUED" and current.start and current.end:
+            # accounting's record of the instance that ran, while the job waits again
+            ran = (*ran, Instance(current.start, current.end, "REQUEUED"))
+            current = replace(current, state="PENDING", start=None, end=None, nodes=())
+        # a requeued instance is submitted anew; the job was submitted with the first
+        first_submit = min(j.submit for j in found)
+        out[job_id] = replace(current, previous=ran, submit=first_submit)
     for job in queued:
         known = out.get(job.job_id)
         if job.state in LIVE_STATES and (known is None or not ended(known)):
+            if known is not None:
+                job = replace(job, previous=known.previous, submit=min(job.submit, known.submit))
             out[job.job_id] = job
     return sorted(out.values(), key=lambda j: (j.submit, _id_key(j.job_id)))
 

@@ -45,8 +45,6 @@ log = logging.getLogger(__name__)
 # recorded late (it keeps what slurmctld sends while it is away) is still read.
 MARGIN = timedelta(minutes=10)
 ACCOUNT_MAX = 64
-# A run's state's place in a job's life: changes only go forward.
-_ORDER = {RunState.PENDING.value: 0, RunState.RUNNING.value: 1}
 
 
 @dataclass(frozen=True)
@@ -314,7 +312,11 @@ async def _submitted(session: AsyncSession, run_id: int, job_id: str, account: s
         return False
     run.external_id = job_id
     run.reason = f"Submitted to Slurm as job {job_id}"
-    run.spec = {**run.spec, "slurm": {"job_id": job_id, "account": account, "submitted": True}}
+    run.spec = {
+        **run.spec,
+        # its job's first change (submitted, waiting) is the run's own creation here
+        "slurm": {"job_id": job_id, "account": account, "submitted": True, "applied": 1},
+    }
     return True
 
 
@@ -531,8 +533,10 @@ async def _create(
     ]
     repository.add(session, *workers)
     await session.flush()
-    for change in rules.changes(job, [w.name for w in workers]):
+    every = rules.changes(job, [w.name for w in workers])
+    for change in every:
         _enter(session, ws, run, workers, change, machines, _tasks(run, job, settings))
+    run.spec = {**run.spec, "slurm": {**run.spec["slurm"], "applied": len(every)}}
     await session.flush()
     return run
 
@@ -548,28 +552,20 @@ async def _advance(
     settings: SlurmSettings,
 ) -> bool:
     """Record the job's changes since the run was last written; whether there were any."""
-    here = _ORDER.get(run.state, 2)
-    todo = [
-        c for c in rules.changes(job, [w.name for w in workers]) if _ORDER.get(c.state, 2) > here
-    ]
-    if run.state == RunState.RUNNING.value and job.state == "PENDING":
-        # requeued by Slurm (a preemption with requeue, a node failure, scontrol requeue)
-        todo = [
-            Change(
-                at=max(now, run.state_since),
-                state=RunState.PENDING.value,
-                phase=Phase.REQUEUED_PREEMPTION.value,
-                held=False,
-                run_reason="Requeued by Slurm",
-                worker_reason="Requeued by Slurm",
-            )
-        ]
+    every = rules.changes(job, [w.name for w in workers])
+    done = _applied(run, len(every))
+    todo = every[done:]
+    if not todo and run.state == RunState.RUNNING.value and job.state == "PENDING":
+        # queued again by Slurm, accounting not yet saying when the instance ended: from now
+        # (the change accounting brings later is this one)
+        todo = [rules.requeue_change(now, "REQUEUED")]
     if not todo:
         return False
     for change in todo:
         # Slurm's times are whole seconds: a run submitted from here was created within the
         # second before its job's submit time, and its history never goes back.
         change = dataclasses.replace(change, at=max(change.at, run.state_since))
+        _count_applied(run, 1)
         _enter(session, ws, run, workers, change, machines, _tasks(run, job, settings))
     await session.flush()
     return True
@@ -601,6 +597,21 @@ def _tasks(run: Run, job: SlurmJob, settings: SlurmSettings) -> Tasks:
     return Tasks(nodes, results.ends(folder, count))
 
 
+def _applied(run: Run, count: int) -> int:
+    """How many of its job's changes (rules.changes) the run has taken."""
+    slurm = (run.spec or {}).get("slurm") or {}
+    applied = slurm.get("applied")
+    if isinstance(applied, int):
+        return applied
+    return 1 if run.state == RunState.PENDING.value else count  # (one made before it was kept)
+
+
+def _count_applied(run: Run, more: int) -> None:
+    slurm = dict((run.spec or {}).get("slurm") or {})
+    slurm["applied"] = _applied(run, 0) + more
+    run.spec = {**run.spec, "slurm": slurm}
+
+
 def _enter(
     session: AsyncSession,
     ws: Workspace,
@@ -615,6 +626,7 @@ def _enter(
     that failed first (the earliest to exit with an error of its own)."""
     running = change.state == RunState.RUNNING.value
     ended = change.phase == Phase.ENDED.value
+    requeued = change.phase in (Phase.REQUEUED_PREEMPTION, Phase.REQUEUED_FAILURE)
     failed = ended and change.state == RunState.FAILED.value
     first = rules.first_failure(list(tasks.ends.values())) if failed else None
     run_reason = change.run_reason
@@ -624,14 +636,20 @@ def _enter(
         run_reason = worker_failed_sentence(
             workers[first.rank].name, first.node, rules.task_end_sentence(first)
         )
+    # placed: its first start, or placed again after a requeue (then running right after)
+    placing = change.phase == Phase.RESTART or (running and run.state != RunState.STARTING.value)
     run.state, run.reason, run.state_since = change.state, run_reason, change.at
     run.waits_for = None
-    if running:
+    if placing:
         run.attempt += 1
-        run.placed_at = run.running_since = change.at
+        run.placed_at = change.at
+    if running:
+        run.running_since = change.at
         run.started_at = run.started_at or change.at
     if ended:
         run.ended_at, run.running_since, run.cause = change.at, None, change.cause
+    if requeued:
+        run.running_since = run.placed_at = None
     ending: dict[int, tuple[str, str]] = {}  # rank -> (state, reason) at the end
     for rank, w in enumerate(workers):
         state, reason = change.state, change.worker_reason
@@ -639,10 +657,12 @@ def _enter(
             state, reason = _task_end(change, tasks.ends.get(rank), first, workers)
         ending[rank] = (state, reason)
         w.state, w.reason, w.state_since, w.phase = state, reason, change.at, change.phase
-        if running:
+        if placing:
             node = tasks.nodes.get(rank)
             w.machine_id = machines[node].id if node in machines else None
             w.attempt = run.attempt
+        if requeued:
+            w.restarts += 1
         if ended:
             end = tasks.ends.get(rank)
             w.exit_code = end.exit_code if end else change.exit_code
@@ -670,7 +690,7 @@ def _enter(
         runs.record_transition(
             session, ws, run, w, state, reason, change.at, phase=change.phase, held=change.held
         )
-    if ended:
+    if ended or requeued:
         for w in workers:
             w.machine_id = None
 
@@ -701,6 +721,8 @@ def _set_pending_reasons(
         run = runs_by_job.get(job.job_id)
         if run is None or run.state != RunState.PENDING.value or run.stop_cause is not None:
             continue  # (a run asked to stop says so until Slurm has cancelled it)
+        if run.attempt > 0:
+            continue  # queued again: it says why ("Requeued by Slurm") until it runs again
         before = ahead.get(job.job_id)
         named = None
         if before is not None:

@@ -27,6 +27,7 @@ from backend.runs import service as runs
 from backend.scheduling import service as scheduling
 from backend.slurm import service as importer
 from backend.slurm.commands import SlurmSettings
+from backend.slurm.rules import RESTART_GAP
 from tests.support import FakeClock, Tenancy
 from tests.support.api import gql
 from tests.support.slurm import (
@@ -270,3 +271,61 @@ async def test_the_admin_commands_create_map_and_import(  # issue 25
     assert f"not imported, their accounts mapped to no workspace: {beta} (1 job)" in out
     status = astraeus("cluster", "status", "hpc")
     assert f"account {alpha} -> workspace default" in status and "last error" not in status
+
+
+async def test_a_job_slurm_requeues_waits_again_and_runs_again(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+) -> None:
+    """Slurm queues a running job again (scontrol requeue, as a preemption with requeue or a
+    node failure does): the run waits to be placed again (not held, the preemption category),
+    then runs a second attempt; the ledger counts each instance's time where it went."""
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(db, clock, slurm, {alpha: "default"})
+    job = slurm.sbatch("-A", alpha, "--gres=gpu:1", "-J", "again", "--wrap", "sleep 300")
+    await wait_for(slurm, job, "RUNNING")
+    clock.moment = datetime.now(UTC)
+    await importer.import_cluster(db, clock, cluster_id)
+    assert (await run_of(db, job)).state == "Running"
+
+    slurm.run("scontrol", "requeue", job)
+    first = await wait_for(slurm, job, "REQUEUED")
+    clock.moment = datetime.now(UTC)
+    await importer.import_cluster(db, clock, cluster_id)
+    run = await run_of(db, job)
+    assert (run.state, run.reason) == ("Pending", "Requeued by Slurm")
+    (worker,) = await workers_of(db, run)
+    assert (worker.phase, worker.restarts, worker.machine_id) == ("requeued:preemption", 1, None)
+
+    slurm.run("scontrol", "update", f"jobid={job}", "starttime=now")  # not Slurm's 2 minutes
+    await wait_for(slurm, job, "RUNNING")
+    slurm.run("scancel", job)
+    second = await wait_for(slurm, job, "CANCELLED")
+    clock.moment = datetime.now(UTC)
+    await importer.import_cluster(db, clock, cluster_id)
+    run = await run_of(db, job)
+    assert run.state == "Stopped" and run.attempt == 2
+    steps = [(state, phase) for _, state, phase, _ in await history(db, worker)]
+    assert steps == [
+        ("Pending", "waiting"),
+        ("Running", "running"),
+        ("Pending", "requeued:preemption"),
+        ("Starting", "restart"),  # placed again by Slurm, running a millisecond after
+        ("Running", "running"),
+        ("Stopped", "ended"),
+    ]
+
+    await tick_after(db, clock, utc(second["end"]))
+    submit, start1, end1 = (utc(first[k]) for k in ("submit", "start", "end"))
+    start2, end2 = utc(second["start"]), utc(second["end"])
+    gap = RESTART_GAP.total_seconds()
+    expected = {
+        ("idle", True): (end1 - start1 + end2 - start2).total_seconds() - gap,
+        ("restart", True): gap,
+        ("preemption", False): (start2 - end1).total_seconds(),
+        ("waiting", False): (start1 - submit).total_seconds(),
+    }
+    assert await ledger(db, "run", run.id) == {k: v for k, v in expected.items() if v}

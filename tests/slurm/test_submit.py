@@ -71,11 +71,7 @@ async def submitted_job(db: Database, clock: FakeClock, cluster_id: int, name: s
     async with db.read() as session:
         run = await session.scalar(select(Run).where(Run.name == name))
     assert run is not None and run.external_id is not None, "not submitted"
-    assert run.spec["slurm"] == {
-        "job_id": run.external_id,
-        "account": run.spec["slurm"]["account"],
-        "submitted": True,
-    }
+    assert run.spec["slurm"]["job_id"] == run.external_id and run.spec["slurm"]["submitted"]
     return run.external_id
 
 
