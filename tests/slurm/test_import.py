@@ -35,21 +35,18 @@ from tests.support.slurm import (
     history,
     hpc,
     ledger,
-    missing,
     run_of,
+    slurm_backed,
     tick_after,
     utc,
     wait_for,
     workers_of,
 )
+from tests.support.slurm import (
+    marks as slurm_marks,
+)
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        bool(missing()) and os.environ.get("CI") != "true",
-        reason=f"needs Slurm here (make slurm): {', '.join(missing())}",
-    ),
-]
+pytestmark = slurm_marks()
 
 
 async def test_a_job_submitted_with_plain_sbatch_appears_with_its_ledger(  # issue 25
@@ -219,20 +216,13 @@ async def test_an_imported_run_is_slurms_and_is_seen_only_by_its_workspace(  # i
 async def test_a_slurm_that_does_not_answer_is_the_imports_error(  # issue 25
     db: Database, clock: FakeClock, tenancy: Tenancy, tmp_path: Path
 ) -> None:
-    clock.moment = datetime.now(UTC)
-    async with db.transaction() as session:
-        org = await organizations.organization_by_name(session, "default")
-        created = await importer.create_cluster(
-            session,
-            clock,
-            org.id,
-            "gone",
-            SlurmSettings(conf=str(tmp_path / "slurm.conf"), timeout_s=2),
-        )
+    options = SlurmSettings(conf=str(tmp_path / "slurm.conf"), timeout_s=2)
+    created = await slurm_backed(db, clock, "gone", options)
     # Without its slurm.conf, squeue looks for slurmctld elsewhere and blocks: cut off.
-    result = await importer.import_cluster(db, clock, created.id)
+    result = await importer.import_cluster(db, clock, created)
     assert result.error == "squeue did not answer within 2s (is slurmctld or slurmdbd up?)"
     async with db.read() as session:
+        org = await organizations.organization_by_name(session, "default")
         found = await importer.status(session, org.id, "gone")
     assert found.error == result.error and found.imported_at is None
 

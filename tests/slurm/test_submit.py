@@ -6,7 +6,6 @@ fails shows that rank as the first failure, with its snapshot; the ledgers are t
 
 from __future__ import annotations
 
-import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,21 +25,17 @@ from tests.support.slurm import (
     history,
     hpc,
     ledger,
-    missing,
     run_of,
     tick_after,
     utc,
     wait_for,
     workers_of,
 )
+from tests.support.slurm import (
+    marks as slurm_marks,
+)
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        bool(missing()) and os.environ.get("CI") != "true",
-        reason=f"needs Slurm here (make slurm): {', '.join(missing())}",
-    ),
-]
+pytestmark = slurm_marks()
 
 # The same unmodified DDP script the embedded runs train with (tests/workloads/scripts).
 DDP = Path(__file__).parents[1] / "workloads" / "scripts" / "ddp_train.py"

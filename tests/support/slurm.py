@@ -50,6 +50,19 @@ def missing() -> list[str]:
     return lacks
 
 
+def marks() -> list[pytest.MarkDecorator]:
+    """A Slurm test module's marks: a module of real processes (the e2e lane), skipped where
+    this machine cannot run Slurm, except under CI (which installs it: .ci/run)."""
+    lacks = missing()
+    return [
+        pytest.mark.e2e,
+        pytest.mark.skipif(
+            bool(lacks) and os.environ.get("CI") != "true",
+            reason=f"needs Slurm here (make slurm): {', '.join(lacks)}",
+        ),
+    ]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -321,18 +334,24 @@ async def hpc(
     **settings: object,
 ) -> int:
     """Cluster hpc, backed by the test's Slurm, its accounts mapped as given."""
+    options = SlurmSettings(conf=str(cluster.conf), timeout_s=30, **settings)  # type: ignore[arg-type]
+    return await slurm_backed(db, clock, "hpc", options, mapping)
+
+
+async def slurm_backed(
+    db: Database,
+    clock: FakeClock,
+    name: str,
+    settings: SlurmSettings,
+    mapping: dict[str, str] | None = None,
+) -> int:
+    """A Slurm-backed cluster of organisation default made now; its id."""
     clock.moment = datetime.now(UTC)
     async with db.transaction() as session:
         org = await organizations.organization_by_name(session, "default")
-        created = await importer.create_cluster(
-            session,
-            clock,
-            org.id,
-            "hpc",
-            SlurmSettings(conf=str(cluster.conf), timeout_s=30, **settings),  # type: ignore[arg-type]
-        )
-        for account, workspace in mapping.items():
-            await importer.map_account(session, clock, org.id, "hpc", account, workspace)
+        created = await importer.create_cluster(session, clock, org.id, name, settings)
+        for account, workspace in (mapping or {}).items():
+            await importer.map_account(session, clock, org.id, name, account, workspace)
         return created.id
 
 
