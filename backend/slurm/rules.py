@@ -595,6 +595,8 @@ def merge(accounted: list[SlurmJob], queued: list[SlurmJob]) -> list[SlurmJob]:
         out[job_id] = replace(current, previous=ran, submit=first_submit)
     for job in queued:
         known = out.get(job.job_id)
+        if job.state == "COMPLETING" and known is not None:
+            continue  # its processes ending: accounting has how the instance ended
         if job.state in LIVE_STATES and (known is None or not ended(known)):
             if known is not None:
                 job = replace(job, previous=known.previous, submit=min(job.submit, known.submit))

@@ -362,6 +362,9 @@ def test_a_requeued_job_runs_waits_again_and_runs_as_astraeus_transitions() -> N
         (at[4], "Starting", Phase.RESTART, True),  # placed again
         (at[4] + rules.RESTART_GAP, "Running", Phase.RUNNING, True),
     ]
+    # while the instance's processes end, accounting's record (queued again) is the newer
+    (ending,) = rules.merge([first], [job(job_id="5", state="COMPLETING", start=at[1])])
+    assert ending.state == "PENDING" and ending.previous
     # waiting again, as the queue and accounting both say
     waiting = rules.merge([first], [job(job_id="5", state="PENDING", reason="BeginTime")])
     assert [(c.state, c.phase) for c in rules.changes(waiting[0], ["w-0"])] == [
