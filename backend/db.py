@@ -147,10 +147,24 @@ def _checked_in(_dbapi_connection: Any, record: Any) -> None:
     record.info["idle_since"] = time.monotonic()
 
 
+def _left_dirty(dbapi_connection: Any) -> bool:
+    """Whether psycopg says the connection is not as the pool should have it: idle, outside
+    any transaction, not read only (read locally: no round trip)."""
+    driver = getattr(dbapi_connection, "driver_connection", None)
+    if not isinstance(driver, psycopg.AsyncConnection | psycopg.Connection):
+        return False
+    idle = driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    return not idle or bool(driver.read_only)
+
+
 def install_pings(engine: Engine) -> None:
     dialect = engine.dialect
 
     def ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if _left_dirty(dbapi_connection):
+            # returned mid-transaction or still read only (its work was cancelled before it
+            # was reset, as a request cut at its time budget is): never handed out again
+            raise DisconnectionError("a pooled connection was returned in a transaction")
         since = record.info.get("idle_since")
         if since is not None and time.monotonic() - since < PING_AFTER_S:
             return
