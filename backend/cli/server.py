@@ -210,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the Python on the nodes that has Astraeus's agent package (agent.slurm_task)",
     )
     create.add_argument(
+        "--slurm-operator",
+        action="store_true",
+        help="the server's Slurm user is an operator: runs above priority 50 get a nice below 0",
+    )
+    create.add_argument(
         "--import-since",
         type=_when,
         help="import the jobs active since this time (ISO 8601; default: now)",

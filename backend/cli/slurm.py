@@ -33,6 +33,7 @@ def cmd_cluster_create(settings: Settings, args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             state_dir=args.state_dir,
             python=args.node_python,
+            operator=args.slurm_operator,
         )
         found = await slurm.create_cluster(
             session, clock, org.id, args.name, options, since=args.import_since

@@ -44,6 +44,8 @@ class SlurmSettings:
     # submitted to the cluster (its jobs are still imported).
     state_dir: str | None = None
     python: str = "python3"
+    # The server's user is a Slurm operator: a priority above 50 may lower a job's nice below 0.
+    operator: bool = False
 
     @classmethod
     def of(cls, stored: dict[str, Any] | None) -> SlurmSettings:
@@ -54,6 +56,7 @@ class SlurmSettings:
             timeout_s=float(stored.get("timeout_s") or DEFAULT_TIMEOUT_S),
             state_dir=stored.get("state_dir"),
             python=stored.get("python") or "python3",
+            operator=bool(stored.get("operator")),
         )
 
     def stored(self) -> dict[str, Any]:
@@ -63,6 +66,7 @@ class SlurmSettings:
             "timeout_s": self.timeout_s,
             "state_dir": self.state_dir,
             "python": self.python,
+            "operator": self.operator,
         }
 
 

@@ -627,15 +627,18 @@ class Submission:
     run_dir: str
     python: str
     master_port: int
+    operator: bool = False  # the server's Slurm user may lower a nice below 0
 
 
 # Astraeus's priority (0 to 100, 50 by default) as Slurm's nice value: a higher priority is a
-# lower nice. Slurm lets anyone raise their nice; only its operators lower it below 0.
+# lower nice. Slurm lets anyone raise their nice; only its operators lower it below 0: where
+# the server's user is not one, a priority above 50 is submitted at nice 0.
 NICE_PER_PRIORITY = 1000
 
 
-def nice(priority: int) -> int:
-    return (50 - priority) * NICE_PER_PRIORITY
+def nice(priority: int, *, operator: bool = False) -> int:
+    value = (50 - priority) * NICE_PER_PRIORITY
+    return value if operator else max(value, 0)
 
 
 def slurm_minutes(limit: timedelta) -> int:
@@ -654,7 +657,7 @@ def batch_script(s: Submission) -> str:
         f"#SBATCH --cpus-per-task={s.cpus}",
         f"#SBATCH --output={s.run_dir}/slurm-%j.out",
         f"#SBATCH --comment=astraeus-run-{s.run_id}",
-        f"#SBATCH --nice={nice(s.priority)}",
+        f"#SBATCH --nice={nice(s.priority, operator=s.operator)}",
     ]
     if s.partition:
         lines.append(f"#SBATCH --partition={s.partition}")

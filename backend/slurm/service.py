@@ -259,7 +259,14 @@ async def submit_pending(
         folder = results.run_dir(settings.state_dir, run.id)
         results.prepare(folder)
         script = rules.batch_script(_submission(run, account, settings, str(folder)))
-        job_id = await commands.submit(script, str(folder))
+        try:
+            job_id = await commands.submit(script, str(folder))
+        except SlurmUnavailable as e:
+            # Slurm refused this run (its account, partition, a limit) or did not answer: the
+            # run says so and is submitted again next time; the others go on
+            refused = f"Not submitted to Slurm: {e}"[:1000]
+            await db.unit(functools.partial(_set_reason, run_id=run.id, reason=refused))
+            continue
         kept = await db.unit(
             functools.partial(_submitted, run_id=run.id, job_id=job_id, account=account)
         )
@@ -295,6 +302,7 @@ def _submission(run: Run, account: str, settings: SlurmSettings, folder: str) ->
         priority=spec.priority,
         run_dir=folder,
         python=settings.python,
+        operator=settings.operator,
         master_port=MASTER_PORTS.start + run.id % len(MASTER_PORTS),
     )
 

@@ -299,6 +299,7 @@ def submission(**fields: object) -> rules.Submission:
         "run_dir": "/shared/astraeus/run-7",
         "python": "/opt/astraeus/bin/python",
         "master_port": 29507,
+        "operator": True,
     }
     return rules.Submission(**(base | fields))  # type: ignore[arg-type]
 
@@ -329,6 +330,9 @@ def test_a_run_is_one_batch_job_whose_tasks_are_its_workers() -> None:  # issue 
     )
     assert "--partition" not in bare and "--gpus-per-task" not in bare
     assert "--time" not in bare and "#SBATCH --nice=0" in bare
+    # only a Slurm operator may lower a nice below 0
+    assert "#SBATCH --nice=0" in rules.batch_script(submission(operator=False, priority=90))
+    assert "#SBATCH --nice=30000" in rules.batch_script(submission(priority=20))
 
 
 def test_the_first_failure_is_the_earliest_rank_to_fail_of_its_own() -> None:  # issue 25

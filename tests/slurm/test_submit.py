@@ -17,6 +17,7 @@ from sqlalchemy import select
 
 from backend.db import Database
 from backend.models import Run
+from backend.organizations import service as organizations
 from backend.slurm import service as importer
 from tests.support import FakeClock, Tenancy
 from tests.support.api import CREATE, graphql
@@ -59,13 +60,19 @@ async def submit(client: httpx.AsyncClient, token: str, spec: dict[str, Any]) ->
     return created["run"]  # type: ignore[no-any-return]
 
 
+async def run_of_name(db: Database, name: str) -> Run:
+    async with db.read() as session:
+        run = await session.scalar(select(Run).where(Run.name == name))
+    assert run is not None
+    return run
+
+
 async def submitted_job(db: Database, clock: FakeClock, cluster_id: int, name: str) -> str:
     clock.moment = datetime.now(UTC)
     result = await importer.import_cluster(db, clock, cluster_id)
     assert result.error is None, result.error
-    async with db.read() as session:
-        run = await session.scalar(select(Run).where(Run.name == name))
-    assert run is not None and run.external_id is not None, "not submitted"
+    run = await run_of_name(db, name)
+    assert run.external_id is not None, "not submitted"
     assert run.spec["slurm"]["job_id"] == run.external_id and run.spec["slurm"]["submitted"]
     return run.external_id
 
@@ -201,6 +208,18 @@ async def test_a_run_of_a_workspace_without_a_slurm_account_waits_saying_so(  # 
         "(astraeus cluster account hpc ACCOUNT --workspace team-b)",
     }
     assert slurm.run("squeue", "-h", "-n", "theirs").strip() == ""
+
+    # An account Slurm refuses: the run says why, and the others are submitted all the same.
+    async with db.transaction() as session:
+        org = await organizations.organization_by_name(session, "default")
+        await importer.map_account(session, clock, org.id, "hpc", "ghost", "team-b")
+    await submit(client, tenancy.member_token, ddp_spec("ours") | {"command": ["true"]})
+    await importer.import_cluster(db, clock, cluster_id)
+    found = (await graphql(client, tenancy.other_token, query, n="theirs"))["data"]["run"]
+    assert found["state"] == "Pending"
+    assert found["reason"].startswith("Not submitted to Slurm: sbatch exited with 1: ")
+    assert "Invalid account" in found["reason"]
+    assert (await run_of_name(db, "ours")).external_id is not None
 
     # What Slurm cannot run (yet) is refused, naming the field.
     spec = ddp_spec("boxed") | {"image": "pytorch/pytorch:2.4"}
