@@ -111,9 +111,11 @@ LONGEST = (  # the module times of a fresh clone's `.ci/run` (2026-12-02 night, 
     "tests/workloads/test_ddp.py",  # 296 s: four gangs, one restarting from its checkpoint
     "tests/accounting/test_tick_properties.py",  # 176 s: an example run 94 s, one 77 s
     "tests/workloads/test_server_away.py",  # 162 s
+    "tests/slurm/test_import.py",  # 154 s (2026-12-03): a real Slurm, every wait for sacct
     "tests/e2e/test_agent_process.py",  # 148 s
     "tests/security/test_machine_identity.py",  # 119 s
     "tests/lifecycle/test_scenarios.py",  # 119 s
+    "tests/slurm/test_submit.py",  # 95 s (2026-12-03): DDP gangs as Slurm jobs
     "tests/e2e/test_seed_walk.py",  # 99 s
     "tests/graphql/test_fuzz.py",  # 94 s
     "tests/lifecycle/test_terminal_properties.py",  # 88 s
