@@ -21,9 +21,10 @@ def run_dir(state_dir: str, run_id: int) -> Path:
 
 def prepare(folder: Path) -> None:
     """The run's folder, before its job is submitted (Slurm writes the job's output there).
-    Open to the job's user: the nodes' tasks write into it."""
+    The job runs as the user that submits it, the server's: the folder is that user's alone
+    (another user's job on the cluster can neither read its logs nor write its ends)."""
     folder.mkdir(parents=True, exist_ok=True)
-    os.chmod(folder, 0o1777)
+    os.chmod(folder, 0o700)
 
 
 def _read(path: Path) -> dict[str, object] | None:
