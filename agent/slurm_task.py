@@ -125,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     reader = threading.Thread(target=_copy, args=(child.stdout, log), daemon=True)
     reader.start()
     status = child.wait()
-    reader.join(timeout=5)
+    # dated when the process ended, before its last output is read: the rank that crashed
+    # first must not look later than the ranks that died of its absence
     ended = _now()
+    reader.join(timeout=5)
     code, sig = (status, None) if status >= 0 else (128 - status, -status)
     _write(
         folder / f"{rank}.end.json",

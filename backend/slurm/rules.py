@@ -15,6 +15,7 @@ import shlex
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
+from backend.lifecycle.endings import PEER_LOST, PEER_LOST_GRACE
 from backend.lifecycle.sentences import (
     OOM_KILLED,
     exited_with,
@@ -706,11 +707,23 @@ def task_end_sentence(end: TaskEnd) -> str:
     return exited_with(end.exit_code)
 
 
+def peer_lost(end: TaskEnd) -> bool:
+    """It died of another rank's end (its log says the connection to a peer was lost), as the
+    lifecycle reads a worker's snapshot."""
+    return PEER_LOST.search(end.log_tail) is not None
+
+
 def first_failure(ends: list[TaskEnd]) -> TaskEnd | None:
-    """The worker that failed first: the earliest to end with an error of its own. A rank that
-    Slurm ended because another failed (--kill-on-bad-exit: a signal) is a consequence; it is
-    the first only where no rank exited with a code of its own."""
+    """The worker that failed first, as the lifecycle orders a gang's failures: by when each
+    ended, one that died of a lost peer counted PEER_LOST_GRACE later (it often ends before the
+    rank that crashed has finished exiting). A rank Slurm ended because another failed
+    (--kill-on-bad-exit: a signal) is a consequence; it is the first only where no rank exited
+    with a code of its own."""
     failed = [e for e in ends if e.exit_code != 0]
     own = [e for e in failed if not e.signal]
     chosen = own or failed
-    return min(chosen, key=lambda e: (e.ended_at, e.rank)) if chosen else None
+
+    def order(e: TaskEnd) -> tuple[datetime, int]:
+        return (e.ended_at + PEER_LOST_GRACE if peer_lost(e) else e.ended_at, e.rank)
+
+    return min(chosen, key=order) if chosen else None

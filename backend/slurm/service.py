@@ -387,7 +387,7 @@ async def apply(
             session, ws, run, workers[run.id], job, machines, snapshot.read_at, settings
         ):
             result.changed += 1
-    _set_pending_reasons(snapshot.jobs, known, mapped)
+    _set_pending_reasons(snapshot.jobs, known)
     row.since = max(row.since, snapshot.read_at - MARGIN)
     row.imported_at, row.error, row.error_at = snapshot.read_at, None, None
     row.unmapped = result.unmapped
@@ -690,7 +690,7 @@ def _enter(
             "reason": rules.task_end_sentence(first) if first is not None else change.worker_reason,
             "cause": change.cause,
             "at": iso_offset(first.ended_at if first is not None else change.at),
-            "peer_lost": False,
+            "peer_lost": first is not None and rules.peer_lost(first),
         }
     runs.record_transition(session, ws, run, None, change.state, run_reason, change.at)
     for rank, w in enumerate(workers):
@@ -719,9 +719,7 @@ def _task_end(
     return change.state, change.worker_reason
 
 
-def _set_pending_reasons(
-    jobs: list[SlurmJob], runs_by_job: dict[str, Run], mapped: dict[str, Workspace]
-) -> None:
+def _set_pending_reasons(jobs: list[SlurmJob], runs_by_job: dict[str, Run]) -> None:
     """Each pending job's reason, from Slurm's and its place in its partition's queue."""
     pending = [j for j in jobs if j.state == "PENDING"]
     ahead = rules.queue_ahead(pending)
@@ -739,7 +737,5 @@ def _set_pending_reasons(
                 workspace_id=before_run.workspace_id if before_run else None,
                 name=before_run.name if before_run else before.job_id,
             )
-        reason, wait = rules.pending_reason(job, run.workspace_id, named)
-        if run.reason != reason:
-            run.reason = reason
+        run.reason, wait = rules.pending_reason(job, run.workspace_id, named)
         run.waits_for = wait.value if wait else None

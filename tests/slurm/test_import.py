@@ -42,9 +42,7 @@ from tests.support.slurm import (
     wait_for,
     workers_of,
 )
-from tests.support.slurm import (
-    marks as slurm_marks,
-)
+from tests.support.slurm import marks as slurm_marks
 
 pytestmark = slurm_marks()
 

@@ -384,3 +384,12 @@ def test_a_requeued_job_runs_waits_again_and_runs_as_astraeus_transitions() -> N
     assert rules.requeue_change(at[2], "PREEMPTED").run_reason == (
         "Preempted by higher-priority work (Slurm)"
     )
+
+
+def test_a_rank_that_died_of_its_lost_peer_is_not_the_first_failure() -> None:  # issue 25
+    # rank 0 hears rank 1's sockets close and aborts before rank 1's process is gone
+    heard = rules.TaskEnd(0, "n1", T, 1, None, "RuntimeError: Connection closed by peer\n")
+    crashed = rules.TaskEnd(1, "n1", T + timedelta(milliseconds=300), 3, None, "giving up\n")
+    first = rules.first_failure([heard, crashed])
+    assert first is not None and first.rank == 1
+    assert rules.peer_lost(heard) and not rules.peer_lost(crashed)
