@@ -17,6 +17,9 @@ in between and start a second gang on it, whose ranks then meet the first's. So 
 also claimed machine-wide, for as long as the worker lives: a file per port in CLAIMS, locked
 (flock) by the agent whose worker uses it. The folder is root's (/run) when the agent is root,
 where no workload can write; an agent of an ordinary user claims in a folder of its own user.
+
+A rank 0 on a Slurm cluster (agent/slurm_task.py) has no server to pick its port: it takes one
+the kernel picks (claim_free), held and claimed the same way, and tells the other ranks.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Claim:
 
     sockets: list[socket.socket] = field(default_factory=list)
     lock: int | None = None  # the claim file's descriptor, locked
+    port: int = 0  # the port held (what claim_free picked)
 
     def started(self) -> None:
         release(self.sockets)
@@ -65,18 +69,54 @@ def claim(port: int, folder: Path | None = None) -> Claim | None:
     install's worker has it, or another program listens there. Where the claims' folder cannot
     be used, the port is bound only (and the agent says so in its log)."""
     try:
-        lock: int | None = _lock(folder or claims_folder(), port)
+        lock = _claim_file(folder or claims_folder(), port)
     except BlockingIOError:
         return None  # another agent's worker has it
-    except OSError as error:
-        log.warning("MASTER_PORT %d is not claimed machine-wide (%s): bound only", port, error)
-        lock = None
     held = reserve(port)
     if held is None:
         if lock is not None:
             os.close(lock)
         return None
-    return Claim(held, lock)
+    return Claim(held, lock, port)
+
+
+# Picks claim_free tries before it gives up: a pick is refused only where another install's
+# worker claimed the kernel's choice (its range overlapping the kernel's), or where IPv6 has it.
+FREE_PICKS = 20
+
+
+def claim_free(folder: Path | None = None) -> Claim | None:
+    """A port the kernel picks, bound on every address and claimed machine-wide; None when
+    FREE_PICKS picks were all taken. The refused picks stay bound until one is kept, so the
+    kernel never offers them again meanwhile."""
+    refused: list[socket.socket] = []
+    try:
+        for _ in range(FREE_PICKS):
+            held = reserve(0)
+            if held is None:
+                continue  # its IPv4 pick is bound on IPv6 by another program
+            port = int(held[0].getsockname()[1])
+            try:
+                lock = _claim_file(folder or claims_folder(), port)
+            except BlockingIOError:
+                refused += held  # another install's worker has it
+                continue
+            return Claim(held, lock, port)
+        return None
+    finally:
+        release(refused)
+
+
+def _claim_file(folder: Path, port: int) -> int | None:
+    """``port``'s claim file, locked (BlockingIOError: another holds it); None where the
+    claims' folder cannot be used, and the port is bound only."""
+    try:
+        return _lock(folder, port)
+    except BlockingIOError:
+        raise
+    except OSError as error:
+        log.warning("MASTER_PORT %d is not claimed machine-wide (%s): bound only", port, error)
+        return None
 
 
 def _lock(folder: Path, port: int) -> int:
@@ -118,10 +158,11 @@ def route_address(server: str) -> str:
 
 def reserve(port: int) -> list[socket.socket] | None:
     """Bind ``port`` on every address of the machine (IPv4, and IPv6 where it has it) and keep
-    it; None when another program holds it. The sockets listen: on Linux a socket only bound
-    does not keep another that sets SO_REUSEADDR (as servers, gloo's TCPStore among them, do)
-    from binding the port too, a listening one does. Nothing accepts: the ranks start together
-    after the release and connect once rank 0's process listens (they retry until it does)."""
+    it; None when another program holds it. Port 0: the kernel's pick for IPv4, the same on
+    IPv6. The sockets listen: on Linux a socket only bound does not keep another that sets
+    SO_REUSEADDR (as servers, gloo's TCPStore among them, do) from binding the port too, a
+    listening one does. Nothing accepts: the ranks start together after the release and connect
+    once rank 0's process listens (they retry until it does)."""
     held: list[socket.socket] = []
     for family, anywhere in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
         try:
@@ -140,6 +181,7 @@ def reserve(port: int) -> list[socket.socket] | None:
             if family == socket.AF_INET6 and error.errno == 99:  # EADDRNOTAVAIL: IPv6 disabled
                 return reserve_ipv4(port)
             return None
+        port = sock.getsockname()[1]
     return held
 
 

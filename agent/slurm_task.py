@@ -1,16 +1,24 @@
 """One worker of an Astraeus run on a Slurm cluster (issue 25): what `srun` starts for each
 task of the run's job, on its node, inside the job's step (Slurm's cgroup and GPUs).
 
-    python -m agent.slurm_task --run-dir DIR --run NAME --master-port PORT -- COMMAND...
+    python -m agent.slurm_task --run-dir DIR --run NAME -- COMMAND...
 
 It gives the command what torchrun-style code expects (RANK from SLURM_PROCID, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR: the job's first node, MASTER_PORT), as the agent does for its own
-workers; keeps its output as the agent keeps a worker's log (agent/logs.py: lines cut at 64 KiB,
-the log capped, each write's time); and writes where the server reads it, in the run's folder:
+LOCAL_RANK, MASTER_ADDR and MASTER_PORT), as the agent does for its own workers; keeps its
+output as the agent keeps a worker's log (agent/logs.py: lines cut at 64 KiB, the log capped,
+each write's time); and writes where the server reads it, in the run's folder:
 ``<rank>.start.json`` as the command starts (its node and time) and ``<rank>.end.json`` as it
 ends (exit code or signal, time, and the failure snapshot: its last 50 lines, at most 16 KiB).
 It exits as the command did. Slurm's signals (a cancel, the time limit, --kill-on-bad-exit) are
 passed to the command's process group.
+
+MASTER_PORT is chosen where it is known to be free: on rank 0's node, by rank 0. A port the
+server derived (from the run's id) met another cluster's run of the same id, or another job's
+on the node, and the second gang failed with EADDRINUSE. Rank 0 takes a port the kernel picks
+(agent/rendezvous.py: held, and claimed machine-wide, until its command starts) and writes it
+with its node in the run's folder, in a file of this job instance (its job id and restart
+count: a requeued job's ranks never read the port of the instance before); the other ranks
+wait for it.
 """
 
 from __future__ import annotations
@@ -25,31 +33,65 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from agent import rendezvous
 from agent.logs import WorkerLog
 
 READ_BYTES = 64 * 1024
 
-
-def _first_node(nodelist: str) -> str:
-    """The job's first node (rank 0's with block distribution), as Slurm expands its list."""
-    try:
-        done = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        return done.stdout.split()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return socket.gethostname().split(".")[0]
+# How long a rank other than 0 waits for rank 0's port. Rank 0 writes it as soon as its task
+# starts, which srun does for all tasks together: a wait this long means rank 0 never started
+# (its node lost, its Python broken), and the job must fail rather than hold its GPUs idle.
+MASTER_WAIT_S = 300.0
+MASTER_POLL_S = 0.05
 
 
-def environment(run: str, master_port: int, env: dict[str, str]) -> dict[str, str]:
+@dataclass
+class Master:
+    """Where the gang meets: rank 0's node and port, and, on rank 0, the port held."""
+
+    addr: str
+    port: int
+    claim: rendezvous.Claim | None = None
+
+
+def master_file(folder: Path, env: dict[str, str]) -> Path:
+    """Rank 0's port for this job instance: the job's id and its restart count."""
+    job = env.get("SLURM_JOB_ID", "")
+    restart = env.get("SLURM_RESTART_COUNT", "0")
+    return folder / f"master-{job}-{restart}.json"
+
+
+def publish_master(folder: Path, env: dict[str, str]) -> Master | None:
+    """Rank 0: a free port, held, written for the other ranks; None when none is free."""
+    held = rendezvous.claim_free()
+    if held is None:
+        return None
+    master = Master(socket.gethostname(), held.port, held)
+    _write(master_file(folder, env), {"addr": master.addr, "port": master.port})
+    return master
+
+
+def await_master(folder: Path, env: dict[str, str], wait_s: float) -> Master | None:
+    """The other ranks: rank 0's port once it is written; None past ``wait_s`` seconds."""
+    path = master_file(folder, env)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            found = json.loads(path.read_text())
+            return Master(str(found["addr"]), int(found["port"]))
+        except FileNotFoundError:
+            pass
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(MASTER_POLL_S)
+
+
+def environment(run: str, master: Master, env: dict[str, str]) -> dict[str, str]:
     rank = env.get("SLURM_PROCID", "0")
     return {
         **env,
@@ -57,8 +99,8 @@ def environment(run: str, master_port: int, env: dict[str, str]) -> dict[str, st
         "WORLD_SIZE": env.get("SLURM_NTASKS", "1"),
         "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
         "LOCAL_WORLD_SIZE": env.get("SLURM_NTASKS_PER_NODE", env.get("SLURM_NTASKS", "1")),
-        "MASTER_ADDR": _first_node(env.get("SLURM_JOB_NODELIST", "")),
-        "MASTER_PORT": str(master_port),
+        "MASTER_ADDR": master.addr,
+        "MASTER_PORT": str(master.port),
         "ASTRAEUS_RUN": run,
         "ASTRAEUS_WORKER": f"{run}-{rank}",
     }
@@ -78,19 +120,52 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent.slurm_task")
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--run", required=True)
-    parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("a command after --")
-    env = environment(args.run, args.master_port, dict(os.environ))
-    rank = env["RANK"]
     folder: Path = args.run_dir
-    env["ASTRAEUS_PROGRESS_FILE"] = str(folder / f"{rank}.progress")
+    rank = os.environ.get("SLURM_PROCID", "0")
     log = WorkerLog(folder / "logs", f"{args.run}-{rank}")
     log.begin()
     node = socket.gethostname().split(".")[0]
+    master = _master(folder, dict(os.environ), log)
+    if master is None:
+        _end(folder / f"{rank}.end.json", node, _now(), 1, None, log)
+        return 1
+    env = environment(args.run, master, dict(os.environ))
+    env["ASTRAEUS_PROGRESS_FILE"] = str(folder / f"{rank}.progress")
+    if master.claim is not None:
+        master.claim.started()  # the command binds the port now
+    try:
+        return _run(command, env, folder, rank, node, log)
+    finally:
+        if master.claim is not None:
+            master.claim.end()
+
+
+def _master(folder: Path, env: dict[str, str], log: WorkerLog) -> Master | None:
+    """Rank 0 publishes its port, the others wait for it; None (said in the log) when the
+    task cannot start: no free port, or no port from rank 0 in time."""
+    if env.get("SLURM_PROCID", "0") == "0":
+        master = publish_master(folder, env)
+        if master is None:
+            log.append(b"no free port on this node for MASTER_PORT\n")
+        return master
+    wait_s = MASTER_WAIT_S  # read here, so that a test can shorten it
+    master = await_master(folder, env, wait_s)
+    if master is None:
+        name = master_file(folder, env).name
+        log.append(f"waited {wait_s:g} s for rank 0's MASTER_PORT ({name}): none came\n".encode())
+    return master
+
+
+def _run(
+    command: list[str], env: dict[str, str], folder: Path, rank: str, node: str, log: WorkerLog
+) -> int:
+    """The command, its output into its log, its start and end written in the run's folder;
+    its exit code."""
     try:
         child = subprocess.Popen(
             command,
@@ -102,16 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except OSError as e:
         log.append(f"cannot start {command[0]}: {e.strerror or e}\n".encode())
-        _write(
-            folder / f"{rank}.end.json",
-            {
-                "node": node,
-                "ended_at": _now(),
-                "exit_code": 127,
-                "signal": None,
-                "log_tail": log.snapshot(),
-            },
-        )
+        _end(folder / f"{rank}.end.json", node, _now(), 127, None, log)
         return 127
     _write(folder / f"{rank}.start.json", {"node": node, "started_at": _now(), "pid": child.pid})
 
@@ -130,8 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     ended = _now()
     reader.join(timeout=5)
     code, sig = (status, None) if status >= 0 else (128 - status, -status)
+    _end(folder / f"{rank}.end.json", node, ended, code, sig, log)
+    sys.stdout.flush()
+    return code
+
+
+def _end(path: Path, node: str, ended: str, code: int, sig: int | None, log: WorkerLog) -> None:
+    """How the task ended, with its log's last lines when it failed."""
     _write(
-        folder / f"{rank}.end.json",
+        path,
         {
             "node": node,
             "ended_at": ended,
@@ -140,8 +213,6 @@ def main(argv: list[str] | None = None) -> int:
             "log_tail": log.snapshot() if code != 0 else "",
         },
     )
-    sys.stdout.flush()
-    return code
 
 
 def _copy(stream: Any, log: WorkerLog) -> None:

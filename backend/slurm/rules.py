@@ -627,7 +627,6 @@ class Submission:
     priority: int  # Astraeus's, 0 to 100
     run_dir: str
     python: str
-    master_port: int
     operator: bool = False  # the server's Slurm user may lower a nice below 0
 
 
@@ -679,8 +678,6 @@ def batch_script(s: Submission) -> str:
         s.run_dir,
         "--run",
         s.run,
-        "--master-port",
-        str(s.master_port),
         "--",
         *s.command,
     ]

@@ -34,7 +34,6 @@ from backend.organizations import service as organizations
 from backend.runs import service as runs
 from backend.runs.rules import RunState
 from backend.runs.spec import stored_spec
-from backend.scheduling.rules import MASTER_PORTS
 from backend.slurm import repository, results, rules
 from backend.slurm.commands import SlurmCommands, SlurmSettings, SlurmUnavailable
 from backend.slurm.rules import Change, SlurmJob, SlurmNode
@@ -303,7 +302,6 @@ def _submission(run: Run, account: str, settings: SlurmSettings, folder: str) ->
         run_dir=folder,
         python=settings.python,
         operator=settings.operator,
-        master_port=MASTER_PORTS.start + run.id % len(MASTER_PORTS),
     )
 
 

@@ -298,7 +298,6 @@ def submission(**fields: object) -> rules.Submission:
         "priority": 70,
         "run_dir": "/shared/astraeus/run-7",
         "python": "/opt/astraeus/bin/python",
-        "master_port": 29507,
         "operator": True,
     }
     return rules.Submission(**(base | fields))  # type: ignore[arg-type]
@@ -322,7 +321,7 @@ def test_a_run_is_one_batch_job_whose_tasks_are_its_workers() -> None:  # issue 
         "",
         "export HF_HOME='/data/hf cache'",
         "exec srun --kill-on-bad-exit=1 /opt/astraeus/bin/python -m agent.slurm_task "
-        "--run-dir /shared/astraeus/run-7 --run ddp --master-port 29507 -- "
+        "--run-dir /shared/astraeus/run-7 --run ddp -- "
         "python train.py --name 'it'\"'\"'s'",
     ]
     bare = rules.batch_script(
