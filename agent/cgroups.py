@@ -16,6 +16,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 ROOT = Path("/sys/fs/cgroup")
 GROUP = "astraeus"
@@ -41,6 +42,21 @@ def _read_int(path: Path) -> int | None:
     with contextlib.suppress(OSError, ValueError):
         return int(path.read_text().strip())
     return None
+
+
+class Measured(Protocol):
+    """What a worker is measured by: its control group, or (a Slurm job's task without one)
+    the set of its processes (agent/slurm_node.py). None: not known that way."""
+
+    def pids(self) -> list[int]: ...
+
+    def cpu_seconds(self) -> float | None: ...
+
+    def memory_used(self) -> int | None: ...
+
+    def memory_peak(self) -> int | None: ...
+
+    def oom_kills(self) -> int | None: ...
 
 
 @dataclass
@@ -107,9 +123,13 @@ class WorkerCgroup:
         return ns / 1e9 if ns is not None else None
 
     def pids(self) -> list[int]:
-        with contextlib.suppress(OSError, ValueError):
-            return [int(p) for p in (self.memory / "cgroup.procs").read_text().split()]
-        return []
+        """The processes in the group and in the groups beneath it (Slurm puts a job's in a
+        group per step and task, beneath the job's: agent/slurm_node.py)."""
+        out: list[int] = []
+        for folder, _, _ in os.walk(self.memory):
+            with contextlib.suppress(OSError, ValueError):
+                out += [int(p) for p in (Path(folder) / "cgroup.procs").read_text().split()]
+        return out
 
     def kill_all(self, rounds: int = 20) -> None:
         """SIGKILL every process in the group, also those that left the worker's process group

@@ -4,18 +4,22 @@ barrier), RELEASE (the barrier is passed: run), STOP and DELETE."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from astraeus.agent.v1 import agent_pb2
 
 from agent.executor import EndCause, Exit
 from agent.logs import WorkerLog
-from agent.sampling import Sampling
+from agent.slurm_watch import SlurmWatching
 from agent.state import Worker
 from agent.workers import WorkerKeeping
 
+log = logging.getLogger("astraeus.agent")
+SLURM = "slurm"  # the executor of a Slurm node's agent (agent/slurm_watch.py)
 
-class CommandHandling(WorkerKeeping, Sampling):
+
+class CommandHandling(WorkerKeeping, SlurmWatching):
     """The server's commands carried out (a part of ``Agent``)."""
 
     async def _command(self, command: agent_pb2.Command) -> None:
@@ -23,7 +27,16 @@ class CommandHandling(WorkerKeeping, Sampling):
         worker: Worker | None
         if not key:
             return  # names no worker (a command of a server before ids): nothing to do
-        if command.kind == agent_pb2.COMMAND_KIND_START:
+        if command.kind == agent_pb2.COMMAND_KIND_WATCH:
+            self._watch_slurm(key, command.watch)
+        elif self.config.executor == SLURM and command.kind == agent_pb2.COMMAND_KIND_STOP:
+            self._end_watch(key)  # Slurm ended it here (Slurm's to stop, never the agent's)
+        elif self.config.executor == SLURM and command.kind == agent_pb2.COMMAND_KIND_DELETE:
+            self._forget_watch(key)  # its run was deleted: its copy of the log goes too
+            WorkerLog(self.log_root, str(key)).delete()
+        elif self.config.executor == SLURM:
+            log.warning("a Slurm node's agent runs no workers: command %s ignored", command.kind)
+        elif command.kind == agent_pb2.COMMAND_KIND_START:
             payload = start_payload(command.start)
             current = self.workers.get(key)
             if current is not None and current.attempt == int(payload.get("attempt", 0)):

@@ -29,7 +29,12 @@ class AgentConfig:
     heartbeat_seconds: float = 10.0
     sample_seconds: float = 5.0
     prepare_poll_seconds: float = 2.0
-    executor: str = "process"  # or "docker": containers through the Docker Engine API
+    # "docker": containers through the Docker Engine API; "slurm": a Slurm node's agent, which
+    # runs no workers and watches those Slurm runs here (agent/slurm_watch.py), reading Slurm
+    # with the slurm.conf and the commands' folder given (None: the default, the PATH).
+    executor: str = "process"
+    slurm_conf: str | None = None
+    slurm_bin: str | None = None
     docker_socket: str = engines.SOCKET
     nvml: NvmlSampler | None = None
     # Who workloads run as (agent/identity.py), and what of the machine they may reach:

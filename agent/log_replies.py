@@ -57,7 +57,7 @@ class LogReplies(AgentState):
     async def _stream_log(self, request_id: int, request: agent_pb2.LogFollowStart) -> None:
         """Send the worker's new lines as they are written, until it ends or the server stops."""
         key = request.worker_id
-        worker = self.workers.get(key)
+        worker = self.workers.get(key) or self.watched.get(key)
         wlog = WorkerLog(self.log_root, str(key))
         offset: int | None = None  # where the follower begins: after the tail, else the end
         if request.tail_lines:

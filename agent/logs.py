@@ -132,9 +132,10 @@ class WorkerLog:
         return "", False, 0
 
     def snapshot(self) -> str:
-        """The failure snapshot's output: the last 50 lines, at most 16 KiB."""
-        exists = self.current.exists()
-        text = _last_lines(self.current, SNAPSHOT_LINES, SNAPSHOT_BYTES) if exists else ""
+        """The failure snapshot's output: the last 50 lines, at most 16 KiB (of the archived
+        log once the process is gone)."""
+        path = self.current if self.current.exists() else self.archived
+        text = _last_lines(path, SNAPSHOT_LINES, SNAPSHOT_BYTES) if path.exists() else ""
         data = text.encode()
         if len(data) > SNAPSHOT_BYTES:
             data = data[-SNAPSHOT_BYTES:]

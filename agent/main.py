@@ -70,9 +70,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--executor",
-        choices=("process", "docker"),
+        choices=("process", "docker", "slurm"),
         default=os.environ.get("ASTRAEUS_AGENT_EXECUTOR", "process"),
-        help="run workers as process groups here, or as containers through the Docker engine",
+        help="run workers as process groups here, or as containers through the Docker engine; "
+        "slurm: on a node of a cluster Slurm runs, run none and watch the jobs Slurm runs here "
+        "(--name must be the node's name in Slurm)",
+    )
+    parser.add_argument(
+        "--slurm-conf",
+        default=os.environ.get("ASTRAEUS_AGENT_SLURM_CONF") or None,
+        help="with --executor slurm: the slurm.conf Slurm's commands read (default: Slurm's own)",
+    )
+    parser.add_argument(
+        "--slurm-bin",
+        default=os.environ.get("ASTRAEUS_AGENT_SLURM_BIN") or None,
+        help="with --executor slurm: the folder of scontrol (default: the PATH)",
     )
     parser.add_argument(
         "--docker-socket", default="/var/run/docker.sock", help="the Docker engine's socket"
@@ -226,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
         heartbeat_seconds=args.heartbeat,
         sample_seconds=args.sample,
         executor=args.executor,
+        slurm_conf=args.slurm_conf,
+        slurm_bin=args.slurm_bin,
         docker_socket=args.docker_socket,
         users=WorkloadUsers(
             allowed=frozenset(args.allow_user) - {"root"},

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from astraeus.agent.v1 import agent_pb2
 
 from agent import cgroups
-from agent.cgroups import WorkerCgroup
+from agent.cgroups import Measured
 from agent.gpus import NvmlSampler, simulated_memory_used
 from agent.logs import WorkerLog
 
@@ -40,17 +40,21 @@ class SampledWorker(Protocol):
     """What the sampler reads of a worker, whichever executor runs it."""
 
     worker_id: int
-    payload: dict[str, Any]
     log: WorkerLog
     started: bool
     exited: asyncio.Event
-    cgroup: WorkerCgroup | None
+
+    @property
+    def payload(self) -> dict[str, Any]: ...
+
+    @property
+    def cgroup(self) -> Measured | None: ...
 
     @property
     def attempt(self) -> int: ...
 
     @property
-    def progress_file(self) -> Path: ...
+    def progress_file(self) -> Path | None: ...
 
 
 NETWORK_METRICS = ("task_network_receive_bytes_total", "task_network_transmit_bytes_total")
@@ -65,6 +69,8 @@ def unmeasured(executor: str, cgroups_available: bool | None = None) -> list[str
     so the engine gives no per-container count. CPU, memory and OOM kills of processes where
     the machine gives the agent no control groups (a container's come from its engine)."""
     out = list(NETWORK_METRICS)
+    if executor == "slurm":
+        return out  # Slurm's groups of its jobs, else their processes (agent/slurm_node.py)
     if cgroups_available is None:
         cgroups_available = cgroups.available()
     if executor != "docker" and not cgroups_available:
@@ -367,13 +373,16 @@ class Sampler:
         self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
     ) -> bool:
         """The progress file's last report, sent when it is new."""
+        path = worker.progress_file
+        if path is None:
+            return False
         try:
-            status = worker.progress_file.stat()
+            status = path.stat()
         except OSError:
             return False
         if (status.st_mtime_ns, status.st_size) == seen.progress_seen:
             return False
-        read = read_progress_file(worker.progress_file)
+        read = read_progress_file(path)
         if read.settled:  # else its last line is still being written: read it again next look
             seen.progress_seen = (status.st_mtime_ns, status.st_size)
         report = read.report
@@ -416,7 +425,10 @@ class Sampler:
         limit = worker.payload.get("memory_limit_bytes")
         if limit:
             self._sample(out, worker, "task_memory_limit_bytes", at_ms, float(limit))
-        kills = float(group.oom_kills())
+        counted = group.oom_kills()
+        if counted is None:
+            return  # not known of a set of processes (agent/slurm_node.py)
+        kills = float(counted)
         self._sample(out, worker, "task_oom_kills_total", at_ms, kills)
         self.oom_kills_sent[worker.worker_id] = kills
 
@@ -467,7 +479,8 @@ class Sampler:
             self._sample(out, worker, "task_memory_used_bytes", at, float(limit))
         if limit and (group is not None or oom_killed):
             self._sample(out, worker, "task_memory_limit_bytes", at, float(limit))
-        kills = float(group.oom_kills()) if group is not None else None
+        counted = group.oom_kills() if group is not None else None
+        kills = float(counted) if counted is not None else None
         if oom_killed and (kills is None or kills <= (sent or 0.0)):
             kills = (sent or 0.0) + 1
         if kills is not None:

@@ -10,7 +10,9 @@ import logging
 from astraeus.agent.v1 import agent_pb2
 
 from agent import docker
+from agent.metrics import SampledWorker
 from agent.state import AgentState, Worker
+from agent.watched import WatchedWorker
 
 log = logging.getLogger("astraeus.agent")
 
@@ -23,7 +25,7 @@ START_SAMPLE_WAIT_S = 2.0
 class Sampling(AgentState):
     """The agent's sampling (a part of ``Agent``)."""
 
-    async def _sample_start(self, worker: Worker) -> None:
+    async def _sample_start(self, worker: Worker | WatchedWorker) -> None:
         """The worker's first samples as soon as its process is in its group (a container's
         from its engine): one killed within seconds has its start besides its end (seed L-52)."""
         group = worker.cgroup
@@ -37,7 +39,8 @@ class Sampling(AgentState):
         if isinstance(worker, docker.ContainerWorker):
             with contextlib.suppress(Exception):  # an engine that does not answer: the looks
                 reading = await worker.sample()
-        if self.workers.get(worker.worker_id) is not worker:
+        key = worker.worker_id
+        if self.workers.get(key) is not worker and self.watched.get(key) is not worker:
             return  # deleted meanwhile
         try:
             look = self.sampler.started(worker, reading)
@@ -58,7 +61,7 @@ class Sampling(AgentState):
                 log.exception("sampling failed")
 
     async def sample_once(self) -> None:
-        workers = list(self.workers.values())
+        workers: list[SampledWorker] = [*self.workers.values(), *self.watched.values()]
         readings = {}
         for w in workers:
             if isinstance(w, docker.ContainerWorker) and w.started and not w.exited.is_set():

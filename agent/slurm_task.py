@@ -129,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     rank = os.environ.get("SLURM_PROCID", "0")
     log = WorkerLog(folder / "logs", f"{args.run}-{rank}")
     log.begin()
-    node = socket.gethostname().split(".")[0]
+    # Slurm's name for the node (the import's machine), which slurmd may be started as
+    # though the host is named otherwise (slurmd -N); the host's where Slurm does not say.
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     master = _master(folder, dict(os.environ), log)
     if master is None:
         _end(folder / f"{rank}.end.json", node, _now(), 1, None, log)

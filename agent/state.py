@@ -27,6 +27,8 @@ from agent.executor import Exit, ProcessWorker
 from agent.log_watch import LogWatch
 from agent.metrics import Sampler
 from agent.outbox import Outbox
+from agent.slurm_node import SlurmNode
+from agent.watched import WatchedWorker
 
 Worker = ProcessWorker | docker.ContainerWorker
 
@@ -48,9 +50,14 @@ class AgentState:
     # Rank 0's MASTER_PORT: bound from its START until its process starts, claimed machine-wide
     # until the worker is gone (agent/rendezvous.py).
     reserved: dict[int, rendezvous.Claim] = field(default_factory=dict)
+    # A Slurm node's agent: the workers Slurm runs here that it watches (agent/slurm_watch.py),
+    # by the server's id, and the one task that looks at them.
+    watched: dict[int, WatchedWorker] = field(default_factory=dict)
+    watching: asyncio.Task[None] | None = None
     outbox: Outbox = field(init=False)
     sampler: Sampler = field(init=False)
     log_watch: LogWatch = field(init=False)  # wakes follows as their logs are written
+    slurm: SlurmNode = field(init=False)  # this node's Slurm, for a Slurm node's agent
 
     def __post_init__(self) -> None:
         private_folders(self.config.data_dir, self.config.workload_dir)
@@ -59,6 +66,7 @@ class AgentState:
             self.config.nvml, gpu_memory={g.index: g.memory_bytes for g in self.config.gpus}
         )
         self.log_watch = LogWatch(self.log_root)
+        self.slurm = SlurmNode(self.config.machine, self.config.slurm_conf, self.config.slurm_bin)
 
     @property
     def log_root(self) -> Path:

@@ -59,7 +59,7 @@ pytest_plugins = [
     "tests.support.jobs",  # redis_worker
     "tests.support.lifecycle",  # placed
     "tests.support.processes",  # live
-    "tests.support.slurm",  # slurm, slurm_accounts
+    "tests.support.slurm",  # slurm, slurm_accounts, slurm_cgroups, torch_ok
     "tests.support.stream",  # machine_token
 ]
 
@@ -116,6 +116,7 @@ LONGEST = (  # the module times of a fresh clone's `.ci/run` (2026-12-02 night, 
     "tests/security/test_machine_identity.py",  # 119 s
     "tests/lifecycle/test_scenarios.py",  # 119 s
     "tests/slurm/test_submit.py",  # 95 s (2026-12-03): DDP gangs as Slurm jobs
+    "tests/slurm/test_node_agent.py",  # ~100 s (2026-12-03): a Slurm in cgroups, its node's agent
     "tests/e2e/test_seed_walk.py",  # 99 s
     "tests/graphql/test_fuzz.py",  # 94 s
     "tests/lifecycle/test_terminal_properties.py",  # 88 s

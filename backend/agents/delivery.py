@@ -26,6 +26,7 @@ _COMMANDS = {
     "release": agent_pb2.COMMAND_KIND_RELEASE,
     "stop": agent_pb2.COMMAND_KIND_STOP,
     "delete": agent_pb2.COMMAND_KIND_DELETE,
+    "watch": agent_pb2.COMMAND_KIND_WATCH,
 }
 # How often the streams' credentials are checked (all of a replica's in one query): a revoked
 # one's stream ends within this and a poll interval.
@@ -122,12 +123,7 @@ class CommandDelivery:
         for c in commands:
             if stream.closed.is_set() or c.id <= stream.last_command_sent:
                 return
-            message = agent_pb2.Command(
-                command_id=c.id,
-                kind=_COMMANDS[c.kind],
-                worker_id=c.target_worker_id or 0,
-                start=start_message(c) if c.kind == "start" else None,
-            )
+            message = command_message(c)
             size = message.ByteSize()
             if size > MESSAGE_LIMIT:
                 await self._undeliverable(stream.machine_id, c, size)
@@ -142,6 +138,36 @@ class CommandDelivery:
             fx = await service.undeliverable(session, self.clock, machine_id, command.id, reason)
         if fx.freed:
             self.on_freed()
+
+
+def command_message(command: AgentCommand) -> agent_pb2.Command:
+    """A stored command as the protocol's message."""
+    return agent_pb2.Command(
+        command_id=command.id,
+        kind=_COMMANDS[command.kind],
+        worker_id=command.target_worker_id or 0,
+        start=start_message(command) if command.kind == "start" else None,
+        watch=watch_message(command) if command.kind == "watch" else None,
+    )
+
+
+def watch_message(command: AgentCommand) -> agent_pb2.WatchWorker:
+    """A watch command's stored payload (backend/slurm/service.py) as the typed message."""
+    p = command.payload
+    watch = agent_pb2.WatchWorker(
+        worker=command.worker_name,
+        attempt=int(p.get("attempt") or 0),
+        slurm_job_id=str(p.get("job_id") or ""),
+        gpu_ids=[int(i) for i in p.get("gpu_ids") or []],
+        state_dir=str(p.get("state_dir") or ""),
+        run_folder=str(p.get("run_folder") or ""),
+        log=str(p.get("log") or ""),
+        progress=str(p.get("progress") or ""),
+        batch_output=bool(p.get("batch_output")),
+    )
+    if p.get("task") is not None:
+        watch.task = int(p["task"])
+    return watch
 
 
 def start_message(command: AgentCommand) -> agent_pb2.StartWorker:

@@ -30,6 +30,25 @@ async def unacked_commands(
     return list(rows)
 
 
+async def watch_commands(session: AsyncSession, machine_id: int) -> list[AgentCommand]:
+    """The newest WATCH of each worker placed on the machine now, of its current attempt."""
+    rows = await session.execute(
+        select(AgentCommand, Worker.attempt)
+        .join(Worker, Worker.id == AgentCommand.worker_id)
+        .where(
+            AgentCommand.machine_id == machine_id,
+            AgentCommand.kind == "watch",
+            Worker.machine_id == machine_id,
+        )
+        .order_by(AgentCommand.id)
+    )
+    newest: dict[int | None, AgentCommand] = {}
+    for command, attempt in rows:
+        if command.payload.get("attempt") == attempt:
+            newest[command.worker_id] = command
+    return list(newest.values())
+
+
 # At most this many ids in one IN (...): SQLite's bound parameters are limited.
 IDS_PER_QUERY = 500
 _IDS = ARRAY(BigInteger)

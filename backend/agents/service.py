@@ -19,6 +19,7 @@ from backend.lifecycle.states import PLACED_STATES, RUNNING
 from backend.lifecycle.views import Effects, RunPolicy, RunView, WorkerView
 from backend.machine_identity.rules import MachinePrincipal
 from backend.machines import service as machines
+from backend.machines.rules import SLURM
 from backend.machines.service import GpuInfo
 from backend.metrics import service as metrics_service
 from backend.metrics.rules import SampleIn
@@ -112,8 +113,11 @@ async def reconcile(
     The agent's workers that are no longer this machine's (their run moved on while the agent
     was away: lost lease, stopped, deleted) are to be stopped: their ids are returned. The
     workers this machine should have, which the agent had reported and no longer knows of,
-    failed: their end is written with a sentence that says so.
+    failed: their end is written with a sentence that says so. A Slurm node's agent runs no
+    workers (Slurm does): there is nothing to agree on; it is sent what to watch (``watches``).
     """
+    if machine.executor == SLURM:
+        return [], Effects()
     placed = {w.id: w for w in await repository.workers_on_machine(session, machine.id)}
     to_stop = [
         k.worker_id
@@ -142,6 +146,14 @@ async def reconcile(
         )
         total.freed |= fx.freed
     return to_stop, total
+
+
+async def watches(session: AsyncSession, machine: Machine) -> list[AgentCommand]:
+    """What a Slurm node's agent watches, sent again at each Hello (an agent that restarted
+    knows nothing of them): the newest WATCH of each worker Slurm runs there now."""
+    if machine.executor != SLURM:
+        return []
+    return await repository.watch_commands(session, machine.id)
 
 
 async def renew_leases(
@@ -173,13 +185,17 @@ async def worker_event(
     )
     if event.kind == "exited" and event.log_tail:
         # The end of an attempt its machine was lost for: its lines fill that snapshot.
-        await lifecycle.late_snapshot(
+        late = await lifecycle.late_snapshot(
             session,
             machine_id=machine_id,
             worker_id=event.worker_id,
             attempt=event.attempt,
             log_tail=event.log_tail,
         )
+        if not late:  # a Slurm node's agent's lines of a worker Slurm ended there
+            await lifecycle.slurm_snapshot(
+                session, machine_id=machine_id, worker_id=event.worker_id, log_tail=event.log_tail
+            )
     return fx
 
 

@@ -21,7 +21,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from backend.access.rules import bearer_secret
 from backend.agents import service
-from backend.agents.delivery import CommandDelivery
+from backend.agents.delivery import CommandDelivery, command_message
 from backend.agents.follow_buffer import FollowBuffer, LogChunkInfo
 from backend.agents.handlers import MessageHandlers
 from backend.agents.leases import LeaseKeeper, renew_interval
@@ -134,13 +134,16 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         info = _hello_info(first.hello)
         try:
             async with self.db.transaction() as session:
-                refusal = await identity.registration_refusal(session, agent, info.machine)
+                refusal = await identity.registration_refusal(
+                    session, agent, info.machine
+                ) or await machines.executor_refusal(session, agent.cluster_id, info.executor)
                 if refusal is None:
                     await identity.mark_used(session, self.clock, agent)
                     machine = await service.hello(session, self.clock, agent, info, self.lease)
                     to_stop, fx = await service.reconcile(
                         session, self.clock, machine, info.workers
                     )
+                    watches = await service.watches(session, machine)
         except Exception as error:
             if isinstance(error, PoolTimeout):  # the agent says Hello again later
                 await context.abort(grpc.StatusCode.UNAVAILABLE, BUSY)
@@ -168,6 +171,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             stream.send(
                 command=agent_pb2.Command(kind=agent_pb2.COMMAND_KIND_STOP, worker_id=worker_id)
             )
+        for watch in watches:  # acknowledged before, perhaps: the agent knows them no more
+            stream.send(command=command_message(watch))
         tasks = [
             asyncio.create_task(_ending_on_failure(stream, self._read(stream, request_iterator))),
             asyncio.create_task(_ending_on_failure(stream, self.writer.write(stream, machine))),

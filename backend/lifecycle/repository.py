@@ -181,6 +181,16 @@ async def placements(session: AsyncSession, worker_id: int, until: datetime) -> 
     return [m for m in rows if m is not None]
 
 
+async def last_held_on(session: AsyncSession, worker_id: int) -> int | None:
+    """The machine the worker last held its GPUs on (its history's newest held change)."""
+    return await session.scalar(
+        select(StateTransition.machine_id)
+        .where(StateTransition.worker_id == worker_id, StateTransition.machine_id.is_not(None))
+        .order_by(StateTransition.id.desc())
+        .limit(1)
+    )
+
+
 async def run_of_worker(session: AsyncSession, worker_id: int) -> int | None:
     return await session.scalar(select(Worker.run_id).where(Worker.id == worker_id))
 

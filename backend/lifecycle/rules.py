@@ -70,6 +70,12 @@ def check_timers(run: RunView, now: datetime, fx: Effects) -> None:
     """The rules that fire with time: the gang barrier, the time limit, stalls."""
     if run.ended:
         return
+    if run.slurm_job is not None:
+        # Slurm keeps its own time limit and starts the gang whole: what is Astraeus's to find
+        # is what the agents on its nodes see (stalls are counted; Slurm keeps the job running).
+        find_stragglers(run, now)
+        find_stalls(run, now, fx)
+        return
     limit = run.policy.time_limit
     if limit is not None and run.started_at is not None and now >= run.started_at + limit:
         if run.placed:

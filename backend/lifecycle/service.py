@@ -145,6 +145,7 @@ def _run_view(run: Row[Any], workers: list[Row[Any]], spec: RunSpec) -> RunView:
         policy=policy_of(spec),
         workers=[_worker_view(w) for w in workers],
         first_failure=first,
+        slurm_job=values["external_id"],
     )
     for name in _RUN_FIELDS:
         setattr(view, name, values[name])
@@ -442,6 +443,10 @@ async def report(
         w = next((w for w in view.workers if w.name == worker_name), None)
         if w is None or w.machine_id != machine_id or attempt not in (None, w.attempt):
             return
+        if view.slurm_job is not None and kind != "progress":
+            # Slurm starts and ends its jobs' workers (the import records it): the agent on
+            # the node, forged or not, says nothing of their state.
+            return
         if kind in (states.PREPARING, states.PULLING):
             starting.worker_preparing(
                 view,
@@ -510,6 +515,35 @@ async def late_snapshot(
         session, worker_id, datetime.fromisoformat(failure["failed_at"])
     )
     if len(placed) != attempt or placed[-1] != machine_id:
+        return False
+    worker.last_failure = {**failure, "log_tail": endings.snapshot_output(log_tail)}
+    return True
+
+
+async def slurm_snapshot(
+    session: AsyncSession, *, machine_id: int, worker_id: int, log_tail: str
+) -> bool:
+    """A Slurm node's agent's last lines of a worker Slurm ended there (its job's output, as
+    the agent copied it): they fill the failure snapshot, which Slurm's records leave without
+    output. Taken when the worker is a Slurm run's, failed, its snapshot without lines, and it
+    last held its GPUs on this machine; whether it was. Its state and accounting stay."""
+    if not log_tail:
+        return False
+    await session.flush()
+    run_id = await repository.run_of_worker(session, worker_id)
+    if run_id is None:
+        return False
+    run = (await repository.runs_by_id(session, [run_id], lock=True))[0]
+    worker = await repository.worker_by_id(session, worker_id)
+    failure = worker.last_failure if worker is not None else None
+    if (
+        run.external_id is None
+        or worker is None
+        or worker.state != states.FAILED
+        or not failure
+        or failure.get("log_tail")
+        or await repository.last_held_on(session, worker_id) != machine_id
+    ):
         return False
     worker.last_failure = {**failure, "log_tail": endings.snapshot_output(log_tail)}
     return True

@@ -103,6 +103,9 @@ class RunView:
     cause: str | None = None
     first_failure: dict[str, Any] | None = None
     master_port: int | None = None
+    # The Slurm job that runs it (backend/slurm/): Slurm starts, limits, requeues and ends it,
+    # the import records that; the lifecycle only finds what the agents on the nodes see.
+    slurm_job: str | None = None
 
     @property
     def ended(self) -> bool:

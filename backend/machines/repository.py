@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.machines.rules import SLURM
 from backend.models import (
     Cluster,
     Gpu,
@@ -21,6 +22,14 @@ from backend.models import (
     WorkerFailure,
 )
 from backend.runs.rules import ENDED_RUN_STATES
+
+# A machine whose lease a heartbeat renews: one that is not lost (a lost one registers again),
+# or a Slurm node's, whatever Slurm says of the node (its agent only watches).
+LIVE = ("ready", "draining")
+
+
+def _renewable() -> ColumnElement[bool]:
+    return or_(Machine.state.in_(LIVE), Machine.executor == SLURM)
 
 
 async def get_machine(session: AsyncSession, cluster_id: int, name: str) -> Machine | None:
@@ -90,6 +99,8 @@ async def expired_machines(session: AsyncSession, now: datetime) -> list[Machine
                 Machine.state.in_(["ready", "draining"]),
                 Machine.lease_expires_at.is_not(None),
                 Machine.lease_expires_at < now,
+                # a Slurm node's agent gone is no node lost: Slurm says that (backend/slurm/)
+                or_(Machine.executor.is_(None), Machine.executor != SLURM),
             )
             .with_for_update()
         )
@@ -101,7 +112,7 @@ async def extend_lease(
 ) -> bool:
     result = await session.execute(
         update(Machine)
-        .where(Machine.id == machine_id, Machine.state.in_(["ready", "draining"]))
+        .where(Machine.id == machine_id, _renewable())
         .values(last_seen_at=now, lease_expires_at=until)
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
@@ -116,13 +127,13 @@ async def renew_leases(
     renewed and the ids whose rows were held (another transaction writing the machine: its
     Hello, which renews the lease itself, or a check finding it lost), to be tried again."""
     rows = await session.execute(
-        select(Machine.id, Machine.state)
+        select(Machine.id, Machine.state, Machine.executor)
         .where(Machine.id.in_(machine_ids))
         .order_by(Machine.id)
         .with_for_update(key_share=True, skip_locked=True)
     )
-    found = {int(machine_id): state for machine_id, state in rows}
-    live = sorted(m for m, state in found.items() if state in ("ready", "draining"))
+    found = {int(machine_id): (state, executor) for machine_id, state, executor in rows}
+    live = sorted(m for m, (state, executor) in found.items() if state in LIVE or executor == SLURM)
     if live:
         await session.execute(
             update(Machine)

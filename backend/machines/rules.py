@@ -99,7 +99,27 @@ def registration_problem(facts: MachineFacts) -> str | None:
 
 
 # How an agent runs workers (Hello.executor); empty: an agent before it said, host processes.
-EXECUTORS = ("process", "docker")
+# "slurm": it runs none, it watches the workers Slurm runs on its node (backend/slurm/).
+SLURM = "slurm"
+EXECUTORS = ("process", "docker", SLURM)
+
+
+def executor_refusal(executor: str, cluster: str, run_by_slurm: bool) -> str | None:
+    """Why an agent of this executor may not join this cluster, or None: a Slurm-backed
+    cluster's nodes are Slurm's to run (their agents only watch), and an agent that only
+    watches has nothing to watch where Astraeus schedules."""
+    if run_by_slurm and executor != SLURM:
+        return (
+            f"Cluster {cluster} is run by Slurm: the agent on each of its nodes watches the "
+            "jobs Slurm runs there and runs none of its own (astraeus agent --executor slurm)"
+        )
+    if not run_by_slurm and executor == SLURM:
+        return (
+            f"Cluster {cluster} is scheduled by Astraeus: its agents run the workers placed on "
+            "them (--executor process or docker); --executor slurm is for the nodes of a "
+            "cluster Slurm runs"
+        )
+    return None
 
 
 def executor_problem(executor: str, unmeasured: tuple[str, ...]) -> str | None:

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.db import after_commit
-from backend.errors import NotFound
+from backend.errors import Conflict, FieldError, NotFound
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.sentences import EndCause
 from backend.lifecycle.views import Effects
@@ -57,8 +57,12 @@ async def register(
     now = clock.now()
     if await repository.get_cluster(session, cluster_id) is None:
         raise NotFound("CLUSTER_NOT_FOUND", "No such cluster.")
-    pool_row = await repository.get_or_create_pool(session, cluster_id, pool, now) if pool else None
     machine = await repository.get_machine(session, cluster_id, name)
+    if executor == rules.SLURM:
+        return await _register_node_agent(
+            session, clock, cluster_id, name, machine, gpus, lease, address, unmeasured_metrics
+        )
+    pool_row = await repository.get_or_create_pool(session, cluster_id, pool, now) if pool else None
     if machine is None:
         machine = Machine(cluster_id=cluster_id, name=name, created_at=now, labels={})
         repository.add(session, machine)
@@ -76,6 +80,59 @@ async def register(
     machine.lease_expires_at = now + lease
     await session.flush()
     await _sync_gpus(session, machine, gpus)
+    return machine
+
+
+async def executor_refusal(session: AsyncSession, cluster_id: int, executor: str) -> str | None:
+    """Why an agent of this executor may not join the cluster (rules.executor_refusal)."""
+    cluster = await repository.get_cluster(session, cluster_id)
+    if cluster is None:
+        return None  # registering says there is no such cluster
+    return rules.executor_refusal(executor, cluster.name, cluster.slurm is not None)
+
+
+async def _register_node_agent(
+    session: AsyncSession,
+    clock: Clock,
+    cluster_id: int,
+    name: str,
+    machine: Machine | None,
+    gpus: list[GpuInfo],
+    lease: timedelta,
+    address: str | None,
+    unmeasured_metrics: Sequence[str],
+) -> Machine:
+    """A Slurm node's agent joins: Slurm says what the node is (its state, partition, cores,
+    memory and GPU count: the import writes them), the agent where it is reached, what it
+    cannot measure, and its GPUs' own names and memory. Its lease says whether it is connected,
+    never that the node is lost: Slurm says that, and Slurm ends the node's jobs."""
+    now = clock.now()
+    if machine is None:  # its agent came before the import listed the node
+        machine = Machine(
+            cluster_id=cluster_id,
+            name=name,
+            created_at=now,
+            labels={},
+            executor=rules.SLURM,
+            state="ready",
+            reason="Its agent joined; Slurm has not listed it yet",
+        )
+        repository.add(session, machine)
+    machine.address = address or None
+    machine.unmeasured_metrics = list(unmeasured_metrics)
+    machine.last_seen_at = now
+    machine.lease_expires_at = now + lease
+    await session.flush()
+    known = {g.index: g for g in await repository.gpus_of(session, machine.id)}
+    for info in gpus:
+        row = known.get(info.index)
+        if row is None:  # the import removes those Slurm does not give the node
+            row = Gpu(machine_id=machine.id, index=info.index)
+            repository.add(session, row)
+        row.uuid, row.model, row.memory_bytes = info.uuid, info.model, info.memory_bytes
+        row.health = "ok" if info.healthy else "unhealthy"
+        row.health_reason = info.health_reason
+    await session.flush()
     return machine
 
 
@@ -174,6 +231,9 @@ async def lose(
     machine = await repository.get_machine(session, cluster_id, name)
     if machine is None:
         return Effects()
+    if machine.executor == rules.SLURM:
+        machine.lease_expires_at = clock.now()  # its agent is gone; Slurm still runs its jobs
+        return Effects()
     machine.state, machine.reason = "lost", reason
     machine.lease_expires_at = clock.now()
     await session.flush()
@@ -208,6 +268,13 @@ async def drain_by_name(
     machine = await repository.get_machine(session, found.id, name) if found else None
     if machine is None:
         raise hidden
+    if machine.executor == rules.SLURM:
+        raise Conflict(
+            "MACHINE_RUN_BY_SLURM",
+            f"{name} is a node of cluster {cluster}, which Slurm runs: drain it in Slurm "
+            f"(scontrol update nodename={name} state=drain reason=...).",
+            [FieldError("machine", "is a Slurm node: Slurm places work on it")],
+        )
     return machine, await drain(session, clock, machine)
 
 

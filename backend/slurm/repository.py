@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.models import (
+    AgentCommand,
     Cluster,
     Gpu,
     Machine,
@@ -124,6 +125,40 @@ async def asked_to_stop(session: AsyncSession, cluster_id: int) -> list[str]:
         )
     )
     return [r for r in rows if r is not None]
+
+
+async def end_watches(session: AsyncSession, worker_ids: Sequence[int], at: datetime) -> None:
+    """The workers' jobs ended on their nodes (or were queued again): their WATCH no agent
+    took is set aside (never sent), and where an agent took it, it is told to stop watching
+    (a STOP; it stops by itself once the processes are gone, and may have). Rows are locked
+    in id order, as every writer of commands takes them (lifecycle.clear_pending_commands)."""
+    if not worker_ids:
+        return
+    rows = list(
+        await session.scalars(
+            select(AgentCommand)
+            .where(AgentCommand.worker_id.in_(worker_ids), AgentCommand.kind == "watch")
+            .order_by(AgentCommand.id)
+            .with_for_update()
+        )
+    )
+    newest = {c.worker_id: c for c in rows}
+    taken = [(w, c) for w, c in newest.items() if c.acked_at is not None]  # its agent has it
+    for command in rows:
+        if command.acked_at is None:
+            command.acked_at = at
+    for worker_id, command in taken:
+        session.add(
+            AgentCommand(
+                machine_id=command.machine_id,
+                worker_name=command.worker_name,
+                target_worker_id=worker_id,
+                worker_id=worker_id,
+                kind="stop",
+                payload={"watched": True},
+                created_at=at,
+            )
+        )
 
 
 async def lock_run(session: AsyncSession, run_id: int) -> Run | None:

@@ -81,6 +81,9 @@ class SlurmJob:
     # Its instances that ran before Slurm queued it again (a preemption with requeue, a node
     # failure, scontrol requeue), oldest first.
     previous: tuple[Instance, ...] = ()
+    # The GPUs Slurm gave it on each of its nodes (gres indexes), in its nodes' order: squeue's,
+    # while it runs (accounting keeps only their count).
+    gpu_indexes: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -265,9 +268,45 @@ def parse_squeue(document: dict[str, object]) -> list[SlurmJob]:
                 time_limit=timedelta(minutes=limit) if isinstance(limit, int) and limit else None,
                 priority=int(job.get("priority") or 0),
                 reason=str(job.get("state_reason", "")),
+                gpu_indexes=(
+                    tuple(gres_indexes(str(d)) for d in job.get("gres_detail") or [])
+                    if started
+                    else ()
+                ),
             )
         )
     return jobs
+
+
+_GPU_INDEXES = re.compile(r"(?:^|,)gpu[^(,]*\(IDX:([^)]*)\)")
+
+
+def gres_indexes(detail: str) -> tuple[int, ...]:
+    """A node's GPU indexes from one of squeue's ``gres_detail`` ("gpu:2(IDX:0-1)",
+    "gpu:a100:3(IDX:0,2-3),shard:0"): the GPUs of every type, in order; () for none."""
+    out: list[int] = []
+    for listed in _GPU_INDEXES.findall(detail):
+        for part in listed.split(","):
+            low, _, high = part.partition("-")
+            if low.isdigit() and (not high or high.isdigit()):
+                out.extend(range(int(low), int(high or low) + 1))
+    return tuple(sorted(set(out)))
+
+
+def task_gpus(job: SlurmJob, nodes: dict[int, str], per_worker: int) -> dict[int, tuple[int, ...]]:
+    """Each task's GPUs: its node's (squeue's indexes), shared among the node's tasks in rank
+    order, ``per_worker`` each, as srun binds them with --gpus-per-task."""
+    by_node = dict(zip(job.nodes, job.gpu_indexes, strict=False))
+    taken: dict[str, int] = {}
+    out: dict[int, tuple[int, ...]] = {}
+    for rank in sorted(nodes):
+        node = nodes[rank]
+        first = taken.get(node, 0)
+        indexes = by_node.get(node, ())[first : first + per_worker]
+        taken[node] = first + per_worker
+        if indexes:
+            out[rank] = indexes
+    return out
 
 
 def parse_sinfo(text: str) -> list[SlurmNode]:

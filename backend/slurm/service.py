@@ -29,7 +29,17 @@ from backend.db import Database
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.lifecycle.sentences import worker_failed_sentence
 from backend.lifecycle.states import Phase
-from backend.models import Cluster, Gpu, Machine, Pool, Run, SlurmAccount, Worker, Workspace
+from backend.models import (
+    AgentCommand,
+    Cluster,
+    Gpu,
+    Machine,
+    Pool,
+    Run,
+    SlurmAccount,
+    Worker,
+    Workspace,
+)
 from backend.organizations import service as organizations
 from backend.runs import service as runs
 from backend.runs.rules import RunState
@@ -448,7 +458,8 @@ async def _sync_nodes(
             if gpu is None:
                 gpu = Gpu(machine_id=machine.id, index=index, uuid=f"slurm:{node.name}:{index}")
                 repository.add(session, gpu)
-            gpu.model = node.gpu_model
+            if gpu.uuid.startswith("slurm:"):  # else the node's agent named it (NVML's own)
+                gpu.model = node.gpu_model
         await repository.delete(session, *have.values())
     return machines
 
@@ -540,9 +551,11 @@ async def _create(
     repository.add(session, *workers)
     await session.flush()
     every = rules.changes(job, [w.name for w in workers])
+    unwatched: list[int] = []
     for change in every:
-        _enter(session, ws, run, workers, change, machines, _tasks(run, job, settings))
+        unwatched += _enter(session, ws, run, workers, change, machines, _tasks(run, job, settings))
     run.spec = {**run.spec, "slurm": {**run.spec["slurm"], "applied": len(every)}}
+    await repository.end_watches(session, unwatched, job.end or job.submit)
     await session.flush()
     return run
 
@@ -567,30 +580,41 @@ async def _advance(
         todo = [rules.requeue_change(now, "REQUEUED")]
     if not todo:
         return False
+    unwatched: list[int] = []
     for change in todo:
         # Slurm's times are whole seconds: a run submitted from here was created within the
         # second before its job's submit time, and its history never goes back.
         change = dataclasses.replace(change, at=max(change.at, run.state_since))
         _count_applied(run, 1)
-        _enter(session, ws, run, workers, change, machines, _tasks(run, job, settings))
+        unwatched += _enter(session, ws, run, workers, change, machines, _tasks(run, job, settings))
+    await repository.end_watches(session, unwatched, now)
     await session.flush()
     return True
 
 
 @dataclass(frozen=True)
 class Tasks:
-    """Where each worker of a run's job runs, and how each ended where it said so."""
+    """Where each worker of a run's job runs, its GPUs there, and how each ended where it said
+    so; and what the agents on the nodes are told to watch (``watch_payload``)."""
 
     nodes: dict[int, str]
     ends: dict[int, rules.TaskEnd]
+    job_id: str = ""
+    live: bool = False  # the job runs now (its workers are watched once placed)
+    gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # A submitted run's: the cluster's state folder (its workers' logs and progress files)
+    state_dir: str | None = None
 
 
 def _tasks(run: Run, job: SlurmJob, settings: SlurmSettings) -> Tasks:
     """An imported job's workers are its nodes; a submitted run's are its tasks, each on the
     node its agent.slurm_task said (else as srun lays tasks out: in blocks)."""
     count = run.worker_count
+    live = job.state in rules.LIVE_STATES
     if not (runs.submitted_here(run) and settings.state_dir):
-        return Tasks({r: job.nodes[r] for r in range(min(count, len(job.nodes)))}, {})
+        nodes = {r: job.nodes[r] for r in range(min(count, len(job.nodes)))}
+        gpus = {r: job.gpu_indexes[r] for r in nodes if r < len(job.gpu_indexes)}
+        return Tasks(nodes, {}, job.job_id, live, gpus)
     folder = results.run_dir(settings.state_dir, run.id)
     started = results.starts(folder, count)
     nodes = {}
@@ -600,7 +624,32 @@ def _tasks(run: Run, job: SlurmJob, settings: SlurmSettings) -> Tasks:
         )
         if node is not None:
             nodes[rank] = node
-    return Tasks(nodes, results.ends(folder, count))
+    gpus = rules.task_gpus(job, nodes, run.gpus_per_worker)
+    return Tasks(nodes, results.ends(folder, count), job.job_id, live, gpus, settings.state_dir)
+
+
+def watch_payload(run: Run, rank: int, tasks: Tasks) -> dict[str, Any]:
+    """What the agent on a worker's node watches of it (backend/agents/delivery.py turns it
+    into the protocol's WatchWorker): a submitted run's worker is its task (its log and
+    progress file in the run's folder, as agent.slurm_task keeps them); an imported job's is
+    the job's part on the node, whose output is rank 0's log (its batch script runs there)."""
+    payload: dict[str, Any] = {
+        "run": run.name,
+        "rank": rank,
+        "attempt": run.attempt,
+        "job_id": tasks.job_id,
+        "gpu_ids": list(tasks.gpus.get(rank, ())),
+    }
+    if tasks.state_dir is None:
+        return {**payload, "task": None, "batch_output": rank == 0}
+    return {
+        **payload,
+        "task": rank,
+        "state_dir": tasks.state_dir,
+        "run_folder": results.run_dir(tasks.state_dir, run.id).name,
+        "log": f"logs/{run.name}-{rank}",
+        "progress": f"{rank}.progress",
+    }
 
 
 def _applied(run: Run, count: int) -> int:
@@ -626,10 +675,12 @@ def _enter(
     change: Change,
     machines: dict[str, Machine],
     tasks: Tasks,
-) -> None:
+) -> list[int]:
     """The run and each worker enter the change's state at its time, in history. At a
     submitted run's end each worker ends as its task said, and a failed run names the worker
-    that failed first (the earliest to exit with an error of its own)."""
+    that failed first (the earliest to exit with an error of its own). A worker placed on a
+    node while its job runs is watched there by the node's agent (a WATCH); the workers whose
+    watches end (the job ended, or was queued again) are returned."""
     running = change.state == RunState.RUNNING.value
     ended = change.phase == Phase.ENDED.value
     requeued = change.phase in (Phase.REQUEUED_PREEMPTION, Phase.REQUEUED_FAILURE)
@@ -667,6 +718,9 @@ def _enter(
             node = tasks.nodes.get(rank)
             w.machine_id = machines[node].id if node in machines else None
             w.attempt = run.attempt
+            w.gpu_ids = list(tasks.gpus.get(rank, ()))
+            if w.machine_id is not None and tasks.live:
+                _watch(session, run, rank, w, tasks, change.at)
         if requeued:
             w.restarts += 1
         if ended:
@@ -696,9 +750,30 @@ def _enter(
         runs.record_transition(
             session, ws, run, w, state, reason, change.at, phase=change.phase, held=change.held
         )
-    if ended or requeued:
-        for w in workers:
-            w.machine_id = None
+    if not (ended or requeued):
+        return []
+    placed = [w.id for w in workers if w.machine_id is not None]
+    for w in workers:
+        w.machine_id = None
+    return placed
+
+
+def _watch(
+    session: AsyncSession, run: Run, rank: int, w: Worker, tasks: Tasks, at: datetime
+) -> None:
+    assert w.machine_id is not None
+    repository.add(
+        session,
+        AgentCommand(
+            machine_id=w.machine_id,
+            worker_name=w.name,
+            target_worker_id=w.id,
+            worker_id=w.id,
+            kind="watch",
+            payload=watch_payload(run, rank, tasks),
+            created_at=at,
+        ),
+    )
 
 
 def _task_end(

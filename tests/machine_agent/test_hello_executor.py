@@ -62,7 +62,7 @@ async def test_a_hello_naming_an_unknown_executor_is_refused(
         await asyncio.wait_for(agent._session(), 20)  # run_forever stops on it, saying this
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.details() == (
-        "Hello refused: executor must be one of process, docker (got 'podman')."
+        "Hello refused: executor must be one of process, docker, slurm (got 'podman')."
     )
     async with db.read() as session:
         assert await session.scalar(select(Machine).where(Machine.name == "gpu-07")) is None

@@ -66,7 +66,7 @@ def test_a_hello_naming_an_unknown_executor_or_metric_is_refused_naming_the_fiel
     assert machine_rules.executor_problem("process", ("task_network_receive_bytes_total",)) is None
     assert machine_rules.executor_problem("", ()) is None  # an agent before it said
     assert machine_rules.executor_problem("podman", ()) == (
-        "executor must be one of process, docker (got 'podman')"
+        "executor must be one of process, docker, slurm (got 'podman')"
     )
     assert machine_rules.executor_problem("docker", ("task_bogus",)) == (
         "unmeasured_metrics[0] is not a metric of this server (got 'task_bogus')"

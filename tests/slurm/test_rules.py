@@ -127,10 +127,12 @@ def test_squeue_json_gives_the_live_state_reason_and_priority() -> None:
                 "nodes": "vm",
                 "node_count": 1,
                 "tres_alloc_str": "cpu=1,gres/gpu=1",
+                "gres_detail": ["gpu:1(IDX:1)"],
             },
         ]
     }
     pending, running = rules.parse_squeue(document)
+    assert (pending.gpu_indexes, running.gpu_indexes) == ((), ((1,),))
     assert (pending.state, pending.reason, pending.start, pending.gpus) == (
         "PENDING",
         "Resources",
@@ -142,6 +144,31 @@ def test_squeue_json_gives_the_live_state_reason_and_priority() -> None:
     assert running.start == T + timedelta(seconds=2)
     with pytest.raises(rules.BadSlurmOutput):
         rules.parse_squeue({"errors": []})
+
+
+def test_the_gpus_slurm_gave_each_node_and_each_task() -> None:  # issue 25
+    assert rules.gres_indexes("gpu:2(IDX:0-1)") == (0, 1)
+    assert rules.gres_indexes("gpu:a100:3(IDX:0,2-3),shard:0") == (0, 2, 3)
+    assert rules.gres_indexes("gpu:h100:1(IDX:4),gpu:a100:1(IDX:0)") == (0, 4)
+    assert rules.gres_indexes("mps:100(IDX:0)") == () == rules.gres_indexes("")
+    job = SlurmJob(
+        job_id="5",
+        name="ddp",
+        account="a",
+        partition="gpu",
+        user="u",
+        state="RUNNING",
+        submit=T,
+        nodes=("n1", "n2"),
+        gpu_indexes=((0, 1, 2, 3), (4, 5)),
+    )
+    # srun's tasks in blocks, --gpus-per-task: each takes its node's next GPUs in rank order
+    assert rules.task_gpus(job, {0: "n1", 1: "n1", 2: "n2"}, 2) == {
+        0: (0, 1),
+        1: (2, 3),
+        2: (4, 5),
+    }
+    assert rules.task_gpus(job, {0: "n3"}, 1) == {}  # a node squeue did not name
 
 
 def test_sinfo_merges_a_node_listed_once_per_partition() -> None:

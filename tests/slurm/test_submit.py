@@ -9,24 +9,24 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
-import pytest
-from sqlalchemy import select
 
 from backend.db import Database
-from backend.models import Run
 from backend.organizations import service as organizations
 from backend.slurm import service as importer
 from tests.support import FakeClock, Tenancy
 from tests.support.api import CREATE, graphql
 from tests.support.slurm import (
     SlurmCluster,
+    ddp_spec,
     history,
     hpc,
     ledger,
     run_of,
+    run_of_name,
+    submit,
+    submitted_job,
     tick_after,
     utc,
     wait_for,
@@ -37,49 +37,6 @@ from tests.support.slurm import (
 )
 
 pytestmark = slurm_marks()
-
-# The same unmodified DDP script the embedded runs train with (tests/workloads/scripts).
-DDP = Path(__file__).parents[1] / "workloads" / "scripts" / "ddp_train.py"
-
-
-def ddp_spec(name: str, *args: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "cluster": "hpc",
-        "workers": 2,
-        "gpus": 1,
-        "command": [sys.executable, str(DDP), "--steps", "6", "--sleep", "0.1", *args],
-        "environment": {"PYTHONUNBUFFERED": "1"},
-    }
-
-
-async def submit(client: httpx.AsyncClient, token: str, spec: dict[str, Any]) -> dict[str, Any]:
-    answer = await graphql(client, token, CREATE, spec=spec)
-    created = answer["data"]["createRun"]
-    assert not created["errors"], created["errors"]
-    return created["run"]  # type: ignore[no-any-return]
-
-
-async def run_of_name(db: Database, name: str) -> Run:
-    async with db.read() as session:
-        run = await session.scalar(select(Run).where(Run.name == name))
-    assert run is not None
-    return run
-
-
-async def submitted_job(db: Database, clock: FakeClock, cluster_id: int, name: str) -> str:
-    clock.moment = datetime.now(UTC)
-    result = await importer.import_cluster(db, clock, cluster_id)
-    assert result.error is None, result.error
-    run = await run_of_name(db, name)
-    assert run.external_id is not None, "not submitted"
-    assert run.spec["slurm"]["job_id"] == run.external_id and run.spec["slurm"]["submitted"]
-    return run.external_id
-
-
-@pytest.fixture
-def torch_ok() -> None:
-    pytest.importorskip("torch", reason="the [workloads] extra (make test installs it)")
 
 
 async def test_a_two_worker_ddp_run_is_one_slurm_job_and_completes(  # issue 25

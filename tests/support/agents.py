@@ -16,6 +16,7 @@ from agent.config import AgentConfig
 from agent.connection import Agent
 from agent.gpus import simulated
 from backend.agents.servicer import AgentService, serve
+from backend.clock import Clock
 from backend.db import Database
 from backend.logs.service import WorkerRef
 from backend.models import Machine, Worker
@@ -26,7 +27,7 @@ from tests.support.stream import _port
 
 @contextlib.asynccontextmanager
 async def agent_endpoint(
-    db: Database, clock: FakeClock, lease: timedelta = timedelta(seconds=60)
+    db: Database, clock: Clock, lease: timedelta = timedelta(seconds=60)
 ) -> AsyncIterator[tuple[AgentService, str]]:
     """The agents' gRPC endpoint on a port of its own, and the service behind it."""
     service = AgentService(db, clock, lease=lease, poll_interval=0.05)

@@ -17,22 +17,33 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import select
 
+from agent.config import AgentConfig
+from agent.connection import Agent
+from agent.gpus import simulated
 from backend.accounting import counting
+from backend.agents.servicer import AgentService
+from backend.clock import SystemClock
 from backend.db import Database
+from backend.machine_identity import service as identity
 from backend.models import GoodputHour, Run, StateTransition, Worker
 from backend.organizations import service as organizations
 from backend.slurm import service as importer
 from backend.slurm.commands import SlurmSettings
 from tests.support import FakeClock
+from tests.support.agents import agent_endpoint
+from tests.support.api import CREATE, graphql
 
 DAEMONS = ("munged", "slurmdbd", "slurmctld", "slurmd", "sacctmgr", "sbatch")
 MARIADB = ("mariadb", "-h", "127.0.0.1", "-u", "root")
@@ -71,12 +82,19 @@ def _free_port() -> int:
 
 class SlurmCluster:
     """One node (this machine, under its short host name) in partition ``gpu``, with accounts
-    the tests add (``account``), accounting in slurmdbd."""
+    the tests add (``account``), accounting in slurmdbd.
 
-    def __init__(self, root: Path, *, name: str = "astra") -> None:
+    With ``cgroups``, Slurm puts each job's processes in control groups of its own (v1 here:
+    proctrack/cgroup, task/cgroup with its memory limit), as production clusters do; the node
+    is then named apart (``<host>-<tag>``): slurmd keeps its groups under ``slurm_<node>``, and
+    two such clusters of parallel test lanes must not share them (both have a job 1)."""
+
+    def __init__(self, root: Path, *, name: str = "astra", cgroups: bool = False) -> None:
         self.root = root
         self.name = name
-        self.node = socket.gethostname().split(".")[0]
+        self.cgroups = cgroups
+        self.host = socket.gethostname().split(".")[0]  # slurmctld's
+        self.node = f"{self.host}-{uuid.uuid4().hex[:6]}" if cgroups else self.host
         self.database = f"slurm_acct_{uuid.uuid4().hex[:10]}"
         self.conf = root / "etc" / "slurm.conf"
         self.munge_socket = root / "munge" / "munge.sock"
@@ -136,6 +154,8 @@ class SlurmCluster:
                 process.wait(timeout=5)
         self._daemons.clear()
         self._stop_munge()
+        if self.cgroups:
+            _remove_groups(self.node)
         subprocess.run(
             [*MARIADB, "-e", f"DROP DATABASE IF EXISTS {self.database}"], check=False, timeout=30
         )
@@ -193,7 +213,7 @@ class SlurmCluster:
             "\n".join(
                 [
                     f"ClusterName={self.name}",
-                    f"SlurmctldHost={self.node}(127.0.0.1)",
+                    f"SlurmctldHost={self.host}(127.0.0.1)",
                     f"SlurmctldPort={ctld}",
                     f"SlurmdPort={slurmd}",
                     "SlurmUser=root",
@@ -206,8 +226,11 @@ class SlurmCluster:
                     f"SlurmdPidFile={root / 'run/slurmd.pid'}",
                     f"SlurmctldLogFile={root / 'log/slurmctld.log'}",
                     f"SlurmdLogFile={root / 'log/slurmd.log'}",
-                    "ProctrackType=proctrack/linuxproc",
-                    "TaskPlugin=task/none",
+                    *(
+                        ("ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup")
+                        if self.cgroups
+                        else ("ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none")
+                    ),
                     "SelectType=select/cons_tres",
                     "SelectTypeParameters=CR_Core_Memory",
                     "SchedulerType=sched/backfill",
@@ -220,7 +243,8 @@ class SlurmCluster:
                     f"AccountingStoragePass={sock}",
                     "AccountingStorageTRES=gres/gpu",
                     "AccountingStorageEnforce=associations",
-                    "JobAcctGatherType=jobacct_gather/none",
+                    "JobAcctGatherType=jobacct_gather/"
+                    + ("cgroup" if self.cgroups else "none"),  # (cgroup: the cpuacct groups)
                     "DefMemPerCPU=100",
                     "MinJobAge=300",
                     "SchedulerParameters=sched_interval=2",
@@ -230,6 +254,10 @@ class SlurmCluster:
                     "",
                 ]
             )
+        )
+        (root / "etc" / "cgroup.conf").write_text(
+            "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nCgroupAutomount=no\n"
+            "ConstrainRAMSpace=yes\nConstrainCores=no\nConstrainDevices=no\n"
         )
         (root / "etc" / "gres.conf").write_text(
             f"NodeName={self.node} Name=gpu File={root / 'dev'}/gpu[0-{GPUS - 1}]\n"
@@ -297,6 +325,17 @@ class SlurmCluster:
                 os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
 
 
+def _remove_groups(node: str, root: Path = Path("/sys/fs/cgroup")) -> None:
+    """The control groups slurmd left for its node (empty once its jobs ended), deepest first."""
+    for top in root.glob(f"*/slurm_{node}"):
+        for folder in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if folder.is_dir():
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+
+
 # ---- fixtures (tests/conftest.py offers them to every test) ----
 
 
@@ -304,6 +343,17 @@ class SlurmCluster:
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A one-node Slurm cluster of the test module's own."""
     found = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    found.start()
+    try:
+        yield found
+    finally:
+        found.stop()
+
+
+@pytest.fixture(scope="module")
+def slurm_cgroups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A one-node Slurm cluster of the test module's own that puts jobs in control groups."""
+    found = SlurmCluster(tmp_path_factory.mktemp("slurm"), cgroups=True)
     found.start()
     try:
         yield found
@@ -321,6 +371,109 @@ def slurm_accounts(slurm: SlurmCluster) -> Iterator[tuple[str, str]]:
         slurm.account(name)
     yield names
     slurm.scancel_all()
+
+
+# ---- runs submitted to Slurm from Astraeus ----
+
+# The same unmodified DDP script the embedded runs train with (tests/workloads/scripts).
+DDP = Path(__file__).parents[1] / "workloads" / "scripts" / "ddp_train.py"
+
+
+@pytest.fixture
+def torch_ok() -> None:
+    pytest.importorskip("torch", reason="the [workloads] extra (make test installs it)")
+
+
+def ddp_spec(name: str, *args: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "cluster": "hpc",
+        "workers": 2,
+        "gpus": 1,
+        "command": [sys.executable, str(DDP), "--steps", "6", "--sleep", "0.1", *args],
+        "environment": {"PYTHONUNBUFFERED": "1"},
+    }
+
+
+async def submit(client: httpx.AsyncClient, token: str, spec: dict[str, Any]) -> dict[str, Any]:
+    answer = await graphql(client, token, CREATE, spec=spec)
+    created = answer["data"]["createRun"]
+    assert not created["errors"], created["errors"]
+    return created["run"]  # type: ignore[no-any-return]
+
+
+async def run_of_name(db: Database, name: str) -> Run:
+    async with db.read() as session:
+        run = await session.scalar(select(Run).where(Run.name == name))
+    assert run is not None
+    return run
+
+
+async def submitted_job(db: Database, clock: FakeClock, cluster_id: int, name: str) -> str:
+    clock.moment = datetime.now(UTC)
+    result = await importer.import_cluster(db, clock, cluster_id)
+    assert result.error is None, result.error
+    run = await run_of_name(db, name)
+    assert run.external_id is not None, "not submitted"
+    assert run.spec["slurm"]["job_id"] == run.external_id and run.spec["slurm"]["submitted"]
+    return run.external_id
+
+
+# ---- the agent on the node (astraeus agent --executor slurm) ----
+
+
+async def node_credential(db: Database, clock: FakeClock, cluster_id: int, node: str) -> str:
+    """The node's own machine credential in the Slurm-backed cluster, as its agent joins."""
+    async with db.transaction() as session:
+        org = await organizations.organization_by_name(session, "default")
+        joining = await identity.issue_join_token(
+            session, clock, organization_id=org.id, cluster_id=cluster_id
+        )
+        return (await identity.join(session, clock, joining.secret, node)).secret
+
+
+def node_agent(cluster: SlurmCluster, address: str, credential: str, data_dir: Path) -> Agent:
+    """The real agent of the cluster's node, watching what Slurm runs there; two simulated
+    GPUs (as the node's gres), sampling twice a second."""
+    return Agent(
+        AgentConfig(
+            server=address,
+            token=credential,
+            machine=cluster.node,
+            data_dir=data_dir,
+            gpus=simulated(GPUS, cluster.node),
+            cpu_cores=2,
+            memory_bytes=2000 * 2**20,
+            heartbeat_seconds=1,
+            sample_seconds=0.5,
+            executor="slurm",
+            slurm_conf=str(cluster.conf),
+        )
+    )
+
+
+@contextlib.asynccontextmanager
+async def watching_node(
+    db: Database, clock: FakeClock, cluster: SlurmCluster, cluster_id: int, data_dir: Path
+) -> AsyncIterator[AgentService]:
+    """The agents' endpoint (on the system's clock: samples and progress come as they are
+    measured) with the node's agent joined to it, until the block ends."""
+    credential = await node_credential(db, clock, cluster_id, cluster.node)
+    async with agent_endpoint(db, SystemClock()) as (service, address):
+        running = asyncio.create_task(
+            node_agent(cluster, address, credential, data_dir).run_forever()
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while not service.streams.by_machine:
+                assert time.monotonic() < deadline, "the node's agent did not join"
+                assert not running.done(), running.exception()
+                await asyncio.sleep(0.05)
+            yield service
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
 
 
 # ---- what the Slurm tests read and wait for ----

@@ -1,0 +1,302 @@
+"""The agent on a Slurm node (issue 25, `astraeus agent --executor slurm`): it watches what
+Slurm runs there, against a real one-node Slurm that puts its jobs in control groups (v1:
+proctrack/cgroup, task/cgroup). For each worker the import places on the node it samples the
+group Slurm put it in (CPU, memory, its limit) and its GPUs, reads its progress file, and copies
+its log, which the server then serves as any worker's (tail, follow, archived after its end):
+a submitted run's workers are its tasks; an imported job's worker is the job on the node, its
+output its log. Running time of a worker whose GPUs are busy is productive, to the second."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from sqlalchemy import select
+
+from backend.agents.servicer import AgentService
+from backend.db import Database
+from backend.logs.service import WorkerRef
+from backend.metrics.rules import BY_NAME, NO_GPU
+from backend.models import MetricSample, Worker
+from backend.slurm import service as importer
+from tests.support import FakeClock, Tenancy
+from tests.support.slurm import (
+    SlurmCluster,
+    ddp_spec,
+    hpc,
+    ledger,
+    run_of,
+    submit,
+    submitted_job,
+    tick_after,
+    utc,
+    wait_for,
+    watching_node,
+    workers_of,
+)
+from tests.support.slurm import (
+    marks as slurm_marks,
+)
+
+pytestmark = slurm_marks()
+
+MB = 2**20
+
+
+async def import_until(
+    db: Database, clock: FakeClock, cluster_id: int, job: str, state: str, within: float = 90
+) -> None:
+    """Import every half second (as the import actor does, faster) until the job's run is in
+    ``state``."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        clock.moment = datetime.now(UTC)
+        result = await importer.import_cluster(db, clock, cluster_id)
+        assert result.error is None, result.error
+        if await _run_state(db, job) == state:
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"job {job} never {state}"
+        await asyncio.sleep(0.5)
+
+
+async def _run_state(db: Database, job: str) -> str:
+    try:
+        return (await run_of(db, job)).state
+    except AssertionError:
+        return ""
+
+
+async def samples(db: Database, worker_id: int, metric: str) -> list[tuple[int | None, float]]:
+    """The worker's samples of a metric: (gpu, value), oldest first."""
+    async with db.read() as session:
+        rows = await session.execute(
+            select(MetricSample.gpu, MetricSample.value)
+            .where(MetricSample.worker_id == worker_id, MetricSample.metric == BY_NAME[metric].id)
+            .order_by(MetricSample.ts)
+        )
+        return [(None if gpu == NO_GPU else gpu, value) for gpu, value in rows]
+
+
+async def tail(service: AgentService, worker: Worker, lines: int = 100) -> tuple[str, bool]:
+    """The worker's log as its node's agent serves it (the one machine connected)."""
+    machine_id = next(iter(service.streams.by_machine))
+    found = await service.tail(machine_id, WorkerRef(worker.id, worker.name), lines, 2**20, 10)
+    assert found is not None, "the node's agent did not answer"
+    return found.text, found.archived
+
+
+async def test_a_submitted_runs_workers_are_watched_where_slurm_runs_them(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    client: httpx.AsyncClient,
+    slurm_cgroups: SlurmCluster,
+    tmp_path: Path,
+    torch_ok: None,
+) -> None:
+    cluster = slurm_cgroups
+    account = f"watched{uuid.uuid4().hex[:6]}"
+    cluster.account(account)
+    cluster_id = await hpc(
+        db,
+        clock,
+        cluster,
+        {account: "default"},
+        state_dir=str(tmp_path / "state"),
+        python=sys.executable,
+    )
+    async with watching_node(db, clock, cluster, cluster_id, tmp_path / "agent") as service:
+        clock.moment = datetime.now(UTC)
+        spec = ddp_spec("ddp", "--steps", "40", "--sleep", "0.25") | {"memory_bytes": 900 * MB}
+        await submit(client, tenancy.member_token, spec)
+        job = await submitted_job(db, clock, cluster_id, "ddp")
+        await import_until(db, clock, cluster_id, job, "Running")
+        run = await run_of(db, job)
+        first, second = await workers_of(db, run)
+        # placed on the node, each with the GPU Slurm bound its task to
+        assert (first.gpu_ids, second.gpu_ids) == ([0], [1])
+        assert first.machine_id is not None and first.machine_id == second.machine_id
+
+        # while it trains, its log is the task's, as its node's agent copies it
+        async def joined() -> bool:
+            text, archived = await tail(service, first)
+            return "rank 0 of 2: joined at" in text and not archived
+
+        await _eventually("rank 0's log through the agent", joined)
+        done = await wait_for(cluster, job, "COMPLETED", within=120)
+        await import_until(db, clock, cluster_id, job, "Completed")
+
+        # its end: the log archived on the node, served as any worker's
+        async def archived() -> bool:
+            return (await tail(service, first))[1]
+
+        await _eventually("the archived log", archived)
+        text, _ = await tail(service, first, 5)
+        assert "rank 0: done" in text
+        second_text, _ = await tail(service, second)
+        assert "rank 1 of 2: joined at" in second_text
+        assert "rank 0" not in second_text  # each worker its own task's log
+
+    # measured in the group Slurm put each task in, and on its own GPU
+    for worker, gpu in ((first, 0), (second, 1)):
+        busy = await samples(db, worker.id, "task_gpu_utilization_ratio")
+        assert busy and {g for g, _ in busy} == {gpu}
+        assert max(v for _, v in busy) == 0.95  # simulated: busy while its steps move
+        memory = await samples(db, worker.id, "task_memory_used_bytes")
+        assert memory and max(v for _, v in memory) > 50 * MB  # a Python with torch in it
+        limits = await samples(db, worker.id, "task_memory_limit_bytes")
+        assert {v for _, v in limits} == {2 * 900 * MB}  # --mem-per-cpu: the job's, shared
+        assert await samples(db, worker.id, "task_cpu_usage_cores")
+    async with db.read() as session:
+        stepped = await session.scalar(select(Worker.progress_step).where(Worker.id == first.id))
+    assert stepped == 39  # its progress file, read as it wrote it
+
+    # the ledger: held from Slurm's start to its end, productive while its GPUs were busy
+    run = await run_of(db, job)
+    start, end = max(utc(done["start"]), run.created_at), max(utc(done["end"]), run.created_at)
+    await tick_after(db, clock, end)
+    found = await ledger(db, "run", run.id)
+    held = round((end - start).total_seconds() * 2, 3)
+    assert found.get(("productive", True), 0) > 0
+    assert round(found.get(("productive", True), 0) + found.get(("idle", True), 0), 3) == held
+    assert {k for k in found if k[1]} <= {("productive", True), ("idle", True)}
+
+
+async def _eventually(what: str, check: object, within: float = 60) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not await check():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, f"waited for {what}"
+        await asyncio.sleep(0.3)
+
+
+async def test_an_imported_jobs_part_on_the_node_is_watched_its_output_its_log(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    slurm_cgroups: SlurmCluster,
+    tmp_path: Path,
+) -> None:
+    cluster = slurm_cgroups
+    account = f"plain{uuid.uuid4().hex[:6]}"
+    cluster.account(account)
+    cluster_id = await hpc(db, clock, cluster, {account: "default"})
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\necho starting on $SLURMD_NODENAME\n"
+        "for i in $(seq 1 16); do echo tick $i; sleep 0.5; done\necho giving up\nexit 3\n"
+    )
+    async with watching_node(db, clock, cluster, cluster_id, tmp_path / "agent") as service:
+        clock.moment = datetime.now(UTC)
+        job = cluster.sbatch(
+            "-A", account, "--gres=gpu:1", "--mem=300M", "-o", str(tmp_path / "out-%j"), str(script)
+        )
+        await import_until(db, clock, cluster_id, job, "Running")
+        run = await run_of(db, job)
+        (worker,) = await workers_of(db, run)
+        assert len(worker.gpu_ids) == 1  # the GPU Slurm gave it (squeue's gres index)
+
+        async def printing() -> bool:
+            text, archived = await tail(service, worker)
+            return "tick 2" in text and not archived
+
+        await _eventually("the job's output through the agent", printing)
+        done = await wait_for(cluster, job, "FAILED", within=60)
+        await import_until(db, clock, cluster_id, job, "Failed")
+
+        async def archived() -> bool:
+            return (await tail(service, worker))[1]
+
+        await _eventually("the archived output", archived)
+        text, _ = await tail(service, worker, 2)
+        assert text == "tick 16\ngiving up\n"
+        first = (await tail(service, worker, 100))[0].splitlines()[0]
+        assert first == f"starting on {cluster.node}"
+
+        # Slurm's records of its end hold no output: its node's agent sends its last lines
+        async def snapshot() -> str:
+            (ended,) = await workers_of(db, run)
+            return str((ended.last_failure or {}).get("log_tail") or "")
+
+        await _eventually("the failure snapshot's lines", snapshot)
+        (ended,) = await workers_of(db, run)
+        assert ended.last_failure is not None
+        assert ended.last_failure["reason"] == "Exited with code 3"
+        assert ended.last_failure["log_tail"].endswith("tick 15\ntick 16\ngiving up\n")
+
+    # the job's group on the node: its memory, its limit (--mem), its CPU; its GPU idle
+    assert {v for _, v in await samples(db, worker.id, "task_memory_limit_bytes")} == {300 * MB}
+    assert await samples(db, worker.id, "task_memory_used_bytes")
+    assert await samples(db, worker.id, "task_cpu_usage_cores")
+    busy = await samples(db, worker.id, "task_gpu_utilization_ratio")
+    assert busy and {g for g, _ in busy} == set(worker.gpu_ids) and {v for _, v in busy} == {0.0}
+    start, end = utc(done["start"]), utc(done["end"])
+    await tick_after(db, clock, end)
+    held = round((end - start).total_seconds(), 3)
+    found = await ledger(db, "run", run.id)
+    assert found.pop(("idle", True)) == held  # held all along, its GPU never busy
+    assert set(found) <= {("waiting", False)}
+
+
+# What a job does to its run's folder, which its user may write: its progress file a link to a
+# file of root's holding a step, its log's folder a link to a folder holding a copy of it.
+SLY = """
+run=$(dirname "$ASTRAEUS_PROGRESS_FILE")
+ln -sf "$SECRET" "$ASTRAEUS_PROGRESS_FILE"
+mkdir "$run/elsewhere" && cp "$SECRET" "$run/elsewhere/current.log"
+mv "$run/logs/$ASTRAEUS_WORKER" "$run/logs/moved"
+ln -s "$run/elsewhere" "$run/logs/$ASTRAEUS_WORKER"
+sleep 6
+"""
+
+
+async def test_a_job_cannot_lead_its_nodes_agent_to_another_file(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    client: httpx.AsyncClient,
+    slurm_cgroups: SlurmCluster,
+    tmp_path: Path,
+) -> None:
+    cluster = slurm_cgroups
+    account = f"sly{uuid.uuid4().hex[:6]}"
+    cluster.account(account)
+    secret = tmp_path / "secret"
+    secret.write_text("4242 astm_the-agents-own-credential\n")
+    secret.chmod(0o600)
+    cluster_id = await hpc(
+        db,
+        clock,
+        cluster,
+        {account: "default"},
+        state_dir=str(tmp_path / "state"),
+        python=sys.executable,
+    )
+    async with watching_node(db, clock, cluster, cluster_id, tmp_path / "agent") as service:
+        clock.moment = datetime.now(UTC)
+        spec = {
+            "name": "sly",
+            "cluster": "hpc",
+            "gpus": 1,
+            "command": ["bash", "-c", SLY],
+            "environment": {"SECRET": str(secret)},
+        }
+        await submit(client, tenancy.member_token, spec)
+        job = await submitted_job(db, clock, cluster_id, "sly")
+        await import_until(db, clock, cluster_id, job, "Running")
+        (worker,) = await workers_of(db, await run_of(db, job))
+        await wait_for(cluster, job, "COMPLETED", within=60)
+        await import_until(db, clock, cluster_id, job, "Completed")
+
+        async def archived() -> bool:
+            return (await tail(service, worker))[1]
+
+        await _eventually("the end of the watch", archived)
+        text, _ = await tail(service, worker)
+    assert "astm_" not in text
+    async with db.read() as session:
+        stepped = await session.scalar(select(Worker.progress_step).where(Worker.id == worker.id))
+    assert stepped is None  # its progress file was a link: never read
