@@ -215,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the server's Slurm user is an operator: runs above priority 50 get a nice below 0",
     )
     create.add_argument(
+        "--stall-timeout",
+        type=_duration,
+        metavar="DURATION",
+        help="with --slurm: an imported job whose output stops for this long (30m) is counted "
+        "stalled from its last line; Slurm keeps it running (default: never)",
+    )
+    create.add_argument(
         "--import-since",
         type=_when,
         help="import the jobs active since this time (ISO 8601; default: now)",

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.cli.transaction import in_transaction, with_database
 from backend.clock import SystemClock
-from backend.config import Settings
+from backend.config import Settings, format_duration
 from backend.db import Database
 from backend.organizations import service as organizations
 from backend.slurm import service as slurm
@@ -34,6 +34,7 @@ def cmd_cluster_create(settings: Settings, args: argparse.Namespace) -> int:
             state_dir=args.state_dir,
             python=args.node_python,
             operator=args.slurm_operator,
+            stall_timeout=format_duration(args.stall_timeout) if args.stall_timeout else None,
         )
         found = await slurm.create_cluster(
             session, clock, org.id, args.name, options, since=args.import_since
@@ -108,6 +109,11 @@ def cmd_cluster_status(settings: Settings, args: argparse.Namespace) -> int:
         f"{found.settings.timeout_s:g}s)"
     )
     print(f"  imported:  {_time(found.imported_at)}; jobs active since {_time(found.since)}")
+    if found.settings.stall_timeout:
+        print(
+            f"  imported jobs whose output stops for {found.settings.stall_timeout} are counted "
+            "stalled"
+        )
     if found.error:
         print(f"  last error ({_time(found.error_at)}): {found.error}")
     for account, workspace in found.accounts:

@@ -46,6 +46,9 @@ class SlurmSettings:
     python: str = "python3"
     # The server's user is a Slurm operator: a priority above 50 may lower a job's nice below 0.
     operator: bool = False
+    # Imported jobs whose output stops this long are stalled from their last output (counted
+    # so; Slurm keeps them running): a duration as specs write it ("30m"); None: never.
+    stall_timeout: str | None = None
 
     @classmethod
     def of(cls, stored: dict[str, Any] | None) -> SlurmSettings:
@@ -57,6 +60,7 @@ class SlurmSettings:
             state_dir=stored.get("state_dir"),
             python=stored.get("python") or "python3",
             operator=bool(stored.get("operator")),
+            stall_timeout=stored.get("stall_timeout") or None,
         )
 
     def stored(self) -> dict[str, Any]:
@@ -67,6 +71,7 @@ class SlurmSettings:
             "state_dir": self.state_dir,
             "python": self.python,
             "operator": self.operator,
+            "stall_timeout": self.stall_timeout,
         }
 
 

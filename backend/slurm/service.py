@@ -467,7 +467,14 @@ async def _sync_nodes(
 # ---- jobs as runs ----
 
 
-def _spec(cluster: Cluster, name: str, job: SlurmJob, gpus: list[int]) -> dict[str, Any]:
+def _spec(
+    cluster: Cluster, name: str, job: SlurmJob, gpus: list[int], settings: SlurmSettings
+) -> dict[str, Any]:
+    stalls = (
+        {"stall_timeout": settings.stall_timeout, "on_stall": "keep"}
+        if settings.stall_timeout
+        else {}
+    )
     return {
         "name": name,
         "cluster": cluster.name,
@@ -476,6 +483,7 @@ def _spec(cluster: Cluster, name: str, job: SlurmJob, gpus: list[int]) -> dict[s
         "gpus": max(gpus) if gpus else 0,
         "restart_policy": "never",
         "max_restarts": 0,
+        **stalls,
         "slurm": {
             "job_id": job.job_id,
             "job_name": job.name,
@@ -515,7 +523,7 @@ async def _create(
         workspace_id=ws.id,
         cluster_id=cluster.id,
         name=name,
-        spec=_spec(cluster, name, job, gpus),
+        spec=_spec(cluster, name, job, gpus, settings),
         priority=50,
         worker_count=len(gpus),
         gpus_per_worker=max(gpus) if gpus else 0,

@@ -247,7 +247,10 @@ async def test_the_admin_commands_create_map_and_import(  # issue 25
 
     astraeus("db", "upgrade")
     astraeus("bootstrap")
-    out = astraeus("cluster", "create", "hpc", "--slurm", "--slurm-conf", str(slurm.conf))
+    conf = str(slurm.conf)
+    out = astraeus(
+        "cluster", "create", "hpc", "--slurm", "--slurm-conf", conf, "--stall-timeout", "45m"
+    )
     assert "run by Slurm" in out
     astraeus("cluster", "account", "hpc", alpha, "--workspace", "default")
     job = slurm.sbatch("-A", alpha, "--gres=gpu:1", "-J", "cli", "--wrap", "true")
@@ -259,6 +262,7 @@ async def test_the_admin_commands_create_map_and_import(  # issue 25
     assert f"not imported, their accounts mapped to no workspace: {beta} (1 job)" in out
     status = astraeus("cluster", "status", "hpc")
     assert f"account {alpha} -> workspace default" in status and "last error" not in status
+    assert "imported jobs whose output stops for 45m are counted stalled" in status
 
 
 async def test_a_job_slurm_requeues_waits_again_and_runs_again(  # issue 25

@@ -19,6 +19,7 @@ from sqlalchemy import select
 
 from backend.agents.servicer import AgentService
 from backend.db import Database
+from backend.lifecycle import service as lifecycle
 from backend.logs.service import WorkerRef
 from backend.metrics.rules import BY_NAME, NO_GPU
 from backend.models import MetricSample, Worker
@@ -300,3 +301,52 @@ async def test_a_job_cannot_lead_its_nodes_agent_to_another_file(  # issue 25
     async with db.read() as session:
         stepped = await session.scalar(select(Worker.progress_step).where(Worker.id == worker.id))
     assert stepped is None  # its progress file was a link: never read
+
+
+async def test_an_imported_job_whose_output_stops_is_stalled_from_its_last_line(  # seed G-6
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    slurm_cgroups: SlurmCluster,
+    tmp_path: Path,
+) -> None:
+    """Issue 25. The cluster's stall timeout for imported jobs (--stall-timeout): the
+    job's output, copied by its node's agent, is its progress; quiet for the timeout, it is
+    stalled from its last line, counted so to its end, and Slurm keeps it running."""
+    cluster = slurm_cgroups
+    account = f"quiet{uuid.uuid4().hex[:6]}"
+    cluster.account(account)
+    cluster_id = await hpc(db, clock, cluster, {account: "default"}, stall_timeout="5s")
+    script = tmp_path / "quiet.sh"
+    script.write_text("#!/bin/bash\nfor i in 1 2 3; do echo step $i; sleep 0.5; done\nsleep 12\n")
+    async with watching_node(db, clock, cluster, cluster_id, tmp_path / "agent"):
+        clock.moment = datetime.now(UTC)
+        job = cluster.sbatch(
+            "-A", account, "--gres=gpu:1", "-o", str(tmp_path / "out"), str(script)
+        )
+        await import_until(db, clock, cluster_id, job, "Running")
+        run = await run_of(db, job)
+        (worker,) = await workers_of(db, run)
+
+        async def spoke() -> bool:
+            (now,) = await workers_of(db, run)
+            return now.progress_at is not None and now.progress_at >= worker.state_since
+
+        await _eventually("its output as progress", spoke)
+        await asyncio.sleep(6)  # its output stopped a timeout ago
+        clock.moment = datetime.now(UTC)
+        async with db.transaction() as session:
+            await lifecycle.check_timers(session, clock)
+        (stalled,) = await workers_of(db, run)
+        assert stalled.stalled_since is not None and stalled.progress_at is not None
+        assert stalled.stalled_since == stalled.progress_at  # from its last line
+        assert (stalled.state, stalled.reason) == ("Running", "Stalled: no progress for 5s")
+        done = await wait_for(cluster, job, "COMPLETED", within=60)
+        await import_until(db, clock, cluster_id, job, "Completed")
+
+    start, end = utc(done["start"]), utc(done["end"])
+    await tick_after(db, clock, end)
+    found = await ledger(db, "run", run.id)
+    assert found.pop(("stalled", True)) == round((end - stalled.stalled_since).total_seconds(), 3)
+    assert found.pop(("idle", True)) == round((stalled.stalled_since - start).total_seconds(), 3)
+    assert set(found) <= {("waiting", False)}
