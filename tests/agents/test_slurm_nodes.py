@@ -23,6 +23,7 @@ from backend.errors import Conflict
 from backend.machine_identity import service as identity
 from backend.machines import service as machines
 from backend.models import AgentCommand, Cluster, Gpu, Machine, Run, Worker
+from backend.runs import service as runs
 from backend.slurm import service as importer
 from backend.slurm.commands import SlurmSettings
 from backend.slurm.rules import SlurmJob, SlurmNode
@@ -101,7 +102,7 @@ def node_hello(executor: str = "slurm") -> agent_pb2.Hello:
 
 
 async def test_a_slurm_nodes_agent_is_sent_what_to_watch_and_changes_no_state(  # issue 25
-    endpoint: str, db: Database, clock: FakeClock, slurm_job: int
+    endpoint: str, db: Database, clock: FakeClock, slurm_job: int, tenancy: Tenancy
 ) -> None:
     worker = await _worker(db, slurm_job)
     assert (worker.gpu_ids, worker.attempt) == ([0, 1], 1)
@@ -181,6 +182,14 @@ async def test_a_slurm_nodes_agent_is_sent_what_to_watch_and_changes_no_state(  
         await imported(db, clock, job("COMPLETED", end=START + timedelta(minutes=2)))
         stop = (await agent.receive("command")).command
         assert (stop.kind, stop.worker_id) == (agent_pb2.COMMAND_KIND_STOP, worker.id)
+        agent.send(command_ack=agent_pb2.CommandAck(command_ids=[stop.command_id]))
+
+        # Deleting its run deletes its log on the node, as any run's.
+        async with db.transaction() as session:
+            member = await access.authenticate(session, tenancy.member_token)
+            await runs.delete_run(session, clock, member, "train-301")
+        delete = (await agent.receive("command")).command
+        assert (delete.kind, delete.worker_id) == (agent_pb2.COMMAND_KIND_DELETE, worker.id)
     finally:
         await agent.close()
 
