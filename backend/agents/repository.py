@@ -138,7 +138,7 @@ async def last_placements(
 ) -> dict[int, tuple[int, list[int]]]:
     """Where each worker was placed last, (machine id, GPU ids), also after it ended (its row
     keeps them only while placed): the machine of its last transition that had one (as its log
-    is found, logs.repository.last_machine), the GPU ids of the last start command sent for it
+    is found, lifecycle.repository.last_machine), the GPU ids of the last start command sent for it
     to that machine (the outbox keeps every command). Two queries for any number of workers."""
     wanted = sorted(worker_ids)
     machines: dict[int, int] = {}

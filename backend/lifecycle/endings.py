@@ -265,7 +265,7 @@ def _stopped_sentence(cause: Cause, run: RunView) -> str:
     }[cause]
 
 
-def _will_restart(run: RunView, cause: Cause, at: datetime) -> bool:
+def will_restart(run: RunView, cause: Cause, at: datetime) -> bool:
     if cause in (Cause.PREEMPTION, Cause.DRAIN, Cause.BARRIER):
         return True
     if cause in (Cause.OWNER, Cause.TIME_LIMIT):
@@ -291,7 +291,7 @@ def stop_running(run: RunView, at: datetime) -> None:
 
 def _after_stop_phase(run: RunView, cause: Cause, at: datetime) -> Phase:
     """A worker that stopped waits to be placed again (not held) or has ended."""
-    return _REQUEUED_PHASE[cause] if _will_restart(run, cause, at) else Phase.ENDED
+    return _REQUEUED_PHASE[cause] if will_restart(run, cause, at) else Phase.ENDED
 
 
 def _conclude_if_done(run: RunView, at: datetime, fx: Effects) -> None:

@@ -181,8 +181,9 @@ async def placements(session: AsyncSession, worker_id: int, until: datetime) -> 
     return [m for m in rows if m is not None]
 
 
-async def last_held_on(session: AsyncSession, worker_id: int) -> int | None:
-    """The machine the worker last held its GPUs on (its history's newest held change)."""
+async def last_machine(session: AsyncSession, worker_id: int) -> int | None:
+    """The machine the worker last held its GPUs on (its history's newest held change): it
+    keeps the worker's log."""
     return await session.scalar(
         select(StateTransition.machine_id)
         .where(StateTransition.worker_id == worker_id, StateTransition.machine_id.is_not(None))

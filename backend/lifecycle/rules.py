@@ -27,11 +27,17 @@ from backend.lifecycle.endings import (
     stop_gang,
     stop_running,
     time_limit_reached,
+    will_restart,
 )
 from backend.lifecycle.progress import find_stalls, find_stragglers, mark_stalled, stalled_by
-from backend.lifecycle.sentences import EndCause, time_limit_sentence
-from backend.lifecycle.states import FAILED, PREPARING, PULLING, RUNNING, STARTING, Cause
-from backend.lifecycle.views import Effects, RunView, WorkerView
+from backend.lifecycle.sentences import (
+    EndCause,
+    budget_exhausted_sentence,
+    restart_backoff,
+    time_limit_sentence,
+)
+from backend.lifecycle.states import FAILED, PREPARING, PULLING, STARTING, Cause
+from backend.lifecycle.views import Effects, RunView, WorkerView, set_run
 
 # When a stall stops its gang, a member quiet for this part of the stall timeout had stopped
 # too (a rank hung in a collective waits for the one that hung first): stalled from its own
@@ -54,16 +60,32 @@ def _stall_stops_gang(run: RunView, w: WorkerView, at: datetime, fx: Effects) ->
     stop_gang(run, Cause.STALL, None, f"Stopping: worker {w.name} stalled", at, fx)
 
 
-def worker_stalled(run: RunView, w: WorkerView, at: datetime, fx: Effects) -> None:
-    """No progress for the stall timeout: stalled from its last progress, maybe restarted."""
+def _stall_requeues_slurm_job(run: RunView, w: WorkerView, at: datetime, fx: Effects) -> None:
+    """``on_stall: restart`` of a run Slurm runs: its job is to be queued again in Slurm, to
+    start at ``restart_at`` (each restart doubles the wait, as for Astraeus's own runs: the
+    Slurm import runs `scontrol requeue` and sets the job's begin time); past the run's restart
+    budget, or with restart_policy never, the import cancels the job and the run fails. Members
+    that had stopped with it are stalled too; all count stalled until Slurm ends the instance."""
     timeout = run.policy.stall_timeout
-    if timeout is None or w.state != RUNNING or w.stop_cause or w.stalled_since is not None:
-        return
-    if w.progress_at is None:
-        w.progress_at = at
-    mark_stalled(run, w, f"Stalled: no progress for {format_duration(timeout)}", fx)
-    if run.policy.on_stall == "restart":
-        _stall_stops_gang(run, w, at, fx)
+    assert timeout is not None
+    for other in stalled_by(run, at, timeout * STALLED_WITH_GANG):
+        quiet = format_duration(at - other.progress_at) if other.progress_at else "a while"
+        mark_stalled(run, other, f"Stalled with its gang: no progress for {quiet}", fx)
+    sentence = f"Worker {w.name} stalled on {w.machine_name}: no progress for "
+    sentence += format_duration(timeout)
+    restart = will_restart(run, Cause.STALL, at)
+    stop_running(run, at)
+    run.stop_cause, run.restart_at = Cause.STALL, None
+    why = EndCause.STALLED
+    if restart:
+        run.failures_in_row += 1
+        wait = restart_backoff(run.failures_in_row)
+        run.restart_at = at + wait  # (Slurm's begin time, in place of its own 2 minutes)
+        count = f"{run.failures_in_row}/{run.policy.max_restarts}"
+        sentence = f"Restarting in {format_duration(wait)} ({count}): {sentence}"
+    elif run.policy.restart_policy != "never" and run.policy.max_restarts:
+        sentence, why = budget_exhausted_sentence(run.policy.max_restarts), EndCause.RETRY_BUDGET
+    set_run(fx, run, run.state, sentence, at, why)
 
 
 def check_timers(run: RunView, now: datetime, fx: Effects) -> None:
@@ -72,9 +94,11 @@ def check_timers(run: RunView, now: datetime, fx: Effects) -> None:
         return
     if run.slurm_job is not None:
         # Slurm keeps its own time limit and starts the gang whole: what is Astraeus's to find
-        # is what the agents on its nodes see (stalls are counted; Slurm keeps the job running).
+        # is what the agents on its nodes see, stalls (each counted from its last progress).
         find_stragglers(run, now)
-        find_stalls(run, now, fx)
+        stalled = find_stalls(run, now, fx)
+        if stalled and run.policy.on_stall == "restart" and run.stop_cause is None:
+            _stall_requeues_slurm_job(run, stalled[0], now, fx)
         return
     limit = run.policy.time_limit
     if limit is not None and run.started_at is not None and now >= run.started_at + limit:

@@ -520,6 +520,11 @@ async def late_snapshot(
     return True
 
 
+async def last_machine(session: AsyncSession, worker_id: int) -> int | None:
+    """The machine the worker ran on last (it keeps its log), from its history."""
+    return await repository.last_machine(session, worker_id)
+
+
 async def slurm_snapshot(
     session: AsyncSession, *, machine_id: int, worker_id: int, log_tail: str
 ) -> bool:
@@ -542,7 +547,7 @@ async def slurm_snapshot(
         or worker.state != states.FAILED
         or not failure
         or failure.get("log_tail")
-        or await repository.last_held_on(session, worker_id) != machine_id
+        or await repository.last_machine(session, worker_id) != machine_id
     ):
         return False
     worker.last_failure = {**failure, "log_tail": endings.snapshot_output(log_tail)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.models import Run, StateTransition, Worker
+from backend.models import Run, Worker
 
 
 async def worker_in_workspace(session: AsyncSession, workspace_id: int, name: str) -> Worker | None:
@@ -22,15 +22,5 @@ async def first_worker(session: AsyncSession, workspace_id: int, run: str) -> Wo
         .join(Run, Run.id == Worker.run_id)
         .where(Run.workspace_id == workspace_id, Run.deleted_at.is_(None), Run.name == run)
         .order_by(Worker.rank)
-        .limit(1)
-    )
-
-
-async def last_machine(session: AsyncSession, worker_id: int) -> int | None:
-    """The machine the worker ran on last: it keeps the worker's log."""
-    return await session.scalar(
-        select(StateTransition.machine_id)
-        .where(StateTransition.worker_id == worker_id, StateTransition.machine_id.is_not(None))
-        .order_by(StateTransition.id.desc())
         .limit(1)
     )

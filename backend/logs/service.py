@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.errors import AstraeusError, FieldError, InvalidInput, NotFound
+from backend.lifecycle import service as lifecycle
 from backend.logs import repository
 from backend.parsing import BIGGEST_ID, whole_number
 from backend.runs import service as runs
@@ -109,7 +110,7 @@ async def locate(
         raise NotFound(
             "TASK_NOT_FOUND", f"No worker or run named '{name}' in workspace '{ws.name}'."
         )
-    machine_id = worker.machine_id or await repository.last_machine(session, worker.id)
+    machine_id = worker.machine_id or await lifecycle.last_machine(session, worker.id)
     if machine_id is None:
         raise NotPlaced(worker.name)
     return WorkerRef(worker.id, worker.name), machine_id

@@ -197,14 +197,6 @@ def _check_slurm_spec(spec: RunSpec, cluster: str) -> None:
     ]
     if spec.command is None:
         refused.append(FieldError("command", f"is required on cluster '{cluster}' (Slurm runs it)"))
-    if spec.stall_timeout is not None and spec.on_stall == "restart":
-        refused.append(
-            FieldError(
-                "on_stall",
-                f"must be keep on cluster '{cluster}', which Slurm runs: a stalled worker is "
-                "found and counted as stalled, and Slurm keeps its job running",
-            )
-        )
     if refused:
         raise InvalidInput("INVALID_SPEC", refused)
 

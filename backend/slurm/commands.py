@@ -103,6 +103,14 @@ class SlurmCommands:
     async def cancel(self, job_id: str) -> None:
         await self.run("scancel", job_id)
 
+    async def requeue(self, job_id: str, start: datetime) -> None:
+        """Queue a running job again (its instance ends), to start at ``start`` at the
+        earliest (in place of the begin time Slurm gives a requeued job: 2 minutes on)."""
+        await self.run("scontrol", "requeue", job_id)
+        await self.run(
+            "scontrol", "update", f"jobid={job_id}", f"starttime={start:%Y-%m-%dT%H:%M:%S}"
+        )
+
     async def run(self, name: str, *args: str, stdin: str | None = None) -> str:
         program = str(Path(self.settings.bin) / name) if self.settings.bin else name
         try:

@@ -161,6 +161,21 @@ async def end_watches(session: AsyncSession, worker_ids: Sequence[int], at: date
         )
 
 
+async def stalled_jobs(session: AsyncSession, cluster_id: int) -> list[tuple[str, datetime | None]]:
+    """The jobs of runs whose stall is to restart them (the lifecycle said so: stop cause
+    "stall"), still running: each with when it is to start again, or None: its restarts spent,
+    it is cancelled."""
+    rows = await session.execute(
+        select(Run.external_id, Run.restart_at).where(
+            Run.cluster_id == cluster_id,
+            Run.external_id.is_not(None),
+            Run.stop_cause == "stall",
+            Run.state == "Running",
+        )
+    )
+    return [(job, restart_at) for job, restart_at in rows if job is not None]
+
+
 async def lock_run(session: AsyncSession, run_id: int) -> Run | None:
     return await session.scalar(select(Run).where(Run.id == run_id).with_for_update())
 

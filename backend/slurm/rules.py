@@ -696,6 +696,9 @@ def batch_script(s: Submission) -> str:
         f"#SBATCH --cpus-per-task={s.cpus}",
         f"#SBATCH --output={s.run_dir}/slurm-%j.out",
         f"#SBATCH --comment=astraeus-run-{s.run_id}",
+        # a stall's restart queues the job again (scontrol requeue), whatever the cluster's
+        # JobRequeue says
+        "#SBATCH --requeue",
         f"#SBATCH --nice={nice(s.priority, operator=s.operator)}",
     ]
     if s.partition:

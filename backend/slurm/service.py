@@ -27,8 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.clock import Clock, iso_offset
 from backend.db import Database
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
-from backend.lifecycle.sentences import worker_failed_sentence
-from backend.lifecycle.states import Phase
+from backend.lifecycle.sentences import EndCause, worker_failed_sentence
+from backend.lifecycle.states import Cause, Phase
 from backend.models import (
     AgentCommand,
     Cluster,
@@ -249,6 +249,8 @@ async def submit_pending(
         accounts = {w.id: a.account for a, w in await repository.accounts(session, cluster_id)}
     for job_id in await _cancel_asked(db, cluster_id):
         await commands.cancel(job_id)
+    for job_id, start in await _stalled(db, cluster_id):
+        await (commands.requeue(job_id, start) if start else commands.cancel(job_id))
     settings = commands.settings
     submitted = 0
     for run, ws in todo:
@@ -291,6 +293,12 @@ async def _cancel_asked(db: Database, cluster_id: int) -> list[str]:
     harmless: the job ends once)."""
     async with db.read() as session:
         return await repository.asked_to_stop(session, cluster_id)
+
+
+async def _stalled(db: Database, cluster_id: int) -> list[tuple[str, datetime | None]]:
+    """The jobs to queue again (to start when) or cancel (None) because their run stalled."""
+    async with db.read() as session:
+        return await repository.stalled_jobs(session, cluster_id)
 
 
 def _submission(run: Run, account: str, settings: SlurmSettings, folder: str) -> rules.Submission:
@@ -689,11 +697,14 @@ def _enter(
     that failed first (the earliest to exit with an error of its own). A worker placed on a
     node while its job runs is watched there by the node's agent (a WATCH); the workers whose
     watches end (the job ended, or was queued again) are returned."""
+    change = _as_the_stall_asked(run, change)
     running = change.state == RunState.RUNNING.value
     ended = change.phase == Phase.ENDED.value
-    requeued = change.phase in (Phase.REQUEUED_PREEMPTION, Phase.REQUEUED_FAILURE)
+    requeued = change.phase in REQUEUED
     failed = ended and change.state == RunState.FAILED.value
-    first = rules.first_failure(list(tasks.ends.values())) if failed else None
+    # (a job cancelled because its run stalled failed for that, not for its tasks' ends)
+    stalled = run.stop_cause == Cause.STALL
+    first = rules.first_failure(list(tasks.ends.values())) if failed and not stalled else None
     run_reason = change.run_reason
     if ended and change.state == RunState.STOPPED.value and run.stop_cause == "owner":
         run_reason = f"Stopped by {run.stop_by}"  # asked here, cancelled in Slurm
@@ -708,6 +719,7 @@ def _enter(
     if placing:
         run.attempt += 1
         run.placed_at = change.at
+        run.restart_at = None
     if running:
         run.running_since = change.at
         run.started_at = run.started_at or change.at
@@ -715,6 +727,7 @@ def _enter(
         run.ended_at, run.running_since, run.cause = change.at, None, change.cause
     if requeued:
         run.running_since = run.placed_at = None
+        run.stop_cause = None  # (a stall's restart: asked, and done)
     ending: dict[int, tuple[str, str]] = {}  # rank -> (state, reason) at the end
     for rank, w in enumerate(workers):
         state, reason = change.state, change.worker_reason
@@ -727,6 +740,9 @@ def _enter(
             w.machine_id = machines[node].id if node in machines else None
             w.attempt = run.attempt
             w.gpu_ids = list(tasks.gpus.get(rank, ()))
+            # a new instance: nothing of the last one's progress (nor stall) goes on
+            w.stalled_since = w.progress_at = w.progress_step = None
+            w.stepped_at = w.progress_rate = w.slow_since = None
             if w.machine_id is not None and tasks.live:
                 _watch(session, run, rank, w, tasks, change.at)
         if requeued:
@@ -742,7 +758,7 @@ def _enter(
                     "exit_code": w.exit_code,
                     "log_tail": end.log_tail if end else "",
                 }
-    if failed and workers:
+    if failed and workers and not stalled:
         by = workers[first.rank] if first is not None else workers[0]
         run.first_failure = {
             "worker": by.name,
@@ -764,6 +780,31 @@ def _enter(
     for w in workers:
         w.machine_id = None
     return placed
+
+
+REQUEUED = (Phase.REQUEUED_PREEMPTION, Phase.REQUEUED_FAILURE, Phase.REQUEUED_STALL)
+
+
+def _as_the_stall_asked(run: Run, change: Change) -> Change:
+    """A job the lifecycle asked to restart (or end) because its run stalled: queued again
+    by Slurm it waits as a stall's restart (*stalled*, not held), in the sentence the
+    lifecycle wrote; cancelled, its run fails with it."""
+    if run.stop_cause != Cause.STALL:
+        return change
+    if change.phase in REQUEUED:
+        waiting = f"Waiting to be placed again: {run.reason}"
+        return dataclasses.replace(
+            change,
+            phase=Phase.REQUEUED_STALL.value,
+            run_reason=run.reason,
+            worker_reason=waiting,
+            cause=EndCause.STALLED.value,
+        )
+    if change.phase == Phase.ENDED.value and change.state == RunState.STOPPED.value:
+        return dataclasses.replace(
+            change, state=RunState.FAILED.value, run_reason=run.reason, cause=run.cause
+        )
+    return change
 
 
 def _watch(

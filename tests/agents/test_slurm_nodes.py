@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import grpc
-import httpx
 import pytest
 from astraeus.agent.v1 import agent_pb2
 from sqlalchemy import select
@@ -29,7 +28,6 @@ from backend.slurm.commands import SlurmSettings
 from backend.slurm.rules import SlurmJob, SlurmNode
 from tests.support import FakeClock, Tenancy
 from tests.support.agents import agent_endpoint
-from tests.support.api import CREATE, graphql
 from tests.support.slurm import node_credential, slurm_backed
 from tests.support.stream import Agent, hello
 
@@ -262,25 +260,6 @@ async def test_a_slurm_node_whose_agent_went_away_loses_no_worker(  # issue 25
     async with db.read() as session:
         commands = list(await session.scalars(select(AgentCommand.kind)))
     assert commands == ["watch"]  # nothing was stopped
-
-
-async def test_a_run_on_slurm_that_would_be_restarted_for_a_stall_is_refused(  # issue 25
-    db: Database, clock: FakeClock, tenancy: Tenancy, client: httpx.AsyncClient, slurm_job: int
-) -> None:
-    """Slurm keeps a stalled job running (its stall is counted): a spec that asks for the stall
-    to restart the gang asks for what Astraeus does not do there, and is told so."""
-    spec = {"name": "hung", "cluster": "hpc", "command": ["true"], "stall_timeout": "10m"}
-    answer = await graphql(client, tenancy.member_token, CREATE, spec=spec)
-    errors = answer["data"]["createRun"]["errors"]
-    assert [(e["field"], e["message"]) for e in errors] == [
-        (
-            "on_stall",
-            "must be keep on cluster 'hpc', which Slurm runs: a stalled worker is found and "
-            "counted as stalled, and Slurm keeps its job running",
-        )
-    ]
-    kept = await graphql(client, tenancy.member_token, CREATE, spec=spec | {"on_stall": "keep"})
-    assert kept["data"]["createRun"]["errors"] == []
 
 
 async def test_a_failed_slurm_jobs_lines_come_from_the_node_it_ran_on_once(  # issue 25

@@ -9,6 +9,7 @@ output its log. Running time of a worker whose GPUs are busy is productive, to t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 import uuid
 from datetime import UTC, datetime
@@ -22,12 +23,13 @@ from backend.db import Database
 from backend.lifecycle import service as lifecycle
 from backend.logs.service import WorkerRef
 from backend.metrics.rules import BY_NAME, NO_GPU
-from backend.models import MetricSample, Worker
+from backend.models import MetricSample, Run, Worker
 from backend.slurm import service as importer
 from tests.support import FakeClock, Tenancy
 from tests.support.slurm import (
     SlurmCluster,
     ddp_spec,
+    history,
     hpc,
     ledger,
     run_of,
@@ -60,8 +62,36 @@ async def import_until(
         assert result.error is None, result.error
         if await _run_state(db, job) == state:
             return
-        assert asyncio.get_running_loop().time() < deadline, f"job {job} never {state}"
+        assert asyncio.get_running_loop().time() < deadline, (
+            f"job {job} never {state}: {await _run_state(db, job)}, "
+            f"{importer.__name__} {(await run_of(db, job)).reason!r}"
+        )
         await asyncio.sleep(0.5)
+
+
+async def hpc_of(
+    db: Database,
+    clock: FakeClock,
+    cluster: SlurmCluster,
+    state: Path | None = None,
+    **settings: str,
+) -> tuple[int, str]:
+    """Cluster hpc on the module's Slurm, with an account of the test's own mapped to workspace
+    default (and, with ``state``, a state folder: runs submitted from here): its id, the account."""
+    account = f"acct{uuid.uuid4().hex[:8]}"
+    cluster.account(account)
+    if state is not None:
+        settings |= {"state_dir": str(state), "python": sys.executable}
+    return await hpc(db, clock, cluster, {account: "default"}, **settings), account
+
+
+async def until_archived(service: AgentService, worker: Worker) -> None:
+    """Until the node's agent serves the worker's log archived: its watch has ended."""
+
+    async def archived() -> bool:
+        return (await tail(service, worker))[1]
+
+    await _eventually(f"{worker.name}'s archived log", archived)
 
 
 async def _run_state(db: Database, job: str) -> str:
@@ -100,16 +130,7 @@ async def test_a_submitted_runs_workers_are_watched_where_slurm_runs_them(  # is
     torch_ok: None,
 ) -> None:
     cluster = slurm_cgroups
-    account = f"watched{uuid.uuid4().hex[:6]}"
-    cluster.account(account)
-    cluster_id = await hpc(
-        db,
-        clock,
-        cluster,
-        {account: "default"},
-        state_dir=str(tmp_path / "state"),
-        python=sys.executable,
-    )
+    cluster_id, _ = await hpc_of(db, clock, cluster, tmp_path / "state")
     async with watching_node(db, clock, cluster, cluster_id, tmp_path / "agent") as service:
         clock.moment = datetime.now(UTC)
         spec = ddp_spec("ddp", "--steps", "40", "--sleep", "0.25") | {"memory_bytes": 900 * MB}
@@ -132,10 +153,7 @@ async def test_a_submitted_runs_workers_are_watched_where_slurm_runs_them(  # is
         await import_until(db, clock, cluster_id, job, "Completed")
 
         # its end: the log archived on the node, served as any worker's
-        async def archived() -> bool:
-            return (await tail(service, first))[1]
-
-        await _eventually("the archived log", archived)
+        await until_archived(service, first)
         text, _ = await tail(service, first, 5)
         assert "rank 0: done" in text
         second_text, _ = await tail(service, second)
@@ -182,9 +200,7 @@ async def test_an_imported_jobs_part_on_the_node_is_watched_its_output_its_log( 
     tmp_path: Path,
 ) -> None:
     cluster = slurm_cgroups
-    account = f"plain{uuid.uuid4().hex[:6]}"
-    cluster.account(account)
-    cluster_id = await hpc(db, clock, cluster, {account: "default"})
+    cluster_id, account = await hpc_of(db, clock, cluster)
     script = tmp_path / "job.sh"
     script.write_text(
         "#!/bin/bash\necho starting on $SLURMD_NODENAME\n"
@@ -208,10 +224,7 @@ async def test_an_imported_jobs_part_on_the_node_is_watched_its_output_its_log( 
         done = await wait_for(cluster, job, "FAILED", within=60)
         await import_until(db, clock, cluster_id, job, "Failed")
 
-        async def archived() -> bool:
-            return (await tail(service, worker))[1]
-
-        await _eventually("the archived output", archived)
+        await until_archived(service, worker)
         text, _ = await tail(service, worker, 2)
         assert text == "tick 16\ngiving up\n"
         first = (await tail(service, worker, 100))[0].splitlines()[0]
@@ -263,19 +276,10 @@ async def test_a_job_cannot_lead_its_nodes_agent_to_another_file(  # issue 25
     tmp_path: Path,
 ) -> None:
     cluster = slurm_cgroups
-    account = f"sly{uuid.uuid4().hex[:6]}"
-    cluster.account(account)
     secret = tmp_path / "secret"
     secret.write_text("4242 astm_the-agents-own-credential\n")
     secret.chmod(0o600)
-    cluster_id = await hpc(
-        db,
-        clock,
-        cluster,
-        {account: "default"},
-        state_dir=str(tmp_path / "state"),
-        python=sys.executable,
-    )
+    cluster_id, _ = await hpc_of(db, clock, cluster, tmp_path / "state")
     async with watching_node(db, clock, cluster, cluster_id, tmp_path / "agent") as service:
         clock.moment = datetime.now(UTC)
         spec = {
@@ -292,10 +296,7 @@ async def test_a_job_cannot_lead_its_nodes_agent_to_another_file(  # issue 25
         await wait_for(cluster, job, "COMPLETED", within=60)
         await import_until(db, clock, cluster_id, job, "Completed")
 
-        async def archived() -> bool:
-            return (await tail(service, worker))[1]
-
-        await _eventually("the end of the watch", archived)
+        await until_archived(service, worker)
         text, _ = await tail(service, worker)
     assert "astm_" not in text
     async with db.read() as session:
@@ -314,9 +315,7 @@ async def test_an_imported_job_whose_output_stops_is_stalled_from_its_last_line(
     job's output, copied by its node's agent, is its progress; quiet for the timeout, it is
     stalled from its last line, counted so to its end, and Slurm keeps it running."""
     cluster = slurm_cgroups
-    account = f"quiet{uuid.uuid4().hex[:6]}"
-    cluster.account(account)
-    cluster_id = await hpc(db, clock, cluster, {account: "default"}, stall_timeout="5s")
+    cluster_id, account = await hpc_of(db, clock, cluster, stall_timeout="5s")
     script = tmp_path / "quiet.sh"
     script.write_text("#!/bin/bash\nfor i in 1 2 3; do echo step $i; sleep 0.5; done\nsleep 12\n")
     async with watching_node(db, clock, cluster, cluster_id, tmp_path / "agent"):
@@ -350,3 +349,81 @@ async def test_an_imported_job_whose_output_stops_is_stalled_from_its_last_line(
     assert found.pop(("stalled", True)) == round((end - stalled.stalled_since).total_seconds(), 3)
     assert found.pop(("idle", True)) == round((stalled.stalled_since - start).total_seconds(), 3)
     assert set(found) <= {("waiting", False)}
+
+
+async def test_a_submitted_run_that_stalls_is_queued_again_by_slurm_then_given_up(  # seed G-7
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    client: httpx.AsyncClient,
+    slurm_cgroups: SlurmCluster,
+    tmp_path: Path,
+) -> None:
+    """Issue 25. on_stall: restart on Slurm: its job is queued again (scontrol requeue, to begin
+    after the restart's wait) and runs again as a new attempt; stalled again with its restarts
+    spent, it is cancelled and the run fails saying so. The stall is counted stalled, held
+    while it runs, not held while it waits to run again."""
+    cluster = slurm_cgroups
+    cluster_id, _ = await hpc_of(db, clock, cluster, tmp_path / "state")
+    spec = {
+        "name": "hang",
+        "cluster": "hpc",
+        "gpus": 1,
+        "command": ["bash", "-c", "echo step 1; sleep 120"],
+        "stall_timeout": "5s",
+        "max_restarts": 1,
+    }
+    node = cluster.node
+    said = {
+        1: f"Restarting in 10s (1/1): Worker hang-0 stalled on {node}: no progress for 5s",
+        2: "Retry budget exhausted after 1/1 restarts",
+    }
+    async with watching_node(db, clock, cluster, cluster_id, tmp_path / "agent"):
+        clock.moment = datetime.now(UTC)
+        await submit(client, tenancy.member_token, spec)
+        job = await submitted_job(db, clock, cluster_id, "hang")
+        for attempt in (1, 2):
+            await import_until(db, clock, cluster_id, job, "Running", within=120)
+            run = await run_of(db, job)
+            assert run.attempt == attempt
+
+            async def spoke(run: Run = run) -> bool:
+                (now,) = await workers_of(db, run)
+                return now.progress_at is not None
+
+            await _eventually("its one line as progress", spoke)
+            await asyncio.sleep(6)  # quiet for the stall timeout
+            clock.moment = datetime.now(UTC)
+            async with db.transaction() as session:
+                await lifecycle.check_timers(session, clock)
+            assert (await run_of(db, job)).reason == said[attempt]
+            clock.moment = datetime.now(UTC)
+            await importer.import_cluster(db, clock, cluster_id)  # Slurm is asked
+        await wait_for(cluster, job, "CANCELLED", within=60)
+        await import_until(db, clock, cluster_id, job, "Failed")
+
+    run = await run_of(db, job)
+    assert (run.reason, run.cause, run.attempt) == (said[2], "retry_budget", 2)
+    (worker,) = await workers_of(db, run)
+    steps = await history(db, worker)
+    phases = [phase for _, _, phase, _ in steps]
+    assert phases == [
+        *("waiting", "running", "stalled", "requeued:stall"),  # its first instance
+        *("restart", "running", "stalled", "ended"),  # its second
+    ]
+    await tick_after(db, clock, run.ended_at or clock.now())
+    # each phase's time in its category, to the second: its GPU idle while it ran (it says
+    # nothing of it), stalled from its last line (held) and while queued again (not held)
+    category = {
+        "waiting": ("waiting", False),
+        "running": ("idle", True),
+        "stalled": ("stalled", True),
+        "requeued:stall": ("stalled", False),
+        "restart": ("restart", True),
+    }
+    expected: dict[tuple[str, bool], float] = {}
+    for (at, _, phase, _), (until, *_) in itertools.pairwise(steps):
+        key = category[phase]
+        expected[key] = expected.get(key, 0) + (until - at).total_seconds()
+    found = await ledger(db, "run", run.id)
+    assert found == {k: round(v, 3) for k, v in expected.items() if round(v, 3)}

@@ -340,6 +340,7 @@ def test_a_run_is_one_batch_job_whose_tasks_are_its_workers() -> None:  # issue 
         "#SBATCH --cpus-per-task=4",
         "#SBATCH --output=/shared/astraeus/run-7/slurm-%j.out",
         "#SBATCH --comment=astraeus-run-7",
+        "#SBATCH --requeue",
         "#SBATCH --nice=-20000",
         "#SBATCH --partition=gpu",
         "#SBATCH --gpus-per-task=1",
