@@ -17,7 +17,7 @@ import functools
 import logging
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -212,6 +212,7 @@ async def import_cluster(db: Database, clock: Clock, cluster_id: int) -> ImportR
         async with db.read() as session:
             tracked = await repository.live_job_ids(session, cluster_id)
         snapshot = await read(commands, since, clock.now(), tracked)
+        await restart_stalled(db, cluster_id, commands, snapshot)
     except SlurmUnavailable as e:
         error = str(e)[:1000]
         log.warning("slurm: cluster %s not imported: %s", name, error)
@@ -248,9 +249,7 @@ async def submit_pending(
         todo = await repository.unsubmitted(session, cluster_id)
         accounts = {w.id: a.account for a, w in await repository.accounts(session, cluster_id)}
     for job_id in await _cancel_asked(db, cluster_id):
-        await commands.cancel(job_id)
-    for job_id, start in await _stalled(db, cluster_id):
-        await (commands.requeue(job_id, start) if start else commands.cancel(job_id))
+        await _ask(commands.cancel(job_id), f"cancel job {job_id}")
     settings = commands.settings
     submitted = 0
     for run, ws in todo:
@@ -295,10 +294,30 @@ async def _cancel_asked(db: Database, cluster_id: int) -> list[str]:
         return await repository.asked_to_stop(session, cluster_id)
 
 
-async def _stalled(db: Database, cluster_id: int) -> list[tuple[str, datetime | None]]:
-    """The jobs to queue again (to start when) or cancel (None) because their run stalled."""
+async def _ask(action: Awaitable[None], what: str) -> None:
+    """One job's cancel or requeue: one Slurm refuses (the job ended meanwhile, a job Slurm
+    may not requeue) is asked again at the next import, and the import goes on: the job's end,
+    read next, is what the run waits for."""
+    try:
+        await action
+    except SlurmUnavailable as e:
+        log.warning("slurm: could not %s: %s", what, e)
+
+
+async def restart_stalled(
+    db: Database, cluster_id: int, commands: SlurmCommands, snapshot: Snapshot
+) -> None:
+    """The jobs of runs the lifecycle found stalled, to restart (queued again, to begin when
+    the restart's wait is over) or, their restarts spent, to cancel: each only while Slurm
+    says it runs, just read (Slurm requeues a job that has ended, and it would run again)."""
     async with db.read() as session:
-        return await repository.stalled_jobs(session, cluster_id)
+        stalled = await repository.stalled_jobs(session, cluster_id)
+    running = {j.job_id for j in snapshot.jobs if j.state == "RUNNING"}
+    for job_id, start in stalled:
+        if job_id not in running:
+            continue  # ended meanwhile (its end is recorded now), or queued again already
+        again = commands.requeue(job_id, start) if start else commands.cancel(job_id)
+        await _ask(again, f"{'requeue' if start else 'cancel'} job {job_id}")
 
 
 def _submission(run: Run, account: str, settings: SlurmSettings, folder: str) -> rules.Submission:

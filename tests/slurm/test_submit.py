@@ -11,8 +11,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+from sqlalchemy import select
 
 from backend.db import Database
+from backend.models import Run
 from backend.organizations import service as organizations
 from backend.slurm import service as importer
 from tests.support import FakeClock, Tenancy
@@ -25,6 +27,7 @@ from tests.support.slurm import (
     ledger,
     run_of,
     run_of_name,
+    sacct,
     submit,
     submitted_job,
     tick_after,
@@ -221,3 +224,38 @@ async def test_a_submitted_run_stopped_here_is_cancelled_in_slurm(  # issue 25
     assert (
         deleted["deleteRun"]["errors"] == [] and deleted["deleteRun"]["run"]["state"] == "Deleted"
     )
+
+
+async def test_a_stalled_runs_job_that_ended_meanwhile_is_not_run_again(  # issue 25
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    client: httpx.AsyncClient,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    """A run whose stall asked for its job to be queued again, the job ending in Slurm before
+    the import asks: Slurm would requeue even a finished job (and run it again), so the import
+    asks only of a job it has just read running; this one is recorded as it ended."""
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(
+        db, clock, slurm, {alpha: "default"}, state_dir=str(tmp_path), python=sys.executable
+    )
+    clock.moment = datetime.now(UTC)
+    spec = ddp_spec("quick") | {"workers": 1, "command": ["sleep", "2"], "stall_timeout": "1m"}
+    await submit(client, tenancy.member_token, spec)
+    job = await submitted_job(db, clock, cluster_id, "quick")
+    await wait_for(slurm, job, "RUNNING")
+    clock.moment = datetime.now(UTC)
+    await importer.import_cluster(db, clock, cluster_id)
+    async with db.transaction() as session:  # as the lifecycle's stall rule leaves it
+        run = await session.scalar(select(Run).where(Run.external_id == job))
+        assert run is not None and run.state == "Running"
+        run.stop_cause, run.restart_at = "stall", datetime.now(UTC)
+    await wait_for(slurm, job, "COMPLETED")
+    clock.moment = datetime.now(UTC)
+    assert (await importer.import_cluster(db, clock, cluster_id)).error is None
+    assert (await run_of(db, job)).state == "Completed"
+    assert slurm.run("squeue", "-h", "-j", job, check=False).strip() == ""  # not queued again
+    assert sacct(slurm, job)["state"] == "COMPLETED"
