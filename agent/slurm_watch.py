@@ -44,8 +44,9 @@ class SlurmWatching(Sampling):
         current = self.watched.get(worker_id)
         if current is not None and current.attempt == watch.attempt:
             return  # sent again (a Hello, a reconnect)
-        if current is not None:
-            current.ended_here.set()  # an earlier instance of a requeued job
+        if current is not None:  # an earlier instance of a job Slurm queued again: gone
+            current.exited.set()  # (its follows end; its log is begun again below)
+            current.close()
         worker = WatchedWorker(worker_id, watch, self._watched_log(worker_id))
         self.watched[worker_id] = worker
         log.info("watching worker %s (Slurm job %s)", worker.name, watch.job_id)
@@ -81,14 +82,12 @@ class SlurmWatching(Sampling):
             )
             self._send(worker_event=event)
 
-    def _forget_watch(self, worker_id: int) -> bool:
+    def _forget_watch(self, worker_id: int) -> None:
         """A deleted run's worker: no more watching, no copy of its log kept."""
         found = self.watched.pop(worker_id, None)
-        if found is None:
-            return False
-        found.exited.set()
-        found.close()
-        return True
+        if found is not None:
+            found.exited.set()
+            found.close()
 
     async def _watching(self) -> None:
         """Look at the node's jobs every LOOK_S and copy the watched logs every COPY_S, while

@@ -112,8 +112,14 @@ class WatchedWorker:
         if self.copy is not None:
             return
         with contextlib.suppress(OSError):
-            opened = _standard_output(pid)
-            self.copy = LogCopy(self.log, lambda: opened)
+            opened = [_standard_output(pid)]
+
+            def once() -> int:  # (a closed descriptor's number may be another file's later)
+                if not opened:
+                    raise OSError(f"the output of process {pid} was closed")
+                return opened.pop()
+
+            self.copy = LogCopy(self.log, once)
 
     def close(self) -> None:
         if self.copy is not None:

@@ -421,7 +421,8 @@ def test_gpus_events_and_machines(live: tuple[Server, str], page: Any, tmp_path:
     page.screenshot(path=str(shots / "events.png"), full_page=True)
 
     page.get_by_role("link", name="Machines").click()  # the admin's token: an admin's menu
-    machines = page.get_by_role("table", name="Machines")
+    # (exact: "Costly machines" is a table too, whose rows name the machine as well)
+    machines = page.get_by_role("table", name="Machines", exact=True)
     machines.locator('tr[data-row="local"]').wait_for()
     assert machines.locator('tr[data-row="local"]').inner_text().split("\t")[3] == "ready"
     # issue 23: the costly machines, as machineHealth ranks them (broken failed on local)

@@ -31,6 +31,7 @@ from tests.support.slurm import (
     ddp_spec,
     history,
     hpc,
+    import_until,
     ledger,
     run_of,
     submit,
@@ -48,25 +49,6 @@ from tests.support.slurm import (
 pytestmark = slurm_marks()
 
 MB = 2**20
-
-
-async def import_until(
-    db: Database, clock: FakeClock, cluster_id: int, job: str, state: str, within: float = 90
-) -> None:
-    """Import every half second (as the import actor does, faster) until the job's run is in
-    ``state``."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        clock.moment = datetime.now(UTC)
-        result = await importer.import_cluster(db, clock, cluster_id)
-        assert result.error is None, result.error
-        if await _run_state(db, job) == state:
-            return
-        assert asyncio.get_running_loop().time() < deadline, (
-            f"job {job} never {state}: {await _run_state(db, job)}, "
-            f"{importer.__name__} {(await run_of(db, job)).reason!r}"
-        )
-        await asyncio.sleep(0.5)
 
 
 async def hpc_of(
@@ -92,13 +74,6 @@ async def until_archived(service: AgentService, worker: Worker) -> None:
         return (await tail(service, worker))[1]
 
     await _eventually(f"{worker.name}'s archived log", archived)
-
-
-async def _run_state(db: Database, job: str) -> str:
-    try:
-        return (await run_of(db, job)).state
-    except AssertionError:
-        return ""
 
 
 async def samples(db: Database, worker_id: int, metric: str) -> list[tuple[int | None, float]]:

@@ -113,12 +113,16 @@ def test_a_plain_sbatch_jobs_output_is_read_with_astra_logs_from_its_node(  # is
             assert ticked.startswith("tick ")  # and then Slurm's own line, in the job's output
             assert cancelled.startswith(f"slurmstepd-{cluster.node}: error: *** JOB {job} ON ")
             assert "CANCELLED AT" in cancelled
-            status = HTTP.get(
-                f"{server.url}/v1/jobs/ticker-{job}",
-                headers={"Authorization": f"Bearer {server.admin_token}"},
-                timeout=20,
-            ).json()
-            assert status["status"] == "Stopped"
+
+            def stopped() -> bool:  # the import, every second, reads its end
+                answer = HTTP.get(
+                    f"{server.url}/v1/jobs/ticker-{job}",
+                    headers={"Authorization": f"Bearer {server.admin_token}"},
+                    timeout=20,
+                ).json()
+                return bool(answer["status"] == "Stopped")
+
+            _until("the run stopped", stopped)
         finally:
             agent.terminate()
             agent.wait(timeout=15)

@@ -24,6 +24,7 @@ from tests.support.slurm import (
     ddp_spec,
     history,
     hpc,
+    import_until,
     ledger,
     run_of,
     run_of_name,
@@ -243,12 +244,10 @@ async def test_a_stalled_runs_job_that_ended_meanwhile_is_not_run_again(  # issu
         db, clock, slurm, {alpha: "default"}, state_dir=str(tmp_path), python=sys.executable
     )
     clock.moment = datetime.now(UTC)
-    spec = ddp_spec("quick") | {"workers": 1, "command": ["sleep", "2"], "stall_timeout": "1m"}
+    spec = ddp_spec("quick") | {"workers": 1, "command": ["sleep", "6"], "stall_timeout": "1m"}
     await submit(client, tenancy.member_token, spec)
     job = await submitted_job(db, clock, cluster_id, "quick")
-    await wait_for(slurm, job, "RUNNING")
-    clock.moment = datetime.now(UTC)
-    await importer.import_cluster(db, clock, cluster_id)
+    await import_until(db, clock, cluster_id, job, "Running")
     async with db.transaction() as session:  # as the lifecycle's stall rule leaves it
         run = await session.scalar(select(Run).where(Run.external_id == job))
         assert run is not None and run.state == "Running"

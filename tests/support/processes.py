@@ -92,6 +92,7 @@ def submit(live: tuple[Server, str], spec: dict[str, Any]) -> None:
             "query": "mutation($s: JSON!) { createRun(spec: $s) { errors { message } } }",
             "variables": {"s": spec},
         },
+        timeout=30,  # a server just started, on two cores shared with five lanes
     ).json()
     assert answer["data"]["createRun"]["errors"] == []
 
@@ -101,7 +102,9 @@ def job_when_ended(live: tuple[Server, str], name: str) -> dict[str, Any]:
     deadline = time.monotonic() + 60
     while True:
         job = HTTP.get(
-            f"{server.url}/v1/jobs/{name}", headers={"Authorization": f"Bearer {token}"}
+            f"{server.url}/v1/jobs/{name}",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
         ).json()
         if job["status"] in ("Completed", "Failed", "Stopped") or time.monotonic() > deadline:
             return dict(job)

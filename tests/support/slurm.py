@@ -479,6 +479,30 @@ async def watching_node(
 # ---- what the Slurm tests read and wait for ----
 
 
+async def import_until(
+    db: Database, clock: FakeClock, cluster_id: int, job: str, state: str, within: float = 90
+) -> None:
+    """Import every half second (as the import actor does, faster) until the job's run is in
+    ``state`` (the import reads the live queue: a job that runs for seconds is seen running,
+    where accounting's listing lags)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        clock.moment = datetime.now(UTC)
+        result = await importer.import_cluster(db, clock, cluster_id)
+        assert result.error is None, result.error
+        found = await _run_state(db, job)
+        if found == state:
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"job {job} never {state}: {found}"
+        await asyncio.sleep(0.5)
+
+
+async def _run_state(db: Database, job: str) -> str:
+    async with db.read() as session:
+        found = await session.scalar(select(Run.state).where(Run.external_id == job))
+    return found or ""
+
+
 async def hpc(
     db: Database,
     clock: FakeClock,
