@@ -164,7 +164,7 @@ async def _eventually(what: str, check: object, within: float = 60) -> None:
     deadline = asyncio.get_running_loop().time() + within
     while not await check():  # type: ignore[operator]
         assert asyncio.get_running_loop().time() < deadline, f"waited for {what}"
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.5)
 
 
 async def test_an_imported_jobs_part_on_the_node_is_watched_its_output_its_log(  # issue 25

@@ -482,9 +482,10 @@ async def watching_node(
 async def import_until(
     db: Database, clock: FakeClock, cluster_id: int, job: str, state: str, within: float = 90
 ) -> None:
-    """Import every half second (as the import actor does, faster) until the job's run is in
+    """Import every second (as the import actor does, faster) until the job's run is in
     ``state`` (the import reads the live queue: a job that runs for seconds is seen running,
-    where accounting's listing lags)."""
+    where accounting's listing lags). Not faster: each import is four Slurm commands, and the
+    suite's other lanes share the two cores."""
     deadline = asyncio.get_running_loop().time() + within
     while True:
         clock.moment = datetime.now(UTC)
@@ -494,7 +495,7 @@ async def import_until(
         if found == state:
             return
         assert asyncio.get_running_loop().time() < deadline, f"job {job} never {state}: {found}"
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.0)
 
 
 async def _run_state(db: Database, job: str) -> str:
