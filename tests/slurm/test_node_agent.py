@@ -67,6 +67,16 @@ async def hpc_of(
     return await hpc(db, clock, cluster, {account: "default"}, **settings), account
 
 
+async def until_printed(service: AgentService, worker: Worker, line: str) -> None:
+    """Until the node's agent serves the worker's live log with ``line`` in it."""
+
+    async def printed() -> bool:
+        text, archived = await tail(service, worker)
+        return line in text and not archived
+
+    await _eventually(f"{line!r} in {worker.name}'s log", printed)
+
+
 async def until_archived(service: AgentService, worker: Worker) -> None:
     """Until the node's agent serves the worker's log archived: its watch has ended."""
 
@@ -119,11 +129,7 @@ async def test_a_submitted_runs_workers_are_watched_where_slurm_runs_them(  # is
         assert first.machine_id is not None and first.machine_id == second.machine_id
 
         # while it trains, its log is the task's, as its node's agent copies it
-        async def joined() -> bool:
-            text, archived = await tail(service, first)
-            return "rank 0 of 2: joined at" in text and not archived
-
-        await _eventually("rank 0's log through the agent", joined)
+        await until_printed(service, first, "rank 0 of 2: joined at")
         done = await wait_for(cluster, job, "COMPLETED", within=120)
         await import_until(db, clock, cluster_id, job, "Completed")
 
@@ -191,11 +197,7 @@ async def test_an_imported_jobs_part_on_the_node_is_watched_its_output_its_log( 
         (worker,) = await workers_of(db, run)
         assert len(worker.gpu_ids) == 1  # the GPU Slurm gave it (squeue's gres index)
 
-        async def printing() -> bool:
-            text, archived = await tail(service, worker)
-            return "tick 2" in text and not archived
-
-        await _eventually("the job's output through the agent", printing)
+        await until_printed(service, worker, "tick 2")  # the job's output, as it prints
         done = await wait_for(cluster, job, "FAILED", within=60)
         await import_until(db, clock, cluster_id, job, "Failed")
 
