@@ -29,6 +29,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from agent.cgroups import WorkerCgroup
 from agent.config import AgentConfig
 from agent.connection import Agent
 from agent.gpus import simulated
@@ -326,8 +327,11 @@ class SlurmCluster:
 
 
 def _remove_groups(node: str, root: Path = Path("/sys/fs/cgroup")) -> None:
-    """The control groups slurmd left for its node (empty once its jobs ended), deepest first."""
+    """The control groups slurmd left for its node, deepest first, and what still ran in them
+    (the steps of a job a failed test left running: with slurmd gone, they would wait for
+    ever)."""
     for top in root.glob(f"*/slurm_{node}"):
+        WorkerCgroup(1, top, None).kill_all()
         for folder in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
             if folder.is_dir():
                 with contextlib.suppress(OSError):
