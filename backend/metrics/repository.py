@@ -49,7 +49,15 @@ from backend.metrics.rules import (
     ScopedWorker,
     WorkerMachine,
 )
-from backend.models import Machine, MetricMinute, MetricSample, Run, Worker, Workspace
+from backend.models import (
+    Machine,
+    MetricMinute,
+    MetricSample,
+    Run,
+    StateTransition,
+    Worker,
+    Workspace,
+)
 
 # Range queries are built on the tables, not the mapped classes: they return plain rows, and a
 # Core statement skips the ORM's compile step.
@@ -58,6 +66,7 @@ MINUTES: Table = MetricMinute.__table__  # type: ignore[assignment]
 WORKERS: Table = Worker.__table__  # type: ignore[assignment]
 RUNS: Table = Run.__table__  # type: ignore[assignment]
 MACHINES: Table = Machine.__table__  # type: ignore[assignment]
+HISTORY: Table = StateTransition.__table__  # type: ignore[assignment]
 WORKSPACES: Table = Workspace.__table__  # type: ignore[assignment]
 _PG_TYPES = ("int8", "int8", "float8", "int8", "int2", "int2")
 # Long enough back to find each series' sample before the range, so a rate has its first
@@ -201,11 +210,11 @@ async def range_rows(
     query pays for running it, not for building it again).
 
     The scope: the workspace, by id or by (organisation, name), and the workers of its live
-    runs the query may read, each with its machine where it is placed: those of the runs or
-    workers ``match`` names (all of them, to tell which names exist), or else of every run that
-    had not ended before the range (less ``ENDED_SLACK_MS``). The workspace's row comes even
-    without a worker. ``in_scope`` marks the workers whose samples are read: the names' labels
-    all apply, and the run had not ended before the range.
+    runs the query may read, each with its machine (where it is placed, or where it last ran):
+    those of the runs or workers ``match`` names (all of them, to tell which names exist), or
+    else of every run that had not ended before the range (less ``ENDED_SLACK_MS``). The
+    workspace's row comes even without a worker. ``in_scope`` marks the workers whose samples
+    are read: the names' labels all apply, and the run had not ended before the range.
 
     The buckets: two GROUP BYs: each worker's (and GPU's) samples in a step become one value,
     then the series that share the labels kept are combined with ``agg``."""
@@ -384,7 +393,7 @@ def _scope(shape: _Shape) -> Select[Any]:
     not_ended = or_(RUNS.c.ended_at.is_(None), RUNS.c.ended_at >= bindparam("since"))
     live = and_(live, or_(*named) if named else not_ended)
     placed = RUNS.join(WORKERS, WORKERS.c.run_id == RUNS.c.id).outerjoin(
-        MACHINES, MACHINES.c.id == WORKERS.c.machine_id
+        MACHINES, MACHINES.c.id == func.coalesce(WORKERS.c.machine_id, _last_machine())
     )
     query = select(
         WORKSPACES.c.id.label("ws"),
@@ -403,6 +412,21 @@ def _scope(shape: _Shape) -> Select[Any]:
     return query.where(
         WORKSPACES.c.organization_id == bindparam("organization"),
         WORKSPACES.c.name == bindparam("name"),
+    )
+
+
+def _last_machine() -> ColumnElement[Any]:
+    """The machine a worker not placed now last held its GPUs on (its history's newest change
+    that had one, as lifecycle.repository.last_machine finds it): an ended run's workers hold
+    none, and what their machine did not measure is still not measured (issue 36). Read only
+    for a worker not placed (COALESCE's second argument), along the worker's history index."""
+    return (
+        select(HISTORY.c.machine_id)
+        .where(HISTORY.c.worker_id == WORKERS.c.id, HISTORY.c.machine_id.is_not(None))
+        .order_by(HISTORY.c.id.desc())
+        .limit(1)
+        .correlate(WORKERS)
+        .scalar_subquery()
     )
 
 

@@ -211,7 +211,7 @@ class ScopedWorker:
     name: str
     run: str
     run_ended_ms: int | None
-    machine: WorkerMachine | None = None  # where it is placed, if it is
+    machine: WorkerMachine | None = None  # where it is placed, or last ran; None: never placed
     read: bool = True  # its samples are read: ``in_scope``, as the statement found it
 
 
@@ -457,8 +457,8 @@ def not_measured_sentence(metric: str, executor: str | None) -> str:
 
 
 def not_measured(metric: str, placed: Sequence[WorkerMachine]) -> tuple[list[str], str | None]:
-    """The workers (placed ones) whose machine does not measure ``metric``, and the sentence
-    that says so: the machine's reason, with how many of the workers when not all of them."""
+    """The workers (placed now or before) whose machine does not measure ``metric``, and the
+    sentence that says so: the machine's reason, with how many of the workers when not all."""
     missing = [w for w in placed if metric in w.unmeasured]
     if not missing:
         return [], None

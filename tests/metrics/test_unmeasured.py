@@ -19,6 +19,7 @@ from backend.errors import NotFound
 from backend.metrics import service as metrics
 from backend.metrics.service import RangeParams
 from backend.models import Machine
+from tests.lifecycle.world import World
 from tests.metrics.conftest import HOUR, T0, Placed, at
 from tests.support import FakeClock, Tenancy
 
@@ -158,3 +159,23 @@ async def test_the_consoles_query_gets_the_sentence(
     assert "errors" not in body, body
     assert body["data"]["metricRange"]["notMeasured"] == HOST_NETWORK
     assert body["data"]["metricRange"]["unmeasured"] == ["llama-sft-0"]
+
+
+async def test_an_ended_runs_workers_are_still_said_not_measured(
+    db: Database, clock: FakeClock, tenancy: Tenancy, placed: Placed
+) -> None:
+    # issue 36: once a run ended its workers hold no machine, and its network chart said "No
+    # samples" as if the workload sent nothing: the machine they last ran on still did not
+    # measure it (seed L-34, L-38)
+    world = World(db, clock, tenancy)
+    await said(db, placed.gpu07, "process", [RX, TX])
+    await world.start("llama-sft-0", "llama-sft-1")
+    await world.report("llama-sft-0", "exited", exit_code=0)
+    await world.report("llama-sft-1", "exited", exit_code=0)
+    assert await world.status("llama-sft") == ("Completed", "2 of 2 workers completed")
+    assert [w.machine_id for w in await world.workers("llama-sft")] == [None, None]
+    answer = await query(db, clock, tenancy.member_token, RX, "run:llama-sft")
+    assert answer["unmeasured"] == ["llama-sft-0"]
+    assert answer["not_measured"] == HOST_NETWORK + " (1 of 2 workers)"
+    worker = await query(db, clock, tenancy.member_token, RX, "worker:llama-sft-0")
+    assert (worker["unmeasured"], worker["not_measured"]) == (["llama-sft-0"], HOST_NETWORK)
