@@ -13,7 +13,10 @@ FROM python:3.11-slim AS server
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /opt/astraeus
 COPY pyproject.toml README.md alembic.ini schema.graphql ./
+# the one `astraeus` package: the server imports the agent's backoff and address checks, and
+# its CLI holds `astraeus agent` (tests/test_images.py starts the image from these lines)
 COPY backend ./backend
+COPY agent ./agent
 COPY alembic ./alembic
 COPY proto ./proto
 COPY --from=console /src/dist ./frontend/dist
