@@ -267,12 +267,15 @@ def _moment(at: Any) -> datetime:
 
 
 # Debug a run that does not start: It is … / Look at …, by what it waits for (runs.rules.Wait,
-# stored beside the reason that says it). "No machine runs containers" has no advice: its
-# sentence says what to do.
+# stored beside the reason that says it). A run naming an image where no machine runs
+# containers waits for machines too: each machine's reason says it runs processes, not
+# containers (issue 36: its page had no Why it does not start panel).
+MACHINES = Advice(
+    FailureKind.MACHINES, "The per-machine reasons: Read a pending reason.", "machines"
+)
 WAIT_ADVICE: dict[str, Advice] = {
-    Wait.MACHINES: Advice(
-        FailureKind.MACHINES, "The per-machine reasons: Read a pending reason.", "machines"
-    ),
+    Wait.MACHINES: MACHINES,
+    Wait.CONTAINERS: MACHINES,
     Wait.QUEUE: Advice(FailureKind.QUEUE, "The queue, not the machines: Priorities.", "queue"),
     Wait.PLAN: Advice(
         FailureKind.PLAN,

@@ -168,6 +168,18 @@ def pending(reason: str, wait: Wait) -> Waiting:
             FailureKind.MACHINES,
             MACHINES_LOOK_AT,
         ),
+        (
+            # issue 36: an image run where no machine runs containers (each machine's reason:
+            # "runs processes, not containers: the run names an image")
+            pending(
+                "No machine runs containers: this cluster's agents run processes; drop image or "
+                "add a machine with --executor docker",
+                Wait.CONTAINERS,
+            ),
+            [],
+            FailureKind.MACHINES,
+            MACHINES_LOOK_AT,
+        ),
         (pending("Queued behind llama-70b", Wait.QUEUE), [], FailureKind.QUEUE, QUEUE_LOOK_AT),
         (
             pending("Next to run: waiting for sweep-7 to stop", Wait.QUEUE),
@@ -255,13 +267,11 @@ def test_the_sentences_are_never_read_for_advice() -> None:
     found = waiting(restarted, [])
     assert found is not None and found[0].kind == FailureKind.MACHINES
     # A sentence that reads like a wait with no kind beside it (an agent before waits_for):
-    # none; nor a run being stopped, nor one whose wait has no advice of its own.
+    # none; nor a run being stopped.
     old_agent = Waiting("Preparing", "waiting for external secret hf-token", None)
     assert waiting(old_agent, [old_agent]) is None
     stopping = Waiting("Starting", "Stopping: asked by ann", None, stopping=True)
     assert waiting(stopping, []) is None
-    containers = pending("No machine runs containers: …", Wait.CONTAINERS)
-    assert waiting(containers, []) is None
     assert waiting(Waiting("Pending", "Preempted by higher-priority work (big)", None), []) is None
 
 
