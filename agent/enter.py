@@ -9,6 +9,13 @@ writes its own pid into the group's ``cgroup.procs`` (so everything the workload
 in the group), turns off gaining privileges through setuid programs, takes the workload's
 groups and user, moves to its working folder, and execs the command in its environment. A
 command that cannot be run ends like a shell's: 127 when it is not found, 126 otherwise.
+
+Before it execs, it looks, as the workload's user, at the files the command names (an argument
+that is a path to something that exists, as root sees it; the working folder): one its user may
+not read, or behind a folder it may not enter (a script under /root), is not run at all. What it
+found goes to ``unreadable.json`` (opened while still root; the shim reports it as a cause), and
+a line to the log: the workload would otherwise end "Exited with code 2", Python's "Permission
+denied" in its log alone.
 """
 
 import ctypes
@@ -19,6 +26,7 @@ from typing import Any
 
 PR_SET_NO_NEW_PRIVS = 38
 WORKLOAD_UMASK = 0o007  # the user and its workspace's group (its drives), nobody else
+UNREADABLE = "unreadable.json"  # what the command names that its user may not reach (shim.py)
 
 
 def _no_new_privileges() -> None:
@@ -38,19 +46,76 @@ def _become(spec: dict[str, Any]) -> None:
         raise PermissionError("still root after setresuid")
 
 
+def named_paths(argv: list[str], cwd: str) -> list[str]:
+    """What the command names that exists (as root sees it): its working folder, the command
+    itself when it is a path, and every argument that is a path, absolute or in the working
+    folder (``python3 train.py``). An option (``--out=…``) or a script's text is not one."""
+    found = [cwd] if os.path.isdir(cwd) else []
+    for index, arg in enumerate(argv):
+        if not arg or arg.startswith("-") or "\0" in arg or (index == 0 and "/" not in arg):
+            continue
+        path = os.path.normpath(os.path.join(cwd, arg))  # an absolute arg stays itself
+        if os.path.exists(path) and path not in found:  # False for a text too long to be one
+            found.append(path)
+    return found
+
+
+def blocked(path: str, *, run_only: bool = False) -> str | None:
+    """Whether this process may reach ``path``: None if so; else the first folder on the way
+    it may not enter (the path itself, a folder), or "" when it is a file it may not read. The
+    command itself need only be run (``run_only``: exec checks the rest)."""
+    folders: list[str] = []
+    parent = os.path.dirname(path)
+    while parent and parent not in folders:
+        folders.insert(0, parent)
+        parent = os.path.dirname(parent)
+    for folder in folders:
+        if not os.access(folder, os.X_OK):
+            return folder
+    if run_only:
+        return None
+    if os.path.isdir(path):
+        return None if os.access(path, os.X_OK) else path
+    return None if os.access(path, os.R_OK) else ""
+
+
+def _unreadable(report: int, paths: list[str], argv0: str | None, uid: int) -> bool:
+    """As the workload's user: write the first path it cannot reach to ``report`` (opened while
+    root), say so in the log; True when there was one."""
+    for path in paths:
+        where = blocked(path, run_only=path == argv0)
+        if where is None:
+            continue
+        found = {"path": path, "blocked_at": where, "uid": uid}
+        os.write(report, json.dumps(found).encode())
+        why = f"may not enter {where}" if where else "may not read it"
+        print(f"astraeus: not run: {path}: uid {uid} {why} (Permission denied)", flush=True)
+        return True
+    return False
+
+
 def main() -> int:
     folder = sys.argv[1]
     with open(os.path.join(folder, "spec.json")) as f:
         spec = json.load(f)
-    argv = spec["argv"]
+    argv, cwd = spec["argv"], spec.get("cwd") or "/"
+    paths = named_paths(argv, cwd)
+    argv0 = os.path.normpath(os.path.join(cwd, argv[0])) if "/" in argv[0] else None
     try:
         for procs in spec.get("cgroup_procs") or []:
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
+        # Opened while root (the folder is the agent's), written as the workload's user; never
+        # the workload's own: closed at exec.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        report = os.open(os.path.join(folder, UNREADABLE), flags, 0o600)
         _no_new_privileges()
         _become(spec)
         os.umask(WORKLOAD_UMASK)
-        os.chdir(spec.get("cwd") or "/")
+        if _unreadable(report, paths, argv0, os.getuid()):
+            return 126
+        os.close(report)
+        os.chdir(cwd)
     except OSError as error:
         print(f"astraeus: the worker could not be started: {error.strerror or error}", flush=True)
         return 126

@@ -110,7 +110,7 @@ class ProcessWorker:
         """Write the start payload down: a worker at the barrier survives the agent too."""
         self.folder.mkdir(mode=0o711, parents=True, exist_ok=True)
         self.folder.chmod(0o711)  # its user passes through to home/, and sees nothing else
-        for stale in (shim.EXIT, shim.WORKER_PID, SHIM_PID, LINKS):
+        for stale in (shim.EXIT, shim.WORKER_PID, shim.UNREADABLE, SHIM_PID, LINKS):
             (self.folder / stale).unlink(missing_ok=True)
         shutil.rmtree(self.home, ignore_errors=True)  # an earlier attempt's, its user's
         shim.write_atomically(self.folder / PAYLOAD, json.dumps(self.payload), private=True)

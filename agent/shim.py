@@ -38,6 +38,7 @@ ENTER = str(Path(__file__).with_name("enter.py"))
 SPEC = "spec.json"
 WORKER_PID = "worker.pid"
 EXIT = "exit.json"
+UNREADABLE = "unreadable.json"  # enter.py's report: a file the command names its user may not read
 
 
 class EndCause(StrEnum):
@@ -52,6 +53,7 @@ class EndCause(StrEnum):
     IMAGE_PULL = "image_pull"  # its image could not be pulled (detail: the engine's words)
     NOT_STARTED = "not_started"  # it could not be started here (detail: why)
     STOPPED_BEFORE_START = "stopped_before_start"
+    UNREADABLE = "unreadable"  # not run: it names a file its user may not read (detail: which)
 
 
 @dataclass
@@ -65,6 +67,9 @@ class Exit:
     detail: str = ""
     # When the process ended (Unix ms), where it was seen to end; not part of how it ended.
     at_ms: int | None = field(default=None, compare=False)
+    # For UNREADABLE: the user it runs as, and the folder it may not enter ("": the file).
+    uid: int | None = None
+    blocked_at: str = ""
 
 
 def write_atomically(path: Path, text: str, *, private: bool = False) -> None:
@@ -84,6 +89,8 @@ def record_exit(folder: Path, exit: Exit) -> None:
     """How the worker ended, and when (``exit.at_ms``, Unix ms: now by default)."""
     at = exit.at_ms if exit.at_ms is not None else int(time.time() * 1000)
     recorded = {"code": exit.code, "cause": str(exit.cause), "signal": exit.signal}
+    if exit.uid is not None:
+        recorded |= {"uid": exit.uid, "blocked_at": exit.blocked_at}
     write_atomically(folder / EXIT, json.dumps(recorded | {"detail": exit.detail, "at_ms": at}))
 
 
@@ -97,13 +104,15 @@ def recorded_exit(folder: Path) -> Exit | None:
             cause = EndCause(recorded["cause"])
         else:
             cause = EndCause.LOST if code is None else EndCause.EXITED
-        signal = recorded.get("signal")
+        signal, uid = recorded.get("signal"), recorded.get("uid")
         return Exit(
             code if code is None else int(code),
             cause,
             signal=signal if signal is None else int(signal),
             detail=str(recorded.get("detail") or ""),
             at_ms=int(at) if at else None,
+            uid=uid if uid is None else int(uid),
+            blocked_at=str(recorded.get("blocked_at") or ""),
         )
     return None
 
@@ -156,8 +165,27 @@ def run(folder: Path) -> int:
     while chunk := os.read(descriptor, 65536):
         log.append(chunk)
     reaper.join()
-    record_exit(folder, how_it_ended(child.returncode, group, kills_before, ended_ms))
+    ran = how_it_ended(child.returncode, group, kills_before, ended_ms)
+    record_exit(folder, not_run(folder, ended_ms) or ran)
     return 0
+
+
+def not_run(folder: Path, ended_ms: list[int]) -> Exit | None:
+    """The end enter.py reported when it did not run the command: a file it names that its
+    user may not read (its ``unreadable.json``); None when it ran it."""
+    report = folder / UNREADABLE
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        found = json.loads(report.read_text() or "null")
+        if found is not None:
+            return Exit(
+                None,
+                EndCause.UNREADABLE,
+                detail=str(found["path"]),
+                at_ms=ended_ms[0] if ended_ms else None,
+                uid=int(found["uid"]),
+                blocked_at=str(found["blocked_at"]),
+            )
+    return None
 
 
 def how_it_ended(

@@ -113,6 +113,8 @@ class AgentState:
             event.detail = exit.detail
             if exit.signal is not None:
                 event.signal = exit.signal
+            if exit.uid is not None:
+                event.uid, event.blocked_at = exit.uid, exit.blocked_at
             if exit.code is not None:
                 event.exit_code = exit.code
             # A failure's snapshot; and a stop's: the server keeps it when it stopped the

@@ -46,6 +46,7 @@ _CAUSES = {
     agent_pb2.END_CAUSE_IMAGE_PULL: EndCause.IMAGE_PULL,
     agent_pb2.END_CAUSE_NOT_STARTED: EndCause.NOT_STARTED,
     agent_pb2.END_CAUSE_STOPPED_BEFORE_START: EndCause.STOPPED_BEFORE_START,
+    agent_pb2.END_CAUSE_UNREADABLE: EndCause.UNREADABLE,
 }
 # What a preparing or pulling worker waits for, as the agent says (unspecified: nothing said).
 _WAITS = {
@@ -98,6 +99,8 @@ class MessageHandlers:
             cause=_CAUSES.get(e.cause, EndCause.EXITED),
             signal=e.signal if e.HasField("signal") else None,
             detail=e.detail[: machine_rules.MAX_DETAIL],
+            uid=e.uid if e.HasField("uid") else None,
+            blocked_at=e.blocked_at[: machine_rules.MAX_DETAIL],
         )
         return await service.worker_event(session, self.clock, machine.id, event)
 

@@ -75,6 +75,9 @@ class WorkerEventInfo:
     cause: EndCause = EndCause.EXITED
     signal: int | None = None
     detail: str = ""
+    # An end UNREADABLE's user id, and the folder it may not enter ("": the file itself).
+    uid: int | None = None
+    blocked_at: str = ""
     # What a preparing or pulling worker waits for, and its name: the sentence is the lifecycle's.
     waits: tuple[Wait, str] | None = None
 
@@ -181,6 +184,8 @@ async def worker_event(
         cause=event.cause,
         signal=event.signal,
         detail=event.detail,
+        uid=event.uid,
+        blocked_at=event.blocked_at,
         log_tail=event.log_tail,
     )
     if event.kind == "exited" and event.log_tail:

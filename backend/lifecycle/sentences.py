@@ -40,6 +40,7 @@ class EndCause(StrEnum):
     IMAGE_PULL = "image_pull"
     NOT_STARTED = "not_started"
     STOPPED_BEFORE_START = "stopped_before_start"
+    UNREADABLE = "unreadable"
     # As the server found it.
     MACHINE_LOST = "machine_lost"
     LOST_BY_AGENT = "lost_by_agent"
@@ -55,12 +56,16 @@ class EndCause(StrEnum):
 class End:
     """How a worker's attempt ended: the cause and its facts. ``detail`` is what the machine
     alone knows (the engine's words on a pull, why it could not start) or the server's own
-    sentence for the ends it finds itself (a GPU fault, an undeliverable command)."""
+    sentence for the ends it finds itself (a GPU fault, an undeliverable command). An end
+    UNREADABLE names the file (``detail``), the workload's ``uid`` and the folder on the way it
+    may not enter (``blocked_at``; "": the file itself)."""
 
     cause: EndCause
     exit_code: int | None = None
     signal: int | None = None
     detail: str = ""
+    uid: int | None = None
+    blocked_at: str = ""
 
 
 def exited_with(code: int) -> str:
@@ -80,9 +85,24 @@ def end_sentence(end: End) -> str:
         return fixed[end.cause]
     if end.cause == EndCause.IMAGE_PULL:
         return f"ErrImagePull: {end.detail}"
+    if end.cause == EndCause.UNREADABLE:
+        return unreadable_sentence(end.detail, end.uid, end.blocked_at)
     if end.cause in (EndCause.EXITED, EndCause.SIGNALLED, EndCause.NOT_FOUND):
         return exited_with(end.exit_code if end.exit_code is not None else -1)
     return end.detail
+
+
+def unreadable_sentence(path: str, uid: int | None, blocked_at: str) -> str:
+    """``Cannot read /root/train.py: the workload runs as an unprivileged user (uid 2000000),
+    who may not enter /root``: its command named a file its user may not reach."""
+    who = "an unprivileged user" if uid is None else f"an unprivileged user (uid {uid})"
+    if not blocked_at:
+        why = "who may not read it"
+    elif blocked_at == path:
+        why = "who may not enter it"
+    else:
+        why = f"who may not enter {blocked_at}"
+    return f"Cannot read {path}: the workload runs as {who}, {why}"
 
 
 def waiting_sentence(wait: Wait, name: str, done: str = "") -> str:

@@ -416,6 +416,8 @@ async def report(
     cause: sentences.EndCause = sentences.EndCause.EXITED,
     signal: int | None = None,
     detail: str = "",
+    uid: int | None = None,
+    blocked_at: str = "",
     exit_code: int | None = None,
     log_tail: str = "",
     step: int | None = None,
@@ -425,8 +427,9 @@ async def report(
     progress, exited. A report for a worker the machine does not run (another machine's, or
     one moved on), or for an attempt other than the one it runs, changes nothing. ``waits``
     says what a preparing or pulling worker waits for and names it (``reason``: the sentence an
-    agent from before it wrote); an end is its ``cause`` (with its exit code, signal and
-    detail). The rules write the sentences."""
+    agent from before it wrote); an end is its ``cause`` (with its exit code, signal, detail,
+    and for an unreadable file the user and the folder in the way). The rules write the
+    sentences."""
     if kind == "exited" and (reason is not None or waits is not None):
         raise ValueError("an end is reported as a cause, never as a sentence")
     if waits is not None:
@@ -470,7 +473,7 @@ async def report(
                 w,
                 when,
                 fx,
-                sentences.End(cause, exit_code, signal, detail),
+                sentences.End(cause, exit_code, signal, detail, uid, blocked_at),
                 log_tail=log_tail,
                 attempt=attempt,
             )

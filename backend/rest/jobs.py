@@ -25,9 +25,10 @@ def failure_json(run: Run, workers: list[Worker], now: datetime) -> dict[str, An
     failed = failures.failed_worker_name(run, workers) if run.state == "Failed" else None
     worker = next((w for w in workers if w.name == failed), None)
     exit_code = worker.exit_code if worker is not None else None
+    tail = failures.tail_of(worker.last_failure) if worker is not None else ""
     max_restarts = stored_spec(run.spec).max_restarts
     found = failures.run_advice(
-        run.state, run.cause, run.reason, exit_code, max_restarts=max_restarts
+        run.state, run.cause, run.reason, exit_code, max_restarts=max_restarts, log_tail=tail
     )
     loop = None
     restarts = failures.restarts_in_row(run.failures_in_row or 0, run.running_since, now)

@@ -13,7 +13,11 @@ run that does not start").
     Preempted by higher-priority work (…)        Not a failure: it is queued again.
 
 A stall (no row of its own) points at step 5, the metrics around the failure; a run restarting
-in a loop at the Restarting in a loop panel ("Debug a run that does not start").
+in a loop at the Restarting in a loop panel ("Debug a run that does not start"). A command its
+machine did not run because it names a file the workload's user may not read (no row either: a
+script under /root, workloads running as unprivileged users) says how to make it readable; an
+exit whose last lines say "Permission denied" (a file the machine could not see named, as in
+``bash -c "python x.py"``) keeps the program's advice, with that hint.
 
 A failure is classified by its stored cause (lifecycle.sentences.EndCause: workers.cause,
 runs.cause) and its exit code, never by its sentence, which the lifecycle writes from the cause.
@@ -43,6 +47,7 @@ class FailureKind(StrEnum):
     PREEMPTED = "preempted"
     STALLED = "stalled"
     SIGNAL = "signal"
+    UNREADABLE = "unreadable"
     OTHER = "other"
     # why a run does not start
     MACHINES = "machines"
@@ -110,6 +115,23 @@ SIGNAL = Advice(
     "log",
 )
 OTHER = Advice(FailureKind.OTHER, "Its log.", "log")
+UNREADABLE = Advice(
+    FailureKind.UNREADABLE,
+    "The workload runs as an unprivileged user, who may not read the file its reason names: "
+    "make it readable to others (chmod o+r on the file, o+x on each folder above it), or put "
+    "it on a drive (mounts) or in a folder others may read.",
+    "log",
+)
+# An exit whose output says a file could not be opened for want of rights (Python's "[Errno
+# 13] Permission denied", a shell's "Permission denied"): the program's advice, with the hint.
+PERMISSION_DENIED = "Permission denied"
+PROGRAM_DENIED = Advice(
+    FailureKind.PROGRAM,
+    'Your program: its log. Its last lines say "Permission denied": the workload runs as an '
+    "unprivileged user, who may not read a file it opens; make the file readable to others "
+    "(chmod o+r, and o+x on each folder above it), or put it on a drive (mounts).",
+    "log",
+)
 
 
 # The causes whose advice does not depend on an exit code.
@@ -122,6 +144,7 @@ _BY_CAUSE = {
     EndCause.STALLED: STALLED,
     EndCause.SIGNALLED: SIGNAL,
     EndCause.NOT_FOUND: COMMAND_NOT_FOUND,
+    EndCause.UNREADABLE: UNREADABLE,
 }
 # The causes a run's own sentence carries (not a worker's end): its failed worker is not the
 # one its first failure names.
@@ -131,10 +154,16 @@ _RUN_CAUSES = frozenset(
 
 
 def classify(
-    cause: str | None, exit_code: int | None = None, *, max_restarts: int | None = None
+    cause: str | None,
+    exit_code: int | None = None,
+    *,
+    max_restarts: int | None = None,
+    log_tail: str = "",
 ) -> Advice:
     """The advice for a failure's cause (an EndCause, None when unknown) and exit code; a spent
-    retry budget's names the run's ``max_restarts``."""
+    retry budget's names the run's ``max_restarts``; a program's exit whose last lines
+    (``log_tail``, the workload's own output) say "Permission denied" hints at a file's
+    rights."""
     if cause == EndCause.RETRY_BUDGET and max_restarts is not None:
         plural = "time" if max_restarts == 1 else "times"  # max_restarts: 1 said "1 times"
         return Advice(
@@ -148,7 +177,7 @@ def classify(
     if exit_code == 127:
         return COMMAND_NOT_FOUND
     if exit_code is not None and 1 <= exit_code <= 125:
-        return PROGRAM
+        return PROGRAM_DENIED if PERMISSION_DENIED in log_tail else PROGRAM
     if exit_code is not None and exit_code > 128:
         return SIGNAL  # 128 + the signal's number; an OOM kill's cause says so (above)
     return OTHER
@@ -193,14 +222,16 @@ def run_advice(
     exit_code: int | None = None,
     *,
     max_restarts: int | None = None,
+    log_tail: str = "",
 ) -> tuple[Advice, str] | None:
     """What a run's failure means, from its cause (a time limit, a retry budget, a preemption,
-    a stall, a lost machine, or the cause of the failed worker's end) with the exit code of the
-    worker that failed it: the advice and the reason it explains. A Failed run, a run torn down
-    or restarting after a failure, and a preempted run (until it runs again) have one; None
-    for the others."""
+    a stall, a lost machine, or the cause of the failed worker's end) with the exit code and
+    last lines of the worker that failed it: the advice and the reason it explains. A Failed
+    run, a run torn down or restarting after a failure, and a preempted run (until it runs
+    again) have one; None for the others."""
     if state == "Failed" or cause is not None:
-        return classify(cause, exit_code, max_restarts=max_restarts), run_reason
+        advice = classify(cause, exit_code, max_restarts=max_restarts, log_tail=log_tail)
+        return advice, run_reason
     return None
 
 
@@ -257,7 +288,13 @@ def worker_advice(worker: Any) -> dict[str, Any] | None:
     if failure is None:
         return None
     reason, exit_code = failure
-    return advice_json(classify(worker.cause, exit_code), reason, exit_code)
+    advice = classify(worker.cause, exit_code, log_tail=tail_of(worker.last_failure))
+    return advice_json(advice, reason, exit_code)
+
+
+def tail_of(last_failure: dict[str, Any] | None) -> str:
+    """The last lines of a failure snapshot (seed L-21), "" without one."""
+    return str((last_failure or {}).get("log_tail") or "")
 
 
 def _moment(at: Any) -> datetime:

@@ -91,6 +91,7 @@ class FailureKindValue(StrEnum):
     preempted = "preempted"
     stalled = "stalled"
     signal = "signal"
+    unreadable = "unreadable"
     other = "other"
     machines = "machines"
     queue = "queue"

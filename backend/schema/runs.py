@@ -142,7 +142,10 @@ class Worker:
         if failure is None:
             return None
         reason, exit_code = failure
-        return Advice.of(failures.classify(self._cause, exit_code), reason, exit_code)
+        tail = failures.tail_of(cast(dict[str, Any] | None, self.last_failure))
+        return Advice.of(
+            failures.classify(self._cause, exit_code, log_tail=tail), reason, exit_code
+        )
 
     @strawberry.field(description="Its own state changes with their reasons, newest first.")
     async def history(self, info: Info) -> list[HistoryEntry]:
@@ -293,15 +296,21 @@ class Run:
         "runs again; null for the others."
     )
     async def advice(self, info: Info) -> Advice | None:
-        exit_code = None
+        exit_code, tail = None, ""
         if self.state == "Failed":
             rows = await info.context.loaders.workers_by_run.load(int(self.id))
             name = failures.failed_worker_name(self, rows)
             failed = next((w for w in rows if w.name == name), None)
-            exit_code = failed.exit_code if failed is not None else None
+            if failed is not None:
+                exit_code, tail = failed.exit_code, failures.tail_of(failed.last_failure)
         max_restarts = stored_spec(cast(dict[str, Any], self.spec)).max_restarts
         found = failures.run_advice(
-            self.state, self._cause, self.reason, exit_code, max_restarts=max_restarts
+            self.state,
+            self._cause,
+            self.reason,
+            exit_code,
+            max_restarts=max_restarts,
+            log_tail=tail,
         )
         return None if found is None else Advice.of(found[0], found[1], exit_code)
 

@@ -8,8 +8,10 @@ import pytest
 
 from backend.lifecycle.sentences import (
     OOM_KILLED,
+    End,
     EndCause,
     budget_exhausted_sentence,
+    end_sentence,
     preempted_sentence,
     time_limit_sentence,
 )
@@ -444,3 +446,61 @@ def test_a_run_that_failed_no_worker_shows_the_newest_snapshot() -> None:
     # a worker that failed wins over snapshots
     at = datetime(2026, 10, 1, tzinfo=UTC)
     assert first_failed(EndCause.RETRY_BUDGET, None, [("a-2", at)], snapshots) == "a-2"
+
+
+@pytest.mark.parametrize(
+    ("blocked_at", "reason"),
+    [
+        (
+            "/root",
+            "Cannot read /root/train.py: the workload runs as an unprivileged user (uid 2000000), "
+            "who may not enter /root",
+        ),
+        (
+            "",
+            "Cannot read /root/train.py: the workload runs as an unprivileged user (uid 2000000), "
+            "who may not read it",
+        ),
+        (
+            "/root/train.py",
+            "Cannot read /root/train.py: the workload runs as an unprivileged user (uid 2000000), "
+            "who may not enter it",
+        ),
+    ],
+)
+def test_an_unreadable_file_says_which_who_and_what_is_in_the_way(
+    blocked_at: str, reason: str
+) -> None:
+    # issue 36: it ended "Exited with code 2" with a program's advice
+    end = End(
+        EndCause.UNREADABLE, None, detail="/root/train.py", uid=2000000, blocked_at=blocked_at
+    )
+    assert end_sentence(end) == reason
+    advice = classify(EndCause.UNREADABLE, None)
+    assert (advice.kind, advice.open) == (FailureKind.UNREADABLE, "log")
+    assert advice.look_at == (
+        "The workload runs as an unprivileged user, who may not read the file its reason names: "
+        "make it readable to others (chmod o+r on the file, o+x on each folder above it), or put "
+        "it on a drive (mounts) or in a folder others may read."
+    )
+
+
+def test_a_permission_denied_in_the_last_lines_is_a_hint_not_a_cause() -> None:
+    # The machine could not see the file (inside `bash -c`'s text): the program's advice, with
+    # the hint the workload's own output gives; the sentences are not read.
+    tail = "python3: can't open file '/root/x.py': [Errno 13] Permission denied\n"
+    hinted = classify(EndCause.EXITED, 2, log_tail=tail)
+    assert hinted.kind == FailureKind.PROGRAM
+    assert hinted.look_at == (
+        'Your program: its log. Its last lines say "Permission denied": the workload runs as an '
+        "unprivileged user, who may not read a file it opens; make the file readable to others "
+        "(chmod o+r, and o+x on each folder above it), or put it on a drive (mounts)."
+    )
+    assert classify(EndCause.EXITED, 2, log_tail="Traceback …\nKeyError\n").look_at == (
+        "Your program: its log."
+    )
+    # a failed run's advice reads its failed worker's last lines
+    found = run_advice("Failed", EndCause.EXITED, "Worker a-0 failed …", 2, log_tail=tail)
+    assert found is not None and found[0] == hinted
+    # another cause is not a program's: no hint
+    assert classify(EndCause.OOM_KILLED, 137, log_tail=tail).kind == FailureKind.OUT_OF_MEMORY
