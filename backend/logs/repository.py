@@ -14,13 +14,3 @@ async def worker_in_workspace(session: AsyncSession, workspace_id: int, name: st
         .join(Run, Run.id == Worker.run_id)
         .where(Run.workspace_id == workspace_id, Run.deleted_at.is_(None), Worker.name == name)
     )
-
-
-async def first_worker(session: AsyncSession, workspace_id: int, run: str) -> Worker | None:
-    return await session.scalar(
-        select(Worker)
-        .join(Run, Run.id == Worker.run_id)
-        .where(Run.workspace_id == workspace_id, Run.deleted_at.is_(None), Run.name == run)
-        .order_by(Worker.rank)
-        .limit(1)
-    )

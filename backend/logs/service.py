@@ -101,11 +101,12 @@ class LogUnavailable(AstraeusError):
 async def locate(
     session: AsyncSession, principal: Principal, name: str, *, workspace: str | None = None
 ) -> tuple[WorkerRef, int]:
-    """The worker (a run's name means its first worker) and the machine that keeps its log."""
+    """The worker (a run's name means its first worker; a failed run's, the one that failed it:
+    runs.worker_shown) and the machine that keeps its log."""
     ws = await runs.workspace_for(session, principal, workspace)
     worker = await repository.worker_in_workspace(session, ws.id, name)
     if worker is None:
-        worker = await repository.first_worker(session, ws.id, name)
+        worker = await runs.worker_shown(session, ws.id, name)
     if worker is None:
         raise NotFound(
             "TASK_NOT_FOUND", f"No worker or run named '{name}' in workspace '{ws.name}'."

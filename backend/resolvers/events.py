@@ -18,8 +18,9 @@ from backend.schema.events import Event, EventPage, LogChunk
 async def follow_log(
     info: Info, worker: str, tail: int = 0, workspace: str | None = None
 ) -> AsyncGenerator[LogChunk, None]:
-    """A worker's new log lines (a run's name: its first worker) as its machine writes them,
-    beginning with its last ``tail`` lines, until it ends (or its token is revoked)."""
+    """A worker's new log lines (a run's name: its first worker; a failed run's, the worker that
+    failed it) as its machine writes them, beginning with its last ``tail`` lines, until it
+    ends (or its token is revoked)."""
     async for chunk in while_token_holds(info, _follow_log(info, worker, tail, workspace)):
         yield chunk
 

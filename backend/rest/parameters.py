@@ -96,7 +96,7 @@ class WorkerPath(PathParameters):
 
 class LogPath(PathParameters):
     worker: Name
-    """The worker (a run's name: its first worker)."""
+    """The worker (a run's name: its first worker; a failed run's, the worker that failed it)."""
 
 
 class ClusterPath(PathParameters):

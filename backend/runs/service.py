@@ -19,8 +19,14 @@ from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import is_straggler
 from backend.models import Event, Run, StateTransition, Worker, Workspace
 from backend.organizations import service as organizations
-from backend.runs import repository
-from backend.runs.rules import ENDED_RUN_STATES, WORKER_CREATED, WorkerState, plan_new_run
+from backend.runs import failures, repository
+from backend.runs.rules import (
+    ENDED_RUN_STATES,
+    WORKER_CREATED,
+    RunState,
+    WorkerState,
+    plan_new_run,
+)
 from backend.runs.spec import RunSpec, parse_spec
 from backend.scheduling.rules import PASS_JOB
 
@@ -271,6 +277,22 @@ async def get_worker(
     if found is None:
         raise NotFound("TASK_NOT_FOUND", f"No worker named '{name}' in workspace '{ws.name}'.")
     return found
+
+
+async def worker_shown(session: AsyncSession, workspace_id: int, run_name: str) -> Worker | None:
+    """The worker a run's name means where one worker is shown (its log: seed L-10): a Failed
+    run's is the one its reason names, the first that failed (L-59), whose log has the cause;
+    any other run's, its first. None when the workspace has no such live run."""
+    run = await repository.get_live_run_by_name(session, workspace_id, run_name)
+    if run is None:
+        return None
+    workers = (await repository.workers_by_run(session, [run.id])).get(run.id, [])
+    if run.state == RunState.FAILED:
+        failed = failures.failed_worker_name(run, workers)
+        found = next((w for w in workers if w.name == failed), None)
+        if found is not None:
+            return found
+    return workers[0] if workers else None  # by rank
 
 
 async def get_run_by_id(session: AsyncSession, principal: Principal, run_id: int) -> Run:

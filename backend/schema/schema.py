@@ -327,9 +327,10 @@ class Subscription:
     follow_log: AsyncGenerator[LogChunk, None] = strawberry.subscription(
         resolver=event_resolvers.follow_log,
         description=(
-            "A worker's log as its machine writes it (a run's name: its first worker), "
-            "beginning with its last tail lines (0 to 10 000), until the worker ends: the last "
-            "chunk says ended. A machine that is not connected, or goes first, is an error."
+            "A worker's log as its machine writes it (a run's name: its first worker; a failed "
+            "run's, the worker that failed it), beginning with its last tail lines (0 to 10 000), "
+            "until the worker ends: the last chunk says ended. A machine that is not connected, "
+            "or goes first, is an error."
         ),
     )
     events: AsyncGenerator[Event, None] = strawberry.subscription(

@@ -278,22 +278,30 @@ def cmd_gpus(api: Api, args: argparse.Namespace) -> str:
 
 
 def _worker(api: Api, name: str) -> dict[str, Any]:
-    """The worker named, or a run's first worker."""
+    """The worker named, or the one a run's name means, as the server's log answers it: a
+    failed run's, the worker its reason names (the first that failed: its log has the cause);
+    another's, its first (seed L-10, L-59)."""
     try:
         return api.get(f"/tasks/{name}")
     except CliError as error:
         if error.exit_code != EXIT_NOT_FOUND:
             raise
-        tasks = api.get("/tasks", job=name)["tasks"]
-        if not tasks:
+        try:
+            job = api.get(f"/jobs/{name}")
+        except CliError as no_run:
+            if no_run.exit_code != EXIT_NOT_FOUND:
+                raise
+            raise error from None
+        shown = job.get("failed_worker") or next(iter(job["task_names"]), None)
+        if shown is None:
             raise
-        return dict(tasks[0])
+        return api.get(f"/tasks/{shown}")
 
 
 def cmd_logs(api: Api, args: argparse.Namespace) -> str:
-    """A worker's last lines (a run: its first worker); with -f, its new lines as they are
-    written until it ends, then a blank line and how it ended (seed L-8: the exit status says
-    whether it completed)."""
+    """A worker's last lines (a run: its first worker; a failed run: the worker that failed it);
+    with -f, its new lines as they are written until it ends, then a blank line and how it
+    ended (seed L-8: the exit status says whether it completed)."""
     if not args.follow:
         params = {} if args.tail is None else {"tail": args.tail}
         found = api.get(f"/tasks/{args.worker}/logs", **params)
@@ -455,7 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="ranked by the GPU time lost on them, with failures, GPU faults and what to do",
     )
     machines.add_argument("--days", type=_positive, default=7, help="the last days (7)")
-    logs = command("logs", cmd_logs, "a worker's log (a run: its first worker)")
+    logs = command(
+        "logs", cmd_logs, "a worker's log (a run: its first worker; failed: the one that failed it)"
+    )
     logs.add_argument("worker")
     logs.add_argument("-f", "--follow", action="store_true", help="follow until it ends")
     logs.add_argument(
