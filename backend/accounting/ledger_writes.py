@@ -196,7 +196,8 @@ async def add_to_hours(session: AsyncSession, cells: dict[CellKey, float]) -> No
         days[key] = days.get(key, 0.0) + seconds
     await _upsert(session, GoodputHour, "hour", cells)
     await _upsert(session, GoodputDay, "day", days)
-    if any(seconds < 0 for seconds in cells.values()):
+    took_back = any(seconds < 0 for seconds in cells.values())
+    if took_back:
         since = min(hour for hour, *_ in cells)
         for model, column in ((GoodputHour, GoodputHour.hour), (GoodputDay, GoodputDay.day)):
             await session.execute(
@@ -209,6 +210,8 @@ async def add_to_hours(session: AsyncSession, cells: dict[CellKey, float]) -> No
         if scope == "run":
             touched[scope_id] = _touch(touched.get(scope_id), workspace, cluster, hour)
     await refresh_run_totals(session, touched)
+    if took_back:
+        await trim_run_totals(session, touched)
 
 
 @dataclass(frozen=True)
@@ -313,6 +316,81 @@ async def refresh_run_totals(session: AsyncSession, touched: dict[int, RunTouch]
             await session.execute(upsert, params)
             await session.execute(not_last, params)
         hour += HOUR
+
+
+_RUN_ROWS = f"""
+WITH keys AS ({{keys}})
+SELECT run_id, hour, {", ".join(TOTAL_COLUMNS)} FROM goodput_run_totals
+WHERE run_id IN (SELECT run_id FROM keys) AND hour >= :since
+ORDER BY run_id, hour
+"""
+_LAST_OF = """
+WITH keys AS ({keys})
+UPDATE goodput_run_totals SET last = true
+WHERE run_id IN (SELECT run_id FROM keys) AND hour = (
+  SELECT max(t.hour) FROM goodput_run_totals t WHERE t.run_id = goodput_run_totals.run_id)
+"""
+
+
+async def trim_run_totals(session: AsyncSession, touched: dict[int, RunTouch]) -> None:
+    """After time was taken back, drop the ``touched`` runs' rows for hours left without cells
+    at either end of their history, and mark the latest row that stays last.
+
+    refresh_run_totals recomputes every hour it touched, but an hour whose cells a take-back
+    emptied (a transition recorded late ended the worker before a tick had counted past it)
+    kept its row, a repeat of the hour before, still marked last: a row for an hour in which
+    nothing was counted (issue 36). Cells are never negative, so a run's rows only grow: a
+    row equal to the one before is an hour without cells, and a row of zeros comes before any
+    cell. Only rows from the first hour that changed are looked at: older ones hold hours
+    whose cells were pruned, and no take-back reaches them."""
+    dialect = _dialect(session)
+    since = min(touch.first for touch in touched.values()) - HOUR
+    rows: dict[int, list[Any]] = {}
+    for runs in _chunks(sorted(touched)):
+        found = await session.execute(
+            text(_RUN_ROWS.format(keys=_KEYS[dialect]))
+            .bindparams(bindparam("since", type_=_TIME))
+            .columns(hour=_TIME),
+            {**_keys(dialect, [(run, 0, 0, False) for run in runs]), "since": since},
+        )
+        for row in found:
+            rows.setdefault(row[0], []).append(row)
+    doomed: list[tuple[int, datetime]] = []
+    for run, mine in rows.items():
+        doomed += [(run, r.hour) for r in _without_cells(mine, touched[run].first)]
+    if not doomed:
+        return
+    totals = GoodputRunTotal.__table__
+    for run, hour in doomed:
+        await session.execute(delete(totals).where(totals.c.run_id == run, totals.c.hour == hour))
+    runs = sorted({run for run, _ in doomed})
+    for chunk in _chunks(runs):
+        await session.execute(
+            text(_LAST_OF.format(keys=_KEYS[dialect])),
+            _keys(dialect, [(run, 0, 0, False) for run in chunk]),
+        )
+
+
+def _without_cells(rows: Sequence[Any], first: datetime) -> list[Any]:
+    """Of one run's running totals from the hour before ``first`` on, in order: those from
+    ``first`` on whose hour has no cells and that no hour with cells follows (a repeat of the
+    row before at the end), or that no hour with cells precedes (zeros)."""
+
+    def same(a: Sequence[float], b: Sequence[float]) -> bool:
+        return all(abs(x - y) <= 1e-6 * max(1.0, abs(x)) for x, y in zip(a, b, strict=True))
+
+    zeros = [0.0] * len(TOTAL_COLUMNS)
+    sums = [tuple(r[2:]) for r in rows]
+    out = []
+    end = len(rows)
+    while end > 0 and rows[end - 1].hour >= first:
+        before = sums[end - 2] if end > 1 else zeros
+        if not same(sums[end - 1], before):
+            break
+        end -= 1
+        out.append(rows[end])
+    out += [r for r, s in zip(rows[:end], sums, strict=False) if r.hour >= first and same(s, zeros)]
+    return out
 
 
 async def _upsert(

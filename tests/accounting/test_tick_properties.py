@@ -11,7 +11,7 @@ import itertools
 from collections import defaultdict
 from datetime import datetime, timedelta
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, select, update
 
@@ -105,6 +105,17 @@ async def forget(db: Database) -> None:
     late_samples=st.dictionaries(
         st.integers(0, SPAN // 60), st.sampled_from([45, 200, 500]), max_size=30
     ),
+)
+# Issue 36 (a fresh clone's `make test`; @reproduce_failure('6.170.17',
+# b'AEEBAUEDAUECAUEBAEEMQQVBAkEAQQJBAAFCApQAAEEAAA==')): a worker ended at its first second,
+# recorded 15 minutes late, after a tick in the next hour had counted it running there. The
+# take-back emptied that hour's cells, and its running-total row stayed, marked last.
+@example(
+    histories=[[(1, "ended", 900), (2, "running", 0), (3, "running", 0)]],
+    ticks=[660],
+    twice=False,
+    deleted=None,
+    late_samples={},
 )
 async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
     db: Database,
