@@ -405,6 +405,9 @@ def stop_gang(
         return
     if run.stop_cause is None:
         find_stalls(run, at, fx)  # stalled before the stop, not yet found: from their progress
+        # the time it ran until now may reset its restarts in a row, as a failure's stop does:
+        # a run preempted after 10 minutes running is not restarting in a loop (issue 36)
+        stop_running(run, at)
     run.stop_cause, run.stop_by = cause, by
     for w in run.workers:
         if w.alive and w.stop_cause is None:
