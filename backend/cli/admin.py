@@ -18,6 +18,7 @@ from backend.config import Settings
 from backend.organizations import service as organizations
 from backend.secrets import crypto
 from backend.secrets import service as secrets_service
+from backend.words import counted
 
 
 def token_file(settings: Settings) -> Path:
@@ -109,7 +110,7 @@ def cmd_workspace_quota(settings: Settings, args: argparse.Namespace) -> int:
         return await organizations.set_quota(session, org.id, args.name, args.cluster, gpus)
 
     limit = in_transaction(settings, work)
-    held = "no quota" if limit is None else f"at most {limit} GPUs at once"
+    held = "no quota" if limit is None else f"at most {counted(limit, 'GPU')} at once"
     print(f"workspace {args.name} on {args.cluster}: {held}")
     return 0
 

@@ -23,6 +23,7 @@ from backend.lifecycle.sentences import (
     restart_backoff,
     time_limit_sentence,
     worker_failed_sentence,
+    workers_completed,
 )
 from backend.lifecycle.starting import is_current, refresh_run
 from backend.lifecycle.states import (
@@ -303,7 +304,7 @@ def _conclude_if_done(run: RunView, at: datetime, fx: Effects) -> None:
         if all(w.state == COMPLETED for w in run.workers):
             run.ended_at = at
             n = len(run.workers)
-            set_run(fx, run, COMPLETED, f"{n} of {n} workers completed", at)
+            set_run(fx, run, COMPLETED, workers_completed(n), at)
         return
     cause = Cause(run.stop_cause)
     if cause == Cause.OWNER:

@@ -11,7 +11,14 @@ from typing import Any
 from backend.config import format_duration
 from backend.lifecycle.sentences import CONTAINER_RUNNING
 from backend.lifecycle.states import RUNNING, Phase
-from backend.lifecycle.views import Effects, RunView, WorkerView, set_worker
+from backend.lifecycle.views import (
+    Effects,
+    RunView,
+    WorkerView,
+    running_reason,
+    set_run,
+    set_worker,
+)
 
 # A straggler: a gang member at under half its gang's median pace for three minutes or more.
 STRAGGLER_PACE = 0.5
@@ -47,6 +54,8 @@ def worker_progress(
     if w.stalled_since is not None:
         w.stalled_since = None
         set_worker(fx, run, w, RUNNING, CONTAINER_RUNNING, Phase.RUNNING, at)
+        if run.state == RUNNING and run.stop_cause is None:
+            set_run(fx, run, RUNNING, running_reason(run), at)  # stalled no more (or fewer)
 
 
 def _measure_pace(w: WorkerView, step: int, at: datetime) -> None:

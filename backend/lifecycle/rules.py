@@ -36,8 +36,8 @@ from backend.lifecycle.sentences import (
     restart_backoff,
     time_limit_sentence,
 )
-from backend.lifecycle.states import FAILED, PREPARING, PULLING, STARTING, Cause
-from backend.lifecycle.views import Effects, RunView, WorkerView, set_run
+from backend.lifecycle.states import FAILED, PREPARING, PULLING, RUNNING, STARTING, Cause
+from backend.lifecycle.views import Effects, RunView, WorkerView, running_reason, set_run
 
 # When a stall stops its gang, a member quiet for this part of the stall timeout had stopped
 # too (a rank hung in a collective waits for the one that hung first): stalled from its own
@@ -99,6 +99,8 @@ def check_timers(run: RunView, now: datetime, fx: Effects) -> None:
         stalled = find_stalls(run, now, fx)
         if stalled and run.policy.on_stall == "restart" and run.stop_cause is None:
             _stall_requeues_slurm_job(run, stalled[0], now, fx)
+        elif stalled and run.state == RUNNING and run.stop_cause is None:
+            set_run(fx, run, RUNNING, running_reason(run), now)  # it runs on, stalled
         return
     limit = run.policy.time_limit
     if limit is not None and run.started_at is not None and now >= run.started_at + limit:
@@ -120,3 +122,5 @@ def check_timers(run: RunView, now: datetime, fx: Effects) -> None:
     stalled = find_stalls(run, now, fx)  # every one of them, before any stops the gang
     if stalled and run.policy.on_stall == "restart":
         _stall_stops_gang(run, stalled[0], now, fx)
+    elif stalled and run.state == RUNNING:
+        set_run(fx, run, RUNNING, running_reason(run), now)  # it runs on, stalled: says so

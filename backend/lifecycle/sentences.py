@@ -4,12 +4,14 @@ written from. Pure, as every lifecycle rule (lifecycle/rules.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from backend.config import format_duration
 from backend.runs.rules import Wait
+from backend.words import counted
 
 RESTART_BASE = timedelta(seconds=10)
 RESTART_CAP = timedelta(minutes=5)
@@ -122,7 +124,33 @@ def starting_together(ready: int, total: int) -> str:
 
 
 def workers_running(running: int, total: int) -> str:
-    return f"{running} of {total} workers running"
+    """Seed: "2 of 2 workers running" (and "1 of 1 worker running", not "1 workers")."""
+    return f"{running} of {counted(total, 'worker')} running"
+
+
+def workers_completed(total: int) -> str:
+    return f"{total} of {counted(total, 'worker')} completed"
+
+
+# A stalled run names this many of its stalled workers, and counts the others.
+STALLED_NAMED = 3
+
+
+def stalled_sentence(stalled: Sequence[tuple[str, str | None]], since: datetime) -> str:
+    """A running run whose workers stalled and run on (``on_stall: keep``), in the words of a
+    stall that stops its gang ("Worker llama-sft-1 stalled on gpu-08: no progress for 5m"):
+    which (name, machine), and since when the first of them made none."""
+    when = since.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if len(stalled) == 1:
+        name, machine = stalled[0]
+        where = f" on {machine}" if machine else ""
+        return f"Worker {name} stalled{where}: no progress since {when}"
+    names = [name for name, _ in stalled[:STALLED_NAMED]]
+    rest = len(stalled) - len(names)
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}" if not rest else ", ".join(names)
+    if rest:
+        listed += f" and {counted(rest, 'other')}"
+    return f"Workers {listed} stalled: no progress since {when}"
 
 
 def worker_failed_sentence(worker: str, machine: str | None, reason: str) -> str:

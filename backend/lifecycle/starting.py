@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from backend.lifecycle.sentences import CONTAINER_RUNNING, starting_together, workers_running
+from backend.lifecycle.sentences import CONTAINER_RUNNING, starting_together
 from backend.lifecycle.states import PREPARING, PULLING, RUNNING, STARTING, Phase
 from backend.lifecycle.views import (
     Command,
@@ -16,6 +16,7 @@ from backend.lifecycle.views import (
     Restarted,
     RunView,
     WorkerView,
+    running_reason,
     set_run,
     set_worker,
 )
@@ -111,7 +112,7 @@ def refresh_run(run: RunView, at: datetime, fx: Effects) -> None:
             run.running_since = at
         if run.started_at is None:
             run.started_at = at
-        set_run(fx, run, RUNNING, workers_running(running, total), at)
+        set_run(fx, run, RUNNING, running_reason(run), at)
         return
     for state in (PREPARING, PULLING):
         slow = next((w for w in workers if w.state == state), None)
@@ -119,7 +120,7 @@ def refresh_run(run: RunView, at: datetime, fx: Effects) -> None:
             set_run(fx, run, state, slow.reason, at, waits=slow.waits_for)
             return
     if running and run.state == RUNNING:
-        set_run(fx, run, RUNNING, workers_running(running, total), at)
+        set_run(fx, run, RUNNING, running_reason(run), at)
         return
     ready = sum(1 for w in workers if w.ready or w.state == RUNNING)
     set_run(fx, run, STARTING, starting_together(ready, total), at)

@@ -9,8 +9,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from backend.lifecycle.sentences import EndCause
-from backend.lifecycle.states import ENDED_STATES, HELD_PHASES, PLACED_STATES, Phase, may_follow
+from backend.lifecycle.sentences import EndCause, stalled_sentence, workers_running
+from backend.lifecycle.states import (
+    ENDED_STATES,
+    HELD_PHASES,
+    PLACED_STATES,
+    RUNNING,
+    Phase,
+    may_follow,
+)
 
 
 @dataclass
@@ -230,6 +237,17 @@ def set_worker(
                 machine_id=w.machine_id,
             )
         )
+
+
+def running_reason(run: RunView) -> str:
+    """A running run's sentence: how many of its workers run ("2 of 2 workers running"); while
+    some of them stalled and run on (on_stall: keep), which and since when."""
+    running = [w for w in run.workers if w.state == RUNNING]
+    stalled = sorted((w for w in running if w.stalled_since is not None), key=lambda w: w.rank)
+    if not stalled:
+        return workers_running(len(running), len(run.workers))
+    since = min(w.stalled_since for w in stalled if w.stalled_since is not None)
+    return stalled_sentence([(w.name, w.machine_name) for w in stalled], since)
 
 
 def set_run(

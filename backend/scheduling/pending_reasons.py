@@ -18,6 +18,7 @@ from backend.scheduling.placement import (
     gpus_text,
     memory_text,
 )
+from backend.words import counted
 
 # How many machines a "No machine fits" reason names for one resource; the others are counted.
 SHORT_NAMED = 3
@@ -93,4 +94,4 @@ def _machine_reason(ask: Ask, m: MachineRoom) -> str:
         int(m.cpu_free // ask.cpu) if ask.cpu else ask.workers,
         m.memory_free // ask.memory if ask.memory else ask.workers,
     )
-    return f"room for {min(fit, ask.workers)} of its {ask.workers} workers"
+    return f"room for {min(fit, ask.workers)} of its {counted(ask.workers, 'worker')}"

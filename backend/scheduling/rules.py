@@ -39,6 +39,7 @@ from backend.scheduling.placement import (
     memory_text,
     workers_that_fit,
 )
+from backend.words import counted
 
 # The job that places waiting runs (backend/jobs/actors.py): a service that frees GPUs or
 # queues a run asks for it after its commit (backend.db.after_commit).
@@ -98,8 +99,9 @@ def _cannot_plan(
 ) -> tuple[str, Wait] | None:
     if quota is not None and ask.total_gpus > quota.limit:
         return (
-            f"Cannot plan workers: {ask.workers} workers of {gpus_text(ask.gpus)} are more than "
-            f"{quota.workspace}'s quota of {gpus_text(quota.limit)} on {quota.cluster}",
+            f"Cannot plan workers: {counted(ask.workers, 'worker')} of {gpus_text(ask.gpus)} "
+            f"{'is' if ask.workers == 1 else 'are'} more than {quota.workspace}'s quota of "
+            f"{gpus_text(quota.limit)} on {quota.cluster}",
             Wait.PLAN,
         )
     present = [m for m in machines if m.state in ("ready", "draining")]
@@ -249,7 +251,8 @@ def _wait_reason(
         sentence = f"No machine fits: none has room now for a worker of {ask.shape()}"
         return sentence + (f" ({short})" if short else ""), Wait.MACHINES
     return (
-        f"Gang cannot be placed whole: room for {count} of {ask.workers} workers of {ask.shape()}",
+        f"Gang cannot be placed whole: room for {count} of {counted(ask.workers, 'worker')} of "
+        f"{ask.shape()}",
         Wait.MACHINES,
     )
 

@@ -22,6 +22,7 @@ from backend.lifecycle.sentences import (
     preempted_sentence,
     time_limit_sentence,
     worker_failed_sentence,
+    workers_completed,
     workers_running,
 )
 from backend.lifecycle.states import Phase
@@ -468,7 +469,7 @@ def changes(job: SlurmJob, workers: list[str]) -> list[Change]:
     if ended(job):
         state, cause = _ENDED[job.state]
         if state == RunState.COMPLETED:
-            run_reason = f"{len(workers)} of {len(workers)} workers completed"
+            run_reason = workers_completed(len(workers))
         elif state == RunState.FAILED and workers:
             node = job.nodes[0] if job.nodes else None
             run_reason = worker_failed_sentence(workers[0], node, end_sentence(job))

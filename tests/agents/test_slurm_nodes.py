@@ -250,7 +250,7 @@ async def test_a_slurm_node_whose_agent_went_away_loses_no_worker(  # issue 25
         run = await session.get(Run, slurm_job)
         machine = await session.scalar(select(Machine).where(Machine.name == NODE))
     assert run is not None and machine is not None
-    assert (run.state, run.reason, machine.state) == ("Running", "1 of 1 workers running", "ready")
+    assert (run.state, run.reason, machine.state) == ("Running", "1 of 1 worker running", "ready")
     # nor is it drained here: Slurm places work on it
     async with db.transaction() as session:
         admin = await access.authenticate(session, tenancy.admin_token)

@@ -76,7 +76,7 @@ async def test_a_machine_joins_receives_its_commands_and_reports_its_workers(
         )
         while (await agent.receive("ack")).ack.up_to < last:
             pass
-        assert await world.status("llama-sft") == ("Completed", "1 of 1 workers completed")
+        assert await world.status("llama-sft") == ("Completed", "1 of 1 worker completed")
         async with db.read() as session:
             acked = await session.scalar(
                 select(AgentCommand.acked_at).where(AgentCommand.id == start.command.command_id)

@@ -87,7 +87,7 @@ def test_killing_the_agent_mid_run_loses_no_state_change_or_snapshot(
     cluster.wait("both ended", lambda: cluster.status("survivor") in ("Completed", "Failed"))
     cluster.wait("failer ended", lambda: cluster.status("failer") == "Failed")
     survivor = cluster.get("/jobs/survivor")
-    assert (survivor["status"], survivor["reason"]) == ("Completed", "1 of 1 workers completed"), (
+    assert (survivor["status"], survivor["reason"]) == ("Completed", "1 of 1 worker completed"), (
         survivor
     )
 
@@ -156,14 +156,14 @@ def test_an_agent_away_past_its_lease_loses_its_machine_and_the_run_moves(
     assert [[h["state"], h["reason"]] for h in history] == [
         ["Pending", "Run created"],
         ["Starting", "Starting together: 0 of 1 ready"],
-        ["Running", "1 of 1 workers running"],
+        ["Running", "1 of 1 worker running"],
         [
             "Pending",
             "Restarting in 10s (1/10): Worker mover-0 failed on m1: Machine lost: its lease "
             "expired; the gang does not run without it",
         ],
         ["Starting", "Starting together: 0 of 1 ready"],
-        ["Running", "1 of 1 workers running"],
+        ["Running", "1 of 1 worker running"],
     ]
 
     # The agent comes back: the worker it still runs is not its machine's any more.

@@ -753,7 +753,8 @@ class Cluster(RuleBasedStateMachine):
                 assert not w.alive and w.state in ENDED_STATES and w.phase == ENDED, w
             if run.state == COMPLETED:
                 assert all(w.state == COMPLETED for w in run.workers)
-                assert run.reason == f"{len(run.workers)} of {len(run.workers)} workers completed"
+                n = len(run.workers)
+                assert run.reason == f"{n} of {n} {'worker' if n == 1 else 'workers'} completed"
             if run.state == STOPPED:
                 assert run.reason == "Stopped by alice"
             if run.state == FAILED:

@@ -164,7 +164,7 @@ async def test_a_members_high_priority_does_not_preempt_another_workspaces_run(
         "No machine fits: none has room now for a worker of 8 GPUs, 4 cores, 16 GiB"
         " (GPUs short on gpu-07)"
     )
-    assert await world.status("default-low") == ("Running", "1 of 1 workers running")
+    assert await world.status("default-low") == ("Running", "1 of 1 worker running")
     # Over its quota, default's run still stays: the admins have not allowed it.
     await set_quota(db, "default", 4)
     assert (await world.schedule()).preempted == []

@@ -158,7 +158,7 @@ def test_a_members_high_priority_does_not_preempt_another_workspaces_run(
     time.sleep(3)  # three more passes: it would have preempted by now
     assert b.run("b-urgent")["reason"].startswith("No machine fits: none has room now")
     hog = a.run("default-secret-hog")
-    assert (hog["status"], hog["reason"]) == ("Running", "1 of 1 workers running")
+    assert (hog["status"], hog["reason"]) == ("Running", "1 of 1 worker running")
     assert [h["reason"] for h in hog["history"] if "Preempted" in h["reason"]] == []
     # Nothing either workspace reads names the other's runs.
     assert "default-secret" not in b.everything_seen("team-b")
@@ -178,7 +178,7 @@ def test_only_an_admins_policy_lets_a_run_preempt_another_workspaces_over_its_qu
     )
     assert denied["setPreemptionPolicy"] == {"policy": None, "errors": [{"code": "FORBIDDEN"}]}
     assert server.cli("workspace", "quota", "default", "--gpus", "1").strip() == (
-        "workspace default on local: at most 1 GPUs at once"
+        "workspace default on local: at most 1 GPU at once"
     )
     time.sleep(3)
     assert a.run("default-secret-hog")["status"] == "Running"

@@ -65,7 +65,7 @@ async def test_a_job_submitted_with_plain_sbatch_appears_with_its_ledger(  # iss
     assert (result.error, result.created) == (None, 1)
     run = await run_of(db, job)
     assert run.name == f"train-llama-{job}" and run.state == "Completed"
-    assert run.reason == "1 of 1 workers completed"
+    assert run.reason == "1 of 1 worker completed"
     assert (run.created_at, run.started_at, run.ended_at) == (submit, start, end)
     (worker,) = await workers_of(db, run)
     assert (worker.name, worker.gpus, worker.state) == (f"{run.name}-0", 2, "Completed")
@@ -145,7 +145,7 @@ async def test_a_pending_job_shows_slurms_reason_and_its_wait_is_not_held(  # is
     running, first, second, theirs = [
         await run_of(db, j) for j in (holder, next_job, behind, other)
     ]
-    assert (running.state, running.reason) == ("Running", "1 of 1 workers running")
+    assert (running.state, running.reason) == ("Running", "1 of 1 worker running")
     assert (first.state, first.reason) == (
         "Pending",
         "Waits for resources: next to run in partition gpu",

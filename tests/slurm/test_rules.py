@@ -211,8 +211,8 @@ def test_a_completed_job_is_waiting_then_held_then_ended_at_slurms_times() -> No
         (T + timedelta(seconds=5), "Running", Phase.RUNNING, True),
         (T + timedelta(minutes=10), "Completed", Phase.ENDED, False),
     ]
-    assert changes[1].run_reason == "1 of 1 workers running"
-    assert changes[2].run_reason == "1 of 1 workers completed"
+    assert changes[1].run_reason == "1 of 1 worker running"
+    assert changes[2].run_reason == "1 of 1 worker completed"
 
 
 @pytest.mark.parametrize(
