@@ -16,6 +16,7 @@ from typing import Any
 
 from agent import prepare
 from agent.executor import OOM_KILLED, SDK, EndCause, Exit
+from agent.shim import KILLED
 
 SOCKET = "/var/run/docker.sock"
 MIN_API = (1, 43)
@@ -132,16 +133,20 @@ class PullProgress:
 def exit_of(state: dict[str, Any]) -> Exit | None:
     """How a container ended, from its inspected ``State``; None when it never started.
 
-    A container killed for memory ended with OOMKilled whatever its own exit code; one whose
-    start failed stays "created" with the engine's code (127 command not found, 126 not
-    executable, 128 otherwise) and the error beside it.
+    The engine's OOMKilled says that a process of the container was killed for memory, not
+    which: its command's end is the container's (its init passes it on: 137 when the kernel
+    killed it), so only a container that ended 137 with OOMKilled was killed for memory; a
+    child killed while the command went on ends nothing, and is counted (``oom_kill_seen``).
+    One whose start failed stays "created" with the engine's code (127 command not found, 126
+    not executable, 128 otherwise) and the error beside it.
     """
-    if state.get("OOMKilled"):
-        return Exit(137, OOM_KILLED)
     code = int(state.get("ExitCode") or 0)
+    seen = bool(state.get("OOMKilled"))
+    if seen and code == KILLED:
+        return Exit(KILLED, OOM_KILLED, oom_kill_seen=True)
     if state.get("Status") == "created" and code == 0:
         return None
-    return Exit(code, EndCause.EXITED)
+    return Exit(code, EndCause.EXITED, oom_kill_seen=seen)
 
 
 STDIN, STDOUT, STDERR, SYSTEMERR = 0, 1, 2, 3

@@ -445,7 +445,12 @@ class Sampler:
         return out.progress[-1] if out.progress else None
 
     def ended(
-        self, worker: SampledWorker, oom_killed: bool, at_ms: int | None = None
+        self,
+        worker: SampledWorker,
+        oom_killed: bool,
+        at_ms: int | None = None,
+        *,
+        oom_kill_seen: bool = False,
     ) -> list[agent_pb2.Sample]:
         """The worker's last samples, dated when it ended (``at_ms``, else now): the CPU it used
         since the last look, the memory charged to it, its limit and its OOM kill count.
@@ -455,8 +460,11 @@ class Sampler:
         Killed for memory, its charge was at its limit when it ended: the group's peak (v2
         memory.peak, v1 max_usage_in_bytes), else the limit; otherwise what is still charged.
         The kill count comes from the group (v2 memory.events' ``oom_kill``, v1
-        memory.oom_control's); where the group says nothing (no group, a container measured by
-        its engine) an end recorded as an OOM kill counts one more kill than was last sent."""
+        memory.oom_control's), which counts every process killed, the main one's and its
+        children's. Where no group says (a container measured by its engine), a main process
+        killed for memory is one more kill than was last sent (no look sees its own), and a kill
+        the engine saw (``oom_kill_seen``: a child's, while the command went on) makes at least
+        one."""
         seen = self.seen.pop(worker.worker_id, None)
         sent = self.oom_kills_sent.pop(worker.worker_id, None)
         now = at_ms / 1000 if at_ms is not None else self.clock()
@@ -480,9 +488,15 @@ class Sampler:
         if limit and (group is not None or oom_killed):
             self._sample(out, worker, "task_memory_limit_bytes", at, float(limit))
         counted = group.oom_kills() if group is not None else None
-        kills = float(counted) if counted is not None else None
-        if oom_killed and (kills is None or kills <= (sent or 0.0)):
+        kills: float | None
+        if counted:  # 0: none, or a kernel that does not count them
+            kills = float(counted)
+        elif oom_killed:
             kills = (sent or 0.0) + 1
+        elif oom_kill_seen:
+            kills = max(sent or 0.0, 1.0)
+        else:
+            kills = None if counted is None else 0.0
         if kills is not None:
             self._sample(out, worker, "task_oom_kills_total", at, kills)
         return out.samples

@@ -38,6 +38,7 @@ ENTER = str(Path(__file__).with_name("enter.py"))
 SPEC = "spec.json"
 WORKER_PID = "worker.pid"
 EXIT = "exit.json"
+KILLED = 128 + signal.SIGKILL  # 137: how a shell reports a command killed by SIGKILL
 UNREADABLE = "unreadable.json"  # enter.py's report: a file the command names its user may not read
 
 
@@ -67,6 +68,9 @@ class Exit:
     detail: str = ""
     # When the process ended (Unix ms), where it was seen to end; not part of how it ended.
     at_ms: int | None = field(default=None, compare=False)
+    # A process of the worker was killed for memory, said where no group counts the kills
+    # (a container's engine says it of the container): counted in task_oom_kills_total.
+    oom_kill_seen: bool = field(default=False, compare=False)
     # For UNREADABLE: the user it runs as, and the folder it may not enter ("": the file).
     uid: int | None = None
     blocked_at: str = ""
@@ -188,14 +192,23 @@ def not_run(folder: Path, ended_ms: list[int]) -> Exit | None:
     return None
 
 
+def killed_for_memory(returncode: int, kills_before: int, kills_after: int) -> bool:
+    """Whether the worker's main process was the one the kernel killed for memory: it died of
+    SIGKILL (or, a shell that ran it, ended 137: 128 + SIGKILL) while its group counted an OOM
+    kill. A child killed for memory while the main process lived on ends nothing: the worker
+    ends as its main process does (the kill is counted all the same: task_oom_kills_total)."""
+    killed = returncode in (-signal.SIGKILL, KILLED)
+    return killed and kills_after > kills_before
+
+
 def how_it_ended(
     returncode: int, group: WorkerCgroup | None, kills_before: int, ended_ms: list[int]
 ) -> Exit:
-    """Killed for memory (its group counted an OOM kill), by a signal (the exit code is 128 +
-    its number, the shell's convention), or exited by itself."""
+    """Killed for memory (killed_for_memory), by a signal (the exit code is 128 + its number,
+    the shell's convention), or exited by itself."""
     at_ms = ended_ms[0] if ended_ms else None
-    if group is not None and group.oom_kills() > kills_before:
-        return Exit(137, EndCause.OOM_KILLED, at_ms=at_ms)
+    if group is not None and killed_for_memory(returncode, kills_before, group.oom_kills()):
+        return Exit(KILLED, EndCause.OOM_KILLED, at_ms=at_ms)
     if returncode < 0:
         return Exit(128 - returncode, EndCause.SIGNALLED, signal=-returncode, at_ms=at_ms)
     return Exit(returncode, EndCause.EXITED, at_ms=at_ms)

@@ -219,7 +219,12 @@ class WorkerKeeping(AgentState):
             report = None
         if report is not None:
             self._send(progress=report)
-        last = self.sampler.ended(worker, oom_killed=exit.cause == OOM_KILLED, at_ms=exit.at_ms)
+        last = self.sampler.ended(
+            worker,
+            oom_killed=exit.cause == OOM_KILLED,
+            at_ms=exit.at_ms,
+            oom_kill_seen=exit.oom_kill_seen,
+        )
         if last:
             self._send(metrics=agent_pb2.MetricBatch(samples=last))
         self.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)

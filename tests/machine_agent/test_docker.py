@@ -343,11 +343,20 @@ def test_a_container_that_exited_ends_with_its_code() -> None:
 
 
 def test_a_container_killed_for_memory_ends_oom_killed() -> None:
-    # seed: "OOMKilled: the container exceeded its memory limit", exit code 137
-    oom = Exit(137, EndCause.OOM_KILLED)
-    assert exit_of(state(OOMKilled=True, ExitCode=137)) == oom
-    # A process of the container was killed; its main process then ended on its own.
-    assert exit_of(state(OOMKilled=True, ExitCode=1)) == oom
+    # seed L-52: "OOMKilled: the container exceeded its memory limit", exit code 137
+    oom = exit_of(state(OOMKilled=True, ExitCode=137))
+    assert oom == Exit(137, EndCause.OOM_KILLED)
+    assert oom is not None and oom.oom_kill_seen
+
+
+# issue 36: the engine's OOMKilled says a process of the container was killed, not which.
+def test_a_child_killed_for_memory_leaves_the_containers_end_its_commands() -> None:
+    for code in (0, 1):
+        ended = exit_of(state(OOMKilled=True, ExitCode=code))
+        assert ended == Exit(code, EndCause.EXITED)
+        assert ended is not None and ended.oom_kill_seen  # counted: task_oom_kills_total
+    plain = exit_of(state(ExitCode=0))
+    assert plain is not None and not plain.oom_kill_seen
 
 
 def test_a_container_whose_start_failed_ends_with_the_engines_code() -> None:

@@ -53,6 +53,25 @@ def test_a_worker_that_exits_by_itself_is_exited_with_its_code(tmp_path: Path) -
     assert _shim_runs(tmp_path, ["sh", "-c", "exit 137"]) == Exit(137, EndCause.EXITED)
 
 
+# issue 36: the worker's end is its main process's (tests/machine_agent/test_oom.py, live)
+@pytest.mark.parametrize(
+    ("returncode", "kills_before", "kills_after", "killed"),
+    [
+        (-9, 0, 1, True),  # the main process itself, killed by the kernel
+        (137, 2, 3, True),  # a shell that ran it, reporting it killed
+        (0, 0, 1, False),  # a child killed; the main process went on and exited 0
+        (1, 0, 1, False),  # a child killed; the main process gave up on its own
+        (-15, 0, 1, False),  # a child killed; the main process stopped by SIGTERM
+        (-9, 1, 1, False),  # killed, not for memory this time (the count did not move)
+        (137, 0, 0, False),
+    ],
+)
+def test_only_a_main_process_killed_for_memory_is_oom_killed(
+    returncode: int, kills_before: int, kills_after: int, killed: bool
+) -> None:
+    assert shim.killed_for_memory(returncode, kills_before, kills_after) is killed
+
+
 @pytest.mark.parametrize(
     ("written", "read"),
     [

@@ -183,6 +183,42 @@ def test_an_end_not_for_memory_is_sampled_with_what_is_still_charged(tmp_path: P
     ]
 
 
+# issue 36; seed L-34: task_oom_kills_total counts processes killed for memory, each once.
+def test_the_groups_own_count_is_sent_at_the_end_never_one_more(tmp_path: Path) -> None:
+    sampler = Sampler(None, clock=lambda: 3000.0)
+    w = worker(tmp_path, memory_limit_bytes=2**30)
+    oom = "oom_kill_disable 0\nunder_oom 0\noom_kill {}\n"
+    w.cgroup = _v1_group(tmp_path, cgroup__procs="4242\n", memory__oom_control=oom.format(1))
+    [seen] = [s.value for s in sampler.look([w]).samples if s.metric == "task_oom_kills_total"]
+    assert seen == 1.0  # a child killed, the main process lives on
+    # Its main process killed for memory too: the group counted both.
+    (w.cgroup.memory / "memory.oom_control").write_text(oom.format(2))
+    w.exited.set()
+    kills = [s.value for s in sampler.ended(w, oom_killed=True) if s.metric.startswith("task_oom")]
+    assert kills == [2.0]
+
+
+def test_a_kill_the_engine_saw_is_counted_once(tmp_path: Path) -> None:
+    sampler = Sampler(None, clock=lambda: 3000.0)
+
+    def kills(box: ProcessWorker, *, killed: bool = False, seen: bool = False) -> list[float]:
+        box.exited.set()
+        samples = sampler.ended(box, oom_killed=killed, oom_kill_seen=seen)
+        return [s.value for s in samples if s.metric == "task_oom_kills_total"]
+
+    # A container's child killed while its command went on and exited 0; no look saw it.
+    assert kills(worker(tmp_path / "a"), seen=True) == [1.0]
+    # One a look counted already (the engine's figure): not counted again.
+    counted = worker(tmp_path / "b")
+    sampler.look([counted], readings={41: {"task_oom_kills_total": 1.0}})
+    assert kills(counted, seen=True) == [1.0]
+    # Then its command killed as well: one more, which no look sees.
+    killed = worker(tmp_path / "c")
+    sampler.look([killed], readings={41: {"task_oom_kills_total": 1.0}})
+    assert kills(killed, killed=True, seen=True) == [2.0]
+    assert kills(worker(tmp_path / "d")) == []  # nothing known: nothing said
+
+
 # A second and a half of life (two buckets of the range query's finest step, a second): the
 # first at 30 MiB, the second killed for memory as it ends.
 BRIEF = "import time; x = bytearray(30 * 2**20); time.sleep(1.5)"

@@ -5,16 +5,21 @@ from the environment (init_method env://), as torchrun and Astraeus both set the
     python ddp_train.py [--steps N] [--sleep SECONDS] [--exit-at STEP --exit-rank RANK]
                         [--hang-at STEP --hang-rank RANK] [--overwrite-progress]
                         [--checkpoint PATH --checkpoint-every N [--fail-at STEP]]
+                        [--oom-child-at STEP]
 
 Each step's line ends with the time it was logged (seconds since the epoch). With
 --checkpoint, rank 0 saves the model, the optimizer and the step every N steps (written aside,
 then renamed) and reports it in its progress line ({"step": …, "checkpoint_step": …}); a start
 that finds the file resumes after its step, rank 0's state broadcast to the others by DDP.
+With --oom-child-at, each rank starts a helper process there that grows until the kernel kills
+it for memory (its worker's memory limit) and goes on training without it (a data loader's
+worker dying, say).
 """
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -23,6 +28,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+# The kernel kills the process of the group it scores highest: this one, whatever the sizes.
+HUNGRY = (
+    "open('/proc/self/oom_score_adj', 'w').write('1000')\n"
+    "chunks = []\n"
+    "while True:\n"
+    "    chunks.append(bytearray(64 * 2**20))\n"
+)
 
 
 def main() -> None:
@@ -47,6 +60,12 @@ def main() -> None:
         default=-1,
         help="rank 1 crashes here on a fresh start, not on one resumed from a checkpoint (a "
         "fault the restart does not meet again)",
+    )
+    parser.add_argument(
+        "--oom-child-at",
+        type=int,
+        default=-1,
+        help="each rank's helper process is killed for memory here; the rank goes on",
     )
     parser.add_argument(
         "--overwrite-progress",
@@ -83,6 +102,9 @@ def main() -> None:
         if step == args.exit_at and rank == args.exit_rank:
             print(f"rank {rank}: giving up at step {step}", flush=True)
             sys.exit(3)
+        if step == args.oom_child_at:
+            ended = subprocess.run([sys.executable, "-c", HUNGRY]).returncode
+            print(f"rank {rank}: helper ended {ended} at step {step}, going on", flush=True)
         inputs = torch.randn(64, 16, generator=generator)
         targets = inputs.sum(dim=1, keepdim=True)
         loss = nn.functional.mse_loss(model(inputs), targets)
