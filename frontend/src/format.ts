@@ -1,7 +1,27 @@
 // Figures as the seed prints them: GPU-hours to one decimal, goodput as a whole percent.
 
+// GPU-hours to one decimal (323.1, 21.0, 0.0), or as many as two significant digits need below
+// one (0.20, 0.030, 0.0022): one decimal read a small run as "HELD 0.2 USED 0.0 GOODPUT 15%",
+// its figures not agreeing (issue 36). Zero is 0.0.
 export function gpuHours(value: number): string {
-  return value.toLocaleString("en-US", { minimumFractionDigits: 1, maximumFractionDigits: 1 });
+  const digits = decimalsOf(value);
+  return value.toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+}
+
+function decimalsOf(value: number): number {
+  if (value === 0 || !Number.isFinite(value)) return 1;
+  // the decade of the value as two significant digits round it (0.0996 is 0.10, not 0.100)
+  const rounded = Number(Math.abs(value).toPrecision(2));
+  return Math.max(1, 1 - Math.floor(Math.log10(rounded)));
+}
+
+// A noun for a count: one worker, two workers (issue 36: the console said "1 workers").
+export function plural(count: number, noun: string): string {
+  return count === 1 ? noun : `${noun}s`;
+}
+
+export function counted(count: number, noun: string): string {
+  return `${count.toLocaleString("en-US")} ${plural(count, noun)}`;
 }
 
 export function percent(ratio: number | null | undefined): string {

@@ -7,6 +7,7 @@ docs/screenshots) at 1280 by 800.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,8 +30,13 @@ def seed_week(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server
         yield found
 
 
-def one_decimal(value: float) -> str:
-    return f"{value:,.1f}"
+def gpu_hours(value: float) -> str:
+    """GPU-hours as the console writes them (frontend/src/format.ts gpuHours): one decimal, or
+    two significant digits below one (issue 36)."""
+    if value == 0:
+        return "0.0"
+    decade = math.floor(math.log10(float(f"{abs(value):.2g}")))
+    return f"{value:,.{max(1, 1 - decade)}f}"
 
 
 def near_percent(text: str, ratio: float) -> bool:
@@ -56,32 +62,32 @@ def test_the_goodput_page_shows_the_apis_figures(
     summary = page.locator(".summary")
     assert near_percent(summary.locator('[data-figure="goodput"]').inner_text(), total["goodput"])
     held = summary.locator('[data-figure="held"]').inner_text()
-    assert held == f"{one_decimal(total['allocated_gpu_hours'])} GPU-h"
+    assert held == f"{gpu_hours(total['allocated_gpu_hours'])} GPU-h"
     productive = summary.locator('[data-figure="productive"]').inner_text()
-    assert productive == f"{one_decimal(total['productive_gpu_hours'])} GPU-h"
+    assert productive == f"{gpu_hours(total['productive_gpu_hours'])} GPU-h"
     not_productive = total["allocated_gpu_hours"] - total["productive_gpu_hours"]
     shown = summary.locator('[data-figure="not-productive"]').inner_text()
-    assert shown.startswith(f"{one_decimal(not_productive)} GPU-h")
+    assert shown.startswith(f"{gpu_hours(not_productive)} GPU-h")
     biggest = max(
         (c for c in total["held_gpu_hours"] if c != "productive"),
         key=lambda c: total["held_gpu_hours"][c],
     )
     assert f"biggest loss: {biggest.capitalize()}" in shown
     waiting = summary.locator('[data-figure="waiting"]').inner_text()
-    assert waiting == f"{one_decimal(total['waiting_gpu_hours'])} GPU-h"
+    assert waiting == f"{gpu_hours(total['waiting_gpu_hours'])} GPU-h"
 
     rows = page.locator("tr[data-row]")
     assert rows.evaluate_all("rs => rs.map(r => r.dataset.row)") == ["llm", "sweep-7"]
     for ledger in api["ledgers"]:
         row = page.locator(f'tr[data-row="{ledger["name"]}"]')
-        assert row.locator('[data-figure="held"]').inner_text() == one_decimal(
+        assert row.locator('[data-figure="held"]').inner_text() == gpu_hours(
             ledger["allocated_gpu_hours"]
         )
-        assert row.locator('[data-figure="used"]').inner_text() == one_decimal(
+        assert row.locator('[data-figure="used"]').inner_text() == gpu_hours(
             ledger["productive_gpu_hours"]
         )
         assert near_percent(row.locator('[data-figure="goodput"]').inner_text(), ledger["goodput"])
-        assert row.locator('[data-figure="waiting"]').inner_text() == one_decimal(
+        assert row.locator('[data-figure="waiting"]').inner_text() == gpu_hours(
             ledger["waiting_gpu_hours"]
         )
         # one segment per category with time in it, waiting last

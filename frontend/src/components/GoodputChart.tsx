@@ -6,6 +6,7 @@ import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 
 import { STYLE } from "../categories";
+import { gpuHours } from "../format";
 import type { GoodputScope, GoodputSeriesQuery, GoodputStep } from "../generated/graphql";
 import { pointAt, stackOf, type SeriesPoint } from "../series";
 import { useQuery } from "../useQuery";
@@ -57,7 +58,7 @@ export function GoodputChart({ by, name, workspace, start, step = "HOUR", title,
             width: 0,
             paths: stepped,
             scale: "gpuh",
-            value: (_: uPlot, v: number | null) => (v === null ? "—" : v.toFixed(1)),
+            value: (_: uPlot, v: number | null) => (v === null ? "—" : gpuHours(v)),
           })),
           {
             label: "Goodput",

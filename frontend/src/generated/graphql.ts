@@ -28,7 +28,8 @@ export type FailureKind =
   | 'retry_budget'
   | 'signal'
   | 'stalled'
-  | 'time_limit';
+  | 'time_limit'
+  | 'unreadable';
 
 /** Where GPU time went (seed goodput.txt): the accounting's categories. */
 export type GoodputCategory =

@@ -4,6 +4,7 @@
 import { useEffect, useMemo, useRef, useState } from "react";
 
 import { rest } from "../api";
+import { counted, plural } from "../format";
 import type { FollowLogSubscription } from "../generated/graphql";
 import { subscribe } from "../live";
 import { append, isErrorLike, KEEP, saved, shown } from "./lines";
@@ -59,7 +60,7 @@ export function LogView({
             const base = first ? [] : kept;
             if (first) partial.current = "";
             first = false;
-            const missed = chunk.missed ? [`[… ${chunk.missed} lines missed]`] : [];
+            const missed = chunk.missed ? [`[… ${counted(chunk.missed, "line")} missed]`] : [];
             const next = append(base.concat(missed), partial.current, chunk.text);
             partial.current = next.partial;
             return next.lines;
@@ -116,7 +117,7 @@ export function LogView({
           onChange={(e) => setFind(e.target.value)}
         />
         <span className={errors ? "error" : "muted"} data-figure="errors">
-          {errors} error-like {errors === 1 ? "line" : "lines"}
+          {errors} error-like {plural(errors, "line")}
         </span>
         <label>
           <input type="checkbox" checked={errorsOnly} onChange={(e) => setErrorsOnly(e.target.checked)} /> Errors

@@ -1,6 +1,6 @@
 // Every GPU the workspace may use (seed L-39): machine and index, model, utilisation now,
 // health and which run holds it.
-import { memory } from "../format";
+import { counted, memory } from "../format";
 import type { GpusQuery } from "../generated/graphql";
 import { Link } from "../nav";
 import { runPath } from "../routes";
@@ -20,7 +20,7 @@ export function GpusPage({ org, workspace }: { org: string; workspace: string })
         <h1 id="gpus-title">GPUs</h1>
         {found.data && (
           <span className="muted">
-            {gpus.length} GPUs, {free} free
+            {counted(gpus.length, "GPU")}, {free} free
           </span>
         )}
       </header>
