@@ -1,4 +1,5 @@
-"""The agent's outbox: what must survive a restart does, ids only grow, memory stays bounded."""
+"""The agent's outbox: what it kept survives a restart, ids only grow, memory and disk stay
+bounded."""
 
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def test_metric_batches_and_progress_are_kept_in_order_and_bounded(
     box.put(agent_pb2.AgentMessage(id=box.next_id(), progress=agent_pb2.Progress(worker_id=42)))
     progress = [m.progress for m in box.pending() if m.WhichOneof("body") == "progress"]
     assert [(p.worker_id, p.step) for p in progress] == [(41, 1), (41, 2), (41, 3), (42, 0)]
-    assert not list(tmp_path.glob("*.pb"))  # neither is written to disk
+    # On disk as in memory: a file each, the dropped ones' removed.
+    assert len(list(tmp_path.glob("*.pb"))) == outbox_module.MAX_BATCHES + 4
 
     # At most MAX_PROGRESS per worker: the oldest go first; another worker's stay.
     monkeypatch.setattr(outbox_module, "MAX_PROGRESS", 3)
@@ -113,3 +115,61 @@ def test_acknowledged_samples_are_never_pending_again(tmp_path: Path) -> None:
     sent = [batch(box, time.time()) for _ in range(4)]
     box.acknowledge(sent[1].id)
     assert [m.id for m in box.pending()] == [sent[2].id, sent[3].id]
+
+
+def test_samples_and_progress_kept_while_the_server_is_away_survive_a_restart(
+    tmp_path: Path,
+) -> None:
+    # issue 36: `astraeus up`'s agent replaced after a crash of `up` loses none of them
+    box = Outbox(tmp_path)
+    taken = [batch(box, time.time()) for _ in range(3)]
+    report = agent_pb2.AgentMessage(
+        id=box.next_id(),
+        progress=agent_pb2.Progress(worker_id=41, step=7, at_ms=int(time.time() * 1000)),
+    )
+    box.put(report)
+    box.acknowledge(taken[0].id)
+    (tmp_path / f"{box.next_id():020d}.partial").write_bytes(b"cut short")
+
+    again = Outbox(tmp_path)  # the agent killed and started again
+    assert again.pending() == [taken[1], taken[2], report]
+    assert again.next_id() > report.id
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{m.id:020d}.pb" for m in (taken[1], taken[2], report)
+    ]
+    assert {p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {0o600}
+
+
+def test_what_a_restarted_agent_finds_on_disk_is_bounded_as_what_it_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    box = Outbox(tmp_path)
+    now = time.time()
+    stale = batch(box, now - 60)
+    fresh = [batch(box, now) for _ in range(3)]
+    progress = [
+        agent_pb2.AgentMessage(
+            id=box.next_id(),
+            progress=agent_pb2.Progress(worker_id=w, step=s, at_ms=int(now * 1000)),
+        )
+        for w, s in ((41, 1), (41, 2), (42, 1), (41, 3))
+    ]
+    for message in progress:
+        box.put(message)
+    ended = event(box)
+
+    monkeypatch.setattr(outbox_module, "KEEP_SECONDS", 30.0)
+    monkeypatch.setattr(outbox_module, "MAX_BATCHES", 2)
+    monkeypatch.setattr(outbox_module, "MAX_PROGRESS", 2)
+    again = Outbox(tmp_path)
+    assert [m.id for m in again.pending()] == [
+        fresh[1].id,
+        fresh[2].id,
+        progress[1].id,
+        progress[2].id,
+        progress[3].id,
+        ended.id,
+    ]
+    assert (again.dropped_batches, again.dropped_progress) == (2, 1)
+    assert stale.id not in again
+    assert len(list(tmp_path.glob("*.pb"))) == 6
