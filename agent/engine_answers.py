@@ -7,6 +7,7 @@ too: the worker (agent/docker.py) and the Engine client (agent/engine.py) share 
 from __future__ import annotations
 
 import json
+import posixpath
 import struct
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -331,6 +332,12 @@ def worker_filters(worker: str | None = None, attempt: int | None = None) -> str
     return json.dumps({"label": labels})
 
 
+def container_path(path: str) -> str:
+    """Where a mount's path is in the container: a relative one under the worker's own folder
+    there (as a process's is under its own), an absolute one as it is."""
+    return path if path.startswith("/") else posixpath.normpath(f"{CONTAINER_RUN}/{path}")
+
+
 def create_body(
     worker: str,
     payload: dict[str, Any],
@@ -360,7 +367,7 @@ def create_body(
         "SecurityOpt": ["no-new-privileges"],
     }
     for mount in payload.get("mounts") or []:
-        bind = f"{drives / mount['drive']}:{mount['path']}"
+        bind = f"{drives / mount['drive']}:{container_path(mount['path'])}"
         host["Binds"].append(bind + (":ro" if mount.get("read_only") else ""))
     memory = payload.get("memory_limit_bytes")
     if memory:

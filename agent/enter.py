@@ -10,6 +10,15 @@ in the group), turns off gaining privileges through setuid programs, takes the w
 groups and user, moves to its working folder, and execs the command in its environment. A
 command that cannot be run ends like a shell's: 127 when it is not found, 126 otherwise.
 
+A worker with read-only drives gets a mount namespace of its own first, in which each such
+drive's folder is bound read-only onto itself: its link and its variable lead there, and
+writing, creating, removing or changing anything in it fails (EROFS). The workload cannot undo
+it: it is not root, and in a namespace it makes of its own the kernel locks these mounts (no
+less privileged namespace may make them writable or uncover what is beneath). An agent that is
+not root makes the namespace in a user namespace of the workload's own (its workload runs as
+the agent's user, and so could reach the folder through another of that user's processes: a
+guard against mistakes there, as everything else such an agent gives).
+
 Before it execs, it looks, as the workload's user, at the files the command names (an argument
 that is a path to something that exists, as root sees it; the working folder): one its user may
 not read, or behind a folder it may not enter (a script under /root), is not run at all. What it
@@ -25,6 +34,9 @@ import sys
 from typing import Any
 
 PR_SET_NO_NEW_PRIVS = 38
+CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_BIND, MS_REC, MS_SLAVE = 0x20, 0x1000, 0x4000, 0x80000
 WORKLOAD_UMASK = 0o007  # the user and its workspace's group (its drives), nobody else
 UNREADABLE = "unreadable.json"  # what the command names that its user may not reach (shim.py)
 
@@ -33,6 +45,50 @@ def _no_new_privileges() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+
+
+def _checked(result: int, what: str) -> None:
+    if result != 0:
+        number = ctypes.get_errno()
+        why = f"its read-only drives could not be made read-only ({what}: {os.strerror(number)})"
+        raise OSError(number, why)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _read_only(folders: list[str]) -> None:
+    """Bind each folder read-only onto itself in a mount namespace of this process's own
+    (see above); nothing made here reaches the machine's namespace."""
+    if not folders:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_ulong,
+        ctypes.c_void_p,
+    ]
+    if os.geteuid() == 0:
+        _checked(libc.unshare(CLONE_NEWNS), "unshare")
+    else:
+        uid, gid = os.geteuid(), os.getegid()
+        _checked(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare")
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    _checked(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "mount --make-rslave /")
+    for folder in folders:
+        path = folder.encode()
+        # A remount keeps the flags a namespace may not drop (noexec of the folder's own file
+        # system); nosuid and nodev may always be added.
+        kept = MS_NOEXEC if os.statvfs(folder).f_flag & os.ST_NOEXEC else 0
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | kept
+        _checked(libc.mount(path, path, None, MS_BIND, None), "mount --bind")
+        _checked(libc.mount(None, path, None, flags, None), "mount -o remount,bind,ro")
 
 
 def _become(spec: dict[str, Any]) -> None:
@@ -105,6 +161,7 @@ def main() -> int:
         for procs in spec.get("cgroup_procs") or []:
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
+        _read_only(spec.get("read_only") or [])
         # Opened while root (the folder is the agent's), written as the workload's user; never
         # the workload's own: closed at exec.
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC

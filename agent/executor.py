@@ -221,6 +221,8 @@ class ProcessWorker:
             # agent/enter.py: the process joins these groups itself, as root, before its
             # command runs (nothing it forks escapes them), then becomes the workload's user.
             "cgroup_procs": [str(f) for f in self.cgroup.procs_files()] if self.cgroup else [],
+            # agent/enter.py binds these read-only in a mount namespace of the worker's own.
+            "read_only": [str(folder) for folder in exposed.read_only],
             "identity": (
                 {"uid": identity.uid, "gid": identity.gid, "groups": list(identity.groups)}
                 if identity is not None

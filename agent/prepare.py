@@ -232,11 +232,13 @@ def drive_variable(drive: str) -> str:
 @dataclass
 class Exposed:
     """The drives' folders by variable, the links made at mount paths (``folders[i]`` is the
-    drive folder ``links[i]`` points at), or the reason the worker cannot start."""
+    drive folder ``links[i]`` points at), the folders of the drives mounted read-only (each
+    once), or the reason the worker cannot start."""
 
     variables: dict[str, str] = field(default_factory=dict)
     links: list[Path] = field(default_factory=list)
     folders: list[Path] = field(default_factory=list)
+    read_only: list[Path] = field(default_factory=list)
     problem: str | None = None
 
 
@@ -258,12 +260,13 @@ def expose_drives(
 ) -> Exposed:
     """Create the workers' drive folders; their paths by variable, and links at mount paths.
 
-    A process cannot be given a mount of its own without privileges: each drive's folder is
-    in ``ASTRAEUS_DRIVE_<NAME>``, and a link is made at the mount's path: a relative path is
-    under the worker's own folder ``home`` (missing folders made there); an absolute one must
-    be under ``home`` or under a folder of ``mount_roots`` that exists. Nothing already at the
-    path is ever replaced. The first refusal stops, and the links made so far are removed.
-    (The Docker executor bind-mounts the folder at the path.)
+    Each drive's folder is in ``ASTRAEUS_DRIVE_<NAME>``, and a link is made at the mount's
+    path: a relative path is under the worker's own folder ``home`` (missing folders made
+    there); an absolute one must be under ``home`` or under a folder of ``mount_roots`` that
+    exists. Nothing already at the path is ever replaced. The first refusal stops, and the
+    links made so far are removed. A read-only drive's folder is made read-only in the
+    worker's own mount namespace as it starts (agent/enter.py): the link leads there. (The
+    Docker executor bind-mounts the folder at the path.)
     """
     exposed = Exposed()
     for index, mount in enumerate(payload.get("mounts") or []):
@@ -279,6 +282,8 @@ def expose_drives(
             exposed.variables[drive_variable(mount["drive"])] = str(folder)
             exposed.links.append(link)
             exposed.folders.append(folder)
+            if mount.get("read_only") and folder not in exposed.read_only:
+                exposed.read_only.append(folder)
             continue
         remove_links(exposed.links, exposed.folders)
         return Exposed(problem=problem)
@@ -315,7 +320,11 @@ def _link(
 
 
 def _outside(index: int, mount_roots: Sequence[Path]) -> str:
-    allowed = f": {', '.join(str(r) for r in mount_roots)}" if mount_roots else ""
+    allowed = (
+        f": {', '.join(str(r) for r in mount_roots)}"
+        if mount_roots
+        else " (none: its agent's --mount-root or ASTRAEUS_AGENT_MOUNT_ROOTS names them)"
+    )
     return (
         f"mounts[{index}].path must be relative (under the worker's own folder) or under a "
         f"folder this machine allows{allowed}"

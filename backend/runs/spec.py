@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -211,6 +212,27 @@ def _absolute(value: str | None) -> str | None:
     return value
 
 
+def _mount_path(value: str) -> str:
+    """One rule for every machine: a relative path is under the worker's own folder (where
+    every agent can put it: nothing of the machine's is touched); an absolute one is where the
+    machine's owner allows mounts (a container: anywhere in it). Neither may climb out with
+    '..' nor name the folder itself."""
+    if not value:
+        raise ValueError("must not be empty")
+    if ".." in value.split("/"):
+        raise ValueError("must not contain '..'")
+    if posixpath.normpath(value) in ("/", "//"):
+        raise ValueError("must not be the root folder")
+    if posixpath.normpath(value) == ".":
+        raise ValueError("must name a folder in the worker's own folder, not that folder")
+    return value
+
+
+def mount_key(path: str) -> str:
+    """The place a mount path names: ``data``, ``./data`` and ``data/`` are one."""
+    return posixpath.normpath(path)
+
+
 class Mount(_Strict):
     """A drive (a named folder on the machine, kept between runs) at a path of the worker."""
 
@@ -221,7 +243,8 @@ class Mount(_Strict):
     # the worker starts ("Waiting for drive … to be filled" meanwhile).
     fill_from: MountPath | None = None
 
-    _paths = field_validator("path", "fill_from")(_absolute)
+    _path = field_validator("path")(_mount_path)
+    _fill_from = field_validator("fill_from")(_absolute)
 
 
 class Credential(_Strict):
@@ -326,13 +349,30 @@ class RunSpec(_Strict):
             problems.append(
                 FieldError("credentials", "two credentials go to the same variable or file")
             )
-        paths = [m.path for m in self.mounts]
+        paths = [mount_key(m.path) for m in self.mounts]
         if len(paths) != len(set(paths)):
             problems.append(FieldError("mounts", "two mounts share a path"))
+        problems.extend(self._read_only_drives())
         problems.extend(self._totals())
         if problems:
             raise _Refusals(problems)
         return self
+
+    def _read_only_drives(self) -> list[FieldError]:
+        """A drive is read-only in a worker or not: its folder is one, wherever it is mounted."""
+        writable: dict[str, int] = {}
+        for i, m in enumerate(self.mounts):
+            if not m.read_only:
+                writable.setdefault(m.drive, i)
+        return [
+            FieldError(
+                f"mounts[{i}].read_only",
+                f"drive {m.drive} is also mounted writable (mounts[{writable[m.drive]}]): a "
+                "drive is read-only in a worker everywhere or nowhere",
+            )
+            for i, m in enumerate(self.mounts)
+            if m.read_only and m.drive in writable
+        ]
 
     def _totals(self) -> list[FieldError]:
         """Bounds of parts taken together, checked once each item is within its own."""

@@ -142,6 +142,22 @@ def test_a_start_payload_becomes_the_create_body() -> None:
     }
 
 
+# issue 36: one rule for mount paths, as the server checks them (backend/runs/spec.py)
+def test_a_relative_mount_path_is_under_the_containers_own_folder() -> None:
+    mounts = [
+        {"drive": "data", "path": "data", "read_only": True},
+        {"drive": "out", "path": "./results/", "read_only": False},
+        {"drive": "ckpt", "path": "/ckpt"},
+    ]
+    payload = {"image": "busybox:1.36", "mounts": mounts}
+    body = create_body("40", payload, run_folder=Path("/r"), drives=Path("/d"))
+    assert body["HostConfig"]["Binds"][2:] == [
+        "/d/data:/astraeus/run/data:ro",
+        "/d/out:/astraeus/run/results",
+        "/d/ckpt:/ckpt",
+    ]
+
+
 def test_a_bare_payload_asks_for_nothing_it_did_not_ask_for() -> None:
     payload = {"image": "busybox:1.36", "attempt": 1, "astraeus_environment": {"RANK": "0"}}
     body = create_body("40", payload, run_folder=Path("/r"), drives=Path("/d"))

@@ -232,12 +232,14 @@ def test_a_mount_path_outside_the_workers_folder_and_the_allowed_ones_is_refused
         "/etc/cron.d/x": outside,
         str(allowed / "escape" / "x"): outside,
     }
+    # issue 36: where none is allowed, the reason says how a machine allows some
+    none = " (none: its agent's --mount-root or ASTRAEUS_AGENT_MOUNT_ROOTS names them)"
     before = sorted(os.listdir(tmp_path / "other-worker"))
     for path, reason in cases.items():
-        assert expose(tmp_path, path).problem == reason, path
+        assert expose(tmp_path, path).problem == reason + none, path
         assert expose(tmp_path, path, allowed).problem == f"{reason}: {allowed}", path
     # through a link the workload left in its own folder: never followed
-    assert expose(tmp_path, "out/x").problem == outside
+    assert expose(tmp_path, "out/x").problem == outside + none
     (tmp_path / "home" / "file").write_text("x")
     problem = expose(tmp_path, "file/x").problem
     assert problem == "Could not link mounts[0].path: Not a directory"

@@ -62,6 +62,24 @@ def test_a_full_specification_is_kept_in_its_canonical_form() -> None:
     assert parse_spec(spec.to_json()) == spec
 
 
+# issue 36: one rule for every machine, checked here (the agent's is the same: a relative path
+# under the worker's own folder, an absolute one where its machine allows mounts)
+def test_a_mount_path_may_be_relative_or_absolute() -> None:
+    mounts = [
+        {"drive": "data", "path": "data"},
+        {"drive": "ckpt", "path": "runs/ckpt", "read_only": False},
+        {"drive": "ref", "path": "/models/ref", "read_only": True},
+        {"drive": "ref", "path": "ref..v2", "read_only": True},
+    ]
+    spec = parse_spec(run_spec(mounts=mounts))
+    assert [(m.path, m.read_only) for m in spec.mounts] == [
+        ("data", False),
+        ("runs/ckpt", False),
+        ("/models/ref", True),
+        ("ref..v2", True),
+    ]
+
+
 def test_defaults_are_one_worker_without_gpus_restarting_ten_times() -> None:
     spec = parse_spec({"name": "tiny", "command": ["true"]})
     assert (spec.workers, spec.gpus, spec.priority) == (1, 0, 50)
@@ -134,13 +152,56 @@ def test_memory_limit_is_memory_bytes_or_per_gpu_memory_times_gpus() -> None:
         ),
         ({"command": "python train.py"}, [FieldError("command", "must be a list")]),
         ({"command": None}, [FieldError("command", "is required when no image is given")]),
+        # issue 36: relative paths are under the worker's own folder; nothing climbs out
         (
-            {"mounts": [{"drive": "data", "path": "data"}]},
-            [FieldError("mounts[0].path", "must be an absolute path")],
+            {"mounts": [{"drive": "data", "path": "../data"}]},
+            [FieldError("mounts[0].path", "must not contain '..'")],
+        ),
+        (
+            {"mounts": [{"drive": "data", "path": "/data/../etc"}]},
+            [FieldError("mounts[0].path", "must not contain '..'")],
+        ),
+        (
+            {"mounts": [{"drive": "data", "path": ""}]},
+            [FieldError("mounts[0].path", "must not be empty")],
+        ),
+        (
+            {"mounts": [{"drive": "data", "path": "/"}]},
+            [FieldError("mounts[0].path", "must not be the root folder")],
+        ),
+        (
+            {"mounts": [{"drive": "data", "path": "./"}]},
+            [
+                FieldError(
+                    "mounts[0].path",
+                    "must name a folder in the worker's own folder, not that folder",
+                )
+            ],
         ),
         (
             {"mounts": [{"drive": "a", "path": "/x"}, {"drive": "b", "path": "/x"}]},
             [FieldError("mounts", "two mounts share a path")],
+        ),
+        (
+            {"mounts": [{"drive": "a", "path": "data"}, {"drive": "b", "path": "./data/"}]},
+            [FieldError("mounts", "two mounts share a path")],
+        ),
+        (
+            {
+                "mounts": [
+                    {"drive": "a", "path": "/a", "read_only": True},
+                    {"drive": "a", "path": "/b"},
+                    {"drive": "a", "path": "/c", "read_only": True},
+                ]
+            },
+            [
+                FieldError(
+                    f"mounts[{i}].read_only",
+                    "drive a is also mounted writable (mounts[1]): a drive is read-only in a "
+                    "worker everywhere or nowhere",
+                )
+                for i in (0, 2)
+            ],
         ),
         (
             {"environment": {"RANK": "3"}},
