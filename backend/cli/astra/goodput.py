@@ -10,6 +10,7 @@ USED = productive (running, GPUs busy); GOODPUT = used / held; WAITING = asked f
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 TITLE = "GPU-hours"
@@ -44,58 +45,128 @@ LEDGER_FIELDS = """allocatedGpuHours productiveGpuHours waitingGpuHours goodput
   gpuHours { category heldGpuHours }"""
 
 
-def cells(ledger: dict[str, Any]) -> dict[str, str]:
+# Decimals of a table's GPU-hours: the seed's one from 10 GPU-hours held; under that, as many as
+# keep the smallest HELD to three significant digits, so that USED over HELD is GOODPUT to a
+# point or two (issue 36: "HELD 0.2 USED 0.0 GOODPUT 15%"), down to a GPU-second (0.000278).
+# One count for the whole table: its columns stay comparable, row to row.
+MAX_DECIMALS = 6
+
+
+def decimals_for(ledgers: list[dict[str, Any]]) -> int:
+    """The decimals a table of these ledgers prints: 1 where its smallest HELD (above 0) is 10
+    GPU-hours or more, 2 from 1, 3 from 0.1, and so on, at most 6."""
+    held = [ledger["allocatedGpuHours"] for ledger in ledgers if ledger["allocatedGpuHours"] > 0]
+    if not held:
+        return 1
+    smallest = min(held)
+    return next((d for d in range(1, MAX_DECIMALS) if smallest >= 10.0 ** (2 - d)), MAX_DECIMALS)
+
+
+def _apportioned(total: float, parts: list[float], decimals: int) -> list[int] | None:
+    """The total and its parts in units of the last decimal, the parts adding up to the total
+    (each rounded down, then one more to those with the largest remainders); None when the parts
+    do not add up to the total in the first place (the seed's own example rows)."""
+    if abs(sum(parts) - total) > 1e-9 * max(1.0, abs(total)):
+        return None
+    scale = 10**decimals
+    scaled = [part * scale for part in parts]
+    units = [math.floor(s + 1e-9) for s in scaled]
+    whole = round(total * scale)
+    short = whole - sum(units)
+    if not 0 <= short <= len(parts):
+        return None
+    by_remainder = sorted(range(len(parts)), key=lambda i: units[i] - scaled[i])
+    for i in by_remainder[:short]:
+        units[i] += 1
+    return [whole, *units]
+
+
+def cells(ledger: dict[str, Any], decimals: int = 1) -> dict[str, str]:
     """A ledger (GraphQL's GoodputLedger) as the table's cells: HELD is every held part, USED
-    productive, IDLE … PREEMPT held parts, WAITING everything not held, so a row adds up."""
+    productive, IDLE … PREEMPT held parts, WAITING everything not held. A row adds up as
+    printed: HELD = USED + IDLE + STALLED + START + RESTART + FAILURE + PREEMPT, to its last
+    digit (each part rounded so that they make HELD rounded)."""
     held = {c["category"]: c["heldGpuHours"] for c in ledger["gpuHours"]}
+    columns = ["HELD", "USED", *HELD_PARTS]
+    figures = [
+        ledger["allocatedGpuHours"],
+        ledger["productiveGpuHours"],
+        *(held.get(c, 0.0) for c in HELD_PARTS.values()),
+    ]
+    units = _apportioned(figures[0], figures[1:], decimals)
+    shown = (
+        [f"{figure:.{decimals}f}" for figure in figures]
+        if units is None
+        else [f"{unit / 10**decimals:.{decimals}f}" for unit in units]
+    )
     goodput = ledger["goodput"]
-    out = {
-        "HELD": f"{ledger['allocatedGpuHours']:.1f}",
-        "USED": f"{ledger['productiveGpuHours']:.1f}",
+    return {
         "GOODPUT": "-" if goodput is None else f"{goodput * 100:.0f}%",
-        "WAITING": f"{ledger['waitingGpuHours']:.1f}",
+        "WAITING": f"{ledger['waitingGpuHours']:.{decimals}f}",
+        **dict(zip(columns, shown, strict=True)),
     }
-    out |= {column: f"{held.get(category, 0.0):.1f}" for column, category in HELD_PARTS.items()}
-    return out
 
 
-def line(name: str, values: dict[str, str], width: int = NAME_WIDTH) -> str:
-    return f"{name:<{width}}" + "".join(f"{values[c]:>{w}}" for c, w in COLUMNS)
+def _widths(rows: list[dict[str, str]]) -> dict[str, int]:
+    """The seed's column widths, wider where a figure needs it: two spaces before each figure
+    (HELD's are the name column's)."""
+    widths = {}
+    for column, width in COLUMNS:
+        longest = max(len(row[column]) for row in rows)
+        widths[column] = max(width, longest if column == "HELD" else longest + 2)
+    return widths
 
 
-def table(scope: str, rows: list[tuple[str, dict[str, Any]]], total: dict[str, Any] | None) -> str:
-    """The title, the header named for the scope (RUN, MACHINE, POOL, WORKSPACE), a row each,
-    the TOTAL row and the footer. The name column is the seed's, wider for a longer name."""
+def _table(header: str, rows: list[tuple[str, dict[str, Any]]], decimals: int) -> list[str]:
+    """The header named for the scope, a line per ledger (the TOTAL's among them), to widths
+    that fit them all."""
+    shown = [(name, cells(ledger, decimals)) for name, ledger in rows]
+    widths = _widths([values for _, values in shown])
     width = max([NAME_WIDTH, *(len(name) + 1 for name, _ in rows)])
-    out = [TITLE, line(scope.upper(), {c: c for c, _ in COLUMNS}, width)]
-    out += [line(name, cells(ledger), width) for name, ledger in rows]
-    if total is not None:
-        out.append(line("TOTAL", cells(total), width))
-    out += ["", FOOTER]
-    return "\n".join(out)
+
+    def line(name: str, values: dict[str, str]) -> str:
+        return f"{name:<{width}}" + "".join(f"{values[c]:>{widths[c]}}" for c, _ in COLUMNS)
+
+    return [line(header, {c: c for c, _ in COLUMNS}), *(line(n, v) for n, v in shown)]
+
+
+def table(
+    scope: str,
+    rows: list[tuple[str, dict[str, Any]]],
+    total: dict[str, Any] | None,
+    decimals: int | None = None,
+) -> str:
+    """The title, the header named for the scope (RUN, MACHINE, POOL, WORKSPACE), a row each,
+    the TOTAL row and the footer. The name column is the seed's, wider for a longer name; the
+    figures have the table's decimals (decimals_for)."""
+    every = rows + ([("TOTAL", total)] if total is not None else [])
+    if decimals is None:
+        decimals = decimals_for([ledger for _, ledger in every])
+    return "\n".join([TITLE, *_table(scope.upper(), every, decimals), "", FOOTER])
 
 
 def _runs(n: int) -> str:
     return f"{n} run" if n == 1 else f"{n} runs"
 
 
-def rework_line(total: dict[str, Any], rework: dict[str, Any]) -> str:
+def rework_line(total: dict[str, Any], rework: dict[str, Any], decimals: int = 1) -> str:
     """The footer's rework line (issue 23), under the table: the part of USED that was steps
-    done again after restarts, and the runs whose part is unknown. Only where some run's is
-    known (it reported checkpoints and restarted): a table of runs that never report them is
-    the seed's, to the line."""
+    done again after restarts, and the runs whose part is unknown, to the table's decimals.
+    Only where some run's is known (it reported checkpoints and restarted): a table of runs
+    that never report them is the seed's, to the line."""
     hours = rework["gpuHours"] or 0.0
     if hours <= 0:
         return ""
     used = total["productiveGpuHours"]
     share = f" ({hours / used:.1%})" if used > 0 else ""
-    out = f"\nREWORK = {hours:.1f} GPU-hours of USED were steps done again after restarts{share}"
+    out = f"\nREWORK = {hours:.{decimals}f} GPU-hours of USED were steps done again after "
+    out += f"restarts{share}"
     if rework["unknownRuns"]:
         out += f"; unknown for {_runs(rework['unknownRuns'])} (no checkpoint reports)"
     return out
 
 
-def run_rework_line(ledger: dict[str, Any], rework: dict[str, Any]) -> str:
+def run_rework_line(ledger: dict[str, Any], rework: dict[str, Any], decimals: int = 1) -> str:
     """A run's own rework under its row: how much of USED, how many steps, from which
     checkpoints (only when it is known and there is some, as ``rework_line``)."""
     hours = rework["gpuHours"] or 0.0
@@ -106,7 +177,7 @@ def run_rework_line(ledger: dict[str, Any], rework: dict[str, Any]) -> str:
     checkpoints = ", ".join(f"{r['checkpointStep']:.0f}" for r in redos)
     restarts = "1 restart" if len(redos) == 1 else f"{len(redos)} restarts"
     return (
-        f"\nREWORK = {hours:.1f} GPU-hours of USED "
+        f"\nREWORK = {hours:.{decimals}f} GPU-hours of USED "
         f"({hours / ledger['productiveGpuHours']:.1%}): {steps:.0f} steps done again after "
         f"{restarts}, back to checkpoint {checkpoints}"
     )
@@ -141,13 +212,10 @@ def weekly_table(scope: str, weeks: list[dict[str, Any]]) -> str:
         report = week["report"]
         named = [(f"{week['week']:<{WEEK_WIDTH}}{r['name']}", r["ledger"]) for r in report["rows"]]
         rows += named or [(week["week"], report["total"])]
-    width = max([NAME_WIDTH, *(len(name) + 1 for name, _ in rows)])
+    rows.append(("TOTAL", summed([w["report"]["total"] for w in weeks])))
+    decimals = decimals_for([ledger for _, ledger in rows])
     header = f"{'WEEK':<{WEEK_WIDTH}}{scope.upper()}"
-    out = [TITLE, line(header, {c: c for c, _ in COLUMNS}, width)]
-    out += [line(name, cells(ledger), width) for name, ledger in rows]
-    out.append(line("TOTAL", cells(summed([w["report"]["total"] for w in weeks])), width))
-    out += ["", FOOTER]
-    return "\n".join(out)
+    return "\n".join([TITLE, *_table(header, rows, decimals), "", FOOTER])
 
 
 COST_FOOTER = (

@@ -214,8 +214,9 @@ def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
             raise CliError(f"astra: no run named '{args.run}' in this workspace", EXIT_NOT_FOUND)
         if args.json:
             return as_json(run)
-        found = goodput_table.table("run", [(run["name"], run["goodput"])], None)
-        return found + goodput_table.run_rework_line(run["goodput"], run["rework"])
+        decimals = goodput_table.decimals_for([run["goodput"]])
+        found = goodput_table.table("run", [(run["name"], run["goodput"])], None, decimals)
+        return found + goodput_table.run_rework_line(run["goodput"], run["rework"], decimals)
     if args.weeks is not None:
         weeks = api.graphql(GOODPUT_WEEKLY, by=args.by.upper(), weeks=args.weeks)
         found = weeks["goodputWeekly"]
@@ -231,8 +232,10 @@ def cmd_goodput(api: Api, args: argparse.Namespace) -> str:
     report = api.graphql(GOODPUT, by=args.by.upper(), start=start)["goodput"]
     if args.json:
         return as_json(report)
-    found = goodput_table.table(args.by, _rows(report), report["total"])
-    return found + goodput_table.rework_line(report["total"], report["rework"])
+    rows = _rows(report)
+    decimals = goodput_table.decimals_for([ledger for _, ledger in rows] + [report["total"]])
+    found = goodput_table.table(args.by, rows, report["total"], decimals)
+    return found + goodput_table.rework_line(report["total"], report["rework"], decimals)
 
 
 GPUS = (
