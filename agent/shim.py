@@ -95,6 +95,8 @@ def record_exit(folder: Path, exit: Exit) -> None:
     recorded = {"code": exit.code, "cause": str(exit.cause), "signal": exit.signal}
     if exit.uid is not None:
         recorded |= {"uid": exit.uid, "blocked_at": exit.blocked_at}
+    if exit.oom_kill_seen:  # an agent restarted before it sampled the end still counts it
+        recorded["oom_kill_seen"] = True
     write_atomically(folder / EXIT, json.dumps(recorded | {"detail": exit.detail, "at_ms": at}))
 
 
@@ -117,6 +119,7 @@ def recorded_exit(folder: Path) -> Exit | None:
             at_ms=int(at) if at else None,
             uid=uid if uid is None else int(uid),
             blocked_at=str(recorded.get("blocked_at") or ""),
+            oom_kill_seen=bool(recorded.get("oom_kill_seen")),
         )
     return None
 

@@ -72,6 +72,17 @@ def test_only_a_main_process_killed_for_memory_is_oom_killed(
     assert shim.killed_for_memory(returncode, kills_before, kills_after) is killed
 
 
+# issue 36: a container's end, written down, keeps that a child of it was killed for memory
+def test_a_kill_seen_beside_an_end_is_written_down_with_it(tmp_path: Path) -> None:
+    for folder, seen in ((tmp_path / "a", True), (tmp_path / "b", False)):
+        folder.mkdir()
+        shim.record_exit(folder, Exit(0, EndCause.EXITED, at_ms=5, oom_kill_seen=seen))
+        recorded = shim.recorded_exit(folder)
+        assert recorded == Exit(0, EndCause.EXITED)
+        assert recorded is not None and recorded.oom_kill_seen is seen
+    assert "oom_kill_seen" not in json.loads((tmp_path / "b" / shim.EXIT).read_text())
+
+
 @pytest.mark.parametrize(
     ("written", "read"),
     [
