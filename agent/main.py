@@ -11,6 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
+from agent import instance
 from agent.config import AgentConfig
 from agent.connection import CREDENTIAL_FILE, Agent
 from agent.gpus import SIMULATED_MODEL, NvmlSampler, discover
@@ -253,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
     if config.gpus and not config.gpus[0].is_simulated:
         config.nvml = NvmlSampler()
     config.data_dir.mkdir(parents=True, exist_ok=True)
+    instance.claim(config.data_dir)  # held until this process ends, however it ends
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(Agent(config).run_forever())
     return 0

@@ -1,14 +1,23 @@
 """``astraeus up``'s local agent: the embedded cluster's one machine (this one), joined with a
-join token of the local cluster, and started again whenever it exits while the server serves."""
+join token of the local cluster, and started again whenever it exits while the server serves.
+
+A clean stop of ``up`` (Ctrl-C, SIGTERM) stops its agent: whoever stops ``up`` expects
+everything it started to stop. A crash of ``up`` (kill -9, the terminal closed) does not: the
+agent, in a session of its own and asking for no signal when its parent dies, keeps measuring
+the workers, which run on anyway, and keeps what it measured on disk until a server takes it
+(agent/outbox.py). The next ``up`` on the data folder ends that agent, found by the lock it
+holds on its data folder (agent/instance.py), and starts its own, which sends what the first
+measured: the minutes ``up`` was away are counted as the workers spent them (issue 36).
+"""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -26,6 +35,11 @@ from backend.organizations import service as organizations
 LOCAL_POOL = "local"
 
 
+def local_agent_dir(settings: Settings) -> Path:
+    """The local agent's data folder, in the server's."""
+    return settings.data_dir / "agent"
+
+
 def local_agent_command(settings: Settings) -> list[str] | None:
     """The embedded mode's machine: this one, joined with a machine token of the cluster."""
     if settings.agent_client_ca is not None:
@@ -39,7 +53,7 @@ def local_agent_command(settings: Settings) -> list[str] | None:
 
     # The local machine joins once with a join token; its agent keeps its own credential.
     token = settings.data_dir / "agent-token"
-    if not (settings.data_dir / "agent" / CREDENTIAL_FILE).exists():
+    if not (local_agent_dir(settings) / CREDENTIAL_FILE).exists():
         old = token.read_text().strip() if token.exists() else None
 
         async def work(session: AsyncSession) -> str:
@@ -72,11 +86,9 @@ def local_agent_command(settings: Settings) -> list[str] | None:
         "--pool",
         LOCAL_POOL,
         "--data-dir",
-        str(settings.data_dir / "agent"),
+        str(local_agent_dir(settings)),
         "--simulate-gpus",
         str(settings.local_agent_gpus),
-        "--end-with-parent",
-        str(os.getpid()),
         *_local_agent_tls(settings),
     ]
     print(
@@ -115,14 +127,14 @@ class LocalAgent:
     that the machine is not lost while the server is fine (issue 17). Its workers outlive it: the
     agent started again takes them back from its data folder.
 
-    One thread starts each agent process and waits for it. The agent asks for SIGTERM when its
-    parent dies (``--end-with-parent``), and Linux sends it when the *thread* that started it
-    ends: the thread therefore lives until its agent has exited, and ``stop`` ends the agent
-    before the thread. No ``preexec_fn``: the server's threads (gRPC's among them) make running
-    Python between fork and exec unsafe, and without one the child is spawned by vfork."""
+    One thread starts each agent process and waits for it. The agent runs in a session of its
+    own (``start_new_session``: no ``preexec_fn``, whose Python between fork and exec the
+    server's threads, gRPC's among them, make unsafe), so that neither the terminal's signals
+    nor the end of `up` reach it: only ``stop`` ends it."""
 
-    def __init__(self, command: list[str], *, serving: Callable[[], bool]) -> None:
+    def __init__(self, command: list[str], data_dir: Path, *, serving: Callable[[], bool]) -> None:
         self.command = command
+        self.data_dir = data_dir  # the agent's, whose lock names the agent running on it
         self.serving = serving
         self.process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
@@ -130,6 +142,16 @@ class LocalAgent:
         self._thread = threading.Thread(target=self._supervise, name="local-agent", daemon=True)
 
     def start(self) -> None:
+        """End the agent an earlier `up` left running (it crashed), then start this one's."""
+        from agent import instance
+
+        ended = instance.end(self.data_dir)
+        if ended is not None:
+            print(
+                f"  local agent: the one an earlier astraeus up left running (pid {ended}) "
+                "ended; what it measured is sent by this one",
+                flush=True,
+            )
         self._thread.start()
 
     def stop(self, timeout: float = 15) -> None:
@@ -168,7 +190,7 @@ class LocalAgent:
             if self._ending():
                 return None
             try:
-                self.process = subprocess.Popen(self.command)
+                self.process = subprocess.Popen(self.command, start_new_session=True)
             except OSError as error:
                 return f"could not start ({error})"
         return f"exited with code {self.process.wait()}"

@@ -17,7 +17,7 @@ from backend import migrations
 from backend.access import redaction
 from backend.cli import demo
 from backend.cli.admin import cmd_bootstrap, token_file
-from backend.cli.local_agent import LocalAgent, local_agent_command
+from backend.cli.local_agent import LocalAgent, local_agent_command, local_agent_dir
 from backend.config import Settings
 from backend.secrets import crypto
 
@@ -121,8 +121,11 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     if settings.local_agent and settings.agent_port:
         command = local_agent_command(settings)
     server = _api_server(settings)
-    agent = LocalAgent(command, serving=lambda: not server.should_exit) if command else None
-    if agent is not None:
+    agent = None
+    if command:
+        agent = LocalAgent(
+            command, local_agent_dir(settings), serving=lambda: not server.should_exit
+        )
         agent.start()
     if getattr(args, "demo", False):
         if token.exists():

@@ -109,8 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
     from agent.main import add_arguments
 
     add_arguments(agent)
-    # `astraeus up`'s local agent: end when that process does (its pid)
-    agent.add_argument("--end-with-parent", type=int, metavar="PID", help=argparse.SUPPRESS)
     agent.set_defaults(func=_later("agent_process", "cmd_agent"))
 
     scheduler = sub.add_parser(

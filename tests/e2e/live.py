@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from agent import instance
 from agent.executor import end_left_workers
 from agent.identity import WorkloadUsers, workload_dir
 from backend import migrations
@@ -31,9 +32,11 @@ ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 
 
 def end_agent(data_dir: Path) -> None:
-    """End the workers an agent of this data folder left, and remove the folder its workloads
-    had outside it (/var/lib/astraeus-agent/<install>, when the data folder was out of their
-    reach: agent/identity.py)."""
+    """End the agent still running on this data folder (`astraeus up`'s outlives a crash of
+    `up`) and the workers it left, and remove the folder its workloads had outside it
+    (/var/lib/astraeus-agent/<install>, when the data folder was out of their reach:
+    agent/identity.py)."""
+    instance.end(data_dir)
     end_left_workers(data_dir)
     workloads = workload_dir(data_dir, WorkloadUsers())
     if workloads != data_dir:
