@@ -2,8 +2,8 @@
 agent's parts, beat, and connect again after any loss.
 
 What the last stream (or agent) did not see acknowledged is sent again on the next one, from
-the outbox (agent/state.py), so neither a server restart nor an agent restart loses a state
-change or a failure snapshot.
+the outbox on disk (agent/outbox.py), so neither a server restart nor an agent restart loses a
+state change, a failure snapshot, or what the agent measured while the server was away.
 """
 
 from __future__ import annotations
