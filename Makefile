@@ -11,7 +11,7 @@ WORKLOADS_STAMP := $(VENV)/.workloads
 unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
-.PHONY: help setup up serve test test-fast checks lint typecheck schema schema-check services bench load fleet proto clean \
+.PHONY: help setup up serve test test-fast explore checks lint typecheck schema schema-check services bench load fleet proto clean \
   console console-test browser screenshots demo workloads slurm
 
 help: ## list the targets
@@ -129,6 +129,9 @@ test: setup workloads services browser slurm ## every check and every test, SQLi
 test-fast: setup ## unit and db tests on SQLite, quick property tests (no processes, no training)
 	ASTRAEUS_TEST_DATABASES=sqlite ASTRAEUS_HYPOTHESIS=quick $(BIN)/pytest -x -q \
 	  -n $(FAST_LANES) -m 'unit or db'
+
+explore: setup services ## property tests only, each with 10 times its examples drawn at random (make test draws the same ones every run): what fails becomes an @example
+	ASTRAEUS_HYPOTHESIS=explore $(BIN)/pytest -q -n $(TEST_LANES) --dist loadgroup -m 'unit or db'
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) gen .pytest_cache .mypy_cache .ruff_cache
