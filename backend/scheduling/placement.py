@@ -141,7 +141,10 @@ class Room:
         self.machines = {m.id: m for m in sorted(machines, key=lambda m: m.name)}
         self.free_in_pool: dict[str | None, int] = defaultdict(int)
         self.free_total = 0
-        self.pools = {m.pool for m in self.machines.values()}
+        self.by_pool: dict[str | None, list[MachineRoom]] = defaultdict(list)
+        for m in self.machines.values():
+            self.by_pool[m.pool].append(m)
+        self.pools = set(self.by_pool)
         self.buckets: dict[int, dict[int, MachineRoom]] = defaultdict(dict)
         for m in self.machines.values():
             self.buckets[len(m.free_gpus)][m.id] = m
@@ -162,12 +165,18 @@ class Room:
     def has_machines(self, pool: str | None) -> bool:
         return bool(self.machines) if pool is None else pool in self.pools
 
-    def tightest(self, ask: Ask) -> MachineRoom | None:
-        """The machine with the fewest free GPUs that still takes one worker of the ask."""
+    def in_pool(self, pool: str | None) -> Iterable[MachineRoom]:
+        """The machines a run of the pool (None: of any) may use."""
+        return self.machines.values() if pool is None else self.by_pool.get(pool, [])
+
+    def tightest(self, ask: Ask, only: frozenset[int] | None = None) -> MachineRoom | None:
+        """The machine with the fewest free GPUs that still takes one worker of the ask (of
+        ``only``, where given)."""
         for free in sorted(k for k in self.buckets if k >= ask.gpus):
             for m in self.buckets[free].values():
                 if (
-                    (ask.pool is None or m.pool == ask.pool)
+                    (only is None or m.id in only)
+                    and (ask.pool is None or m.pool == ask.pool)
                     and m.takes(ask)
                     and m.cpu_free >= ask.cpu
                     and m.memory_free >= ask.memory
@@ -224,11 +233,13 @@ class Room:
         return fit is not None
 
 
-def _place_workers(room: Room, ask: Ask) -> list[tuple[MachineRoom, tuple[int, ...]]]:
+def _place_workers(
+    room: Room, ask: Ask, only: frozenset[int] | None = None
+) -> list[tuple[MachineRoom, tuple[int, ...]]]:
     """Take room for the gang's workers one after another, as far as they fit."""
     taken: list[tuple[MachineRoom, tuple[int, ...]]] = []
     for _ in range(ask.workers):
-        m = room.tightest(ask)
+        m = room.tightest(ask, only)
         if m is None:
             break
         taken.append((m, room.take(m, ask.gpus, ask.cpu, ask.memory)))
@@ -240,11 +251,12 @@ def _undo(room: Room, ask: Ask, taken: list[tuple[MachineRoom, tuple[int, ...]]]
         room.give(m, ids, ask.cpu, ask.memory)
 
 
-def best_fit(room: Room, ask: Ask) -> list[Placement] | None:
-    """Place each worker where it fits most tightly; undo everything if the gang does not fit."""
-    if room.free_gpus(ask.pool) < ask.total_gpus:
+def best_fit(room: Room, ask: Ask, only: frozenset[int] | None = None) -> list[Placement] | None:
+    """Place each worker where it fits most tightly (on the machines ``only`` names, where
+    given); undo everything if the gang does not fit."""
+    if room.free_gpus(ask.pool) < ask.total_gpus or (only is not None and not only):
         return None
-    taken = _place_workers(room, ask)
+    taken = _place_workers(room, ask, only)
     if len(taken) < ask.workers:
         _undo(room, ask, taken)
         return None

@@ -4,10 +4,18 @@ Pure: the machines' room, the pending runs and the placed runs come in as plain 
 placements, the preemptions and a pending reason for every run left waiting come out.
 
 Order: higher priority first, first submitted first within a priority. A run that cannot be
-placed for want of room holds its place: the runs behind it that would use the same machines
-are "Queued behind" it (no backfill), so a large gang is never starved by small ones. A run
-waiting for its namespace quota, one that can never fit, or one in its restart wait holds
-nothing up.
+placed for want of room holds its place on the machines it could use (claims.py): a run behind
+it takes room only on machines none of the runs waiting ahead of it could ever use, and is
+otherwise "Queued behind" the first of them, so a large gang is never starved by small ones,
+and a run waiting for a pool with no machine holds up no run of another pool (issue 36). A run
+waiting for its namespace quota, or one that can never fit, holds nothing up.
+
+A run in its restart wait keeps its place and its room (issue 36: the seed's "Restarting in
+N s" promises the restart): the room it would be placed in now is kept for it, so that a run
+of the same or a lower priority behind it cannot take it ("Queued behind" it, where that room
+is all it lacks); a run of higher priority, ahead of it, still can. Without room, it claims
+its machines as a run waiting for room does. It is placed once its wait is over, and preempts
+nothing before.
 
 Workspaces never meet: a reason names a run only to that run's own workspace ("Queued behind
 a run of another workspace"), and a run preempts only its own workspace's runs, or, where the
@@ -15,20 +23,24 @@ cluster's admins allow it, runs of a workspace holding more than its quota there
 
 The rules are in pieces, each importing only those below it: placement.py (the machines and
 runs as placement sees them, the search for room, the victims that make it), pending_reasons.py
-(why a worker fits on each machine or not, what is short where) and, here, the queue: its
-order, quotas, the reasons a run waits, the preemptions, and the rendezvous port.
+(why a worker fits on each machine or not, what is short where), claims.py (which runs compete
+for which machines) and, here, the queue: its order, quotas, the reasons a run waits, the
+preemptions, and the rendezvous port.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from backend.lifecycle.views import Placement
 from backend.runs.rules import Wait
+from backend.scheduling.claims import Ahead, Claims
 from backend.scheduling.pending_reasons import short_on
 from backend.scheduling.placement import (
     Ask,
+    Held,
     Holder,
     MachineRoom,
     Room,
@@ -58,6 +70,9 @@ class Quota:
 @dataclass
 class Plan:
     placements: dict[int, list[Placement]] = field(default_factory=dict)
+    # run in its restart wait -> the room kept for it (placed nowhere: it is the room no run
+    # behind it may take this pass)
+    kept: dict[int, list[Placement]] = field(default_factory=dict)
     # victim run id -> the run it makes room for, as the victim's workspace may read it
     preemptions: dict[int, str] = field(default_factory=dict)
     # run id -> the sentence that says why it is still pending (absent: keep its own), and
@@ -162,65 +177,101 @@ def plan(
     )
     # Copies: the machines given are left as they were.
     room = Room(replace(m, free_gpus=list(m.free_gpus)) for m in machines if m.state == "ready")
-    used = dict(used_gpus)
-    # Room that stopping runs are giving back, promised to the run they stop for.
-    freeing = [h for h in holders if h.stopping]
-    blocked: dict[str | None, Ask] = {}
+    queue = _Queue(room, holders, dict(used_gpus), over_quota, cluster)
     # Whether a shape of gang can ever fit depends only on the machines: decided once per shape.
     never_fits: dict[tuple[object, ...], tuple[str, Wait] | None] = {}
+    in_pool: dict[str | None, list[MachineRoom]] = defaultdict(list)
+    for m in machines:
+        in_pool[m.pool].append(m)
     order = sorted(asks, key=lambda a: (-a.priority, a.queued_at, a.run_id))
     for ask in order:
-        if ask.restart_at is not None and ask.restart_at > now:
-            continue
         quota = quotas.get(ask.workspace_id)
         shape = (ask.pool, ask.workers, ask.gpus, ask.cpu, ask.memory, quota, ask.image)
         if shape not in never_fits:
-            pool_machines = [m for m in machines if ask.pool is None or m.pool == ask.pool]
+            pool_machines = machines if ask.pool is None else in_pool[ask.pool]
             never_fits[shape] = _cannot_plan(ask, pool_machines, quota)
         reason = never_fits[shape]
         if reason is None:
-            reason = _quota_wait(ask, quota, used.get(ask.workspace_id, 0))
-        if reason is not None:
+            reason = _quota_wait(ask, quota, queue.used.get(ask.workspace_id, 0))
+        backing_off = ask.restart_at is not None and ask.restart_at > now
+        if backing_off:
+            # Its sentence says when it restarts; until then it keeps its place and its room.
+            if reason is None:
+                queue.keep(ask, result)
+        elif reason is not None:
             result.reasons[ask.run_id], result.waiting[ask.run_id] = reason
-            continue
-        blocker = _blocker(blocked, ask.pool)
-        if blocker is not None:
-            result.blockers[ask.run_id] = blocker.run_id
-            name = seen_from(ask.workspace_id, blocker.workspace_id, blocker.name)
-            result.reasons[ask.run_id] = f"Queued behind {name}"
-            result.waiting[ask.run_id] = Wait.QUEUE
-            continue
-        fit = best_fit(room, ask)
-        if fit is not None:
-            result.placements[ask.run_id] = fit
-            used[ask.workspace_id] = used.get(ask.workspace_id, 0) + ask.total_gpus
-            continue
-        blocked[ask.pool] = ask
-        result.reasons[ask.run_id], result.waiting[ask.run_id] = _wait_reason(
-            room, ask, holders, freeing, result, cluster, over_quota
-        )
+        else:
+            queue.place(ask, result)
     return result
 
 
-def _blocker(blocked: dict[str | None, Ask], pool: str | None) -> Ask | None:
-    """The run ahead that holds up this one: one blocked on the same machines."""
-    if pool is None:
-        return next(iter(blocked.values()), None)
-    return blocked.get(pool) or blocked.get(None)
+class _Queue:
+    """The pass's room, claims and quota use as the queue is taken in order."""
+
+    def __init__(
+        self,
+        room: Room,
+        holders: list[Holder],
+        used: dict[int, int],
+        over_quota: dict[int, int],
+        cluster: str,
+    ) -> None:
+        self.room, self.holders, self.used = room, holders, used
+        self.over_quota, self.cluster = over_quota, cluster
+        self.claims = Claims(room)
+        # Room that stopping runs are giving back, promised to the run they stop for.
+        self.freeing = [h for h in holders if h.stopping]
+        # Room kept for runs in their restart wait, as if they held it, in queue order.
+        self.kept: list[Holder] = []
+
+    def _fit(self, ask: Ask) -> tuple[Ahead, list[Placement] | None]:
+        """Room for the gang now, on machines no run ahead of it waits for."""
+        ahead = self.claims.ahead(ask)
+        if ahead.first is not None and not ahead.free:
+            return ahead, None  # every machine it could use is claimed ahead of it
+        fit = best_fit(self.room, ask, None if ahead.first is None else ahead.free)
+        if fit is not None:
+            self.used[ask.workspace_id] = self.used.get(ask.workspace_id, 0) + ask.total_gpus
+        return ahead, fit
+
+    def place(self, ask: Ask, result: Plan) -> None:
+        ahead, fit = self._fit(ask)
+        if fit is not None:
+            result.placements[ask.run_id] = fit
+            return
+        self.claims.claim(ask)
+        if ahead.first is not None:
+            reason = _queued_behind(ask, ahead.first, result)
+        else:
+            reason = _wait_reason(self, ask, result)
+        result.reasons[ask.run_id], result.waiting[ask.run_id] = reason
+
+    def keep(self, ask: Ask, result: Plan) -> None:
+        """A run in its restart wait keeps the room it would be placed in now: the runs
+        behind it (the same priority or lower) cannot take it. Without room, it claims the
+        machines it could use, as a run waiting for room does (and preempts nothing yet)."""
+        _, fit = self._fit(ask)
+        if fit is None:
+            self.claims.claim(ask)
+            return
+        result.kept[ask.run_id] = fit
+        held = tuple(Held(p.machine_id, p.gpu_ids, ask.cpu, ask.memory) for p in fit)
+        self.kept.append(
+            Holder(ask.run_id, ask.name, ask.priority, ask.workspace_id, held, cost=0.0)
+        )
 
 
-def _wait_reason(
-    room: Room,
-    ask: Ask,
-    holders: list[Holder],
-    freeing: list[Holder],
-    result: Plan,
-    cluster: str,
-    over_quota: dict[int, int],
-) -> tuple[str, Wait]:
-    """Why the run at the head of its queue waits (and what kind of wait that is), and the
+def _queued_behind(ask: Ask, ahead: Ask | Holder, result: Plan) -> tuple[str, Wait]:
+    result.blockers[ask.run_id] = ahead.run_id
+    name = seen_from(ask.workspace_id, ahead.workspace_id, ahead.name)
+    return f"Queued behind {name}", Wait.QUEUE
+
+
+def _wait_reason(queue: _Queue, ask: Ask, result: Plan) -> tuple[str, Wait]:
+    """Why the first run of its machines' queue waits (and what kind of wait that is), and the
     preemptions that make it room."""
-    waiting_for = [h for h in freeing if h.priority < ask.priority]
+    room = queue.room
+    waiting_for = [h for h in queue.freeing if h.priority < ask.priority]
     if waiting_for and room.would_fit(ask, waiting_for):
         # Only those the gang needs: the others' room stays for the runs behind it.
         for h in list(waiting_for):
@@ -228,22 +279,28 @@ def _wait_reason(
             if rest and room.would_fit(ask, rest):
                 waiting_for = rest
         for h in waiting_for:
-            freeing.remove(h)
+            queue.freeing.remove(h)
         result.waits[ask.run_id] = [h.run_id for h in waiting_for]
         return f"Next to run: waiting for {_runs_seen_from(ask, waiting_for)} to stop", Wait.QUEUE
     victims = choose_victims(
-        room, ask, [h for h in holders if h.run_id not in result.preemptions], over_quota
+        room,
+        ask,
+        [h for h in queue.holders if h.run_id not in result.preemptions],
+        queue.over_quota,
     )
     if victims:
         for h in victims:
             result.preemptions[h.run_id] = seen_from(h.workspace_id, ask.workspace_id, ask.name)
             result.preempted_for[h.run_id] = ask.run_id
             if h.workspace_id != ask.workspace_id:
-                over_quota[h.workspace_id] -= sum(len(held.gpu_ids) for held in h.held)
+                queue.over_quota[h.workspace_id] -= sum(len(held.gpu_ids) for held in h.held)
         result.waits[ask.run_id] = [h.run_id for h in victims]
         return f"Next to run: waiting for {_runs_seen_from(ask, victims)} to stop", Wait.QUEUE
+    keeper = _kept_from(queue, ask)
+    if keeper is not None:
+        return _queued_behind(ask, keeper, result)
     if not room.has_machines(ask.pool):
-        where = f"pool {ask.pool} of {cluster}" if ask.pool else cluster
+        where = f"pool {ask.pool} of {queue.cluster}" if ask.pool else queue.cluster
         return f"No machine fits: {where} has no ready machine", Wait.MACHINES
     count = workers_that_fit(room, ask)
     if count == 0:
@@ -255,6 +312,16 @@ def _wait_reason(
         f"{ask.shape()}",
         Wait.MACHINES,
     )
+
+
+def _kept_from(queue: _Queue, ask: Ask) -> Holder | None:
+    """Where the room kept for runs ahead in their restart wait is all the gang lacks, the
+    first of them on a machine it could use (one check, however many such runs there are)."""
+    usable = queue.claims.usable(ask)
+    kept = [h for h in queue.kept if any(held.machine_id in usable for held in h.held)]
+    if not kept or not queue.room.would_fit(ask, kept):
+        return None
+    return kept[0]
 
 
 # Ports rank 0's machine listens on for a gang's rendezvous (MASTER_PORT): one per live run

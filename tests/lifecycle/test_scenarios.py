@@ -350,7 +350,9 @@ async def test_pending_reasons_say_why_a_run_does_not_start(world: World) -> Non
     await world.machine("gpu-08", gpus=4)
     await world.submit(name="huge", workers=1, gpus=16)
     await world.submit(name="wide", workers=2, gpus=8)
-    await world.submit(name="small", workers=1, gpus=1)
+    # only gpu-07 could take it: it waits behind "wide" (issue 36: a run that fits on gpu-08
+    # is placed there, a machine "wide" could never use)
+    await world.submit(name="small", workers=1, gpus=6)
     result = await world.schedule()
     assert result.placed == ["early"]
     assert result.reasons["huge"] == (

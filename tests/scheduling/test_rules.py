@@ -8,6 +8,7 @@ Seed L-63: `Cannot plan workers: …`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 from backend.lifecycle.views import Placement
@@ -244,7 +245,8 @@ def test_no_backfill_a_small_run_queues_behind_a_blocked_big_run() -> None:
 
 
 def test_a_run_of_another_pool_is_not_held_up_by_a_blocked_run() -> None:
-    # seed L-62
+    # seed L-62; issue 36: a run of no pool takes room on the machines the blocked run cannot
+    # use, never on those it could
     machines = [
         machine(1, "node-a", pool="a100", free=[0, 1]),
         machine(2, "node-h", pool="h100", free=[0, 1]),
@@ -254,19 +256,24 @@ def test_a_run_of_another_pool_is_not_held_up_by_a_blocked_run() -> None:
         ask(11, "small-h", gpus=1, pool="h100", queued=1),
         ask(12, "small-a", gpus=1, pool="a100", queued=2),
         ask(13, "small-any", gpus=1, queued=3),  # could use the a100 machines too
+        ask(14, "pair-any", gpus=1, workers=2, queued=4),  # one worker fits on node-h
     ]
     result = run_plan(asks, machines)
-    assert result.placements == {11: [Placement(2, "node-h", (0,))]}
+    assert result.placements == {
+        11: [Placement(2, "node-h", (0,))],
+        13: [Placement(2, "node-h", (1,))],
+    }
     assert result.reasons == {
         10: "No machine fits: none has room now for a worker of 8 GPUs, 1 core"
         " (GPUs short on node-a)",
         12: "Queued behind big-a",
-        13: "Queued behind big-a",
+        14: "Queued behind big-a",
     }
+    assert result.blockers == {12: 10, 14: 10}
 
 
 def test_a_blocked_run_of_any_pool_holds_up_every_pool() -> None:
-    # seed L-62
+    # seed L-62: it could use the h100 machine too
     machines = [
         machine(1, "node-a", pool="a100", free=[0]),
         machine(2, "node-h", pool="h100", free=[0, 1, 2, 3]),
@@ -281,18 +288,155 @@ def test_a_blocked_run_of_any_pool_holds_up_every_pool() -> None:
     }
 
 
-def test_a_run_in_its_restart_wait_is_skipped_and_holds_nothing_up() -> None:
-    asks = [
-        ask(10, "restarting", gpus=8, priority=5, restart_at=NOW + timedelta(seconds=20)),
-        ask(11, "due", gpus=2, priority=1, restart_at=NOW),
-        ask(12, "next", gpus=2, queued=1),
+def test_a_run_pinned_to_a_pool_without_machines_holds_nobody_up() -> None:
+    # issue 36: it stayed at the head, and every later run of no pool was "Queued behind" it
+    # though machines were free
+    machines = [
+        machine(1, "node-a", pool="a100", free=[0, 1]),
+        machine(2, "node-far", pool="far", state="lost"),
     ]
-    result = run_plan(asks, [machine(1, "node-a", free=[0, 1, 2, 3])])
+    asks = [
+        ask(10, "pinned", gpus=1, pool="far", priority=5),
+        ask(11, "any", gpus=1, queued=1),
+        ask(12, "a100", gpus=1, pool="a100", queued=2),
+    ]
+    result = run_plan(asks, machines)
     assert result.placements == {
-        11: [Placement(1, "node-a", (0, 1))],
-        12: [Placement(1, "node-a", (2, 3))],
+        11: [Placement(1, "node-a", (0,))],
+        12: [Placement(1, "node-a", (1,))],
     }
-    assert result.reasons == {}
+    assert result.reasons == {10: "No machine fits: pool far of gpu-east has no ready machine"}
+
+
+def test_a_run_no_ready_machine_could_take_holds_nobody_up() -> None:
+    # issue 36: the only machine with 16 GPUs is draining; the big run waits for it alone
+    machines = [machine(1, "node-a"), machine(2, "node-big", gpus=16, state="draining")]
+    asks = [ask(10, "huge", gpus=16, priority=5), ask(11, "small", gpus=1, queued=1)]
+    result = run_plan(asks, machines)
+    assert result.placements == {11: [Placement(1, "node-a", (0,))]}
+    assert result.reasons == {
+        10: "No machine fits: none has room now for a worker of 16 GPUs, 1 core"
+        " (GPUs short on node-a)"
+    }
+
+
+def test_runs_behind_compete_with_the_runs_queued_ahead_of_them_too() -> None:
+    # issue 36: "wide" waits behind "big-a" and could use node-h: "small-h" behind it waits
+    # too, so that the runs ahead of it are never delayed by it
+    machines = [
+        machine(1, "node-a", pool="a100", free=[0, 1]),
+        machine(2, "node-h", pool="h100", free=[0]),
+    ]
+    asks = [
+        ask(10, "big-a", gpus=8, pool="a100"),
+        ask(11, "wide", gpus=2, queued=1),
+        ask(12, "small-h", gpus=1, pool="h100", queued=2),
+    ]
+    result = run_plan(asks, machines)
+    assert result.placements == {}
+    assert result.reasons == {
+        10: "No machine fits: none has room now for a worker of 8 GPUs, 1 core"
+        " (GPUs short on node-a)",
+        11: "Queued behind big-a",
+        12: "Queued behind wide",
+    }
+
+
+def test_a_run_needing_containers_does_not_wait_behind_one_needing_processes() -> None:
+    # issue 36: the machines each could use do not meet
+    processes = machine(1, "node-p", free=[0])
+    docker = replace(machine(2, "node-d", free=[0, 1]), executor="docker")
+    asks = [
+        ask(10, "big", gpus=4),
+        replace(ask(11, "image", gpus=1, queued=1), image=True),
+    ]
+    result = run_plan(asks, [processes, docker])
+    # "big" could use node-d too: the image run waits behind it
+    assert result.reasons[11] == "Queued behind big"
+    only_processes = [processes, replace(docker, healthy_gpus=2, free_gpus=[0, 1])]
+    result = run_plan(asks, only_processes)
+    assert result.placements == {11: [Placement(2, "node-d", (0,))]}
+    assert result.reasons == {
+        10: "No machine fits: none has room now for a worker of 4 GPUs, 1 core"
+        " (GPUs short on node-d, node-p)"
+    }
+
+
+def test_a_run_in_its_restart_wait_keeps_its_place_and_its_room() -> None:
+    # issue 36: during the wait a later run took its machines, and it fell behind that run
+    asks = [
+        ask(10, "restarting", gpus=4, restart_at=NOW + timedelta(seconds=20)),
+        ask(11, "same-later", gpus=2, queued=1),
+        ask(12, "lower", gpus=2, priority=-1),
+        ask(13, "small", gpus=1, queued=2),
+    ]
+    result = run_plan(asks, [machine(1, "node-a", free=range(5))])
+    assert result.kept == {10: [Placement(1, "node-a", (0, 1, 2, 3))]}
+    assert result.placements == {}
+    # "same-later" lacks only the room kept; the others wait behind it (no backfill)
+    assert result.reasons == {
+        11: "Queued behind restarting",
+        12: "Queued behind same-later",
+        13: "Queued behind same-later",
+    }
+    assert result.blockers == {11: 10, 12: 11, 13: 11}
+    # a run that fits beside the room kept is placed
+    alone = run_plan([asks[0], asks[3]], [machine(1, "node-a", free=range(5))])
+    assert alone.placements == {13: [Placement(1, "node-a", (4,))]}
+    # once its wait is over it is placed in that room
+    later = run_plan([replace(a, restart_at=NOW) for a in asks[:3]], [machine(1, "node-a")])
+    assert later.placements[10] == [Placement(1, "node-a", (0, 1, 2, 3))]
+
+
+def test_a_run_of_higher_priority_still_takes_the_room_of_a_run_in_its_restart_wait() -> None:
+    asks = [
+        ask(10, "restarting", gpus=4, priority=1, restart_at=NOW + timedelta(seconds=20)),
+        ask(11, "urgent", gpus=4, priority=2, queued=1),
+        ask(12, "same", gpus=1, priority=1, queued=2),
+    ]
+    result = run_plan(asks, [machine(1, "node-a", free=range(6))])
+    assert result.placements == {11: [Placement(1, "node-a", (0, 1, 2, 3))]}
+    assert result.kept == {}
+    # without room kept, it claims its machines as a run waiting for room: nothing passes it
+    assert result.reasons == {12: "Queued behind restarting"}
+
+
+def test_a_run_in_its_restart_wait_without_room_preempts_nothing_yet() -> None:
+    holders = [holder(500, "low", priority=0, on=[(1, range(8))])]
+    asks = [ask(10, "restarting", gpus=8, priority=5, restart_at=NOW + timedelta(seconds=20))]
+    result = run_plan(asks, [machine(1, "node-a", free=[])], holders)
+    assert (result.placements, result.kept, result.preemptions, result.reasons) == (
+        {},
+        {},
+        {},
+        {},
+    )
+    over = run_plan([replace(asks[0], restart_at=NOW)], [machine(1, "node-a", free=[])], holders)
+    assert over.preemptions == {500: "restarting"}
+
+
+def test_a_run_in_its_restart_wait_keeps_its_quota_too() -> None:
+    quotas = {1: Quota("vision", CLUSTER, 4)}
+    asks = [
+        ask(10, "restarting", gpus=4, restart_at=NOW + timedelta(seconds=20)),
+        ask(11, "later", gpus=1, queued=1),
+    ]
+    result = run_plan(asks, [machine(1, "node-a")], quotas=quotas)
+    assert result.kept == {10: [Placement(1, "node-a", (0, 1, 2, 3))]}
+    assert result.reasons == {
+        11: "Waits for namespace quota: vision holds 4 of 4 GPUs on gpu-east; this run asks for 1"
+    }
+
+
+def test_a_run_in_its_restart_wait_that_can_never_fit_holds_nothing_up() -> None:
+    quotas = {1: Quota("vision", CLUSTER, 2)}
+    asks = [
+        ask(10, "restarting", gpus=4, restart_at=NOW + timedelta(seconds=20)),
+        ask(11, "due", gpus=2, restart_at=NOW, queued=1),
+    ]
+    result = run_plan(asks, [machine(1, "node-a", free=range(4))], quotas=quotas)
+    assert result.placements == {11: [Placement(1, "node-a", (0, 1))]}
+    assert (result.kept, result.reasons) == ({}, {})
 
 
 # -- preemption ---------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backend.scheduling.placement import GIB, Ask, Held, Holder, MachineRoom
-from backend.scheduling.rules import Plan, Quota, plan
+from backend.scheduling.rules import NO_CONTAINERS, Plan, Quota, plan
 
 NOW = datetime(2025, 6, 2, 9, 0, tzinfo=UTC)
 CLUSTER = "gpu-east"
@@ -88,6 +88,7 @@ def scenarios(draw: st.DrawFn, roomy: bool | None = None) -> Scenario:
                 cpu_free=cpu,
                 memory_free=memory,
                 unhealthy_gpus=unhealthy,
+                executor=draw(st.sampled_from([None, "process", "docker", "docker"])),
             )
         )
         unheld[100 + i] = (healthy, cpu, memory)
@@ -148,6 +149,7 @@ def scenarios(draw: st.DrawFn, roomy: bool | None = None) -> Scenario:
                         [None, None, None, NOW, NOW - timedelta(seconds=5), NOW + timedelta(1)]
                     )
                 ),
+                image=draw(st.sampled_from([False, False, False, True])),
             )
         )
     quotas: dict[int, Quota] = {}
@@ -172,9 +174,77 @@ def in_restart_wait(a: Ask) -> bool:
     return a.restart_at is not None and a.restart_at > NOW
 
 
-def same_machines(a: Ask, b: Ask) -> bool:
-    """Could the two runs use some of the same machines?"""
-    return a.pool is None or b.pool is None or a.pool == b.pool
+def usable(s: Scenario, a: Ask) -> set[int]:
+    """The ready machines that could ever take one worker of the run: its pool, its executor,
+    and room enough once empty (issue 36: the runs that compete are those whose sets meet)."""
+    return {
+        m.id
+        for m in s.machines
+        if m.state == "ready"
+        and a.pool in (None, m.pool)
+        and (m.executor == "docker" or not a.image)
+        and m.healthy_gpus >= a.gpus
+        and m.cpu_total >= a.cpu
+        and m.memory_total >= a.memory
+    }
+
+
+def never_fits(s: Scenario, a: Ask) -> bool:
+    """Seed L-63 (Cannot plan workers), and a run naming an image where no machine present
+    runs containers, by the checks' arithmetic."""
+    quota = s.quotas.get(a.workspace_id)
+    if quota is not None and a.total_gpus > quota.limit:
+        return True
+    present = [
+        m for m in s.machines if m.state in ("ready", "draining") and a.pool in (None, m.pool)
+    ]
+    if not present:
+        return False
+    if a.image:
+        present = [m for m in present if m.executor == "docker"]
+        if not present:
+            return True
+    return not any(
+        m.healthy_gpus >= a.gpus and m.cpu_total >= a.cpu and m.memory_total >= a.memory
+        for m in present
+    )
+
+
+def claimants(s: Scenario, result: Plan) -> list[Ask]:
+    """In queue order, the runs that claim the machines they could use: every run left waiting
+    for room (queued behind another or not), and every run in its restart wait without room
+    kept for it, that neither its quota nor its shape keeps from being placed."""
+    used = dict(s.used)
+    out = []
+    for a in order(s.asks):
+        if a.run_id in result.placements or a.run_id in result.kept:
+            used[a.workspace_id] += a.total_gpus
+            continue
+        quota = s.quotas.get(a.workspace_id)
+        over = quota is not None and used[a.workspace_id] + a.total_gpus > quota.limit
+        if not over and not never_fits(s, a):
+            out.append(a)
+    return out
+
+
+def claimed_before(s: Scenario, result: Plan) -> dict[int, dict[int, Ask]]:
+    """For each run, the machines claimed by the runs ahead of it, each by the first of them."""
+    claimers = {c.run_id for c in claimants(s, result)}
+    claimed: dict[int, Ask] = {}
+    out = {}
+    for a in order(s.asks):
+        out[a.run_id] = dict(claimed)
+        if a.run_id in claimers:
+            for m in usable(s, a):
+                claimed.setdefault(m, a)
+    return out
+
+
+def allowed(s: Scenario, a: Ask, claimed: dict[int, Ask]) -> set[int]:
+    """The machines a run may take room on: all it could use, or where a run ahead claimed one
+    of them, those nobody ahead claimed."""
+    mine = usable(s, a)
+    return mine - set(claimed) if mine & set(claimed) else {m.id for m in s.machines}
 
 
 @dataclass
@@ -200,9 +270,13 @@ def workers_on(free: Free, a: Ask) -> int:
     )
 
 
+def takes(m: MachineRoom, a: Ask) -> bool:
+    return a.pool in (None, m.pool) and (m.executor == "docker" or not a.image)
+
+
 def workers_that_fit(s: Scenario, room: dict[int, Free], a: Ask) -> int:
-    pools = {m.id: m.pool for m in s.machines}
-    return sum(workers_on(f, a) for mid, f in room.items() if a.pool in (None, pools[mid]))
+    machines = {m.id: m for m in s.machines}
+    return sum(workers_on(f, a) for mid, f in room.items() if takes(machines[mid], a))
 
 
 def given_back(room: dict[int, Free], holders: list[Holder]) -> dict[int, Free]:
@@ -219,13 +293,13 @@ def given_back(room: dict[int, Free], holders: list[Holder]) -> dict[int, Free]:
 
 def rooms_at_each_turn(s: Scenario, result: Plan) -> dict[int, dict[int, Free]]:
     """The free room of the ready machines when each run's turn came: before it, in order,
-    only the runs placed took room."""
+    only the runs placed and those whose room was kept took room."""
     by_id = {a.run_id: a for a in s.asks}
     room = ready_room(s)
     out = {}
     for a in order(s.asks):
         out[a.run_id] = given_back(room, [])
-        for p in result.placements.get(a.run_id, []):
+        for p in result.placements.get(a.run_id, []) + result.kept.get(a.run_id, []):
             f = room[p.machine_id]
             f.gpus -= set(p.gpu_ids)
             f.cpu -= by_id[a.run_id].cpu
@@ -257,9 +331,9 @@ def named_in(reason: str, a: Ask, waited: list[Holder]) -> list[str]:
 def test_no_gpu_is_given_twice_nor_one_that_was_not_free(s: Scenario) -> None:
     result = s.plan()
     free = {m.id: set(m.free_gpus) for m in s.machines}
-    given = Counter(
-        (p.machine_id, g) for ps in result.placements.values() for p in ps for g in p.gpu_ids
-    )
+    # room kept for a run in its restart wait is given to no other run
+    taken = [*result.placements.values(), *result.kept.values()]
+    given = Counter((p.machine_id, g) for ps in taken for p in ps for g in p.gpu_ids)
     assert [k for k, n in given.items() if n > 1] == []
     assert [(mid, g) for mid, g in given if g not in free[mid]] == []
 
@@ -270,7 +344,8 @@ def test_a_gang_is_placed_whole_or_not_at_all(s: Scenario) -> None:
     result = s.plan()
     by_id = {a.run_id: a for a in s.asks}
     assert set(result.placements) <= set(by_id)
-    for run_id, ps in result.placements.items():
+    assert not set(result.placements) & set(result.kept)
+    for run_id, ps in [*result.placements.items(), *result.kept.items()]:
         assert len(ps) == by_id[run_id].workers
         assert [len(p.gpu_ids) for p in ps] == [by_id[run_id].gpus] * len(ps)
 
@@ -283,12 +358,12 @@ def test_placements_respect_each_machines_room_pool_and_state(s: Scenario) -> No
     machines = {m.id: m for m in s.machines}
     cpu: dict[int, float] = defaultdict(float)
     memory: dict[int, int] = defaultdict(int)
-    for run_id, ps in result.placements.items():
+    for run_id, ps in [*result.placements.items(), *result.kept.items()]:
         a = by_id[run_id]
         for p in ps:
             m = machines[p.machine_id]
             assert (m.name, m.state) == (p.machine_name, "ready")
-            assert a.pool is None or m.pool == a.pool
+            assert takes(m, a)
             cpu[m.id] += a.cpu
             memory[m.id] += a.memory
     for mid in cpu:
@@ -302,7 +377,7 @@ def test_quotas_are_never_exceeded(s: Scenario) -> None:
     result = s.plan()
     by_id = {a.run_id: a for a in s.asks}
     placed: dict[int, int] = defaultdict(int)
-    for run_id in result.placements:
+    for run_id in [*result.placements, *result.kept]:
         placed[by_id[run_id].workspace_id] += by_id[run_id].total_gpus
     for ws, gpus in placed.items():
         if ws in s.quotas:
@@ -316,61 +391,88 @@ def test_every_run_left_pending_has_one_of_the_seeds_reasons(s: Scenario) -> Non
     result = s.plan()
     for a in s.asks:
         if in_restart_wait(a):
+            # its sentence says when it restarts (lifecycle's "Restarting in …")
             assert a.run_id not in result.placements
             assert a.run_id not in result.reasons
         elif a.run_id in result.placements:
             assert a.run_id not in result.reasons
         else:
-            assert result.reasons[a.run_id].startswith(SEED_PREFIXES), result.reasons[a.run_id]
+            reason = result.reasons[a.run_id]
+            # (and the image run's where no machine runs containers: issue 24)
+            assert reason.startswith(SEED_PREFIXES) or reason == NO_CONTAINERS, reason
 
 
 @SETTINGS
 @given(scenarios())
-def test_no_backfill_past_a_run_waiting_for_room(s: Scenario) -> None:
-    """A run tried and found without room holds its place: nothing after it in the queue that
-    could use the same machines is placed. A run "Queued behind" names such a run ahead of it
-    on the same machines. Runs waiting for quota, runs that can never fit and runs in their
-    restart wait hold nothing up."""
+def test_no_backfill_onto_machines_a_run_waiting_ahead_could_use(s: Scenario) -> None:
+    """A run left waiting holds its place on every machine it could use: a run after it in
+    the queue takes room (placed, or kept in its restart wait) only on machines none of the
+    runs waiting ahead of it could use (issue 36: a run that cannot use any of them is never
+    held behind them). Runs waiting for quota and runs that can never fit hold nothing up."""
+    # seed L-62
+    result = s.plan()
+    claimed = claimed_before(s, result)
+    for a in order(s.asks):
+        for p in result.placements.get(a.run_id, []) + result.kept.get(a.run_id, []):
+            assert p.machine_id not in claimed[a.run_id], (a.name, claimed[a.run_id][p.machine_id])
+
+
+@SETTINGS
+@given(scenarios())
+def test_a_queued_run_names_the_first_run_ahead_it_waits_for(s: Scenario) -> None:
+    """ "Queued behind" names the first run ahead that claimed a machine it could use; where
+    none did, the first run in its restart wait whose kept room it needs. A run no run ahead
+    claims machines from says why from the machines' side."""
     # seed L-62
     result = s.plan()
     queue = order(s.asks)
     position = {a.run_id: i for i, a in enumerate(queue)}
     by_id = {a.run_id: a for a in s.asks}
+    claimed = claimed_before(s, result)
     for a in queue:
         reason = result.reasons.get(a.run_id, "")
-        if reason.startswith(ROOM_WAITS):
-            later_placed = [
-                r.name
-                for r in queue[position[a.run_id] + 1 :]
-                if r.run_id in result.placements and same_machines(a, r)
-            ]
-            assert later_placed == [], (a.name, reason)
-        if reason.startswith("Queued behind "):
-            blocker = by_id[result.blockers[a.run_id]]
-            name = blocker.name if blocker.workspace_id == a.workspace_id else None
-            assert reason == f"Queued behind {name or 'a run of another workspace'}"
-            assert position[blocker.run_id] < position[a.run_id]
-            assert result.reasons[blocker.run_id].startswith(ROOM_WAITS)
-            assert same_machines(a, blocker)
-            # Some run ahead of it on the same machines waits for room.
-            ahead = [
-                b
-                for b in queue[: position[a.run_id]]
-                if result.reasons.get(b.run_id, "").startswith(ROOM_WAITS) and same_machines(a, b)
-            ]
-            assert ahead, a.name
-    # Conversely a run is queued behind another only when one holds its machines up: every
-    # run that reached the machines and was not placed says why from the machines' side.
-    for a in queue:
-        reason = result.reasons.get(a.run_id, "")
-        if a.run_id in result.placements or in_restart_wait(a):
+        if a.run_id in result.placements or in_restart_wait(a) or never_fits(s, a):
             continue
-        held_up = any(
-            result.reasons.get(b.run_id, "").startswith(ROOM_WAITS) and same_machines(a, b)
-            for b in queue[: position[a.run_id]]
+        if reason.startswith("Waits for namespace quota"):
+            continue
+        mine = usable(s, a)
+        firsts = sorted(
+            {position[claimed[a.run_id][m].run_id] for m in mine if m in claimed[a.run_id]}
         )
-        if not reason.startswith(("Waits for namespace quota", "Cannot plan workers")):
-            assert reason.startswith("Queued behind ") == held_up, (a.name, reason)
+        if firsts:
+            blocker = queue[firsts[0]]
+        elif reason.startswith("Queued behind "):
+            blocker = by_id[result.blockers[a.run_id]]
+            kept_on = {p.machine_id for p in result.kept.get(blocker.run_id, [])}
+            assert kept_on & mine, (a.name, reason)
+            assert position[blocker.run_id] < position[a.run_id]
+        else:
+            assert reason.startswith(ROOM_WAITS), (a.name, reason)
+            continue
+        name = blocker.name if blocker.workspace_id == a.workspace_id else None
+        assert reason == f"Queued behind {name or 'a run of another workspace'}", a.name
+        assert result.blockers[a.run_id] == blocker.run_id
+
+
+@SETTINGS
+@given(scenarios())
+def test_a_run_in_its_restart_wait_keeps_room_it_had_at_its_turn(s: Scenario) -> None:
+    """Issue 36: a run in its restart wait keeps its place: where the room at its turn, on
+    the machines nobody ahead claimed, takes the gang, that room is kept for it (so no run
+    behind takes it: test_no_gpu_is_given_twice...); it is never placed before its time."""
+    result = s.plan()
+    rooms = rooms_at_each_turn(s, result)
+    claimed = claimed_before(s, result)
+    claimers = {c.run_id for c in claimants(s, result)}
+    for a in order(s.asks):
+        if not in_restart_wait(a):
+            assert a.run_id not in result.kept
+            continue
+        assert a.run_id not in result.placements
+        if a.run_id not in claimers and a.run_id not in result.kept:
+            continue  # its quota or its shape: it could not be placed now either
+        room = {m: f for m, f in rooms[a.run_id].items() if m in allowed(s, a, claimed[a.run_id])}
+        assert (a.run_id in result.kept) == (workers_that_fit(s, room, a) >= a.workers), a.name
 
 
 @SETTINGS
@@ -408,18 +510,21 @@ def test_a_run_waiting_for_room_had_none_and_one_placed_had_room(s: Scenario) ->
 @SETTINGS
 @given(scenarios())
 def test_each_worker_goes_to_the_tightest_machine_that_fits(s: Scenario) -> None:
+    # of the machines it may take room on (no run waiting ahead of it could use them)
     result = s.plan()
     by_id = {a.run_id: a for a in s.asks}
-    pools = {m.id: m.pool for m in s.machines}
+    machines = {m.id: m for m in s.machines}
     rooms = rooms_at_each_turn(s, result)
-    for run_id, ps in result.placements.items():
+    claimed = claimed_before(s, result)
+    for run_id, ps in [*result.placements.items(), *result.kept.items()]:
         a = by_id[run_id]
         room = rooms[run_id]
+        may = allowed(s, a, claimed[run_id])
         for p in ps:
             fitting = [
                 len(f.gpus)
                 for mid, f in room.items()
-                if a.pool in (None, pools[mid]) and workers_on(f, a) >= 1
+                if mid in may and takes(machines[mid], a) and workers_on(f, a) >= 1
             ]
             assert len(room[p.machine_id].gpus) == min(fitting)
             assert p.gpu_ids == tuple(sorted(room[p.machine_id].gpus)[: a.gpus])
@@ -437,7 +542,7 @@ def test_quota_and_cannot_plan_reasons_are_exact(s: Scenario) -> None:
     by_id = {a.run_id: a for a in s.asks}
     used = dict(s.used)
     for a in order(s.asks):
-        if a.run_id in result.placements:
+        if a.run_id in result.placements or a.run_id in result.kept:
             used[a.workspace_id] += a.total_gpus
         reason = result.reasons.get(a.run_id, "")
         quota = s.quotas.get(a.workspace_id)
@@ -450,17 +555,7 @@ def test_quota_and_cannot_plan_reasons_are_exact(s: Scenario) -> None:
                 f"this run asks for {a.total_gpus}"
             )
         elif reason.startswith("Cannot plan workers"):
-            present = [
-                m
-                for m in s.machines
-                if m.state in ("ready", "draining") and a.pool in (None, m.pool)
-            ]
-            too_big_for_quota = quota is not None and a.total_gpus > quota.limit
-            never_fits = bool(present) and not any(
-                m.healthy_gpus >= a.gpus and m.cpu_total >= a.cpu and m.memory_total >= a.memory
-                for m in present
-            )
-            assert too_big_for_quota or never_fits, reason
+            assert never_fits(s, a), reason
         elif quota is not None and (a.run_id in result.reasons or a.run_id in result.placements):
             assert a.total_gpus <= quota.limit
     assert set(result.reasons) <= set(by_id)
