@@ -213,7 +213,7 @@ export type MetricRangeQueryVariables = Exact<{
 }>;
 
 
-export type MetricRangeQuery = { metricRange: { metric: string, unit: string, unmeasured: Array<string>, notMeasured: string | null, series: Array<{ labels: unknown, points: Array<Array<number>> }> } };
+export type MetricRangeQuery = { metricRange: { metric: string, unit: string, step: number, unmeasured: Array<string>, notMeasured: string | null, series: Array<{ labels: unknown, points: Array<Array<number>> }> } };
 
 export type RunQueryVariables = Exact<{
   name: string;

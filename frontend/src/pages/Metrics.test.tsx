@@ -2,7 +2,7 @@ import { cleanup, screen } from "@testing-library/react";
 import { afterEach, describe, expect, it, vi } from "vitest";
 
 import { renderWithData } from "../testing/render";
-import { CHARTS, Metrics, plotOf, windowOf } from "./Metrics";
+import { CHARTS, gapsOf, Metrics, plotOf, windowOf } from "./Metrics";
 
 // uPlot asks for the device's pixel ratio as it loads; jsdom has no matchMedia.
 vi.hoisted(() => {
@@ -32,6 +32,7 @@ function answering(notMeasured: Record<string, string>) {
           metricRange: {
             metric,
             unit: "",
+            step: 1000,
             series: [],
             unmeasured: metric in notMeasured ? ["llama-sft-0"] : [],
             notMeasured: notMeasured[metric] ?? null,
@@ -90,7 +91,7 @@ describe("Metrics of a short life (seed L-52)", () => {
   it("draws the limit as its own series, in MiB below a GiB", () => {
     const used = [{ labels: { worker: "oom-0" }, points: [[1000, 100 * 2 ** 20], [2000, 250 * 2 ** 20]] as [number, number][] }];
     const limit = [{ labels: { worker: "oom-0" }, points: [[1000, 256 * 2 ** 20], [2000, 256 * 2 ** 20]] as [number, number][] }];
-    const plot = plotOf("task_memory_used_bytes", "bytes", used, limit);
+    const plot = plotOf("task_memory_used_bytes", "bytes", used, limit, 1000);
     expect(plot).toEqual({
       unit: "MiB",
       labels: ["oom-0", "limit of oom-0"],
@@ -101,7 +102,37 @@ describe("Metrics of a short life (seed L-52)", () => {
         [256, 256],
       ],
     });
-    const big = plotOf("task_memory_used_bytes", "bytes", [{ labels: {}, points: [[1000, 3 * 2 ** 30]] }], []);
+    const big = plotOf("task_memory_used_bytes", "bytes", [{ labels: {}, points: [[1000, 3 * 2 ** 30]] }], [], 1000);
     expect(big).toMatchObject({ unit: "GiB", labels: ["task_memory_used_bytes"], data: [[1], [3]] });
+  });
+});
+
+// issue 36: a chart drew its line straight across a minute without samples (the agent away),
+// as if values between had been measured.
+describe("Metrics with a gap in their samples", () => {
+  const every5s = (from: number, count: number, value = 1): [number, number][] =>
+    Array.from({ length: count }, (_, i) => [from + i * 5000, value + i] as [number, number]);
+
+  it("breaks a line where samples stop for more than a few steps", () => {
+    // samples every 5 s, answered in 1 s steps (a short life): 5 s apart is no gap
+    expect(gapsOf(every5s(0, 10), 1000)).toEqual([]);
+    // a minute without samples after 45 s: the line breaks a step after the last one
+    const holed = [...every5s(0, 10), ...every5s(105_000, 4)];
+    expect(gapsOf(holed, 1000)).toEqual([46_000]);
+    // answered in 10 s steps, a sample a step: 40 s without one is a gap, 20 s is not
+    const stepped: [number, number][] = [[0, 1], [10_000, 1], [20_000, 1], [40_000, 1], [80_000, 1], [90_000, 1]];
+    expect(gapsOf(stepped, 10_000)).toEqual([50_000]);
+    expect(gapsOf([[0, 1]], 1000)).toEqual([]);
+  });
+
+  it("gives uPlot a null in the gap, and carries the other series over the times it lacks", () => {
+    const a = { labels: { worker: "ddp-0" }, points: [[0, 1], [10_000, 2], [20_000, 3], [80_000, 4], [90_000, 5]] as [number, number][] };
+    const b = { labels: { worker: "ddp-1" }, points: [[5_000, 7], [15_000, 8], [25_000, 9]] as [number, number][] };
+    const plot = plotOf("task_cpu_usage_cores", "cores", [a, b], [], 10_000);
+    expect(plot.data).toEqual([
+      [0, 5, 10, 15, 20, 25, 30, 80, 90],
+      [1, undefined, 2, undefined, 3, undefined, null, 4, 5],
+      [undefined, 7, undefined, 8, undefined, 9, undefined, undefined, undefined],
+    ]);
   });
 });

@@ -4,7 +4,8 @@
 // bytes where workers share the host's network) says why instead of showing nothing.
 // The range is the run's or worker's life by default (start to end, or now), so a run a few
 // seconds old shows a curve, not a dot; the Memory chart draws each worker's memory limit as a
-// line, the one an OOM kill's "Memory chart" points to (seed L-52).
+// line, the one an OOM kill's "Memory chart" points to (seed L-52). A gap in a series' samples
+// breaks its line (GAP_STEPS).
 import { useEffect, useMemo, useRef, useState } from "react";
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
@@ -70,7 +71,7 @@ const COLOURS = ["#1c7ed6", "#e8590c", "#2f9e44", "#9c36b5", "#c2255c", "#0c8599
 
 export const QUERY = /* GraphQL */ `query MetricRange($metric: String!, $match: [String!], $by: String, $start: String, $end: String, $rate: Boolean!) {
   metricRange(metric: $metric, match: $match, by: $by, agg: "avg", start: $start, end: $end, rate: $rate) {
-    metric unit series { labels points } unmeasured notMeasured
+    metric unit step series { labels points } unmeasured notMeasured
   }
 }`;
 
@@ -93,19 +94,38 @@ export interface Plot {
   labels: string[];
   // Whether each series is a limit, drawn dashed.
   limits: boolean[];
-  data: (number | null)[][];
+  // uPlot's columns: null breaks a series' line (a gap in its samples); undefined is a time
+  // only another series has, over which its line goes on.
+  data: (number | null | undefined)[][];
+}
+
+// Samples further apart than this many steps (the answer's, or the series' own spacing where
+// the machine samples less often than the step) have a gap between them: no samples came
+// (the agent away, the worker not running), and a line across it would draw values never
+// measured (issue 36).
+export const GAP_STEPS = 3;
+
+// The times (ms) at which a series' line breaks: one step after each sample followed by a gap.
+export function gapsOf(points: [number, number][], stepMs: number): number[] {
+  const spacings = points.slice(1).map(([t], i) => t - points[i][0]);
+  if (spacings.length === 0) return [];
+  const usual = [...spacings].sort((a, b) => a - b)[Math.floor(spacings.length / 2)];
+  const gap = GAP_STEPS * Math.max(stepMs, usual);
+  return points.slice(0, -1).flatMap(([t], i) => (spacings[i] > gap ? [t + Math.max(stepMs, 1)] : []));
 }
 
 // The chart's columns: the times (Unix seconds), then one column per series and per limit, in
-// the chart's unit; a limit is labelled "limit of <its labels>".
-export function plotOf(metric: string, unit: string, series: Series[], limits: Series[]): Plot {
+// the chart's unit; a limit is labelled "limit of <its labels>". A series' gaps are nulls.
+export function plotOf(metric: string, unit: string, series: Series[], limits: Series[], stepMs: number): Plot {
   const all = [...series, ...limits];
   const shown = unitOf(unit, all.flatMap((s) => s.points.map(([, v]) => v)));
-  const times = [...new Set(all.flatMap((s) => s.points.map(([t]) => t)))].sort((a, b) => a - b);
+  const gaps = all.map((s) => new Set(gapsOf(s.points, stepMs)));
+  const sampled = all.flatMap((s) => s.points.map(([t]) => t));
+  const times = [...new Set([...sampled, ...gaps.flatMap((g) => [...g])])].sort((a, b) => a - b);
   const label = (s: Series) => Object.values(s.labels).join(" / ") || metric;
-  const columns = all.map((s) => {
+  const columns = all.map((s, i) => {
     const at = new Map(s.points.map(([t, v]) => [t, scaled(shown, v)]));
-    return times.map((t) => at.get(t) ?? null);
+    return times.map((t) => at.get(t) ?? (gaps[i].has(t) ? null : undefined));
   });
   return {
     unit: shown,
@@ -160,9 +180,10 @@ function Chart(props: ChartSpec & { match: string[]; by: string; start: number; 
   const limitSeries = limit ? limits.data?.metricRange.series : undefined;
   // drawn once its limit has answered too, so the chart is not drawn without it and again with it
   const limitSettled = limit === undefined || limits.data !== null || limits.error !== null;
+  const step = found.data?.metricRange.step ?? 0;
   const plot = useMemo(
-    () => plotOf(metric, unit, decoded(series ?? []), decoded(limitSeries ?? [])),
-    [metric, unit, series, limitSeries],
+    () => plotOf(metric, unit, decoded(series ?? []), decoded(limitSeries ?? []), step),
+    [metric, unit, series, limitSeries, step],
   );
   useEffect(() => {
     if (!box.current || !series || series.length === 0 || !limitSettled) return;
