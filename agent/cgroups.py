@@ -22,6 +22,7 @@ ROOT = Path("/sys/fs/cgroup")
 GROUP = "astraeus"
 CPU_PERIOD_US = 100_000
 MIN_CPU_QUOTA_US = 1_000  # the kernel's floor
+MAX_CPU_WEIGHT = 10_000  # cgroup v2's ceiling for cpu.weight
 
 
 def _writable(path: Path) -> bool:
@@ -85,6 +86,19 @@ class WorkerCgroup:
         else:
             (self.cpu_limit / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
             (self.cpu_limit / "cpu.cfs_quota_us").write_text(str(quota or -1))
+        return True
+
+    def share_cpu(self, cores: float | None) -> bool:
+        """Its share of CPU time where cores are contended, by the cores it reserved (v2
+        ``cpu.weight``: 100 a core, as a sibling group has by default; v1 ``cpu.shares``: 1024 a
+        core); None leaves the default. False where this machine gives no CPU controller."""
+        if self.cpu_limit is None or not cores:
+            return False
+        if self.version == 2:
+            weight = min(MAX_CPU_WEIGHT, max(1, round(cores * 100)))
+            (self.cpu_limit / "cpu.weight").write_text(str(weight))
+        else:
+            (self.cpu_limit / "cpu.shares").write_text(str(max(2, round(cores * 1024))))
         return True
 
     def folders(self) -> list[Path]:

@@ -113,6 +113,7 @@ def start_payload(start: agent_pb2.StartWorker) -> dict[str, Any]:
             for c in start.credentials
         ],
         "cpu": start.cpu if start.HasField("cpu") else None,
+        "cpu_request": start.cpu_request if start.HasField("cpu_request") else None,
         "memory_limit_bytes": (
             start.memory_limit_bytes if start.HasField("memory_limit_bytes") else None
         ),

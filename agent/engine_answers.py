@@ -375,6 +375,8 @@ def create_body(
         host["MemorySwap"] = int(memory)  # the limit is the limit: no swap beyond it
     if payload.get("cpu"):
         host["NanoCpus"] = round(float(payload["cpu"]) * 1e9)
+    if payload.get("cpu_request"):  # its share where cores are contended: 1024 a core
+        host["CpuShares"] = max(2, round(float(payload["cpu_request"]) * 1024))
     gpus = payload.get("gpu_ids") or []
     if gpus:
         host["DeviceRequests"] = [

@@ -205,6 +205,7 @@ class ProcessWorker:
         if self.cgroup is not None:
             self.cgroup.limit_memory(self.payload.get("memory_limit_bytes"))
             self.cgroup.limit_cpu(self.payload.get("cpu"))
+            self.cgroup.share_cpu(self.payload.get("cpu_request"))
             group = {
                 "version": self.cgroup.version,
                 "memory": str(self.cgroup.memory),

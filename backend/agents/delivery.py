@@ -18,6 +18,7 @@ from backend.db import Database, database_away
 from backend.machine_identity import service as identity
 from backend.machine_identity.rules import MachinePrincipal
 from backend.models import AgentCommand
+from backend.runs.spec import DEFAULT_CPU
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,7 @@ def start_message(command: AgentCommand) -> agent_pb2.StartWorker:
     )
     if p.get("cpu") is not None:
         start.cpu = float(p["cpu"])
+    start.cpu_request = float(p["cpu"]) if p.get("cpu") is not None else DEFAULT_CPU
     if p.get("memory_limit_bytes") is not None:
         start.memory_limit_bytes = int(p["memory_limit_bytes"])
     return start

@@ -285,6 +285,15 @@ def _canonical_duration(value: Any, *, positive: bool) -> str | None:
     return format_duration(parsed)
 
 
+# What a worker whose specification names no ``cpu`` reserves on its machine: a tenth of a core,
+# a Kubernetes LimitRange's usual default request (100m), so that many such workers share a
+# small machine (issue 36: the default of 1 core fitted one 2-rank run on a 2-core laptop). It
+# has no CPU limit: it may use any core nobody else uses, and where cores are contended it gets
+# its share by what it reserved (its control group's weight), as a pod with a request and no
+# limit does. A ``cpu`` given is reserved and enforced exactly.
+DEFAULT_CPU = 0.1
+
+
 class RunSpec(_Strict):
     """What one run asks for. Resources are per worker."""
 
@@ -293,7 +302,9 @@ class RunSpec(_Strict):
     pool: Name | None = None
     workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
     gpus: int = Field(default=0, ge=0, le=MAX_GPUS_PER_WORKER)
-    cpu: float = Field(default=1.0, gt=0, le=4096)
+    # Cores per worker, reserved on its machine and its limit there; None: DEFAULT_CPU reserved
+    # and no limit (it shares the machine's idle cores, weighted by what it reserved).
+    cpu: float | None = Field(default=None, gt=0, le=4096)
     memory_bytes: int | None = Field(default=None, gt=0)
     per_gpu: PerGpu | None = None
     image: Line | None = Field(default=None, min_length=1, max_length=512)
@@ -411,8 +422,15 @@ class RunSpec(_Strict):
         return memory_limit(self.memory_bytes, per_gpu, self.gpus)
 
     @property
+    def cpu_reserved(self) -> float:
+        """The cores each worker reserves: ``cpu``, or DEFAULT_CPU without it."""
+        return DEFAULT_CPU if self.cpu is None else self.cpu
+
+    @property
     def footprint(self) -> Footprint:
-        return Footprint(self.cpu, self.memory_limit_bytes or 0, self.pool, self.image is not None)
+        return Footprint(
+            self.cpu_reserved, self.memory_limit_bytes or 0, self.pool, self.image is not None
+        )
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -518,7 +536,7 @@ def stored_footprint(
     field not stored is None): RunSpec's defaults and rules, without making a RunSpec (a
     scheduling pass reads thousands)."""
     if cpu is None:
-        cpu = _defaults(RunSpec)["cpu"][1]
+        cpu = DEFAULT_CPU
     limit = memory_limit(memory_bytes, per_gpu_bytes, gpus)
     return Footprint(float(cpu), limit or 0, pool, image is not None)
 

@@ -330,7 +330,7 @@ def _submission(run: Run, account: str, settings: SlurmSettings, folder: str) ->
         partition=spec.pool,
         workers=spec.workers,
         gpus=spec.gpus,
-        cpus=max(1, math.ceil(spec.cpu)),
+        cpus=max(1, math.ceil(spec.cpu_reserved)),
         memory_mb=-(-memory // 2**20) if memory else None,
         command=tuple(spec.command or ()),
         environment=tuple(sorted(spec.environment.items())),

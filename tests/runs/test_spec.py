@@ -95,7 +95,9 @@ def test_a_stored_specification_reads_back_as_submitted_with_its_cluster_and_poo
     spec = stored_spec(stored)
     assert spec.to_json() == stored
     assert (spec.stall_timeout_delta, spec.on_stall) == (timedelta(seconds=90), "keep")
-    assert (spec.max_restarts, spec.restart_policy, spec.cpu) == (10, "on_failure", 1.0)
+    # cpu not given: none stored, a tenth of a core reserved (issue 36)
+    assert (spec.max_restarts, spec.restart_policy, spec.cpu) == (10, "on_failure", None)
+    assert spec.cpu_reserved == 0.1
 
 
 def test_a_key_an_older_version_stored_is_left_out_and_a_newer_field_takes_its_default() -> None:
