@@ -2,7 +2,9 @@
 agent and real runs (issue 8): a followed log shows a new line within 2 s, Find… and Errors only
 filter, Download saves <worker>.log, a failed run shows its failure panel and the seed's advice
 (a run at its time limit too, with its last lines: issue 20), Its log opens that worker's log;
-screenshots of each tab and of a worker's page."""
+the Workers tab says where each worker is or ran, an image run on process agents says why it
+does not start, an ended worker's network chart why it has no samples (issue 36); screenshots
+of each tab and of a worker's page."""
 
 from __future__ import annotations
 
@@ -121,7 +123,17 @@ def test_following_a_running_workers_log(
     shots = screenshots(tmp_path)
     sign_in(page, server, token)
     page.goto(f"{server.url}/o/default/w/default/runs/chatty")
-    page.get_by_role("table", name="Workers").locator('tr[data-row="chatty-0"]').wait_for()
+    row = page.get_by_role("table", name="Workers").locator('tr[data-row="chatty-0"]')
+    row.wait_for()
+    # seed L-26, issue 36: Machine and GPUs say where it is: its machine and the GPU ids it
+    # holds, as the API's placement has them
+    placed = HTTP.get(
+        f"{server.url}/v1/tasks/chatty-0", headers={"Authorization": f"Bearer {token}"}
+    ).json()["placement"]
+    assert row.locator('[data-figure="machine"]').inner_text() == placed["machine"]
+    assert row.locator('[data-figure="gpus"]').inner_text() == ", ".join(
+        str(i) for i in placed["gpu_ids"]
+    )
     page.screenshot(path=str(shots / "run-workers.png"), full_page=True)
 
     page.get_by_role("button", name="Log of chatty-0").click()
@@ -256,6 +268,7 @@ def test_a_run_restarting_after_a_stall_shows_the_restarting_in_a_loop_panel(
         "name": "hangs",
         "gpus": 1,
         "stall_timeout": "3s",
+        "max_restarts": 3,
         "command": ["python3", "-c", HANGS],
     }
     create(server, token, spec)
@@ -273,7 +286,12 @@ def test_a_run_restarting_after_a_stall_shows_the_restarting_in_a_loop_panel(
     page.goto(f"{server.url}/o/default/w/default/runs/hangs")
     panel = page.get_by_role("region", name="Restarting in a loop")
     panel.wait_for()
-    assert panel.locator('[data-figure="restarts"]').inner_text() == "1 of 10"
+    # issue 36: its own max_restarts, in the count and in the rule (it said "after 10" always)
+    assert panel.locator('[data-figure="restarts"]').inner_text() == "1 of 3"
+    assert panel.locator('[data-figure="loop-rule"]').inner_text() == (
+        "Each failure doubles the wait, up to 5 minutes; after 3 restarts in a row it gives up; "
+        "10 minutes running resets the count."
+    )
     assert panel.locator('[data-figure="loop-reason"]').inner_text() == (
         "Stalled: no progress for 3s"
     )
@@ -299,6 +317,8 @@ def test_a_run_restarting_after_a_stall_shows_the_restarting_in_a_loop_panel(
     assert row.locator("td").first.inner_text() == (
         f"{happened:%Y-%m-%d %H:%M:%S} UTC\nfound {found:%Y-%m-%d %H:%M:%S} UTC"
     )
+    # its restarts hold a core of this machine's few while placed: the next tests' runs need it
+    gql(server, token, 'mutation { stopRun(name: "hangs") { errors { message } } }')
 
 
 # Asks for more memory than its limit at once: the kernel kills it within a second.
@@ -383,10 +403,22 @@ def test_an_ended_workers_page_says_where_it_ran(live: tuple[Server, str], page:
     sign_in(page, server, token)
     page.goto(f"{server.url}/o/default/w/default/workers/local/broken-0")
     figures = page.get_by_label("Worker", exact=True)
+    ids = ", ".join(str(i) for i in ran["gpuIds"])
     assert figures.locator('[data-figure="machine"]').inner_text() == ran["machine"]
-    assert figures.locator('[data-figure="gpu-ids"]').inner_text() == ", ".join(
-        str(i) for i in ran["gpuIds"]
+    assert figures.locator('[data-figure="gpu-ids"]').inner_text() == ids
+    # seed L-38, issue 36: its network chart says why it has nothing, as the API does: the
+    # process agent's workers share the host's network (it said "No samples" once it ended)
+    page.get_by_role("tab", name="Metrics").click()
+    network = page.locator('figure[data-metric="task_network_receive_bytes_total"]')
+    assert network.locator(".not-measured").inner_text() == (
+        "Not measured: this machine's agent runs processes on the host's network"
     )
+    assert network.get_by_text("No samples").count() == 0
+    # issue 36: its run's Workers tab keeps where it ran (Machine and GPUs said "—" and "1")
+    page.goto(f"{server.url}/o/default/w/default/runs/broken")
+    row = page.get_by_role("table", name="Workers").locator('tr[data-row="broken-0"]')
+    assert row.locator('[data-figure="machine"]').inner_text() == ran["machine"]
+    assert row.locator('[data-figure="gpus"]').inner_text() == ids
 
 
 def test_gpus_events_and_machines(live: tuple[Server, str], page: Any, tmp_path: Path) -> None:
@@ -463,6 +495,36 @@ def test_a_run_that_does_not_start_says_where_to_look(
         "The GPU count does not split as asked: change machines or the count."
     )
     page.screenshot(path=str(screenshots(tmp_path) / "run-pending.png"), full_page=True)
+
+
+def test_an_image_run_where_no_machine_runs_containers_says_why_it_does_not_start(
+    live: tuple[Server, str], page: Any
+) -> None:
+    # issue 36: its page had no Why it does not start panel; seed L-61: the per-machine reasons
+    server, token = live
+    spec = {"name": "boxed", "gpus": 1, "image": "python:3.11-slim", "command": ["true"]}
+    create(server, token, spec)
+    try:
+        sign_in(page, server, token)
+        page.goto(f"{server.url}/o/default/w/default/runs/boxed")
+        panel = page.get_by_role("region", name="Why it waits")
+        panel.wait_for()
+        assert panel.get_by_role("heading").inner_text() == "Why it does not start"
+        assert panel.locator(".sentence").inner_text() == (
+            "No machine runs containers: this cluster's agents run processes; drop image or add "
+            "a machine with --executor docker"
+        )
+        assert panel.locator('[data-figure="wait-advice"]').inner_text() == (
+            "The per-machine reasons: Read a pending reason."
+        )
+        machines = panel.get_by_role("list", name="Per machine").inner_text()
+        assert machines == "local: runs processes, not containers: the run names an image"
+        # not placed: the GPUs it asks for, marked so
+        row = page.get_by_role("table", name="Workers").locator('tr[data-row="boxed-0"]')
+        assert row.locator('[data-figure="machine"]').inner_text() == "—"
+        assert row.locator('[data-figure="gpus"]').inner_text() == "1 asked"
+    finally:
+        gql(server, token, 'mutation { stopRun(name: "boxed") { errors { message } } }')
 
 
 def test_run_again_opens_the_spec_under_a_new_name(live: tuple[Server, str], page: Any) -> None:

@@ -1,13 +1,13 @@
 // A run's page (seed logs-metrics-debugging.txt): its state and sentence, who started it and
-// when; the readout; its goodput and bar; the failure panel with the seed's advice and Its log;
-// the Restarting in a loop panel; Run again; tabs Workers, Logs, Metrics and History. Its parts
-// are in run/. Its goodput over time (issue 23): hour by hour since it was submitted (the last
+// when; the readout; the panel of what it does now (run/Panels: why it failed, preempted,
+// restarting in a loop, why it does not start); its goodput and bar; Run again; tabs Workers,
+// Logs, Metrics and History. Its parts are in run/. Its goodput over time (issue 23): hour by hour since it was submitted (the last
 // 7 days at most), a click on an hour opening its intervals.
 import { useState } from "react";
 
 import { GoodputOverTime } from "../components/GoodputOverTime";
 import { StackedBar } from "../components/StackedBar";
-import { Sentences, StateBadge } from "../components/Table";
+import { StateBadge } from "../components/Table";
 import { percent, when } from "../format";
 import type { RunQuery } from "../generated/graphql";
 import { LEDGER_FIELDS } from "../ledger";
@@ -19,10 +19,9 @@ import { useQuery } from "../useQuery";
 import { EventLog } from "./EventsPage";
 import { Intervals, Summary, type Picked } from "./Goodput";
 import { Metrics } from "./LazyMetrics";
-import { FailurePanel } from "./run/FailurePanel";
 import { WORKER_FIELDS } from "./run/model";
+import { Panels } from "./run/Panels";
 import { Readout } from "./run/Readout";
-import { RestartLoopPanel } from "./run/RestartLoopPanel";
 import { Rework } from "./run/Rework";
 import { RunAgain } from "./run/RunAgain";
 import { WorkersTable } from "./run/WorkersTable";
@@ -104,34 +103,7 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
       </header>
       {again && <RunAgain run={run} onClose={() => setAgain(false)} onCreated={(n) => go(runPath(org, workspace, n))} />}
       <Readout run={run} />
-      {run.state === "Failed" && (run.failedWorker || run.advice) && (
-        <FailurePanel run={run} worker={run.failedWorker} onLog={(w) => open("logs", w)} onMemory={() => open("metrics")} />
-      )}
-      {run.state !== "Failed" && run.advice?.kind === "preempted" && (
-        <section className="panel preempted" aria-label="Why it was stopped">
-          <h2>Preempted</h2>
-          <p className="sentence">{run.reason}</p>
-          <p>
-            <strong>Look at:</strong> <span data-figure="advice">{run.advice.lookAt}</span>
-          </p>
-        </section>
-      )}
-      {run.restartLoop && <RestartLoopPanel loop={run.restartLoop} onLog={(w) => open("logs", w)} onMetrics={() => open("metrics")} />}
-      {run.waitAdvice && !(run.waitAdvice.kind === "restart_loop" && run.restartLoop) && (
-        <section className="panel waiting" aria-label="Why it waits">
-          <h2>Why it does not start</h2>
-          <p className="sentence">{run.waitAdvice.reason}</p>
-          <p>
-            <strong>Look at:</strong> <span data-figure="wait-advice">{run.waitAdvice.lookAt}</span>
-          </p>
-          {run.waitAdvice.open === "machines" && run.pendingReasons.length > 0 && (
-            <Sentences label="Per machine" items={run.pendingReasons.map((r) => ({ name: r.machine, sentence: r.reason }))} />
-          )}
-          {run.waitAdvice.open === "workers" && (
-            <Sentences label="Its gang" items={run.workers.map((w) => ({ name: w.name, sentence: w.reason }))} />
-          )}
-        </section>
-      )}
+      <Panels run={run} onLog={(w) => open("logs", w)} onMetrics={() => open("metrics")} />
       <section aria-label="Goodput of the run">
         <h2>Goodput</h2>
         <Summary total={run.goodput} />

@@ -18,7 +18,6 @@ import { StateBadge } from "../components/Table";
 
 const WORKER = /* GraphQL */ `query WorkerPage($run: String!, $ws: String) { run(name: $run, workspace: $ws) { name spec workers {
   ...WorkerFields
-  lastPlacement { machine gpuIds }
   started { image command user gpuIds restartPolicy timeLimit rank environment mounts }
   history { transitionAt state reason } } } }`;
 const QUERY = WORKER + WORKER_FIELDS;

@@ -1,8 +1,9 @@
-import { when } from "../../format";
+import { plural, when } from "../../format";
 import { lastFailureOf, type RestartLoop } from "./model";
 
 // A run restarting after failures or stalls in a row (seed: Restarting in a loop): its restarts,
-// when the next attempt is, and the last failure's advice and output.
+// when the next attempt is, and the last failure's advice and output. How many restarts in a
+// row it makes before it gives up is its own max_restarts (the seed's 10 is the default).
 export function RestartLoopPanel({
   loop,
   onLog,
@@ -24,9 +25,9 @@ export function RestartLoopPanel({
         restarts in a row;{" "}
         {loop.restartAt ? <>next attempt at {when(loop.restartAt)}</> : <>started again</>}.
       </p>
-      <p className="muted">
-        Each failure doubles the wait, up to 5 minutes; after 10 restarts in a row it gives up; 10 minutes running
-        resets the count.
+      <p className="muted" data-figure="loop-rule">
+        Each failure doubles the wait, up to 5 minutes; after {loop.maxRestarts} {plural(loop.maxRestarts, "restart")} in
+        a row it gives up; 10 minutes running resets the count.
       </p>
       {w && failure && (
         <div>

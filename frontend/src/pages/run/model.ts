@@ -30,5 +30,5 @@ export function specOf(run: { spec: unknown }): Record<string, unknown> {
 export const WORKER_FIELDS = /* GraphQL */ `
   fragment WorkerFields on Worker {
     name rank state reason stateSince gpus gpuIds restarts restartAt exitCode lastFailure
-    machine straggler advice { reason exitCode kind lookAt open }
+    machine lastPlacement { machine gpuIds } straggler advice { reason exitCode kind lookAt open }
   }`;
