@@ -141,8 +141,12 @@ async def test_without_a_valid_token_every_field_is_refused(
 async def test_runs_with_workers_and_history_take_a_fixed_number_of_statements(
     client: httpx.AsyncClient, db: Database, tenancy: Tenancy
 ) -> None:
-    # The run page's fields: its workers with their history and how they were started too.
-    page = "workers { history { state reason } started { image command rank environment } }"
+    # The run page's fields: its workers with their history, how they were started, and where
+    # they were placed last (the Workers tab's Machine and GPUs of an ended worker) too.
+    page = (
+        "workers { history { state reason } started { image command rank environment } "
+        "lastPlacement { machine gpuIds } }"
+    )
     query = f"{{ runs {{ {RUN_FIELDS} {page} }} }}"
 
     async def statements_for_listing() -> int:
