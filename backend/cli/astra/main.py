@@ -318,7 +318,7 @@ def cmd_logs(api: Api, args: argparse.Namespace) -> str:
             print(json.dumps(chunk, ensure_ascii=False), flush=True)
             continue
         if chunk["missed"]:
-            print(("\n" if open_line else "") + f"[… {chunk['missed']} lines missed]", flush=True)
+            print(("\n" if open_line else "") + missed_notice(chunk["missed"]), flush=True)
             open_line = False
         if chunk.get("behind") and time.monotonic() - slowed_told >= SLOWED_NOTICE_EVERY_S:
             # on stderr: the log's own lines stay as the worker wrote them
@@ -342,6 +342,11 @@ def cmd_logs(api: Api, args: argparse.Namespace) -> str:
     if end["status"] != "Completed":
         raise CliError(line, EXIT_FAILED)
     return line
+
+
+def missed_notice(lines: int) -> str:
+    """Where a follower missed lines it could not keep up with: ``[… 1 line missed]``."""
+    return f"[… {lines} line{'' if lines == 1 else 's'} missed]"
 
 
 ENDING_WAIT_S = 30.0
