@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { counted, gpuHours, memory, plural } from "./format";
+import { counted, decimalsFor, gpuHours, memory, plural } from "./format";
 
 describe("memory", () => {
   // Each figure is what the CLI's memory_text (backend/scheduling/placement.py) says for the
@@ -21,24 +21,31 @@ describe("memory", () => {
   });
 });
 
-describe("gpuHours", () => {
-  it("says one decimal from a GPU-hour, as the seed's table does", () => {
-    expect(gpuHours(323.14)).toBe("323.1");
-    expect(gpuHours(21)).toBe("21.0");
-    expect(gpuHours(1.04)).toBe("1.0");
-    expect(gpuHours(1234.56)).toBe("1,234.6");
-    expect(gpuHours(0)).toBe("0.0");
+describe("GPU-hours' digits, as the CLI's goodput table chooses them (issue 36)", () => {
+  // tests/test_cli_goodput.py test_the_smallest_held_keeps_three_digits, case for case
+  it.each([
+    [469.6, 1],
+    [10.0, 1],
+    [9.99, 2],
+    [1.0, 2],
+    [0.2, 3],
+    [0.05, 4],
+    [1 / 3600, 6],
+  ])("a smallest held of %f gives %i decimals", (smallest, decimals) => {
+    expect(decimalsFor([469.6, smallest, 0])).toBe(decimals);
   });
 
-  it("says two significant digits below one, so a small figure is not 0.0 (issue 36)", () => {
-    // the issue's run: HELD 0.2 USED 0.0 GOODPUT 15%; now its figures agree with its goodput
-    expect([gpuHours(0.2), gpuHours(0.03)]).toEqual(["0.20", "0.030"]);
-    expect(gpuHours(0.95)).toBe("0.95");
-    expect(gpuHours(8 / 3600)).toBe("0.0022"); // 8 GPU-seconds
-    expect(gpuHours(1 / 3600)).toBe("0.00028"); // one GPU-second
-    // rounding up to the next decade keeps two digits
-    expect(gpuHours(0.0996)).toBe("0.10");
-    expect(gpuHours(0.999)).toBe("1.0");
+  it("keeps the seed's one decimal where nothing is held", () => {
+    expect(decimalsFor([])).toBe(1);
+    expect(decimalsFor([0, 0])).toBe(1);
+  });
+
+  it("writes a figure to them, thousands grouped", () => {
+    expect(gpuHours(323.14)).toBe("323.1");
+    expect(gpuHours(21)).toBe("21.0");
+    expect(gpuHours(1234.56)).toBe("1,234.6");
+    expect(gpuHours(0.03, 3)).toBe("0.030");
+    expect(gpuHours(1 / 3600, 6)).toBe("0.000278");
   });
 });
 

@@ -1,18 +1,23 @@
 // Figures as the seed prints them: GPU-hours to one decimal, goodput as a whole percent.
 
-// GPU-hours to one decimal (323.1, 21.0, 0.0), or as many as two significant digits need below
-// one (0.20, 0.030, 0.0022): one decimal read a small run as "HELD 0.2 USED 0.0 GOODPUT 15%",
-// its figures not agreeing (issue 36). Zero is 0.0.
-export function gpuHours(value: number): string {
-  const digits = decimalsOf(value);
-  return value.toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+// Decimals of a view's GPU-hours, as the CLI's goodput table chooses them
+// (backend/cli/astra/goodput.py decimals_for): the seed's one where the smallest figure held
+// (above 0) is 10 GPU-hours or more; under that, as many as keep it to three significant digits,
+// down to a GPU-second (0.000278), so that a small run does not read "HELD 0.2 USED 0.0 GOODPUT
+// 15%" (issue 36). One count for a whole view (a summary and its rows): they stay comparable.
+export const MAX_DECIMALS = 6;
+
+export function decimalsFor(held: number[]): number {
+  const above = held.filter((h) => h > 0);
+  if (above.length === 0) return 1;
+  const smallest = Math.min(...above);
+  for (let d = 1; d < MAX_DECIMALS; d++) if (smallest >= 10 ** (2 - d)) return d;
+  return MAX_DECIMALS;
 }
 
-function decimalsOf(value: number): number {
-  if (value === 0 || !Number.isFinite(value)) return 1;
-  // the decade of the value as two significant digits round it (0.0996 is 0.10, not 0.100)
-  const rounded = Number(Math.abs(value).toPrecision(2));
-  return Math.max(1, 1 - Math.floor(Math.log10(rounded)));
+// GPU-hours to `decimals` (decimalsFor), with the thousands grouped: 1,234.6; 0.030.
+export function gpuHours(value: number, decimals = 1): string {
+  return value.toLocaleString("en-US", { minimumFractionDigits: decimals, maximumFractionDigits: decimals });
 }
 
 // A noun for a count: one worker, two workers (issue 36: the console said "1 workers").
@@ -37,7 +42,7 @@ const MIB = 2 ** 20;
 const GIB = 2 ** 30;
 
 // Python's round(): halves to the even neighbour, so the console and the CLI agree to the digit.
-function roundHalfEven(value: number): number {
+export function roundHalfEven(value: number): number {
   const floor = Math.floor(value);
   const rest = value - floor;
   if (Math.abs(rest - 0.5) > 1e-9) return Math.round(value);

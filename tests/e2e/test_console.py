@@ -7,14 +7,15 @@ docs/screenshots) at 1280 by 800.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from backend.cli.astra.goodput import cells, decimals_for
 from tests.e2e.browser import NEEDS_CHROMIUM, console_dir, screenshots, sign_in
 from tests.e2e.live import Server, serving_seed_week
 from tests.support import Tenancy
@@ -30,13 +31,28 @@ def seed_week(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server
         yield found
 
 
-def gpu_hours(value: float) -> str:
-    """GPU-hours as the console writes them (frontend/src/format.ts gpuHours): one decimal, or
-    two significant digits below one (issue 36)."""
-    if value == 0:
-        return "0.0"
-    decade = math.floor(math.log10(float(f"{abs(value):.2g}")))
-    return f"{value:,.{max(1, 1 - decade)}f}"
+def as_printed(ledgers: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """REST ledgers' figures as `astra astraeus goodput` prints them, one table's decimals for
+    all (backend/cli/astra/goodput.py cells): the console writes the same (issue 36)."""
+    shaped = [
+        {
+            "allocatedGpuHours": ledger["allocated_gpu_hours"],
+            "productiveGpuHours": ledger["productive_gpu_hours"],
+            "waitingGpuHours": ledger["waiting_gpu_hours"],
+            "goodput": ledger["goodput"],
+            "gpuHours": [
+                {"category": c, "heldGpuHours": v} for c, v in ledger["held_gpu_hours"].items()
+            ],
+        }
+        for ledger in ledgers
+    ]
+    decimals = decimals_for(shaped)
+    return [with_thousands(cells(ledger, decimals)) for ledger in shaped]
+
+
+def with_thousands(figures: dict[str, str]) -> dict[str, str]:
+    """The CLI's figures with the console's thousands separator (1,234.5)."""
+    return {k: v if k == "GOODPUT" else f"{Decimal(v):,}" for k, v in figures.items()}
 
 
 def near_percent(text: str, ratio: float) -> bool:
@@ -59,37 +75,39 @@ def test_the_goodput_page_shows_the_apis_figures(
     ).json()
 
     total = api["total"]
+    printed, *rows_printed = as_printed([total, *api["ledgers"]])
     summary = page.locator(".summary")
     assert near_percent(summary.locator('[data-figure="goodput"]').inner_text(), total["goodput"])
     held = summary.locator('[data-figure="held"]').inner_text()
-    assert held == f"{gpu_hours(total['allocated_gpu_hours'])} GPU-h"
+    assert held == f"{printed['HELD']} GPU-h"
     productive = summary.locator('[data-figure="productive"]').inner_text()
-    assert productive == f"{gpu_hours(total['productive_gpu_hours'])} GPU-h"
-    not_productive = total["allocated_gpu_hours"] - total["productive_gpu_hours"]
+    assert productive == f"{printed['USED']} GPU-h"
+    # not productive is held less used, as printed (issue 36: the figures agree)
+    not_productive = Decimal(printed["HELD"].replace(",", "")) - Decimal(
+        printed["USED"].replace(",", "")
+    )
     shown = summary.locator('[data-figure="not-productive"]').inner_text()
-    assert shown.startswith(f"{gpu_hours(not_productive)} GPU-h")
+    assert shown.startswith(f"{not_productive:,} GPU-h")
     biggest = max(
         (c for c in total["held_gpu_hours"] if c != "productive"),
         key=lambda c: total["held_gpu_hours"][c],
     )
     assert f"biggest loss: {biggest.capitalize()}" in shown
     waiting = summary.locator('[data-figure="waiting"]').inner_text()
-    assert waiting == f"{gpu_hours(total['waiting_gpu_hours'])} GPU-h"
+    assert waiting == f"{printed['WAITING']} GPU-h"
 
     rows = page.locator("tr[data-row]")
     assert rows.evaluate_all("rs => rs.map(r => r.dataset.row)") == ["llm", "sweep-7"]
-    for ledger in api["ledgers"]:
+    for ledger, figures in zip(api["ledgers"], rows_printed, strict=True):
         row = page.locator(f'tr[data-row="{ledger["name"]}"]')
-        assert row.locator('[data-figure="held"]').inner_text() == gpu_hours(
-            ledger["allocated_gpu_hours"]
-        )
-        assert row.locator('[data-figure="used"]').inner_text() == gpu_hours(
-            ledger["productive_gpu_hours"]
-        )
+        assert row.locator('[data-figure="held"]').inner_text() == figures["HELD"]
+        assert row.locator('[data-figure="used"]').inner_text() == figures["USED"]
         assert near_percent(row.locator('[data-figure="goodput"]').inner_text(), ledger["goodput"])
-        assert row.locator('[data-figure="waiting"]').inner_text() == gpu_hours(
-            ledger["waiting_gpu_hours"]
-        )
+        assert row.locator('[data-figure="waiting"]').inner_text() == figures["WAITING"]
+        # the bar's idle segment says the CLI's IDLE
+        idle = row.locator(".segment-idle")
+        if ledger["held_gpu_hours"].get("idle", 0) > 0:
+            assert idle.get_attribute("title") == f"Idle: {figures['IDLE']} GPU-hours"
         # one segment per category with time in it, waiting last
         shown_parts = row.locator(".segment").evaluate_all("ss => ss.map(s => s.dataset.category)")
         held_parts = [c for c, v in ledger["held_gpu_hours"].items() if v > 0]

@@ -3,7 +3,7 @@
 // kind, their GPU faults, how that compares with their pool and the suggested action. Only the
 // machines with something to show are listed; the ranking is backend/machines/health.py's.
 import type { MachineHealthQuery } from "../generated/graphql";
-import { gpuHours } from "../format";
+import { decimalsFor, gpuHours } from "../format";
 import { useQuery } from "../useQuery";
 import { Head } from "../components/Table";
 
@@ -14,6 +14,7 @@ export const HEALTH = /* GraphQL */ `query MachineHealth { machineHealth { machi
 export function CostlyMachines() {
   const found = useQuery<MachineHealthQuery>(HEALTH, {}, true, 60_000);
   const rows = found.data?.machineHealth.machines.filter((m) => m.action !== "none") ?? [];
+  const decimals = decimalsFor(rows.map((m) => m.lostGpuHours));
   return (
     <section aria-label="Costly machines">
       <h2>Costly machines</h2>
@@ -31,7 +32,7 @@ export function CostlyMachines() {
               <tr key={`${m.cluster}/${m.machine}`} data-row={m.machine}>
                 <th scope="row">{m.machine}</th>
                 <td>{m.pool ?? "—"}</td>
-                <td className="num" data-figure="lost">{gpuHours(m.lostGpuHours)}</td>
+                <td className="num" data-figure="lost">{gpuHours(m.lostGpuHours, decimals)}</td>
                 <td data-figure="failures">
                   {m.failureCount}
                   {m.failures.length > 0 && ` (${m.failures.map((f) => `${f.kind} ${f.count}`).join(", ")})`}

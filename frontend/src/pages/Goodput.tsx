@@ -10,7 +10,7 @@ import { STYLE } from "../categories";
 import { GoodputOverTime } from "../components/GoodputOverTime";
 import { Legend } from "../components/Legend";
 import { StackedBar } from "../components/StackedBar";
-import { gpuHours, percent, when } from "../format";
+import { decimalsFor, gpuHours, percent, when } from "../format";
 import type {
   GoodputCategory,
   GoodputQuery,
@@ -19,7 +19,7 @@ import type {
   ReportFieldsFragment,
   WeeklyQuery,
 } from "../generated/graphql";
-import { biggestHeldLoss, LEDGER_FIELDS, notProductive, type Ledger } from "../ledger";
+import { biggestHeldLoss, figuresOf, LEDGER_FIELDS, type Ledger } from "../ledger";
 import { Link } from "../nav";
 import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
@@ -202,8 +202,11 @@ function NeedsAttention({ attention, alerts }: { attention: Attention[]; alerts:
   );
 }
 
-export function Summary({ total }: { total: Ledger }) {
+// `decimals`: the view's (decimalsFor), so that the summary and the rows under it say the same
+// digits, and not productive is held less productive as printed.
+export function Summary({ total, decimals }: { total: Ledger; decimals: number }) {
   const loss = biggestHeldLoss(total);
+  const shown = figuresOf(total, decimals);
   return (
     <dl className="summary">
       <div>
@@ -212,27 +215,27 @@ export function Summary({ total }: { total: Ledger }) {
       </div>
       <div>
         <dt>GPU time held</dt>
-        <dd data-figure="held">{gpuHours(total.allocatedGpuHours)} GPU-h</dd>
+        <dd data-figure="held">{shown.held} GPU-h</dd>
       </div>
       <div>
         <dt>Productive</dt>
-        <dd data-figure="productive">{gpuHours(total.productiveGpuHours)} GPU-h</dd>
+        <dd data-figure="productive">{shown.productive} GPU-h</dd>
       </div>
       <div>
         <dt>Not productive</dt>
         <dd data-figure="not-productive">
-          {gpuHours(notProductive(total))} GPU-h
+          {shown.notProductive} GPU-h
           {loss && (
             <span className="muted">
               {" "}
-              biggest loss: {STYLE[loss.category].label} {gpuHours(loss.heldGpuHours)}
+              biggest loss: {STYLE[loss.category].label} {shown.part(loss.category)}
             </span>
           )}
         </dd>
       </div>
       <div>
         <dt>Waiting</dt>
-        <dd data-figure="waiting">{gpuHours(total.waitingGpuHours)} GPU-h</dd>
+        <dd data-figure="waiting">{shown.waiting} GPU-h</dd>
       </div>
     </dl>
   );
@@ -250,9 +253,11 @@ function ReportView({
   onSegment: (name: string, category: GoodputCategory) => void;
 }) {
   const scale = Math.max(0, ...report.rows.map((r) => r.ledger.allocatedGpuHours + r.ledger.waitingGpuHours));
+  // one count of decimals for the summary and every row, as the CLI's table has
+  const decimals = decimalsFor([report.total, ...report.rows.map((r) => r.ledger)].map((l) => l.allocatedGpuHours));
   return (
     <>
-      <Summary total={report.total} />
+      <Summary total={report.total} decimals={decimals} />
       {report.rows.length === 0 ? (
         <p className="empty">
           No GPU time in this period. Submit a run (astra astraeus submit spec.json) and its time appears here
@@ -271,26 +276,35 @@ function ReportView({
             ]}
           />
           <tbody>
-            {report.rows.map((r) => (
-              <tr key={r.name} data-row={r.name}>
-                <th scope="row">{by === "RUN" ? <Link to={runLink(r.name)}>{r.name}</Link> : r.name}</th>
-                <td className="num" data-figure="held">
-                  {gpuHours(r.ledger.allocatedGpuHours)}
-                </td>
-                <td className="num" data-figure="used">
-                  {gpuHours(r.ledger.productiveGpuHours)}
-                </td>
-                <td className="num" data-figure="goodput">
-                  {percent(r.ledger.goodput)}
-                </td>
-                <td className="num" data-figure="waiting">
-                  {gpuHours(r.ledger.waitingGpuHours)}
-                </td>
-                <td className="bar-cell">
-                  <StackedBar ledger={r.ledger} name={r.name} scale={scale} onSegment={(c) => onSegment(r.name, c)} />
-                </td>
-              </tr>
-            ))}
+            {report.rows.map((r) => {
+              const shown = figuresOf(r.ledger, decimals);
+              return (
+                <tr key={r.name} data-row={r.name}>
+                  <th scope="row">{by === "RUN" ? <Link to={runLink(r.name)}>{r.name}</Link> : r.name}</th>
+                  <td className="num" data-figure="held">
+                    {shown.held}
+                  </td>
+                  <td className="num" data-figure="used">
+                    {shown.productive}
+                  </td>
+                  <td className="num" data-figure="goodput">
+                    {percent(r.ledger.goodput)}
+                  </td>
+                  <td className="num" data-figure="waiting">
+                    {shown.waiting}
+                  </td>
+                  <td className="bar-cell">
+                    <StackedBar
+                      ledger={r.ledger}
+                      name={r.name}
+                      scale={scale}
+                      decimals={decimals}
+                      onSegment={(c) => onSegment(r.name, c)}
+                    />
+                  </td>
+                </tr>
+              );
+            })}
           </tbody>
         </table>
       )}
@@ -324,6 +338,8 @@ export function Intervals(props: Picked & { workspace: string; onClose: () => vo
   });
   const all = found.data?.goodputIntervals ?? [];
   const rows = category === null ? all : all.filter((i) => (category === "waiting" ? !i.held : i.held));
+  const hours = (i: (typeof all)[number]) => ((Date.parse(i.end) - Date.parse(i.start)) / 3.6e6) * i.gpus;
+  const decimals = decimalsFor(rows.map(hours));
   const what = category === null ? `GPU time of ${name}, ${when(start)} to ${when(end)}` : `${STYLE[category].label} of ${name}`;
   useEffect(() => {
     const close = (e: KeyboardEvent) => e.key === "Escape" && onClose();
@@ -364,7 +380,7 @@ export function Intervals(props: Picked & { workspace: string; onClose: () => vo
                 <td>{when(i.end)}</td>
                 <td className="num">{i.gpus}</td>
                 <td className="num">
-                  {gpuHours(((new Date(i.end).getTime() - new Date(i.start).getTime()) / 3.6e6) * i.gpus)}
+                  {gpuHours(hours(i), decimals)}
                 </td>
               </tr>
             ))}

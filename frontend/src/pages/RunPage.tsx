@@ -8,7 +8,7 @@ import { useState } from "react";
 import { GoodputOverTime } from "../components/GoodputOverTime";
 import { StackedBar } from "../components/StackedBar";
 import { StateBadge } from "../components/Table";
-import { percent, when } from "../format";
+import { decimalsFor, percent, when } from "../format";
 import type { RunQuery } from "../generated/graphql";
 import { LEDGER_FIELDS } from "../ledger";
 import { runLife } from "../life";
@@ -84,6 +84,8 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
     );
   }
   const logWorker = worker ?? run.failedWorker?.name ?? run.workers[0]?.name ?? "";
+  // its GPU-hours' digits, as `astra astraeus goodput --run` prints them (format.ts decimalsFor)
+  const decimals = decimalsFor([run.goodput.allocatedGpuHours]);
   const open = (next: RunTab, w?: string) => go(runPath(org, workspace, name, next, w));
   return (
     <main className="page" aria-labelledby="run-title">
@@ -106,12 +108,17 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
       <Panels run={run} onLog={(w) => open("logs", w)} onMetrics={() => open("metrics")} />
       <section aria-label="Goodput of the run">
         <h2>Goodput</h2>
-        <Summary total={run.goodput} />
+        <Summary total={run.goodput} decimals={decimals} />
         <p className="muted" data-figure="ettr" title="Effective training time ratio: its productive GPU time over its GPUs times its wall time since it was submitted">
           ETTR {percent(run.ettr)} <span>(productive time over its GPUs' wall time since it was submitted)</span>
         </p>
-        <Rework rework={run.rework} productive={run.goodput.productiveGpuHours} />
-        <StackedBar ledger={run.goodput} name={run.name} scale={run.goodput.allocatedGpuHours + run.goodput.waitingGpuHours} />
+        <Rework rework={run.rework} productive={run.goodput.productiveGpuHours} decimals={decimals} />
+        <StackedBar
+          ledger={run.goodput}
+          name={run.name}
+          scale={run.goodput.allocatedGpuHours + run.goodput.waitingGpuHours}
+          decimals={decimals}
+        />
         <GoodputOverTime
           by="RUN"
           name={run.name}

@@ -7,7 +7,8 @@ import type { RunQuery } from "../../generated/graphql";
 
 type Run = NonNullable<RunQuery["run"]>;
 
-export function Rework({ rework, productive }: { rework: Run["rework"]; productive: number }) {
+// `decimals`: its run's (decimalsFor), as the CLI's rework line takes its table's.
+export function Rework({ rework, productive, decimals }: { rework: Run["rework"]; productive: number; decimals: number }) {
   if (rework.redos.length === 0) return null;
   const share = rework.gpuHours !== null && productive > 0 ? ` (${Math.round((rework.gpuHours / productive) * 1000) / 10}% of productive)` : "";
   return (
@@ -17,7 +18,7 @@ export function Rework({ rework, productive }: { rework: Run["rework"]; producti
         {rework.gpuHours === null ? (
           <strong>unknown</strong>
         ) : (
-          <strong>{gpuHours(rework.gpuHours)} GPU-hours</strong>
+          <strong>{gpuHours(rework.gpuHours, decimals)} GPU-hours</strong>
         )}
         {share}
         {rework.gpuHours === null && <span> — it restarted without reporting checkpoints (astraeus_progress.report(step, checkpoint_step=…))</span>}
@@ -41,7 +42,7 @@ export function Rework({ rework, productive }: { rework: Run["rework"]; producti
               <td>{r.reachedStep ?? "unknown"}</td>
               <td>{r.stepsRedone ?? "unknown"}</td>
               <td>{r.caughtUp && r.until ? when(r.until) : r.until ? "restarted again" : "still redoing"}</td>
-              <td>{r.gpuHours === null ? "unknown" : gpuHours(r.gpuHours)}</td>
+              <td>{r.gpuHours === null ? "unknown" : gpuHours(r.gpuHours, decimals)}</td>
             </tr>
           ))}
         </tbody>
