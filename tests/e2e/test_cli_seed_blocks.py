@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -50,21 +51,34 @@ def seed_layout(name: str, values: list[str]) -> str:
     return row
 
 
-def figures(ledger: dict[str, Any]) -> list[str]:
-    """A ledger of the REST API as the seed's columns: HELD USED GOODPUT IDLE STALLED START
-    RESTART FAILURE PREEMPT WAITING."""
-    held = ledger["held_gpu_hours"]
-    goodput = ledger.get("goodput")
-    return [
-        f"{ledger['allocated_gpu_hours']:.1f}",
-        f"{ledger['productive_gpu_hours']:.1f}",
-        "-" if goodput is None else f"{goodput:.0%}",
-        *(
-            f"{held[c]:.1f}"
-            for c in ("idle", "stalled", "starting", "restart", "failure", "preemption")
-        ),
-        f"{ledger['waiting_gpu_hours']:.1f}",
-    ]
+PARTS = ("idle", "stalled", "starting", "restart", "failure", "preemption")
+
+
+def decimals_of(ledgers: list[dict[str, Any]]) -> int:
+    """Issue 36: the seed's one decimal where the smallest HELD is 10 GPU-hours or more; below,
+    as many as keep it to three significant digits."""
+    held = [x["allocated_gpu_hours"] for x in ledgers if x["allocated_gpu_hours"] > 0]
+    smallest = min(held, default=10.0)
+    return next(d for d in range(1, 7) if smallest >= 10.0 ** (2 - d) or d == 6)
+
+
+def checked_row(line: str, name: str, ledger: dict[str, Any], decimals: int) -> None:
+    """A printed row is the ledger of the REST API in the seed's columns (HELD USED GOODPUT IDLE
+    STALLED START RESTART FAILURE PREEMPT WAITING), laid out as the seed's rows: each figure to
+    the table's decimals, off by less than its last digit, the row adding up as printed
+    (HELD = USED + IDLE + … + PREEMPT)."""
+    values = line.split()[-10:]
+    assert line == seed_layout(name, values)
+    held, used, goodput, *parts, waiting = values
+    api = [ledger["allocated_gpu_hours"], ledger["productive_gpu_hours"]]
+    api += [ledger["held_gpu_hours"][c] for c in PARTS] + [ledger["waiting_gpu_hours"]]
+    unit = Decimal(10) ** -decimals
+    for value, exact in zip([held, used, *parts, waiting], api, strict=True):
+        assert len(value.partition(".")[2]) == decimals, (value, decimals)
+        assert abs(Decimal(value) - Decimal(repr(exact))) < unit, (name, value, exact)
+    assert Decimal(held) == Decimal(used) + sum(Decimal(part) for part in parts)
+    share = ledger.get("goodput")
+    assert goodput == ("-" if share is None else f"{share:.0%}")
 
 
 def test_the_layout_rebuilds_the_seeds_own_rows() -> None:
@@ -95,28 +109,23 @@ def test_goodput_by_run_is_the_seeds_block_with_the_weeks_figures(
         headers={"Authorization": f"Bearer {token}"},
     ).json()
     seed = SEED_BLOCK.splitlines()
-    expected = [
-        seed[0],  # GPU-hours
-        seed[1],  # RUN HELD USED GOODPUT …
-        *(seed_layout(row["name"], figures(row)) for row in api["ledgers"]),
-        seed_layout("TOTAL", figures(api["total"])),
-        seed[5],  # the blank line
-        seed[6],  # USED = productive …
-    ]
     assert [row["name"] for row in api["ledgers"]] == ["llm", "sweep-7"]
-    assert printed.stdout.splitlines() == expected
+    lines = printed.stdout.splitlines()
+    # GPU-hours; RUN HELD USED GOODPUT …; a row each and TOTAL; the blank line; USED = …
+    assert lines[:2] + lines[-2:] == [seed[0], seed[1], seed[5], seed[6]]
+    rows = [*((row["name"], row) for row in api["ledgers"]), ("TOTAL", api["total"])]
+    decimals = decimals_of([ledger for _, ledger in rows])
+    assert decimals == 2  # the week compressed: 8.6 GPU-hours of llm
+    assert len(lines) == 4 + len(rows)
+    for line, (name, ledger) in zip(lines[2:-2], rows, strict=True):
+        checked_row(line, name, ledger, decimals)
     # seed G-26: one run's own ledger since it was submitted
-    own = astra(server, token, "goodput", "--run", "llm")
+    own = astra(server, token, "goodput", "--run", "llm").stdout.splitlines()
     ledger = HTTP.get(
         f"{server.url}/v1/runs/llm/goodput", headers={"Authorization": f"Bearer {token}"}
     ).json()
-    assert own.stdout.splitlines() == [
-        seed[0],
-        seed[1],
-        seed_layout("llm", figures(ledger)),
-        seed[5],
-        seed[6],
-    ]
+    assert own[:2] + own[-2:] == [seed[0], seed[1], seed[5], seed[6]] and len(own) == 5
+    checked_row(own[2], "llm", ledger, decimals_of([ledger]))
 
 
 def test_goodput_by_week_and_pool(seed_week: tuple[Server, Tenancy]) -> None:
@@ -134,11 +143,10 @@ def test_goodput_by_week_and_pool(seed_week: tuple[Server, Tenancy]) -> None:
     # issue 21: one table of the seed's block, a row per week and pool (a week with none: the
     # week alone), not eight tables of which seven are empty
     seed = SEED_BLOCK.splitlines()
-    expected = [seed[0], seed_layout("WEEK      POOL", seed[1].split()[1:])]
+    rows: list[tuple[str, dict[str, Any]]] = []
     for week in weekly:
         named = [(f"{week['week']}  {row['name']}", row) for row in week["ledgers"]]
-        for name, ledger in named or [(week["week"], week["total"])]:
-            expected.append(seed_layout(name, figures(ledger)))
+        rows += named or [(week["week"], week["total"])]
     totals = [week["total"] for week in weekly]
     held = sum(t["allocated_gpu_hours"] for t in totals)
     used = sum(t["productive_gpu_hours"] for t in totals)
@@ -151,8 +159,14 @@ def test_goodput_by_week_and_pool(seed_week: tuple[Server, Tenancy]) -> None:
         },
         **({"goodput": used / held} if held else {}),
     }
-    expected += [seed_layout("TOTAL", figures(total)), seed[5], seed[6]]
-    assert printed.stdout.splitlines() == expected
+    rows.append(("TOTAL", total))
+    lines = printed.stdout.splitlines()
+    header = seed_layout("WEEK      POOL", seed[1].split()[1:])
+    assert lines[:2] + lines[-2:] == [seed[0], header, seed[5], seed[6]]
+    assert len(lines) == 4 + len(rows)
+    decimals = decimals_of([ledger for _, ledger in rows])
+    for line, (name, ledger) in zip(lines[2:-2], rows, strict=True):
+        checked_row(line, name, ledger, decimals)
     assert sum(1 for week in weekly if week["ledgers"]) >= 1  # the scenario's week has a row
     assert printed.stdout.count("GPU-hours") == 1
 
