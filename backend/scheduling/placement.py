@@ -94,6 +94,9 @@ class Ask:
     restart_at: datetime | None = None
     # The run names an image: only a machine whose agent runs containers takes its workers.
     image: bool = False
+    # Not pending yet: its gang winds down after a failure and will restart; ``workers`` are
+    # those that ended already and let their room go (the others still hold theirs).
+    winding_down: bool = False
 
     @property
     def total_gpus(self) -> int:

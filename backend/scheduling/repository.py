@@ -126,9 +126,10 @@ async def gpus(session: AsyncSession, cluster_id: int) -> dict[int, list[tuple[i
 
 async def placed_workers(session: AsyncSession, cluster_id: int) -> list[Row[Any]]:
     """Every worker that holds room on a machine of the cluster (``machine_id``, ``gpu_ids``),
-    with what placement needs of its run, as plain rows, by run and rank."""
+    with what placement needs of its run, as plain rows, by run and rank (and, for a gang
+    winding down to restart, its place in the queue and its size)."""
     r, w = RUNS.c, WORKERS.c
-    rows = await session.execute(
+    rows: Result[Any] = await session.execute(
         select(
             w.machine_id,
             w.gpu_ids,
@@ -139,6 +140,9 @@ async def placed_workers(session: AsyncSession, cluster_id: int) -> list[Row[Any
             r.placed_at,
             r.stop_cause,
             r.gpus_per_worker,
+            r.worker_count,
+            r.created_at,
+            RUNS.c.spec["restart_policy"].as_string().label("restart_policy"),
             *_footprint(),
         )
         .select_from(WORKERS.join(RUNS, r.id == w.run_id))

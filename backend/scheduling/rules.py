@@ -15,7 +15,9 @@ N s" promises the restart): the room it would be placed in now is kept for it, s
 of the same or a lower priority behind it cannot take it ("Queued behind" it, where that room
 is all it lacks); a run of higher priority, ahead of it, still can. Without room, it claims
 its machines as a run waiting for room does. It is placed once its wait is over, and preempts
-nothing before.
+nothing before. So is the room of the workers that ended already of a gang still winding
+down after a failure (Ask.winding_down): it is kept for the restart, which follows the end of
+its last worker.
 
 Workspaces never meet: a reason names a run only to that run's own workspace ("Queued behind
 a run of another workspace"), and a run preempts only its own workspace's runs, or, where the
@@ -193,7 +195,7 @@ def plan(
         reason = never_fits[shape]
         if reason is None:
             reason = _quota_wait(ask, quota, queue.used.get(ask.workspace_id, 0))
-        backing_off = ask.restart_at is not None and ask.restart_at > now
+        backing_off = ask.winding_down or (ask.restart_at is not None and ask.restart_at > now)
         if backing_off:
             # Its sentence says when it restarts; until then it keeps its place and its room.
             if reason is None:

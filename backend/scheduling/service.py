@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,6 +18,7 @@ from backend.lifecycle import service as lifecycle
 from backend.lifecycle.endings import preempt
 from backend.lifecycle.sentences import EndCause
 from backend.lifecycle.starting import place
+from backend.lifecycle.states import Cause
 from backend.lifecycle.views import Effects
 from backend.machines.views import MEMBERS_SEE
 from backend.models import Run
@@ -55,6 +56,28 @@ def _ask(run: Mapping[Any, Any], workspace: str, needs: Footprint) -> Ask:
         restart_at=run["restart_at"],
         image=needs.image,
     )
+
+
+# A gang stopping for these is placed again, under its restart policy, once its last worker has
+# ended; meanwhile the room of the workers that ended is kept for it (issue 36: another run took
+# it in the seconds its other workers took to wind down).
+_RESTARTS_AFTER = (Cause.FAILURE, Cause.STALL)
+
+
+def _winding_down(placed: list[Row[Any]], names: dict[int, str]) -> list[Ask]:
+    """The ask of each gang winding down to restart: the workers it has let go already."""
+    by_run: dict[int, list[Row[Any]]] = {}
+    for w in placed:
+        by_run.setdefault(w.id, []).append(w)
+    asks = []
+    for workers in by_run.values():
+        run = workers[0]._mapping
+        let_go = run["worker_count"] - len(workers)
+        if run["stop_cause"] in _RESTARTS_AFTER and run["restart_policy"] != "never" and let_go:
+            needs = repository.footprint(run)
+            ask = _ask({**run, "restart_at": None}, names[run["workspace_id"]], needs)
+            asks.append(replace(ask, workers=let_go, winding_down=True))
+    return asks
 
 
 def _rooms(
@@ -141,12 +164,14 @@ async def _inputs(session: AsyncSession, cluster_id: int, now: datetime) -> Inpu
     rooms = _rooms(machines, await repository.gpus(session, cluster_id), placed)
     holders, used = _holders(placed, now)
     pending = [r._mapping for r in await repository.pending_runs(session, cluster_id)]
-    names = await repository.workspace_names(session, list({r["workspace_id"] for r in pending}))
+    workspaces = {r["workspace_id"] for r in pending} | {w.workspace_id for w in placed}
+    names = await repository.workspace_names(session, list(workspaces))
     quotas = {
         ws_id: Quota(workspace=name, cluster=cluster, limit=limit)
         for ws_id, name, limit in await repository.quotas(session, cluster_id)
     }
     asks = [_ask(r, names[r["workspace_id"]], repository.footprint(r)) for r in pending]
+    asks += _winding_down(placed, names)
     return Inputs(
         asks,
         rooms,

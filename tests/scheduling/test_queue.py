@@ -136,3 +136,34 @@ async def test_a_run_of_higher_priority_still_takes_the_room_of_one_in_its_resta
         " (GPUs short on gpu-07)",
         "later": "Queued behind llama",
     }
+
+
+async def test_the_room_of_a_gang_winding_down_to_restart_is_kept_for_it(world: World) -> None:
+    # issue 36: rank 1 failed and let its GPUs go while rank 0 wound down: a later run of the
+    # same priority took them, before the gang's restart wait had even begun
+    await world.machine("gpu-07", gpus=8)
+    await world.submit(name="pair", workers=2, gpus=4, max_restarts=3)
+    await world.schedule()
+    await world.start("pair-0", "pair-1")
+    world.clock.advance(minutes=1)
+    await world.report("pair-1", "exited", exit_code=1)
+    assert [w.state for w in await world.workers("pair")] == ["Stopping", "Failed"]
+    await world.submit(name="later", workers=1, gpus=4)
+    during = await world.schedule()
+    assert (during.placed, during.reasons) == ([], {"later": "Queued behind pair"})
+    world.clock.advance(seconds=3)
+    await world.report("pair-0", "exited", exit_code=143)
+    assert (await world.run("pair")).reason.startswith("Restarting in 10s (1/3): ")
+    assert (await world.schedule()).reasons == {"later": "Queued behind pair"}
+    world.clock.advance(seconds=10)
+    assert (await world.schedule()).placed == ["pair"]
+
+
+async def test_a_gang_winding_down_that_will_not_restart_keeps_nothing(world: World) -> None:
+    await world.machine("gpu-07", gpus=8)
+    await world.submit(name="pair", workers=2, gpus=4, restart_policy="never")
+    await world.schedule()
+    await world.start("pair-0", "pair-1")
+    await world.report("pair-1", "exited", exit_code=1)
+    await world.submit(name="later", workers=1, gpus=4)
+    assert (await world.schedule()).placed == ["later"]

@@ -150,6 +150,7 @@ def scenarios(draw: st.DrawFn, roomy: bool | None = None) -> Scenario:
                     )
                 ),
                 image=draw(st.sampled_from([False, False, False, True])),
+                winding_down=draw(st.sampled_from([False] * 7 + [True])),
             )
         )
     quotas: dict[int, Quota] = {}
@@ -171,7 +172,8 @@ def order(asks: list[Ask]) -> list[Ask]:
 
 
 def in_restart_wait(a: Ask) -> bool:
-    return a.restart_at is not None and a.restart_at > NOW
+    """In its restart wait, or the part of a gang winding down to one that let its room go."""
+    return a.winding_down or (a.restart_at is not None and a.restart_at > NOW)
 
 
 def usable(s: Scenario, a: Ask) -> set[int]:
