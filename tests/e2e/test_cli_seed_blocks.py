@@ -9,13 +9,11 @@ simulated GPUs as the seed's model.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import pytest
 
 from tests.e2e.live import AgentProcess, Server, running, serving_seed_week
 from tests.support import Tenancy, searchable
+from tests.support.goodput_table import checked_table, seed_layout
 from tests.support.http import HTTP
 from tests.support.processes import SEED_BLOCK
 
@@ -38,47 +37,6 @@ def astra(server: Server, token: str, *args: str) -> subprocess.CompletedProcess
 
 
 # -- the goodput table (seed G-24 … G-26) ----------------------------------------------------
-
-
-def seed_layout(name: str, values: list[str]) -> str:
-    """A row laid out as the seed's block lays out its rows: the name, then each figure
-    right-aligned to the end of its column's header."""
-    header = SEED_BLOCK.splitlines()[1]
-    ends = [m.end() for m in re.finditer(r"\S+", header)][1:]
-    row = name
-    for value, end in zip(values, ends, strict=True):
-        row += value.rjust(end - len(row))
-    return row
-
-
-PARTS = ("idle", "stalled", "starting", "restart", "failure", "preemption")
-
-
-def decimals_of(ledgers: list[dict[str, Any]]) -> int:
-    """Issue 36: the seed's one decimal where the smallest HELD is 10 GPU-hours or more; below,
-    as many as keep it to three significant digits."""
-    held = [x["allocated_gpu_hours"] for x in ledgers if x["allocated_gpu_hours"] > 0]
-    smallest = min(held, default=10.0)
-    return next(d for d in range(1, 7) if smallest >= 10.0 ** (2 - d) or d == 6)
-
-
-def checked_row(line: str, name: str, ledger: dict[str, Any], decimals: int) -> None:
-    """A printed row is the ledger of the REST API in the seed's columns (HELD USED GOODPUT IDLE
-    STALLED START RESTART FAILURE PREEMPT WAITING), laid out as the seed's rows: each figure to
-    the table's decimals, off by less than its last digit, the row adding up as printed
-    (HELD = USED + IDLE + … + PREEMPT)."""
-    values = line.split()[-10:]
-    assert line == seed_layout(name, values)
-    held, used, goodput, *parts, waiting = values
-    api = [ledger["allocated_gpu_hours"], ledger["productive_gpu_hours"]]
-    api += [ledger["held_gpu_hours"][c] for c in PARTS] + [ledger["waiting_gpu_hours"]]
-    unit = Decimal(10) ** -decimals
-    for value, exact in zip([held, used, *parts, waiting], api, strict=True):
-        assert len(value.partition(".")[2]) == decimals, (value, decimals)
-        assert abs(Decimal(value) - Decimal(repr(exact))) < unit, (name, value, exact)
-    assert Decimal(held) == Decimal(used) + sum(Decimal(part) for part in parts)
-    share = ledger.get("goodput")
-    assert goodput == ("-" if share is None else f"{share:.0%}")
 
 
 def test_the_layout_rebuilds_the_seeds_own_rows() -> None:
@@ -108,24 +66,17 @@ def test_goodput_by_run_is_the_seeds_block_with_the_weeks_figures(
         params={"by": "run", "start": start},
         headers={"Authorization": f"Bearer {token}"},
     ).json()
-    seed = SEED_BLOCK.splitlines()
+    header = SEED_BLOCK.splitlines()[1]
     assert [row["name"] for row in api["ledgers"]] == ["llm", "sweep-7"]
-    lines = printed.stdout.splitlines()
-    # GPU-hours; RUN HELD USED GOODPUT …; a row each and TOTAL; the blank line; USED = …
-    assert lines[:2] + lines[-2:] == [seed[0], seed[1], seed[5], seed[6]]
     rows = [*((row["name"], row) for row in api["ledgers"]), ("TOTAL", api["total"])]
-    decimals = decimals_of([ledger for _, ledger in rows])
+    decimals = checked_table(printed.stdout.splitlines(), header, rows)
     assert decimals == 2  # the week compressed: 8.6 GPU-hours of llm
-    assert len(lines) == 4 + len(rows)
-    for line, (name, ledger) in zip(lines[2:-2], rows, strict=True):
-        checked_row(line, name, ledger, decimals)
     # seed G-26: one run's own ledger since it was submitted
     own = astra(server, token, "goodput", "--run", "llm").stdout.splitlines()
     ledger = HTTP.get(
         f"{server.url}/v1/runs/llm/goodput", headers={"Authorization": f"Bearer {token}"}
     ).json()
-    assert own[:2] + own[-2:] == [seed[0], seed[1], seed[5], seed[6]] and len(own) == 5
-    checked_row(own[2], "llm", ledger, decimals_of([ledger]))
+    checked_table(own, header, [("llm", ledger)])
 
 
 def test_goodput_by_week_and_pool(seed_week: tuple[Server, Tenancy]) -> None:
@@ -160,13 +111,8 @@ def test_goodput_by_week_and_pool(seed_week: tuple[Server, Tenancy]) -> None:
         **({"goodput": used / held} if held else {}),
     }
     rows.append(("TOTAL", total))
-    lines = printed.stdout.splitlines()
     header = seed_layout("WEEK      POOL", seed[1].split()[1:])
-    assert lines[:2] + lines[-2:] == [seed[0], header, seed[5], seed[6]]
-    assert len(lines) == 4 + len(rows)
-    decimals = decimals_of([ledger for _, ledger in rows])
-    for line, (name, ledger) in zip(lines[2:-2], rows, strict=True):
-        checked_row(line, name, ledger, decimals)
+    checked_table(printed.stdout.splitlines(), header, rows)
     assert sum(1 for week in weekly if week["ledgers"]) >= 1  # the scenario's week has a row
     assert printed.stdout.count("GPU-hours") == 1
 

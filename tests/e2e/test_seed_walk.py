@@ -37,6 +37,7 @@ import pytest
 from agent import cgroups
 from tests.e2e.live import AgentProcess, Server, running, serving_seed_week
 from tests.support import Tenancy, searchable
+from tests.support.goodput_table import checked_table
 from tests.support.http import HTTP
 
 pytestmark = pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed")
@@ -144,23 +145,6 @@ def seed_layout(name: str, values: list[str]) -> str:
     return row
 
 
-def columns(ledger: dict[str, Any]) -> list[str]:
-    """A REST ledger as the seed's columns: HELD USED GOODPUT IDLE STALLED START RESTART
-    FAILURE PREEMPT WAITING."""
-    held = ledger["held_gpu_hours"]
-    goodput = ledger.get("goodput")
-    return [
-        f"{ledger['allocated_gpu_hours']:.1f}",
-        f"{ledger['productive_gpu_hours']:.1f}",
-        "-" if goodput is None else f"{goodput:.0%}",
-        *(
-            f"{held[c]:.1f}"
-            for c in ("idle", "stalled", "starting", "restart", "failure", "preemption")
-        ),
-        f"{ledger['waiting_gpu_hours']:.1f}",
-    ]
-
-
 def assert_ledger(ledger: dict[str, Any]) -> None:
     """seed G-30: GPU-hours by category, allocated, productive, lost, waiting, and goodput
     (absent when nothing was held)."""
@@ -203,14 +187,8 @@ def by_run_days_7(week: SeedWeek, line: str) -> None:
     printed = week.sh(line).splitlines()
     api = week.rest("/goodput", by="run", start=(datetime.now(UTC) - timedelta(days=7)).isoformat())
     assert [row["name"] for row in api["ledgers"]] == ["llm", "sweep-7"]
-    assert printed == [
-        SEED_ROWS[0],
-        SEED_ROWS[1],
-        *(seed_layout(row["name"], columns(row)) for row in api["ledgers"]),
-        seed_layout("TOTAL", columns(api["total"])),
-        SEED_ROWS[5],
-        SEED_ROWS[6],
-    ]
+    rows = [*((row["name"], row) for row in api["ledgers"]), ("TOTAL", api["total"])]
+    checked_table(printed, SEED_ROWS[1], rows)  # to the table's decimals (issue 36)
 
 
 @seed("G-25")
@@ -220,13 +198,14 @@ def weeks_8_by_pool(week: SeedWeek, line: str) -> None:
     printed = week.sh(line).splitlines()
     weekly = week.rest("/goodput/weekly", weeks=8, by="pool")["weeks"]
     assert len(weekly) == 8
-    expected = [SEED_ROWS[0], seed_layout("WEEK      POOL", SEED_ROWS[1].split()[1:])]
+    rows: list[tuple[str, dict[str, Any]]] = []
     for one in weekly:
         named = [(f"{one['week']}  {row['name']}", row) for row in one["ledgers"]]
-        for name, ledger in named or [(one["week"], one["total"])]:
-            expected.append(seed_layout(name, columns(ledger)))
-    assert printed[:-3] == expected
-    assert printed[-3].startswith("TOTAL ") and printed[-2:] == SEED_ROWS[5:7]
+        rows += named or [(one["week"], one["total"])]
+    header = seed_layout("WEEK      POOL", SEED_ROWS[1].split()[1:])
+    # the weeks' rows, each the API's (issue 36: to the table's decimals); the TOTAL after them
+    checked_table(printed[:-3] + printed[-2:], header, rows)
+    assert printed[-3].startswith("TOTAL ")
     # the week two hours ago (two weeks when a week began since)
     assert {row["name"] for one in weekly for row in one["ledgers"]} == {"h100"}
 
@@ -235,13 +214,7 @@ def weeks_8_by_pool(week: SeedWeek, line: str) -> None:
 def run_llm(week: SeedWeek, line: str) -> None:
     # seed G-26: one run's own ledger since it was submitted, as one row of the seed's table
     ledger = week.rest("/runs/llm/goodput")
-    assert week.sh(line).splitlines() == [
-        SEED_ROWS[0],
-        SEED_ROWS[1],
-        seed_layout("llm", columns(ledger)),
-        SEED_ROWS[5],
-        SEED_ROWS[6],
-    ]
+    checked_table(week.sh(line).splitlines(), SEED_ROWS[1], [("llm", ledger)])
 
 
 @seed("G-27")
