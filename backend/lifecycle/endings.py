@@ -372,6 +372,10 @@ def _requeue(
         _release_room(w)
         w.stop_cause = None
         w.restart_at = restart_at
+        # Counted when decided, as the run's restarts in a row are (its reason's "(1/10)", the
+        # Restarting in a loop panel): a worker waiting for its restart has made it (issue 36:
+        # the panel said 1 where the worker said 0 until it was placed again).
+        w.restarts += 1
         worker_reason = f"Waiting to be placed again: {reason}"
         set_worker(fx, run, w, PENDING, worker_reason, phase, at)
     set_run(fx, run, PENDING, reason, at, why)

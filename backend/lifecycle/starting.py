@@ -54,8 +54,6 @@ def place(
         w.stalled_since, w.progress_at = None, None
         w.progress_step = w.stepped_at = w.progress_rate = w.slow_since = None
         w.attempt = run.attempt
-        if run.attempt > 1:
-            w.restarts += 1
         set_worker(
             fx, run, w, STARTING, f"Placed on {p.machine_name}; starting", phase, at, placing=True
         )

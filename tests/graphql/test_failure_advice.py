@@ -69,7 +69,7 @@ async def test_a_worker_restarting_explains_its_last_failure(
     run = (await graphql(client, tenancy.member_token, QUERY, name="llama-sft"))["data"]["run"]
     assert run["failedWorker"] is None  # the run has not failed: it restarts
     [worker] = run["workers"]
-    assert (worker["state"], worker["restarts"]) == ("Pending", 0)
+    assert (worker["state"], worker["restarts"]) == ("Pending", 1)  # the restart it waits for
     assert worker["advice"]["kind"] == "out_of_memory"
     assert worker["advice"]["lookAt"].startswith("Memory: the Memory chart near the limit.")
 

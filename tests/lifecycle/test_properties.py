@@ -195,6 +195,8 @@ class Meta:
     created_at: datetime
     gpus: int
     places: int = 0
+    # Times it was queued again after a placement: its restarts, counted when decided.
+    requeues: int = 0
 
 
 class Cluster(RuleBasedStateMachine):
@@ -315,6 +317,8 @@ class Cluster(RuleBasedStateMachine):
             assert all(w.state == RUNNING for w in run.workers), "Running before all its workers"
         if t.state == COMPLETED:
             assert all(w.state == COMPLETED for w in run.workers)
+        if t.state == PENDING and prev != PENDING:
+            self.meta[run.id].requeues += 1
         history.append((t.state, t.reason, t.at))
         event(f"run -> {t.state}: {re.sub(r'[0-9]+', 'N', t.reason)[:40]}")
 
@@ -737,7 +741,8 @@ class Cluster(RuleBasedStateMachine):
                 assert self.history[w.id][-1][:2] == (w.state, w.phase), w.name
                 assert w.alive == (w.phase in HELD_PHASES), w
                 assert w.held_gpus == (w.gpus if w.alive else 0)
-                assert w.restarts == max(run.attempt - 1, 0) and w.attempt in (0, run.attempt)
+                # counted when the restart is decided (issue 36: as the restart loop's count)
+                assert w.restarts == self.meta[run.id].requeues and w.attempt in (0, run.attempt)
             assert run.attempt == self.meta[run.id].places
 
     @invariant()
