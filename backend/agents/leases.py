@@ -1,13 +1,17 @@
 """Each replica renews the leases of the machines it hears from: in memory per message, in the
 database once an interval for all of them.
 
-A machine's heartbeat (any of its messages) only notes that it was heard; it takes no write of
-its own and never waits behind the stream's other messages. Every few seconds the keeper
-renews the leases of the machines heard since the last renewal in one statement, on a
-connection of its own (the request pool may be taken by reads). A machine whose messages wait
-to be written because the server is behind (its stream's queue is full, so it is read no
-faster than it is written) counts as heard: that it is not read is the server's doing, not the
-agent's silence.
+A machine's heartbeat (any of its messages) only notes that it was heard, and when; it takes
+no write of its own and never waits behind the stream's other messages. Every few seconds the
+keeper renews the leases of the machines heard since the last renewal in one statement, on a
+connection of its own (the request pool may be taken by reads), and records when each was last
+heard (its last contact: a machine found lost later is lost from then, issue 36). A machine
+whose messages wait to be written because the server is behind (its stream's queue is full, so
+it is read no faster than it is written) counts as heard now: that it is not read is the
+server's doing, not the agent's silence.
+
+The same few seconds write the last lines the replica relayed of each worker, where new ones
+came (backend/agents/seen_lines.py), in a transaction after the renewal's.
 
 Across replicas: each renews only the machines whose stream it holds. A replica that dies
 renews nothing more, and its machines are lost one lease after they were last renewed unless
@@ -22,9 +26,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from backend.agents import service
+from backend.agents.seen_lines import Seen, SeenLines
 from backend.clock import Clock
 from backend.db import Database, database_away
 
@@ -46,7 +51,8 @@ class LeaseKeeper:
     """The leases of one replica's machines.
 
     ``backlogged`` names the machines whose messages wait unread because the server is
-    behind; ``lost`` is told of machines whose renewal found them lost (their streams end).
+    behind; ``lost`` is told of machines whose renewal found them lost (their streams end);
+    ``seen`` holds the workers' last lines relayed, written with each renewal.
     """
 
     def __init__(
@@ -58,6 +64,7 @@ class LeaseKeeper:
         interval: float,
         backlogged: Callable[[], Iterable[int]],
         lost: Callable[[set[int]], None],
+        seen: SeenLines | None = None,
     ) -> None:
         self.db = db
         self.clock = clock
@@ -65,7 +72,9 @@ class LeaseKeeper:
         self.interval = interval
         self.backlogged = backlogged
         self.lost = lost
-        self.heard: set[int] = set()
+        self.seen = seen or SeenLines()
+        # The machines heard since the last renewal, each with when it was last heard.
+        self.heard: dict[int, datetime] = {}
         self._own: Database | None = None
         self._task: asyncio.Task[None] | None = None
         self._last: asyncio.Task[None] | None = None
@@ -75,7 +84,7 @@ class LeaseKeeper:
 
     def note(self, machine_id: int) -> None:
         """The machine was heard from now (any message of its)."""
-        self.heard.add(machine_id)
+        self.heard[machine_id] = self.clock.now()
 
     def start(self) -> None:
         """Renew every interval from now on (while this replica holds streams)."""
@@ -114,7 +123,18 @@ class LeaseKeeper:
                 await own.dispose()
 
     async def renew(self) -> None:
-        """Renew, in one statement, the leases of the machines heard since the last renewal."""
+        """Renew, in one statement, the leases of the machines heard since the last renewal;
+        then write the workers' last lines seen since."""
+        lines = self.seen.take()
+        try:
+            await self._renew()
+        except BaseException:
+            self.seen.untaken(lines)
+            raise
+        if lines:
+            await self._keep(lines)
+
+    async def _renew(self) -> None:
         backlogged = set(self.backlogged())
         if backlogged:
             log.warning(
@@ -122,7 +142,9 @@ class LeaseKeeper:
                 "are read more slowly (their leases are renewed meanwhile)",
                 len(backlogged),
             )
-        heard, self.heard = self.heard | backlogged, set()
+        # A machine whose messages wait unread is heard from now (they are there, unread).
+        now = self.clock.now()
+        heard, self.heard = {**self.heard, **dict.fromkeys(backlogged, now)}, {}
         if not heard:
             return
         began = time.monotonic()
@@ -130,7 +152,7 @@ class LeaseKeeper:
             async with self._database().transaction() as session:
                 renewal = await service.renew_leases(session, self.clock, heard, self.lease)
         except BaseException as error:  # a cancellation too: what was heard is not forgotten
-            self.heard |= heard  # tried again at the next renewal
+            self.heard = {**heard, **self.heard}  # tried again at the next renewal
             if not isinstance(error, Exception) or not database_away(error):
                 raise
             log.warning("the database is away: %d machines' leases wait to be renewed", len(heard))
@@ -141,12 +163,28 @@ class LeaseKeeper:
         if took > SLOW_RENEWAL_S:  # what waits behind it: its connection, locks, a busy loop
             log.warning("the leases of %d machines took %.1fs to renew", len(heard), took)
         if renewal.held:  # written by another transaction just now: renewed next time
-            self.heard |= renewal.held
+            self.heard = {**{m: heard[m] for m in renewal.held}, **self.heard}
             log.info(
                 "%d machines' leases wait for their rows: renewed next time", len(renewal.held)
             )
         if renewal.lost:
             self.lost(renewal.lost)
+
+    async def _keep(self, lines: list[Seen]) -> None:
+        """Write the workers' last lines seen: kept for another try while the database is
+        away; dropped, and said, on any other error (a worker deleted meanwhile): they are a
+        snapshot's lines in case, not a record."""
+        try:
+            async with self._database().transaction() as session:
+                await service.keep_seen_lines(session, lines)
+        except BaseException as error:
+            if isinstance(error, Exception) and database_away(error):
+                self.seen.untaken(lines)
+                return
+            if not isinstance(error, Exception):
+                self.seen.untaken(lines)
+                raise
+            log.warning("the last lines seen of %d workers were not kept: %s", len(lines), error)
 
     async def _renewing(self) -> None:
         while True:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.accounting import counting as accounting
 from backend.agents import repository
+from backend.agents.seen_lines import Seen
 from backend.clock import Clock, SystemClock
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import worker_progress
@@ -92,7 +93,7 @@ def agent_time(ms: int, now: datetime) -> datetime:
 async def hello(
     session: AsyncSession, clock: Clock, agent: MachinePrincipal, info: HelloInfo, lease: timedelta
 ) -> Machine:
-    return await machines.register(
+    machine = await machines.register(
         session,
         clock,
         cluster_id=agent.cluster_id,
@@ -106,6 +107,9 @@ async def hello(
         executor=info.executor,
         unmeasured_metrics=info.unmeasured_metrics,
     )
+    # Its agent is back with its own copies of its workers' lines: those seen are not needed.
+    await lifecycle.forget_seen_lines(session, machine.id)
+    return machine
 
 
 async def reconcile(
@@ -160,11 +164,20 @@ async def watches(session: AsyncSession, machine: Machine) -> list[AgentCommand]
 
 
 async def renew_leases(
-    session: AsyncSession, clock: Clock, machine_ids: set[int], lease: timedelta
+    session: AsyncSession, clock: Clock, heard: Mapping[int, datetime], lease: timedelta
 ) -> machines.Renewal:
-    """The leases of the machines a replica heard from, renewed at once: which were lost
-    already, and which another transaction held (renewed next time)."""
-    return await machines.renew_leases(session, clock, machine_ids, lease)
+    """The leases of the machines a replica heard from (each with when it was last heard),
+    renewed at once: which were lost already, and which another transaction held (renewed
+    next time)."""
+    return await machines.renew_leases(session, clock, heard, lease)
+
+
+async def keep_seen_lines(session: AsyncSession, seen: Sequence[Seen]) -> None:
+    """The last lines a replica relayed of each worker (backend/agents/seen_lines.py), kept for
+    the snapshot of a worker whose machine is lost."""
+    await lifecycle.keep_seen_lines(
+        session, [(s.worker_id, s.machine_id, s.text, s.at) for s in seen]
+    )
 
 
 async def worker_event(

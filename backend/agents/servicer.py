@@ -25,6 +25,7 @@ from backend.agents.delivery import CommandDelivery, command_message
 from backend.agents.follow_buffer import FollowBuffer, LogChunkInfo
 from backend.agents.handlers import MessageHandlers
 from backend.agents.leases import LeaseKeeper, renew_interval
+from backend.agents.seen_lines import SeenLines
 from backend.agents.service import HelloInfo, KnownWorker
 from backend.agents.streams import MachineStream, StreamHook, Streams
 from backend.agents.writer import MessageWriter
@@ -100,6 +101,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         )
         # The machines' messages, written by a few writers for all the streams.
         self.writer = MessageWriter(db, clock, MessageHandlers(clock, self.streams), on_freed)
+        # The last lines relayed of each worker: a lost machine's snapshots (issue 36).
+        self.seen = SeenLines()
         self.leases = LeaseKeeper(
             db,
             clock,
@@ -107,6 +110,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             interval=renew_interval_s or renew_interval(lease),
             backlogged=self._backlogged,
             lost=self._lost,
+            seen=self.seen,
         )
 
     async def Connect(
@@ -159,6 +163,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             self.on_freed()
         stream = self.streams.open(machine.id)
         stream.agent = agent
+        self.seen.opened(machine.id)
         self.leases.start()
         log.info("machine %s connected", machine.name)
         stream.send(
@@ -192,6 +197,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             self.streams.close(stream)
+            if self.streams.get(machine.id) is None:  # not replaced by a newer stream
+                self.seen.closed(machine.id)
             if not self.streams.by_machine:
                 self.delivery.stop()
                 self.writer.stop()
@@ -212,6 +219,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             return None
         if reply.WhichOneof("body") != "log":
             return None
+        if not reply.log.archived:  # an archived log is an earlier attempt's
+            self.seen.tail(machine_id, worker.id, reply.log.text, self.clock.now())
         return LogText(worker=worker.name, text=reply.log.text, archived=reply.log.archived)
 
     async def follow(
@@ -237,6 +246,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 ),
             )
         )
+        seen = self.seen.tail  # its first lines are the log's last; then new ones follow them
         try:
             while True:
                 chunk = follow.take()
@@ -245,6 +255,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                         return
                     await _first_set(follow.arrived, stream.closed)
                     continue
+                if not chunk.archived:
+                    seen(machine_id, worker.id, chunk.text, self.clock.now())
+                    seen = self.seen.follow
                 yield chunk
                 if chunk.ended:
                     return

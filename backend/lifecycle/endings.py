@@ -8,6 +8,8 @@ When one worker fails for good the others are stopped ("the gang does not run wi
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -104,16 +106,22 @@ def worker_exited(
     *,
     log_tail: str = "",
     attempt: int | None = None,
+    released_at: datetime | None = None,
 ) -> None:
-    """The agent saw the worker's container end (or the machine was lost): how, ``end``."""
+    """The agent saw the worker's container end (or the machine was lost): how, ``end``.
+
+    ``released_at``: when its GPUs are let go, where that is after its end (a lost machine's
+    worker ended when the machine went silent, and held its GPUs until the loss was found)."""
     if not is_current(run, w, attempt):
         return
     reason = end_sentence(end)
     exit_code = end.exit_code
     w.exit_code = exit_code
     fx.freed = True
-    peer_lost = PEER_LOST.search(log_tail) is not None
-    if w.stop_cause is not None and not _failed_first(run, w, exit_code, at, peer_lost):
+    lost = end.cause == EndCause.MACHINE_LOST
+    # A lost machine's worker failed of its machine, whatever its last lines heard of a peer.
+    peer_lost = not lost and PEER_LOST.search(log_tail) is not None
+    if w.stop_cause is not None and not _failed_first(run, w, exit_code, at, peer_lost, lost):
         cause = Cause(w.stop_cause)
         stopped_for = _stop_snapshot_reason(run, w, cause)
         if stopped_for is not None:
@@ -121,9 +129,11 @@ def worker_exited(
             w.cause = stopped_for[1]
             if stopped_for[1] == EndCause.STALLED:
                 _record_failure(w, at, EndCause.STALLED, exit_code, fx)
+        sentence = _stopped_sentence(cause, run)
+        _held_lost(fx, run, w, STOPPED, sentence, at, released_at)
         _release_room(w)
         phase = _after_stop_phase(run, cause, at)
-        set_worker(fx, run, w, STOPPED, _stopped_sentence(cause, run), phase, at)
+        set_worker(fx, run, w, STOPPED, sentence, phase, max(at, released_at or at))
     elif exit_code == 0 and run.stop_cause is None:
         _release_room(w)
         set_worker(fx, run, w, COMPLETED, reason, Phase.ENDED, at)
@@ -135,9 +145,33 @@ def worker_exited(
         machine = w.machine_name
         if not peer_lost:  # one that died of a lost peer failed of another's end, not its machine's
             _record_failure(w, at, end.cause, exit_code, fx)
+        _held_lost(fx, run, w, FAILED, reason, at, released_at)
         _release_room(w)
-        _gang_failed(run, w, machine, reason, end.cause, at, peer_lost, fx)
+        _gang_failed(run, w, machine, reason, end.cause, at, peer_lost, fx, released_at)
     _conclude_if_done(run, _settled(run, at), fx)
+
+
+def _held_lost(
+    fx: Effects,
+    run: RunView,
+    w: WorkerView,
+    state: str,
+    reason: str,
+    at: datetime,
+    released_at: datetime | None,
+) -> None:
+    """A worker whose end comes before its GPUs are let go (its machine went silent, and was
+    found lost later) is, meanwhile, lost and still holding its GPUs on that machine: the
+    seed's failure, held (the GPUs were its, nobody else's, until the loss was found). A
+    change recorded for it since (a stop the server asked for, which never reached it) is
+    followed by its loss again, so that the time after it counts as lost too."""
+    if released_at is None or released_at <= at:
+        return
+    recorded = w.since
+    set_worker(fx, run, w, state, reason, Phase.STOPPING_FAILURE, at)
+    lost = fx.transitions[-1] if fx.transitions else None
+    if lost is not None and lost.worker_id == w.id and recorded is not None and recorded > at:
+        fx.transitions.append(replace(lost, at=recorded))
 
 
 def _record_failure(
@@ -188,10 +222,19 @@ def _settled(run: RunView, at: datetime) -> datetime:
 
 
 def _failed_first(
-    run: RunView, w: WorkerView, exit_code: int | None, at: datetime, peer_lost: bool
+    run: RunView,
+    w: WorkerView,
+    exit_code: int | None,
+    at: datetime,
+    peer_lost: bool,
+    lost: bool = False,
 ) -> bool:
     """A worker torn down after another's failure may have failed earlier itself: the rank
-    that crashed first is often reported last, after the others died of its absence."""
+    that crashed first is often reported last, after the others died of its absence. A worker
+    whose machine went silent (``lost``) before it was asked to stop failed first too: the
+    stop never reached it (two ranks on the machine both fail of it, each with its snapshot)."""
+    if lost and w.state == STOPPING and w.since is not None and w.since >= at:
+        return True
     first = run.first_failure
     return (
         w.stop_cause == Cause.FAILURE
@@ -220,6 +263,7 @@ def _gang_failed(
     at: datetime,
     peer_lost: bool,
     fx: Effects,
+    released_at: datetime | None = None,
 ) -> None:
     earliest = run.first_failure is None or _precedes(at, peer_lost, run.first_failure)
     if earliest:
@@ -239,7 +283,8 @@ def _gang_failed(
                 _ask_to_stop(run, other, Cause.FAILURE, f"Stopping: worker {w.name} failed", at, fx)
     failure = run.first_failure
     assert failure is not None
-    set_worker(fx, run, w, FAILED, reason, _after_stop_phase(run, Cause(run.stop_cause), at), at)
+    phase = _after_stop_phase(run, Cause(run.stop_cause), at)
+    set_worker(fx, run, w, FAILED, reason, phase, max(at, released_at or at))
     if run.stop_cause == Cause.FAILURE:
         sentence = worker_failed_sentence(failure["worker"], failure["machine"], failure["reason"])
         run.reason, run.cause = sentence, failure.get("cause")
@@ -470,11 +515,37 @@ def barrier_timed_out(run: RunView, at: datetime, fx: Effects) -> None:
     stop_gang(run, Cause.BARRIER, None, f"Stopping: {sentence}", at, fx)
 
 
-def machine_lost(run: RunView, machine_id: int, at: datetime, fx: Effects) -> None:
-    """Every worker on a lost machine fails with the seed's sentence; the gang follows."""
-    for w in run.workers:
-        if w.machine_id == machine_id and w.alive:
-            worker_exited(run, w, at, fx, End(EndCause.MACHINE_LOST))
+def machine_lost(
+    run: RunView,
+    machine_id: int,
+    silent_since: datetime,
+    at: datetime,
+    fx: Effects,
+    log_tails: Mapping[int, str] | None = None,
+) -> None:
+    """Every worker on a lost machine fails with the seed's sentence, when the machine went
+    silent (its last contact, ``silent_since``), not when its lease was found expired (``at``):
+    from then it was lost and still holding its GPUs (failure, held), until now, when they are
+    let go. Each keeps its failure snapshot, with the last lines the server had of it
+    (``log_tails``, by worker id; its agent, if it comes back, sends its own:
+    lifecycle.service.late_snapshot). The gang follows."""
+    lost = [
+        (w, _lost_at(run, w, silent_since, at))
+        for w in run.workers
+        if w.machine_id == machine_id and w.alive
+    ]
+    for w, when in lost:
+        tail = (log_tails or {}).get(w.id, "")
+        worker_exited(run, w, when, fx, End(EndCause.MACHINE_LOST), log_tail=tail, released_at=at)
+
+
+def _lost_at(run: RunView, w: WorkerView, silent_since: datetime, at: datetime) -> datetime:
+    """When a worker on a machine silent since ``silent_since`` was lost: then, or when it was
+    placed there if that was later (its agent never heard of it), never before a state its
+    agent reported, nor after ``at``. A stop the server asked
+    for meanwhile does not count: it never reached the machine."""
+    floor = run.placed_at if w.state == STOPPING else w.since
+    return min(at, max(silent_since, floor or silent_since))
 
 
 def delete(run: RunView, by: str, at: datetime, fx: Effects, *, machines: set[int]) -> None:

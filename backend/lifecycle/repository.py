@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Row, Table, delete, select, update
+from sqlalchemy import Row, Table, bindparam, delete, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.db import update_many
+from backend.db import UTCDateTime, update_many
 from backend.lifecycle.states import WORKER_ENDED_STATES
 from backend.lifecycle.views import Restarted
 from backend.models import (
@@ -20,6 +20,7 @@ from backend.models import (
     Run,
     StateTransition,
     Worker,
+    WorkerSeenLines,
     Workspace,
 )
 from backend.runs.rules import ENDED_RUN_STATES
@@ -29,6 +30,9 @@ RUNS = cast(Table, Run.__table__)
 WORKERS = cast(Table, Worker.__table__)
 WORKSPACES = cast(Table, Workspace.__table__)
 MACHINES = cast(Table, Machine.__table__)
+
+# A worker's last lines seen on a machine: (worker id, machine id, text, seen at).
+SeenRow = tuple[int, int, str, datetime]
 
 
 async def gang_rows(
@@ -233,3 +237,43 @@ async def caught_up(session: AsyncSession, run_id: int, at: datetime) -> None:
         .where(Redo.run_id == run_id, Redo.until.is_(None), Redo.restarted_at <= at)
         .values(until=at, caught_up=True)
     )
+
+
+# A worker's last lines seen, kept where the worker still exists (one deleted meanwhile is not
+# written again); its newer lines replace its older.
+_KEEP_SEEN = text(
+    "INSERT INTO worker_seen_lines (worker_id, machine_id, text, seen_at) "
+    "SELECT id, :machine, :text, :at FROM workers WHERE id = :worker "
+    "ON CONFLICT (worker_id) DO UPDATE SET machine_id = excluded.machine_id, "
+    "text = excluded.text, seen_at = excluded.seen_at"
+).bindparams(bindparam("at", type_=UTCDateTime()))
+
+
+async def keep_seen_lines(session: AsyncSession, seen: Sequence[SeenRow]) -> None:
+    """Each (worker, machine, text, seen at): that worker's last lines seen on that machine."""
+    await session.execute(
+        _KEEP_SEEN,
+        [{"worker": w, "machine": m, "text": t, "at": at} for w, m, t, at in seen],
+    )
+
+
+async def seen_lines(session: AsyncSession, machine_id: int) -> dict[int, tuple[str, datetime]]:
+    """The last lines seen of each worker on the machine, and when: by worker id."""
+    rows = await session.execute(
+        select(WorkerSeenLines.worker_id, WorkerSeenLines.text, WorkerSeenLines.seen_at).where(
+            WorkerSeenLines.machine_id == machine_id
+        )
+    )
+    return {int(w): (t, at) for w, t, at in rows}
+
+
+async def forget_seen_lines(
+    session: AsyncSession, *, machine_id: int | None = None, worker_id: int | None = None
+) -> None:
+    """The lines seen on a machine, or of a worker, are no longer anyone's to keep."""
+    statement = delete(WorkerSeenLines)
+    if machine_id is not None:
+        statement = statement.where(WorkerSeenLines.machine_id == machine_id)
+    if worker_id is not None:
+        statement = statement.where(WorkerSeenLines.worker_id == worker_id)
+    await session.execute(statement)

@@ -481,6 +481,8 @@ async def report(
             raise ValueError(f"unknown worker report: {kind}")
 
     _, fx = await apply(session, worker.run_id, clock.now(), rule)
+    if kind == "exited":  # its end came with its own last lines, if any
+        await repository.forget_seen_lines(session, worker_id=worker_id)
     return fx
 
 
@@ -573,15 +575,45 @@ async def check_timers(session: AsyncSession, clock: Clock) -> Effects:
     return total
 
 
-async def machine_lost(session: AsyncSession, clock: Clock, machine_id: int) -> Effects:
+async def machine_lost(
+    session: AsyncSession, clock: Clock, machine_id: int, silent_since: datetime | None = None
+) -> Effects:
+    """The machine is lost now; its workers failed when it went silent (``silent_since``, its
+    last contact; now when it is not known), each with its failure snapshot."""
     now = clock.now()
+    silent = min(silent_since or now, now)
+    seen = await repository.seen_lines(session, machine_id)
     total = Effects()
     for gang in await load_gangs(session, await repository.run_ids_on_machine(session, machine_id)):
         fx = Effects()
-        endings.machine_lost(gang.view, machine_id, now, fx)
+        endings.machine_lost(gang.view, machine_id, silent, now, fx, _of_attempt(gang, seen))
         total.freed |= fx.freed
         await persist(session, gang, fx, now)
+    await repository.forget_seen_lines(session, machine_id=machine_id)
     return total
+
+
+def _of_attempt(gang: Gang, seen: dict[int, tuple[str, datetime]]) -> dict[int, str]:
+    """The lines seen of the gang's workers in its current attempt (seen since it was placed:
+    an earlier attempt's on the same machine are not its last)."""
+    placed = gang.view.placed_at
+    return {
+        w.id: seen[w.id][0]
+        for w in gang.view.workers
+        if w.id in seen and (placed is None or seen[w.id][1] >= placed)
+    }
+
+
+async def keep_seen_lines(session: AsyncSession, seen: Sequence[repository.SeenRow]) -> None:
+    """Each worker's last lines its machine's stream relayed (worker, machine, text, when):
+    the failure snapshot they make should the machine be lost (``machine_lost``)."""
+    if seen:
+        await repository.keep_seen_lines(session, seen)
+
+
+async def forget_seen_lines(session: AsyncSession, machine_id: int) -> None:
+    """The machine's agent is back: it has its workers' lines itself."""
+    await repository.forget_seen_lines(session, machine_id=machine_id)
 
 
 async def machine_drained(

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import ColumnElement, func, or_, select, update
+from sqlalchemy import ColumnElement, Table, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -22,6 +23,8 @@ from backend.models import (
     WorkerFailure,
 )
 from backend.runs.rules import ENDED_RUN_STATES
+
+MACHINES = cast(Table, Machine.__table__)
 
 # A machine whose lease a heartbeat renews: one that is not lost (a lost one registers again),
 # or a Slurm node's, whatever Slurm says of the node (its agent only watches).
@@ -119,29 +122,31 @@ async def extend_lease(
 
 
 async def renew_leases(
-    session: AsyncSession, machine_ids: Sequence[int], now: datetime, until: datetime
+    session: AsyncSession, seen: Mapping[int, datetime], until: datetime
 ) -> tuple[set[int], set[int]]:
     """Renew the leases of these machines (those still ready or draining) whose rows no other
     transaction holds, without waiting for any (PostgreSQL: FOR NO KEY UPDATE SKIP LOCKED;
-    SQLite's one writer holds them all): one statement to lock, one to renew. Returns the ids
-    renewed and the ids whose rows were held (another transaction writing the machine: its
-    Hello, which renews the lease itself, or a check finding it lost), to be tried again."""
+    SQLite's one writer holds them all): one statement to lock, one to renew, each machine
+    last seen when ``seen`` says. Returns the ids renewed and the ids whose rows were held
+    (another transaction writing the machine: its Hello, which renews the lease itself, or a
+    check finding it lost), to be tried again."""
     rows = await session.execute(
         select(Machine.id, Machine.state, Machine.executor)
-        .where(Machine.id.in_(machine_ids))
+        .where(Machine.id.in_(list(seen)))
         .order_by(Machine.id)
         .with_for_update(key_share=True, skip_locked=True)
     )
     found = {int(machine_id): (state, executor) for machine_id, state, executor in rows}
     live = sorted(m for m, (state, executor) in found.items() if state in LIVE or executor == SLURM)
     if live:
+        # One statement run for many rows (psycopg pipelines them): each its own last contact.
         await session.execute(
-            update(Machine)
-            .where(Machine.id.in_(live))
-            .values(last_seen_at=now, lease_expires_at=until)
-            .execution_options(synchronize_session=False)
+            update(MACHINES)
+            .where(MACHINES.c.id == bindparam("machine"))
+            .values(last_seen_at=bindparam("seen"), lease_expires_at=until),
+            [{"machine": m, "seen": seen[m]} for m in live],
         )
-    return set(live), set(machine_ids) - set(found)
+    return set(live), set(seen) - set(found)
 
 
 async def extend_all_leases(session: AsyncSession, until: datetime) -> int:

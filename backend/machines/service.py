@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -170,18 +170,19 @@ class Renewal:
 
 
 async def renew_leases(
-    session: AsyncSession, clock: Clock, machine_ids: Collection[int], lease: timedelta
+    session: AsyncSession, clock: Clock, heard: Mapping[int, datetime], lease: timedelta
 ) -> Renewal:
     """Renew the leases of machines heard from, a batch a statement (one for a replica's
     machines, up to thousands), never waiting behind another transaction's write of a
-    machine (issue 19: one held row kept a thousand leases from being renewed)."""
+    machine (issue 19: one held row kept a thousand leases from being renewed). Each is
+    recorded last seen when it was last heard (``heard``), its lease a whole one from now."""
     now = clock.now()
-    ids = sorted(machine_ids)
+    ids = sorted(heard)
     renewed: set[int] = set()
     held: set[int] = set()
     for start in range(0, len(ids), RENEW_BATCH):
-        batch = ids[start : start + RENEW_BATCH]
-        done, busy = await repository.renew_leases(session, batch, now, now + lease)
+        batch = {m: min(heard[m], now) for m in ids[start : start + RENEW_BATCH]}
+        done, busy = await repository.renew_leases(session, batch, now + lease)
         renewed |= done
         held |= busy
     return Renewal(lost=set(ids) - renewed - held, held=held)
@@ -218,7 +219,9 @@ async def expire_leases(session: AsyncSession, clock: Clock, lease: timedelta) -
             machine.last_seen_at.isoformat() if machine.last_seen_at else "never",
         )
         machine.state, machine.reason = "lost", "Machine lost: its lease expired"
-        fx = await lifecycle.machine_lost(session, clock, machine.id)
+        # Its workers are lost from its last contact, not from now: the time since was theirs
+        # to lose (failure), not idle (issue 36).
+        fx = await lifecycle.machine_lost(session, clock, machine.id, machine.last_seen_at)
         total.freed |= fx.freed
     return total
 

@@ -4,7 +4,7 @@ from backend.models.alert import Alert, AlertThreshold
 from backend.models.base import Base
 from backend.models.cluster import Cluster, Pool
 from backend.models.command import AgentCommand
-from backend.models.failure import GpuFault, WorkerFailure
+from backend.models.failure import GpuFault, WorkerFailure, WorkerSeenLines
 from backend.models.goodput import (
     AccountingMark,
     GoodputDay,
@@ -66,6 +66,7 @@ __all__ = [
     "WebhookDelivery",
     "Worker",
     "WorkerFailure",
+    "WorkerSeenLines",
     "Workspace",
     "WorkspaceQuota",
 ]

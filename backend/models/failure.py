@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Index, Integer, String
+from sqlalchemy import ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import BigId, UTCDateTime
@@ -39,3 +39,21 @@ class GpuFault(HasId, Base):
     at: Mapped[datetime] = mapped_column(UTCDateTime())
     kind: Mapped[str] = mapped_column(String(16))  # xid | ecc | remap | other
     reason: Mapped[str] = mapped_column(String(1000))
+
+
+class WorkerSeenLines(Base):
+    """A worker's last lines the server relayed from its machine (a log read or followed while
+    it ran), at most 50 and 16 KiB: a lost machine's workers' failure snapshots are made of them
+    (issue 36; seed L-21), since their agent's own copies are gone with the machine. Logs are
+    kept on the machines (seed L-3): this is the snapshot's, kept while the attempt runs and
+    dropped when it ends, when the machine's agent says Hello again, or when its machine is lost
+    (taken into the snapshots)."""
+
+    __tablename__ = "worker_seen_lines"
+
+    worker_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("workers.id", ondelete="CASCADE"), primary_key=True
+    )
+    machine_id: Mapped[int] = mapped_column(BigId, index=True)
+    text: Mapped[str] = mapped_column(Text)
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime())

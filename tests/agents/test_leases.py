@@ -265,3 +265,23 @@ async def test_the_agent_beats_at_least_thrice_a_lease_whatever_its_heartbeat_se
         with contextlib.suppress(asyncio.CancelledError):
             await running
         await replica.stop()
+
+
+async def test_a_machine_is_last_seen_when_it_was_last_heard_not_when_renewed(
+    start_replica: StartReplica, db: Database, clock: FakeClock
+) -> None:
+    # issue 36: a lost machine is dated at its last contact (its workers fail from then)
+    replica = await start_replica(renew_interval=3600)  # renewed here by hand
+    agent = await _connect(replica.address, db, clock, "gpu-07")
+    try:
+        clock.advance(seconds=10)
+        last = agent.send(heartbeat=agent_pb2.Heartbeat())
+        while (await agent.receive("ack")).ack.up_to < last:
+            pass
+        heard = clock.now()
+        clock.advance(seconds=4)  # the renewal comes later
+        await replica.service.leases.renew()
+        machine = await _machine(db, "gpu-07")
+        assert (machine.last_seen_at, machine.lease_expires_at) == (heard, clock.now() + LEASE)
+    finally:
+        await agent.close()

@@ -649,7 +649,7 @@ class Cluster(RuleBasedStateMachine):
                     run,
                     f"lost {m.name}",
                     {"stopping:failure"},
-                    lambda fx, run=run: endings.machine_lost(run, m.id, self.now, fx),
+                    lambda fx, run=run: endings.machine_lost(run, m.id, self.now, self.now, fx),
                 )
                 assert not any(w.machine_id == m.id for w in run.workers)
         elif kind == "drain" and m.state == "ready":

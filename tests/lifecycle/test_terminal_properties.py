@@ -2,12 +2,14 @@
 workers exit at random moments, their reports arrive late and twice, a gang stop (its owner, a
 drain, a lost machine) races the exits, and the goodput tick runs in between. Whatever the
 order, every worker's counted time is its GPUs times its held wall time (placement to its own
-end), the rest of what it asked for is counted not held, and an ended worker counts no more."""
+end), the rest of what it asked for is counted not held, and an ended worker counts no more.
+A lost machine went silent some time before its loss is found (issue 36): its worker holds its
+GPUs until then, as failure from the silence on, whatever was counted of it before."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from hypothesis import HealthCheck, Phase, given, note, settings
@@ -59,6 +61,7 @@ class Stop:
     kind: str  # owner | drain | lost
     at: int  # ms after T0, by the server's clock
     worker: int  # whose machine is drained or lost
+    silent: int = 0  # a lost machine's last contact (ms after T0): none of its news after it
 
 
 @st.composite
@@ -84,6 +87,14 @@ def scenarios(draw: st.DrawFn) -> tuple[list[Exit], Stop | None, list[int]]:
             ),
         )
     )
+    if stop is not None and stop.kind == "lost":
+        e = exits[stop.worker]
+        news = [e.at + e.late, *([e.at + e.late + 1_000] if e.twice else [])]
+        heard = max([2_000, *(n for n in news if n < stop.at)])
+        if heard <= stop.at:
+            stop = replace(stop, silent=draw(st.integers(heard, stop.at)))
+        else:  # its last news came a moment before the loss was found
+            stop = replace(stop, silent=stop.at)
     ticks = draw(st.lists(st.integers(2_000, 600_000), max_size=8))
     return exits, stop, ticks
 
@@ -129,6 +140,25 @@ async def counted(db: Database, worker_ids: list[int]) -> dict[int, tuple[float,
             every = sum((b - a).total_seconds() * g for a, b, _, g in parts)
             out[w] = (round(held, 3), round(every, 3), len(opened))
     return out
+
+
+async def failure_held(db: Database, worker_id: int, start: datetime, end: datetime) -> float:
+    """The worker's GPU-seconds counted as failure, held, in [start, end)."""
+    async with db.read() as session:
+        parts = await session.scalars(
+            select(GoodputInterval).where(
+                GoodputInterval.worker_id == worker_id,
+                GoodputInterval.category == "failure",
+                GoodputInterval.held.is_(True),
+            )
+        )
+        return round(
+            sum(
+                max(0.0, (min(i.end_at, end) - max(i.start_at, start)).total_seconds()) * i.gpus
+                for i in parts
+            ),
+            3,
+        )
 
 
 async def run_ledger(db: Database, run_id: int) -> float:
@@ -207,8 +237,9 @@ async def test_any_interleaving_of_exits_stops_late_reports_and_ticks_counts_hel
             elif kind == "drain":
                 await lifecycle.machine_drained(session, world.clock, machine_id, name)
             elif kind == "lost":
+                assert stop is not None
                 lost_at = moment
-                await lifecycle.machine_lost(session, world.clock, machine_id)
+                await lifecycle.machine_lost(session, world.clock, machine_id, ms(stop.silent))
             else:
                 await counting.tick(session, world.clock)
 
@@ -262,3 +293,8 @@ async def test_any_interleaving_of_exits_stops_late_reports_and_ticks_counts_hel
                 asked = (PLACED - T0) + (end - PLACED) + (mark - again)
                 assert every == round(asked.total_seconds() * GPUS, 3), (worker_id, got)
         assert await run_ledger(db, run.id) == round(sum(every for _, every, _ in got.values()), 3)
+        lost = [w for w, end in ends.items() if rows[w].reason == MACHINE_LOST]
+        if lost and stop is not None:  # failure, held, from its silence to its loss found
+            assert await failure_held(db, lost[0], ms(stop.silent), ends[lost[0]]) == round(
+                (ends[lost[0]] - ms(stop.silent)).total_seconds() * GPUS, 3
+            )

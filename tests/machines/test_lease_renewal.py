@@ -31,6 +31,7 @@ async def test_held_rows_are_left_for_the_next_renewal_lost_ones_reported(
             update(Machine).where(Machine.id == ids["gpu-2"]).values(state="lost")
         )
     world.clock.advance(seconds=30)
+    heard = dict.fromkeys(ids.values(), world.clock.now())
     if db.engine.dialect.name == "postgresql":
         async with db.transaction() as holder:  # a Hello registering gpu-1 again, say
             await holder.execute(
@@ -39,7 +40,7 @@ async def test_held_rows_are_left_for_the_next_renewal_lost_ones_reported(
             began = time.monotonic()
             async with db.transaction() as session:
                 renewal = await asyncio.wait_for(
-                    machines.renew_leases(session, world.clock, set(ids.values()), LEASE), 10
+                    machines.renew_leases(session, world.clock, heard, LEASE), 10
                 )
             assert time.monotonic() - began < 5
         assert renewal == machines.Renewal(lost={ids["gpu-2"]}, held={ids["gpu-1"]})
@@ -47,7 +48,7 @@ async def test_held_rows_are_left_for_the_next_renewal_lost_ones_reported(
         assert renewed["gpu-0"] == world.clock.now() + LEASE
         assert renewed["gpu-1"] == world.clock.now() - timedelta(seconds=30) + LEASE
     async with db.transaction() as session:  # nothing held now (SQLite: never)
-        renewal = await machines.renew_leases(session, world.clock, set(ids.values()), LEASE)
+        renewal = await machines.renew_leases(session, world.clock, heard, LEASE)
     assert renewal == machines.Renewal(lost={ids["gpu-2"]}, held=set())
     renewed = await leases(db)
     assert renewed["gpu-0"] == renewed["gpu-1"] == world.clock.now() + LEASE
