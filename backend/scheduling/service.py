@@ -344,7 +344,7 @@ async def pending_reasons(
     A workspace's members see the machines its runs may be placed on now or later (ready or
     draining); lost and removed machines are their organisation's admins' alone."""
     given = await _inputs(session, run.cluster_id, clock.now())
-    ask = next((a for a in given.asks if a.run_id == run.id), None)
+    ask = next((a for a in given.asks if a.run_id == run.id and not a.winding_down), None)
     if ask is None:
         names = await repository.workspace_names(session, [run.workspace_id])
         columns = ("id", "name", "workspace_id", "priority", "created_at", "worker_count")

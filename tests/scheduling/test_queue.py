@@ -13,7 +13,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 
 from backend.machines import service as machines
-from backend.models import Machine
+from backend.models import Machine, Run
+from backend.scheduling import service as scheduling
 from tests.lifecycle.world import LEASE, World
 from tests.support.accounting import all_intervals, tick
 
@@ -151,6 +152,13 @@ async def test_the_room_of_a_gang_winding_down_to_restart_is_kept_for_it(world: 
     await world.submit(name="later", workers=1, gpus=4)
     during = await world.schedule()
     assert (during.placed, during.reasons) == ([], {"later": "Queued behind pair"})
+    # read a pending reason: the gang's whole, not the workers it let go
+    async with world.db.read() as session:
+        run = await session.scalar(select(Run).where(Run.name == "pair"))
+        assert run is not None
+        principal = await world.principal()
+        reasons = await scheduling.pending_reasons(session, world.clock, principal, run)
+    assert reasons == [("gpu-07", "room for 1 of its 2 workers")]
     world.clock.advance(seconds=3)
     await world.report("pair-0", "exited", exit_code=143)
     assert (await world.run("pair")).reason.startswith("Restarting in 10s (1/3): ")
