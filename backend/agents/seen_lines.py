@@ -15,6 +15,8 @@ from datetime import datetime
 # What a failure snapshot keeps (seed L-21): its last 50 lines, at most 16 KiB.
 SEEN_LINES = 50
 SEEN_BYTES = 16 * 1024
+# The workers of one machine whose lines are kept, the latest relayed.
+SEEN_WORKERS = 64
 
 
 @dataclass(frozen=True)
@@ -45,27 +47,34 @@ class _Tail:
 
 
 class SeenLines:
-    """The lines relayed per machine and worker; which changed since they were last taken."""
+    """The lines relayed per machine and worker; which changed since they were last taken. A
+    machine's stream may last for weeks: the workers whose lines were relayed last are kept,
+    SEEN_WORKERS of each machine at most (it runs a few at a time)."""
 
     def __init__(self) -> None:
-        self._tails: dict[tuple[int, int], _Tail] = {}
+        self._tails: dict[int, dict[int, _Tail]] = {}  # by machine, then worker, oldest first
         self._changed: set[tuple[int, int]] = set()
         self._closed: set[int] = set()
 
     def tail(self, machine_id: int, worker_id: int, text: str, at: datetime) -> None:
         """A tail of the worker's log: its last lines now (those before it are not its last)."""
-        self._tails[(machine_id, worker_id)] = _Tail()
+        self._tails.get(machine_id, {}).pop(worker_id, None)
         self.follow(machine_id, worker_id, text, at)
 
     def follow(self, machine_id: int, worker_id: int, text: str, at: datetime) -> None:
         """New lines of a followed log, after those seen before."""
         if not text:
             return
-        key = (machine_id, worker_id)
-        tail = self._tails.setdefault(key, _Tail())
+        workers = self._tails.setdefault(machine_id, {})
+        tail = workers.pop(worker_id, None) or _Tail()
+        workers[worker_id] = tail  # the latest relayed, last
         tail.add(text)
         tail.at = at
-        self._changed.add(key)
+        self._changed.add((machine_id, worker_id))
+        while len(workers) > SEEN_WORKERS:
+            oldest = next(iter(workers))
+            del workers[oldest]
+            self._changed.discard((machine_id, oldest))
 
     def opened(self, machine_id: int) -> None:
         """The machine's stream is held here (again)."""
@@ -77,23 +86,20 @@ class SeenLines:
 
     def take(self) -> list[Seen]:
         """What changed since the last take; the workers of closed streams are let go."""
-        taken = [
-            Seen(m, w, "".join(tail.lines), tail.at)
-            for (m, w) in sorted(self._changed)
-            if (tail := self._tails[(m, w)]).at is not None
-        ]
+        taken = []
+        for m, w in sorted(self._changed):
+            tail = self._tails[m][w]
+            assert tail.at is not None
+            taken.append(Seen(m, w, "".join(tail.lines), tail.at))
         self._changed.clear()
-        for key in [k for k in self._tails if k[0] in self._closed]:
-            del self._tails[key]
+        for machine_id in self._closed & set(self._tails):
+            del self._tails[machine_id]
         return taken
 
     def untaken(self, seen: list[Seen]) -> None:
         """What was taken could not be written: it is taken again next time (unless newer
         lines came meanwhile)."""
         for s in seen:
-            key = (s.machine_id, s.worker_id)
-            if key not in self._tails:
-                tail = self._tails[key] = _Tail()
-                tail.add(s.text)
-                tail.at = s.at
-            self._changed.add(key)
+            if s.worker_id not in self._tails.get(s.machine_id, {}):
+                self.follow(s.machine_id, s.worker_id, s.text, s.at)
+            self._changed.add((s.machine_id, s.worker_id))

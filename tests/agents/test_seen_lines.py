@@ -15,7 +15,7 @@ import pytest
 from astraeus.agent.v1 import agent_pb2
 from sqlalchemy import func, select
 
-from backend.agents.seen_lines import SEEN_BYTES, SeenLines
+from backend.agents.seen_lines import SEEN_BYTES, SEEN_WORKERS, SeenLines
 from backend.agents.servicer import AgentService
 from backend.clock import iso_offset
 from backend.db import Database
@@ -54,6 +54,17 @@ def test_a_tail_replaces_a_follow_appends_and_each_keeps_its_last_50_lines_and_1
     seen.follow(1, 9, "y" * 20_000 + "\n", SEED_TIME)  # one line over the bound: its end
     [taken] = seen.take()
     assert taken.text == "y" * (SEEN_BYTES - 1) + "\n"
+
+
+def test_a_machine_keeps_the_lines_of_its_workers_relayed_last() -> None:
+    seen = SeenLines()
+    for worker in range(SEEN_WORKERS + 2):
+        seen.follow(1, worker, f"{worker}\n", SEED_TIME)
+    seen.follow(1, 2, "again\n", SEED_TIME)  # relayed again: kept, the latest
+    seen.follow(1, 100, "new\n", SEED_TIME)  # one more: the oldest relayed (3) goes
+    assert [s.worker_id for s in seen.take()] == [2, *range(4, SEEN_WORKERS + 2), 100]
+    seen.follow(1, 3, "back\n", SEED_TIME)
+    assert [s.text for s in seen.take()] == ["back\n"]  # its earlier lines were let go
 
 
 def test_a_closed_streams_lines_are_let_go_once_taken_and_what_failed_is_taken_again() -> None:
