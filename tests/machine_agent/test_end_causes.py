@@ -13,12 +13,10 @@ import pytest
 from astraeus.agent.v1 import agent_pb2
 
 from agent import shim
-from agent.config import AgentConfig
-from agent.connection import Agent
 from agent.executor import EndCause, Exit, ProcessWorker
-from agent.gpus import simulated
 from agent.identity import WorkloadUsers
 from agent.logs import WorkerLog
+from tests.support.agents import unconnected_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,17 +121,7 @@ def test_a_worker_without_a_command_ends_not_found_127(tmp_path: Path) -> None:
 def test_the_agent_sends_the_cause_and_its_facts_and_no_sentence(
     tmp_path: Path, exit: Exit, cause: int
 ) -> None:
-    agent = Agent(
-        AgentConfig(
-            server="127.0.0.1:1",
-            token="unused",
-            machine="gpu-07",
-            data_dir=tmp_path / "data",
-            gpus=simulated(1, "gpu-07"),
-            cpu_cores=8,
-            memory_bytes=2**30,
-        )
-    )
+    agent = unconnected_agent(tmp_path / "data")
     worker = ProcessWorker(9, {"attempt": 2}, WorkerLog(tmp_path / "logs", "9"), tmp_path / "w")
     agent.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
     event = agent.queue.get_nowait().worker_event

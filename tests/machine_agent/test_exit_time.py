@@ -12,11 +12,9 @@ from pathlib import Path
 from astraeus.agent.v1 import agent_pb2
 
 from agent import shim
-from agent.config import AgentConfig
-from agent.connection import Agent
 from agent.executor import EndCause, Exit, ProcessWorker
-from agent.gpus import simulated
 from agent.logs import WorkerLog
+from tests.support.agents import unconnected_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,17 +50,7 @@ def test_the_shim_dates_the_end_when_the_process_ended_not_when_its_output_close
 
 
 def test_the_agent_reports_an_exit_at_the_time_the_process_ended(tmp_path: Path) -> None:
-    agent = Agent(
-        AgentConfig(
-            server="127.0.0.1:1",
-            token="unused",
-            machine="gpu-07",
-            data_dir=tmp_path / "data",
-            gpus=simulated(1, "gpu-07"),
-            cpu_cores=8,
-            memory_bytes=2**30,
-        )
-    )
+    agent = unconnected_agent(tmp_path / "data")
     worker = ProcessWorker(
         9, {"attempt": 2}, WorkerLog(tmp_path / "logs", "9"), tmp_path / "workers" / "9"
     )

@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 from astraeus.agent.v1 import agent_pb2
 
-from agent.config import AgentConfig
-from agent.connection import Agent
 from agent.executor import EndCause, Exit, ProcessWorker
-from agent.gpus import simulated
 from agent.logs import WorkerLog
+from tests.support.agents import unconnected_agent
 
 
 @pytest.mark.parametrize(
@@ -29,17 +27,7 @@ from agent.logs import WorkerLog
 def test_the_last_lines_go_with_a_failure_and_with_a_stop(
     tmp_path: Path, stopping: bool, code: int, sent: bool
 ) -> None:
-    agent = Agent(
-        AgentConfig(
-            server="127.0.0.1:1",
-            token="unused",
-            machine="gpu-07",
-            data_dir=tmp_path / "data",
-            gpus=simulated(1, "gpu-07"),
-            cpu_cores=8,
-            memory_bytes=2**30,
-        )
-    )
+    agent = unconnected_agent(tmp_path / "data")
     log = WorkerLog(tmp_path / "logs", "9")
     log.begin()
     log.append(b"".join(f"step {i}\n".encode() for i in range(80)))

@@ -6,10 +6,8 @@ import os
 from pathlib import Path
 
 from agent import cgroups
-from agent.config import AgentConfig
-from agent.connection import Agent
-from agent.gpus import simulated
 from agent.metrics import CGROUP_METRICS, NETWORK_METRICS, unmeasured
+from tests.support.agents import unconnected_agent
 
 NETWORK = ["task_network_receive_bytes_total", "task_network_transmit_bytes_total"]
 
@@ -43,18 +41,7 @@ def test_cgroups_are_available_only_where_the_hierarchy_is_writable(tmp_path: Pa
 
 
 def test_the_hello_says_the_executor_and_what_it_cannot_measure(tmp_path: Path) -> None:
-    agent = Agent(
-        AgentConfig(
-            server="127.0.0.1:1",
-            token="",
-            machine="gpu-07",
-            data_dir=tmp_path / "agent",
-            gpus=simulated(1, "gpu-07"),
-            cpu_cores=8,
-            memory_bytes=2**30,
-            executor="process",
-        )
-    )
+    agent = unconnected_agent(tmp_path / "agent", executor="process")
     hello = agent._hello().hello
     assert hello.executor == "process"
     assert list(hello.unmeasured_metrics) == unmeasured("process", cgroups.available())

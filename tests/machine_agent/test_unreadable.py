@@ -15,12 +15,10 @@ import pytest
 from astraeus.agent.v1 import agent_pb2
 
 from agent import enter, shim
-from agent.config import AgentConfig
-from agent.connection import Agent
 from agent.executor import EndCause, Exit, ProcessWorker
-from agent.gpus import simulated
 from agent.logs import WorkerLog
 from tests.support import searchable
+from tests.support.agents import unconnected_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 UID, GID = 2_000_123, 2_100_123
@@ -161,17 +159,7 @@ def test_what_a_command_names_is_what_exists(tmp_path: Path) -> None:
 def test_the_agent_sends_the_user_and_the_folder_in_the_way(
     tmp_path: Path, exit: Exit, uid: int | None, blocked_at: str
 ) -> None:
-    agent = Agent(
-        AgentConfig(
-            server="127.0.0.1:1",
-            token="unused",
-            machine="gpu-07",
-            data_dir=tmp_path / "data",
-            gpus=simulated(1, "gpu-07"),
-            cpu_cores=8,
-            memory_bytes=2**30,
-        )
-    )
+    agent = unconnected_agent(tmp_path / "data")
     worker = ProcessWorker(9, {"attempt": 2}, WorkerLog(tmp_path / "logs", "9"), tmp_path / "w")
     agent.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
     event = agent.queue.get_nowait().worker_event

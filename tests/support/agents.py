@@ -25,6 +25,21 @@ from tests.support import FakeClock, Tenancy
 from tests.support.stream import _port
 
 
+def unconnected_agent(data_dir: Path, **config: Any) -> Agent:
+    """The real agent of machine gpu-07 (one simulated GPU, 8 cores, 1 GiB), never connected:
+    what it would send waits in its queue, for a test to read."""
+    settings: dict[str, Any] = {
+        "server": "127.0.0.1:1",
+        "token": "unused",
+        "machine": "gpu-07",
+        "data_dir": data_dir,
+        "gpus": simulated(1, "gpu-07"),
+        "cpu_cores": 8,
+        "memory_bytes": 2**30,
+    }
+    return Agent(AgentConfig(**(settings | config)))
+
+
 @contextlib.asynccontextmanager
 async def agent_endpoint(
     db: Database, clock: Clock, lease: timedelta = timedelta(seconds=60)
