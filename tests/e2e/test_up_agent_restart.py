@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from agent import instance
@@ -16,6 +15,7 @@ from agent.identity import WorkloadUsers, workload_dir
 from backend.cli.local_agent import restart_backoff
 from tests.e2e.live import Api, running, serving
 from tests.support import WORKLOAD_PYTHON
+from tests.support.waiting import alive, wait_for
 
 TICKS = (
     "import os, time\n"
@@ -37,21 +37,6 @@ def agents_of(up: int) -> set[int]:
                     if b" agent " in command:  # a zombie's command line is empty
                         found.add(int(pid))
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def wait_for(what: str, check: Callable[[], bool], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"waited {seconds}s for {what}"
-        time.sleep(0.2)
 
 
 class TickerApi(Api):

@@ -17,7 +17,7 @@ import signal
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from agent import instance
 from backend.accounting import counting
 from tests.e2e.live import Server, free_port
 from tests.support import WORKLOAD_PYTHON
+from tests.support.waiting import alive, parent, wait_for
 from tests.workloads.ledger import Api, at, check_ledger, counted
 
 # Steps until the test says it is done (a file appears), ten minutes at most.
@@ -63,25 +64,6 @@ def done() -> Iterator[Path]:
         yield folder / "done"
     finally:
         shutil.rmtree(folder)
-
-
-def wait_for(what: str, check: Callable[[], bool], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"waited {seconds}s for {what}"
-        time.sleep(0.5)
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def agents_on(data_dir: Path) -> set[int]:

@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from agent.identity import UID_RANGE, WorkloadUsers, workload_dir
 from backend.cli.astra.graphql_ws import subscribe
 from tests.e2e.live import Api, Server, serving
 from tests.support import WORKLOAD_PYTHON
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="workloads change user only under an agent running as root"
@@ -85,13 +86,6 @@ class Client(Api):
 
     def worker(self, name: str) -> dict[str, Any]:
         return dict(self.get(f"/tasks/{name}"))
-
-
-def wait_for(what: str, check: Callable[[], bool], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"waited {seconds}s for {what}"
-        time.sleep(0.3)
 
 
 class Cluster:

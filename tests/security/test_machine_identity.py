@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +26,7 @@ from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 from backend.machine_identity.rules import hash_token
 from tests.e2e.live import Api, Server, serving
 from tests.support import WORKLOAD_PYTHON
+from tests.support.waiting import wait_for
 
 FAKE_CORES, FAKE_MEMORY = 64.0, 2**40  # what the fake machine `evil` advertises
 
@@ -109,13 +109,6 @@ async def join_refused(forged: Forged, machine: str) -> tuple[grpc.StatusCode, s
         return caught.value.code(), str(caught.value.details())
     finally:
         await forged.close()
-
-
-def wait_for(what: str, check: Callable[[], bool], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"waited {seconds}s for {what}"
-        time.sleep(0.3)
 
 
 class Admin(Api):

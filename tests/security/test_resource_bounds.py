@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ import pytest
 from agent import logs
 from tests.e2e.live import Api, Server, serving
 from tests.support import WORKLOAD_PYTHON
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="workloads change user only under an agent running as root"
@@ -77,13 +78,6 @@ class Client(Api):
 
     def machines(self) -> list[dict[str, Any]]:
         return list(self.graphql("{ machines { name state reason } }")["machines"])
-
-
-def wait_for(what: str, check: Callable[[], bool], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"waited {seconds}s for {what}"
-        time.sleep(0.3)
 
 
 class Cluster:

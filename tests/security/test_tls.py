@@ -18,7 +18,7 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from backend.tls import server_tls
 from tests.certificates import Authority
 from tests.e2e.live import ASTRAEUS, AgentProcess, Server, end_agent, free_port
 from tests.support import WORKLOAD_PYTHON
+from tests.support.waiting import wait_for
 
 TOKEN = "astm_this-token-must-never-cross-a-network-in-clear"
 
@@ -136,13 +137,6 @@ class Cluster:
         for agent in self.agents:
             agent.end()
         self.server.stop()
-
-
-def wait_for(what: str, check: Callable[[], bool], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"waited {seconds}s for {what}"
-        time.sleep(0.25)
 
 
 def start_cluster(root: Path, pki: Pki, **settings: str) -> tuple[Cluster, str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.live import AgentProcess, running
+from tests.support.waiting import wait_for
 from tests.workloads.conftest import Workloads
 from tests.workloads.ledger import (
     Api,
@@ -48,14 +48,6 @@ LEASE_S = 16  # over the local agent's heartbeat (10 s): only the killed agent i
 RUNS = ("pinned", "restarts", "same", "lower")
 PINNED = "No machine fits: pool far of local has no ready machine"
 QUICK = ["python", "-c", "import time; time.sleep(2); print('done', flush=True)"]
-
-
-def wait_for(what: str, check: Any, seconds: float) -> Any:
-    deadline = time.monotonic() + seconds
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"waited {seconds}s for {what}"
-        time.sleep(0.2)
-    return found
 
 
 @pytest.fixture(scope="module")
