@@ -128,14 +128,41 @@ def _cannot_plan(
         present = [m for m in present if m.runs_containers]
         if not present:
             return NO_CONTAINERS, Wait.CONTAINERS
-    if any(m.could_ever_fit(ask.gpus, ask.cpu, ask.memory) for m in present):
-        return None
-    largest = max(present, key=lambda m: (m.healthy_gpus, m.cpu_total, m.memory_total))
     where = f"in pool {ask.pool}" if ask.pool else "in the cluster"
+    if any(m.could_ever_fit(ask.gpus, ask.cpu, ask.memory) for m in present):
+        return _whole_gang_never_fits(ask, present, where)
+    largest = max(present, key=lambda m: (m.healthy_gpus, m.cpu_total, m.memory_total))
     return (
         f"Cannot plan workers: no machine {where} has room for one worker of {ask.shape()} "
         f"(the largest, {largest.name}, has {gpus_text(largest.healthy_gpus)}, "
         f"{cores_text(largest.cpu_total)}, {memory_text(largest.memory_total)})",
+        Wait.PLAN,
+    )
+
+
+def _whole_gang_never_fits(
+    ask: Ask, present: list[MachineRoom], where: str
+) -> tuple[str, Wait] | None:
+    """A gang more workers than the machines present could hold even with nothing else on them
+    (two workers of 8 GPUs and one 8-GPU machine) can never be placed: it is not waiting for
+    room, and it claims none (it held the machines it could use for ever)."""
+    empty = Room(
+        replace(
+            m,
+            free_gpus=list(range(m.healthy_gpus)),
+            cpu_free=m.cpu_total,
+            memory_free=m.memory_total,
+        )
+        for m in present
+        if m.takes(ask)
+    )
+    held = workers_that_fit(empty, ask)
+    if held >= ask.workers:
+        return None
+    machines = "its machines that run containers" if ask.image else "its machines"
+    return (
+        f"Cannot plan workers: {counted(ask.workers, 'worker')} of {ask.shape()} do not fit "
+        f"{where}: with nothing else on them, {machines} have room for {held}",
         Wait.PLAN,
     )
 

@@ -80,7 +80,9 @@ async def test_read_a_pending_reason_machine_by_machine(
     # seed L-61: the per-machine reasons of a run that does not start
     world = World(db, clock, tenancy)
     await world.machine("gpu-07", gpus=8)
-    await world.machine("gpu-08", gpus=4)
+    await world.machine("gpu-08", gpus=8, pool="b")
+    await world.submit(name="busy", workers=1, gpus=4, pool="b")  # half of gpu-08
+    await world.schedule()
     await world.submit(name="big", workers=2, gpus=8)
     await world.schedule()
     answer = await gql(client, tenancy.member_token, REASONS, name="big")
@@ -89,6 +91,6 @@ async def test_read_a_pending_reason_machine_by_machine(
         "reason": "Gang cannot be placed whole: room for 1 of 2 workers of 8 GPUs, 4 cores, 16 GiB",
         "pendingReasons": [
             {"machine": "gpu-07", "reason": "room for 1 of its 2 workers"},
-            {"machine": "gpu-08", "reason": "4 of 4 GPUs free, a worker needs 8"},
+            {"machine": "gpu-08", "reason": "4 of 8 GPUs free, a worker needs 8"},
         ],
     }

@@ -347,17 +347,23 @@ async def test_pending_reasons_say_why_a_run_does_not_start(world: World) -> Non
     result = await world.schedule()
     assert result.reasons["early"] == "No machine fits: local has no ready machine"
     await world.machine("gpu-07", gpus=8)
-    await world.machine("gpu-08", gpus=4)
+    await world.machine("gpu-08", gpus=8)
     await world.submit(name="huge", workers=1, gpus=16)
+    await world.submit(name="wider", workers=3, gpus=8)
     await world.submit(name="wide", workers=2, gpus=8)
-    # only gpu-07 could take it: it waits behind "wide" (issue 36: a run that fits on gpu-08
-    # is placed there, a machine "wide" could never use)
+    # both machines could take it: it waits behind "wide" (issue 36: a run that fits on a
+    # machine "wide" could never use is placed there)
     await world.submit(name="small", workers=1, gpus=6)
     result = await world.schedule()
-    assert result.placed == ["early"]
+    assert result.placed == ["early"]  # one GPU of one machine: "wide" fits on one only
     assert result.reasons["huge"] == (
         "Cannot plan workers: no machine in the cluster has room for one worker of 16 GPUs, "
         "4 cores, 16 GiB (the largest, gpu-07, has 8 GPUs, 64 cores, 512 GiB)"
+    )
+    # issue 36: a gang the machines could never hold whole is not waiting for room
+    assert result.reasons["wider"] == (
+        "Cannot plan workers: 3 workers of 8 GPUs, 4 cores, 16 GiB do not fit in the cluster: "
+        "with nothing else on them, its machines have room for 2"
     )
     assert result.reasons["wide"] == (
         "Gang cannot be placed whole: room for 1 of 2 workers of 8 GPUs, 4 cores, 16 GiB"
@@ -637,10 +643,16 @@ async def test_the_scheduler_keeps_what_a_pending_run_waits_for_beside_its_reaso
         "machines",
     )
     await world.machine("gpu-07")
+    await world.submit(name="busy", workers=1, gpus=4)  # behind it in the queue
     await world.schedule()
-    run = await world.run("llama-sft")
-    assert run.reason.startswith("Gang cannot be placed whole") and run.waits_for == "machines"
+    run = await world.run("llama-sft")  # one 8-GPU machine could never hold its gang of two
+    assert run.reason.startswith("Cannot plan workers") and run.waits_for == "plan"
     await world.machine("gpu-08")
+    await world.schedule()
+    run = await world.run("llama-sft")  # busy, placed meanwhile, holds half of gpu-07
+    assert run.reason.startswith("Gang cannot be placed whole") and run.waits_for == "machines"
+    await world.start("busy-0")
+    await world.report("busy-0", "exited", exit_code=0)
     await world.schedule()
     run = await world.run("llama-sft")
     assert (run.state, run.waits_for) == ("Starting", None)

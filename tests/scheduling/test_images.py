@@ -51,14 +51,21 @@ def test_an_image_goes_to_a_machine_that_runs_containers_even_when_another_fits_
     with_image = replace(ask(8, "in-a-box", gpus=1), image=True)
     decided = plan([with_image], [tight, roomy], [], {}, {}, NOW, cluster=CLUSTER)
     assert [p.machine_name for p in decided.placements[8]] == ["gpu-02"]
-    # A gang of two 8-GPU workers: one container machine has room for one only.
+    # A gang of two 8-GPU workers: the one container machine has room for one only, ever
+    # (seed L-63; issue 36: "Gang cannot be placed whole" held that machine for it for ever).
     gang = replace(ask(9, "gang", gpus=8, workers=2), image=True)
     decided = plan(
         [gang], [roomy, replace(tight, free_gpus=list(range(8)))], [], {}, {}, NOW, cluster=CLUSTER
     )
-    assert (
-        decided.reasons[9] == "Gang cannot be placed whole: room for 1 of 2 workers of "
-        "8 GPUs, 1 core"
+    assert decided.reasons[9] == (
+        "Cannot plan workers: 2 workers of 8 GPUs, 1 core do not fit in the cluster: with "
+        "nothing else on them, its machines that run containers have room for 1"
+    )
+    # A second container machine, busy now: room for one, the gang waits for the other.
+    busy = replace(roomy, id=3, name="gpu-03", free_gpus=[0, 1])
+    decided = plan([gang], [roomy, busy], [], {}, {}, NOW, cluster=CLUSTER)
+    assert decided.reasons[9] == (
+        "Gang cannot be placed whole: room for 1 of 2 workers of 8 GPUs, 1 core"
     )
 
 

@@ -163,6 +163,32 @@ def test_a_worker_bigger_than_any_machine_of_its_pool_cannot_be_planned() -> Non
     assert result.reasons == {10: "No machine fits: pool a100 of gpu-east has no ready machine"}
 
 
+def test_a_gang_the_machines_could_never_hold_whole_cannot_be_planned() -> None:
+    # seed L-63 (issue 36): two 8-GPU workers and one 8-GPU machine: not "Gang cannot be placed
+    # whole", which waits for room and held the machine for the gang for ever
+    machines = [
+        machine(1, "node-a"),
+        machine(2, "node-b", gpus=4, free=[0, 1, 2, 3]),
+        machine(3, "node-big", gpus=16, state="lost"),
+    ]
+    asks = [ask(10, "wide", workers=2, gpus=8, cpu=4), ask(11, "small", gpus=6, queued=1)]
+    result = run_plan(asks, machines)
+    assert result.reasons == {
+        10: "Cannot plan workers: 2 workers of 8 GPUs, 4 cores do not fit in the cluster: with "
+        "nothing else on them, its machines have room for 1"
+    }
+    # It holds nothing up: the run behind it takes the machine it could never have.
+    assert result.placements == {11: [Placement(1, "node-a", (0, 1, 2, 3, 4, 5))]}
+    # A draining machine counts, as it may come back: then the gang waits for room (and the
+    # run behind it for the gang), not for plans.
+    machines[2].state = "draining"
+    result = run_plan(asks, machines)
+    assert result.reasons == {
+        10: "Gang cannot be placed whole: room for 1 of 2 workers of 8 GPUs, 4 cores",
+        11: "Queued behind wide",
+    }
+
+
 def test_a_gang_larger_than_its_quota_cannot_be_planned() -> None:
     # seed L-63
     quotas = {1: Quota("vision", CLUSTER, 8)}

@@ -206,10 +206,15 @@ def never_fits(s: Scenario, a: Ask) -> bool:
         present = [m for m in present if m.executor == "docker"]
         if not present:
             return True
-    return not any(
+    if not any(
         m.healthy_gpus >= a.gpus and m.cpu_total >= a.cpu and m.memory_total >= a.memory
         for m in present
-    )
+    ):
+        return True
+    # the whole gang, with nothing else on the machines present (issue 36: two workers of 8
+    # GPUs and one 8-GPU machine held it for ever, "Gang cannot be placed whole")
+    empty = [Free(set(range(m.healthy_gpus)), m.cpu_total, m.memory_total) for m in present]
+    return sum(workers_on(f, a) for f in empty) < a.workers
 
 
 def claimants(s: Scenario, result: Plan) -> list[Ask]:
