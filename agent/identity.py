@@ -2,8 +2,9 @@
 
 An agent running as root starts each worker as an unprivileged user of its own: the spec's
 ``user`` when the machine's owner allows that name (``--allow-user``), else a user id from the
-agent's range (``--workload-uids``, 2000000-2065535 by default), free among the workers it
-keeps, with no entry in /etc/passwd. Its group is its workspace's (``--workload-gid-base`` plus
+agent's range (``--workload-uids``, 2000000-2065535 by default), the worker's own (its server
+id modulo the range: the same at every attempt) or, where a kept worker runs as that, the next
+free, with no entry in /etc/passwd. Its group is its workspace's (``--workload-gid-base`` plus
 the workspace's id), which owns the workspace's drives: a workspace's workers share its drives
 and nothing else; another workspace's are another group. The worker's own folder (its home,
 progress file and secret files) is its user's alone.
@@ -59,10 +60,19 @@ class WorkloadUsers:
             raise ValueError(f"workspace id {workspace_id} is beyond this machine's group range")
         return self.gid_base + workspace_id
 
-    def free_uid(self, taken: Collection[int]) -> int:
-        """The lowest id of the range no kept worker runs as."""
+    def free_uid(self, taken: Collection[int], worker_id: int) -> int:
+        """The worker's own id of the range (its server id, modulo the range), else the next no
+        kept worker runs as. Every attempt of a worker then runs as one user, on any machine
+        with the same range: what an attempt wrote to shared storage (a checkpoint, replaced
+        by the next attempt in a folder with the sticky bit) stays its own. The lowest free
+        id, as before, gave a restart the id another run had let go meanwhile (issue 36:
+        a DDP run resumed from its checkpoint, then failed at every save, "Operation not
+        permitted", its 10 restarts long)."""
         low, high = self.uids
-        for uid in range(low, high + 1):
+        span = high - low + 1
+        first = worker_id % span
+        for step in range(span):
+            uid = low + (first + step) % span
             if uid not in taken:
                 return uid
         raise LookupError(NO_FREE_UID)

@@ -36,7 +36,7 @@ class WorkerKeeping(AgentState):
         if self.config.users.switch:  # a user id of its own, free among the kept workers
             taken = {int(w.payload["uid"]) for w in self.workers.values() if "uid" in w.payload}
             with contextlib.suppress(LookupError):  # none free: start() says so
-                payload = {**payload, "uid": self.config.users.free_uid(taken)}
+                payload = {**payload, "uid": self.config.users.free_uid(taken, worker_id)}
         if self.config.executor == "docker":
             drives = prepare.drive_folder(self.drive_root, payload, "x").parent
             container = docker.ContainerWorker(
