@@ -120,26 +120,31 @@ PROCESS_FIXTURES = {"live", "cluster", "browser", "page", "api"}
 # tests of many examples), longest first, as a CI run on 2 cores measured them (issue 22: the
 # summary's "longest modules"): started first, so that none of them begins near the end of the
 # run.
-LONGEST = (  # the module times of a fresh clone's `.ci/run` (2026-12-02 night, 6 lanes, 842 s)
+LONGEST = (  # the module times of a fresh clone's `.ci/run` (2026-12-04, 6 lanes, at 15bec02)
     "tests/workloads/test_ddp_stalls.py",  # 472 s: one fixture, the four runs to their ends
-    "tests/e2e/test_topology.py",  # 426 s: five tests of the production topology
-    "tests/workloads/test_ddp.py",  # 296 s: four gangs, one restarting from its checkpoint
-    "tests/accounting/test_tick_properties.py",  # 176 s: an example run 94 s, one 77 s
-    "tests/workloads/test_server_away.py",  # 162 s
-    "tests/slurm/test_import.py",  # 154 s (2026-12-03): a real Slurm, every wait for sacct
-    "tests/e2e/test_agent_process.py",  # 148 s
-    "tests/security/test_machine_identity.py",  # 119 s
-    "tests/lifecycle/test_scenarios.py",  # 119 s
-    "tests/slurm/test_submit.py",  # 95 s (2026-12-03): DDP gangs as Slurm jobs
-    "tests/slurm/test_node_agent.py",  # ~100 s (2026-12-03): a Slurm in cgroups, its node's agent
-    "tests/e2e/test_seed_walk.py",  # 99 s
-    "tests/graphql/test_fuzz.py",  # 94 s
-    "tests/lifecycle/test_terminal_properties.py",  # 88 s
-    "tests/webhooks/test_deliver.py",  # 86 s
-    "tests/e2e/test_cli_seed_blocks.py",  # 81 s
-    "tests/rest/test_openapi.py",  # 80 s
+    "tests/e2e/test_topology.py",  # 431 s: five tests of the production topology
+    "tests/slurm/test_node_agent.py",  # 206 s: a Slurm in cgroups, its node's agent
+    "tests/accounting/test_tick_properties.py",  # 179 s: an example run 94 s, one 77 s
+    "tests/e2e/test_up_crash.py",  # 171 s: `up` killed, a whole minute away, started again
+    "tests/workloads/test_server_away.py",  # 161 s
+    "tests/workloads/test_queue.py",  # 158 s: an empty pool, a restart's wait, DDP gangs
+    "tests/e2e/test_agent_process.py",  # 123 s
+    "tests/slurm/test_submit.py",  # 123 s: DDP gangs as Slurm jobs
+    "tests/slurm/test_import.py",  # 118 s: a real Slurm, every wait for sacct
+    "tests/workloads/test_ddp.py",  # 86 s alone: four gangs at once, one from its checkpoint
+    "tests/accounting/test_tick.py",  # 90 s
+    "tests/lifecycle/test_scenarios.py",  # 119 s (2026-12-02)
+    "tests/e2e/test_seed_walk.py",  # 99 s (2026-12-02)
+    "tests/graphql/test_fuzz.py",  # 94 s (2026-12-02)
+    "tests/lifecycle/test_terminal_properties.py",  # 88 s (2026-12-02)
     "tests/e2e/test_console_runs.py",  # 77 s
+    "tests/e2e/test_cli_seed_blocks.py",  # 81 s (2026-12-02)
+    "tests/rest/test_openapi.py",  # 80 s (2026-12-02)
+    "tests/workloads/test_child_oom.py",  # 68 s: two ranks each losing a child to the OOM killer
+    "tests/webhooks/test_deliver.py",  # 65 s
     "tests/security/test_hostile_requests.py",  # 65 s: every parameter, every root field
+    "tests/security/test_machine_identity.py",  # 61 s
+    "tests/e2e/test_lost_machine_live.py",  # 59 s: an agent killed -9 with two ranks on it
 )
 # Fixtures that reach the database (every fixture on one depends on `database_url`).
 DATABASE_FIXTURES = {"databases", "database_url", "db"}
