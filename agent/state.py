@@ -119,7 +119,8 @@ class AgentState:
                 event.exit_code = exit.code
             # A failure's snapshot; and a stop's: the server keeps it when it stopped the
             # worker for its time limit, a preemption or a stall, or had lost its machine.
-            if exit.code != 0 or worker.stopping:
+            # None of an attempt that never started: its log holds an earlier one's lines.
+            if (exit.code != 0 or worker.stopping) and worker.started:
                 event.log_tail = worker.log.snapshot()
         self._send(worker_event=event)
 

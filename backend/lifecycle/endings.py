@@ -97,6 +97,10 @@ def snapshot_output(text: str) -> str:
     return SNAPSHOT_CUT + data[-SNAPSHOT_BYTES:].decode(errors="ignore")
 
 
+# The ends of a process that ran: only such a one can die of a lost peer (PEER_LOST).
+RAN = frozenset({EndCause.EXITED, EndCause.SIGNALLED})
+
+
 def worker_exited(
     run: RunView,
     w: WorkerView,
@@ -119,9 +123,17 @@ def worker_exited(
     w.exit_code = exit_code
     fx.freed = True
     lost = end.cause == EndCause.MACHINE_LOST
-    # A lost machine's worker failed of its machine, whatever its last lines heard of a peer.
-    peer_lost = not lost and PEER_LOST.search(log_tail) is not None
-    if w.stop_cause is not None and not _failed_first(run, w, exit_code, at, peer_lost, lost):
+    # Only a process that ran can have died of a lost peer: a lost machine's worker failed of
+    # its machine, and one that never started failed of that, whatever lines its log still
+    # held (an earlier attempt's: issue 36, a restart's rank 0 refused its MASTER_PORT and, by
+    # its first attempt's "Connection closed by peer", was counted 5 s late, after its peer's
+    # end that its own failure had asked for)
+    peer_lost = end.cause in RAN and PEER_LOST.search(log_tail) is not None
+    # a worker that never started, ended as it was asked to stop, is the stop's consequence
+    consequence = w.stop_cause is not None and end.cause == EndCause.STOPPED_BEFORE_START
+    if w.stop_cause is not None and (
+        consequence or not _failed_first(run, w, exit_code, at, peer_lost, lost)
+    ):
         cause = Cause(w.stop_cause)
         stopped_for = _stop_snapshot_reason(run, w, cause)
         if stopped_for is not None:

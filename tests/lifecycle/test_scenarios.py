@@ -539,6 +539,41 @@ async def test_a_peer_lost_failure_well_before_another_is_still_the_first(world:
     assert (await world.status("llama-sft"))[1].startswith("Worker llama-sft-0 failed")
 
 
+async def test_a_restart_that_never_started_names_the_rank_refused_not_the_one_it_stopped(
+    world: World,
+) -> None:
+    # seed L-59 (issue 36, found by a fresh clone's CI): a restart's rank 0 refused its
+    # MASTER_PORT at the barrier, and rank 1, asked to stop, ended "Stopped before it started".
+    # The refusal's lines were the first attempt's (rank 0 had died of its lost peer then): it
+    # was counted 5 s late, after rank 1's end, and rank 1 was named
+    await running_gang(world, restart_policy="on_failure")
+    world.clock.advance(seconds=30)
+    await world.report("llama-sft-1", "exited", exit_code=4, log_tail="rank 1\n")
+    await world.report("llama-sft-0", "exited", exit_code=1, log_tail=GLOO_PEER_GONE)
+    world.clock.advance(seconds=15)
+    await world.timers()
+    await world.schedule()
+    await world.report("llama-sft-1", "ready")
+    world.clock.advance(seconds=1)
+    refused = (
+        "MASTER_PORT 25404 is in use on gpu-07 by another program (the next start takes another)"
+    )
+    await world.report(
+        "llama-sft-0", "exited", cause=EndCause.NOT_STARTED, detail=refused, log_tail=GLOO_PEER_GONE
+    )
+    world.clock.advance(seconds=1)
+    await world.report("llama-sft-1", "exited", cause=EndCause.STOPPED_BEFORE_START)
+    assert (await world.history("llama-sft"))[-1][1:] == (
+        "Pending",
+        f"Restarting in 20s (2/10): Worker llama-sft-0 failed on gpu-07: {refused}; the gang "
+        "does not run without it",
+    )
+    workers = await world.workers("llama-sft")
+    assert [(w.name, w.restarts) for w in workers] == [("llama-sft-0", 2), ("llama-sft-1", 2)]
+    ended = [[p[1:3] for p in await world.phases(w.name)][-2] for w in workers]
+    assert ended == [("Failed", "requeued:failure"), ("Stopped", "requeued:failure")]
+
+
 async def test_deleting_a_run_removes_its_workers_and_their_logs(world: World) -> None:
     # seed L-23
     await running_gang(world)
