@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import random
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,10 +46,27 @@ def end_agent(data_dir: Path) -> None:
         shutil.rmtree(workloads, ignore_errors=True)
 
 
-def master_ports() -> str:
-    """A range of a hundred ports below the ephemeral ones, drawn for one test server."""
-    first = 20000 + 100 * random.randrange(90)
-    return f"{first}-{first + 99}"
+# The master port ranges test servers hold: a lock on a file each, in a folder every lane of
+# the machine shares.
+MASTER_PORT_LOCKS = Path(tempfile.gettempdir()) / "astraeus-test-master-ports"
+
+
+def master_ports() -> tuple[str, int]:
+    """A range of a hundred ports below the ephemeral ones for one test server, and the
+    descriptor that holds it (a lock on its file, closed on exec) until it is closed: no other
+    test server, of this lane or another, draws it meanwhile. Drawn at random, ranges met:
+    a gang's rank 0 found its MASTER_PORT claimed by another lane's gang and its restart failed
+    (issue 36, a fresh clone's CI: "MASTER_PORT 25404 is in use on local by another program")."""
+    MASTER_PORT_LOCKS.mkdir(exist_ok=True)
+    for first in random.sample(range(20000, 29000, 100), 90):
+        fd = os.open(MASTER_PORT_LOCKS / f"{first}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return f"{first}-{first + 99}", fd
+    raise AssertionError("every master port range is held by a test server of this machine")
 
 
 class Server:
@@ -63,6 +83,9 @@ class Server:
     ) -> None:
         self.data_dir = data_dir
         self.up_args = up_args
+        ports, held = master_ports()
+        # held while this server may run (it may be started again after a stop)
+        weakref.finalize(self, os.close, held)
         self.env = {
             **os.environ,
             "ASTRAEUS_DATA_DIR": str(data_dir),
@@ -72,7 +95,7 @@ class Server:
             "ASTRAEUS_LOCAL_AGENT": "true" if local_agent else "false",
             # Servers of tests in parallel lanes share this host: their gangs' rank 0 would
             # find one another's MASTER_PORT taken (issue 20). A hundred ports of their own.
-            "ASTRAEUS_MASTER_PORTS": master_ports(),
+            "ASTRAEUS_MASTER_PORTS": ports,
             **{f"ASTRAEUS_{k.upper()}": v for k, v in settings.items()},
         }
         self.env.pop("ASTRAEUS_DATABASE_URL", None)
