@@ -131,6 +131,7 @@ async def test_a_pending_job_shows_slurms_reason_and_its_wait_is_not_held(  # is
     holder = slurm.sbatch("-A", alpha, "--gres=gpu:2", "-J", "holder", "--wrap", "sleep 60")
     await wait_for(slurm, holder, "RUNNING")
     next_job = slurm.sbatch("-A", alpha, "--gres=gpu:2", "-J", "next", "--wrap", "true")
+    next_submitted = time.monotonic()
     behind = slurm.sbatch("-A", alpha, "--gres=gpu:1", "-J", "behind", "--wrap", "true")
     other = slurm.sbatch("-A", beta, "--gres=gpu:1", "-J", "theirs", "--wrap", "true")
     deadline = time.monotonic() + 30
@@ -161,6 +162,9 @@ async def test_a_pending_job_shows_slurms_reason_and_its_wait_is_not_held(  # is
     assert (await run_of(db, next_job)).state == "Pending"
 
     # Cancelled while pending: it waited (not held) and never held its GPUs.
+    # sacct dates to the second: cancelled in the second it was submitted, it
+    # would have waited 0 s and left no row to compare (CI of 51595a9).
+    await asyncio.sleep(max(0.0, next_submitted + 1.1 - time.monotonic()))
     slurm.run("scancel", next_job)
     cancelled = await wait_for(slurm, next_job, "CANCELLED")
     clock.moment = datetime.now(UTC)
@@ -169,6 +173,7 @@ async def test_a_pending_job_shows_slurms_reason_and_its_wait_is_not_held(  # is
     assert (first.state, first.reason) == ("Stopped", "Stopped: cancelled in Slurm")
     await tick_after(db, clock, utc(cancelled["end"]))
     waited = (utc(cancelled["end"]) - utc(cancelled["submit"])).total_seconds() * 2
+    assert waited >= 2
     assert await ledger(db, "run", first.id) == {("waiting", False): waited}
 
 
