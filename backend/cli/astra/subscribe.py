@@ -27,7 +27,7 @@ def subscribe(api: Api, query: str, field: str, **variables: Any) -> Iterator[di
                 error = found["errors"][0]
                 said = str((error.get("extensions") or {}).get("code") or "")
                 raise CliError(f"astra: {error['message']}", exit_for(said))
-            yield found["data"][field]
+            yield api.answer(found["data"])[field]
     except ConnectionClosed as closed:
         code = closed.rcvd.code if closed.rcvd is not None else None
         if code == CLOSED_UNAUTHORISED:
