@@ -5,6 +5,7 @@ import { useState } from "react";
 
 import { memory, when } from "../format";
 import { workerLife } from "../life";
+import { visible } from "../logs/lines";
 import { LogView } from "../logs/LogView";
 import { runOf } from "../names";
 import { Link } from "../nav";
@@ -98,7 +99,7 @@ export function WorkerPage({ org, workspace, worker: name }: { org: string; work
         <section className="panel failure" aria-label="Its failure">
           <h2>Its failure: {worker.advice.reason}</h2>
           <p>Look at: {worker.advice.lookAt}</p>
-          {lastFailureOf(worker)?.log_tail && <pre className="log">{lastFailureOf(worker)?.log_tail}</pre>}
+          {lastFailureOf(worker)?.log_tail && <pre className="log">{visible(lastFailureOf(worker)?.log_tail ?? "")}</pre>}
         </section>
       )}
       <section className="panel" aria-label="How it was started">

@@ -1,6 +1,7 @@
 // Why it failed (seed: Debug a failed run): the run's reason turned into advice, its failed
 // worker's last failure, Its log, the Memory chart or Metrics, the last lines it wrote.
 import { when } from "../../format";
+import { visible } from "../../logs/lines";
 import { lastFailureOf, type Run, type Worker } from "./model";
 
 export function FailurePanel({
@@ -48,7 +49,7 @@ export function FailurePanel({
       {tail && (
         <details>
           <summary>The last lines it wrote before it failed</summary>
-          <pre className="log">{tail}</pre>
+          <pre className="log">{visible(tail)}</pre>
         </details>
       )}
     </section>

@@ -118,3 +118,14 @@ describe("an image run that does not start", () => {
     expect(document.querySelector('[data-figure="loop-advice"]')?.textContent).toBe(advice.lookAt);
   });
 });
+
+describe("a failure's last lines (issue 37 N7)", () => {
+  it("shows the workload's control characters by markers, as the Logs tab does", () => {
+    const hostile = { ...FAILED_ONCE, log_tail: "\x1b[2J\x1b]0;pwned\x07gone\rall good\ninvoice\u202efdp.exe\n" };
+    const loop = { restarts: 1, maxRestarts: 10, restartAt: null, worker: aWorker({ lastFailure: hostile, advice: PROGRAM }) };
+    const run = aRun({ state: "Pending", reason: "Restarting in 40s (1/10): …", restartLoop: loop });
+    render(<Panels run={run} onLog={none} onMetrics={none} />);
+    const panel = screen.getByRole("region", { name: "Restarting in a loop" });
+    expect(panel.querySelector("pre.log")?.textContent).toBe("␛[2J␛]0;pwned␇gone␍all good\ninvoice<U+202E>fdp.exe\n");
+  });
+});

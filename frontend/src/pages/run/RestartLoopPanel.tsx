@@ -1,4 +1,5 @@
 import { plural, when } from "../../format";
+import { visible } from "../../logs/lines";
 import { lastFailureOf, type RestartLoop } from "./model";
 
 // A run restarting after failures or stalls in a row (seed: Restarting in a loop): its restarts,
@@ -50,7 +51,7 @@ export function RestartLoopPanel({
               </button>
             )}
           </div>
-          {failure.log_tail && <pre className="log">{failure.log_tail}</pre>}
+          {failure.log_tail && <pre className="log">{visible(failure.log_tail)}</pre>}
         </div>
       )}
     </section>
