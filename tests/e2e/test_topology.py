@@ -31,6 +31,7 @@ import pytest
 
 from tests.e2e.live import free_port
 from tests.e2e.services import MISSING, PrivatePostgres, PrivateRedis
+from tests.support.hostile_log import HOSTILE_LOG, HOSTILE_SHOWN, HOSTILE_WRITTEN
 from tests.support.http import HTTP
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
@@ -230,6 +231,30 @@ def test_two_replicas_two_workers_one_agent(topology: Topology) -> None:
     # the minute's tick, and extra ticks sent by hand: duplicates taken by four threads
     ticks_until(t, lambda c: c["run_seconds"] > 0 and c["minutes"] >= 1.5)
     conserved(t)
+
+
+def test_a_workloads_escape_sequences_reach_no_terminal(topology: Topology) -> None:
+    # issue 37 N7 on this topology: the log asked of the replica without the machine's stream
+    # (over Redis); the API answers what the workload wrote, astra shows it by markers
+    t = topology
+    created = t.graphql(
+        1,
+        "mutation($s: JSON!) { createRun(spec: $s) { run { name } errors { message } } }",
+        s={"name": "escapes", "restart_policy": "never", "command": ["python3", "-c", HOSTILE_LOG]},
+    )
+    assert created["createRun"]["errors"] == []
+    until(
+        lambda: t.get(1, "/jobs/escapes").json().get("status") == "Completed",
+        60,
+        "escapes never completed",
+        t,
+    )
+    assert t.get(1, "/tasks/escapes-0/logs").json()["logs"] == HOSTILE_WRITTEN
+    env = {**t.env, "API": f"{t.apis[1]}/v1", "ASTRA_TOKEN": t.admin}
+    printed = subprocess.run(
+        [ASTRA, "astraeus", "logs", "escapes-0"], env=env, capture_output=True, text=True
+    )
+    assert (printed.returncode, printed.stdout) == (0, HOSTILE_SHOWN)
 
 
 def ticks_until(t: Topology, done: Any, seconds: float = 150) -> dict[str, Any]:
