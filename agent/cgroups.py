@@ -1,11 +1,13 @@
-"""Each worker in a control group of its own: memory and CPU limits, OOM kills seen as such.
+"""Each worker in a control group of its own: memory, CPU and process limits, OOM kills seen as
+such.
 
-cgroup v2 where the machine has it (one unified hierarchy), v1 otherwise (the memory, cpu and
-cpuacct controllers). Groups live under ``astraeus/<install>/<worker id>``: ``install`` names
-the agent's data folder, so two agents (or two Astraeus installs) on one machine never share a
-group, and the worker's id (never its name) tells workers apart. The group's files belong to
-root: a workload, which never runs as root, cannot raise its own limits. Without a writable
-hierarchy the worker runs without limits, and the agent says so once in its log.
+cgroup v2 where the machine has it (one unified hierarchy), v1 otherwise (the memory, cpu,
+cpuacct and pids controllers). Groups live under ``astraeus/<install>/<worker id>``:
+``install`` names the agent's data folder, so two agents (or two Astraeus installs) on one
+machine never share a group, and the worker's id (never its name) tells workers apart. The
+group's files belong to root: a workload, which never runs as root, cannot raise its own
+limits. Without a writable hierarchy the worker runs without limits, and the agent says so once
+in its log.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class WorkerCgroup:
     memory: Path
     cpu: Path | None  # where CPU time is counted (v1: cpuacct)
     cpu_limit: Path | None = None  # where CPU time is limited (v1: cpu; v2: the group)
+    pids_group: Path | None = None  # where its processes and threads are counted (v1: pids)
 
     def limit_memory(self, limit: int | None) -> None:
         name = "memory.max" if self.version == 2 else "memory.limit_in_bytes"
@@ -101,10 +104,28 @@ class WorkerCgroup:
             (self.cpu_limit / "cpu.shares").write_text(str(max(2, round(cores * 1024))))
         return True
 
+    def limit_pids(self, most: int | None) -> bool:
+        """At most ``most`` processes and threads together (``pids.max``: a fork or a thread
+        past it fails, EAGAIN); False where this machine gives no pids controller."""
+        if self.pids_group is None or not (self.pids_group / "pids.max").exists():
+            return False
+        (self.pids_group / "pids.max").write_text(str(most) if most else "max")
+        return True
+
+    def pids_refused(self) -> int:
+        """How many forks or threads the group's ``pids.max`` refused (``pids.events``)."""
+        group = self.pids_group
+        return _read_key(group / "pids.events", "max") if group is not None else 0
+
+    def pids_limit(self) -> int | None:
+        """The group's ``pids.max``; None where it has none."""
+        group = self.pids_group
+        return _read_int(group / "pids.max") if group is not None else None
+
     def folders(self) -> list[Path]:
         """The group's folders, one per hierarchy it is in."""
         out: list[Path] = []
-        for folder in (self.memory, self.cpu, self.cpu_limit):
+        for folder in (self.memory, self.cpu, self.cpu_limit, self.pids_group):
             if folder is not None and all(folder.resolve() != f.resolve() for f in out):
                 out.append(folder)
         return out
@@ -188,6 +209,16 @@ def available(root: Path = ROOT) -> bool:
     return _writable(root / "memory")
 
 
+def pids_available(root: Path = ROOT) -> bool:
+    """Whether the agent may limit its workers' processes: v2's pids controller, or v1's pids
+    hierarchy, writable."""
+    if (root / "cgroup.controllers").exists():
+        with contextlib.suppress(OSError):
+            return _writable(root) and "pids" in (root / "cgroup.controllers").read_text().split()
+        return False
+    return _writable(root / "pids")
+
+
 def create(key: str, install: str, root: Path = ROOT) -> WorkerCgroup | None:
     """A fresh group for the worker known here as ``key``, under the install's own root; None
     where this machine gives the agent none."""
@@ -196,15 +227,17 @@ def create(key: str, install: str, root: Path = ROOT) -> WorkerCgroup | None:
         with contextlib.suppress(OSError):
             for parent in (root / GROUP, root / GROUP / install):
                 parent.mkdir(exist_ok=True)
-                with contextlib.suppress(OSError):
-                    (parent / "cgroup.subtree_control").write_text("+memory +cpu")
+                for controller in ("+memory", "+cpu", "+pids"):  # each where it is given
+                    with contextlib.suppress(OSError):
+                        (parent / "cgroup.subtree_control").write_text(controller)
             folder.mkdir(exist_ok=True)
             cpu_limit = folder if (folder / "cpu.max").exists() else None
-            return WorkerCgroup(2, folder, folder, cpu_limit)
+            pids = folder if (folder / "pids.max").exists() else None
+            return WorkerCgroup(2, folder, folder, cpu_limit, pids)
         return None
     memory = _v1_group(root, "memory", install, key)
     if memory is None:
         return None
     cpuacct = _v1_group(root, "cpuacct", install, key)
     cpu = _v1_group(root, "cpu", install, key)
-    return WorkerCgroup(1, memory, cpuacct, cpu)
+    return WorkerCgroup(1, memory, cpuacct, cpu, _v1_group(root, "pids", install, key))

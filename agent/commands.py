@@ -44,7 +44,7 @@ class CommandHandling(WorkerKeeping, SlurmWatching):
             if current is not None:
                 await current.stop()
             self._release_master_port(key)
-            worker = self._new_worker(key, payload)
+            worker = self._new_worker(key, await self._with_uid(key, payload))
             worker.keep()
             self.workers[key] = worker
             if not self._reserve_master_port(worker):

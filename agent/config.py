@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent import engine as engines
+from agent import sandbox
 from agent.gpus import GpuDevice, NvmlSampler
 from agent.identity import WorkloadUsers, workload_dir
 from agent.transport import Transport
@@ -43,6 +44,9 @@ class AgentConfig:
     users: WorkloadUsers = field(default_factory=WorkloadUsers)
     fill_roots: tuple[Path, ...] = ()
     mount_roots: tuple[Path, ...] = ()
+    # The most processes and threads a worker may have together (pids.max, a container's
+    # --pids-limit); 0: no limit (agent/sandbox.py).
+    workload_pids_max: int = sandbox.PIDS_MAX
     # TLS to the server, or plaintext on loopback only (agent/transport.py).
     transport: Transport = field(default_factory=Transport)
 

@@ -120,6 +120,11 @@ class Agent(CommandHandling, LogReplies):
                 protocol=PROTOCOL,
                 advertise_address=(c.advertise_address or rendezvous.route_address(c.server)),
                 workers=sorted(known, key=lambda k: k.worker_id),
+                isolation=[
+                    agent_pb2.Isolation.Value(f"ISOLATION_{part.upper()}")
+                    for part in sorted(self.isolation.enforced)
+                ],
+                workload_pids_max=self.isolation.pids_max,
             ),
         )
 

@@ -132,6 +132,7 @@ class ContainerWorker:
     secrets: dict[str, str] = field(default_factory=dict)
     users: WorkloadUsers = field(default_factory=WorkloadUsers)
     install: str = "default"  # names the agent's data folder: two agents may share an engine
+    pids_limit: int = 0  # its processes and threads (--pids-limit); 0: none
 
     @property
     def key(self) -> str:
@@ -296,6 +297,7 @@ class ContainerWorker:
             image_env=self.image_env,
             secrets=self.secrets,
             user=user,
+            pids_limit=self.pids_limit,
         )
         created = await self.engine.call(
             "POST",

@@ -348,10 +348,14 @@ def create_body(
     sdk: Path = SDK,
     secrets: dict[str, str] | None = None,
     user: str | None = None,
+    pids_limit: int = 0,
 ) -> dict[str, Any]:
     """``POST /containers/create``'s body for a worker's start payload. ``user`` (uid:gid) is
     who it runs as where the agent chose (agent/identity.py); else the spec's, or the image's.
-    Setuid programs in the image give it nothing (no-new-privileges)."""
+    Setuid programs in the image give it nothing (no-new-privileges). Its processes and threads
+    are at most ``pids_limit`` (0: no limit), as a process worker's (agent/sandbox.py); its /tmp
+    is its own file system's, its IPC and pid namespaces its own (``IpcMode`` said, not left to
+    the daemon's default)."""
     host: dict[str, Any] = {
         # Gangs reach rank 0 at MASTER_ADDR (its machine's advertised address) and MASTER_PORT,
         # which its agent holds until the container starts (agent/rendezvous.py).
@@ -365,7 +369,10 @@ def create_body(
         # The engine keeps a bounded log of its own; ours is the WorkerLog.
         "LogConfig": {"Type": "local", "Config": {}},
         "SecurityOpt": ["no-new-privileges"],
+        "IpcMode": "private",
     }
+    if pids_limit:
+        host["PidsLimit"] = pids_limit
     for mount in payload.get("mounts") or []:
         bind = f"{drives / mount['drive']}:{container_path(mount['path'])}"
         host["Binds"].append(bind + (":ro" if mount.get("read_only") else ""))

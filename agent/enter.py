@@ -19,6 +19,23 @@ not root makes the namespace in a user namespace of the workload's own (its work
 the agent's user, and so could reach the folder through another of that user's processes: a
 guard against mistakes there, as everything else such an agent gives).
 
+A worker of an agent running as root gets its sandbox in that namespace (``spec["sandbox"]``):
+its own /tmp and /var/tmp (folders of its own, in the worker's folder, its user's alone, bound
+over them: what an earlier workload left in the machine's /tmp is not there, and what this one
+leaves goes with the worker's folder), its own /dev/shm, /run/lock and /dev/mqueue (fresh
+file systems that end with it), a /proc of its own mounted ``hidepid=invisible`` (per mount
+since Linux 5.8: the machine's /proc is untouched), where it sees only its own user's
+processes (each worker runs as a user of its own), and an IPC namespace of its own (System V
+shared memory, semaphores and message queues). Folders it needs that lie under /tmp or
+/var/tmp (its own folder, its drives, the command's own, on a machine whose data folder is
+there) are bound back at their paths, and its links at mount paths made again. A part the
+agent asked for that cannot be made ends the start (126): the agent asks only for what its
+probe of the machine found (``probe``, below) and says what it does not enforce.
+
+Not a pid namespace: its process would be the namespace's init, which ignores the SIGTERM of
+the agent's stop unless it handles it, reaps every orphan, and takes all its processes with
+it when it ends; hidepid gives the same view with none of that.
+
 Before it execs, it looks, as the workload's user, at the files the command names (an argument
 that is a path to something that exists, as root sees it; the working folder): one its user may
 not read, or behind a folder it may not enter (a script under /root), is not run at all. What it
@@ -27,6 +44,7 @@ a line to the log: the workload would otherwise end "Exited with code 2", Python
 denied" in its log alone.
 """
 
+import contextlib
 import ctypes
 import json
 import os
@@ -34,9 +52,11 @@ import sys
 from typing import Any
 
 PR_SET_NO_NEW_PRIVS = 38
-CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWIPC = 0x00020000, 0x10000000, 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_SLAVE = 0x20, 0x1000, 0x4000, 0x80000
+SHARED_TMP = ("/tmp", "/var/tmp")  # each covered by a folder of the worker's own
+RUN_LOCK_BYTES = 1 << 20  # lock files: a private /run/lock needs little
 WORKLOAD_UMASK = 0o007  # the user and its workspace's group (its drives), nobody else
 UNREADABLE = "unreadable.json"  # what the command names that its user may not reach (shim.py)
 
@@ -47,23 +67,14 @@ def _no_new_privileges() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
 
 
-def _checked(result: int, what: str) -> None:
+def _checked(result: int, what: str, part: str = "its read-only drives") -> None:
     if result != 0:
         number = ctypes.get_errno()
-        why = f"its read-only drives could not be made read-only ({what}: {os.strerror(number)})"
+        why = f"{part} could not be made ({what}: {os.strerror(number)})"
         raise OSError(number, why)
 
 
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
-def _read_only(folders: list[str]) -> None:
-    """Bind each folder read-only onto itself in a mount namespace of this process's own
-    (see above); nothing made here reaches the machine's namespace."""
-    if not folders:
-        return
+def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [
         ctypes.c_char_p,
@@ -72,8 +83,106 @@ def _read_only(folders: list[str]) -> None:
         ctypes.c_ulong,
         ctypes.c_void_p,
     ]
+    return libc
+
+
+def _held_open(folder: str) -> int:
+    """The folder, held open (O_PATH): bound later through /proc/self/fd whatever covers it."""
+    return os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + "/")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _sandbox(libc: ctypes.CDLL, sandbox: dict[str, Any]) -> None:
+    """The worker's own /tmp, /var/tmp, /dev/shm, /run/lock, /dev/mqueue and /proc, in the
+    mount and IPC namespaces this process has just made (see above)."""
+    part = "its sandbox"
+
+    def mount(source: str | None, target: str, kind: str | None, flags: int, data: str) -> None:
+        def text(value: str | None) -> bytes | None:
+            return value.encode() if value else None
+
+        result = libc.mount(text(source), text(target), text(kind), flags, text(data))
+        _checked(result, f"mount {kind or 'bind'} on {target}", part)
+
+    # Its own folders and what it needs under /tmp or /var/tmp, held open before they are
+    # covered (they may be under /tmp themselves, on a machine whose data folder is there).
+    own = [_held_open(folder) for folder in sandbox["tmp"]]
+    kept = []
+    for path in sandbox.get("keep") or []:
+        with contextlib.suppress(OSError):
+            kept.append((path, _held_open(path)))
+    private = MS_NOSUID | MS_NODEV
+    for top, fd in zip(SHARED_TMP, own, strict=True):
+        if os.path.isdir(top):
+            mount(f"/proc/self/fd/{fd}", top, None, MS_BIND, "")
+            mount(None, top, None, MS_REMOUNT | MS_BIND | private, "")
+    for path, fd in kept:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, "")
+    for fd in own + [fd for _, fd in kept]:
+        os.close(fd)
+    for link, target in sandbox.get("links") or []:
+        if any(_under(link, top) for top in SHARED_TMP) and not os.path.lexists(link):
+            os.makedirs(os.path.dirname(link), mode=0o755, exist_ok=True)
+            os.symlink(target, link)
+    mount("tmpfs", "/dev/shm", "tmpfs", private, f"size={int(sandbox['shm_bytes'])},mode=1777")
+    if os.path.isdir("/run/lock"):
+        size = f"size={RUN_LOCK_BYTES},mode=1777"
+        mount("tmpfs", "/run/lock", "tmpfs", private | MS_NOEXEC, size)
+    if os.path.ismount("/dev/mqueue"):  # the new IPC namespace's queues
+        mount("mqueue", "/dev/mqueue", "mqueue", private | MS_NOEXEC, "")
+    if sandbox.get("hide_processes"):
+        mount("proc", "/proc", "proc", private | MS_NOEXEC, "hidepid=invisible")
+
+
+def probe(folder: str) -> dict[str, bool]:
+    """Which parts of the sandbox this machine gives, tried in namespaces of this process's own
+    (``--probe``: a process of its own, whose namespaces end with it)."""
+    found = dict.fromkeys(("private_tmp", "private_shm", "private_ipc", "hidden_processes"), False)
+    if os.geteuid() != 0:
+        return found
+    libc = _libc()
+    if libc.unshare(CLONE_NEWNS) or libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None):
+        return found
+    found["private_ipc"] = libc.unshare(CLONE_NEWIPC) == 0
+    own = f"/proc/self/fd/{_held_open(folder)}".encode()  # the folder may be under /tmp
+    tops = [top.encode() for top in SHARED_TMP if os.path.isdir(top)]
+    found["private_tmp"] = all(libc.mount(own, top, None, MS_BIND, None) == 0 for top in tops)
+    shm = libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=1777")
+    found["private_shm"] = shm == 0
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    hidden = libc.mount(b"proc", b"/proc", b"proc", flags, b"hidepid=invisible") == 0
+    found["hidden_processes"] = hidden and _hidepid_on_proc()
+    return found
+
+
+def _hidepid_on_proc() -> bool:
+    """Whether the /proc this process sees now is mounted hidepid=invisible (a kernel before
+    5.8 knows no such value, and had one /proc for the whole machine)."""
+    with open("/proc/self/mountinfo") as f:
+        lines = [line.split() for line in f]
+    procs = [line for line in lines if len(line) > 4 and line[4] == "/proc"]
+    return bool(procs) and "hidepid=invisible" in procs[-1][-1].split(",")
+
+
+def _namespaces(read_only: list[str], sandbox: dict[str, Any] | None) -> None:
+    """Bind each read-only drive's folder read-only onto itself, and make the sandbox, in a
+    mount namespace of this process's own (see above); nothing made here reaches the
+    machine's namespace."""
+    if not read_only and not sandbox:
+        return
+    libc = _libc()
     if os.geteuid() == 0:
-        _checked(libc.unshare(CLONE_NEWNS), "unshare")
+        flags = CLONE_NEWNS | (CLONE_NEWIPC if sandbox else 0)
+        _checked(libc.unshare(flags), "unshare", "its sandbox" if sandbox else "its drives")
     else:
         uid, gid = os.geteuid(), os.getegid()
         _checked(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare")
@@ -81,7 +190,9 @@ def _read_only(folders: list[str]) -> None:
         _write("/proc/self/uid_map", f"{uid} {uid} 1")
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
     _checked(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "mount --make-rslave /")
-    for folder in folders:
+    if sandbox and os.geteuid() == 0:
+        _sandbox(libc, sandbox)
+    for folder in read_only:
         path = folder.encode()
         # A remount keeps the flags a namespace may not drop (noexec of the folder's own file
         # system); nosuid and nodev may always be added.
@@ -151,6 +262,9 @@ def _unreadable(report: int, paths: list[str], argv0: str | None, uid: int) -> b
 
 
 def main() -> int:
+    if sys.argv[1] == "--probe":
+        print(json.dumps(probe(sys.argv[2])), flush=True)
+        return 0
     folder = sys.argv[1]
     with open(os.path.join(folder, "spec.json")) as f:
         spec = json.load(f)
@@ -161,7 +275,7 @@ def main() -> int:
         for procs in spec.get("cgroup_procs") or []:
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
-        _read_only(spec.get("read_only") or [])
+        _namespaces(spec.get("read_only") or [], spec.get("sandbox"))
         # Opened while root (the folder is the agent's), written as the workload's user; never
         # the workload's own: closed at exec.
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC

@@ -6,7 +6,9 @@ worker's process group, and how it ended. Inside it, ``home/`` is the workload's
 user's alone, 0700): its working folder, progress file, secret files and drive links. The log
 lives apart (``<data>/logs/<worker id>/``, the agent's) and outlives it. The workload runs as
 an unprivileged user (agent/identity.py), in a clean environment, in control groups it cannot
-write (agent/cgroups.py).
+write (agent/cgroups.py), in a sandbox of its own where the machine gives one (agent/sandbox.py):
+its /tmp and /var/tmp are ``tmp/`` and ``var-tmp/`` of its runtime folder (its user's alone),
+removed with it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import cgroups, prepare, shim
+from agent import cgroups, prepare, sandbox, shim
 from agent.identity import Identity, WorkloadUsers, base_environment, workload_dir
 from agent.logs import WorkerLog
 
@@ -81,6 +83,9 @@ class ProcessWorker:
     install: str = "default"  # names the agent's data folder: the control groups' root
     fill_roots: tuple[Path, ...] = ()
     mount_roots: tuple[Path, ...] = ()
+    # What this machine gives its workers (agent/sandbox.py), and its memory (/dev/shm's size).
+    isolation: sandbox.Isolation = field(default_factory=sandbox.Isolation)
+    machine_memory: int = 0
 
     @property
     def attempt(self) -> int:
@@ -112,7 +117,8 @@ class ProcessWorker:
         self.folder.chmod(0o711)  # its user passes through to home/, and sees nothing else
         for stale in (shim.EXIT, shim.WORKER_PID, shim.UNREADABLE, SHIM_PID, LINKS):
             (self.folder / stale).unlink(missing_ok=True)
-        shutil.rmtree(self.home, ignore_errors=True)  # an earlier attempt's, its user's
+        for own in (HOME, *sandbox.TMP_FOLDERS):  # an earlier attempt's, its user's
+            shutil.rmtree(self.folder / own, ignore_errors=True)
         shim.write_atomically(self.folder / PAYLOAD, json.dumps(self.payload), private=True)
 
     @classmethod
@@ -158,9 +164,11 @@ class ProcessWorker:
     def _make_home(self, identity: Identity | None) -> None:
         """The workload's own folder, made anew; and the progress SDK beside it (the agent's
         own copy may be in a folder its user cannot read)."""
-        self.home.mkdir(mode=0o700)
-        if identity is not None:
-            os.chown(self.home, identity.uid, identity.gid)
+        sandboxed = identity is not None and self.isolation.sandboxed
+        for own in (HOME, *(sandbox.TMP_FOLDERS if sandboxed else ())):
+            (self.folder / own).mkdir(mode=0o700)
+            if identity is not None:
+                os.chown(self.folder / own, identity.uid, identity.gid)
         sdk = self.folder / "sdk"
         sdk.mkdir(mode=0o755, exist_ok=True)
         sdk.chmod(0o755)
@@ -206,11 +214,14 @@ class ProcessWorker:
             self.cgroup.limit_memory(self.payload.get("memory_limit_bytes"))
             self.cgroup.limit_cpu(self.payload.get("cpu"))
             self.cgroup.share_cpu(self.payload.get("cpu_request"))
+            if self.isolation.pids_max:
+                self.cgroup.limit_pids(self.isolation.pids_max)
             group = {
                 "version": self.cgroup.version,
                 "memory": str(self.cgroup.memory),
                 "cpu": str(self.cgroup.cpu) if self.cgroup.cpu else None,
                 "cpu_limit": str(self.cgroup.cpu_limit) if self.cgroup.cpu_limit else None,
+                "pids": str(self.cgroup.pids_group) if self.cgroup.pids_group else None,
             }
         spec = {
             "worker": str(self.worker_id),
@@ -224,6 +235,8 @@ class ProcessWorker:
             "cgroup_procs": [str(f) for f in self.cgroup.procs_files()] if self.cgroup else [],
             # agent/enter.py binds these read-only in a mount namespace of the worker's own.
             "read_only": [str(folder) for folder in exposed.read_only],
+            # agent/enter.py makes its sandbox there too (agent/sandbox.py).
+            "sandbox": self._sandbox(identity, exposed) if identity is not None else None,
             "identity": (
                 {"uid": identity.uid, "gid": identity.gid, "groups": list(identity.groups)}
                 if identity is not None
@@ -243,6 +256,18 @@ class ProcessWorker:
             start_new_session=True,
         )
         shim.write_atomically(self.folder / SHIM_PID, str(self.shim_process.pid))
+
+    def _sandbox(self, identity: Identity, exposed: prepare.Exposed) -> dict[str, Any] | None:
+        """What enter.py makes of the worker's sandbox; the folders the workload needs that lie
+        under /tmp or /var/tmp (its own, its drives, the machine's mount roots) bound back."""
+        keep = [self.folder, *exposed.folders, *self.mount_roots]
+        return sandbox.spec(
+            self.isolation,
+            self.folder,
+            shm=sandbox.shm_bytes(self.payload.get("memory_limit_bytes"), self.machine_memory),
+            keep=keep,
+            links=list(zip(exposed.links, exposed.folders, strict=True)),
+        )
 
     def ended(self) -> Exit | None:
         """How the worker ended, once its shim has written it down."""

@@ -11,11 +11,12 @@ import socket
 import sys
 from pathlib import Path
 
-from agent import instance
+from agent import instance, uid_handover
 from agent.config import AgentConfig
 from agent.connection import CREDENTIAL_FILE, Agent
 from agent.gpus import SIMULATED_MODEL, NvmlSampler, discover
 from agent.identity import GID_BASE, WorkloadUsers
+from agent.sandbox import PIDS_MAX
 from agent.transport import Transport, TransportRefused
 
 
@@ -104,6 +105,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_id_range(os.environ.get("ASTRAEUS_AGENT_WORKLOAD_UIDS", "2000000-2065535")),
         metavar="FIRST-LAST",
         help="user ids the agent gives workloads, one per worker (none in /etc/passwd needed)",
+    )
+    parser.add_argument(
+        "--workload-pids-max",
+        type=int,
+        default=int(os.environ.get("ASTRAEUS_AGENT_WORKLOAD_PIDS_MAX", PIDS_MAX)),
+        metavar="N",
+        help=f"the most processes and threads one worker may have together (its control "
+        f"group's pids.max, a container's --pids-limit; default {PIDS_MAX}; 0: no limit)",
     )
     parser.add_argument(
         "--workload-gid-base",
@@ -247,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
             uids=args.workload_uids,
             gid_base=args.workload_gid_base,
         ),
+        workload_pids_max=max(0, args.workload_pids_max),
         fill_roots=tuple(p.resolve() for p in args.fill_from_root),
         mount_roots=tuple(p.resolve() for p in args.mount_root),
         transport=tls,
@@ -255,6 +265,9 @@ def run(args: argparse.Namespace) -> int:
         config.nvml = NvmlSampler()
     config.data_dir.mkdir(parents=True, exist_ok=True)
     instance.claim(config.data_dir)  # held until this process ends, however it ends
+    if config.users.switch and config.executor != "slurm":
+        # Its workloads' user ids, machine-wide: held until this process ends (issue 37 N9).
+        uid_handover.claim_range(config.users.uids, config.data_dir)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(Agent(config).run_forever())
     return 0

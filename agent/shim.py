@@ -74,6 +74,9 @@ class Exit:
     # For UNREADABLE: the user it runs as, and the folder it may not enter ("": the file).
     uid: int | None = None
     blocked_at: str = ""
+    # Its control group's process limit (pids.max), when the limit refused it a process or a
+    # thread at least once: said with how it ended, whatever that was.
+    pids_limit: int | None = None
 
 
 def write_atomically(path: Path, text: str, *, private: bool = False) -> None:
@@ -97,6 +100,8 @@ def record_exit(folder: Path, exit: Exit) -> None:
         recorded |= {"uid": exit.uid, "blocked_at": exit.blocked_at}
     if exit.oom_kill_seen:  # an agent restarted before it sampled the end still counts it
         recorded["oom_kill_seen"] = True
+    if exit.pids_limit is not None:
+        recorded["pids_limit"] = exit.pids_limit
     write_atomically(folder / EXIT, json.dumps(recorded | {"detail": exit.detail, "at_ms": at}))
 
 
@@ -111,6 +116,7 @@ def recorded_exit(folder: Path) -> Exit | None:
         else:
             cause = EndCause.LOST if code is None else EndCause.EXITED
         signal, uid = recorded.get("signal"), recorded.get("uid")
+        pids_limit = recorded.get("pids_limit")
         return Exit(
             code if code is None else int(code),
             cause,
@@ -120,6 +126,7 @@ def recorded_exit(folder: Path) -> Exit | None:
             uid=uid if uid is None else int(uid),
             blocked_at=str(recorded.get("blocked_at") or ""),
             oom_kill_seen=bool(recorded.get("oom_kill_seen")),
+            pids_limit=pids_limit if pids_limit is None else int(pids_limit),
         )
     return None
 
@@ -128,12 +135,13 @@ def cgroup_of(spec: dict[str, Any]) -> WorkerCgroup | None:
     group = spec.get("cgroup")
     if not group:
         return None
-    cpu, cpu_limit = group.get("cpu"), group.get("cpu_limit")
+    cpu, cpu_limit, pids = group.get("cpu"), group.get("cpu_limit"), group.get("pids")
     return WorkerCgroup(
         int(group["version"]),
         Path(group["memory"]),
         Path(cpu) if cpu else None,
         Path(cpu_limit) if cpu_limit else None,
+        Path(pids) if pids else None,
     )
 
 
@@ -142,6 +150,7 @@ def run(folder: Path) -> int:
     log = WorkerLog(Path(spec["log_root"]), spec["worker"])
     group = cgroup_of(spec)
     kills_before = group.oom_kills() if group else 0
+    refused_before = group.pids_refused() if group else 0
     try:
         # An empty environment and an isolated interpreter: nothing of the spec's reaches
         # a root process (enter.py gives the command its environment as it execs it).
@@ -173,6 +182,8 @@ def run(folder: Path) -> int:
         log.append(chunk)
     reaper.join()
     ran = how_it_ended(child.returncode, group, kills_before, ended_ms)
+    if group is not None and group.pids_refused() > refused_before:
+        ran.pids_limit = group.pids_limit()
     record_exit(folder, not_run(folder, ended_ms) or ran)
     return 0
 

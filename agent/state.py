@@ -21,7 +21,7 @@ from typing import Any
 
 from astraeus.agent.v1 import agent_pb2
 
-from agent import docker, rendezvous
+from agent import docker, rendezvous, sandbox, uid_handover
 from agent.config import AgentConfig
 from agent.executor import Exit, ProcessWorker
 from agent.log_watch import LogWatch
@@ -58,9 +58,17 @@ class AgentState:
     sampler: Sampler = field(init=False)
     log_watch: LogWatch = field(init=False)  # wakes follows as their logs are written
     slurm: SlurmNode = field(init=False)  # this node's Slurm, for a Slurm node's agent
+    # What this machine gives its workers (agent/sandbox.py), which workspace last ran under
+    # each user id, and the places a user id may have left files in (agent/uid_handover.py).
+    isolation: sandbox.Isolation = field(init=False)
+    uid_ledger: uid_handover.Ledger = field(init=False)
+    shared_places: list[Path] = field(init=False)
 
     def __post_init__(self) -> None:
         private_folders(self.config.data_dir, self.config.workload_dir)
+        self.isolation = isolation(self.config)
+        self.uid_ledger = uid_handover.Ledger(self.config.data_dir / uid_handover.LEDGER)
+        self.shared_places = uid_handover.shared_places() if self.config.users.switch else []
         self.outbox = Outbox(self.config.data_dir / "outbox")
         self.sampler = Sampler(
             self.config.nvml, gpu_memory={g.index: g.memory_bytes for g in self.config.gpus}
@@ -117,6 +125,8 @@ class AgentState:
                 event.uid, event.blocked_at = exit.uid, exit.blocked_at
             if exit.code is not None:
                 event.exit_code = exit.code
+            if exit.pids_limit is not None:
+                event.pids_limit = exit.pids_limit
             # A failure's snapshot; and a stop's: the server keeps it when it stopped the
             # worker for its time limit, a preemption or a stall, or had lost its machine.
             # None of an attempt that never started: its log holds an earlier one's lines.
@@ -146,3 +156,24 @@ def private_folders(data_dir: Path, workloads: Path) -> None:
         if folder.is_symlink() or folder.stat().st_uid != os.geteuid():
             raise SystemExit(f"astraeus agent: {folder} is not this agent's own folder")
         folder.chmod(mode)
+
+
+def isolation(config: AgentConfig) -> sandbox.Isolation:
+    """What this machine gives its workers: the process executor's as probed here; a Docker
+    engine's containers have every part (agent/docker.py); a Slurm node runs none of its own."""
+    if config.executor == "slurm":
+        return sandbox.Isolation()
+    if config.executor == "docker":
+        enforced = (
+            set(sandbox.PARTS)
+            if config.users.switch
+            else set(sandbox.PARTS)
+            - {
+                sandbox.UNPRIVILEGED_USER,
+                sandbox.UID_HANDOVER,
+            }
+        )
+        if not config.workload_pids_max:
+            enforced.discard(sandbox.PROCESS_LIMIT)
+        return sandbox.Isolation(frozenset(enforced), config.workload_pids_max)
+    return sandbox.probe(config.users.switch, config.workload_pids_max)

@@ -16,7 +16,7 @@ from typing import Any
 
 from astraeus.agent.v1 import agent_pb2
 
-from agent import docker, prepare, rendezvous
+from agent import docker, prepare, rendezvous, uid_handover
 from agent import engine as engines
 from agent.executor import OOM_KILLED, EndCause, Exit, ProcessWorker
 from agent.logs import WorkerLog
@@ -30,19 +30,39 @@ class WorkerKeeping(AgentState):
 
     # --- executors ------------------------------------------------------------------------
 
+    async def _with_uid(self, worker_id: int, payload: dict[str, Any]) -> dict[str, Any]:
+        """The start payload with the worker's own user id of the range (identity.py's
+        free_uid: the same at every attempt), free among the kept workers and handed over from
+        the workspace that last ran under it only once nothing of that one is left
+        (agent/uid_handover.py); an id with something left is passed over for the next."""
+        if not self.config.users.switch:
+            return payload
+        taken = {int(w.payload["uid"]) for w in self.workers.values() if "uid" in w.payload}
+        workspace = int(payload.get("workspace_id") or 0)
+        while True:
+            try:
+                uid = self.config.users.free_uid(taken, worker_id)
+            except LookupError:
+                return payload  # none free: start() says so
+            if not self.uid_ledger.same_workspace(uid, workspace):
+                left = await asyncio.to_thread(uid_handover.hand_over, uid, self.shared_places)
+                if left:
+                    log.warning("user id %d not handed over, passed over: %s", uid, left[0])
+                    taken.add(uid)
+                    continue
+                self.uid_ledger.record(uid, workspace)
+            return {**payload, "uid": uid}
+
     def _new_worker(self, worker_id: int, payload: dict[str, Any]) -> Worker:
         log_ = WorkerLog(self.log_root, str(worker_id))
         folder = self.worker_root / str(worker_id)
-        if self.config.users.switch:  # a user id of its own, free among the kept workers
-            taken = {int(w.payload["uid"]) for w in self.workers.values() if "uid" in w.payload}
-            with contextlib.suppress(LookupError):  # none free: start() says so
-                payload = {**payload, "uid": self.config.users.free_uid(taken, worker_id)}
         if self.config.executor == "docker":
             drives = prepare.drive_folder(self.drive_root, payload, "x").parent
             container = docker.ContainerWorker(
                 worker_id, payload, log_, folder, engine=self._engine(), drives=drives
             )
             container.users, container.install = self.config.users, self.config.install
+            container.pids_limit = self.isolation.pids_max
             return container
         return self._process_worker(
             ProcessWorker(worker_id, payload, log_, folder, drive_root=self.drive_root)
@@ -52,6 +72,7 @@ class WorkerKeeping(AgentState):
         c = self.config
         worker.users, worker.install = c.users, c.install
         worker.fill_roots, worker.mount_roots = c.fill_roots, c.mount_roots
+        worker.isolation, worker.machine_memory = self.isolation, c.memory_bytes
         return worker
 
     def _adopt_worker(self, folder: Path) -> Worker | None:
@@ -60,6 +81,7 @@ class WorkerKeeping(AgentState):
             if adopted is not None:
                 adopted.drives = prepare.drive_folder(self.drive_root, adopted.payload, "x").parent
                 adopted.users, adopted.install = self.config.users, self.config.install
+                adopted.pids_limit = self.isolation.pids_max
             return adopted
         process = ProcessWorker.adopt(folder, self.log_root)
         if process is not None:

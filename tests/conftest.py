@@ -49,6 +49,7 @@ from backend.secrets import crypto
 from tests import support
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy, make_tenancy, searchable, server_settings
+from tests.support.sandboxed import move_temp_out_of_tmp
 
 # Fixtures of tests/support that test modules in more than one folder use (issue 22: no test
 # module imports another's): defined there, offered to every test here.
@@ -218,6 +219,12 @@ def _explored(item: pytest.Item) -> None:
             explored = hypothesis_settings(own, max_examples=own.max_examples * EXPLORE_TIMES)
             setattr(holder, name, explored)
             seen.add(id(explored))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A workload's /tmp is its own (issue 37): what tests share with workloads (pytest's and
+    tempfile's folders) lives elsewhere, for this process and those it starts."""
+    move_temp_out_of_tmp()
 
 
 @pytest.hookimpl(wrapper=True)

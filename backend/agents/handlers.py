@@ -101,6 +101,7 @@ class MessageHandlers:
             detail=e.detail[: machine_rules.MAX_DETAIL],
             uid=e.uid if e.HasField("uid") else None,
             blocked_at=e.blocked_at[: machine_rules.MAX_DETAIL],
+            pids_limit=e.pids_limit if e.HasField("pids_limit") else None,
         )
         return await service.worker_event(session, self.clock, machine.id, event)
 

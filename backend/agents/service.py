@@ -61,6 +61,9 @@ class HelloInfo:
     advertise_address: str = ""  # where other machines reach it (MASTER_ADDR)
     executor: str = "process"  # how its agent runs workers: "process" or "docker"
     unmeasured_metrics: tuple[str, ...] = ()  # what that executor cannot attribute to a worker
+    # What of its workers' sandbox it enforces: {"enforced": [...], "pids_max": n}; None: an
+    # agent before it said.
+    isolation: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class WorkerEventInfo:
     # An end UNREADABLE's user id, and the folder it may not enter ("": the file itself).
     uid: int | None = None
     blocked_at: str = ""
+    # Its process limit, when the limit refused it a process or a thread (with its end).
+    pids_limit: int | None = None
     # What a preparing or pulling worker waits for, and its name: the sentence is the lifecycle's.
     waits: tuple[Wait, str] | None = None
 
@@ -106,6 +111,7 @@ async def hello(
         address=info.advertise_address,
         executor=info.executor,
         unmeasured_metrics=info.unmeasured_metrics,
+        isolation=info.isolation,
     )
     # Its agent is back with its own copies of its workers' lines: those seen are not needed.
     await lifecycle.forget_seen_lines(session, machine.id)
@@ -199,6 +205,7 @@ async def worker_event(
         detail=event.detail,
         uid=event.uid,
         blocked_at=event.blocked_at,
+        pids_limit=event.pids_limit,
         log_tail=event.log_tail,
     )
     if event.kind == "exited" and event.log_tail:

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from datetime import timedelta
+from typing import Any
 
 import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -74,7 +75,23 @@ def _hello_info(hello: agent_pb2.Hello) -> HelloInfo:
         advertise_address=hello.advertise_address,
         executor=hello.executor or "process",
         unmeasured_metrics=tuple(hello.unmeasured_metrics),
+        isolation=_isolation(hello),
     )
+
+
+def _isolation(hello: agent_pb2.Hello) -> dict[str, Any] | None:
+    """What of its workers' sandbox the agent enforces, by the parts' names; None from an
+    agent before it (it says no part, and no limit). Parts this server does not know are
+    left out."""
+    if not hello.isolation and not hello.workload_pids_max:
+        return None
+    known = set(agent_pb2.Isolation.values()) - {agent_pb2.ISOLATION_UNSPECIFIED}
+    parts = {
+        agent_pb2.Isolation.Name(n).removeprefix("ISOLATION_").lower()
+        for n in hello.isolation
+        if n in known
+    }
+    return {"enforced": sorted(parts), "pids_max": int(hello.workload_pids_max)}
 
 
 class AgentService(agent_pb2_grpc.AgentServicer):

@@ -68,6 +68,8 @@ class End:
     detail: str = ""
     uid: int | None = None
     blocked_at: str = ""
+    # Its process limit, when the limit refused it a process or a thread (issue 37 N5).
+    pids_limit: int | None = None
 
 
 def exited_with(code: int) -> str:
@@ -75,7 +77,15 @@ def exited_with(code: int) -> str:
 
 
 def end_sentence(end: End) -> str:
-    """The sentence people read for an end (seed: "Exited with code 1", "OOMKilled: …")."""
+    """The sentence people read for an end (seed: "Exited with code 1", "OOMKilled: …"), and
+    that it reached its process limit when it did (a fork bomb, a thread pool too large)."""
+    said = _end_sentence(end)
+    if end.pids_limit is None:
+        return said
+    return f"{said}; it reached its limit of {end.pids_limit} processes and threads"
+
+
+def _end_sentence(end: End) -> str:
     fixed = {
         EndCause.OOM_KILLED: OOM_KILLED,
         EndCause.MACHINE_LOST: MACHINE_LOST,

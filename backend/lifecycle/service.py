@@ -418,6 +418,7 @@ async def report(
     detail: str = "",
     uid: int | None = None,
     blocked_at: str = "",
+    pids_limit: int | None = None,
     exit_code: int | None = None,
     log_tail: str = "",
     step: int | None = None,
@@ -473,7 +474,7 @@ async def report(
                 w,
                 when,
                 fx,
-                sentences.End(cause, exit_code, signal, detail, uid, blocked_at),
+                sentences.End(cause, exit_code, signal, detail, uid, blocked_at, pids_limit),
                 log_tail=log_tail,
                 attempt=attempt,
             )

@@ -7,6 +7,7 @@ import ipaddress
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from backend.metrics import rules as metric_rules
 
@@ -138,6 +139,49 @@ def executor_problem(executor: str, unmeasured: tuple[str, ...]) -> str | None:
         if name in unmeasured[:i]:
             return f"unmeasured_metrics[{i}] repeats {name}"
     return None
+
+
+# The parts of a worker's sandbox a machine's agent may enforce (proto Isolation), in the words
+# `machines` shows them in.
+ISOLATION_PARTS = {
+    "unprivileged_user": "its own unprivileged user",
+    "private_tmp": "a private /tmp and /var/tmp",
+    "private_shm": "a private /dev/shm",
+    "hidden_processes": "only its own processes in /proc",
+    "private_ipc": "its own IPC namespace",
+    "process_limit": "a process limit",
+    "uid_handover": "its user id cleaned before another workspace gets it",
+}
+
+
+def isolation_not_enforced(executor: str | None, isolation: dict[str, Any] | None) -> list[str]:
+    """The parts of the sandbox a machine's agent said it does not enforce (none said: every
+    part, but a Slurm node's, whose workers Slurm runs)."""
+    if executor == SLURM:
+        return []
+    enforced = set((isolation or {}).get("enforced") or [])
+    return [part for part in ISOLATION_PARTS if part not in enforced]
+
+
+def isolation_sentence(executor: str | None, isolation: dict[str, Any] | None) -> str:
+    """What of its workers' sandbox a machine enforces, and what not, for people."""
+    if executor == SLURM:
+        return "Slurm's own (its cgroup and job_container settings)"
+    if isolation is None:
+        return "Not reported: its agent is older than the sandbox (issue 37): nothing is enforced"
+    enforced = set(isolation.get("enforced") or [])
+    said = []
+    for part, words in ISOLATION_PARTS.items():
+        if part in enforced:
+            limit = int(isolation.get("pids_max") or 0)
+            said.append(
+                f"at most {limit} processes and threads"
+                if part == "process_limit" and limit
+                else words
+            )
+    missing = [ISOLATION_PARTS[p] for p in isolation_not_enforced(executor, isolation)]
+    text = f"Enforced: {', '.join(said)}" if said else "Nothing enforced"
+    return text + (f". Not enforced: {', '.join(missing)}" if missing else "")
 
 
 def address_problem(address: str, field: str = "advertise_address") -> str | None:

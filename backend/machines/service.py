@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -50,6 +51,7 @@ async def register(
     address: str | None = None,
     executor: str | None = None,
     unmeasured_metrics: Sequence[str] = (),
+    isolation: dict[str, Any] | None = None,
 ) -> Machine:
     """A machine's agent says what it has; a known machine is updated and its lease renewed.
     ``address`` is where other machines reach it (checked by rules.address_problem); without
@@ -74,6 +76,8 @@ async def register(
     # measure per worker (the API and console say "Not measured" for those).
     machine.executor = executor
     machine.unmeasured_metrics = list(unmeasured_metrics)
+    # What of its workers' sandbox it enforces (rules.isolation_sentence says it).
+    machine.isolation = isolation
     if machine.state not in ("draining",):
         machine.state, machine.reason = "ready", "Registered"
     machine.last_seen_at = now

@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.errors import Forbidden
-from backend.machines import repository
+from backend.machines import repository, rules
 from backend.metrics import service as metrics
 from backend.organizations import service as organizations
 from backend.runs import service as runs
@@ -102,6 +102,8 @@ class MachineView:
     last_seen_at: datetime | None
     address: str | None = None
     executor: str | None = None
+    isolation: str = ""  # what of its workers' sandbox it enforces, and what not (rules)
+    isolation_not_enforced: tuple[str, ...] = ()
 
 
 async def machines(session: AsyncSession, principal: Principal) -> list[MachineView]:
@@ -124,6 +126,8 @@ async def machines(session: AsyncSession, principal: Principal) -> list[MachineV
             last_seen_at=m.last_seen_at,
             address=m.address,
             executor=m.executor,
+            isolation=rules.isolation_sentence(m.executor, m.isolation),
+            isolation_not_enforced=tuple(rules.isolation_not_enforced(m.executor, m.isolation)),
         )
         for m, cluster, pool, gpus_count, unhealthy in await repository.machines_in_clusters(
             session, [c.id for c in clusters]

@@ -30,6 +30,9 @@ class Machine(HasId, HasCreatedAt, Base):
     # metrics that executor cannot attribute to one worker (Hello.executor, .unmeasured_metrics).
     executor: Mapped[str | None] = mapped_column(String(16))
     unmeasured_metrics: Mapped[list[str] | None] = mapped_column(PortableJSON)
+    # What of its workers' sandbox its agent enforces (Hello.isolation, .workload_pids_max):
+    # {"enforced": [part, …], "pids_max": n}; None before its agent said (machines/rules.py).
+    isolation: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
     cpu_cores: Mapped[float] = mapped_column(Float, default=0.0)
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     # ready | draining | lost | removed

@@ -61,10 +61,24 @@ class MachineInfo:
         description="How its agent runs workers: process (host processes, which take no run "
         "that names an image) or docker (containers). Null until its agent says.",
     )
+    isolation: str = strawberry.field(
+        default="",
+        description="What of its workers' sandbox its agent enforces, and what not: their own "
+        "user, private /tmp and /dev/shm, only their own processes in /proc, their own IPC, a "
+        "process limit, user ids cleaned between workspaces (as its agent found the machine).",
+    )
+    isolation_not_enforced: list[str] = strawberry.field(
+        default_factory=list,
+        description="The parts its agent does not enforce (unprivileged_user, private_tmp, "
+        "private_shm, hidden_processes, private_ipc, process_limit, uid_handover); empty for a "
+        "Slurm node (Slurm's own settings apply).",
+    )
 
     @classmethod
     def of(cls, view: MachineView) -> MachineInfo:
-        return cls(**dataclasses.asdict(view))
+        fields = dataclasses.asdict(view)
+        fields["isolation_not_enforced"] = list(view.isolation_not_enforced)
+        return cls(**fields)
 
 
 @strawberry.type(description="A pool of the organisation's clusters (its admins').")

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine
 from agent.config import AgentConfig
 from agent.connection import Agent as RealAgent
 from agent.gpus import simulated
+from agent.identity import WorkloadUsers
 from backend.agents import streams as agent_streams
 from backend.agents.servicer import AgentService, serve
 from backend.db import Database
@@ -26,6 +27,7 @@ from backend.machines import service as machines
 from backend.models import Cluster, Machine
 from tests.support import FakeClock, Tenancy
 from tests.support.agents import stop_serving
+from tests.support.sandboxed import process_uids
 from tests.support.stream import Agent, _port, hello
 
 LEASE = timedelta(seconds=60)
@@ -249,6 +251,7 @@ async def test_the_agent_beats_at_least_thrice_a_lease_whatever_its_heartbeat_se
             memory_bytes=64 * 2**30,
             heartbeat_seconds=60,  # longer than the lease: beats every second instead
             sample_seconds=60,
+            users=WorkloadUsers(uids=process_uids()),
         )
     )
     running = asyncio.create_task(agent.run_forever())

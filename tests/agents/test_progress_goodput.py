@@ -20,6 +20,7 @@ from agent.config import AgentConfig
 from agent.connection import Agent
 from agent.executor import end_left_workers
 from agent.gpus import simulated
+from agent.identity import WorkloadUsers
 from backend.accounting import counting
 from backend.accounting import service as accounting
 from backend.agents.servicer import AgentService
@@ -28,6 +29,7 @@ from backend.models import MetricSample, Run, Worker
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
 from tests.support.agents import agent_endpoint, wait_for
+from tests.support.sandboxed import process_uids
 
 STEPS = (
     "import os, time\n"
@@ -79,6 +81,7 @@ async def test_appended_and_overwritten_progress_give_the_same_goodput(
             memory_bytes=64 * 2**30,
             heartbeat_seconds=1,
             sample_seconds=3600,  # the test looks, on the fake clock
+            users=WorkloadUsers(uids=process_uids()),
         )
     )
     # The agent's looks on the server's clock: its events (real time, later) are clamped to it.

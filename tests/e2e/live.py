@@ -30,6 +30,7 @@ from tests.accounting.seed_week import play_seed_week
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy, free_port, make_tenancy
 from tests.support.http import HTTP
+from tests.support.sandboxed import workload_uids
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 
@@ -96,6 +97,9 @@ class Server:
             # Servers of tests in parallel lanes share this host: their gangs' rank 0 would
             # find one another's MASTER_PORT taken (issue 20). A hundred ports of their own.
             "ASTRAEUS_MASTER_PORTS": ports,
+            # Its local agent's workload user ids: its own, as every test agent's (issue 37 N9:
+            # an agent whose range another live agent holds is refused).
+            "ASTRAEUS_AGENT_WORKLOAD_UIDS": workload_uids(self),
             **{f"ASTRAEUS_{k.upper()}": v for k, v in settings.items()},
         }
         self.env.pop("ASTRAEUS_DATABASE_URL", None)
@@ -249,6 +253,7 @@ class AgentProcess:
             "1",
             "--sample",
             "1",
+            *([] if "--workload-uids" in extra else ["--workload-uids", workload_uids(self)]),
             *extra,
         ]
         self.log = data_dir.parent / f"{name}.log"

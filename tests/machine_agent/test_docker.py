@@ -132,6 +132,7 @@ def test_a_start_payload_becomes_the_create_body() -> None:
             ],
             "LogConfig": {"Type": "local", "Config": {}},
             "SecurityOpt": ["no-new-privileges"],
+            "IpcMode": "private",
             "Memory": 64 * 2**30,
             "MemorySwap": 64 * 2**30,
             "NanoCpus": 7_500_000_000,

@@ -15,6 +15,7 @@ from sqlalchemy import select, update
 from agent.config import AgentConfig
 from agent.connection import Agent
 from agent.gpus import simulated
+from agent.identity import WorkloadUsers
 from backend.agents.servicer import AgentService
 from backend.db import Database
 from backend.logs.service import WorkerRef
@@ -23,6 +24,7 @@ from backend.models import Cluster, Machine, Run
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
 from tests.support.agents import agent_endpoint
+from tests.support.sandboxed import process_uids
 
 PRINTS = "import os; print(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], flush=True)"
 
@@ -81,6 +83,7 @@ async def test_a_taken_master_port_is_refused_and_the_gang_starts_on_the_next(
         memory_bytes=64 * 2**30,
         heartbeat_seconds=1,
         sample_seconds=0.2,
+        users=WorkloadUsers(uids=process_uids()),
     )
     agent = asyncio.create_task(Agent(config).run_forever())
     # Ports far from those of the tests' servers (tests/e2e/live.py) and of the other tests

@@ -19,17 +19,21 @@ from backend.config import Settings
 from backend.db import Database
 from backend.models import Base
 from backend.organizations import service as organizations
+from tests.support.sandboxed import TEMP_ROOT
 
 SEED_TIME = datetime(2026, 10, 1, 1, 2, 11, 402117, tzinfo=UTC)
 
 
+TOPS = (Path("/tmp"), TEMP_ROOT, Path("/"))  # where searchable() stops
+
+
 def searchable(folder: Path) -> Path:
-    """The folder and those above it, up to /tmp, made searchable by other users (0711, no
-    listing): an agent running as root keeps its workloads' own folders in its data folder, and
-    they run as users of their own, who must be able to reach them (issue 17). pytest makes
-    its temporary folders 0700."""
+    """The folder and those above it, up to the tests' temporary root, made searchable by other
+    users (0711, no listing): an agent running as root keeps its workloads' own folders in its
+    data folder, and they run as users of their own, who must be able to reach them (issue
+    17). pytest makes its temporary folders 0700."""
     for each in [folder, *folder.parents]:
-        if each == Path("/tmp") or each.stat().st_uid != os.geteuid():
+        if each in TOPS or each.stat().st_uid != os.geteuid():
             break
         each.chmod(each.stat().st_mode | 0o111)
     return folder

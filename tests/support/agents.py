@@ -15,6 +15,7 @@ from sqlalchemy import select
 from agent.config import AgentConfig
 from agent.connection import Agent
 from agent.gpus import simulated
+from agent.identity import WorkloadUsers
 from backend.agents.servicer import AgentService, serve
 from backend.clock import Clock
 from backend.db import Database
@@ -22,6 +23,7 @@ from backend.logs.service import WorkerRef
 from backend.models import Machine, Worker
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support.sandboxed import process_uids
 from tests.support.stream import _port
 
 
@@ -36,6 +38,7 @@ def unconnected_agent(data_dir: Path, **config: Any) -> Agent:
         "gpus": simulated(1, "gpu-07"),
         "cpu_cores": 8,
         "memory_bytes": 2**30,
+        "users": WorkloadUsers(uids=process_uids()),
     }
     return Agent(AgentConfig(**(settings | config)))
 
@@ -83,6 +86,7 @@ def agent_for(address: str, token: str, data_dir: Path) -> Agent:
             memory_bytes=64 * 2**30,
             heartbeat_seconds=1,
             sample_seconds=0.2,
+            users=WorkloadUsers(uids=process_uids()),
         )
     )
 

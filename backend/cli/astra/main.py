@@ -244,7 +244,10 @@ FOLLOW = """subscription($w: String!, $tail: Int!) {
 SLOWED_NOTICE_EVERY_S = 5.0
 
 
-MACHINES = "{ machines { name cluster pool state reason gpus unhealthyGpus } }"
+MACHINES = (
+    "{ machines { name cluster pool state reason gpus unhealthyGpus isolation "
+    "isolationNotEnforced } }"
+)
 MACHINE_HEALTH = """query($start: DateTime) { machineHealth(start: $start) { machines {
   machine pool lostGpuHours failureCount failures { kind count } faultCount vsPool action
 } } }"""
@@ -263,6 +266,8 @@ def cmd_machines(api: Api, args: argparse.Namespace) -> str:
             f"{m['unhealthyGpus']:>10}  {m['reason']}"
             for m in found
         ]
+        # What a machine does not enforce of its workers' sandbox, said under the table.
+        lines += [f"{m['name']}: {m['isolation']}" for m in found if m["isolationNotEnforced"]]
         return "\n".join(lines)
     start = (datetime.now(UTC) - timedelta(days=args.days)).isoformat()
     found = api.graphql(MACHINE_HEALTH, start=start)["machineHealth"]["machines"]

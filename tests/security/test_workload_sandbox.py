@@ -1,0 +1,250 @@
+"""Issue 37's sandbox of a process worker, played live on `astraeus up` and its real local agent
+(as root: workloads run as user ids of its own), by hostile workloads of two workspaces.
+
+Before issue 37: a run of workspace B given the user id a run of workspace default had used
+read default's 0600 files in /tmp, /var/tmp, /dev/shm and /run/lock (N2); a workload listed
+every process of the machine in /proc, other workspaces' command lines with their secrets
+included (N6); a fork bomb started its 300 processes, the limit that applied being the
+machine's (N5); and a second install's agent ran its workloads as the same users (N9).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.live import AgentProcess, Api, Server, serving
+from tests.support import WORKLOAD_PYTHON
+from tests.support.sandboxed import uid_range, workload_uids
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="an agent as root sandboxes its workers")
+PIDS_MAX = 64
+
+# Workspace default's run: leaves a 0600 file in every shared place and a process that hides
+# from its end (a session of its own), then ends.
+LEAVE = r"""
+import os, subprocess, sys
+for place in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+    fd = os.open(place + "/a-secret", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"default's checkpoint")
+    os.close(fd)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "a-secret-sleeper"],
+                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print("left", flush=True)
+"""
+# Workspace team-b's: looks for them, and reads what it finds.
+LOOK = r"""
+import os
+for place in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+    for name in os.listdir(place):
+        try:
+            print("found", place + "/" + name, open(place + "/" + name).read(), flush=True)
+        except OSError as error:
+            print("found", place + "/" + name, error.strerror, flush=True)
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        uid = [line for line in open(f"/proc/{pid}/status") if line.startswith("Uid:")][0]
+    except OSError:
+        continue
+    if pid != str(os.getpid()):
+        print("process", uid.split()[1], b" ".join(argv).decode(errors="replace"), flush=True)
+print("looked", flush=True)
+"""
+# A fork bomb: 300 children that sleep; how many it got, and exit 1.
+BOMB = r"""
+import os, time
+started = refused = 0
+for _ in range(300):
+    try:
+        pid = os.fork()
+    except BlockingIOError:
+        refused += 1
+        continue
+    if pid == 0:
+        os.close(1), os.close(2)
+        time.sleep(20)
+        os._exit(0)
+    started += 1
+print("started", started, "refused", refused, flush=True)
+raise SystemExit(1)
+"""
+
+
+class Member(Api):
+    def submit(self, name: str, script: str, *args: str) -> None:
+        created = self.graphql(
+            "mutation($s: JSON!) { createRun(spec: $s) { errors { message } } }",
+            s={
+                "name": name,
+                "gpus": 1,
+                "restart_policy": "never",
+                "command": [WORKLOAD_PYTHON, "-c", script, *args],
+            },
+        )
+        assert created["createRun"]["errors"] == []
+
+    def ended(self, name: str) -> dict[str, Any]:
+        wait_for(f"{name} ended", lambda: self.get(f"/jobs/{name}")["status"] != "Running")
+        wait_for(
+            f"{name} ended",
+            lambda: self.get(f"/jobs/{name}")["status"] in ("Completed", "Failed", "Stopped"),
+            90,
+        )
+        return dict(self.get(f"/tasks/{name}-0"))
+
+    def log(self, name: str) -> list[str]:
+        return str(self.get(f"/tasks/{name}-0/logs?tail=500").get("logs", "")).splitlines()
+
+
+def wait_for(what: str, check: Callable[[], bool], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"waited {seconds}s for {what}"
+        time.sleep(0.3)
+
+
+@dataclass
+class Machine:
+    server: Server
+    default: Member
+    team_b: Member
+    uid: int  # the one user id its agent gives out: every worker runs as it
+
+
+@pytest.fixture(scope="module")
+def one_uid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Machine]:
+    """`astraeus up` whose agent gives out one user id (every worker of both workspaces runs
+    as it: the same slot, forced) and at most PIDS_MAX processes a worker."""
+    root = tmp_path_factory.mktemp("sandbox")
+    uid = uid_range(workload_uids())[0]  # a range of its own, held while this process lives
+    options = {
+        "local_agent_gpus": "2",
+        "scheduler_interval": "1s",
+        "agent_workload_uids": f"{uid}-{uid}",
+        "agent_workload_pids_max": str(PIDS_MAX),
+    }
+    with serving(root / "data", **options) as (server, _):
+        server.cli("workspace", "create", "team-b")
+        bob = server.cli("token", "create", "--workspace", "team-b", "--user", "bob").split()[-1]
+        yield Machine(server, Member(server, server.admin_token), Member(server, bob), uid)
+
+
+@as_root
+def test_a_workspace_given_the_user_id_another_used_finds_nothing_of_it(one_uid: Machine) -> None:
+    # issue 37 N2
+    one_uid.default.submit("leaver", LEAVE)
+    assert one_uid.default.ended("leaver")["status"] == "Completed"
+    assert one_uid.default.log("leaver") == ["left"]
+    one_uid.team_b.submit("looker", LOOK)
+    looker = one_uid.team_b.ended("looker")
+    assert looker["status"] == "Completed"
+    seen = one_uid.team_b.log("looker")
+    assert [line for line in seen if line.startswith("found")] == []
+    assert [line for line in seen if "a-secret" in line] == []
+    assert seen[-1] == "looked"
+    # Nothing of it is left on the machine either: its files went with its worker.
+    for place in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+        left = Path(place, "a-secret")
+        assert not left.exists() or left.stat().st_uid != one_uid.uid
+    assert [p for p in Path("/proc").glob("[0-9]*/cmdline") if b"a-secret" in _read(p)] == []
+
+
+@as_root
+def test_a_fork_bomb_is_stopped_at_its_process_limit_and_its_end_says_so(
+    one_uid: Machine,
+) -> None:
+    # issue 37 N5
+    one_uid.team_b.submit("bomb", BOMB)
+    bomb = one_uid.team_b.ended("bomb")
+    started, refused = (int(n) for n in one_uid.team_b.log("bomb")[-1].split()[1::2])
+    assert started < PIDS_MAX and started + refused == 300
+    assert bomb["status"] == "Failed"
+    assert bomb["last_failure"]["reason"] == (
+        f"Exited with code 1; it reached its limit of {PIDS_MAX} processes and threads"
+    )
+
+
+@as_root
+def test_the_machine_says_what_it_enforces(one_uid: Machine) -> None:
+    machines = one_uid.default.graphql("{ machines { name isolation isolationNotEnforced } }")
+    assert machines["machines"] == [
+        {
+            "name": "local",
+            "isolation": (
+                "Enforced: its own unprivileged user, a private /tmp and /var/tmp, a private "
+                "/dev/shm, only its own processes in /proc, its own IPC namespace, at most "
+                f"{PIDS_MAX} processes and threads, its user id cleaned before another "
+                "workspace gets it"
+            ),
+            "isolationNotEnforced": [],
+        }
+    ]
+
+
+@as_root
+def test_a_second_install_whose_user_ids_overlap_is_refused(
+    one_uid: Machine, tmp_path: Path
+) -> None:
+    # issue 37 N9
+    overlapping = f"{one_uid.uid - 3}-{one_uid.uid + 3}"
+    second = AgentProcess(
+        one_uid.server, "second", tmp_path / "second", extra=["--workload-uids", overlapping]
+    )
+    second.start()
+    try:
+        assert second.process is not None
+        assert second.process.wait(timeout=60) != 0
+    finally:
+        second.end()
+    said = second.log.read_text()
+    assert (
+        f"astraeus agent: workload user ids {overlapping} overlap {one_uid.uid}-{one_uid.uid}, "
+        f"claimed on this machine by the agent of data folder "
+    ) in said
+    assert "give this one a range of its own (--workload-uids FIRST-LAST)" in said
+    machines = one_uid.default.graphql("{ machines { name } }")["machines"]
+    assert [m["name"] for m in machines] == ["local"]
+
+
+@pytest.fixture(scope="module")
+def two_workspaces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Machine]:
+    root = tmp_path_factory.mktemp("proc")
+    with serving(root / "data", local_agent_gpus="2", scheduler_interval="1s") as (server, _):
+        server.cli("workspace", "create", "team-b")
+        bob = server.cli("token", "create", "--workspace", "team-b", "--user", "bob").split()[-1]
+        yield Machine(server, Member(server, server.admin_token), Member(server, bob), 0)
+
+
+@as_root
+def test_a_workload_sees_no_process_but_its_own(two_workspaces: Machine) -> None:
+    # issue 37 N6
+    default, team_b = two_workspaces.default, two_workspaces.team_b
+    default.submit(
+        "victim", "import time; print('up', flush=True); time.sleep(600)", "--token=sekrit"
+    )
+    wait_for("victim up", lambda: default.log("victim") == ["up"])
+    team_b.submit("snoop", LOOK)
+    assert team_b.ended("snoop")["status"] == "Completed"
+    seen = team_b.log("snoop")
+    assert [line for line in seen if "sekrit" in line] == []
+    # Not root's (the agent, its shims), not the victim's: only its own user's, if any.
+    others = {line.split()[1] for line in seen if line.startswith("process")}
+    assert len(others) <= 1
+    assert seen[-1] == "looked"
+    victim = [p for p in Path("/proc").glob("[0-9]*/cmdline") if b"--token=sekrit" in _read(p)]
+    assert victim  # it runs all along
+    default.graphql('mutation { stopRun(name: "victim") { errors { message } } }')
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""

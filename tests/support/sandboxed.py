@@ -1,0 +1,77 @@
+"""What the tests share with workloads, now that a workload's /tmp and /var/tmp are its own
+(issue 37: agent/sandbox.py), and the workload user ids each test agent gives out.
+
+A test's folders that workloads reach (their scripts, the markers they wait for, the
+checkpoints they share, an agent's data folder) are pytest's and tempfile's: both are moved
+out of /tmp, to ``TEMP_ROOT``, for the whole test process and those it starts, when the tests
+run as root (an agent as root sandboxes its workers; one that is not gives no sandbox).
+
+Two agents on one machine may not give out the same user ids (issue 37 N9: the second is
+refused), and the tests start many at once, in parallel lanes: each gets a range of its own
+(``workload_uids``), held by a lock on its file in a folder every lane shares, as the test
+servers' master port ranges are (tests/e2e/live.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import tempfile
+import weakref
+from pathlib import Path
+
+TEMP_ROOT = Path("/var/lib/astraeus-tests")
+FIRST_UID, RANGE_UIDS, RANGES = 3_000_000, 1000, 900  # 3 000 000-3 899 999
+
+
+def move_temp_out_of_tmp() -> None:
+    """pytest's and tempfile's folders under TEMP_ROOT (as root only): a workload's /tmp is its
+    own, and would not hold what a test puts there for it."""
+    if os.geteuid() != 0:
+        return
+    TEMP_ROOT.mkdir(mode=0o711, exist_ok=True)
+    os.environ["PYTEST_DEBUG_TEMPROOT"] = str(TEMP_ROOT)
+    os.environ["TMPDIR"] = str(TEMP_ROOT)
+    tempfile.tempdir = None  # looked up again, from TMPDIR
+
+
+# Locks every lane shares, in the machine's own /tmp (never a test's folder).
+_LOCKS = Path("/tmp/astraeus-test-workload-uids")
+_HELD: list[int] = []
+
+
+def workload_uids(owner: object | None = None) -> str:
+    """A range of user ids of its own for one agent (``FIRST-LAST``, for --workload-uids),
+    held until ``owner`` is collected (None: this process's life)."""
+    _LOCKS.mkdir(exist_ok=True)
+    for index in random.sample(range(RANGES), RANGES):
+        fd = os.open(_LOCKS / str(index), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        if owner is None:
+            _HELD.append(fd)
+        else:
+            weakref.finalize(owner, os.close, fd)
+        first = FIRST_UID + index * RANGE_UIDS
+        return f"{first}-{first + RANGE_UIDS - 1}"
+    raise AssertionError("every workload uid range is held by a test agent of this machine")
+
+
+def uid_range(text: str) -> tuple[int, int]:
+    first, _, last = text.partition("-")
+    return int(first), int(last)
+
+
+_MINE: list[tuple[int, int]] = []
+
+
+def process_uids() -> tuple[int, int]:
+    """This test process's own range, for the agents it runs in itself (one range however
+    many: their workers' ids differ, and so do their user ids)."""
+    if not _MINE:
+        _MINE.append(uid_range(workload_uids()))
+    return _MINE[0]
