@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import strawberry
 from graphql import GraphQLError
-from strawberry.extensions import MaskErrors, ParserCache, SchemaExtension, ValidationCache
+from strawberry.extensions import MaskErrors, SchemaExtension
 from strawberry.permission import PermissionExtension
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.types import ExecutionContext
@@ -402,9 +402,7 @@ schema = Schema(
     extensions=[
         lambda: MaskErrors(should_mask_error=_should_mask),
         DatabaseErrors,  # inside MaskErrors: it says these before MaskErrors looks
-        *bounds(),  # before the caches: the token bound is a parse option
-        lambda: ParserCache(maxsize=256),
-        lambda: ValidationCache(maxsize=256),
+        *bounds(),  # parses and validates, off the event loop, remembering what it checked
     ],
 )
 

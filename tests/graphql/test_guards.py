@@ -3,12 +3,22 @@ refusals are logged: one line each, a traceback only for what nobody expected.""
 
 from __future__ import annotations
 
+import importlib
 import logging
+import pkgutil
+import re
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from graphql import get_introspection_query, parse, specified_rules
+from graphql.language import FragmentDefinitionNode
+from strawberry.schema.schema import validate_document
 
+from backend.cli import astra
+from backend.schema import guards
+from backend.schema.schema import schema
 from tests.support import Tenancy
 
 
@@ -127,3 +137,79 @@ async def test_refusals_are_logged_in_one_line_and_a_bug_with_its_traceback(
     masked = await ask(client, tenancy.member_token, "{ runs { name } }")
     assert masked["errors"][0]["message"] == "Unexpected error."
     assert any("RuntimeError: a bug" in r.getMessage() or r.exc_info for r in caplog.records)
+
+
+# --- what the console and the CLI send pass the bounds (issue 37 N1) -------------------------
+
+FRONTEND = Path(__file__).resolve().parents[2] / "frontend" / "src"
+OPERATION = re.compile(r"const (\w+) = /\* GraphQL \*/ `(.*?)`", re.S)
+
+
+def console_operations() -> dict[str, str]:
+    """Each operation written in the console (a template marked /* GraphQL */), sent with the
+    fragments it spreads, as its pages join them."""
+    texts = []
+    for path in sorted(FRONTEND.rglob("*.ts*")):
+        if "generated" not in path.parts and ".test." not in path.name:
+            texts += [
+                (f"{path.name}:{name}", body) for name, body in OPERATION.findall(path.read_text())
+            ]
+    fragments = {
+        definition.name.value: body
+        for _, body in texts
+        for definition in parse(body).definitions
+        if isinstance(definition, FragmentDefinitionNode)
+    }
+    operations = {}
+    for where, body in texts:
+        if body.lstrip().startswith("fragment"):
+            continue
+        spread, wanted = set(), set(re.findall(r"\.\.\.(\w+)", body))
+        while wanted - spread - {"on"}:
+            name = (wanted - spread - {"on"}).pop()
+            spread.add(name)
+            wanted |= set(re.findall(r"\.\.\.(\w+)", fragments[name]))
+        operations[where] = body + "".join(fragments[name] for name in sorted(spread))
+    return operations
+
+
+def cli_operations() -> dict[str, str]:
+    """The CLI's documents: its modules' constants that are GraphQL operations."""
+    found = {}
+    for module in pkgutil.iter_modules(astra.__path__):
+        held = importlib.import_module(f"backend.cli.astra.{module.name}")
+        for name, value in vars(held).items():
+            if isinstance(value, str) and re.match(r"\s*(query|mutation|subscription)\b", value):
+                if "{field}" in value:  # a template its command fills in
+                    value = value.format(field="stopRun")
+                found[f"{module.name}:{name}"] = value
+    return found
+
+
+def test_every_operation_of_the_console_and_the_cli_passes_the_bounds() -> None:
+    console, cli = console_operations(), cli_operations()
+    assert len(console) >= 19 and len(cli) >= 15, (sorted(console), sorted(cli))
+    for where, text in {**console, **cli, "introspection": get_introspection_query()}.items():
+        document, refused = guards.prepare(text)
+        assert refused is None and document is not None, (where, refused)
+        rules = tuple(specified_rules)
+        assert validate_document(schema._schema, document, rules) == [], where
+
+
+async def test_a_document_not_checked_within_the_deadline_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # issue 37 N1: validation runs in a checking thread, waited for at most CHECK_DEADLINE_S
+    monkeypatch.setattr(guards, "CHECK_DEADLINE_S", 0.001)
+    heaviest = "{ " + "viewer { user } " * 249 + "}"  # 0.3 s of validation
+    result = await schema.execute(heaviest)
+    assert result.data is None and result.errors is not None
+    assert [e.message for e in result.errors] == [
+        "The request could not be checked within 0.001 s (the server is busy checking "
+        "others); try again."
+    ]
+    assert result.errors[0].extensions == {"code": "TIME_BUDGET_EXCEEDED"}
+    assert (heaviest, tuple(specified_rules)) not in guards._checked  # tried again next time
+    monkeypatch.undo()
+    await schema.execute(heaviest)
+    assert guards._checked[(heaviest, tuple(specified_rules))][1] == []

@@ -30,11 +30,16 @@ def test_a_subscriptions_events_keep_no_fields_of_the_ones_before() -> None:
     assert built._relevant_sub_fields == {}
 
 
-def test_the_bounds_rules_are_made_once() -> None:
-    """The validation cache is keyed by the document and its rules: rules made anew at each
-    request (two classes each) never let it hit, and it kept 256 documents with theirs."""
-    first = [e() for e in guards.bounds()]
-    second = [e() for e in guards.bounds()]
-    rules = [getattr(e, "validation_rules", None) for e in first]
-    assert [getattr(e, "validation_rules", None) for e in second] == rules
-    assert [guards.DEPTH_RULE, guards.ALIASES_RULE] in rules
+async def test_documents_checked_are_remembered_by_text_and_bounded() -> None:
+    """The documents checked are kept by their text and the rules they were validated with,
+    at most CHECKED_DOCUMENTS of them: the rules are the same tuple at every request (issue 19:
+    rules made anew at each request never let the cache hit, and it kept 256 documents each
+    with classes of its own)."""
+    guards._checked.clear()
+    first = await schema.execute("{ __typename }")
+    second = await schema.execute("{ __typename }")
+    assert first.data == second.data == {"__typename": "Query"}
+    assert len(guards._checked) == 1
+    for i in range(guards.CHECKED_DOCUMENTS + 10):
+        await schema.execute(f"query Q{i} {{ __typename }}")
+    assert len(guards._checked) == guards.CHECKED_DOCUMENTS

@@ -1,0 +1,202 @@
+"""Issue 37 N1, played live: one GraphQL request must not stall the server. `astraeus up` (a
+real uvicorn server in its own process) is sent documents whose cost is in their expansion,
+ten at a time, unauthenticated and with a token, while another client times /healthz.
+
+Before issue 37: a 925-byte document of nested fragments (each spreading the previous twice)
+blocked the event loop 16-51 s; a document of 20 such fragments was answered *with data*,
+unauthenticated, after 5 s, and /healthz waited as long; an 810-byte document of overlapping
+aliases was refused after 3-4 s. Validation ran before authentication, on the event loop, and
+walked every fragment's expansion (the depth and alias rules did).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.live import Server, serving
+
+SENDERS = 10  # requests in flight at once
+HEALTHZ_S = 1.0  # the most /healthz may take meanwhile (the issue's acceptance)
+
+
+def fan_out(levels: int, leaf: str, spread: str = "...F{p} ...F{p}") -> str:
+    """``levels`` fragments, each spreading the one before twice: 2**(levels-1) leaves."""
+    parts = [f"fragment F0 on Query {{ {leaf} }}"]
+    parts += [f"fragment F{i} on Query {{ {spread.format(p=i - 1)} }}" for i in range(1, levels)]
+    return f"query {{ ...F{levels - 1} }} " + " ".join(parts)
+
+
+def deeper_by_fragments(levels: int) -> str:
+    """Each fragment two levels deeper than the one it spreads."""
+    parts = ["fragment D0 on Run { name }"]
+    parts += [
+        f"fragment D{i} on Run {{ workers {{ run {{ ...D{i - 1} }} }} }}" for i in range(1, levels)
+    ]
+    return f"query {{ runs {{ ...D{levels - 1} }} }} " + " ".join(parts)
+
+
+# Each attack, and what its refusal says (with a token; without one, every one of them is
+# refused UNAUTHENTICATED before it is parsed).
+ATTACKS: dict[str, tuple[str, str]] = {
+    # the issue's documents: a million fields in 800 bytes, in 20 fragments
+    "fan-out": (fan_out(20, "viewer { user workspace }"), "fields once its fragments"),
+    "fan-out of __typename": (fan_out(20, "__typename"), "fields once its fragments"),
+    "overlapping aliases": (
+        fan_out(20, "a: viewer { user } a: runs { name } b: gpus { line } b: viewer { user }"),
+        "fields once its fragments",
+    ),
+    "overlapping fields": (
+        fan_out(16, 'run(name: "x") { name } run(name: "y") { state }'),
+        "fields once its fragments",
+    ),
+    "directives on spreads": (
+        fan_out(14, "viewer { user }", "...F{p} @include(if: true) @skip(if: false) ...F{p}"),
+        "fields once its fragments",
+    ),
+    "directives on a field": (
+        "{ viewer " + "@include(if: true) " * 12 + "{ user } }",
+        "12 directives; at most 3",
+    ),
+    "deep by fragments": (deeper_by_fragments(8), "exceeds maximum operation depth of 10"),
+    "deep lists": (
+        "{ runs(workspace: " + "[" * 150 + '"x"' + "]" * 150 + ") { name } }",
+        "String cannot represent a non string value",
+    ),
+    "lists past the parser's nesting": (
+        "{ runs(workspace: " + "[" * 1000 + "]" * 1000 + ") { name } }",
+        "nested too deeply",
+    ),
+    "many fragments": (
+        "{ "
+        + " ".join(f"...M{i}" for i in range(100))
+        + " } "
+        + " ".join(f"fragment M{i} on Query {{ __typename }}" for i in range(100)),
+        "100 fragments; at most 20",
+    ),
+    "a fragment cycle": (
+        "{ ...A } fragment A on Query { ...B ...B } fragment B on Query { ...A ...A }",
+        "within itself",
+    ),
+    "many tokens": ("{ " + "__typename " * 3000 + "}", "more than 2000 tokens"),
+    "a megabyte of commas": ("{ viewer { user " + "," * 2**20 + " } }", "characters long"),
+}
+
+# The heaviest document the bounds let through: 249 fields of one name, each with a field of
+# its own (499 fields), compared pairwise by validation's overlapping-fields rule.
+HEAVIEST_ALLOWED = "{ " + "viewer { user } " * 249 + "}"
+
+
+def named(query: str, name: str) -> str:
+    """The document with its (first) operation named so."""
+    if query.startswith("query {"):
+        return query.replace("query {", f"query {name} {{", 1)
+    assert query.startswith("{"), query
+    return f"query {name} {query}"
+
+
+@dataclass
+class Measured:
+    answers: list[tuple[str, int, dict[str, Any]]]  # (attack, HTTP status, body)
+    healthz: list[float]  # seconds each /healthz took meanwhile
+    took: float
+
+
+def attack(url: str, token: str | None, documents: dict[str, str], rounds: int = 1) -> Measured:
+    """SENDERS clients each send every document ``rounds`` times (each time a new text), while
+    /healthz is timed."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    answers: list[tuple[str, int, dict[str, Any]]] = []
+    healthz: list[float] = []
+    done = threading.Event()
+
+    def send(sender: int) -> None:
+        with httpx.Client(timeout=300) as client:
+            for round_ in range(rounds):
+                for name, query in documents.items():
+                    # a document of its own: no cache of documents already checked helps
+                    text = named(query, f"S{sender}R{round_}")
+                    answer = client.post(f"{url}/graphql", json={"query": text}, headers=headers)
+                    answers.append((name, answer.status_code, answer.json()))
+
+    def probe() -> None:
+        with httpx.Client(timeout=60) as client:
+            while not done.is_set():
+                started = time.monotonic()
+                assert client.get(f"{url}/healthz").status_code == 200
+                healthz.append(time.monotonic() - started)
+                time.sleep(0.05)
+
+    prober = threading.Thread(target=probe)
+    began = time.monotonic()
+    prober.start()
+    try:
+        with ThreadPoolExecutor(SENDERS) as pool:
+            list(pool.map(send, range(SENDERS)))
+    finally:
+        done.set()
+        prober.join()
+    return Measured(answers, healthz, time.monotonic() - began)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("stall")
+    # No agent: what is measured is the API's event loop. Bodies up to 2 MiB: the megabyte of
+    # commas reaches GraphQL (by default its body is refused unread, with 413).
+    with serving(root / "data", local_agent=False, max_body_bytes=str(2 * 2**20)) as (s, _):
+        yield s
+
+
+def test_every_attack_is_refused_unauthenticated_before_it_is_parsed(server: Server) -> None:
+    # issue 37 N1: anonymous documents were parsed and validated before the token was looked at
+    measured = attack(server.url, None, {name: query for name, (query, _) in ATTACKS.items()})
+    assert len(measured.answers) == SENDERS * len(ATTACKS)
+    for name, status, body in measured.answers:
+        assert status == 200, (name, body)
+        assert body == {
+            "data": None,
+            "errors": [
+                {
+                    "message": "A valid API token is required: send 'Authorization: Bearer "
+                    "<token>'.",
+                    "extensions": {"code": "UNAUTHENTICATED"},
+                }
+            ],
+        }, (name, body)
+    assert max(measured.healthz) < HEALTHZ_S, sorted(measured.healthz)[-5:]
+
+
+def test_every_attack_is_refused_with_a_token_naming_its_bound(server: Server) -> None:
+    # issue 37 N1: with a token, each document is measured (fragments counted once each) and
+    # refused by the bound it passes, off the event loop, while /healthz answers
+    measured = attack(
+        server.url, server.admin_token, {name: query for name, (query, _) in ATTACKS.items()}
+    )
+    assert len(measured.answers) == SENDERS * len(ATTACKS)
+    for name, status, body in measured.answers:
+        assert status == 200, (name, body)
+        assert body.get("data") is None, (name, body)
+        assert ATTACKS[name][1] in body["errors"][0]["message"], (name, body)
+    assert max(measured.healthz) < HEALTHZ_S, sorted(measured.healthz)[-5:]
+
+
+def test_the_heaviest_document_the_bounds_allow_is_answered_and_stalls_no_one(
+    server: Server,
+) -> None:
+    # issue 37 N1: what passes the bounds is validated in a checking thread, within a deadline
+    queries = {
+        f"heaviest {i}": HEAVIEST_ALLOWED.replace("user", f"user{' ' * i}") for i in range(3)
+    }
+    measured = attack(server.url, server.admin_token, queries)
+    for name, status, body in measured.answers:
+        assert status == 200, (name, body)
+        assert body == {"data": {"viewer": {"user": "admin"}}}, (name, body)
+    assert max(measured.healthz) < HEALTHZ_S, sorted(measured.healthz)[-5:]
