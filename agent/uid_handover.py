@@ -121,15 +121,15 @@ def hand_over(uid: int, places: Iterable[Path]) -> list[str]:
 
 
 def processes_of(uid: int) -> list[int]:
-    """Every process whose real, effective, saved or file-system user is ``uid``."""
+    """Every live process whose real, effective, saved or file-system user is ``uid`` (a zombie,
+    killed and not yet reaped by its parent, holds nothing of it)."""
     found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         with contextlib.suppress(OSError, ValueError, IndexError):
-            for line in status.read_text().splitlines():
-                if line.startswith("Uid:"):
-                    if uid in {int(u) for u in line.split()[1:]}:
-                        found.append(int(status.parent.name))
-                    break
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+            zombie = fields["State"].split()[0] == "Z"
+            if not zombie and uid in {int(u) for u in fields["Uid"].split()}:
+                found.append(int(status.parent.name))
     return found
 
 
