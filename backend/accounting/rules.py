@@ -18,7 +18,8 @@ the seed's categories, held or not:
 |            | again after a failure, a lost machine or a GPU fault             |               |
 | preemption | stopping for higher-priority work or a drain; waiting to be      | while placed  |
 |            | placed again after                                               |               |
-| waiting    | waiting for its first placement                                  | no            |
+| waiting    | waiting for its first placement; waiting to be placed again      | no            |
+|            | after its gang's MASTER_PORT was another program's (issue 37 N3) |               |
 
 Every interval counts its length times the GPUs the worker asked for (it holds them, or
 waits for them). Running intervals are cut at UTC minutes and classified by the mean GPU
@@ -79,6 +80,8 @@ _BY_PHASE: dict[str, tuple[Category, bool]] = {
     Phase.REQUEUED_FAILURE: (Category.FAILURE, False),
     Phase.REQUEUED_PREEMPTION: (Category.PREEMPTION, False),
     Phase.REQUEUED_STALL: (Category.STALLED, False),
+    # Another program held its gang's rendezvous port: nobody's failure, the run's least of all.
+    Phase.REQUEUED_RENDEZVOUS: (Category.WAITING, False),
 }
 
 

@@ -204,6 +204,7 @@ def start_message(command: AgentCommand) -> agent_pb2.StartWorker:
             for c in p.get("credentials") or []
         ],
         gpu_ids=[int(i) for i in p.get("gpu_ids") or []],
+        gang_addresses=[str(a) for a in p.get("gang_addresses") or []],
     )
     if p.get("cpu") is not None:
         start.cpu = float(p["cpu"])

@@ -47,6 +47,7 @@ _CAUSES = {
     agent_pb2.END_CAUSE_NOT_STARTED: EndCause.NOT_STARTED,
     agent_pb2.END_CAUSE_STOPPED_BEFORE_START: EndCause.STOPPED_BEFORE_START,
     agent_pb2.END_CAUSE_UNREADABLE: EndCause.UNREADABLE,
+    agent_pb2.END_CAUSE_PORT_TAKEN: EndCause.PORT_TAKEN,
 }
 # What a preparing or pulling worker waits for, as the agent says (unspecified: nothing said).
 _WAITS = {
@@ -102,6 +103,7 @@ class MessageHandlers:
             uid=e.uid if e.HasField("uid") else None,
             blocked_at=e.blocked_at[: machine_rules.MAX_DETAIL],
             pids_limit=e.pids_limit if e.HasField("pids_limit") else None,
+            offered_port=e.offered_port if e.HasField("offered_port") else None,
         )
         return await service.worker_event(session, self.clock, machine.id, event)
 

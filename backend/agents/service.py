@@ -86,6 +86,8 @@ class WorkerEventInfo:
     pids_limit: int | None = None
     # What a preparing or pulling worker waits for, and its name: the sentence is the lifecycle's.
     waits: tuple[Wait, str] | None = None
+    # An end PORT_TAKEN's port, held by its agent for the gang's next placement there.
+    offered_port: int | None = None
 
 
 def agent_time(ms: int, now: datetime) -> datetime:
@@ -206,6 +208,7 @@ async def worker_event(
         uid=event.uid,
         blocked_at=event.blocked_at,
         pids_limit=event.pids_limit,
+        offered_port=event.offered_port,
         log_tail=event.log_tail,
     )
     if event.kind == "exited" and event.log_tail:

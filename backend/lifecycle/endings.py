@@ -21,6 +21,7 @@ from backend.lifecycle.sentences import (
     budget_exhausted_sentence,
     drained_sentence,
     end_sentence,
+    port_taken_sentence,
     preempted_sentence,
     restart_backoff,
     time_limit_sentence,
@@ -82,6 +83,7 @@ _REQUEUED_PHASE = {
     Cause.STALL: Phase.REQUEUED_STALL,
     Cause.FAILURE: Phase.REQUEUED_FAILURE,
     Cause.BARRIER: Phase.REQUEUED_FAILURE,
+    Cause.RENDEZVOUS: Phase.REQUEUED_RENDEZVOUS,
 }
 
 
@@ -118,6 +120,9 @@ def worker_exited(
     worker ended when the machine went silent, and held its GPUs until the loss was found)."""
     if not is_current(run, w, attempt):
         return
+    if end.cause == EndCause.PORT_TAKEN and w.stop_cause is None:
+        _port_taken(run, w, at, fx, end)
+        return
     reason = end_sentence(end)
     exit_code = end.exit_code
     w.exit_code = exit_code
@@ -129,8 +134,12 @@ def worker_exited(
     # its first attempt's "Connection closed by peer", was counted 5 s late, after its peer's
     # end that its own failure had asked for)
     peer_lost = end.cause in RAN and PEER_LOST.search(log_tail) is not None
-    # a worker that never started, ended as it was asked to stop, is the stop's consequence
-    consequence = w.stop_cause is not None and end.cause == EndCause.STOPPED_BEFORE_START
+    # a worker that never started, ended as it was asked to stop, is the stop's consequence;
+    # so is a rank 0 whose port was taken while its gang was being stopped
+    consequence = w.stop_cause is not None and end.cause in (
+        EndCause.STOPPED_BEFORE_START,
+        EndCause.PORT_TAKEN,
+    )
     if w.stop_cause is not None and (
         consequence or not _failed_first(run, w, exit_code, at, peer_lost, lost)
     ):
@@ -160,6 +169,26 @@ def worker_exited(
         _held_lost(fx, run, w, FAILED, reason, at, released_at)
         _release_room(w)
         _gang_failed(run, w, machine, reason, end.cause, at, peer_lost, fx, released_at)
+    _conclude_if_done(run, _settled(run, at), fx)
+
+
+def _port_taken(run: RunView, w: WorkerView, at: datetime, fx: Effects, end: End) -> None:
+    """Rank 0's MASTER_PORT was held by another program on its machine (issue 37 N3): not the
+    run's failure. The gang stops and is placed again at once, on the port the agent offered
+    (where it held one), its restarts in a row untouched; the time the gang held its GPUs
+    meanwhile counts as starting it (``_ask_to_stop``), its wait after as waiting."""
+    sentence = port_taken_sentence(end.detail, w.machine_name)
+    fx.freed = True
+    _release_room(w)
+    if end.offered_port:
+        run.master_port = end.offered_port
+    run.reason, run.cause = sentence, EndCause.PORT_TAKEN
+    run.running_since = None
+    run.stop_cause = Cause.RENDEZVOUS
+    set_worker(fx, run, w, STOPPED, sentence, Phase.REQUEUED_RENDEZVOUS, at)
+    for other in run.workers:
+        if other is not w and other.alive and other.stop_cause is None:
+            _ask_to_stop(run, other, Cause.RENDEZVOUS, f"Stopping: {sentence}", at, fx)
     _conclude_if_done(run, _settled(run, at), fx)
 
 
@@ -308,7 +337,10 @@ def _ask_to_stop(
     w.stop_cause = cause
     assert w.machine_id is not None
     fx.commands.append(Command(w.machine_id, w.id, w.name, "stop", {"cause": str(cause)}))
-    set_worker(fx, run, w, STOPPING, reason, _STOPPING_PHASE[cause], at)
+    # a gang stopped for its rendezvous port is still being started, on its first attempt or
+    # a later one: the seed's starting and restart
+    placing = Phase.STARTING if run.attempt <= 1 else Phase.RESTART
+    set_worker(fx, run, w, STOPPING, reason, _STOPPING_PHASE.get(cause, placing), at)
 
 
 def _stopped_sentence(cause: Cause, run: RunView) -> str:
@@ -320,11 +352,12 @@ def _stopped_sentence(cause: Cause, run: RunView) -> str:
         Cause.STALL: "Stopped: it stalled",
         Cause.FAILURE: "Stopped: its gang failed",
         Cause.BARRIER: "Stopped: its gang did not start together",
+        Cause.RENDEZVOUS: "Stopped: its gang's MASTER_PORT was another program's",
     }[cause]
 
 
 def will_restart(run: RunView, cause: Cause, at: datetime) -> bool:
-    if cause in (Cause.PREEMPTION, Cause.DRAIN, Cause.BARRIER):
+    if cause in (Cause.PREEMPTION, Cause.DRAIN, Cause.BARRIER, Cause.RENDEZVOUS):
         return True
     if cause in (Cause.OWNER, Cause.TIME_LIMIT):
         return False
@@ -370,7 +403,7 @@ def _conclude_if_done(run: RunView, at: datetime, fx: Effects) -> None:
         assert run.policy.time_limit is not None
         sentence = time_limit_sentence(run.policy.time_limit)
         end_run(run, FAILED, sentence, at, fx, EndCause.TIME_LIMIT)
-    elif cause in (Cause.PREEMPTION, Cause.DRAIN, Cause.BARRIER):
+    elif cause in (Cause.PREEMPTION, Cause.DRAIN, Cause.BARRIER, Cause.RENDEZVOUS):
         _requeue(run, cause, run.reason, None, at, fx, run.cause)
     else:
         _restart_or_fail(run, cause, at, fx)
@@ -431,8 +464,10 @@ def _requeue(
         w.restart_at = restart_at
         # Counted when decided, as the run's restarts in a row are (its reason's "(1/10)", the
         # Restarting in a loop panel): a worker waiting for its restart has made it (issue 36:
-        # the panel said 1 where the worker said 0 until it was placed again).
-        w.restarts += 1
+        # the panel said 1 where the worker said 0 until it was placed again). A gang whose
+        # rendezvous port was another program's restarts nothing: it never started together.
+        if cause != Cause.RENDEZVOUS:
+            w.restarts += 1
         worker_reason = f"Waiting to be placed again: {reason}"
         set_worker(fx, run, w, PENDING, worker_reason, phase, at)
     set_run(fx, run, PENDING, reason, at, why)

@@ -43,6 +43,7 @@ class EndCause(StrEnum):
     NOT_STARTED = "not_started"
     STOPPED_BEFORE_START = "stopped_before_start"
     UNREADABLE = "unreadable"
+    PORT_TAKEN = "port_taken"
     # As the server found it.
     MACHINE_LOST = "machine_lost"
     LOST_BY_AGENT = "lost_by_agent"
@@ -70,6 +71,8 @@ class End:
     blocked_at: str = ""
     # Its process limit, when the limit refused it a process or a thread (issue 37 N5).
     pids_limit: int | None = None
+    # PORT_TAKEN: the port its agent holds for the gang's next placement there (None: none).
+    offered_port: int | None = None
 
 
 def exited_with(code: int) -> str:
@@ -161,6 +164,15 @@ def stalled_sentence(stalled: Sequence[tuple[str, str | None]], since: datetime)
     if rest:
         listed += f" and {counted(rest, 'other')}"
     return f"Workers {listed} stalled: no progress since {when}"
+
+
+def port_taken_sentence(port: str, machine: str | None) -> str:
+    """A gang's rank 0 met its MASTER_PORT held by another program (issue 37 N3)."""
+    where = f" on {machine}" if machine else ""
+    return (
+        f"MASTER_PORT {port} is in use{where} by another program: the gang is placed again on "
+        "another port (not a failure of the run)"
+    )
 
 
 def worker_failed_sentence(worker: str, machine: str | None, reason: str) -> str:

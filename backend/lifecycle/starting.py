@@ -32,10 +32,12 @@ def place(
     master_port: int,
     start_payload: dict[str, Any],
     master_addr: str | None = None,
+    gang_addresses: list[str] | None = None,
 ) -> None:
     """Put every worker of the gang on its machine at once and tell the agents to start them.
     ``master_addr`` is where the other machines reach rank 0's (its agent's advertised
-    address); without one, its machine's name."""
+    address); without one, its machine's name. ``gang_addresses``: the gang's machines'
+    addresses, which alone reach rank 0's MASTER_PORT from other machines (agent/network.py)."""
     assert len(placements) == len(run.workers), "a gang is placed whole or not at all"
     run.attempt += 1
     run.placed_at = at
@@ -80,6 +82,7 @@ def place(
                     "attempt": run.attempt,
                     "gpu_ids": list(p.gpu_ids),
                     "astraeus_environment": environment,
+                    "gang_addresses": list(gang_addresses or []),
                 },
             )
         )

@@ -25,6 +25,9 @@ class Phase(StrEnum):
     REQUEUED_FAILURE = "requeued:failure"  # waiting to be placed again after a failure
     REQUEUED_PREEMPTION = "requeued:preemption"
     REQUEUED_STALL = "requeued:stall"
+    # waiting to be placed again after its gang's MASTER_PORT was found held by another
+    # program (issue 37 N3): not the run's failure, held by no one
+    REQUEUED_RENDEZVOUS = "requeued:rendezvous"
     ENDED = "ended"
 
 
@@ -53,6 +56,7 @@ class Cause(StrEnum):
     STALL = "stall"
     FAILURE = "failure"
     BARRIER = "barrier"
+    RENDEZVOUS = "rendezvous"  # its MASTER_PORT was another program's (issue 37 N3)
 
 
 # The states, by their names in runs/rules.py (a run's are a worker's but Stopping, plus Deleted).

@@ -356,9 +356,10 @@ def _kept_from(queue: _Queue, ask: Ask) -> Holder | None:
 # Ports rank 0's machine listens on for a gang's rendezvous (MASTER_PORT): one per live run
 # there. The server knows only the ports of its own runs; a port another program holds on the
 # machine is found by rank 0's agent, which checks it when the START arrives, holds it until
-# the worker's process starts, and refuses the start when it is taken ("MASTER_PORT … is in use
-# on …"). The gang is then placed again under its restart policy, and master_port() gives the
-# next attempt the next free port after the one refused, so it never asks for that one again.
+# the worker's process starts, and refuses the start when it is taken (PORT_TAKEN, with a port
+# of the kernel's it holds for the gang: issue 37 N3). The gang is placed again at once, no
+# restart counted, on that port (scheduling/service.py, offered_port), or where the agent held
+# none, on the next free port after the one refused, so it never asks for that one again.
 # The default; a cluster's are ASTRAEUS_MASTER_PORTS (backend/config.py).
 MASTER_PORTS = range(29500, 30500)
 

@@ -280,7 +280,8 @@ async def _place(session: AsyncSession, decided: Plan, now: datetime, result: Pa
     gangs = await lifecycle.load_gangs(session, sorted(decided.placements))
     in_use = await repository.master_ports_in_use(session)
     heads = [decided.placements[gang.run.id][0].machine_id for gang in gangs]
-    addresses = await repository.machine_addresses(session, sorted(set(heads) | set(in_use)))
+    placed = {p.machine_id for gang in gangs for p in decided.placements[gang.run.id]}
+    addresses = await repository.machine_addresses(session, sorted(placed | set(in_use)))
 
     def host(machine_id: int) -> str:
         # Machines that advertise one address are one host (several agents on a machine, as
@@ -296,7 +297,7 @@ async def _place(session: AsyncSession, decided: Plan, now: datetime, result: Pa
     for gang, head_id in zip(gangs, heads, strict=True):
         placements = decided.placements[gang.run.id]
         head = taken_ports[host(head_id)]
-        port = master_port(head, gang.run.master_port, ports)
+        port = offered_port(gang.run, head, ports) or master_port(head, gang.run.master_port, ports)
         head.add(port)
         fx = Effects()
         place(
@@ -307,10 +308,29 @@ async def _place(session: AsyncSession, decided: Plan, now: datetime, result: Pa
             master_port=port,
             start_payload=start_payload(gang.spec, gang.run.workspace_id),
             master_addr=addresses.get(head_id),
+            gang_addresses=_gang_addresses(placements, addresses),
         )
         await lifecycle.persist(session, gang, fx, now, writes)
         result.placed.append(gang.run.name)
     await writes.flush(session)
+
+
+def _gang_addresses(placements: Any, addresses: Mapping[int, str]) -> list[str]:
+    """Where the gang's machines are, each once in rank order; none when one of them said no
+    address (its rank 0's agent then lets any machine reach its MASTER_PORT)."""
+    found = [addresses.get(p.machine_id) for p in placements]
+    if not all(found):
+        return []
+    return list(dict.fromkeys(a for a in found if a))
+
+
+def offered_port(run: Any, taken: set[int], ports: range) -> int | None:
+    """The port rank 0's agent held for the gang when its MASTER_PORT was another program's
+    (issue 37 N3: the run's port since, outside the range); None when it offered none."""
+    port = run.master_port
+    if run.cause != EndCause.PORT_TAKEN or port is None or port in ports or port in taken:
+        return None
+    return int(port)
 
 
 def start_payload(spec: RunSpec, workspace_id: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from backend.config import Settings
 from backend.lifecycle.sentences import EndCause
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
-from backend.models import AgentCommand, Cluster, Machine, Worker
+from backend.models import AgentCommand, Cluster, Machine, StateTransition, Worker
 from backend.scheduling.rules import MASTER_PORTS, master_port
 from tests.lifecycle.world import GIB, LEASE, World
 
@@ -136,3 +136,82 @@ def test_a_clusters_ports_are_a_setting() -> None:
     for wrong in ("31000", "80-90", "31099-31000", "a-b"):
         with pytest.raises(ValidationError, match="master_ports"):
             Settings(master_ports=cast(Any, wrong))  # as ASTRAEUS_MASTER_PORTS gives it
+
+
+async def test_a_port_another_program_holds_is_no_failure_and_burns_no_restart(
+    world: World,
+) -> None:
+    # issue 37 N3: a workload of another workspace squats the MASTER_PORT range; rank 0's agent
+    # finds the port taken at START (PORT_TAKEN) and holds one of the kernel's for the gang
+    await machine(world, "gpu-07", "10.1.2.3")
+    await world.submit(name="ddp", workers=2, gpus=1, restart_policy="never")
+    await world.schedule()
+    await world.report("ddp-1", "ready", attempt=1)
+    await world.report(
+        "ddp-0", "exited", attempt=1, cause=EndCause.PORT_TAKEN, detail="29500", offered_port=41234
+    )
+    taken = (
+        "MASTER_PORT 29500 is in use on gpu-07 by another program: the gang is placed again on "
+        "another port (not a failure of the run)"
+    )
+    run = await world.run("ddp")
+    assert (run.state, run.reason, run.stop_cause) == ("Starting", taken, "rendezvous")
+    await world.report("ddp-1", "exited", attempt=1, cause=EndCause.STOPPED_BEFORE_START)
+    run = await world.run("ddp")
+    assert (run.state, run.reason, run.cause) == ("Pending", taken, "port_taken")
+    assert (run.failures_in_row, run.restart_at) == (0, None)  # never: yet it goes again
+    workers = await world.workers("ddp")
+    assert [(w.phase, w.restarts, w.last_failure) for w in workers] == [
+        ("requeued:rendezvous", 0, None),
+        ("requeued:rendezvous", 0, None),
+    ]
+    assert (await world.schedule()).placed == ["ddp"]
+    found = await starts(world, "ddp")
+    assert {e["MASTER_PORT"] for e in found.values()} == {"41234"}  # the port its agent held
+    await world.start("ddp-0", "ddp-1")
+    for rank in (0, 1):
+        await world.report(f"ddp-{rank}", "exited", attempt=2, exit_code=0)
+    assert (await world.status("ddp"))[0] == "Completed"
+    # nothing of it counted as a failure: the wait while it was placed again is waiting
+    async with world.db.read() as session:
+        phases = await session.scalars(
+            select(StateTransition.phase)
+            .join(Worker, Worker.id == StateTransition.worker_id)
+            .where(Worker.name == "ddp-1")
+            .order_by(StateTransition.id)
+        )
+        seen = list(phases)
+    assert seen == [
+        "waiting",
+        "starting",
+        "starting",  # stopped with its gang while still being started (at the barrier)
+        "requeued:rendezvous",
+        "requeued:rendezvous",
+        "restart",
+        "running",
+        "ended",
+    ], seen
+
+
+async def test_a_rank_0_refused_without_an_offer_takes_the_next_port(world: World) -> None:
+    await machine(world, "gpu-07", "10.1.2.3")
+    await world.submit(name="ddp", workers=2, gpus=1)
+    await world.schedule()
+    await world.report("ddp-0", "exited", attempt=1, cause=EndCause.PORT_TAKEN, detail="29500")
+    await world.report("ddp-1", "exited", attempt=1, cause=EndCause.STOPPED_BEFORE_START)
+    assert (await world.schedule()).placed == ["ddp"]
+    found = await starts(world, "ddp")
+    assert {e["MASTER_PORT"] for e in found.values()} == {"29501"}
+
+
+async def test_the_gangs_machines_are_in_its_start(world: World) -> None:
+    await machine(world, "gpu-07", "10.1.2.3", gpus=1)
+    await machine(world, "gpu-08", "10.1.2.4", gpus=1)
+    await world.submit(name="ddp", workers=2, gpus=1)
+    await world.schedule()
+    async with world.db.read() as session:
+        payloads = await session.scalars(
+            select(AgentCommand.payload).where(AgentCommand.kind == "start")
+        )
+        found = [sorted(p["gang_addresses"]) for p in payloads]
+    assert found == [["10.1.2.3", "10.1.2.4"]] * 2

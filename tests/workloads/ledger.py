@@ -43,12 +43,19 @@ CATEGORIES: dict[str, set[str]] = {
 # progress.py, rules.py).
 REQUEUED = "Waiting to be placed again: "
 STALLED = ("Stalled: ", "Stalled with its gang: ")
+# A gang whose rank 0 met its MASTER_PORT held by another program (issue 37 N3): still being
+# started while it stops, waiting after (no failure).
+PORT_TAKEN = "MASTER_PORT"
 
 
 def allowed(state: str, reason: str) -> set[str]:
     """The categories a worker's time may be in while it is in ``state`` for ``reason``:
     stalled from the moment it was found stalled (dated back to its last progress) to its
     gang's stop, and never before; torn down with its gang as the gang's cause."""
+    if PORT_TAKEN in reason and state in ("Pending", "Stopped"):
+        return {"waiting"}
+    if PORT_TAKEN in reason and state == "Stopping":
+        return {"starting", "restart"}
     if state == "Pending" and reason.startswith(REQUEUED):
         return _REQUEUED
     if state == "Running" and reason.startswith(STALLED):
