@@ -74,6 +74,7 @@ class AstraeusGraphQL(GraphQL[Context, None]):
         if context.principal is not None:
             context.token_uses.note(context.principal, app.state.clock.now())
         context.webhook_policy = webhooks.policy(app.state.settings)
+        context.checking_gates = app.state.checking_gates
         if isinstance(request, WebSocket):
             context.websocket = request
         else:
@@ -277,6 +278,7 @@ def create_app(
         app.state.clock = clock or SystemClock()
         app.state.settings = settings
         app.state.gates = {}  # each workspace's gate on its GraphQL sessions
+        app.state.checking_gates = {}  # each workspace's on the threads checking documents
         async with contextlib.AsyncExitStack() as stack:
             # The agent endpoint first: it gives machines a lease to reconnect before the
             # first scheduling pass looks for expired ones.

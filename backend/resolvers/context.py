@@ -66,6 +66,9 @@ class Context:
     # Where a token's use is noted (written once a minute: access.TokenUses); None in tests of
     # resolvers built without an app.
     token_uses: TokenUses | None = None
+    # Each workspace's gate on the threads checking new documents (backend/schema/guards.py);
+    # None in tests of resolvers built without an app.
+    checking_gates: dict[tuple[int, int | None], asyncio.Semaphore] | None = None
     loaders: Loaders = field(init=False)
 
     def __post_init__(self) -> None:
@@ -80,6 +83,14 @@ class Context:
         gate = gates.setdefault(key, asyncio.Semaphore(size))
         self.db = SharedDatabase(self.db, gate)
         self.loaders = Loaders.build(self.db, self.clock, self.require_principal)
+
+    def checking_gate(self) -> asyncio.Semaphore | None:
+        """The gate of the caller's workspace on the checking threads: its new documents are
+        checked one at a time, so its own wait behind each other, not another workspace's."""
+        if self.checking_gates is None or self.principal is None:
+            return None
+        key = (self.principal.organization_id, self.principal.workspace_id)
+        return self.checking_gates.setdefault(key, asyncio.Semaphore(1))
 
     async def authenticate_connection(self) -> bool:
         """A WebSocket without an Authorization header: its token from connection_init
