@@ -12,7 +12,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
 .PHONY: help setup up serve test test-fast explore checks lint typecheck schema schema-check services bench load fleet proto clean \
-  console console-test browser screenshots demo workloads slurm
+  console console-test browser screenshots demo workloads slurm nftables
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -58,6 +58,14 @@ browser: ## install Debian's chromium for the console's browser tests when missi
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends chromium; } || \
 	  echo "browser: chromium is missing and this is not root: the browser tests will skip"; }
+
+# The workloads' network rules (agent/network.py, issue 37): Debian's nftables, for the agent as
+# root and its tests.
+nftables: ## install Debian's nftables for the workloads' network rules when missing (needs root)
+	@command -v nft >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends nftables; } || \
+	  echo "nftables: nft is missing and this is not root: the network tests will skip"; }
 
 # A one-node Slurm cluster for the Slurm tests (tests/support/slurm.py, issue 25): Debian's
 # slurm-wlm, slurmdbd and munge; the cluster's accounting lives in this machine's MariaDB.
@@ -117,7 +125,7 @@ checks: lint typecheck schema-check console-test ## the static checks: ruff, imp
 # The checks run beside the tests (they compute while the tests mostly wait on processes), their
 # output kept and printed after; either failing fails `make test`. They are started as `make`,
 # not `$(MAKE)`: a recipe line naming $(MAKE) runs even under `make -n`, and with it the suite.
-test: setup workloads services browser slurm ## every check and every test, SQLite and PostgreSQL, and the console's
+test: setup workloads services browser slurm nftables ## every check and every test, SQLite and PostgreSQL, and the console's
 	@started=$$(date +%s); log=$$(mktemp); \
 	  make --no-print-directory checks > $$log 2>&1 & checks=$$!; \
 	  ASTRAEUS_HYPOTHESIS=thorough $(BIN)/pytest -n $(TEST_LANES) --dist loadgroup \

@@ -118,5 +118,7 @@ def start_payload(start: agent_pb2.StartWorker) -> dict[str, Any]:
             start.memory_limit_bytes if start.HasField("memory_limit_bytes") else None
         ),
         "gpu_ids": list(start.gpu_ids),
+        # the gang's machines: only they reach rank 0's MASTER_PORT (agent/network.py)
+        "gang_addresses": list(start.gang_addresses),
     }
     return payload

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from pathlib import Path
 import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
-from agent import docker, rendezvous
+from agent import docker, network, rendezvous
 from agent import engine as engines
 from agent.backoff import Backoff
 from agent.commands import CommandHandling
@@ -70,7 +71,9 @@ class Agent(CommandHandling, LogReplies):
                 install = self.config.install
                 kept = {f"{install}-{k}" for k in self.workers}
                 await engines.remove_orphans(self._engine(), kept, install)
+        self._start_network()
         sampling = asyncio.create_task(self._sample_forever())
+        guarding = asyncio.create_task(self._network_forever())
         try:
             while True:
                 started = time.monotonic()
@@ -83,7 +86,29 @@ class Agent(CommandHandling, LogReplies):
                 await asyncio.sleep(self.reconnects.wait(time.monotonic() - started))
         finally:
             sampling.cancel()
+            guarding.cancel()
+            self.network.stop()  # its table goes with it (a restarted agent makes it anew)
             await docker.removals_done()
+
+    def _start_network(self) -> None:
+        """The workloads' network rules (agent/network.py), made as the agent starts, before its
+        Hello: ``self.network.enforced`` says whether this machine has them."""
+        if self.config.executor != "process" or not self.config.users.switch:
+            self.network.why_not = (
+                f"the {self.config.executor} executor's workloads are not its processes"
+                if self.config.executor != "process"
+                else "workloads run as the agent's own user"
+            )
+            log.warning("network: NOT enforced (%s)", self.network.why_not)
+            return
+        self.network.start()
+
+    async def _network_forever(self) -> None:
+        """The rules brought up to date with the workers taken back and the machine's
+        listeners, every network.REFRESH_SECONDS."""
+        while self.network.enforced:
+            self._network_rules()
+            await asyncio.sleep(network.REFRESH_SECONDS)
 
     def _hello(self) -> agent_pb2.AgentMessage:
         c = self.config
@@ -230,6 +255,18 @@ class Agent(CommandHandling, LogReplies):
             follow = self.follows.pop(message.log_follow_stop.follow_id, None)
             if follow is not None:
                 follow.cancel()
+
+
+async def until_stopped(agent: Agent) -> None:
+    """The agent until SIGTERM (a stop, `astraeus up` ending it) or SIGINT: both end it as a
+    cancel does, its own table of network rules removed (agent/network.py)."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(stop, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await agent.run_forever()
 
 
 def keep_secret(path: Path, secret: str) -> None:

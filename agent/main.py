@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agent import instance, uid_handover
 from agent.config import AgentConfig
-from agent.connection import CREDENTIAL_FILE, Agent
+from agent.connection import CREDENTIAL_FILE, Agent, until_stopped
 from agent.gpus import SIMULATED_MODEL, NvmlSampler, discover
 from agent.identity import GID_BASE, WorkloadUsers
 from agent.sandbox import PIDS_MAX
@@ -269,5 +269,5 @@ def run(args: argparse.Namespace) -> int:
         # Its workloads' user ids, machine-wide: held until this process ends (issue 37 N9).
         uid_handover.claim_range(config.users.uids, config.data_dir)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(Agent(config).run_forever())
+        asyncio.run(until_stopped(Agent(config)))
     return 0

@@ -5,10 +5,20 @@ The server picks MASTER_PORT among the ports none of its live runs uses on the m
 machine knows whether another program listens there. So rank 0's agent binds the port when the
 START arrives and holds it (listening, with SO_REUSEADDR: a port left in TIME_WAIT is free)
 until the worker's process starts, so that nothing takes it meanwhile. When it is taken, the
-start is refused with a reason that says so, and the server's next placement of the gang asks
-for the next free port (backend/scheduling/rules.py, master_port). The other ranks never learn
-another value than the one the server gave them all: a port picked here alone could not reach
-them.
+start is refused as PORT_TAKEN (issue 37 N3: not the run's failure, no restart counted), and the
+agent holds a port the kernel picks for the gang's next placement (offered_port), which the
+server gives it (backend/scheduling/service.py). The other ranks never learn another value than
+the one the server gave them all: a port picked here alone could not reach them.
+
+What Linux allows here: a listening socket keeps every other user's bind off the port (with or
+without SO_REUSEADDR; SO_REUSEPORT shares a port only between sockets of one user id), but the
+agent must let go before the worker's process binds the port itself (PyTorch's TCPStore binds
+seconds later, after its import, and takes no socket from its parent), and a workload of
+another user can bind it in between. So a rank 0 whose process exits saying the address is in
+use, while another user listens on its MASTER_PORT, is PORT_TAKEN too (``in_use_said``,
+``listening``). The MASTER_PORT range (the server's setting) is not privileged: any workload may
+bind a port of it while no gang holds it; that costs the gang it meets one placement, never a
+restart, and the offered port is outside the range, where the kernel finds one free.
 
 Agents of other installs on the machine (a second `astraeus up`, an agent per cluster) get
 their ports from servers that do not know each other's runs, and a rank 0 binds its port only
@@ -201,6 +211,33 @@ def release(held: list[socket.socket]) -> None:
     for sock in held:
         with contextlib.suppress(OSError):
             sock.close()
+
+
+# How long a port offered for a gang's next placement (its MASTER_PORT was taken) stays held.
+OFFER_SECONDS = 60.0
+# What a process says when the port it would listen on is taken: Linux's strerror (C, Python),
+# and libuv's (PyTorch's TCPStore: "... code: -98, name: EADDRINUSE, message: address already
+# in use").
+IN_USE = ("Address already in use", "address already in use", "EADDRINUSE")
+
+
+def in_use_said(text: str) -> bool:
+    return any(words in text for words in IN_USE)
+
+
+TCP_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+
+
+def listening(port: int, tables: tuple[Path, ...] = TCP_TABLES) -> set[int]:
+    """The user ids that listen on TCP ``port`` on this machine (any address)."""
+    owners: set[int] = set()
+    for table in tables:
+        with contextlib.suppress(OSError):
+            for line in table.read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 7 and fields[3] == "0A" and fields[1].endswith(f":{port:04X}"):
+                    owners.add(int(fields[7]))
+    return owners
 
 
 def port_taken_reason(port: int, machine: str) -> str:

@@ -55,6 +55,7 @@ class EndCause(StrEnum):
     NOT_STARTED = "not_started"  # it could not be started here (detail: why)
     STOPPED_BEFORE_START = "stopped_before_start"
     UNREADABLE = "unreadable"  # not run: it names a file its user may not read (detail: which)
+    PORT_TAKEN = "port_taken"  # its gang's MASTER_PORT is another program's (detail: the port)
 
 
 @dataclass
@@ -74,6 +75,8 @@ class Exit:
     # For UNREADABLE: the user it runs as, and the folder it may not enter ("": the file).
     uid: int | None = None
     blocked_at: str = ""
+    # For PORT_TAKEN: the port held for the gang's next placement here (agent/rendezvous.py).
+    offered_port: int | None = None
     # Its control group's process limit (pids.max), when the limit refused it a process or a
     # thread at least once: said with how it ended, whatever that was.
     pids_limit: int | None = None

@@ -123,6 +123,8 @@ class AgentState:
                 event.signal = exit.signal
             if exit.uid is not None:
                 event.uid, event.blocked_at = exit.uid, exit.blocked_at
+            if exit.offered_port is not None:
+                event.offered_port = exit.offered_port
             if exit.code is not None:
                 event.exit_code = exit.code
             if exit.pids_limit is not None:

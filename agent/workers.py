@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from agent import docker, prepare, rendezvous, uid_handover
 from agent import engine as engines
 from agent.executor import OOM_KILLED, EndCause, Exit, ProcessWorker
 from agent.logs import WorkerLog
+from agent.network import Network, gang_rendezvous
 from agent.state import AgentState, Worker
 
 log = logging.getLogger("astraeus.agent")
@@ -109,27 +112,79 @@ class WorkerKeeping(AgentState):
                 self._begin(worker)  # at the barrier: credentials and drives again
             log.info("took back worker %s (attempt %s)", worker.name, worker.attempt)
 
+    # --- the network: what its workloads reach (agent/network.py) -------------------------
+
+    @functools.cached_property
+    def network(self) -> Network:
+        """This agent's nftables table (started by ``Agent.run_forever``)."""
+        c = self.config
+        return Network(c.install, c.users.uids, c.server)
+
+    @functools.cached_property
+    def _resolved(self) -> dict[str, str]:
+        return {}  # MASTER_ADDR names (and the gangs' machines') as addresses
+
+    def _network_rules(self) -> None:
+        """The rules as the workers kept now need them, the machine's listeners looked at
+        again (also every network.REFRESH_SECONDS: agent/connection.py)."""
+        if not self.network.enforced:
+            return
+        kept = [(w.payload, self._uid_of(w)) for w in self.workers.values()]
+        self.network.update(gang_rendezvous(kept, self._resolved))
+
+    def _uid_of(self, worker: Worker) -> int | None:
+        with contextlib.suppress(LookupError, ValueError, AssertionError):
+            identity = self.config.users.of_worker(worker.payload)
+            return identity.uid if identity is not None else None
+        return None
+
     # --- rank 0's MASTER_PORT -------------------------------------------------------------
 
+    @functools.cached_property
+    def _offers(self) -> dict[int, tuple[rendezvous.Claim, float]]:
+        """Ports held for gangs whose MASTER_PORT was taken here: by port, with when the
+        hold ends (rendezvous.OFFER_SECONDS after it was offered)."""
+        return {}
+
     def _reserve_master_port(self, worker: Worker) -> bool:
-        """Rank 0 of a gang holds its MASTER_PORT until it starts; a port another program
-        holds ends the start, saying so (the next placement asks for another one)."""
+        """Rank 0 of a gang holds its MASTER_PORT until it starts. A port another program
+        holds ends the start as PORT_TAKEN (not the run's failure: issue 37 N3), with another
+        port held for the gang's next placement here (offered_port)."""
+        self._network_rules()
         environment = worker.payload.get("astraeus_environment") or {}
         if environment.get("RANK") != "0" or int(environment.get("WORLD_SIZE") or 1) < 2:
             return True
         port = int(environment.get("MASTER_PORT") or 0)
         if not port:
             return True
-        held = rendezvous.claim(port)
+        held = self._taken_offer(port) or rendezvous.claim(port)
         if held is None:
-            reason = rendezvous.port_taken_reason(port, self.config.machine)
-            self._ended_before_start(worker, Exit(None, EndCause.NOT_STARTED, detail=reason))
+            log.warning("MASTER_PORT %d of worker %s is held by another program", port, worker.name)
+            self._ended_before_start(worker, self._port_taken(port, None))
             return False
         self.reserved[worker.worker_id] = held
         return True
 
+    def _port_taken(self, port: int, code: int | None) -> Exit:
+        """The end of a rank 0 whose MASTER_PORT another program holds, with a port the kernel
+        picked held for the gang's next placement on this machine."""
+        for stale in [p for p, (_, until) in self._offers.items() if until < time.monotonic()]:
+            self._offers.pop(stale)[0].end()
+        offer = rendezvous.claim_free()
+        offered = None
+        if offer is not None:
+            self._offers[offer.port] = (offer, time.monotonic() + rendezvous.OFFER_SECONDS)
+            offered = offer.port
+        return Exit(code, EndCause.PORT_TAKEN, detail=str(port), offered_port=offered)
+
+    def _taken_offer(self, port: int) -> rendezvous.Claim | None:
+        """The port this agent offered, now given to a gang's rank 0 here."""
+        offered = self._offers.pop(port, None)
+        return offered[0] if offered is not None else None
+
     def _master_port_started(self, worker_id: int) -> None:
         """Its process binds the port now: the sockets go, the machine-wide claim stays."""
+        self._network_rules()
         held = self.reserved.get(worker_id)
         if held is not None:
             held.started()
@@ -138,6 +193,25 @@ class WorkerKeeping(AgentState):
         held = self.reserved.pop(worker_id, None)
         if held is not None:
             held.end()
+
+    def _rank_0_refused(self, worker: Worker, exit: Exit) -> Exit:
+        """A rank 0 whose process could not listen on its MASTER_PORT, which another user
+        holds (it exited saying the address is in use, while another user listened there):
+        PORT_TAKEN, as when the agent's own bind fails at its start."""
+        environment = worker.payload.get("astraeus_environment") or {}
+        if exit.cause != EndCause.EXITED or not exit.code or environment.get("RANK") != "0":
+            return exit
+        port = int(environment.get("MASTER_PORT") or 0)
+        if not port or int(environment.get("WORLD_SIZE") or 1) < 2:
+            return exit
+        if not rendezvous.in_use_said(worker.log.snapshot()):
+            return exit
+        owners = rendezvous.listening(port)
+        uid = self._uid_of(worker)
+        if not owners or (uid is not None and owners == {uid}):
+            return exit
+        log.warning("MASTER_PORT %d of worker %s was taken by user %s", port, worker.name, owners)
+        return self._port_taken(port, exit.code)
 
     # --- preparing: credentials and drives ------------------------------------------------
 
@@ -221,7 +295,7 @@ class WorkerKeeping(AgentState):
         self._keep(asyncio.create_task(self._until_exit(worker)))
 
     async def _until_exit(self, worker: Worker) -> None:
-        exit = await worker.wait()
+        exit = self._rank_0_refused(worker, await worker.wait())
         # Its follows end with it, a deleted or replaced one's too (they hold the object).
         worker.exited.set()
         if self.workers.get(worker.worker_id) is not worker:
@@ -260,3 +334,4 @@ class WorkerKeeping(AgentState):
         worker.release()
         if self.workers.get(worker.worker_id) is worker:
             del self.workers[worker.worker_id]
+        self._network_rules()
