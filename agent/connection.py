@@ -106,8 +106,12 @@ class Agent(CommandHandling, LogReplies):
     async def _network_forever(self) -> None:
         """The rules brought up to date with the workers taken back and the machine's
         listeners, every network.REFRESH_SECONDS."""
+        looks = 0
         while self.network.enforced:
             self._network_rules()
+            looks += 1
+            if looks % network.SWEEP_EVERY == 0:
+                await asyncio.to_thread(network.sweep)  # agents killed since
             await asyncio.sleep(network.REFRESH_SECONDS)
 
     def _hello(self) -> agent_pb2.AgentMessage:

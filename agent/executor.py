@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import cgroups, prepare, sandbox, shim
+from agent import cgroups, network, prepare, sandbox, shim
 from agent.identity import Identity, WorkloadUsers, base_environment, workload_dir
 from agent.logs import WorkerLog
 
@@ -336,7 +336,9 @@ class ProcessWorker:
 
 def end_left_workers(data_dir: Path) -> None:
     """Kill every worker (and its shim) an agent left running in ``data_dir``: workers outlive
-    their agent by design, so taking a machine out of service (or a test) ends them here."""
+    their agent by design, so taking a machine out of service (or a test) ends them here. The
+    network rules of an agent killed before it could delete them go too (agent/network.py)."""
+    network.sweep()
     data_dir = workload_dir(data_dir, WorkloadUsers())
     for spec_file in data_dir.glob(f"workers/*/{shim.SPEC}"):
         with contextlib.suppress(OSError, ValueError):

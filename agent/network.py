@@ -28,9 +28,16 @@ and atomically on every change, and deletes as it stops. Its rules:
 
 Nothing else is touched: the machine's own users, its services and other installs' workloads
 pass as before (a run whose spec names a user of the machine, --allow-user, runs as that user
-and is not filtered). Where nft cannot be used (not root, no nftables, a kernel without it)
-the agent says so in its log and ``enforced`` is False; the machine's isolation report shows
-it. UDP is not filtered (no control-plane service of ours speaks it).
+and is not filtered). Where nft cannot be used (not root, no nftables, a kernel without it,
+another executor than processes) the agent says so in its log and ``enforced`` is False
+(``why_not`` says why), for the machine's isolation report. UDP is not filtered (no
+control-plane service of ours speaks it), nor Unix sockets (PostgreSQL's in /run/postgresql):
+those are the file system's.
+
+A table whose agent was killed (SIGKILL: no chance to delete it) would go on matching user ids
+that later workloads get: the agent names each table's owner (OWNERS), and every agent deletes
+the tables of owners that are gone as it starts, every minute, and when `astraeus up` or a
+test ends the workers an agent left (agent/executor.py, end_left_workers).
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ LISTEN = "0A"
 # Which agent keeps each table: a file per table naming the agent's pid. A table whose agent
 # is gone (killed before it could delete it) is deleted by the next agent that starts here.
 OWNERS = Path("/run/astraeus/network")
+SWEEP_EVERY = 30  # refreshes between two sweeps of such tables (a minute)
 
 
 @dataclass(frozen=True)
