@@ -129,6 +129,7 @@ LONGEST = (  # the module times of a fresh clone's `.ci/run` (2026-12-04, 6 lane
     "tests/e2e/test_up_crash.py",  # 171 s: `up` killed, a whole minute away, started again
     "tests/workloads/test_server_away.py",  # 161 s
     "tests/workloads/test_queue.py",  # 158 s: an empty pool, a restart's wait, DDP gangs
+    "tests/workloads/test_network.py",  # 177 s here: a gang scanned, the range squatted (N3)
     "tests/e2e/test_agent_process.py",  # 123 s
     "tests/slurm/test_submit.py",  # 123 s: DDP gangs as Slurm jobs
     "tests/slurm/test_import.py",  # 118 s: a real Slurm, every wait for sacct
