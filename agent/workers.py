@@ -127,6 +127,7 @@ class WorkerKeeping(AgentState):
     def _network_rules(self) -> None:
         """The rules as the workers kept now need them, the machine's listeners looked at
         again (also every network.REFRESH_SECONDS: agent/connection.py)."""
+        self._expire_offers()
         if not self.network.enforced:
             return
         kept = [(w.payload, self._uid_of(w)) for w in self.workers.values()]
@@ -168,14 +169,18 @@ class WorkerKeeping(AgentState):
     def _port_taken(self, port: int, code: int | None) -> Exit:
         """The end of a rank 0 whose MASTER_PORT another program holds, with a port the kernel
         picked held for the gang's next placement on this machine."""
-        for stale in [p for p, (_, until) in self._offers.items() if until < time.monotonic()]:
-            self._offers.pop(stale)[0].end()
+        self._expire_offers()
         offer = rendezvous.claim_free()
         offered = None
         if offer is not None:
             self._offers[offer.port] = (offer, time.monotonic() + rendezvous.OFFER_SECONDS)
             offered = offer.port
         return Exit(code, EndCause.PORT_TAKEN, detail=str(port), offered_port=offered)
+
+    def _expire_offers(self) -> None:
+        """Ports offered that no gang came back for in time are let go."""
+        for stale in [p for p, (_, until) in self._offers.items() if until < time.monotonic()]:
+            self._offers.pop(stale)[0].end()
 
     def _taken_offer(self, port: int) -> rendezvous.Claim | None:
         """The port this agent offered, now given to a gang's rank 0 here."""
