@@ -11,7 +11,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -230,3 +232,59 @@ def test_a_rank_0_whose_port_was_stolen_after_its_release_is_port_taken(tmp_path
         with contextlib.suppress(ProcessLookupError, ChildProcessError):
             os.kill(squatter, signal.SIGKILL)
             os.waitpid(squatter, 0)
+
+
+@contextlib.contextmanager
+def another_machine(name: str, host: str, other: str) -> Iterator[list[str]]:
+    """A machine at ``other`` that reaches this one at ``host``: a network namespace of its own
+    on a veth pair (no address outside this machine); the command prefix that runs in it."""
+    ip = shutil.which("ip")
+    if ip is None:
+        pytest.skip("iproute2's ip is not installed")
+    outside, inside = f"{name}o", f"{name}i"
+    steps = [
+        ["netns", "add", name],
+        ["link", "add", outside, "type", "veth", "peer", "name", inside],
+        ["link", "set", inside, "netns", name],
+        ["addr", "add", f"{host}/30", "dev", outside],
+        ["link", "set", outside, "up"],
+        ["-n", name, "addr", "add", f"{other}/30", "dev", inside],
+        ["-n", name, "link", "set", inside, "up"],
+    ]
+    try:
+        for step in steps:
+            subprocess.run([ip, *step], check=True, capture_output=True)
+        yield [ip, "netns", "exec", name]
+    finally:
+        subprocess.run([ip, "link", "del", outside], capture_output=True)
+        subprocess.run([ip, "netns", "del", name], capture_output=True)
+
+
+def connects_from(prefix: list[str], address: str, port: int) -> bool:
+    code = f"import socket; socket.create_connection(({address!r}, {port}), timeout=5).close()"
+    return (
+        subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True).returncode == 0
+    )
+
+
+@needs_nft
+def test_only_the_gangs_machines_reach_its_master_port_from_outside() -> None:
+    # issue 37 N4 across machines: rank 0's machine lets only the gang's machines' addresses in
+    name = "astx" + os.urandom(3).hex()
+    host, other = "10.231.7.1", "10.231.7.2"
+    with another_machine(name, host, other) as there, socket.socket() as rank0:
+        rank0.bind(("0.0.0.0", 0))
+        rank0.listen(8)
+        port = rank0.getsockname()[1]
+        rules = Network("test" + os.urandom(4).hex(), (3592300, 3592309))
+        assert rules.start()
+        try:
+            assert connects_from(there, host, port)  # no gang here yet: as before
+            theirs = Rendezvous(port, frozenset({3592301}), here=True, peers=(host,))
+            rules.update([theirs])
+            assert not connects_from(there, host, port)  # not a machine of the gang
+            ours = Rendezvous(port, frozenset({3592301}), here=True, peers=(host, other))
+            rules.update([ours])
+            assert connects_from(there, host, port)  # one of its machines
+        finally:
+            rules.stop()
