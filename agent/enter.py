@@ -32,9 +32,10 @@ there) are bound back at their paths, and its links at mount paths made again. A
 agent asked for that cannot be made ends the start (126): the agent asks only for what its
 probe of the machine found (``probe``, below) and says what it does not enforce.
 
-Not a pid namespace: its process would be the namespace's init, which ignores the SIGTERM of
-the agent's stop unless it handles it, reaps every orphan, and takes all its processes with
-it when it ends; hidepid gives the same view with none of that.
+Not a pid namespace: its first process would be the namespace's init, which ignores the
+SIGTERM of the agent's stop unless it handles it and must reap every orphan (a container needs
+an init for it, --init); hidepid gives the workload the same view of /proc, while the agent's
+stop, the signals and the exit codes the shim reports stay as they are.
 
 Before it execs, it looks, as the workload's user, at the files the command names (an argument
 that is a path to something that exists, as root sees it; the working folder): one its user may
