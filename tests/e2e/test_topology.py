@@ -31,6 +31,7 @@ import pytest
 
 from tests.e2e.live import free_port
 from tests.e2e.services import MISSING, PrivatePostgres, PrivateRedis
+from tests.support.graphql_attacks import ATTACKS, HEALTHZ_S, SENDERS, attack
 from tests.support.hostile_log import HOSTILE_LOG, HOSTILE_SHOWN, HOSTILE_WRITTEN
 from tests.support.http import HTTP
 
@@ -255,6 +256,23 @@ def test_a_workloads_escape_sequences_reach_no_terminal(topology: Topology) -> N
         [ASTRA, "astraeus", "logs", "escapes-0"], env=env, capture_output=True, text=True
     )
     assert (printed.returncode, printed.stdout) == (0, HOSTILE_SHOWN)
+
+
+def test_documents_costly_in_their_expansion_stall_no_replica(topology: Topology) -> None:
+    # issue 37 N1 on this topology: the fragment fan-out and its variants, ten at a time,
+    # without a token and with one, refused while both replicas' /healthz answer within 1 s
+    # (the megabyte of commas is past this topology's body limit: refused unread, 413)
+    t = topology
+    documents = {name: query for name, (query, _) in ATTACKS.items() if len(query) < 2**20}
+    for token in (None, t.admin):
+        for url in t.apis:
+            measured = attack(url, token, documents)
+            assert len(measured.answers) == SENDERS * len(documents)
+            for name, status, body in measured.answers:
+                assert status == 200 and body.get("data") is None, (name, body)
+                wanted = "A valid API token is required" if token is None else ATTACKS[name][1]
+                assert wanted in body["errors"][0]["message"], (name, body)
+            assert max(measured.healthz) < HEALTHZ_S, sorted(measured.healthz)[-5:]
 
 
 def ticks_until(t: Topology, done: Any, seconds: float = 150) -> dict[str, Any]:
