@@ -213,3 +213,13 @@ async def test_a_document_not_checked_within_the_deadline_is_refused(
     monkeypatch.undo()
     await schema.execute(heaviest)
     assert guards._checked[(heaviest, tuple(specified_rules))][1] == []
+
+
+async def test_a_body_nested_past_the_recursion_limit_is_a_400(client: httpx.AsyncClient) -> None:
+    # issue 37 N1: 5 000 nested lists in the variables were a 500 and a traceback, unread
+    nested = "[" * 5000 + "]" * 5000
+    body = '{"query": "{ viewer { user } }", "variables": {"w": ' + nested + "}}"
+    answer = await client.post(
+        "/graphql", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert (answer.status_code, answer.text) == (400, "Unable to parse request body as JSON")
