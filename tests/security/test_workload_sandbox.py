@@ -193,7 +193,7 @@ def test_a_second_install_whose_user_ids_overlap_is_refused(
     one_uid: Machine, tmp_path: Path
 ) -> None:
     # issue 37 N9
-    overlapping = f"{one_uid.uid - 3}-{one_uid.uid + 3}"
+    overlapping = f"{one_uid.uid}-{one_uid.uid + 3}"  # all of the range the test holds
     second = AgentProcess(
         one_uid.server, "second", tmp_path / "second", extra=["--workload-uids", overlapping]
     )

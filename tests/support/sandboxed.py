@@ -31,8 +31,10 @@ def move_temp_out_of_tmp() -> None:
     if os.geteuid() != 0:
         return
     TEMP_ROOT.mkdir(mode=0o711, exist_ok=True)
-    os.environ["PYTEST_DEBUG_TEMPROOT"] = str(TEMP_ROOT)
-    os.environ["TMPDIR"] = str(TEMP_ROOT)
+    for variable in ("PYTEST_DEBUG_TEMPROOT", "TMPDIR"):
+        given = os.environ.get(variable, "/tmp")
+        if any(Path(given).is_relative_to(top) for top in ("/tmp", "/var/tmp")):
+            os.environ[variable] = str(TEMP_ROOT)  # else the caller's own choice, kept
     tempfile.tempdir = None  # looked up again, from TMPDIR
 
 
