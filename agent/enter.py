@@ -27,10 +27,13 @@ file systems that end with it), a /proc of its own mounted ``hidepid=invisible``
 since Linux 5.8: the machine's /proc is untouched), where it sees only its own user's
 processes (each worker runs as a user of its own), and an IPC namespace of its own (System V
 shared memory, semaphores and message queues). Folders it needs that lie under /tmp or
-/var/tmp (its own folder, its drives, the command's own, on a machine whose data folder is
-there) are bound back at their paths, and its links at mount paths made again. A part the
-agent asked for that cannot be made ends the start (126): the agent asks only for what its
-probe of the machine found (``probe``, below) and says what it does not enforce.
+/var/tmp (its own folder, its drives, on a machine whose data folder is there; the entry of
+/tmp that holds a script the command names, its working folder or a folder of its PYTHONPATH)
+are bound back at their paths, and its links at mount paths made again. The machine's
+services' Unix sockets that anyone may connect to (PostgreSQL's, which trusts local users on
+many machines) are covered by /dev/null: nftables sees no Unix socket. A part the agent asked
+for that cannot be made ends the start (126): the agent asks only for what its probe of the
+machine found (``probe``, below) and says what it does not enforce.
 
 Not a pid namespace: its first process would be the namespace's init, which ignores the
 SIGTERM of the agent's stop unless it handles it and must reap every orphan (a container needs
@@ -49,6 +52,7 @@ import contextlib
 import ctypes
 import json
 import os
+import stat
 import sys
 from typing import Any
 
@@ -92,6 +96,50 @@ def _held_open(folder: str) -> int:
     return os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
+def named_in_shared_tmp(paths: list[str], env: dict[str, str]) -> list[str]:
+    """The entries of the machine's /tmp or /var/tmp that hold what the command names (its
+    script, its working folder, the folders of its PYTHONPATH), as root sees them: bound back
+    in its sandbox, so that ``python /tmp/repo/train.py`` runs as it did, its neighbours
+    importable; the rest of the machine's /tmp stays out of its sight."""
+    pythonpath = [p for p in (env.get("PYTHONPATH") or "").split(":") if p.startswith("/")]
+    found: list[str] = []
+    for path in [*paths, *(p for p in pythonpath if os.path.exists(p))]:
+        real = os.path.realpath(path)
+        for top in SHARED_TMP:
+            if real.startswith(top + "/"):
+                entry = os.path.join(top, real[len(top) + 1 :].split("/")[0])
+                if entry not in found:
+                    found.append(entry)
+    return found
+
+
+def control_plane_sockets(own_uid: int | None) -> list[str]:
+    """The machine's Unix sockets that any user may connect to and that a service user owns
+    (neither root nor the workload): PostgreSQL's /run/postgresql/.s.PGSQL.5432, which trusts
+    local connections on many machines (its superuser to anyone), MariaDB's, Redis'. Each is
+    covered in the sandbox by /dev/null (a connection is refused): nftables sees no Unix socket.
+    Root's own (the system's logger, its bus) stay; a socket in an abstract name (no path) is
+    not covered (see the README)."""
+    try:
+        with open("/proc/net/unix") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return []
+    found: list[str] = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 8 or not fields[7].startswith("/") or fields[7] in found:
+            continue
+        try:
+            st = os.lstat(fields[7])
+        except OSError:
+            continue  # in another mount namespace, or gone
+        service = st.st_uid not in (0, own_uid)
+        if stat.S_ISSOCK(st.st_mode) and service and st.st_mode & 0o002:
+            found.append(fields[7])
+    return found
+
+
 def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top + "/")
 
@@ -119,14 +167,18 @@ def _sandbox(libc: ctypes.CDLL, sandbox: dict[str, Any]) -> None:
     kept = []
     for path in sandbox.get("keep") or []:
         with contextlib.suppress(OSError):
-            kept.append((path, _held_open(path)))
+            kept.append((path, os.open(path, os.O_PATH | os.O_CLOEXEC)))
     private = MS_NOSUID | MS_NODEV
     for top, fd in zip(SHARED_TMP, own, strict=True):
         if os.path.isdir(top):
             mount(f"/proc/self/fd/{fd}", top, None, MS_BIND, "")
             mount(None, top, None, MS_REMOUNT | MS_BIND | private, "")
     for path, fd in kept:
-        os.makedirs(path, mode=0o755, exist_ok=True)
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        else:  # a script directly in /tmp: bound onto an empty file of its name
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, "")
     for fd in own + [fd for _, fd in kept]:
         os.close(fd)
@@ -140,6 +192,9 @@ def _sandbox(libc: ctypes.CDLL, sandbox: dict[str, Any]) -> None:
         mount("tmpfs", "/run/lock", "tmpfs", private | MS_NOEXEC, size)
     if os.path.ismount("/dev/mqueue"):  # the new IPC namespace's queues
         mount("mqueue", "/dev/mqueue", "mqueue", private | MS_NOEXEC, "")
+    for socket_path in sandbox.get("hidden_sockets") or []:
+        with contextlib.suppress(OSError):  # gone since it was listed
+            mount("/dev/null", socket_path, None, MS_BIND, "")
     if sandbox.get("hide_processes"):
         mount("proc", "/proc", "proc", private | MS_NOEXEC, "hidepid=invisible")
 
@@ -276,7 +331,13 @@ def main() -> int:
         for procs in spec.get("cgroup_procs") or []:
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
-        _namespaces(spec.get("read_only") or [], spec.get("sandbox"))
+        sandbox = spec.get("sandbox")
+        if sandbox:
+            named = named_in_shared_tmp(paths, spec["env"])
+            sandbox["keep"] = list(dict.fromkeys([*(sandbox.get("keep") or []), *named]))
+            own_uid = (spec.get("identity") or {}).get("uid")
+            sandbox["hidden_sockets"] = control_plane_sockets(own_uid)
+        _namespaces(spec.get("read_only") or [], sandbox)
         # Opened while root (the folder is the agent's), written as the workload's user; never
         # the workload's own: closed at exec.
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC

@@ -248,3 +248,72 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+# Connects to each Unix socket it is given; what happened, a line each.
+CONNECT = r"""
+import socket, sys
+for path in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        print("connected", path, flush=True)
+    except OSError as error:
+        print("refused", path, error.strerror, flush=True)
+"""
+
+
+@as_root
+def test_a_workload_reaches_no_service_through_its_unix_socket(two_workspaces: Machine) -> None:
+    # issue 37 N4: PostgreSQL trusts local connections on this machine (its superuser to any
+    # user who reaches /run/postgresql); nftables sees no Unix socket.
+    sockets = [
+        path
+        for path in ("/run/postgresql/.s.PGSQL.5432", "/run/mysqld/mysqld.sock")
+        if Path(path).is_socket()
+    ]
+    if not sockets:
+        pytest.skip("neither PostgreSQL's nor MariaDB's socket is on this machine")
+    for path in sockets:  # the attack would work: anyone may connect
+        assert Path(path).stat().st_mode & 0o002
+    team_b = two_workspaces.team_b
+    team_b.submit("socket-probe", CONNECT, *sockets)
+    assert team_b.ended("socket-probe")["status"] == "Completed"
+    said = team_b.log("socket-probe")
+    assert [line.split()[:2] for line in said] == [["refused", path] for path in sockets]
+
+
+@as_root
+def test_a_command_in_the_machines_tmp_runs_with_its_neighbours(two_workspaces: Machine) -> None:
+    # What the command names under the machine's /tmp is bound back into the worker's own
+    # /tmp: its folder (a neighbour it imports) and nothing else of the machine's /tmp.
+    named = Path(f"/tmp/astraeus-test-named-{os.getpid()}")
+    other = Path(f"/tmp/astraeus-test-other-{os.getpid()}")
+    for folder in (named, other):
+        folder.mkdir(mode=0o755, exist_ok=True)
+    (named / "neighbour.py").write_text("WORD = 'neighbour imported'\n")
+    (named / "train.py").write_text(
+        "import os, neighbour\n"
+        "print(neighbour.WORD, flush=True)\n"
+        f"print('other seen' if os.path.exists({str(other)!r}) else 'other unseen', flush=True)\n"
+    )
+    (other / "theirs").write_text("a machine user's file\n")
+    try:
+        default = two_workspaces.default
+        created = default.graphql(
+            "mutation($s: JSON!) { createRun(spec: $s) { errors { message } } }",
+            s={
+                "name": "from-tmp",
+                "gpus": 1,
+                "restart_policy": "never",
+                "command": [WORKLOAD_PYTHON, str(named / "train.py")],
+            },
+        )
+        assert created["createRun"]["errors"] == []
+        assert default.ended("from-tmp")["status"] == "Completed"
+        assert default.log("from-tmp") == ["neighbour imported", "other unseen"]
+    finally:
+        for folder in (named, other):
+            for file in folder.iterdir():
+                file.unlink()
+            folder.rmdir()
