@@ -24,6 +24,7 @@ from agent.identity import WorkloadUsers
 from agent.logs import WorkerLog
 from agent.network import Network, Rendezvous, control_plane, gang_rendezvous, ruleset
 from tests.support.agents import unconnected_agent
+from tests.support.sandboxed import connects_as, process_uids
 
 UIDS = (2000000, 2065535)
 WORKLOADS = "meta skuid 2000000-2065535"
@@ -117,6 +118,11 @@ def test_the_users_listening_on_a_port() -> None:
     assert rendezvous.listening(port) == set()
 
 
+# User ids of this test process's own range (tests/support/sandboxed.py): another lane's agent
+# gives out none of them, and its rules touch none of them; NOBODY runs no workload anywhere.
+OURS = process_uids()[0]
+NOBODY = 65534
+
 needs_nft = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("nft") is None,
     reason="the rules are applied as root with nftables (apt-get install nftables)",
@@ -124,25 +130,14 @@ needs_nft = pytest.mark.skipif(
 
 
 def connects(port: int, uid: int) -> bool:
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.setgid(uid)
-            os.setuid(uid)
-            with socket.create_connection(("127.0.0.1", port), timeout=5):
-                code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+    return connects_as(uid, port)
 
 
 @needs_nft
 def test_the_rules_refuse_its_workloads_alone_and_go_with_the_agent(tmp_path: Path) -> None:
     # a service of the machine's (root's, here) on a port of its own; the agent's range is a
     # test's own, far from any other agent's
-    uids = (3592000, 3592009)
+    uids = (OURS, OURS + 9)
     with socket.socket() as service:
         service.bind(("127.0.0.1", 0))
         service.listen(8)
@@ -151,21 +146,21 @@ def test_the_rules_refuse_its_workloads_alone_and_go_with_the_agent(tmp_path: Pa
         assert rules.start() and rules.enforced
         try:
             rules.update([])
-            assert not connects(port, 3592003)  # a workload: refused
-            assert connects(port, 3593000)  # anyone else: as before
+            assert not connects(port, OURS + 3)  # a workload: refused
+            assert connects(port, NOBODY)  # anyone else: as before
             listed = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True)
             assert f"table inet {rules.table}" in listed.stdout
         finally:
             rules.stop()
         listed = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True)
         assert rules.table not in listed.stdout  # gone with it
-        assert connects(port, 3592003)
+        assert connects(port, OURS + 3)
 
 
 @needs_nft
 def test_a_dead_agents_table_is_swept_by_the_next(tmp_path: Path) -> None:
     table = network.table_name("dead" + os.urandom(4).hex())
-    subprocess.run(["nft", "-f", "-"], input=ruleset(table, (3592010, 3592019), []), text=True)
+    subprocess.run(["nft", "-f", "-"], input=ruleset(table, (OURS + 10, OURS + 19), []), text=True)
     owners = tmp_path / "owners"
     owners.mkdir()
     (owners / table).write_text(f"{2**22 + 7}\n")  # beyond pid_max: no such process
@@ -199,13 +194,15 @@ def squatted_by(uid: int) -> tuple[int, int]:
 def test_a_rank_0_whose_port_was_stolen_after_its_release_is_port_taken(tmp_path: Path) -> None:
     # issue 37 N3: between the agent letting its hold go and PyTorch's TCPStore binding the
     # port, another workload took it; rank 0 exited saying so: not the run's failure
-    port, squatter = squatted_by(3592100)
+    port, squatter = squatted_by(OURS + 100)
     try:
-        agent = unconnected_agent(tmp_path / "data", users=WorkloadUsers(uids=(3592200, 3592209)))
+        agent = unconnected_agent(
+            tmp_path / "data", users=WorkloadUsers(uids=(OURS + 200, OURS + 209))
+        )
         payload = {
             "worker": "ddp-0",
             "workspace_id": 1,
-            "uid": 3592201,
+            "uid": OURS + 201,
             "astraeus_environment": {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": str(port)},
         }
         worker = ProcessWorker(7, payload, WorkerLog(tmp_path / "logs", "7"), tmp_path / "7")
@@ -276,14 +273,14 @@ def test_only_the_gangs_machines_reach_its_master_port_from_outside() -> None:
         rank0.bind(("0.0.0.0", 0))
         rank0.listen(8)
         port = rank0.getsockname()[1]
-        rules = Network("test" + os.urandom(4).hex(), (3592300, 3592309))
+        rules = Network("test" + os.urandom(4).hex(), (OURS + 300, OURS + 309))
         assert rules.start()
         try:
             assert connects_from(there, host, port)  # no gang here yet: as before
-            theirs = Rendezvous(port, frozenset({3592301}), here=True, peers=(host,))
+            theirs = Rendezvous(port, frozenset({OURS + 301}), here=True, peers=(host,))
             rules.update([theirs])
             assert not connects_from(there, host, port)  # not a machine of the gang
-            ours = Rendezvous(port, frozenset({3592301}), here=True, peers=(host, other))
+            ours = Rendezvous(port, frozenset({OURS + 301}), here=True, peers=(host, other))
             rules.update([ours])
             assert connects_from(there, host, port)  # one of its machines
         finally:

@@ -11,8 +11,7 @@ machine's (N5); and a second install's agent ran its workloads as the same users
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from tests.e2e.live import AgentProcess, Api, Server, serving
 from tests.support import WORKLOAD_PYTHON
 from tests.support.sandboxed import uid_range, workload_uids
+from tests.support.waiting import wait_for
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="an agent as root sandboxes its workers")
 PIDS_MAX = 64
@@ -101,13 +101,6 @@ class Member(Api):
 
     def log(self, name: str) -> list[str]:
         return str(self.get(f"/tasks/{name}-0/logs?tail=500").get("logs", "")).splitlines()
-
-
-def wait_for(what: str, check: Callable[[], bool], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"waited {seconds}s for {what}"
-        time.sleep(0.3)
 
 
 @dataclass

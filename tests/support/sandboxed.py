@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import os
 import random
+import socket
 import tempfile
 import weakref
 from pathlib import Path
@@ -77,3 +78,20 @@ def process_uids() -> tuple[int, int]:
     if not _MINE:
         _MINE.append(uid_range(workload_uids()))
     return _MINE[0]
+
+
+def connects_as(uid: int, port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a process of user ``uid`` (and its group of the same number) reaches
+    ``host:port``: the machine's network rules match a connection by its user."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.create_connection((host, port), timeout=5):
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from agent import network
+from tests.support.sandboxed import connects_as
 from tests.workloads.conftest import Workloads
 from tests.workloads.ledger import Api, check_ledger, counted, spec, wait_ended
 
@@ -116,18 +117,7 @@ def wait_for_line(api: Api, worker: str, words: str, seconds: float = 180) -> st
 
 def reachable(port: int, uid: int) -> bool:
     """Whether a user of the machine that runs no workload (``uid``) reaches 127.0.0.1:port."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.setgid(uid)
-            os.setuid(uid)
-            with socket.create_connection(("127.0.0.1", port), timeout=5):
-                code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+    return connects_as(uid, port)
 
 
 def master_range(api: Api) -> tuple[int, int]:
