@@ -201,7 +201,7 @@ export type ClusterLimitsQuery = { quotas: Array<{ workspace: string, cluster: s
 export type MachinesQueryVariables = Exact<{ [key: string]: never; }>;
 
 
-export type MachinesQuery = { machines: Array<{ name: string, cluster: string, pool: string | null, state: string, reason: string, cpuCores: number, memoryBytes: number, gpus: number, unhealthyGpus: number, lastSeenAt: string | null }>, pools: Array<{ name: string, cluster: string, machines: number, gpus: number, unhealthyGpus: number }> };
+export type MachinesQuery = { machines: Array<{ name: string, cluster: string, pool: string | null, state: string, reason: string, cpuCores: number, memoryBytes: number, gpus: number, unhealthyGpus: number, lastSeenAt: string | null, isolation: string, isolationNotEnforced: Array<string> }>, pools: Array<{ name: string, cluster: string, machines: number, gpus: number, unhealthyGpus: number }> };
 
 export type MetricRangeQueryVariables = Exact<{
   metric: string;

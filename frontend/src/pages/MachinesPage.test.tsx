@@ -74,6 +74,22 @@ function answering() {
                 gpus: 8,
                 unhealthyGpus: 0,
                 lastSeenAt: null,
+                isolation: "Enforced: its own unprivileged user, a private /tmp and /var/tmp",
+                isolationNotEnforced: [],
+              },
+              {
+                name: "laptop",
+                cluster: "local",
+                pool: null,
+                state: "ready",
+                reason: "",
+                cpuCores: 8,
+                memoryBytes: 16 * 2 ** 30,
+                gpus: 1,
+                unhealthyGpus: 0,
+                lastSeenAt: null,
+                isolation: "Nothing enforced. Not enforced: its own unprivileged user, a private /tmp and /var/tmp",
+                isolationNotEnforced: ["unprivileged_user", "private_tmp"],
               },
             ],
             pools: [],
@@ -111,6 +127,16 @@ describe("MachinesPage", () => {
     expect(within(costly).queryByRole("row", { name: /gpu-08/ })).toBeNull();
   });
 
+  it("says which machines do not keep their workloads apart, and what they do not enforce (issue 37)", async () => {
+    answering();
+    renderWithData(<MachinesPage />);
+    const section = await screen.findByRole("region", { name: "Workload isolation not enforced" });
+    const items = within(section).getAllByRole("listitem");
+    expect(items.map((item) => item.textContent)).toEqual([
+      "laptop: Nothing enforced. Not enforced: its own unprivileged user, a private /tmp and /var/tmp",
+    ]);
+  });
+
   it("shows the refusal when the limits are refused", async () => {
     vi.stubGlobal(
       "fetch",
@@ -127,7 +153,7 @@ describe("MachinesPage", () => {
                 },
               ],
             }
-          : { data: { machines: [{ name: "gpu-07", cluster: "local", pool: null, state: "ready", reason: "", cpuCores: 8, memoryBytes: 2 ** 30, gpus: 1, unhealthyGpus: 0, lastSeenAt: null }], pools: [] } };
+          : { data: { machines: [{ name: "gpu-07", cluster: "local", pool: null, state: "ready", reason: "", cpuCores: 8, memoryBytes: 2 ** 30, gpus: 1, unhealthyGpus: 0, lastSeenAt: null, isolation: "Enforced: everything", isolationNotEnforced: [] }], pools: [] } };
         return new Response(JSON.stringify(body), { status: 200 });
       }),
     );

@@ -52,7 +52,7 @@ export function ClusterLimits({ cluster }: { cluster: string }) {
   );
 }
 
-const QUERY = /* GraphQL */ `query Machines { machines { name cluster pool state reason cpuCores memoryBytes gpus unhealthyGpus lastSeenAt }
+const QUERY = /* GraphQL */ `query Machines { machines { name cluster pool state reason cpuCores memoryBytes gpus unhealthyGpus lastSeenAt isolation isolationNotEnforced }
   pools { name cluster machines gpus unhealthyGpus } }`;
 
 export function MachinesPage() {
@@ -89,6 +89,7 @@ export function MachinesPage() {
           </tbody>
         </table>
       )}
+      {found.data && <Unenforced machines={found.data.machines} />}
       {found.data && found.data.machines.length > 0 && <CostlyMachines />}
       {found.data && found.data.pools.length > 0 && (
         <>
@@ -112,5 +113,25 @@ export function MachinesPage() {
       {found.data &&
         [...new Set(found.data.machines.map((m) => m.cluster))].sort().map((c) => <ClusterLimits key={c} cluster={c} />)}
     </main>
+  );
+}
+
+// What a machine's workloads are not kept from (issue 37): its agent tries each part of the
+// sandbox as it starts and says what the kernel gave; a machine that enforces every part is not
+// listed (as `astra astraeus machines` prints it).
+function Unenforced({ machines }: { machines: MachinesQuery["machines"] }) {
+  const weak = machines.filter((m) => m.isolationNotEnforced.length > 0);
+  if (weak.length === 0) return null;
+  return (
+    <section aria-labelledby="isolation-title">
+      <h2 id="isolation-title">Workload isolation not enforced</h2>
+      <ul>
+        {weak.map((m) => (
+          <li key={`${m.cluster}/${m.name}`} data-isolation={m.name}>
+            <strong>{m.name}</strong>: {m.isolation}
+          </li>
+        ))}
+      </ul>
+    </section>
   );
 }
