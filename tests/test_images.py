@@ -35,6 +35,7 @@ import pytest
 from tests.e2e.live import end_agent, free_port
 from tests.e2e.services import MISSING, PrivatePostgres, PrivateRedis
 from tests.support.http import HTTP
+from tests.support.sandboxed import workload_uids
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where the console stage's build lands, and what the checkout builds it into (`make console`).
@@ -391,6 +392,8 @@ def test_the_compose_topology_runs_from_the_images_files(deployment: Deployment)
         "--server", f"127.0.0.1:{agent_port}", "--token-file", str(token), "--name", "gpu-01",
         "--pool", "default", "--data-dir", str(d.root / "agent-data"), "--simulate-gpus", "1",
         "--heartbeat", "1", "--sample", "1",
+        # user ids of its own: another lane's agent may hold the default range (issue 37 N9)
+        "--workload-uids", workload_uids(),
         ASTRAEUS_AGENT_EXECUTOR="process",
     )  # fmt: skip
     headers = {"Authorization": f"Bearer {admin.group(1)}"}

@@ -34,6 +34,7 @@ from tests.e2e.services import MISSING, PrivatePostgres, PrivateRedis
 from tests.support.graphql_attacks import ATTACKS, HEALTHZ_S, SENDERS, attack
 from tests.support.hostile_log import HOSTILE_LOG, HOSTILE_SHOWN, HOSTILE_WRITTEN
 from tests.support.http import HTTP
+from tests.support.sandboxed import workload_uids
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 ASTRA = str(Path(sys.executable).parent / "astra")
@@ -179,6 +180,8 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
             "1",
             "--sample",
             "1",
+            "--workload-uids",  # its own: another lane's agent may hold the default range
+            workload_uids(),
         )
         yield t
     finally:
@@ -256,6 +259,60 @@ def test_a_workloads_escape_sequences_reach_no_terminal(topology: Topology) -> N
         [ASTRA, "astraeus", "logs", "escapes-0"], env=env, capture_output=True, text=True
     )
     assert (printed.returncode, printed.stdout) == (0, HOSTILE_SHOWN)
+
+
+# A workload that tries the control plane's ports on loopback (PostgreSQL, Redis, both API
+# replicas and their agent endpoints), then looks for other processes and the machine's /tmp.
+PROBE = """\
+import os, socket, sys
+for port in sys.argv[1:]:
+    try:
+        socket.create_connection(("127.0.0.1", int(port)), timeout=5).close()
+        print("reached", port, flush=True)
+    except OSError:
+        print("refused", port, flush=True)
+mine = os.getuid()
+others = set()
+for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    try:
+        others |= {os.stat(f"/proc/{pid}").st_uid} - {mine}
+    except OSError:
+        pass
+print("other users' processes", len(others), flush=True)
+print("in /tmp", sorted(os.listdir("/tmp")), flush=True)
+"""
+
+
+def test_a_workload_reaches_no_service_of_the_control_plane_and_sees_no_process(
+    topology: Topology,
+) -> None:
+    # issue 37 N4, N6, N2 on this topology: its PostgreSQL, Redis, API replicas and agent
+    # endpoints all listen on this machine's loopback, where its workloads run
+    t = topology
+    ports = [t.postgres.port, t.redis.port] + [int(u.rsplit(":", 1)[1]) for u in t.apis]
+    ports += t.agent_ports
+    created = t.graphql(
+        1,
+        "mutation($s: JSON!) { createRun(spec: $s) { run { name } errors { message } } }",
+        s={
+            "name": "probe",
+            "restart_policy": "never",
+            "command": ["python3", "-c", PROBE, *map(str, ports)],
+        },
+    )
+    assert created["createRun"]["errors"] == []
+    until(
+        lambda: t.get(1, "/jobs/probe").json().get("status") == "Completed",
+        60,
+        "probe never completed",
+        t,
+    )
+    said = t.get(1, "/tasks/probe-0/logs").json()["logs"].splitlines()
+    assert said == [
+        *(f"refused {port}" for port in ports),
+        "other users' processes 0",
+        "in /tmp []",
+    ]
 
 
 def test_documents_costly_in_their_expansion_stall_no_replica(topology: Topology) -> None:

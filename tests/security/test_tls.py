@@ -33,6 +33,7 @@ from backend.tls import server_tls
 from tests.certificates import Authority
 from tests.e2e.live import ASTRAEUS, AgentProcess, Server, end_agent, free_port
 from tests.support import WORKLOAD_PYTHON
+from tests.support.sandboxed import workload_uids
 from tests.support.waiting import wait_for
 
 TOKEN = "astm_this-token-must-never-cross-a-network-in-clear"
@@ -245,6 +246,8 @@ def agent_command(server: str, data_dir: Path, *extra: str) -> list[str]:
         str(data_dir),
         "--simulate-gpus",
         "1",
+        "--workload-uids",  # its own: another lane's agent may hold the default range
+        workload_uids(),
         *extra,
     ]
 
