@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from agent.identity import UID_RANGE, WorkloadUsers, workload_dir
+from agent.identity import WorkloadUsers, workload_dir
 from backend.cli.astra.graphql_ws import subscribe
 from tests.e2e.live import Api, Server, serving
 from tests.support import WORKLOAD_PYTHON
+from tests.support.sandboxed import uid_range
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -221,7 +222,8 @@ def test_a_hostile_workload_runs_unprivileged_and_reaches_nothing_but_its_own(
     wait_for("the probe ended", lambda: b.status("probe") == "Failed", 90)
     printed = b.log("probe-0")
     uid = int(printed[0].split()[1])
-    assert UID_RANGE[0] <= uid <= UID_RANGE[1], printed  # before: uid 0
+    low, high = uid_range(cluster.server.env["ASTRAEUS_AGENT_WORKLOAD_UIDS"])  # its agent's
+    assert low <= uid <= high, printed  # before: uid 0
     assert printed[0].split()[3] == str(uid)  # never root, real or effective
     assert printed[1 : 1 + len(targets)] == [
         f"{name}: refused (PermissionError)" for name in targets
