@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import os
 import random
+import shutil
 import socket
 import tempfile
 import weakref
@@ -28,15 +29,32 @@ FIRST_UID, RANGE_UIDS, RANGES = 3_000_000, 1000, 900  # 3 000 000-3 899 999
 
 def move_temp_out_of_tmp() -> None:
     """pytest's and tempfile's folders under TEMP_ROOT (as root only): a workload's /tmp is its
-    own, and would not hold what a test puts there for it."""
+    own, and would not hold what a test puts there for it.
+
+    A folder of its own for each test session (its lanes share it: they inherit the variables):
+    every pytest session that starts makes its ``pytest-of-root`` 0700 again, and a session
+    sharing it with a running one would cut that one's workloads off from their own folders
+    (made searchable, tests/support/__init__.py: a workload stepping while another session
+    started failed "Permission denied" on its progress file)."""
     if os.geteuid() != 0:
         return
     TEMP_ROOT.mkdir(mode=0o711, exist_ok=True)
+    session = TEMP_ROOT / str(os.getpid())
     for variable in ("PYTEST_DEBUG_TEMPROOT", "TMPDIR"):
         given = os.environ.get(variable, "/tmp")
         if any(Path(given).is_relative_to(top) for top in ("/tmp", "/var/tmp")):
-            os.environ[variable] = str(TEMP_ROOT)  # else the caller's own choice, kept
+            _sweep_sessions()
+            session.mkdir(mode=0o711, exist_ok=True)
+            os.environ[variable] = str(session)  # else the caller's own choice, kept
     tempfile.tempdir = None  # looked up again, from TMPDIR
+
+
+def _sweep_sessions() -> None:
+    """The folders of test sessions that have ended (their process is gone)."""
+    for folder in TEMP_ROOT.iterdir():
+        pid = folder.name
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # Locks every lane shares, in the machine's own /tmp (never a test's folder).
