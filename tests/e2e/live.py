@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import weakref
 from collections.abc import Iterator, Sequence
@@ -49,7 +48,8 @@ def end_agent(data_dir: Path) -> None:
 
 # The master port ranges test servers hold: a lock on a file each, in a folder every lane of
 # the machine shares.
-MASTER_PORT_LOCKS = Path(tempfile.gettempdir()) / "astraeus-test-master-ports"
+# in the machine's own /tmp, shared by every lane and test session (never a session's folder)
+MASTER_PORT_LOCKS = Path("/tmp/astraeus-test-master-ports")
 
 
 def master_ports() -> tuple[str, int]:
