@@ -8,6 +8,10 @@ Redis); the per-minute tick, sent also several times over by hand to the two wor
 threads, never counts a second twice: the run's GPU-seconds are exactly its GPUs times the
 time from submission to the mark. Then each part is killed in the middle of ticks and log
 follows: an API replica, a worker, the agent, Redis, PostgreSQL.
+
+Issue 37's attacks are played through it too: a squatted MASTER_PORT range (N3, first: the
+gang needs both GPUs), then hostile logs, probes of the control plane, costly documents, a fork
+bomb and a second install on m1's user ids (N7, N4/N6/N2, N1, N5, N9).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +33,14 @@ import httpx
 import psycopg
 import pytest
 
-from tests.e2e.live import free_port
+from tests.e2e.live import free_port, master_ports
 from tests.e2e.services import MISSING, PrivatePostgres, PrivateRedis
 from tests.support.graphql_attacks import ATTACKS, HEALTHZ_S, SENDERS, attack
 from tests.support.hostile_log import HOSTILE_LOG, HOSTILE_SHOWN, HOSTILE_WRITTEN
+from tests.support.hostile_workloads import BOMB, RENDEZVOUS, SQUAT
 from tests.support.http import HTTP
-from tests.support.sandboxed import workload_uids
+from tests.support.sandboxed import uid_range, workload_uids
+from tests.workloads.ledger import HISTORIES, INTERVALS, at, check_ledger
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 ASTRA = str(Path(sys.executable).parent / "astra")
@@ -49,6 +55,9 @@ for i in range(1200):
     astraeus_progress.report(i)
     time.sleep(0.5)
 """
+# The most processes and threads m1 gives a worker (--workload-pids-max; its default is 8192).
+PIDS_MAX = 200
+ENDED = ("Completed", "Failed", "Stopped")
 
 
 @dataclass
@@ -60,6 +69,7 @@ class Topology:
     admin: str = ""
     apis: list[str] = field(default_factory=list)  # base URLs
     agent_ports: list[int] = field(default_factory=list)
+    master_ports: tuple[int, int] = (0, 0)  # the range MASTER_PORT is given from
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     commands: dict[str, tuple[tuple[str, ...], dict[str, str]]] = field(default_factory=dict)
 
@@ -113,6 +123,46 @@ class Topology:
         )
 
 
+@dataclass
+class Member:
+    """A user's calls through one replica, with a token of theirs."""
+
+    url: str  # the replica's base URL
+    token: str
+
+    def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
+        answer = HTTP.post(
+            f"{self.url}/graphql",
+            json={"query": query, "variables": variables},
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=30,
+        ).json()
+        assert not answer.get("errors"), answer
+        return dict(answer["data"])
+
+    def submit(self, spec: dict[str, Any]) -> None:
+        created = self.graphql(
+            "mutation($s: JSON!) { createRun(spec: $s) { errors { message } } }", s=spec
+        )
+        assert created["createRun"]["errors"] == [], created
+
+    def get(self, path: str) -> Any:
+        answer = HTTP.get(
+            f"{self.url}/v1{path}", headers={"Authorization": f"Bearer {self.token}"}, timeout=30
+        )
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    def log(self, worker: str) -> str:
+        """Its log so far; empty until it is placed."""
+        answer = HTTP.get(
+            f"{self.url}/v1/tasks/{worker}/logs?tail=1000",
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=30,
+        )
+        return str(answer.json().get("logs") or "") if answer.status_code == 200 else ""
+
+
 def healthy(url: str, process: subprocess.Popen[bytes], seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -131,6 +181,11 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     root = tmp_path_factory.mktemp("topology")
     postgres, broker = PrivatePostgres(), PrivateRedis(root)
     t = Topology(postgres, broker, root, env={})
+    # a hundred ports of its own, held while the module runs: another lane's gangs (and its
+    # squatter, test_a_squatted_master_port_range_fails_no_gang) stay out of them
+    ports, held = master_ports()
+    first, _, last = ports.partition("-")
+    t.master_ports = (int(first), int(last))
     try:
         postgres.start()
         postgres.create_database()
@@ -144,6 +199,7 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
             "ASTRAEUS_CONSOLE_DIR": str(root / "no-console"),
             "ASTRAEUS_SCHEDULER_INTERVAL": "1s",
             "ASTRAEUS_LOG_LEVEL": "warning",
+            "ASTRAEUS_MASTER_PORTS": ports,
         }
         t.cli("db", "upgrade")
         printed = t.cli("bootstrap")
@@ -182,6 +238,8 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
             "1",
             "--workload-uids",  # its own: another lane's agent may hold the default range
             workload_uids(),
+            "--workload-pids-max",  # test_a_fork_bomb_is_stopped_at_its_process_limit
+            str(PIDS_MAX),
         )
         yield t
     finally:
@@ -195,6 +253,7 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
                 process.kill()
         broker.stop()
         postgres.stop()
+        os.close(held)
 
 
 def until(check: Any, seconds: float, what: str, topology: Topology) -> Any:
@@ -205,6 +264,88 @@ def until(check: Any, seconds: float, what: str, topology: Topology) -> Any:
             return found
         time.sleep(0.5)
     raise AssertionError(f"{what}, in {seconds:g} s\n{topology.logs()}")
+
+
+def test_a_squatted_master_port_range_fails_no_gang(topology: Topology) -> None:
+    # issue 37 N3 on this topology: a workload holds every port it can of the range the
+    # scheduler gives out as MASTER_PORT; then a gang of another workspace, two ranks of one GPU
+    # each on m1, meets it at its rendezvous. Before issue 37 its rank 0 failed ("Address
+    # already in use") and the run was charged failure. First in the module: "steady" holds
+    # both GPUs from the next test on.
+    t = topology
+    first, last = t.master_ports
+    squatter = Member(t.apis[0], t.admin)
+    squat = ["python3", "-c", SQUAT, str(first), str(last), "600"]
+    squatter.submit({"name": "squat", "restart_policy": "never", "command": squat})
+    holding = until(
+        lambda: re.search(r"holding (\d+)", squatter.log("squat-0")),
+        60,
+        "the squatter never held its ports",
+        t,
+    )
+    assert int(holding.group(1)) >= (last - first + 1) * 9 // 10  # of 200, IPv4 and IPv6
+    t.cli("workspace", "create", "team-b")
+    bob = t.cli("token", "create", "--workspace", "team-b", "--user", "bob").split()[-1]
+    victim = Member(t.apis[1], bob)
+    victim.submit(
+        {
+            "name": "rendezvous",
+            "workers": 2,
+            "gpus": 1,
+            "restart_policy": "never",
+            "command": ["python3", "-c", RENDEZVOUS],
+        }
+    )
+    job = until(
+        lambda: (found := victim.get("/jobs/rendezvous"))["status"] in ENDED and found,
+        180,
+        "the gang never ended",
+        t,
+    )
+    squatter.graphql('mutation { stopRun(name: "squat") { errors { message } } }')
+    assert (job["status"], job["reason"]) == ("Completed", "2 of 2 workers completed"), job
+    workers = victim.graphql(
+        '{ run(name: "rendezvous") { workers { name restarts history { state reason } } } }'
+    )["run"]["workers"]
+    assert [w["restarts"] for w in workers] == [0, 0]
+    reasons = [h["reason"] for w in workers for h in w["history"]]
+    assert any(r.startswith("MASTER_PORT ") for r in reasons), reasons  # it met the squat
+    assert not [h for w in workers for h in w["history"] if h["state"] == "Failed"], workers
+    # rank 0 listened on the port m1 held for the gang, outside the range; rank 1 reached it
+    said = victim.log("rendezvous-0")
+    port = int(said.split("rank 0 of 2: joined at ", 1)[1].split()[0].rpartition(":")[2])
+    assert not first <= port <= last, said
+    assert "rank 0 met rank 1 of rendezvous" in said
+    assert "met rank 0 of rendezvous" in victim.log("rendezvous-1")
+    # its ledger, to the second against its workers' histories: nothing charged as failure
+    history, intervals = counted_to_the_end(t, victim, "rendezvous")
+    ledger = check_ledger(victim, "rendezvous", history, intervals)
+    assert [g["gpuHours"] for g in ledger["gpuHours"] if g["category"] == "failure"] in ([], [0])
+    assert not [i for i in intervals if i["category"] == "failure"], intervals
+
+
+def counted_to_the_end(t: Topology, member: Member, run: str) -> tuple[Any, list[Any]]:
+    """The ended run's workers' histories, and its intervals once the tick (sent every five
+    seconds beside the scheduler's) has counted every worker to its end."""
+    from dramatiq.brokers.redis import RedisBroker
+
+    history = member.graphql(HISTORIES, run=run)["run"]
+    ends = {w["name"]: at(w["history"][0]["transitionAt"]) for w in history["workers"]}
+    broker = RedisBroker(url=t.redis.url)
+    try:
+        deadline = time.monotonic() + 200
+        while True:
+            broker.enqueue(_message("accounting.tick"))
+            intervals: list[Any] = member.graphql(INTERVALS, run=run)["goodputIntervals"]
+            last: dict[str, datetime] = {}
+            for i in intervals:
+                last[i["worker"]] = max(last.get(i["worker"], at(i["end"])), at(i["end"]))
+            if all(w in last and last[w] >= e - timedelta(seconds=1) for w, e in ends.items()):
+                return history, intervals
+            assert time.monotonic() < deadline, f"{run} never counted to its end\n{t.logs()}"
+            time.sleep(5)
+    finally:
+        broker.close()
 
 
 def test_two_replicas_two_workers_one_agent(topology: Topology) -> None:
@@ -330,6 +471,99 @@ def test_documents_costly_in_their_expansion_stall_no_replica(topology: Topology
                 wanted = "A valid API token is required" if token is None else ATTACKS[name][1]
                 assert wanted in body["errors"][0]["message"], (name, body)
             assert max(measured.healthz) < HEALTHZ_S, sorted(measured.healthz)[-5:]
+
+
+def test_a_fork_bomb_is_stopped_at_its_process_limit(topology: Topology) -> None:
+    # issue 37 N5 on this topology: a workload forks twice m1's limit of processes and threads
+    # a worker (--workload-pids-max); its forks fail at the limit, its end says so, and the
+    # machine (its agent, the control plane's processes beside it) goes on untouched
+    t = topology
+    bomber = Member(t.apis[1], t.admin)
+    bomb = ["python3", "-c", BOMB, str(2 * PIDS_MAX)]
+    bomber.submit({"name": "bomb", "restart_policy": "never", "command": bomb})
+    until(
+        lambda: bomber.get("/jobs/bomb")["status"] in ENDED and bomber.log("bomb-0"),
+        90,
+        "the bomb never ended",
+        t,
+    )
+    started, refused = (int(n) for n in bomber.log("bomb-0").split()[1::2])
+    assert PIDS_MAX - 10 <= started < PIDS_MAX and started + refused == 2 * PIDS_MAX
+    task = bomber.get("/tasks/bomb-0")
+    assert task["status"] == "Failed"
+    assert task["last_failure"]["reason"] == (
+        f"Exited with code 1; it reached its limit of {PIDS_MAX} processes and threads"
+    )
+    assert {name: p.poll() for name, p in t.processes.items()} == dict.fromkeys(t.processes)
+    machines = t.graphql(0, "{ machines { name state isolation } }")["machines"]
+    assert [(m["name"], m["state"]) for m in machines] == [("m1", "ready")]
+    assert f"at most {PIDS_MAX} processes and threads" in machines[0]["isolation"]
+
+
+# A worker that says which user it runs as, then a line every half second for ten minutes.
+KEEPS_RUNNING = """\
+import os, time
+print("uid", os.getuid(), flush=True)
+for i in range(1200):
+    print(f"line {i}", flush=True)
+    time.sleep(0.5)
+"""
+
+
+def test_a_second_install_whose_user_ids_overlap_is_refused(topology: Topology) -> None:
+    # issue 37 N9 on this topology: another install's agent (its own data folder, its own
+    # machine name) started on this machine with m1's user ids, as two installs on their
+    # default range would be; before issue 37 it ran its workloads as m1's workers' users
+    t = topology
+    args = t.commands["agent"][0]
+    uids = args[args.index("--workload-uids") + 1]
+    first, last = uid_range(uids)
+    owner = Member(t.apis[0], t.admin)
+    owner.submit(
+        {"name": "keeper", "restart_policy": "never", "command": ["python3", "-c", KEEPS_RUNNING]}
+    )
+    said = until(
+        lambda: re.search(r"uid (\d+)\n(?:.*\n)*line 2\n", owner.log("keeper-0")),
+        60,
+        "keeper never ran",
+        t,
+    )
+    assert first <= int(said.group(1)) <= last  # one of m1's users
+    token = t.root / "second.token"
+    token.write_text(t.cli("token", "create", "--agent", "--name", "second"))
+    second = t.start(
+        "second",
+        "agent",
+        "--server",
+        f"127.0.0.1:{t.agent_ports[1]}",
+        "--token-file",
+        str(token),
+        "--name",
+        "second",
+        "--data-dir",
+        str(t.root / "second"),
+        "--simulate-gpus",
+        "2",
+        "--heartbeat",
+        "1",
+        "--workload-uids",
+        uids,
+    )
+    assert second.wait(timeout=60) != 0
+    refused = (t.root / "second.log").read_text()
+    assert (
+        f"astraeus agent: workload user ids {uids} overlap {uids}, claimed on this machine by "
+        f"the agent of data folder {(t.root / 'm1').resolve()} (pid "
+    ) in refused, refused
+    assert "give this one a range of its own (--workload-uids FIRST-LAST)" in refused
+    # m1 runs its worker on, as the same user; no machine "second" joined
+    seen = owner.log("keeper-0").count("\n")
+    until(lambda: owner.log("keeper-0").count("\n") > seen + 4, 20, "keeper stopped", t)
+    assert owner.get("/jobs/keeper")["status"] == "Running"
+    assert t.processes["agent"].poll() is None
+    machines = t.graphql(0, "{ machines { name state } }")["machines"]
+    assert machines == [{"name": "m1", "state": "ready"}], machines
+    owner.graphql('mutation { stopRun(name: "keeper") { errors { message } } }')
 
 
 def ticks_until(t: Topology, done: Any, seconds: float = 150) -> dict[str, Any]:
@@ -553,7 +787,9 @@ def _message(actor: str) -> Any:
 def _counted(url: str) -> dict[str, Any] | None:
     with psycopg.connect(url) as conn:
         mark = conn.execute("SELECT counted_until FROM accounting_marks").fetchone()
-        run = conn.execute("SELECT id, created_at FROM runs WHERE name = 'steady'").fetchone()
+        run = conn.execute(
+            "SELECT id, created_at, workspace_id FROM runs WHERE name = 'steady'"
+        ).fetchone()
         if not mark or not mark[0] or not run:
             return None
         run_seconds = conn.execute(
@@ -561,8 +797,11 @@ def _counted(url: str) -> dict[str, Any] | None:
             "WHERE scope = 'run' AND scope_id = %s",
             (run[0],),
         ).fetchone()[0]  # type: ignore[index]
+        # steady's workspace's, the only run of it with GPUs (team-b's gang ran before it)
         workspace_seconds = conn.execute(
-            "SELECT coalesce(sum(gpu_seconds), 0) FROM goodput_hours WHERE scope = 'workspace'"
+            "SELECT coalesce(sum(gpu_seconds), 0) FROM goodput_hours "
+            "WHERE scope = 'workspace' AND scope_id = %s",
+            (run[2],),
         ).fetchone()[0]  # type: ignore[index]
     created: datetime = run[1]
     return {

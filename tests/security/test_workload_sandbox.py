@@ -20,6 +20,7 @@ import pytest
 
 from tests.e2e.live import AgentProcess, Api, Server, serving
 from tests.support import WORKLOAD_PYTHON
+from tests.support.hostile_workloads import BOMB
 from tests.support.sandboxed import uid_range, workload_uids
 from tests.support.waiting import wait_for
 
@@ -56,24 +57,6 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
     if pid != str(os.getpid()):
         print("process", uid.split()[1], b" ".join(argv).decode(errors="replace"), flush=True)
 print("looked", flush=True)
-"""
-# A fork bomb: 300 children that sleep; how many it got, and exit 1.
-BOMB = r"""
-import os, time
-started = refused = 0
-for _ in range(300):
-    try:
-        pid = os.fork()
-    except BlockingIOError:
-        refused += 1
-        continue
-    if pid == 0:
-        os.close(1), os.close(2)
-        time.sleep(20)
-        os._exit(0)
-    started += 1
-print("started", started, "refused", refused, flush=True)
-raise SystemExit(1)
 """
 
 
@@ -154,7 +137,7 @@ def test_a_fork_bomb_is_stopped_at_its_process_limit_and_its_end_says_so(
     one_uid: Machine,
 ) -> None:
     # issue 37 N5
-    one_uid.team_b.submit("bomb", BOMB)
+    one_uid.team_b.submit("bomb", BOMB, "300")  # 300 children
     bomb = one_uid.team_b.ended("bomb")
     started, refused = (int(n) for n in one_uid.team_b.log("bomb")[-1].split()[1::2])
     assert started < PIDS_MAX and started + refused == 300

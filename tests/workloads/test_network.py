@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from agent import network
+from tests.support.hostile_workloads import SQUAT
 from tests.support.sandboxed import connects_as
 from tests.workloads.conftest import Workloads
 from tests.workloads.ledger import Api, check_ledger, counted, spec, wait_ended
@@ -76,26 +77,6 @@ for port in range(first, last + 1):
     finally:
         s.close()
 print('reached', *reached, flush=True)
-"""
-# Binds and holds every port of FIRST..LAST it can (as a squatter would), then sleeps.
-SQUAT = """
-import socket, sys, time
-first, last = int(sys.argv[1]), int(sys.argv[2])
-held = []
-for port in range(first, last + 1):
-    for family, anywhere in ((socket.AF_INET, '0.0.0.0'), (socket.AF_INET6, '::')):
-        s = socket.socket(family)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            if family == socket.AF_INET6:
-                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            s.bind((anywhere, port))
-            s.listen()
-            held.append(s)
-        except OSError:
-            s.close()
-print('holding', len(held), flush=True)
-time.sleep(float(sys.argv[3]))
 """
 
 
