@@ -40,6 +40,9 @@ import httpx
 import psycopg
 import redis
 
+from backend import ids
+from backend.db import Database
+from backend.ids import IdCodec, Kind
 from bench.common import fresh_database, save
 from bench.fleet import (
     ASTRAEUS,
@@ -348,8 +351,11 @@ async def reader(
 EVENTS = "subscription { events { id kind } }"
 
 
-async def events(url: str, token: str, seen: dict[str, int], stop: asyncio.Event) -> None:
-    """An events subscription: how many came, how many not after the one before (by id)."""
+async def events(
+    url: str, token: str, seen: dict[str, int], stop: asyncio.Event, codec: IdCodec
+) -> None:
+    """An events subscription: how many came, how many not after the one before (by the
+    number behind each opaque id, opened with the install's key: backend/ids.py)."""
     from websockets.asyncio.client import connect
 
     from backend.cli.astra.graphql_ws import (
@@ -374,7 +380,7 @@ async def events(url: str, token: str, seen: dict[str, int], stop: asyncio.Event
                 if result is None or ended or result.get("errors"):
                     seen["ended"] = seen.get("ended", 0) + 1
                     return
-                event_id = int(result["data"]["events"]["id"])
+                event_id = codec.open(Kind.EVENT, result["data"]["events"]["id"]) or 0
                 seen["events"] = seen.get("events", 0) + 1
                 if event_id <= last:
                     seen["out_of_order"] = seen.get("out_of_order", 0) + 1
@@ -451,11 +457,16 @@ async def load(
         took: dict[str, list[float]] = {}
         failures: dict[str, int] = {}
         seen: list[dict[str, int]] = [{} for _ in range(event_subscribers)]
+        database = Database.from_url(t.database)
+        try:
+            codec = await ids.codec(database)
+        finally:
+            await database.dispose()
         background = [
             asyncio.create_task(reader(runs, t.apis, t.admin, took, failures, stop))
             for _ in range(readers)
         ] + [
-            asyncio.create_task(events(t.apis[i % 2], t.admin, seen[i], stop))
+            asyncio.create_task(events(t.apis[i % 2], t.admin, seen[i], stop, codec))
             for i in range(event_subscribers)
         ]
         timeline: list[dict[str, Any]] = []

@@ -3,18 +3,18 @@ stream), and what a listing may ask for."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from backend.clock import iso_z
 from backend.errors import FieldError
-from backend.parsing import BIGGEST_ID, whole_number
+from backend.parsing import whole_number
 
 DEFAULT_LIMIT = 50
-# Event ids are 64-bit: a larger `before` reached SQLite as an OverflowError (a 500).
-MAX_ID = BIGGEST_ID
 MAX_LIMIT = 500
+BEFORE_PROBLEM = "must be an event id as the API gave it (an event's id or a page's next_before)"
 # Longer than any transaction that writes events is open (see ``advance``).
 SETTLE = timedelta(minutes=1)
 
@@ -62,9 +62,11 @@ class EventView:
     data: dict[str, Any]
     found_at: datetime | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, shown_id: str) -> dict[str, Any]:
+        """As the API and webhooks send it: ``shown_id`` its id as the API shows it
+        (backend/ids.py: opaque, the database's number behind it)."""
         return {
-            "id": self.id,
+            "id": shown_id,
             "kind": self.kind,
             "state": self.state,
             "reason": self.reason,
@@ -88,8 +90,14 @@ class Listing:
 
 
 def parse_listing(
-    name: str | None, limit: str | None, before: str | None, kind: str | None
+    name: str | None,
+    limit: str | None,
+    before: str | None,
+    kind: str | None,
+    opened: Callable[[str], int | None],
 ) -> tuple[Listing | None, list[FieldError]]:
+    """``before`` is an id as the API shows it, ``opened`` the number behind it (None: no
+    event id of this install)."""
     problems = []
     count = DEFAULT_LIMIT
     if limit not in (None, ""):
@@ -98,9 +106,9 @@ def parse_listing(
             problems.append(FieldError("limit", f"must be a whole number from 1 to {MAX_LIMIT}"))
     cursor = None
     if before not in (None, ""):
-        cursor = whole_number(before, 1, MAX_ID)
+        cursor = opened(before)
         if cursor is None:
-            problems.append(FieldError("before", "must be an event id (a positive number)"))
+            problems.append(FieldError("before", BEFORE_PROBLEM))
     if problems:
         return None, problems
     return Listing(name or None, count, cursor, kind or None), []

@@ -15,6 +15,7 @@ from backend.models.goodput import (
     GoodputRunTotal,
 )
 from backend.models.history import Event, StateTransition
+from backend.models.install import InstallKey
 from backend.models.machine import Gpu, LeaseCheck, Machine
 from backend.models.machine_credential import JoinToken, MachineCredential
 from backend.models.metric import MetricMinute, MetricSample
@@ -46,6 +47,7 @@ __all__ = [
     "GoodputRunTotal",
     "Gpu",
     "GpuFault",
+    "InstallKey",
     "JoinToken",
     "LeaseCheck",
     "Machine",

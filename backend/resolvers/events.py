@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from functools import partial
 
-from backend.errors import InvalidInput
+import strawberry
+
+from backend import ids
+from backend.errors import FieldError, InvalidInput
 from backend.events import service as events
 from backend.events.bell import bell_of
 from backend.events.rules import MAX_LIMIT, parse_listing
@@ -13,6 +17,8 @@ from backend.logs import service as logs
 from backend.resolvers.context import Info
 from backend.resolvers.streams import while_token_holds
 from backend.schema.events import Event, EventPage, LogChunk
+
+AFTER_PROBLEM = "must be an event id as the API gave it (an event's id)"
 
 
 async def follow_log(
@@ -48,7 +54,7 @@ async def events_feed(
     workspace: str | None = None,
     name: str | None = None,
     kind: str | None = None,
-    after: int | None = None,
+    after: strawberry.ID | None = None,
 ) -> AsyncGenerator[Event, None]:
     """The workspace's events from now on (or after the id ``after``), oldest first, as they
     happen: of one run (``name``) or kind (``run.state``; ``run``: every run event), until the
@@ -64,9 +70,13 @@ async def _events_feed(
     workspace: str | None,
     name: str | None,
     kind: str | None,
-    after: int | None,
+    after: strawberry.ID | None,
 ) -> AsyncGenerator[Event, None]:
     principal = info.context.require_principal()
+    codec = await ids.codec(info.context.db)
+    start = None if after is None else codec.open(ids.Kind.EVENT, after)
+    if after is not None and start is None:
+        raise InvalidInput("INVALID_PARAMETER", [FieldError("after", AFTER_PROBLEM)])
     async with info.context.db.read() as session:
         target = await events.workspace_of(session, principal, organization, workspace)
     # Ids are taken when events are written, and a transaction may commit after one that took
@@ -76,7 +86,7 @@ async def _events_feed(
     bell = bell_of(info.context.db)  # one look a second for all subscribers of this process
     async with bell.listening():
         horizon = await bell.settled()
-        cursor = after if after is not None else horizon
+        cursor = start if start is not None else horizon
         while True:
             rings = bell.rings
             horizon = bell.horizon
@@ -88,7 +98,7 @@ async def _events_feed(
                     session, target, cursor, name=name, kind=kind, limit=MAX_LIMIT, upto=horizon
                 )
             for view in found:
-                yield Event.of(view)
+                yield Event.of(view, codec.show(ids.Kind.EVENT, view.id))
             cursor = found[-1].id if len(found) == MAX_LIMIT else horizon
 
 
@@ -99,15 +109,20 @@ async def events_page(
     name: str | None = None,
     kind: str | None = None,
     limit: int = 50,
-    before: int | None = None,
+    before: strawberry.ID | None = None,
 ) -> EventPage:
     """The workspace's events, newest first (seed L-44, L-46)."""
     principal = info.context.require_principal()
-    which, problems = parse_listing(name, str(limit), None if before is None else str(before), kind)
+    codec = await ids.codec(info.context.db)
+    opened = partial(codec.open, ids.Kind.EVENT)
+    which, problems = parse_listing(name, str(limit), before, kind, opened)
     if which is None:
         raise InvalidInput("INVALID_PARAMETER", problems)
     horizon = await bell_of(info.context.db).settled()  # none a follower would miss
     async with info.context.db.read() as session:
         target = await events.workspace_of(session, principal, organization, workspace)
         found, more = await events.page(session, target, which, horizon)
-    return EventPage(events=[Event.of(v) for v in found], next_before=more)
+    return EventPage(
+        events=[Event.of(v, codec.show(ids.Kind.EVENT, v.id)) for v in found],
+        next_before=None if more is None else strawberry.ID(codec.show(ids.Kind.EVENT, more)),
+    )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend import ids
 from backend.access import service as access
-from backend.errors import AstraeusError
+from backend.errors import AstraeusError, NotFound
 from backend.resolvers.context import Info
 from backend.schema.common import UserError
 from backend.schema.tokens import ApiToken, ApiTokenPayload
@@ -15,15 +16,26 @@ async def list_tokens(info: Info) -> list[ApiToken]:
     principal = info.context.require_principal()
     async with info.context.db.read() as session:
         rows = await access.list_tokens(session, principal)
-    return [ApiToken.of(r) for r in rows]
+    codec = await ids.codec(info.context.db)
+    return [ApiToken.of(r, codec) for r in rows]
 
 
 async def revoke_token(info: Info, token: str) -> ApiTokenPayload:
     principal = info.context.require_principal()
+    codec = await ids.codec(info.context.db)
+    number = codec.open(ids.Kind.TOKEN, token.strip())
+    # its id as listings show it, else its first characters; a number is neither here (the
+    # database's numbers are the server's own: `astraeus token revoke`)
+    reference = str(number) if number is not None else token
 
     async def work(session: AsyncSession) -> ApiToken:
-        row = await access.revoke_token(session, info.context.clock, principal, token)
-        return ApiToken.of(row)
+        if number is None and token.strip().isdigit():
+            raise NotFound("TOKEN_NOT_FOUND", f"No token '{token}'.")
+        try:
+            row = await access.revoke_token(session, info.context.clock, principal, reference)
+        except NotFound:  # in the caller's words, never the number behind its id
+            raise NotFound("TOKEN_NOT_FOUND", f"No token '{token}'.") from None
+        return ApiToken.of(row, codec)
 
     try:  # tried again whole if it lost to another transaction (issue 19)
         return ApiTokenPayload(token=await info.context.db.unit(work), errors=[])

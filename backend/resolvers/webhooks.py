@@ -6,6 +6,7 @@ from __future__ import annotations
 import strawberry
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend import ids
 from backend.errors import AstraeusError, NotFound
 from backend.models import Webhook as WebhookRow
 from backend.resolvers.context import Info
@@ -21,7 +22,8 @@ async def list_webhooks(info: Info, workspace: str | None = None) -> list[Webhoo
             rows = await webhooks.list_webhooks(session, principal, workspace=workspace)
         except NotFound:
             return []
-    return [Webhook.from_model(r) for r in rows]
+    codec = await ids.codec(info.context.db)
+    return [Webhook.from_model(r, codec) for r in rows]
 
 
 async def create_webhook(
@@ -44,27 +46,28 @@ async def create_webhook(
         row = await info.context.db.unit(work)
     except AstraeusError as error:
         return CreateWebhookPayload(webhook=None, secret=None, errors=UserError.from_error(error))
-    return CreateWebhookPayload(webhook=Webhook.from_model(row), secret=row.secret, errors=[])
+    codec = await ids.codec(info.context.db)
+    return CreateWebhookPayload(
+        webhook=Webhook.from_model(row, codec), secret=row.secret, errors=[]
+    )
 
 
 async def delete_webhook(
     info: Info, id: strawberry.ID, workspace: str | None = None
 ) -> WebhookPayload:
     principal = info.context.require_principal()
+    codec = await ids.codec(info.context.db)
+    number = codec.open(ids.Kind.WEBHOOK, str(id))
 
     async def work(session: AsyncSession) -> WebhookRow:
+        if number is None:  # no webhook's id, as the API shows them
+            raise NotFound("WEBHOOK_NOT_FOUND", f"No webhook {id}.")
         return await webhooks.delete_webhook(
-            session, info.context.clock, principal, _id(id), workspace=workspace
+            session, info.context.clock, principal, number, workspace=workspace
         )
 
     try:
         row = await info.context.db.unit(work)
     except AstraeusError as error:
         return WebhookPayload(webhook=None, errors=UserError.from_error(error))
-    return WebhookPayload(webhook=Webhook.from_model(row), errors=[])
-
-
-def _id(value: strawberry.ID) -> int:
-    if not str(value).isdigit() or len(str(value)) > 18:  # no id is larger
-        raise NotFound("WEBHOOK_NOT_FOUND", f"No webhook {value}.")
-    return int(value)
+    return WebhookPayload(webhook=Webhook.from_model(row, codec), errors=[])

@@ -352,7 +352,8 @@ class Intervals(Answer):
 
 
 class Event(Answer):
-    id: int
+    id: str
+    """Opaque (backend/ids.py): the same for the event every time, counting nothing."""
     kind: str
     state: str | None
     reason: str
@@ -368,5 +369,5 @@ class Event(Answer):
 
 class Events(Answer):
     events: list[Event]
-    next_before: int | None
+    next_before: str | None
     """The id to ask the next page before; null: no more."""

@@ -209,7 +209,7 @@ class EventsQuery(Parameters):
     """Of one run."""
     limit: Annotated[str | None, Doc({"type": "integer", "minimum": 1, "maximum": 500})] = None
     """At most this many: 50 by default."""
-    before: Annotated[str | None, Doc({"type": "integer"})] = None
-    """The next page: events before this id."""
+    before: Text = None
+    """The next page: events before this id (an event's id or a page's next_before)."""
     kind: Text = None
     """One kind (run.state) or the kinds under one (run)."""

@@ -19,8 +19,9 @@ from backend.events.rules import EventView
     )
 )
 class Event:
-    id: int = strawberry.field(
-        description="Grows with time: a reader resumes after the last it saw."
+    id: strawberry.ID = strawberry.field(
+        description="Opaque, the same every time (it counts nothing): a reader resumes after "
+        "the last it saw (events(after: this)), and dedupes by it."
     )
     kind: str = strawberry.field(
         description="run.state, worker.state, run.deleted, alert.firing, …"
@@ -35,15 +36,17 @@ class Event:
     )
     found_at: datetime = strawberry.field(
         description="When it was found: after createdAt for a stall, else the same. Events "
-        "are listed in the order they were found (by id)."
+        "are listed in the order they were found."
     )
     data: JSON
 
     @classmethod
-    def of(cls, view: EventView) -> Event:
+    def of(cls, view: EventView, shown_id: str) -> Event:
+        """``shown_id``: its id as the API shows it (backend/ids.py)."""
         return cls(
             **{
                 **dataclasses.asdict(view),
+                "id": strawberry.ID(shown_id),
                 "found_at": view.found_at or view.created_at,
                 "data": cast(JSON, view.data),
             }
@@ -69,7 +72,7 @@ class LogChunk:
 @strawberry.type(description="A page of events, newest first.")
 class EventPage:
     events: list[Event]
-    next_before: int | None = strawberry.field(
+    next_before: strawberry.ID | None = strawberry.field(
         description="Ask again with before: this for the next page; null: no more."
     )
 

@@ -8,7 +8,7 @@ from typing import Any, cast
 import strawberry
 from strawberry.scalars import JSON
 
-from backend import models
+from backend import ids, models
 from backend.lifecycle.progress import is_straggler
 from backend.resolvers.context import Info
 from backend.runs import failures
@@ -63,7 +63,7 @@ class WorkerPlacement:
 
 @strawberry.type(description="One rank of a run, named <run>-<rank>.")
 class Worker:
-    id: strawberry.ID
+    _number: strawberry.Private[int]
     name: str
     rank: int
     state: WorkerStateValue
@@ -85,7 +85,7 @@ class Worker:
     @classmethod
     def from_model(cls, row: models.Worker) -> Worker:
         return cls(
-            id=strawberry.ID(str(row.id)),
+            _number=row.id,
             name=row.name,
             rank=row.rank,
             state=WorkerStateValue(row.state),
@@ -102,6 +102,10 @@ class Worker:
             _run_id=row.run_id,
             _cause=row.cause,
         )
+
+    @strawberry.field(description="Opaque, the same every time: it counts nothing (issue 37 N8).")
+    async def id(self, info: Info) -> strawberry.ID:
+        return strawberry.ID((await ids.codec(info.context.db)).show(ids.Kind.WORKER, self._number))
 
     @strawberry.field(description="Running well behind its gang's median pace for several minutes.")
     def straggler(self, info: Info) -> bool:
@@ -149,7 +153,7 @@ class Worker:
 
     @strawberry.field(description="Its own state changes with their reasons, newest first.")
     async def history(self, info: Info) -> list[HistoryEntry]:
-        rows = await info.context.loaders.history_by_worker.load(int(self.id))
+        rows = await info.context.loaders.history_by_worker.load(self._number)
         return [HistoryEntry.from_model(r) for r in rows]
 
     @strawberry.field(description="The machine it is placed on, while placed.")
@@ -167,14 +171,14 @@ class Worker:
         if self._machine_id is not None:
             name = await info.context.loaders.machine_name.load(self._machine_id)
             return WorkerPlacement(machine=name, gpu_ids=self.gpu_ids)
-        found = await info.context.loaders.last_placement.load(int(self.id))
+        found = await info.context.loaders.last_placement.load(self._number)
         if found is None:
             return None
         name = await info.context.loaders.machine_name.load(found.machine_id)
         return WorkerPlacement(machine=name, gpu_ids=found.gpu_ids)
 
     async def _last_gpu_ids(self, info: Info) -> list[int]:
-        found = await info.context.loaders.last_placement.load(int(self.id))
+        found = await info.context.loaders.last_placement.load(self._number)
         return found.gpu_ids if found is not None else []
 
 
@@ -209,7 +213,7 @@ class Advice:
 
 @strawberry.type(description="A job of one or more workers that start together.")
 class Run:
-    id: strawberry.ID
+    _number: strawberry.Private[int]
     name: str
     state: RunStateValue
     reason: str = strawberry.field(description="One sentence: why the run is in its state.")
@@ -233,7 +237,7 @@ class Run:
     @classmethod
     def from_model(cls, row: models.Run) -> Run:
         return cls(
-            id=strawberry.ID(str(row.id)),
+            _number=row.id,
             name=row.name,
             state=RunStateValue(row.state),
             reason=row.reason,
@@ -255,6 +259,10 @@ class Run:
             _workspace_id=row.workspace_id,
         )
 
+    @strawberry.field(description="Opaque, the same every time: it counts nothing (issue 37 N8).")
+    async def id(self, info: Info) -> strawberry.ID:
+        return strawberry.ID((await ids.codec(info.context.db)).show(ids.Kind.RUN, self._number))
+
     @property
     def cause(self) -> str | None:
         return self._cause
@@ -275,7 +283,7 @@ class Run:
 
     @strawberry.field
     async def workers(self, info: Info) -> list[Worker]:
-        rows = await info.context.loaders.workers_by_run.load(int(self.id))
+        rows = await info.context.loaders.workers_by_run.load(self._number)
         return [Worker.from_model(w) for w in rows]
 
     @strawberry.field(
@@ -285,7 +293,7 @@ class Run:
     async def failed_worker(self, info: Info) -> Worker | None:
         if self.state != "Failed":
             return None
-        rows = await info.context.loaders.workers_by_run.load(int(self.id))
+        rows = await info.context.loaders.workers_by_run.load(self._number)
         name = failures.failed_worker_name(self, rows)
         return next((Worker.from_model(w) for w in rows if w.name == name), None)
 
@@ -298,7 +306,7 @@ class Run:
     async def advice(self, info: Info) -> Advice | None:
         exit_code, tail = None, ""
         if self.state == "Failed":
-            rows = await info.context.loaders.workers_by_run.load(int(self.id))
+            rows = await info.context.loaders.workers_by_run.load(self._number)
             name = failures.failed_worker_name(self, rows)
             failed = next((w for w in rows if w.name == name), None)
             if failed is not None:
@@ -325,7 +333,7 @@ class Run:
         restarts = failures.restarts_in_row(self._failures_in_row, self._running_since, now)
         if restarts == 0:
             return None
-        rows = await info.context.loaders.workers_by_run.load(int(self.id))
+        rows = await info.context.loaders.workers_by_run.load(self._number)
         name = failures.last_snapshot(failures.snapshots_of(rows))
         return RestartLoop(
             restarts=restarts,
@@ -341,7 +349,7 @@ class Run:
     async def wait_advice(self, info: Info) -> Advice | None:
         if self.state not in ("Pending", "Preparing", "Pulling", "Starting"):
             return None
-        rows = await info.context.loaders.workers_by_run.load(int(self.id))
+        rows = await info.context.loaders.workers_by_run.load(self._number)
         run = failures.Waiting(
             self.state.value,
             self.reason,
@@ -355,19 +363,19 @@ class Run:
 
     @strawberry.field(description="Every state change of the run, oldest first.")
     async def history(self, info: Info) -> list[HistoryEntry]:
-        rows = await info.context.loaders.history_by_run.load(int(self.id))
+        rows = await info.context.loaders.history_by_run.load(self._number)
         return [HistoryEntry.from_model(r) for r in rows]
 
     @strawberry.field(
         description="Read a pending reason: why each machine of its cluster takes a worker or not."
     )
     async def pending_reasons(self, info: Info) -> list[MachineReason]:
-        rows = await info.context.loaders.pending_reasons.load(int(self.id))
+        rows = await info.context.loaders.pending_reasons.load(self._number)
         return [MachineReason(machine=m, reason=r) for m, r in rows]
 
     @strawberry.field(description="Where its GPU time went since it was submitted.")
     async def goodput(self, info: Info) -> GoodputLedger:
-        ledger = await info.context.loaders.run_ledger.load((int(self.id), self.created_at))
+        ledger = await info.context.loaders.run_ledger.load((self._number, self.created_at))
         return GoodputLedger.of(ledger)
 
     @strawberry.field(
@@ -376,7 +384,7 @@ class Run:
         "have counted while it goes); null before any time passed."
     )
     async def ettr(self, info: Info) -> float | None:
-        key = (int(self.id), self.created_at, self.ended_at, self._gpus)
+        key = (self._number, self.created_at, self.ended_at, self._gpus)
         return await info.context.loaders.run_ettr.load(key)
 
     @strawberry.field(
@@ -385,12 +393,12 @@ class Run:
         "not 0) when it restarted without reporting checkpoints and steps."
     )
     async def rework(self, info: Info) -> RunRework:
-        key = (int(self.id), self.created_at, self._workspace_id)
+        key = (self._number, self.created_at, self._workspace_id)
         return RunRework.of(await info.context.loaders.run_rework.load(key))
 
     @strawberry.field
     async def task_counts(self, info: Info) -> list[StateCount]:
-        rows = await info.context.loaders.workers_by_run.load(int(self.id))
+        rows = await info.context.loaders.workers_by_run.load(self._number)
         counts = task_counts(w.state for w in rows)
         return [StateCount(state=WorkerStateValue(s), count=n) for s, n in counts.items()]
 

@@ -6,13 +6,16 @@ from datetime import datetime
 
 import strawberry
 
+from backend import ids
 from backend.access.service import TokenRow
 from backend.schema.common import UserError
 
 
 @strawberry.type(description="A user's API token. Its secret was shown once, when made.")
 class ApiToken:
-    id: int
+    id: strawberry.ID = strawberry.field(
+        description="Opaque, the same every time: it counts nothing (revokeToken takes it)."
+    )
     prefix: str = strawberry.field(description="The token's first characters, to tell it apart.")
     name: str
     user: str
@@ -26,9 +29,9 @@ class ApiToken:
     )
 
     @classmethod
-    def of(cls, row: TokenRow) -> ApiToken:
+    def of(cls, row: TokenRow, codec: ids.IdCodec) -> ApiToken:
         return cls(
-            id=row.id,
+            id=strawberry.ID(codec.show(ids.Kind.TOKEN, row.id)),
             prefix=row.prefix,
             name=row.name,
             user=row.user_name,

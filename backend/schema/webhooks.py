@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 import strawberry
 
-from backend import models
+from backend import ids, models
 from backend.resolvers.context import Info
 from backend.schema.common import UserError
 from backend.webhooks import rules
@@ -42,11 +42,13 @@ class WebhookDelivery:
     )
 
     @classmethod
-    def from_model(cls, row: models.WebhookDelivery, kind: str) -> WebhookDelivery:
+    def from_model(
+        cls, row: models.WebhookDelivery, kind: str, codec: ids.IdCodec
+    ) -> WebhookDelivery:
         status = rules.status(row.delivered_at, row.gave_up_at, row.attempts)
         waiting = status in (rules.DeliveryStatus.PENDING, rules.DeliveryStatus.RETRYING)
         return cls(
-            event_id=strawberry.ID(str(row.event_id)),
+            event_id=strawberry.ID(codec.show(ids.Kind.EVENT, row.event_id)),
             kind=kind,
             status=status,
             attempts=row.attempts,
@@ -65,18 +67,20 @@ class WebhookDelivery:
     f"{rules.REPLAY_WINDOW // timedelta(minutes=1)} minutes old)."
 )
 class Webhook:
-    id: strawberry.ID
+    id: strawberry.ID = strawberry.field(description="Opaque: it counts nothing.")
     url: str
     kinds: list[str] = strawberry.field(
         description="Event kinds it gets, with the kinds under them ('alert' is alert.firing "
         "and alert.resolved); empty: every kind."
     )
     created_at: datetime
+    _number: strawberry.Private[int]
 
     @classmethod
-    def from_model(cls, row: models.Webhook) -> Webhook:
+    def from_model(cls, row: models.Webhook, codec: ids.IdCodec) -> Webhook:
         return cls(
-            id=strawberry.ID(str(row.id)),
+            id=strawberry.ID(codec.show(ids.Kind.WEBHOOK, row.id)),
+            _number=row.id,
             url=row.url,
             kinds=list(row.kinds),
             created_at=row.created_at,
@@ -84,8 +88,9 @@ class Webhook:
 
     @strawberry.field(description="Its latest deliveries, newest event first (20 at most).")
     async def deliveries(self, info: Info) -> list[WebhookDelivery]:
-        rows = await info.context.loaders.webhook_deliveries.load(int(self.id))
-        return [WebhookDelivery.from_model(d, kind) for d, kind in rows]
+        rows = await info.context.loaders.webhook_deliveries.load(self._number)
+        codec = await ids.codec(info.context.db)
+        return [WebhookDelivery.from_model(d, kind, codec) for d, kind in rows]
 
 
 @strawberry.type

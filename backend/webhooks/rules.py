@@ -103,9 +103,10 @@ def port_of(parts: SplitResult) -> int:
     return parts.port or (443 if parts.scheme.lower() == "https" else 80)
 
 
-def body(event: EventView) -> bytes:
-    """The JSON sent, once: the signature is of these exact bytes."""
-    return json.dumps(event.to_json(), separators=(",", ":"), ensure_ascii=False).encode()
+def body(event: EventView, shown_id: str) -> bytes:
+    """The JSON sent, once: the signature is of these exact bytes. ``shown_id``: the event's
+    id as the API shows it."""
+    return json.dumps(event.to_json(shown_id), separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def signature(secret: str, content: bytes, sent_at: datetime) -> str:
@@ -119,12 +120,12 @@ def signature(secret: str, content: bytes, sent_at: datetime) -> str:
 
 
 def headers(
-    event_id: int, kind: str, secret: str, content: bytes, sent_at: datetime
+    event_id: str, kind: str, secret: str, content: bytes, sent_at: datetime
 ) -> dict[str, str]:
     return {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
-        "X-Astraeus-Event-Id": str(event_id),
+        "X-Astraeus-Event-Id": event_id,
         "X-Astraeus-Event-Kind": kind,
         "X-Astraeus-Signature": signature(secret, content, sent_at),
     }

@@ -76,7 +76,7 @@ class Outgoing:
 
     delivery_id: int
     webhook_id: int
-    event_id: int
+    event_id: str  # as the API shows it (backend/ids.py)
     kind: str
     attempts: int
     last_error: str | None

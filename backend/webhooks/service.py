@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend import ids
 from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.config import Settings
@@ -146,19 +147,21 @@ async def _outgoing(session: AsyncSession, delivery_ids: Sequence[int]) -> list[
     if not delivery_ids:
         return []
     found = []
+    codec = await ids.session_codec(session)
     for row in await repository.outgoing(session, delivery_ids):
         view = events.view(row.event, row.workspace)
+        shown = codec.show(ids.Kind.EVENT, row.event.id)
         found.append(
             Outgoing(
                 delivery_id=row.delivery_id,
                 webhook_id=row.webhook_id,
-                event_id=row.event.id,
+                event_id=shown,
                 kind=row.event.kind,
                 attempts=row.attempts,
                 last_error=row.last_error,
                 url=row.url,
                 secret=row.secret,
-                body=rules.body(view),
+                body=rules.body(view, shown),
             )
         )
     return found

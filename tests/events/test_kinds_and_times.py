@@ -12,11 +12,13 @@ from sqlalchemy import select
 
 from backend.clock import iso_z
 from backend.db import Database
+from backend.ids import Kind
 from backend.lifecycle import service as lifecycle
 from backend.models import Event
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 from tests.support.api import auth
+from tests.support.ids import opened
 
 EVENTS = "/v1/orgs/default/workspaces/default/events"
 GRAPHQL_EVENTS = """query($kind: String) { events(kind: $kind, limit: 50) {
@@ -99,7 +101,8 @@ async def test_a_stall_keeps_when_it_happened_and_when_it_was_found(
     found = clock.now()
     await world.timers()
     events = await listed(client, tenancy.member_token)
-    assert [e["id"] for e in events] == sorted((e["id"] for e in events), reverse=True)
+    numbers = [opened(Kind.EVENT, e["id"]) for e in events]
+    assert numbers == sorted(numbers, reverse=True)
     stalled = [e for e in events if e["data"].get("phase") == "stalled"]
     assert len(stalled) == 1
     stall = stalled[0]

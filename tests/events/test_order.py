@@ -15,11 +15,13 @@ import pytest
 from sqlalchemy import func, select
 
 from backend.db import Database
+from backend.ids import Kind
 from backend.models import Event, Workspace
 from backend.resolvers.context import build_context
 from backend.schema.schema import schema
 from tests.support import SEED_TIME, FakeClock, Tenancy
 from tests.support.api import gql
+from tests.support.ids import opened, shown
 
 WRITERS = 6
 EACH = 5  # events per writer
@@ -61,7 +63,9 @@ async def subscribe(
 ) -> AsyncGenerator[Any, None]:
     context = await build_context(db, clock, f"Bearer {token}")
     results = await schema.subscribe(
-        f"subscription {{ events(after: {after}) {{ id }} }}", context_value=context
+        "subscription($after: ID) { events(after: $after) { id } }",
+        context_value=context,
+        variable_values={"after": await shown(db, Kind.EVENT, after)},
     )
     assert hasattr(results, "__aiter__"), results
     return results
@@ -71,7 +75,7 @@ async def collect(results: AsyncGenerator[Any, None], count: int) -> list[int]:
     got: list[int] = []
     async for result in results:
         assert result.errors is None, result.errors
-        got.append(int(result.data["events"]["id"]))
+        got.append(opened(Kind.EVENT, result.data["events"]["id"]))
         if len(got) == count:
             break
     await results.aclose()
@@ -121,8 +125,8 @@ async def test_a_listing_stops_below_an_event_still_to_commit(
         assert answer.status_code == 200, answer.text
         rest = [e["id"] for e in answer.json()["events"]]
         page = await gql(client, tenancy.member_token, "{ events { events { id } } }")
-        assert [int(e["id"]) for e in page["data"]["events"]["events"]] == rest
-        return rest
+        assert [e["id"] for e in page["data"]["events"]["events"]] == rest
+        return [opened(Kind.EVENT, shown_id) for shown_id in rest]
 
     async with db.transaction() as late:
         event = Event(

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from backend.db import Database
+from backend.ids import Kind
 from backend.resolvers.context import build_context
 from backend.schema.schema import schema
 from tests.support import FakeClock, Tenancy
+from tests.support.ids import shown
 
 
 async def first(db: Database, clock: FakeClock, token: str | None, query: str) -> Any:
@@ -60,5 +62,11 @@ async def test_another_workspace_gets_no_events(
     carol = await first(db, clock, tenancy.foreign_token, peek)
     assert "No organisation named 'default'" in str(carol.errors)
     # Alice's own, from the first event on: the run she submitted.
-    mine = await first(db, clock, tenancy.member_token, "subscription { events(after: 0) { run } }")
+    before_all = await shown(db, Kind.EVENT, 0)  # a cursor before the first event
+    mine = await first(
+        db,
+        clock,
+        tenancy.member_token,
+        f'subscription {{ events(after: "{before_all}") {{ run }} }}',
+    )
     assert mine.errors is None and mine.data == {"events": {"run": "llama-sft"}}

@@ -13,11 +13,13 @@ from sqlalchemy import event, select
 
 from backend.config import Settings
 from backend.db import Database
+from backend.ids import Kind
 from backend.models import Event, Webhook, Workspace
 from backend.webhooks import service as webhooks
 from backend.webhooks.addresses import parse_networks
 from tests.support import FakeClock, Tenancy, row_counts, server_settings
 from tests.support.api import gql
+from tests.support.ids import opened, shown
 from tests.webhooks.receiver import receiving
 
 WEBHOOK = "id url kinds createdAt"
@@ -113,7 +115,7 @@ async def test_the_secret_is_shown_once_and_deliveries_are_listed(
         | {
             "deliveries": [
                 {
-                    "eventId": str(failed),
+                    "eventId": await shown(db, Kind.EVENT, failed),
                     "kind": "run.created",
                     "status": "RETRYING",
                     "attempts": 1,
@@ -124,7 +126,7 @@ async def test_the_secret_is_shown_once_and_deliveries_are_listed(
                     "lastError": "failed: HTTP 500",
                 },
                 {
-                    "eventId": str(delivered),
+                    "eventId": await shown(db, Kind.EVENT, delivered),
                     "kind": "run.state",
                     "status": "DELIVERED",
                     "attempts": 0,
@@ -194,7 +196,7 @@ async def test_another_workspace_sees_none_and_cannot_delete(
         assert hook["url"] not in str(named_delete) + str(deleted) + str(named)
     assert await row_counts(db) == before
     async with db.read() as session:
-        row = await session.get(Webhook, int(hook["id"]))
+        row = await session.get(Webhook, opened(Kind.WEBHOOK, hook["id"]))
         assert row is not None and row.disabled_at is None
 
 

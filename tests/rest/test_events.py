@@ -3,9 +3,11 @@
 import httpx
 
 from backend.db import Database
+from backend.ids import Kind
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 from tests.support.api import auth
+from tests.support.ids import opened
 
 EVENTS = "/api/v1/orgs/default/workspaces/default/events"
 
@@ -31,7 +33,8 @@ async def test_a_runs_events_newest_first_page_by_page(
     assert answer.status_code == 200
     events = answer.json()["events"]
     assert events and all(e["run"] == "llama-sft" for e in events)
-    assert [e["id"] for e in events] == sorted((e["id"] for e in events), reverse=True)
+    numbers = [opened(Kind.EVENT, e["id"]) for e in events]
+    assert numbers == sorted(numbers, reverse=True)
     assert set(events[0]) == {
         "id",
         "kind",

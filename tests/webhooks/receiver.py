@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from backend.ids import Kind
+from tests.support.ids import opened
+
 
 @dataclass(frozen=True)
 class Received:
@@ -29,7 +32,8 @@ class Received:
 
     @property
     def event_id(self) -> int:
-        return int(self.headers["x-astraeus-event-id"])
+        """The event's number in the database behind the id it was sent with."""
+        return opened(Kind.EVENT, self.headers["x-astraeus-event-id"])
 
 
 @dataclass

@@ -23,12 +23,14 @@ from sqlalchemy import select
 from backend.access.rules import Principal
 from backend.config import Settings
 from backend.db import Database
+from backend.ids import Kind
 from backend.jobs import actors, runtime
 from backend.models import Event, Webhook, WebhookDelivery, Workspace
 from backend.webhooks import service as webhooks
 from backend.webhooks.addresses import Policy, parse_networks
 from tests.lifecycle.world import World
 from tests.support import SEED_TIME, FakeClock, Tenancy, server_settings
+from tests.support.ids import opened
 from tests.webhooks.receiver import Receiver, receiving, stalling
 
 Deliver = Callable[[], Awaitable[None]]
@@ -171,10 +173,10 @@ async def test_events_are_posted_signed_with_their_id(
         "found_at": "2026-10-01T01:02:12.402117Z",
         "data": {"metric": "gpu"},
     }
-    assert bodies[3]["id"] == alert
+    assert opened(Kind.EVENT, bodies[3]["id"]) == alert
     for request, content in zip(receiver.by_id, bodies, strict=True):
         assert request.path == "/hooks/astraeus"
-        assert request.headers["x-astraeus-event-id"] == str(content["id"])
+        assert request.headers["x-astraeus-event-id"] == content["id"]
         assert request.headers["x-astraeus-event-kind"] == content["kind"]
         assert request.headers["x-astraeus-signature"] == signed(
             webhook.secret, request.body, clock.now()
@@ -183,7 +185,7 @@ async def test_events_are_posted_signed_with_their_id(
         assert request.headers["content-type"] == "application/json"
     assert [
         (d.event_id, d.delivered_at, d.attempts, d.last_status) for d in await deliveries(db)
-    ] == [(b["id"], clock.now(), 0, 204) for b in bodies]
+    ] == [(opened(Kind.EVENT, b["id"]), clock.now(), 0, 204) for b in bodies]
     # Delivered once: later passes send nothing again.
     clock.advance(hours=2)
     await deliver()

@@ -123,11 +123,12 @@ def test_the_body_and_its_signature() -> None:
         created_at=NOW,
         data={"exit_code": 1},
     )
-    content = rules.body(event)
+    content = rules.body(event, "Z3lS0Nbz6fntndMhehv97A")  # its id as the API shows it
     assert (
         content
         == (
-            '{"id":42,"kind":"worker.state","state":"Failed","reason":"Exited with code 1 — OOM?",'
+            '{"id":"Z3lS0Nbz6fntndMhehv97A",'
+            '"kind":"worker.state","state":"Failed","reason":"Exited with code 1 — OOM?",'
             '"run":"llama-sft","worker":"llama-sft-1","workspace":"default",'
             '"created_at":"2026-10-01T01:02:11.402117Z","found_at":"2026-10-01T01:02:11.402117Z",'
             '"data":{"exit_code":1}}'
@@ -137,10 +138,10 @@ def test_the_body_and_its_signature() -> None:
     t = 1790816531
     assert int(NOW.timestamp()) == t
     expected = hmac.new(b"whsec_k", f"{t}.".encode() + content, hashlib.sha256).hexdigest()
-    assert rules.headers(event.id, event.kind, "whsec_k", content, NOW) == {
+    assert rules.headers("Z3lS0Nbz6fntndMhehv97A", event.kind, "whsec_k", content, NOW) == {
         "Content-Type": "application/json",
         "User-Agent": "astraeus-webhooks",
-        "X-Astraeus-Event-Id": "42",
+        "X-Astraeus-Event-Id": "Z3lS0Nbz6fntndMhehv97A",
         "X-Astraeus-Event-Kind": "worker.state",
         "X-Astraeus-Signature": f"t={t},v1={expected}",
     }

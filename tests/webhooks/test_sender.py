@@ -43,7 +43,7 @@ def outgoing(url: str) -> Outgoing:
     return Outgoing(
         delivery_id=1,
         webhook_id=1,
-        event_id=7,
+        event_id="Z3lS0Nbz6fntndMhehv97A",
         kind="run.state",
         attempts=0,
         last_error=None,

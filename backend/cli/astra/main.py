@@ -370,7 +370,7 @@ EVENT_FIELDS = "id kind state reason run worker createdAt"
 EVENTS = f"""query($name: String, $kind: String, $limit: Int!) {{
   events(name: $name, kind: $kind, limit: $limit) {{ events {{ {EVENT_FIELDS} }} }}
 }}"""
-FOLLOW_EVENTS = f"""subscription($name: String, $kind: String, $after: Int) {{
+FOLLOW_EVENTS = f"""subscription($name: String, $kind: String, $after: ID) {{
   events(name: $name, kind: $kind, after: $after) {{ {EVENT_FIELDS} }}
 }}"""
 EVENT_COLUMNS = (("TIME", 21), ("KIND", 16), ("NAME", 26), ("STATE", 12))

@@ -131,27 +131,27 @@ export type MachineHealthQueryVariables = Exact<{ [key: string]: never; }>;
 
 export type MachineHealthQuery = { machineHealth: { machines: Array<{ machine: string, cluster: string, pool: string | null, lostGpuHours: number, failureCount: number, faultCount: number, lastFault: string | null, unhealthyGpus: number, vsPool: number | null, action: string, failures: Array<{ kind: string, count: number }> }> } };
 
-export type EventFieldsFragment = { id: number, kind: string, state: string | null, reason: string, run: string | null, worker: string | null, createdAt: string, foundAt: string };
+export type EventFieldsFragment = { id: string, kind: string, state: string | null, reason: string, run: string | null, worker: string | null, createdAt: string, foundAt: string };
 
 export type EventsPageQueryVariables = Exact<{
   name: string | null | undefined;
   kind: string | null | undefined;
-  before: number | null | undefined;
+  before: string | number | null | undefined;
   ws: string | null | undefined;
 }>;
 
 
-export type EventsPageQuery = { events: { nextBefore: number | null, events: Array<{ id: number, kind: string, state: string | null, reason: string, run: string | null, worker: string | null, createdAt: string, foundAt: string }> } };
+export type EventsPageQuery = { events: { nextBefore: string | null, events: Array<{ id: string, kind: string, state: string | null, reason: string, run: string | null, worker: string | null, createdAt: string, foundAt: string }> } };
 
 export type NewEventsSubscriptionVariables = Exact<{
   name: string | null | undefined;
   kind: string | null | undefined;
-  after: number | null | undefined;
+  after: string | number | null | undefined;
   ws: string | null | undefined;
 }>;
 
 
-export type NewEventsSubscription = { events: { id: number, kind: string, state: string | null, reason: string, run: string | null, worker: string | null, createdAt: string, foundAt: string } };
+export type NewEventsSubscription = { events: { id: string, kind: string, state: string | null, reason: string, run: string | null, worker: string | null, createdAt: string, foundAt: string } };
 
 export type ReportFieldsFragment = { start: string, end: string, rowCount: number, total: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: GoodputCategory, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: GoodputCategory, gpuHours: number, heldGpuHours: number } | null }, rows: Array<{ name: string, ledger: { allocatedGpuHours: number, productiveGpuHours: number, lostGpuHours: number, waitingGpuHours: number, goodput: number | null, gpuHours: Array<{ category: GoodputCategory, gpuHours: number, heldGpuHours: number }>, biggestLoss: { category: GoodputCategory, gpuHours: number, heldGpuHours: number } | null } }> };
 

@@ -21,9 +21,9 @@ export function foundLater(event: { createdAt: string; foundAt: string }): strin
   const found = Math.floor(Date.parse(event.foundAt) / 1000);
   return found > Math.floor(Date.parse(event.createdAt) / 1000) ? when(event.foundAt) : null;
 }
-const EVENTS = /* GraphQL */ `query EventsPage($name: String, $kind: String, $before: Int, $ws: String) {
+const EVENTS = /* GraphQL */ `query EventsPage($name: String, $kind: String, $before: ID, $ws: String) {
   events(name: $name, kind: $kind, limit: 100, before: $before, workspace: $ws) { events { ...EventFields } nextBefore } }`;
-const NEW_EVENTS = /* GraphQL */ `subscription NewEvents($name: String, $kind: String, $after: Int, $ws: String) {
+const NEW_EVENTS = /* GraphQL */ `subscription NewEvents($name: String, $kind: String, $after: ID, $ws: String) {
   events(name: $name, kind: $kind, after: $after, workspace: $ws) { ...EventFields } }`;
 const PAGE = EVENTS + FIELDS;
 const LIVE = NEW_EVENTS + FIELDS;
@@ -63,7 +63,7 @@ export function EventLog(props: {
 }) {
   const { org, workspace, name, kind, label } = props;
   const [events, setEvents] = useState<Event[]>([]);
-  const [next, setNext] = useState<number | null>(null);
+  const [next, setNext] = useState<string | null>(null);
   const [error, setError] = useState<string | null>(null);
   const filters = { name, kind, ws: workspace };
   const key = JSON.stringify(filters);
