@@ -121,4 +121,6 @@ def start_payload(start: agent_pb2.StartWorker) -> dict[str, Any]:
         # the gang's machines: only they reach rank 0's MASTER_PORT (agent/network.py)
         "gang_addresses": list(start.gang_addresses),
     }
+    if start.worker_key:  # names it on this machine (agent/identity.py local_name)
+        payload["worker_key"] = start.worker_key
     return payload

@@ -74,7 +74,7 @@ from agent.engine_answers import (
     stats_metrics,
     worker_filters,
 )
-from agent.executor import LOST, PAYLOAD, STOP_GRACE_SECONDS, EndCause, Exit
+from agent.executor import KEPT_ID, LOST, PAYLOAD, STOP_GRACE_SECONDS, EndCause, Exit, kept_id
 from agent.identity import WorkloadUsers
 from agent.logs import WorkerLog
 
@@ -171,7 +171,8 @@ class ContainerWorker:
         # The container's user may be anyone (an image's own), unless the agent chose it
         # (start: then the folder becomes that user's alone).
         self.run_folder.chmod(0o777)
-        shim.write_atomically(self.folder / PAYLOAD, json.dumps(self.payload), private=True)
+        kept = {**self.payload, KEPT_ID: self.worker_id}  # its folder is named by its opaque id
+        shim.write_atomically(self.folder / PAYLOAD, json.dumps(kept), private=True)
 
     @classmethod
     def adopt(
@@ -187,9 +188,10 @@ class ContainerWorker:
         except (OSError, ValueError):
             shutil.rmtree(folder, ignore_errors=True)
             return None
-        if not folder.name.isdigit():
+        worker_id = kept_id(folder, payload)
+        if worker_id is None:
             return None  # not a worker's folder (an agent before ids: left as it is)
-        worker = cls(int(folder.name), payload, WorkerLog(log_root, folder.name), folder)
+        worker = cls(worker_id, payload, WorkerLog(log_root, str(worker_id)), folder)
         if engine is not None:
             worker.engine = engine
         worker.container_id = _read_text(folder / CONTAINER)

@@ -25,12 +25,30 @@ from pathlib import Path
 from typing import Any
 
 from agent import cgroups, network, prepare, sandbox, shim
-from agent.identity import Identity, WorkloadUsers, base_environment, workload_dir
+from agent.identity import (
+    Identity,
+    WorkloadUsers,
+    base_environment,
+    local_name,
+    workload_dir,
+)
 from agent.logs import WorkerLog
 
 STOP_GRACE_SECONDS = 10.0
 ADOPTED_POLL_SECONDS = 1.0
 PAYLOAD = "payload.json"
+KEPT_ID = "kept_worker_id"  # in payload.json: the worker's server id, its folder's name is not
+
+
+def kept_id(folder: Path, payload: dict[str, Any]) -> int | None:
+    """The server id of the worker kept in ``folder``: its name (a folder named by the number),
+    else what its payload.json says (one named by the worker's opaque id); None: no worker's."""
+    if folder.name.isdigit():
+        return int(folder.name)
+    kept = payload.pop(KEPT_ID, None)
+    return kept if isinstance(kept, int) and kept > 0 else None
+
+
 SHIM_PID = "shim.pid"
 PROGRESS = "progress"
 HOME = "home"
@@ -119,7 +137,8 @@ class ProcessWorker:
             (self.folder / stale).unlink(missing_ok=True)
         for own in (HOME, *sandbox.TMP_FOLDERS):  # an earlier attempt's, its user's
             shutil.rmtree(self.folder / own, ignore_errors=True)
-        shim.write_atomically(self.folder / PAYLOAD, json.dumps(self.payload), private=True)
+        kept = {**self.payload, KEPT_ID: self.worker_id}  # its folder is named by its opaque id
+        shim.write_atomically(self.folder / PAYLOAD, json.dumps(kept), private=True)
 
     @classmethod
     def adopt(cls, folder: Path, log_root: Path) -> ProcessWorker | None:
@@ -129,9 +148,10 @@ class ProcessWorker:
         except (OSError, ValueError):
             shutil.rmtree(folder, ignore_errors=True)
             return None
-        if not folder.name.isdigit():
+        worker_id = kept_id(folder, payload)
+        if worker_id is None:
             return None  # not a worker's folder (an agent before ids: left as it is)
-        worker = cls(int(folder.name), payload, WorkerLog(log_root, folder.name), folder)
+        worker = cls(worker_id, payload, WorkerLog(log_root, str(worker_id)), folder)
         worker.started = (folder / SHIM_PID).exists()
         spec = folder / shim.SPEC
         if spec.exists():
@@ -208,7 +228,7 @@ class ProcessWorker:
             shim.write_atomically(self.folder / LINKS, json.dumps(links), private=True)
         if not command:
             return shim.record_exit(self.folder, Exit(127, EndCause.NOT_FOUND))
-        self.cgroup = cgroups.create(str(self.worker_id), self.install)
+        self.cgroup = cgroups.create(local_name(self.worker_id, self.payload), self.install)
         group = None
         if self.cgroup is not None:
             self.cgroup.limit_memory(self.payload.get("memory_limit_bytes"))

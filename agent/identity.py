@@ -2,8 +2,8 @@
 
 An agent running as root starts each worker as an unprivileged user of its own: the spec's
 ``user`` when the machine's owner allows that name (``--allow-user``), else a user id from the
-agent's range (``--workload-uids``, 2000000-2065535 by default), the worker's own (its server
-id modulo the range: the same at every attempt) or, where a kept worker runs as that, the next
+agent's range (``--workload-uids``, 2000000-2065535 by default), the worker's own (a hash of
+its opaque id modulo the range: the same at every attempt) or, where a kept worker runs as that, the next
 free, with no entry in /etc/passwd. Its group is its workspace's (``--workload-gid-base`` plus
 the workspace's id), which owns the workspace's drives: a workspace's workers share its drives
 and nothing else; another workspace's are another group. The worker's own folder (its home,
@@ -18,11 +18,15 @@ from __future__ import annotations
 import hashlib
 import os
 import pwd
+import re
 import stat
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# The server's opaque id of a worker (issue 37 N8), sent in its start payload as worker_key.
+WORKER_KEY = re.compile(r"[A-Za-z0-9_-]{22}")
 
 UID_RANGE = (2_000_000, 2_065_535)
 GID_BASE = 2_100_000
@@ -60,9 +64,9 @@ class WorkloadUsers:
             raise ValueError(f"workspace id {workspace_id} is beyond this machine's group range")
         return self.gid_base + workspace_id
 
-    def free_uid(self, taken: Collection[int], worker_id: int) -> int:
-        """The worker's own id of the range (its server id, modulo the range), else the next no
-        kept worker runs as. Every attempt of a worker then runs as one user, on any machine
+    def free_uid(self, taken: Collection[int], seed: int) -> int:
+        """The worker's own id of the range (its ``uid_seed`` modulo the range), else the next
+        no kept worker runs as. Every attempt of a worker then runs as one user, on any machine
         with the same range: what an attempt wrote to shared storage (a checkpoint, replaced
         by the next attempt in a folder with the sticky bit) stays its own. The lowest free
         id, as before, gave a restart the id another run had let go meanwhile (issue 36:
@@ -70,7 +74,7 @@ class WorkloadUsers:
         permitted", its 10 restarts long)."""
         low, high = self.uids
         span = high - low + 1
-        first = worker_id % span
+        first = seed % span
         for step in range(span):
             uid = low + (first + step) % span
             if uid not in taken:
@@ -143,3 +147,24 @@ def workload_dir(data_dir: Path, users: WorkloadUsers) -> Path:
         return data_dir
     install = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
     return WORKLOADS_FALLBACK / install
+
+
+def local_name(worker_id: int, payload: dict[str, Any]) -> str:
+    """What names the worker on this machine where its workload can see it (its folder, in
+    ``HOME`` and the working directory, and its control group, in ``/proc/self/cgroup``): the
+    server's opaque id of it, which counts nothing (issue 37 N8: the database's number would
+    tell a workload how many workers every workspace started before it); the number where a
+    server sends none."""
+    key = payload.get("worker_key")
+    if isinstance(key, str) and WORKER_KEY.fullmatch(key):
+        return key
+    return str(worker_id)
+
+
+def uid_seed(worker_id: int, payload: dict[str, Any]) -> int:
+    """Where the worker's own user id of the range is: from its opaque id, the same at every
+    attempt and on every machine (a user id of the number would tell a workload the number)."""
+    key = local_name(worker_id, payload)
+    if key.isdigit():
+        return worker_id
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")

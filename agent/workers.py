@@ -21,6 +21,7 @@ from astraeus.agent.v1 import agent_pb2
 from agent import docker, prepare, rendezvous, uid_handover
 from agent import engine as engines
 from agent.executor import OOM_KILLED, EndCause, Exit, ProcessWorker
+from agent.identity import local_name, uid_seed
 from agent.logs import WorkerLog
 from agent.network import Network, gang_rendezvous
 from agent.state import AgentState, Worker
@@ -44,7 +45,7 @@ class WorkerKeeping(AgentState):
         workspace = int(payload.get("workspace_id") or 0)
         while True:
             try:
-                uid = self.config.users.free_uid(taken, worker_id)
+                uid = self.config.users.free_uid(taken, uid_seed(worker_id, payload))
             except LookupError:
                 return payload  # none free: start() says so
             if not self.uid_ledger.same_workspace(uid, workspace):
@@ -58,7 +59,7 @@ class WorkerKeeping(AgentState):
 
     def _new_worker(self, worker_id: int, payload: dict[str, Any]) -> Worker:
         log_ = WorkerLog(self.log_root, str(worker_id))
-        folder = self.worker_root / str(worker_id)
+        folder = self.worker_root / local_name(worker_id, payload)
         if self.config.executor == "docker":
             drives = prepare.drive_folder(self.drive_root, payload, "x").parent
             container = docker.ContainerWorker(

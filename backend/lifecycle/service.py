@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend import ids
 from backend.accounting import counting
 from backend.clock import Clock, iso_offset
 from backend.db import insert_many
@@ -268,6 +269,11 @@ async def persist(
         _add_history(batch, gang, worker.name if worker is not None else None, t, at)
     await _guard_ended(session, gang)
     _changes(gang, since, batch)
+    # a start names the worker on its machine by its opaque id (backend/ids.py): its folder,
+    # control group and user id, which its workload sees, count nothing (issue 37 N8)
+    codec = (
+        await ids.session_codec(session) if any(c.kind == "start" for c in fx.commands) else None
+    )
     batch.commands.extend(
         {
             "machine_id": c.machine_id,
@@ -276,7 +282,9 @@ async def persist(
             "target_worker_id": c.worker_id,
             "worker_name": c.worker_name,
             "kind": c.kind,
-            "payload": c.payload,
+            "payload": c.payload
+            if codec is None or c.kind != "start"
+            else {**c.payload, "worker_key": codec.show(ids.Kind.WORKER, c.worker_id)},
             "created_at": at,
         }
         for c in fx.commands

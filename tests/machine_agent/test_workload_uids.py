@@ -5,9 +5,11 @@ every save, "Operation not permitted", once other runs had let lower ids go)."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
-from agent.identity import NO_FREE_UID, WorkloadUsers
+from agent.identity import NO_FREE_UID, WorkloadUsers, local_name, uid_seed
 
 USERS = WorkloadUsers(uids=(2_000_000, 2_000_009), switch=True)
 
@@ -15,7 +17,7 @@ USERS = WorkloadUsers(uids=(2_000_000, 2_000_009), switch=True)
 def test_a_worker_runs_as_its_own_id_whatever_other_workers_have_let_go() -> None:
     assert USERS.free_uid(set(), 7) == 2_000_007
     assert USERS.free_uid({2_000_000, 2_000_001}, 7) == 2_000_007
-    assert USERS.free_uid(set(), 23) == 2_000_003  # its server id, modulo the range
+    assert USERS.free_uid(set(), 23) == 2_000_003  # its seed, modulo the range
 
 
 def test_a_worker_whose_id_is_taken_runs_as_the_next_free_one_around_the_range() -> None:
@@ -27,3 +29,17 @@ def test_a_range_all_taken_says_so() -> None:
     with pytest.raises(LookupError, match="No user id is free") as refused:
         USERS.free_uid(set(range(2_000_000, 2_000_010)), 3)
     assert str(refused.value) == NO_FREE_UID
+
+
+KEY = "Z3lS0Nbz6fntndMhehv97A"  # a worker's opaque id, as the server sends it (worker_key)
+
+
+def test_a_worker_sent_its_opaque_id_is_named_and_seated_by_it_not_by_its_number() -> None:
+    # issue 37 N8: its folder, control group and user id would tell its workload its number
+    assert local_name(41, {"worker_key": KEY}) == KEY
+    seed = uid_seed(41, {"worker_key": KEY})
+    assert seed == uid_seed(99, {"worker_key": KEY})  # the key alone: every attempt, machine
+    assert seed == int.from_bytes(hashlib.sha256(KEY.encode()).digest()[:8], "big") != 41
+    # a server that sends none (or something else): the number, as before
+    for payload in ({}, {"worker_key": "../../etc"}, {"worker_key": 7}, {"worker_key": "a" * 23}):
+        assert local_name(41, payload) == "41" and uid_seed(41, payload) == 41

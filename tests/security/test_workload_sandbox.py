@@ -10,7 +10,9 @@ machine's (N5); and a second install's agent ran its workloads as the same users
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from agent.identity import uid_seed
 from tests.e2e.live import AgentProcess, Api, Server, serving
 from tests.support import WORKLOAD_PYTHON
 from tests.support.hostile_workloads import BOMB
@@ -293,3 +296,39 @@ def test_a_command_in_the_machines_tmp_runs_with_its_neighbours(two_workspaces: 
             for file in folder.iterdir():
                 file.unlink()
             folder.rmdir()
+
+
+# Where it runs, as a workload can read it.
+WHERE = r"""
+import os
+print("home", os.environ.get("HOME"), flush=True)
+print("cwd", os.getcwd(), flush=True)
+for line in open("/proc/self/cgroup"):
+    print("cgroup", line.strip(), flush=True)
+print("uid", os.getuid(), flush=True)
+"""
+
+
+@as_root
+def test_a_workload_learns_no_worker_number_from_where_it_runs(two_workspaces: Machine) -> None:
+    # issue 37 N8: its folder (HOME, its working directory), its control group and its user id
+    # were named by its worker's number, which counts every workspace's workers before it
+    team_b = two_workspaces.team_b
+    team_b.submit("where", WHERE)
+    assert team_b.ended("where")["status"] == "Completed"
+    said = team_b.log("where")
+    run = team_b.graphql('{ run(name: "where") { workers { id } } }')["run"]
+    key = run["workers"][0]["id"]
+    with contextlib.closing(sqlite3.connect(two_workspaces.server.data_dir / "astraeus.db")) as db:
+        (number,) = db.execute("SELECT id FROM workers WHERE name = 'where-0'").fetchone()
+    home = next(line.split()[1] for line in said if line.startswith("home "))
+    assert key in Path(home).parts
+    ours = [line for line in said if line.startswith("cgroup ") and "astraeus" in line]
+    assert all(line.rstrip("/").endswith(f"/{key}") for line in ours), ours
+    cwd = next(line.split()[1] for line in said if line.startswith("cwd "))
+    paths = [home, cwd] + [line.split(":", 2)[2] for line in said if line.startswith("cgroup ")]
+    assert str(number) not in {part for path in paths for part in Path(path).parts}, paths
+    # its user id: from its opaque id, modulo the agent's range
+    uid = int(next(line.split()[1] for line in said if line.startswith("uid ")))
+    low, high = uid_range(two_workspaces.server.env["ASTRAEUS_AGENT_WORKLOAD_UIDS"])
+    assert uid == low + uid_seed(number, {"worker_key": key}) % (high - low + 1)
