@@ -456,6 +456,58 @@ def test_a_workload_reaches_no_service_of_the_control_plane_and_sees_no_process(
     ]
 
 
+# Where it runs, as a workload can read it.
+WHERE = """\
+import os
+print(os.environ["HOME"], flush=True)
+print(os.getcwd(), flush=True)
+"""
+
+
+def test_ids_count_nothing_and_both_replicas_show_the_same(topology: Topology) -> None:
+    # issue 37 N8 on this topology: ids are sealed under the install's key, which each replica,
+    # worker and the scheduler read from PostgreSQL; the workload's folder is named by its
+    # worker's opaque id, not its number
+    t = topology
+    created = t.graphql(
+        0,
+        "mutation($s: JSON!) { createRun(spec: $s) { run { id workers { id } } "
+        "errors { message } } }",
+        s={"name": "where", "restart_policy": "never", "command": ["python3", "-c", WHERE]},
+    )["createRun"]
+    assert created["errors"] == []
+    run_id, worker_id = created["run"]["id"], created["run"]["workers"][0]["id"]
+    for api in (0, 1):
+        seen = t.graphql(api, '{ run(name: "where") { id workers { id } } }')["run"]
+        assert (seen["id"], seen["workers"][0]["id"]) == (run_id, worker_id)
+    with psycopg.connect(t.database_url) as conn:
+        row = conn.execute("SELECT run_id, id FROM workers WHERE name = 'where-0'").fetchone()
+    assert row is not None
+    numbers = {str(n) for n in row}
+    assert not {run_id, worker_id} & numbers and not run_id.isdigit()
+    until(
+        lambda: t.get(1, "/jobs/where").json().get("status") == "Completed",
+        60,
+        "where never completed",
+        t,
+    )
+    home, cwd = t.get(1, "/tasks/where-0/logs").json()["logs"].splitlines()
+    assert worker_id in Path(home).parts
+    assert not numbers & {*Path(home).parts, *Path(cwd).parts}, (home, cwd)
+    # its events: the same opaque ids from either replica (the REST shim)
+    listed = [
+        [
+            e["id"]
+            for e in t.get(api, "/orgs/default/workspaces/default/events?name=where").json()[
+                "events"
+            ]
+        ]
+        for api in (0, 1)
+    ]
+    assert listed[0] == listed[1] and listed[0]
+    assert not any(i.isdigit() for i in listed[0])
+
+
 def test_documents_costly_in_their_expansion_stall_no_replica(topology: Topology) -> None:
     # issue 37 N1 on this topology: the fragment fan-out and its variants, ten at a time,
     # without a token and with one, refused while both replicas' /healthz answer within 1 s
