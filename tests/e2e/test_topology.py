@@ -101,14 +101,7 @@ class Topology:
         ).stdout
 
     def graphql(self, api: int, query: str, **variables: Any) -> dict[str, Any]:
-        answer = HTTP.post(
-            f"{self.apis[api]}/graphql",
-            json={"query": query, "variables": variables},
-            headers={"Authorization": f"Bearer {self.admin}"},
-            timeout=30,
-        ).json()
-        assert not answer.get("errors"), answer
-        return dict(answer["data"])
+        return Member(self.apis[api], self.admin).graphql(query, **variables)
 
     def get(self, api: int, path: str) -> httpx.Response:
         return HTTP.get(
