@@ -94,6 +94,7 @@ def cmd_cluster_import(settings: Settings, args: argparse.Namespace) -> int:
         f"{_count(result.created, 'new run')}, {result.changed} changed"
     )
     _print_unmapped(result.unmapped)
+    _print_quarantined(result.quarantined)
     return 0
 
 
@@ -121,6 +122,7 @@ def cmd_cluster_status(settings: Settings, args: argparse.Namespace) -> int:
     if not found.accounts:
         print("  no account is mapped to a workspace: no job is imported")
     _print_unmapped(found.unmapped)
+    _print_quarantined(found.quarantined)
     return 0
 
 
@@ -130,6 +132,14 @@ def _count(n: int, what: str) -> str:
 
 def _time(moment: datetime | None) -> str:
     return "never" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _print_quarantined(quarantined: dict[str, str]) -> None:
+    """What Slurm printed that the last import could not read (each set aside, the rest read)."""
+    if quarantined:
+        print(f"  not read, set aside: {_count(len(quarantined), 'record')}")
+        for what, why in sorted(quarantined.items())[:20]:
+            print(f"    {what}: {why}")
 
 
 def _print_unmapped(unmapped: dict[str, int]) -> None:

@@ -29,8 +29,8 @@ class SlurmAccount(HasId, HasCreatedAt, Base):
 
 class SlurmImport(Base):
     """Where a Slurm-backed cluster's import stands (one row per cluster): since when its
-    accounting is read, when it last read it, what went wrong the last time, and the accounts
-    of jobs it saw without a workspace."""
+    accounting is read, when it last read it, what went wrong the last time, the accounts of
+    jobs it saw without a workspace, and the records it could not read."""
 
     __tablename__ = "slurm_imports"
 
@@ -45,3 +45,6 @@ class SlurmImport(Base):
     error_at: Mapped[datetime | None]
     # account -> number of jobs seen in the last import without a mapped workspace
     unmapped: Mapped[dict[str, Any]] = mapped_column(PortableJSON, default=dict)
+    # record -> why, of what the last import's commands printed and it could not read (a job,
+    # a node: set aside, the others imported; issue 38)
+    quarantined: Mapped[dict[str, Any]] = mapped_column(PortableJSON, default=dict)

@@ -1,7 +1,8 @@
-"""Reading a Slurm cluster through its client commands (issue 25): `sacct` for every job's
-history (from slurmdbd), `squeue --json` for the live queue and each pending job's reason,
-`sinfo` for the nodes. Each command runs with the cluster's slurm.conf, UTC times in one
-format, and a timeout: while slurmctld is down the commands block instead of failing.
+"""Reading a Slurm cluster through its client commands (issue 25): `sacct --json` for every
+job's history (from slurmdbd), `squeue --json` for the live queue and each pending job's reason,
+`sinfo --json` for the nodes (parsing.py reads them; issue 38). Each command runs with the
+cluster's slurm.conf, UTC times in one format, and a timeout: while slurmctld is down the
+commands block instead of failing.
 """
 
 from __future__ import annotations
@@ -9,20 +10,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from backend.slurm import rules
+from backend.slurm import parsing
 from backend.slurm.rules import SlurmJob, SlurmNode
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 20.0
 JOBS_PER_CALL = 500  # job ids named in one sacct call
 # What a command may print before it is cut off (a queue of 100 000 jobs is about 200 MB of
-# squeue's JSON; sacct's lines are ~250 bytes a job).
+# squeue's JSON; sacct's is ~2.5 KB a job).
 MAX_OUTPUT = 512 * 1024 * 1024
 
 
@@ -80,6 +85,8 @@ class SlurmCommands:
 
     def __init__(self, settings: SlurmSettings) -> None:
         self.settings = settings
+        # The records the commands printed that could not be read (set aside, not imported)
+        self.quarantined: list[parsing.Quarantined] = []
 
     def _env(self) -> dict[str, str]:
         env = {
@@ -159,38 +166,47 @@ class SlurmCommands:
     async def jobs(self, job_ids: Sequence[str]) -> list[SlurmJob]:
         """These jobs as accounting has them (those it has heard of)."""
         out: list[SlurmJob] = []
-        ids = list(job_ids)
+        ids = parsing.askable(job_ids)
         for start in range(0, len(ids), JOBS_PER_CALL):
             out += await self._sacct("--jobs=" + ",".join(ids[start : start + JOBS_PER_CALL]))
         return out
 
     async def _sacct(self, *selection: str) -> list[SlurmJob]:
-        text = await self.run(
-            "sacct",
-            "-X",
-            "-P",
-            "--noheader",
-            "--allusers",
-            "--duplicates",  # a requeued job's instances, each with its own start and end
-            *selection,
-            "--format=" + ",".join(rules.SACCT_FIELDS),
+        common = ("-X", "--allusers", "--duplicates", *selection)
+        # (--duplicates: a requeued job's instances, each with its own start and end)
+        document = await self._json("sacct", *common)
+        exits = parsing.parse_exit_codes(
+            await self.run(
+                "sacct", "-P", "--noheader", *common, "--format=" + ",".join(parsing.EXIT_FIELDS)
+            )
         )
-        try:
-            return rules.parse_sacct(text)
-        except (ValueError, KeyError) as e:
-            raise SlurmUnavailable(f"sacct printed what Astraeus cannot read: {e}") from e
+        return self._kept("sacct", lambda: parsing.parse_sacct(document, exits))
 
     async def queue(self) -> list[SlurmJob]:
         """The live queue (pending and running jobs), with pending jobs' reasons."""
-        text = await self.run("squeue", "--json", "--all")
-        try:
-            return rules.parse_squeue(json.loads(text))
-        except (ValueError, KeyError, TypeError) as e:
-            raise SlurmUnavailable(f"squeue --json printed what Astraeus cannot read: {e}") from e
+        document = await self._json("squeue", "--all")
+        return self._kept("squeue", lambda: parsing.parse_squeue(document))
 
     async def nodes(self) -> list[SlurmNode]:
-        text = await self.run("sinfo", "-N", "-h", "-o", rules.SINFO_FORMAT)
+        document = await self._json("sinfo")
+        return self._kept("sinfo", lambda: parsing.parse_sinfo(document))
+
+    async def _json(self, name: str, *args: str) -> object:
+        text = await self.run(name, "--json", *args)
         try:
-            return rules.parse_sinfo(text)
+            return json.loads(text)
         except ValueError as e:
-            raise SlurmUnavailable(f"sinfo printed what Astraeus cannot read: {e}") from e
+            raise SlurmUnavailable(f"{name} --json printed what is not JSON: {e}") from e
+
+    def _kept(self, name: str, read: Callable[[], parsing.Read[T]]) -> list[T]:
+        """The records read; those that could not be are kept aside in ``quarantined``. A
+        document with errors, or of another shape, is the command's failure."""
+        try:
+            found = read()
+        except parsing.BadSlurmOutput as e:
+            message = str(e) if isinstance(e, parsing.SlurmSaidError) else f"{name}: {e}"
+            raise SlurmUnavailable(message) from e
+        for q in found.quarantined:
+            log.warning("slurm: %s printed %s, which Astraeus cannot read: %s", name, q.what, q.why)
+        self.quarantined += found.quarantined
+        return found.found

@@ -236,4 +236,4 @@ async def live_names(session: AsyncSession, workspace_id: int, names: Sequence[s
 
 
 def first_import(cluster_id: int, since: datetime) -> SlurmImport:
-    return SlurmImport(cluster_id=cluster_id, since=since, unmapped={})
+    return SlurmImport(cluster_id=cluster_id, since=since, unmapped={}, quarantined={})

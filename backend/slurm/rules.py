@@ -1,5 +1,5 @@
-"""Slurm's words in Astraeus's (issue 25), pure: a job as `sacct` and `squeue` print it, its
-nodes as `sinfo` does, and what each becomes here: a run with one worker per node, its states
+"""Slurm's words in Astraeus's (issue 25), pure: a job and a node as Slurm's commands give
+them (parsing.py reads them), and what each becomes here: a run with one worker per node, its states
 with their times to the second, the phases the goodput tick counts, and a pending job's reason
 in the seed's words ("Queued behind …", "Waits for namespace quota: …", "No machine fits: …").
 
@@ -13,7 +13,7 @@ import itertools
 import re
 import shlex
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from backend.lifecycle.endings import PEER_LOST, PEER_LOST_GRACE
 from backend.lifecycle.sentences import (
@@ -28,34 +28,6 @@ from backend.lifecycle.sentences import (
 from backend.lifecycle.states import Phase
 from backend.runs.rules import RunState, Wait
 from backend.scheduling.rules import seen_from
-
-# The fields asked of `sacct -X -P` (one line per job allocation, fields split by "|"), in order.
-SACCT_FIELDS = (
-    "JobID",
-    "JobName",
-    "Account",
-    "Partition",
-    "User",
-    "State",
-    "ExitCode",
-    "Submit",
-    "Start",
-    "End",
-    "NodeList",
-    "NNodes",
-    "AllocTRES",
-    "ReqTRES",
-    "Timelimit",
-    "Priority",
-)
-# The fields asked of `sinfo -N -h` (-o), split by "|": a node once per partition.
-SINFO_FORMAT = "%N|%P|%G|%c|%m|%T|%E"
-
-UNKNOWN_TIMES = {"", "Unknown", "None", "N/A"}
-
-
-class BadSlurmOutput(ValueError):
-    """A Slurm command printed what this version of Astraeus does not read."""
 
 
 @dataclass(frozen=True)
@@ -108,177 +80,6 @@ class SlurmNode:
     reason: str
 
 
-# ---- reading what the commands print ----
-
-
-def utc(text: str) -> datetime | None:
-    """A time as Slurm prints it under TZ=UTC and SLURM_TIME_FORMAT=%Y-%m-%dT%H:%M:%S."""
-    if text in UNKNOWN_TIMES:
-        return None
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
-    except ValueError as e:
-        raise BadSlurmOutput(f"not a time: {text!r}") from e
-
-
-def epoch(value: object) -> datetime | None:
-    """A time in `squeue --json` (seconds since the epoch; 0 for none)."""
-    if not isinstance(value, int) or value <= 0:
-        return None
-    return datetime.fromtimestamp(value, UTC)
-
-
-_TRES_GPU = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)")
-_TRES_UNTYPED = re.compile(r"(?:^|,)gres/gpu=(\d+)")
-
-
-def tres_gpus(tres: str) -> int:
-    """The GPUs a TRES string counts ("cpu=1,gres/gpu=2,mem=100M"): the untyped count, else
-    the typed ones ("gres/gpu:h100=2") summed."""
-    untyped = _TRES_UNTYPED.search(tres)
-    if untyped:
-        return int(untyped.group(1))
-    return sum(int(n) for n in _TRES_GPU.findall(tres))
-
-
-def time_limit(text: str) -> timedelta | None:
-    """sacct's Timelimit: "UNLIMITED", "Partition_Limit", "30:00", "01:00:00", "2-00:00:00"."""
-    if text in ("UNLIMITED", "Partition_Limit", "INVALID", "") or text in UNKNOWN_TIMES:
-        return None
-    days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    hours, minutes, seconds = parts[-3:]
-    return timedelta(days=int(days or 0), hours=hours, minutes=minutes, seconds=seconds)
-
-
-def hostnames(expression: str) -> tuple[str, ...]:
-    """A Slurm host list expanded: "gpu[01-03,07],cpu1" -> gpu01, gpu02, gpu03, gpu07, cpu1."""
-    if expression in ("", "None assigned", "(null)"):
-        return ()
-    names: list[str] = []
-    for part in _split_top(expression):
-        match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", part)
-        if match is None:
-            names.append(part)
-            continue
-        prefix, ranges, suffix = match.groups()
-        for item in ranges.split(","):
-            low, _, high = item.partition("-")
-            if not high:
-                names.append(f"{prefix}{low}{suffix}")
-                continue
-            width = len(low)
-            for n in range(int(low), int(high) + 1):
-                names.append(f"{prefix}{n:0{width}d}{suffix}")
-    return tuple(names)
-
-
-def _split_top(expression: str) -> list[str]:
-    """Split at the commas outside brackets."""
-    parts, depth, current = [], 0, ""
-    for ch in expression:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    if current:
-        parts.append(current)
-    return parts
-
-
-def parse_sacct(text: str) -> list[SlurmJob]:
-    """`sacct -X -P --noheader -o <SACCT_FIELDS>`'s lines as jobs."""
-    jobs = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split("|")
-        if len(fields) != len(SACCT_FIELDS):
-            raise BadSlurmOutput(f"sacct printed {len(fields)} fields, not {len(SACCT_FIELDS)}")
-        row = dict(zip(SACCT_FIELDS, fields, strict=True))
-        submit = utc(row["Submit"])
-        if submit is None:
-            continue  # not yet submitted as far as accounting knows
-        code, _, sig = row["ExitCode"].partition(":")
-        started = utc(row["Start"])
-        jobs.append(
-            SlurmJob(
-                job_id=row["JobID"],
-                name=row["JobName"],
-                account=row["Account"],
-                partition=row["Partition"],
-                user=row["User"],
-                state=row["State"].split(" ")[0].rstrip("+"),
-                submit=submit,
-                start=started,
-                end=utc(row["End"]),
-                nodes=hostnames(row["NodeList"]) if started else (),
-                node_count=int(row["NNodes"] or 1),
-                gpus=tres_gpus(row["AllocTRES"] if started else row["ReqTRES"])
-                or tres_gpus(row["ReqTRES"]),
-                exit_code=int(code) if code.isdigit() else None,
-                signal=int(sig) if sig.isdigit() else None,
-                time_limit=time_limit(row["Timelimit"]),
-                priority=int(row["Priority"]) if row["Priority"].isdigit() else 0,
-            )
-        )
-    return jobs
-
-
-def parse_squeue(document: dict[str, object]) -> list[SlurmJob]:
-    """`squeue --json`'s jobs: the queue as slurmctld sees it now, with each pending job's
-    reason and priority (sacct's lag behind and keep no live reason)."""
-    raw = document.get("jobs")
-    if not isinstance(raw, list):
-        raise BadSlurmOutput("squeue --json printed no list of jobs")
-    jobs = []
-    for job in raw:
-        if not isinstance(job, dict):
-            raise BadSlurmOutput("squeue --json printed a job that is not an object")
-        submit = epoch(job.get("submit_time"))
-        if submit is None:
-            continue
-        started = epoch(job.get("start_time")) if job.get("job_state") != "PENDING" else None
-        array_task = job.get("array_task_id")
-        job_id = str(job.get("job_id"))
-        if isinstance(array_task, int) and job.get("array_job_id"):
-            job_id = f"{job['array_job_id']}_{array_task}"
-        limit = job.get("time_limit")
-        tres = str(job.get("tres_alloc_str") or "") if started else ""
-        state = str(job.get("job_state", ""))
-        jobs.append(
-            SlurmJob(
-                job_id=job_id,
-                name=str(job.get("name", "")),
-                account=str(job.get("account", "")),
-                partition=str(job.get("partition", "")),
-                user=str(job.get("user_name", "")),
-                state=state,
-                submit=submit,
-                start=started,
-                nodes=hostnames(str(job.get("nodes", ""))) if started else (),
-                node_count=int(job.get("node_count") or 1),
-                gpus=tres_gpus(tres) or tres_gpus(str(job.get("tres_req_str") or "")),
-                time_limit=timedelta(minutes=limit) if isinstance(limit, int) and limit else None,
-                priority=int(job.get("priority") or 0),
-                reason=str(job.get("state_reason", "")),
-                gpu_indexes=(
-                    tuple(gres_indexes(str(d)) for d in job.get("gres_detail") or [])
-                    if started
-                    else ()
-                ),
-            )
-        )
-    return jobs
-
-
 _GPU_INDEXES = re.compile(r"(?:^|,)gpu[^(,]*\(IDX:([^)]*)\)")
 
 
@@ -308,48 +109,6 @@ def task_gpus(job: SlurmJob, nodes: dict[int, str], per_worker: int) -> dict[int
         if indexes:
             out[rank] = indexes
     return out
-
-
-def parse_sinfo(text: str) -> list[SlurmNode]:
-    """`sinfo -N -h -o <SINFO_FORMAT>`: a node once per partition, merged."""
-    nodes: dict[str, SlurmNode] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split("|")
-        if len(fields) != 7:
-            raise BadSlurmOutput(f"sinfo printed {len(fields)} fields, not 7")
-        name, partition, gres, cpus, memory, state, reason = fields
-        partition = partition.rstrip("*")
-        gpus, model = _gres_gpus(gres)
-        known = nodes.get(name)
-        partitions = (*known.partitions, partition) if known else (partition,)
-        nodes[name] = SlurmNode(
-            name=name,
-            partitions=partitions,
-            gpus=gpus,
-            gpu_model=model,
-            cpus=float(cpus or 0),
-            memory_bytes=int(memory or 0) * 1024 * 1024,
-            state=state,
-            reason="" if reason == "none" else reason,
-        )
-    return list(nodes.values())
-
-
-def _gres_gpus(gres: str) -> tuple[int, str]:
-    """sinfo's %G: "gpu:2", "gpu:h100:8(S:0-1)", "gpu:a100:4,gpu:v100:2", "(null)"."""
-    total, models = 0, []
-    for item in gres.split(","):
-        parts = item.split("(")[0].split(":")
-        if parts[0] != "gpu" or len(parts) < 2:
-            continue
-        count = parts[-1]
-        if count.isdigit():
-            total += int(count)
-            if len(parts) == 3:
-                models.append(parts[1])
-    return total, "/".join(models) if models else "GPU (Slurm gres)"
 
 
 # ---- what a job becomes here ----

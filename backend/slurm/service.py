@@ -46,6 +46,7 @@ from backend.runs.rules import RunState
 from backend.runs.spec import stored_spec
 from backend.slurm import repository, results, rules
 from backend.slurm.commands import SlurmCommands, SlurmSettings, SlurmUnavailable
+from backend.slurm.parsing import Quarantined
 from backend.slurm.rules import Change, SlurmJob, SlurmNode
 
 log = logging.getLogger(__name__)
@@ -58,11 +59,13 @@ ACCOUNT_MAX = 64
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What Slurm said at ``read_at``: its nodes and every job of the window, one record each."""
+    """What Slurm said at ``read_at``: its nodes and every job of the window, one record each,
+    and what it printed that could not be read (each record alone: the others are here)."""
 
     read_at: datetime
     nodes: list[SlurmNode]
     jobs: list[SlurmJob]
+    quarantined: list[Quarantined] = field(default_factory=list)
 
 
 @dataclass
@@ -73,6 +76,7 @@ class ImportResult:
     changed: int = 0
     unmapped: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    quarantined: dict[str, str] = field(default_factory=dict)  # record -> why
 
 
 # ---- admin: clusters and accounts ----
@@ -156,6 +160,7 @@ class Status:
     error: str | None
     error_at: datetime | None
     unmapped: dict[str, int]
+    quarantined: dict[str, str]  # record -> why, of the last import
 
 
 async def status(session: AsyncSession, organization_id: int, name: str) -> Status:
@@ -170,6 +175,7 @@ async def status(session: AsyncSession, organization_id: int, name: str) -> Stat
         error=row.error if row else None,
         error_at=row.error_at if row else None,
         unmapped=dict(row.unmapped or {}) if row else {},
+        quarantined=dict(row.quarantined or {}) if row else {},
     )
 
 
@@ -378,7 +384,7 @@ async def read(
     if missing:
         accounted += await commands.jobs(missing)
     nodes = await commands.nodes()
-    return Snapshot(read_at=now, nodes=nodes, jobs=rules.merge(accounted, queued))
+    return Snapshot(now, nodes, rules.merge(accounted, queued), list(commands.quarantined))
 
 
 async def _record_error(session: AsyncSession, cluster_id: int, now: datetime, error: str) -> None:
@@ -426,6 +432,8 @@ async def apply(
     row.since = max(row.since, snapshot.read_at - MARGIN)
     row.imported_at, row.error, row.error_at = snapshot.read_at, None, None
     row.unmapped = result.unmapped
+    result.quarantined = {q.what: q.why for q in snapshot.quarantined}
+    row.quarantined = result.quarantined
     await session.flush()
     if result.created or result.changed:
         log.info(

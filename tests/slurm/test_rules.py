@@ -1,5 +1,5 @@
-"""Slurm's words in Astraeus's (backend/slurm/rules.py): what sacct, squeue and sinfo print,
-read; a job's life as runs' transitions; a pending job's reason in the seed's words."""
+"""Slurm's words in Astraeus's (backend/slurm/rules.py): a job's life as runs' transitions;
+a pending job's reason in the seed's words (tests/slurm/test_parsing.py: what Slurm prints)."""
 
 from __future__ import annotations
 
@@ -29,123 +29,6 @@ def job(**fields: object) -> SlurmJob:
     return SlurmJob(**(base | fields))  # type: ignore[arg-type]
 
 
-SACCT = (
-    "7|train llama|alpha|gpu|ana|COMPLETED|0:0|2026-12-03T11:00:00|2026-12-03T11:00:05|"
-    "2026-12-03T11:10:05|gpu[01-02]|2|billing=2,cpu=2,gres/gpu=8,mem=1G,node=2|"
-    "billing=2,cpu=2,gres/gpu=8,mem=1G,node=2|01:00:00|4294901759\n"
-    "8|oops|alpha|gpu|ana|FAILED|3:0|2026-12-03T11:00:01|2026-12-03T11:00:02|"
-    "2026-12-03T11:00:03|vm|1|cpu=1,gres/gpu:h100=2|cpu=1,gres/gpu:h100=2|UNLIMITED|1\n"
-    "9|wait|beta|gpu|bo|PENDING|0:0|2026-12-03T11:00:04|Unknown|Unknown|None assigned|1||"
-    "cpu=1,gres/gpu=1,node=1|Partition_Limit|5\n"
-    "10|gone|beta|gpu|bo|CANCELLED by 0|0:15|2026-12-03T11:00:04|None|2026-12-03T11:00:09|"
-    "None assigned|1||cpu=1,gres/gpu=1|1-00:00:00|5\n"
-)
-
-
-def test_sacct_lines_are_read_with_their_times_gpus_and_exit_codes() -> None:  # issue 25
-    jobs = {j.job_id: j for j in rules.parse_sacct(SACCT)}
-    done = jobs["7"]
-    assert (done.name, done.account, done.partition, done.user) == (
-        "train llama",
-        "alpha",
-        "gpu",
-        "ana",
-    )
-    assert (done.submit, done.start, done.end) == (
-        T,
-        T + timedelta(seconds=5),
-        T + timedelta(minutes=10, seconds=5),
-    )
-    assert done.nodes == ("gpu01", "gpu02") and done.node_count == 2 and done.gpus == 8
-    assert done.time_limit == timedelta(hours=1) and done.priority == 4294901759
-    failed = jobs["8"]
-    assert (failed.state, failed.exit_code, failed.signal, failed.gpus) == ("FAILED", 3, 0, 2)
-    pending = jobs["9"]
-    assert pending.start is None and pending.nodes == () and pending.gpus == 1
-    assert pending.time_limit is None
-    cancelled = jobs["10"]
-    assert cancelled.state == "CANCELLED" and cancelled.start is None and cancelled.signal == 15
-    assert cancelled.time_limit == timedelta(days=1)
-
-
-def test_sacct_output_of_another_shape_is_refused_not_misread() -> None:
-    with pytest.raises(rules.BadSlurmOutput, match="fields"):
-        rules.parse_sacct("7|train|alpha\n")
-    with pytest.raises(rules.BadSlurmOutput, match="not a time"):
-        rules.parse_sacct(SACCT.splitlines()[0].replace("2026-12-03T11:00:00", "yesterday") + "\n")
-
-
-@pytest.mark.parametrize(
-    ("expression", "names"),
-    [
-        ("vm", ("vm",)),
-        ("gpu[01-03,07],cpu1", ("gpu01", "gpu02", "gpu03", "gpu07", "cpu1")),
-        ("a[8-10]b", ("a8b", "a9b", "a10b")),
-        ("None assigned", ()),
-    ],
-)
-def test_host_lists_expand(expression: str, names: tuple[str, ...]) -> None:
-    assert rules.hostnames(expression) == names
-
-
-def test_tres_counts_untyped_gpus_else_the_typed_ones_summed() -> None:
-    assert rules.tres_gpus("cpu=1,gres/gpu=2,mem=100M") == 2
-    assert rules.tres_gpus("cpu=1,gres/gpu=4,gres/gpu:a100=4") == 4
-    assert rules.tres_gpus("gres/gpu:a100=2,gres/gpu:v100=1") == 3
-    assert rules.tres_gpus("cpu=4,mem=1G") == 0
-
-
-def test_squeue_json_gives_the_live_state_reason_and_priority() -> None:
-    document = {
-        "jobs": [
-            {
-                "job_id": 2,
-                "name": "second",
-                "account": "alpha",
-                "partition": "gpu",
-                "user_name": "ana",
-                "job_state": "PENDING",
-                "state_reason": "Resources",
-                "priority": 4294901758,
-                "submit_time": int(T.timestamp()),
-                "start_time": int(T.timestamp()) + 3600,  # an expected start, not a start
-                "node_count": 1,
-                "tres_req_str": "cpu=1,mem=100M,node=1,billing=1,gres/gpu=2",
-                "time_limit": 5,
-            },
-            {
-                "job_id": 31,
-                "array_job_id": 30,
-                "array_task_id": 1,
-                "name": "sweep",
-                "account": "alpha",
-                "partition": "gpu",
-                "job_state": "RUNNING",
-                "state_reason": "None",
-                "submit_time": int(T.timestamp()),
-                "start_time": int(T.timestamp()) + 2,
-                "nodes": "vm",
-                "node_count": 1,
-                "tres_alloc_str": "cpu=1,gres/gpu=1",
-                "gres_detail": ["gpu:1(IDX:1)"],
-            },
-        ]
-    }
-    pending, running = rules.parse_squeue(document)
-    assert (pending.gpu_indexes, running.gpu_indexes) == ((), ((1,),))
-    assert (pending.state, pending.reason, pending.start, pending.gpus) == (
-        "PENDING",
-        "Resources",
-        None,
-        2,
-    )
-    assert pending.time_limit == timedelta(minutes=5)
-    assert running.job_id == "30_1" and running.nodes == ("vm",)
-    assert running.start == T + timedelta(seconds=2)
-    with pytest.raises(rules.BadSlurmOutput):
-        rules.parse_squeue({"errors": []})
-
-
 def test_the_gpus_slurm_gave_each_node_and_each_task() -> None:  # issue 25
     assert rules.gres_indexes("gpu:2(IDX:0-1)") == (0, 1)
     assert rules.gres_indexes("gpu:a100:3(IDX:0,2-3),shard:0") == (0, 2, 3)
@@ -171,15 +54,9 @@ def test_the_gpus_slurm_gave_each_node_and_each_task() -> None:  # issue 25
     assert rules.task_gpus(job, {0: "n3"}, 1) == {}  # a node squeue did not name
 
 
-def test_sinfo_merges_a_node_listed_once_per_partition() -> None:
-    text = (
-        "n1|gpu*|gpu:h100:8(S:0-1)|64|512000|mixed|none\n"
-        "n1|debug|gpu:h100:8(S:0-1)|64|512000|mixed|none\n"
-        "n2|gpu*|(null)|8|1000|drained|maintenance\n"
-    )
-    n1, n2 = rules.parse_sinfo(text)
-    assert n1.partitions == ("gpu", "debug") and (n1.gpus, n1.gpu_model) == (8, "h100")
-    assert n1.memory_bytes == 512000 * 1024 * 1024
+def test_a_nodes_slurm_state_is_a_machines_state() -> None:
+    n1 = rules.SlurmNode("n1", ("gpu", "debug"), 8, "h100", 64, 0, "mixed", "")
+    n2 = rules.SlurmNode("n2", ("gpu",), 0, "GPU", 8, 0, "drained", "maintenance")
     assert rules.machine_state(n1) == ("ready", "Slurm: mixed")
     assert rules.machine_state(n2) == ("draining", "Slurm: drained (maintenance)")
     down = rules.SlurmNode("n3", ("gpu",), 2, "GPU", 8, 0, "idle*", "Not responding")

@@ -606,3 +606,29 @@ async def tick_after(db: Database, clock: FakeClock, moment: datetime) -> None:
     clock.moment = moment + timedelta(minutes=2)
     async with db.transaction() as session:
         await counting.tick(session, clock)
+
+
+async def assert_equals_sacct(db: Database, cluster: SlurmCluster, job_id: str, gpus: int) -> None:
+    """The completed job's run as sacct has the job, to the second: created at its submission,
+    started and ended at its times, its worker waiting (not held) then held from start to end,
+    and the ledger the same seconds (idle: no agent sampled its GPUs), once the tick counted
+    past its end (``tick_after``)."""
+    found = sacct(cluster, job_id)
+    assert found["state"] == "COMPLETED", found
+    submit, start, end = utc(found["submit"]), utc(found["start"]), utc(found["end"])
+    run = await run_of(db, job_id)
+    assert (run.state, run.created_at, run.started_at, run.ended_at) == (
+        "Completed",
+        submit,
+        start,
+        end,
+    ), f"job {job_id}"
+    (worker,) = await workers_of(db, run)
+    assert await history(db, worker) == [
+        (submit, "Pending", "waiting", 0),
+        (start, "Running", "running", gpus),
+        (end, "Completed", "ended", 0),
+    ], f"job {job_id}"
+    waited, ran = (start - submit).total_seconds() * gpus, (end - start).total_seconds() * gpus
+    expected = {("idle", True): ran, ("waiting", False): waited}
+    assert await ledger(db, "run", run.id) == {k: v for k, v in expected.items() if v}
