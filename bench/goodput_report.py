@@ -4,7 +4,7 @@ reported, never asserted; `python -m bench.goodput --only report`).
 The report. goodput_hours holds 10 000 runs x 8 whole UTC days x 24 hours x 2 categories
 (productive and idle, held), 3.84M run cells, and the workspace's cells; goodput_days their
 sums by day; goodput_run_totals each run's running totals by hour (1.92M rows, as the tick
-keeps them). ``accounting.report(by="run")`` over the 7 days from 05:00 on day 1 to 05:00 on
+keeps them). ``reports.report(by="run")`` over the 7 days from 05:00 on day 1 to 05:00 on
 day 8 (two rows of each run's totals: 04:00 on day 8 less 04:00 on day 1) against a naive
 ``SELECT … sum(gpu_seconds) FROM goodput_hours … GROUP BY`` over the same 168 hours, plus the
 runs' names, in the same process (its garbage collector set as the server sets it). Target:
@@ -23,10 +23,9 @@ from typing import Any
 
 import psycopg
 
-from backend.accounting import ledger_queries, ledger_writes
-from backend.accounting import service as accounting
+from backend.accounting import ledger_queries, ledger_writes, reports
 from backend.accounting.rules import Category, Period
-from backend.accounting.service import Viewer
+from backend.accounting.viewers import Viewer
 from backend.app import freeze_what_started
 from backend.db import Database
 from backend.models.goodput import TOTAL_COLUMNS
@@ -135,7 +134,7 @@ async def ours(
         for _ in range(repeat + 1):
             async with db.read() as session:
                 start = time.perf_counter()
-                report = await accounting.report(session, Viewer([ws]), "run", period)
+                report = await reports.report(session, Viewer([ws]), "run", period)
                 times.append(time.perf_counter() - start)
             per_run = {
                 f"{row.name} {c.value} {held}": seconds

@@ -1,5 +1,6 @@
 """The goodput ledgers in Prometheus' text exposition format (seed: "Prometheus and
-OpenTelemetry"), pure: figures in, text out, written by ``prometheus_client``.
+OpenTelemetry"), pure: figures in, text out, written by ``prometheus_client``. What a scrape
+shows, read from the ledgers: prometheus.py.
 
 All are gauges over whole hours: the hourly counts are kept 400 days and pruned, so a counter
 would go down. The figures come from the ledger at each scrape, so they are a custom collector

@@ -29,6 +29,7 @@ utilisation of their minute; every interval is cut at UTC hours (the ledgers' un
 from __future__ import annotations
 
 import itertools
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -356,6 +357,15 @@ class Ledger:
         if self.goodput is not None:
             out["goodput"] = self.goodput
         return out
+
+
+def ledgers_by_id(sums: Iterable[tuple[int, str, bool, float]]) -> dict[int, Ledger]:
+    """Ledgers by scope id, from the (scope id, category, held, seconds) sums the ledgers'
+    queries answer."""
+    parts: dict[int, list[tuple[str, bool, float]]] = defaultdict(list)
+    for scope_id, category, held, seconds in sums:
+        parts[scope_id].append((category, held, seconds))
+    return {i: Ledger.of_sums(p) for i, p in parts.items()}
 
 
 # -- reading the ledgers -------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
+from backend.accounting import cluster_ledgers
 from backend.accounting import rules as accounting_rules
-from backend.accounting import service as accounting
 from backend.accounting.rules import HOUR
 from backend.alerts import repository, rules
 from backend.alerts.rules import DEFAULTS, Finding
@@ -77,11 +77,13 @@ async def _findings(
     hour_start = hour_end - HOUR
     label = hour_start.strftime("%H:%M UTC")
     for scope in ("workspace", "pool"):
-        hour = await accounting.cluster_ledgers(session, scope, cluster.id, hour_start, hour_end)
-        day = await accounting.cluster_ledgers(
+        hour = await cluster_ledgers.cluster_ledgers(
+            session, scope, cluster.id, hour_start, hour_end
+        )
+        day = await cluster_ledgers.cluster_ledgers(
             session, scope, cluster.id, hour_start - 24 * HOUR, hour_start
         )
-        scope_names = await accounting.scope_names(session, scope, list(hour))
+        scope_names = await cluster_ledgers.scope_names(session, scope, list(hour))
         for scope_id, ledger in hour.items():
             subject = f"{scope}:{scope_names.get(scope_id, scope_id)}"
             workspace_id = scope_id if scope == "workspace" else None

@@ -6,8 +6,7 @@ import asyncio
 import logging
 import time
 
-from backend.accounting import counting
-from backend.accounting import service as accounting
+from backend.accounting import counting, retention
 from backend.alerts import service as alerts
 from backend.clock import Clock
 from backend.db import Database
@@ -81,7 +80,7 @@ async def accounting_tick() -> None:
     """Count every worker's GPU time up to the last whole minute into the goodput ledgers.
 
     Retried, late, duplicated or concurrent messages are safe: the tick counts from its own
-    mark, in one transaction with it (backend/accounting/service.py)."""
+    mark, in one transaction with it (backend/accounting/counting.py)."""
     db, clock = runtime.database(), runtime.clock()
     result = await db.unit(lambda session: counting.tick(session, clock))
     if result.recounted_from is not None:
@@ -98,7 +97,7 @@ async def accounting_prune() -> None:
     """Goodput hours and intervals past 400 days deleted (the ledgers' retention)."""
     db, clock = runtime.database(), runtime.clock()
     async with db.transaction() as session:
-        hours, intervals = await accounting.prune(session, clock)
+        hours, intervals = await retention.prune(session, clock)
     if hours or intervals:
         log.info(
             "goodput: %d ledger hours and %d intervals past 400 days deleted", hours, intervals

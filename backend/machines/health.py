@@ -28,7 +28,7 @@ from datetime import timedelta
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
-from backend.accounting import service as accounting
+from backend.accounting import machine_losses
 from backend.accounting.rules import HOUR, Category, Period
 from backend.errors import Forbidden
 from backend.lifecycle.sentences import EndCause
@@ -141,7 +141,7 @@ async def machine_health(
         ]
     rows = await repository.machines_in_clusters(session, [c.id for c in clusters])
     ids = [m.id for m, *_ in rows]
-    losses = await accounting.machine_losses(session, ids, period)
+    losses = await machine_losses.machine_losses(session, ids, period)
     failures: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for machine_id, cause, exit_code, n in await repository.failure_counts(
         session, ids, period.start, period.end

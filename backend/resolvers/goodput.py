@@ -1,11 +1,11 @@
-"""Resolvers of goodput: each decodes its input, calls the accounting service, maps it."""
+"""Resolvers of goodput: each decodes its input, calls one of accounting's read models, maps it."""
 
 from __future__ import annotations
 
 import dataclasses
 from datetime import datetime
 
-from backend.accounting import service as accounting
+from backend.accounting import costs, explain, reports, series, viewers
 from backend.resolvers.context import Info
 from backend.schema.goodput import (
     CostScope,
@@ -35,10 +35,10 @@ async def goodput(
     """A ledger per run, machine, pool or workspace over whole UTC hours (the last 7 days by
     default; at most 400)."""
     principal = info.context.require_principal()
-    period = accounting.period_of(_time(start), _time(end), info.context.clock.now())
+    period = viewers.period_of(_time(start), _time(end), info.context.clock.now())
     async with info.context.db.read() as session:
-        viewer = await accounting.viewer_for(session, principal, workspace)
-        found = await accounting.report(session, viewer, by.value, period)
+        viewer = await viewers.viewer_for(session, principal, workspace)
+        found = await reports.report(session, viewer, by.value, period)
     return GoodputReport.of(found)
 
 
@@ -52,10 +52,10 @@ async def goodput_cost(
     """The GPU time held on priced pools as money, by workspace or run (the last 7 days by
     default)."""
     principal = info.context.require_principal()
-    period = accounting.period_of(_time(start), _time(end), info.context.clock.now())
+    period = viewers.period_of(_time(start), _time(end), info.context.clock.now())
     async with info.context.db.read() as session:
-        viewer = await accounting.viewer_for(session, principal, workspace)
-        found = await accounting.costs(session, viewer, principal.organization_id, by.value, period)
+        viewer = await viewers.viewer_for(session, principal, workspace)
+        found = await costs.costs(session, viewer, principal.organization_id, by.value, period)
     return GoodputCost.of(found)
 
 
@@ -67,10 +67,10 @@ async def goodput_weekly(
 ) -> list[GoodputWeek]:
     """The last ISO weeks (Monday, UTC), this one included, oldest first."""
     principal = info.context.require_principal()
-    count = accounting.weeks_of(weeks)
+    count = reports.weeks_of(weeks)
     async with info.context.db.read() as session:
-        viewer = await accounting.viewer_for(session, principal, workspace)
-        found = await accounting.weekly(session, viewer, by.value, count, info.context.clock.now())
+        viewer = await viewers.viewer_for(session, principal, workspace)
+        found = await reports.weekly(session, viewer, by.value, count, info.context.clock.now())
     return [GoodputWeek(week=w, report=GoodputReport.of(r)) for w, r in found]
 
 
@@ -86,10 +86,10 @@ async def goodput_series(
     """A ledger each hour or UTC day of whole UTC hours (the last 7 days by default, at most
     400): of one row by name, or of every row summed."""
     principal = info.context.require_principal()
-    period = accounting.period_of(_time(start), _time(end), info.context.clock.now())
+    period = viewers.period_of(_time(start), _time(end), info.context.clock.now())
     async with info.context.db.read() as session:
-        viewer = await accounting.viewer_for(session, principal, workspace)
-        found = await accounting.series(
+        viewer = await viewers.viewer_for(session, principal, workspace)
+        found = await series.series(
             session, viewer, principal, by=by.value, name=name, step=step.value, period=period
         )
     return GoodputSeries.of(found)
@@ -108,10 +108,10 @@ async def goodput_intervals(
     """The worker intervals behind a figure: of one run, machine, pool or workspace, maybe one
     category, earliest first."""
     principal = info.context.require_principal()
-    period = accounting.period_of(_time(start), _time(end), info.context.clock.now())
+    period = viewers.period_of(_time(start), _time(end), info.context.clock.now())
     async with info.context.db.read() as session:
-        viewer = await accounting.viewer_for(session, principal, workspace)
-        found = await accounting.explain(
+        viewer = await viewers.viewer_for(session, principal, workspace)
+        found = await explain.explain(
             session,
             viewer,
             principal,
@@ -119,10 +119,10 @@ async def goodput_intervals(
             name=name,
             category=category,
             period=period,
-            limit=accounting.interval_limit(limit),
+            limit=explain.interval_limit(limit),
         )
     return [_interval(i) for i in found]
 
 
-def _interval(i: accounting.Explained) -> GoodputInterval:
+def _interval(i: explain.Explained) -> GoodputInterval:
     return GoodputInterval(**dataclasses.asdict(i))

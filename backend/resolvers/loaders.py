@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from strawberry.dataloader import DataLoader
 
 from backend.access.rules import Principal
-from backend.accounting import service as accounting
+from backend.accounting import rework, run_goodput
 from backend.accounting.rules import Ledger
 from backend.agents import service as agents
 from backend.clock import Clock
@@ -57,7 +57,7 @@ class Loaders:
     # (run id, submitted at, ended at, its gang's GPUs).
     run_ettr: DataLoader[tuple[int, datetime, datetime | None, int], float | None]
     # A run's rework since it was submitted, by (run id, submitted at, workspace id).
-    run_rework: DataLoader[tuple[int, datetime, int], accounting.RunRework]
+    run_rework: DataLoader[tuple[int, datetime, int], rework.RunRework]
     # Why a run waits: each machine of its cluster and why it takes a worker or not.
     pending_reasons: DataLoader[int, list[tuple[str, str]]]
 
@@ -68,20 +68,20 @@ class Loaders:
 
         async def run_ledgers(keys: list[tuple[int, datetime]]) -> list[Ledger]:
             async with db.read() as session:
-                found = await accounting.run_ledgers(session, keys, clock.now())
+                found = await run_goodput.run_ledgers(session, keys, clock.now())
             return [found[run_id] for run_id, _ in keys]
 
         async def run_ettrs(
             keys: list[tuple[int, datetime, datetime | None, int]],
         ) -> list[float | None]:
-            clocks = [accounting.RunClock(*k) for k in keys]
+            clocks = [run_goodput.RunClock(*k) for k in keys]
             async with db.read() as session:
-                found = await accounting.run_ettrs(session, clocks, clock.now())
+                found = await run_goodput.run_ettrs(session, clocks, clock.now())
             return [found[k[0]] for k in keys]
 
-        async def run_reworks(keys: list[tuple[int, datetime, int]]) -> list[accounting.RunRework]:
+        async def run_reworks(keys: list[tuple[int, datetime, int]]) -> list[rework.RunRework]:
             async with db.read() as session:
-                found = await accounting.run_reworks(session, keys, clock.now())
+                found = await rework.run_reworks(session, keys, clock.now())
             return [found[k[0]] for k in keys]
 
         async def pending_reasons(keys: list[int]) -> list[list[tuple[str, str]] | Exception]:

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 from strawberry.scalars import JSON
 
-from backend.accounting import service as accounting
+from backend.accounting import viewers
 from backend.errors import AstraeusError, NotFound
 from backend.machines import health
 from backend.machines import views as machine_views
@@ -125,7 +125,7 @@ async def machine_health(
     """Organisation admins: its machines ranked by the GPU time lost on them (the last 7 days
     by default), with their failures, GPU faults and what to do (backend/machines/health.py)."""
     principal = info.context.require_principal()
-    period = accounting.period_of(
+    period = viewers.period_of(
         start.isoformat() if start else None,
         end.isoformat() if end else None,
         info.context.clock.now(),

@@ -6,7 +6,16 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.routing import Route
 
-from backend.accounting import service as accounting
+from backend.accounting import (
+    costs,
+    explain,
+    prometheus,
+    reports,
+    rework,
+    run_goodput,
+    series,
+    viewers,
+)
 from backend.accounting.exposition import CONTENT_TYPE
 from backend.alerts import service as alerts
 from backend.clock import iso_z
@@ -27,18 +36,18 @@ from backend.rest.parameters import (
 async def get_goodput(call: Call) -> Response:
     """``GET /goodput?by=workspace|run|machine|pool&start=…&end=…`` (seed G-27, G-30, G-31)."""
     q = GoodputQuery.of(call.request)
-    viewer = await accounting.viewer_for(call.session, call.principal, q.workspace)
-    period = accounting.period_of(q.start, q.end, call.clock.now())
-    found = await accounting.report(call.session, viewer, q.by, period)
+    viewer = await viewers.viewer_for(call.session, call.principal, q.workspace)
+    period = viewers.period_of(q.start, q.end, call.clock.now())
+    found = await reports.report(call.session, viewer, q.by, period)
     return answers.Report.model_validate(found.to_json()).response()
 
 
 async def get_weekly(call: Call) -> Response:
     """``GET /goodput/weekly?weeks=8&by=run`` (seed G-28): ISO weeks, Monday, UTC."""
     q = WeeklyQuery.of(call.request)
-    weeks = accounting.weeks_of(q.weeks)
-    viewer = await accounting.viewer_for(call.session, call.principal, q.workspace)
-    found = await accounting.weekly(call.session, viewer, q.by, weeks, call.clock.now())
+    weeks = reports.weeks_of(q.weeks)
+    viewer = await viewers.viewer_for(call.session, call.principal, q.workspace)
+    found = await reports.weekly(call.session, viewer, q.by, weeks, call.clock.now())
     return answers.Weekly.model_validate(
         {"by": found[0][1].by, "weeks": [{"week": week, **r.to_json()} for week, r in found]}
     ).response()
@@ -46,21 +55,21 @@ async def get_weekly(call: Call) -> Response:
 
 async def get_run_goodput(call: Call) -> Response:
     """``GET /runs/<run>/goodput`` (seed G-29): the run's ledger since it was submitted."""
-    run, ledger = await accounting.run_ledger(
+    run, ledger = await run_goodput.run_ledger(
         call.session,
         call.principal,
         RunPath.of(call.request).run,
         call.clock.now(),
         JobQuery.of(call.request).workspace,
     )
-    ettr = await accounting.run_ettrs(call.session, [accounting.run_clock(run)], call.clock.now())
-    rework = await accounting.run_rework(call.session, run, call.clock.now())
+    ettr = await run_goodput.run_ettrs(call.session, [run_goodput.run_clock(run)], call.clock.now())
+    run_rework = await rework.run_rework(call.session, run, call.clock.now())
     return answers.RunLedger.model_validate(
         {
             "run": run.name,
             "since": iso_z(run.created_at),
             "ettr": ettr[run.id],
-            "rework": rework.to_json(),
+            "rework": run_rework.to_json(),
             **ledger.to_json(),
         }
     ).response()
@@ -70,9 +79,9 @@ async def get_cluster_goodput(call: Call) -> Response:
     """``GET /organizations/<org>/clusters/<cluster>/goodput`` (seed G-34): every workspace's
     time on the cluster, for the organisation's admins."""
     p, q = ClusterPath.of(call.request), ClusterGoodputQuery.of(call.request)
-    viewer = await accounting.cluster_viewer(call.session, call.principal, p.org, p.cluster)
-    period = accounting.period_of(q.start, q.end, call.clock.now())
-    found = await accounting.report(call.session, viewer, q.by, period)
+    viewer = await viewers.cluster_viewer(call.session, call.principal, p.org, p.cluster)
+    period = viewers.period_of(q.start, q.end, call.clock.now())
+    found = await reports.report(call.session, viewer, q.by, period)
     return answers.Report.model_validate(found.to_json()).response()
 
 
@@ -80,9 +89,9 @@ async def get_series(call: Call) -> Response:
     """``GET /goodput/series?by=run&name=llm&step=hour|day&start=…&end=…``: goodput over
     time, one ledger a point; without ``name``, every row the caller reads, summed."""
     q = SeriesQuery.of(call.request)
-    viewer = await accounting.viewer_for(call.session, call.principal, q.workspace)
-    period = accounting.period_of(q.start, q.end, call.clock.now())
-    found = await accounting.series(
+    viewer = await viewers.viewer_for(call.session, call.principal, q.workspace)
+    period = viewers.period_of(q.start, q.end, call.clock.now())
+    found = await series.series(
         call.session, viewer, call.principal, by=q.by, name=q.name, step=q.step, period=period
     )
     return answers.GoodputSeries.model_validate(found.to_json()).response()
@@ -92,11 +101,9 @@ async def get_cost(call: Call) -> Response:
     """``GET /goodput/cost?by=workspace|run&start=…&end=…``: the GPU time held on priced pools
     as money (each pool's price per GPU-hour, set by the organisation's admins)."""
     q = GoodputQuery.of(call.request)
-    viewer = await accounting.viewer_for(call.session, call.principal, q.workspace)
-    period = accounting.period_of(q.start, q.end, call.clock.now())
-    found = await accounting.costs(
-        call.session, viewer, call.principal.organization_id, q.by, period
-    )
+    viewer = await viewers.viewer_for(call.session, call.principal, q.workspace)
+    period = viewers.period_of(q.start, q.end, call.clock.now())
+    found = await costs.costs(call.session, viewer, call.principal.organization_id, q.by, period)
     return answers.CostReport.model_validate(found.to_json()).response()
 
 
@@ -104,9 +111,9 @@ async def get_intervals(call: Call) -> Response:
     """``GET /goodput/intervals?by=run&name=llm&category=idle&start=…&end=…``: the worker
     intervals behind a ledger figure, earliest first (``limit``: 1 000, at most 10 000)."""
     q = IntervalsQuery.of(call.request)
-    viewer = await accounting.viewer_for(call.session, call.principal, q.workspace)
-    period = accounting.period_of(q.start, q.end, call.clock.now())
-    found = await accounting.explain(
+    viewer = await viewers.viewer_for(call.session, call.principal, q.workspace)
+    period = viewers.period_of(q.start, q.end, call.clock.now())
+    found = await explain.explain(
         call.session,
         viewer,
         call.principal,
@@ -114,7 +121,7 @@ async def get_intervals(call: Call) -> Response:
         name=q.name,
         category=q.category,
         period=period,
-        limit=accounting.interval_limit(q.limit),
+        limit=explain.interval_limit(q.limit),
     )
     return answers.Intervals.model_validate({"intervals": [i.to_json() for i in found]}).response()
 
@@ -123,7 +130,7 @@ async def get_metrics(call: Call) -> Response:
     """``GET /goodput/metrics`` (seed G-35 … G-43): Prometheus text exposition, scraped with
     the API token (an OpenTelemetry Collector's prometheus receiver works unchanged)."""
     firing = await alerts.firing_counts(call.session, call.principal)
-    text = await accounting.exposition(call.session, call.principal, call.clock.now(), firing)
+    text = await prometheus.exposition(call.session, call.principal, call.clock.now(), firing)
     return Response(text, media_type=CONTENT_TYPE)
 
 

@@ -8,9 +8,9 @@ from enum import Enum
 
 import strawberry
 
-from backend.accounting import rules
-from backend.accounting import service as accounting
-from backend.accounting.service import Report, Row, Series
+from backend.accounting import costs, rework, rules
+from backend.accounting.reports import Report, Row
+from backend.accounting.series import Series
 from backend.errors import FieldError, InvalidInput
 from backend.schema.enums import CategoryValue
 
@@ -88,7 +88,7 @@ class Rework:
     )
 
     @classmethod
-    def of(cls, found: accounting.ScopeRework, one_run: bool) -> Rework:
+    def of(cls, found: rework.ScopeRework, one_run: bool) -> Rework:
         return cls(gpu_hours=found.shown_gpu_hours(one_run), unknown_runs=found.unknown_runs)
 
 
@@ -121,7 +121,7 @@ class RunRework:
     redos: list[Redo]
 
     @classmethod
-    def of(cls, found: accounting.RunRework) -> RunRework:
+    def of(cls, found: rework.RunRework) -> RunRework:
         return cls(
             gpu_hours=found.gpu_hours,
             redos=[
@@ -216,7 +216,7 @@ class CostRowType:
     lost: float = strawberry.field(description="All but productive.")
 
     @classmethod
-    def of(cls, row: accounting.CostRow) -> CostRowType:
+    def of(cls, row: costs.CostRow) -> CostRowType:
         return cls(
             name=row.name,
             by_category=[
@@ -241,7 +241,7 @@ class GoodputCost:
     total: CostRowType
 
     @classmethod
-    def of(cls, found: accounting.CostReport) -> GoodputCost:
+    def of(cls, found: costs.CostReport) -> GoodputCost:
         return cls(
             by=CostScope(found.by),
             start=found.period.start,

@@ -17,8 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from backend.accounting import rules
-from backend.accounting import service as accounting
+from backend.accounting import rework, rules
 from backend.accounting.rules import Period, RedoSpan
 from backend.agents import service as agents
 from backend.metrics.rules import SampleIn
@@ -123,7 +122,7 @@ async def test_a_restart_at_step_500_after_a_checkpoint_at_400_redoes_100_steps(
 
     run = await world.run("train")
     async with world.db.read() as session:
-        found = await accounting.run_rework(session, run, world.clock.now())
+        found = await rework.run_rework(session, run, world.clock.now())
     redo = found.redos[0]
     assert (redo.attempt, redo.restarted_at) == (2, restart)
     assert (redo.checkpoint_step, redo.reached_step, redo.steps_redone) == (400, 500, 100)
@@ -166,7 +165,7 @@ async def test_a_restart_during_a_redo_keeps_the_step_to_reach(
     await tick(world)
 
     async with world.db.read() as session:
-        found = await accounting.run_rework(session, await world.run("train"), world.clock.now())
+        found = await rework.run_rework(session, await world.run("train"), world.clock.now())
     one, two = found.redos
     assert (one.restarted_at, one.until, one.caught_up) == (first, second, False)
     assert (two.restarted_at, two.reached_step, two.checkpoint_step) == (second, 500, 400)

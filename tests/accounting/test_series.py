@@ -14,10 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend.accounting import rules
-from backend.accounting import service as accounting
+from backend.accounting import reports, rules, series, viewers
 from backend.accounting.rules import CATEGORIES, Ledger, Period
-from backend.accounting.service import Viewer
+from backend.accounting.viewers import Viewer
 from tests.lifecycle.world import World
 from tests.support import Tenancy
 from tests.support.accounting import sample_minutes, tick
@@ -94,7 +93,7 @@ async def days(world: World) -> World:
 async def viewer_of(world: World) -> tuple[Viewer, object]:
     principal = await world.principal()
     async with world.db.read() as session:
-        return await accounting.viewer_for(session, principal), principal
+        return await viewers.viewer_for(session, principal), principal
 
 
 def close(a: Ledger, b: Ledger) -> bool:
@@ -120,8 +119,8 @@ async def test_the_points_sum_to_the_report_for_the_same_period_and_scope(
     period = Period(begin + first * HOUR, begin + (first + hours) * HOUR)
     async with days.db.read() as session:
         for by in rules.SCOPES:
-            report = await accounting.report(session, viewer, by, period)
-            whole = await accounting.series(
+            report = await reports.report(session, viewer, by, period)
+            whole = await series.series(
                 session, viewer, principal, by=by, name=None, step=step, period=period
             )
             assert [(p.start, p.end) for p in whole.points] == [
@@ -129,7 +128,7 @@ async def test_the_points_sum_to_the_report_for_the_same_period_and_scope(
             ]
             assert close(whole.total, report.total), (by, whole.total, report.total)
             for row in report.rows:
-                one = await accounting.series(
+                one = await series.series(
                     session, viewer, principal, by=by, name=row.name, step=step, period=period
                 )
                 assert close(one.total, row.ledger), (by, row.name)
@@ -138,7 +137,7 @@ async def test_the_points_sum_to_the_report_for_the_same_period_and_scope(
 async def test_each_hour_holds_what_happened_in_it(week: World) -> None:
     viewer, principal = await viewer_of(week)
     async with week.db.read() as session:
-        found = await accounting.series(
+        found = await series.series(
             session,
             viewer,
             principal,

@@ -10,10 +10,17 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import delete, select
 
-from backend.accounting import counting, ledger_queries, ledger_writes, repository
-from backend.accounting import service as accounting
+from backend.accounting import (
+    counting,
+    ledger_queries,
+    ledger_writes,
+    reports,
+    repository,
+    retention,
+    run_goodput,
+)
 from backend.accounting.rules import Category, Period
-from backend.accounting.service import Viewer
+from backend.accounting.viewers import Viewer
 from backend.lifecycle import service as lifecycle
 from backend.models import GoodputHour, GoodputRunTotal, Run, StateTransition, Worker
 from tests.accounting.totals import assert_run_totals_match_the_hours
@@ -183,11 +190,11 @@ async def test_ledgers_and_intervals_are_kept_400_days(world: World) -> None:
     before = await ledger(world)
     world.clock.advance(days=399)
     async with world.db.transaction() as session:
-        assert await accounting.prune(session, world.clock) == (0, 0)
+        assert await retention.prune(session, world.clock) == (0, 0)
     assert await ledger(world) == before
     world.clock.advance(days=1, hours=3)
     async with world.db.transaction() as session:
-        hours, intervals = await accounting.prune(session, world.clock)
+        hours, intervals = await retention.prune(session, world.clock)
     assert hours > 0 and intervals > 0
     assert await ledger(world) == {}
 
@@ -220,7 +227,7 @@ async def test_whole_days_read_from_the_daily_cells_equal_the_hours(world: World
             naive: dict[tuple[int, str, bool], float] = defaultdict(float)
             for r in rows:
                 naive[(r.scope_id, r.category, r.held)] += r.gpu_seconds
-            report = await accounting.report(session, Viewer(None), "run", Period(start, end))
+            report = await reports.report(session, Viewer(None), "run", Period(start, end))
         expected = {k: round(v, 3) for k, v in naive.items() if round(v, 3)}
         assert {k[:3]: round(k[3], 3) for k in mixed} == expected, (start, end)
         # by run, the report reads two rows of each run's running totals: the same figures
@@ -253,7 +260,7 @@ async def test_a_report_by_run_from_before_the_pruned_hours_sums_the_hours_still
         hours = await session.scalars(select(GoodputRunTotal.__table__.c.hour))
         assert min(hours) == first + timedelta(hours=1)  # the hour before the first kept
         period = Period(first - timedelta(days=1), first + timedelta(hours=6))
-        report = await accounting.report(session, Viewer(None), "run", period)
+        report = await reports.report(session, Viewer(None), "run", period)
         kept = await session.scalars(select(GoodputHour).where(GoodputHour.scope == "run"))
         naive: dict[tuple[str, bool], float] = defaultdict(float)
         for r in kept:
@@ -302,7 +309,7 @@ async def test_running_totals_fill_the_hours_between_cells_and_follow_a_change_b
             )
         ).all()
         period = Period(hour + timedelta(hours=1), hour + timedelta(hours=4))
-        report = await accounting.report(session, Viewer(None), "run", period)
+        report = await reports.report(session, Viewer(None), "run", period)
     assert [r.hour for r in rows] == [hour + timedelta(hours=h) for h in range(4)]
     assert [r.last for r in rows] == [False, False, False, True]
     assert [r.starting_held for r in rows] == [600.0] * 4
@@ -357,7 +364,9 @@ async def test_a_run_submitted_after_one_was_deleted_starts_a_ledger_of_its_own(
     await tick(world)
     async with world.db.read() as session:
         ledger = (
-            await accounting.run_ledgers(session, [(again.id, again.created_at)], world.clock.now())
+            await run_goodput.run_ledgers(
+                session, [(again.id, again.created_at)], world.clock.now()
+            )
         )[again.id]
     assert ledger.held[Category.PRODUCTIVE] == 0.0  # the deleted run's busy rank is not its
     waited = counting.minute_floor(world.clock.now()) - again.created_at

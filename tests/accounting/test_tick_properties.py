@@ -15,10 +15,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, select, update
 
-from backend.accounting import counting, ledger_queries, repository, rules
-from backend.accounting import service as accounting
+from backend.accounting import counting, ledger_queries, reports, repository, rules
 from backend.accounting.rules import Category, Interval, Ledger, Period, PhaseChange
-from backend.accounting.service import Viewer
+from backend.accounting.viewers import Viewer
 from backend.db import Database
 from backend.lifecycle.states import Phase
 from backend.metrics.rules import BY_NAME
@@ -244,7 +243,7 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
             limit=100_000,
         )
         await assert_run_totals_match_the_hours(session)
-        report = await accounting.report(
+        report = await reports.report(
             session,
             Viewer(None),
             "run",

@@ -21,8 +21,7 @@ from agent.connection import Agent
 from agent.executor import end_left_workers
 from agent.gpus import simulated
 from agent.identity import WorkloadUsers
-from backend.accounting import counting
-from backend.accounting import service as accounting
+from backend.accounting import counting, run_goodput
 from backend.agents.servicer import AgentService
 from backend.db import Database
 from backend.models import MetricSample, Run, Worker
@@ -138,7 +137,7 @@ async def test_appended_and_overwritten_progress_give_the_same_goodput(
         async with db.transaction() as session:
             await counting.tick(session, clock)
             runs = list(await session.scalars(select(Run).order_by(Run.name)))
-            ledgers = await accounting.run_ledgers(
+            ledgers = await run_goodput.run_ledgers(
                 session, [(r.id, r.created_at) for r in runs], clock.now()
             )
         appends, overwrites = (ledgers[r.id] for r in runs)
