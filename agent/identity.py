@@ -3,11 +3,11 @@
 An agent running as root starts each worker as an unprivileged user of its own: the spec's
 ``user`` when the machine's owner allows that name (``--allow-user``), else a user id from the
 agent's range (``--workload-uids``, 2000000-2065535 by default), the worker's own (a hash of
-its opaque id modulo the range: the same at every attempt) or, where a kept worker runs as that, the next
-free, with no entry in /etc/passwd. Its group is its workspace's (``--workload-gid-base`` plus
-the workspace's id), which owns the workspace's drives: a workspace's workers share its drives
-and nothing else; another workspace's are another group. The worker's own folder (its home,
-progress file and secret files) is its user's alone.
+its opaque id modulo the range: the same at every attempt) or, where a kept worker runs as
+that, the next free, with no entry in /etc/passwd. Its group is its workspace's
+(``--workload-gid-base`` plus the workspace's id), which owns the workspace's drives: a
+workspace's workers share its drives and nothing else; another workspace's are another group.
+The worker's own folder (its home, progress file and secret files) is its user's alone.
 
 An agent running as an ordinary user (someone's laptop) cannot change user: its workloads run
 as that user, and can read whatever that user can.
