@@ -371,6 +371,9 @@ def _queued_job(job: dict[str, Any]) -> SlurmJob | None:
         return None  # an array's pending tasks ("2-8%1"): each is a job once it starts
     if array_job:
         job_id = f"{array_job}_{_int(array_task)}"
+    het_job = _int(job.get("het_job_id"))
+    if het_job:  # a heterogeneous job's part, as sacct names it (its own id is squeue's)
+        job_id = f"{het_job}+{_int(job.get('het_job_offset'))}"
     limit = job.get("time_limit")
     tres = _text(job, "tres_alloc_str") if started else ""
     return SlurmJob(

@@ -210,3 +210,32 @@ async def test_a_failing_squeue_or_sacct_is_the_imports_error_not_no_jobs(  # is
         nodes = await session.scalars(select(Machine.name).where(Machine.cluster_id == cluster_id))
         assert list(nodes) == [slurm.node]
     assert (await run_of(db, job)).state == "Stopped"
+
+
+async def test_a_heterogeneous_jobs_parts_are_runs_as_sacct_names_them(  # issue 38 F1
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    """Before: squeue's parts of a heterogeneous job were named by their own ids (job 7's
+    second part "8") where sacct names them "7+1": runs that no accounting record ends. (Its
+    two parts never fit this one node together: they wait, and are cancelled.)"""
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(db, clock, slurm, {alpha: "default"})
+    script = tmp_path / "het.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH -A {alpha} -n1\n#SBATCH hetjob\n#SBATCH -n1\ntrue\n")
+    job = slurm.sbatch(str(script))
+    parts = {f"{job}+0", f"{job}+1"}
+    assert (await imported(db, clock, cluster_id)).error is None
+    assert {j: s for j, (_, s) in (await job_ids(db, cluster_id)).items()} == {
+        part: "Pending" for part in parts
+    }
+    slurm.run("scancel", job)
+    await wait_for(slurm, f"{job}+1", "CANCELLED")
+    assert (await imported(db, clock, cluster_id)).error is None
+    assert {j: s for j, (_, s) in (await job_ids(db, cluster_id)).items()} == {
+        part: "Stopped" for part in parts
+    }

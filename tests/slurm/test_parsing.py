@@ -177,10 +177,12 @@ def test_squeue_json_gives_the_live_state_reason_and_priority() -> None:
                 "submit_time": S,
             },
             {"job_id": 33, "job_state": "PENDING", "submit_time": S, "name": 5},
+            {"job_id": 42, "het_job_id": 41, "het_job_offset": 1, "submit_time": S},
         ],
     }
     read = parsing.parse_squeue(document)
-    pending, running = read.found
+    pending, running, part = read.found
+    assert part.job_id == "41+1"  # as sacct names it
     assert read.quarantined == [Quarantined("job 33", "name is not text: 5")]
     assert (pending.gpu_indexes, running.gpu_indexes) == ((), ((1,),))
     assert (pending.state, pending.reason, pending.start, pending.gpus) == (
