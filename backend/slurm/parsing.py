@@ -350,6 +350,19 @@ def askable(job_ids: Iterable[str]) -> list[str]:
     return [j for j in job_ids if JOB_ID.fullmatch(j)]
 
 
+def not_jobs(asked: Iterable[str], answered: Iterable[str]) -> list[str]:
+    """Of the ids sacct was asked for by id, those that name no job of its own: a pending range
+    ("6_[2-8%1]"), or an array whose answer is its tasks only ("6" answered by "6_1", "6_2"):
+    an earlier version's import made runs of them (issue 38 F1)."""
+    found = set(answered)
+    return [
+        job
+        for job in asked
+        if not JOB_ID.fullmatch(job)
+        or (job not in found and any(other.startswith(f"{job}_") for other in found))
+    ]
+
+
 # ---- squeue ----
 
 

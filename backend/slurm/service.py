@@ -42,9 +42,9 @@ from backend.models import (
 )
 from backend.organizations import service as organizations
 from backend.runs import service as runs
-from backend.runs.rules import RunState
+from backend.runs.rules import ENDED_RUN_STATES, RunState
 from backend.runs.spec import stored_spec
-from backend.slurm import repository, results, rules
+from backend.slurm import parsing, repository, results, rules
 from backend.slurm.commands import SlurmCommands, SlurmSettings, SlurmUnavailable
 from backend.slurm.parsing import Quarantined
 from backend.slurm.rules import Change, SlurmJob, SlurmNode
@@ -66,6 +66,8 @@ class Snapshot:
     nodes: list[SlurmNode]
     jobs: list[SlurmJob]
     quarantined: list[Quarantined] = field(default_factory=list)
+    # The ids of live runs that name no job of Slurm's (parsing.not_jobs)
+    not_jobs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -381,10 +383,14 @@ async def read(
         j.job_id for j in queued if j.state in rules.LIVE_STATES
     }
     missing = [job_id for job_id in tracked if job_id not in seen]
+    not_jobs: list[str] = []
     if missing:
-        accounted += await commands.jobs(missing)
+        answered = await commands.jobs(missing)
+        accounted += answered
+        not_jobs = parsing.not_jobs(missing, [j.job_id for j in answered])
     nodes = await commands.nodes()
-    return Snapshot(now, nodes, rules.merge(accounted, queued), list(commands.quarantined))
+    jobs = rules.merge(accounted, queued)
+    return Snapshot(now, nodes, jobs, list(commands.quarantined), not_jobs)
 
 
 async def _record_error(session: AsyncSession, cluster_id: int, now: datetime, error: str) -> None:
@@ -429,6 +435,7 @@ async def apply(
         ):
             result.changed += 1
     _set_pending_reasons(snapshot.jobs, known)
+    await _end_not_jobs(session, cluster_id, snapshot)
     row.since = max(row.since, snapshot.read_at - MARGIN)
     row.imported_at, row.error, row.error_at = snapshot.read_at, None, None
     row.unmapped = result.unmapped
@@ -443,6 +450,34 @@ async def apply(
             result.changed,
         )
     return result
+
+
+NOT_A_JOB = (
+    "Not a Slurm job: an array's pending tasks, imported as a job of its own by an earlier "
+    "version (each task is a run of its own)"
+)
+
+
+async def _end_not_jobs(session: AsyncSession, cluster_id: int, snapshot: Snapshot) -> None:
+    """The live runs an earlier version made of an array's pending tasks (issue 38 F1) end,
+    stopped, now (their history is forward only: what was counted stays), and may be deleted."""
+    found = await repository.imported_runs(session, cluster_id, snapshot.not_jobs)
+    live = [r for r in found.values() if r.state not in ENDED_RUN_STATES]
+    workers = await repository.workers_of(session, [r.id for r in live])
+    for run in live:
+        ws = await organizations.workspace(session, run.workspace_id)
+        assert ws is not None
+        log.warning("slurm: run %s (%s) is no Slurm job: stopped", run.name, run.external_id)
+        change = Change(
+            at=max(snapshot.read_at, run.state_since),
+            state=RunState.STOPPED.value,
+            phase=Phase.ENDED.value,
+            held=False,
+            run_reason=NOT_A_JOB,
+            worker_reason=NOT_A_JOB,
+        )
+        unwatched = _enter(session, ws, run, workers[run.id], change, {}, Tasks({}, {}))
+        await repository.end_watches(session, unwatched, change.at)
 
 
 async def _workers_of(session: AsyncSession, run: Run) -> list[Worker]:

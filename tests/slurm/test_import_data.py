@@ -7,6 +7,7 @@ error, never "no jobs"."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +18,8 @@ from backend.db import Database
 from backend.models import Machine, Run
 from backend.organizations import service as organizations
 from backend.slurm import service as importer
-from backend.slurm.service import ImportResult
+from backend.slurm.rules import SlurmJob
+from backend.slurm.service import NOT_A_JOB, ImportResult, Snapshot
 from tests.support import FakeClock, Tenancy
 from tests.support.slurm import (
     SlurmCluster,
@@ -239,3 +241,38 @@ async def test_a_heterogeneous_jobs_parts_are_runs_as_sacct_names_them(  # issue
     assert {j: s for j, (_, s) in (await job_ids(db, cluster_id)).items()} == {
         part: "Stopped" for part in parts
     }
+
+
+async def test_runs_an_earlier_import_made_of_pending_tasks_are_stopped(  # issue 38 F1
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+) -> None:
+    """A site upgraded with the runs the version before issue 38 made of an array's pending
+    tasks (job 4 and "4_[2-3%1]"): they stop, as no Slurm job, and the import goes on (it
+    asked sacct for "4_[2-3%1]" at every import, and failed: "Bad job array element")."""
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(db, clock, slurm, {alpha: "default"})
+    array = slurm.sbatch("--array=1-3%1", "-A", alpha, "-J", "old", "--wrap", "true")
+    clock.moment = datetime.now(UTC)
+    pending = SlurmJob(array, "old", alpha, "gpu", "root", "PENDING", clock.now())
+    earlier = [pending, dataclasses.replace(pending, job_id=f"{array}_[2-3%1]")]
+    before = Snapshot(clock.now(), [], earlier)
+    await db.unit(lambda s: importer.apply(s, clock, cluster_id, before))
+    tasks = {f"{array}_{k}" for k in (1, 2, 3)}
+    deadline = asyncio.get_running_loop().time() + 90
+    while True:
+        result = await imported(db, clock, cluster_id)
+        assert result.error is None, result.error
+        runs = await job_ids(db, cluster_id)
+        if all(runs.get(task, ("", ""))[1] == "Completed" for task in tasks):
+            break
+        assert asyncio.get_running_loop().time() < deadline, runs
+        await asyncio.sleep(1.0)
+    assert {job: state for job, (_, state) in runs.items() if job not in tasks} == {
+        job.job_id: "Stopped" for job in earlier
+    }
+    for job in earlier:
+        assert (await run_of(db, job.job_id)).reason == NOT_A_JOB

@@ -252,3 +252,9 @@ def test_tres_counts_untyped_gpus_else_the_typed_ones_summed() -> None:
 
 def test_sacct_is_never_asked_for_a_pending_range() -> None:  # issue 38 F1
     assert parsing.askable(["12", "6_3", "40+1", "6_[2-8%1]", "6-2", ""]) == ["12", "6_3", "40+1"]
+
+
+def test_ids_that_name_no_job_of_its_own() -> None:  # issue 38 F1
+    answered = ["6_1", "6_2", "12", "40+1"]
+    asked = ["6", "6_[3-8%1]", "12", "13", "40+1", "6_3"]
+    assert parsing.not_jobs(asked, answered) == ["6", "6_[3-8%1]"]
