@@ -6,9 +6,10 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.config import parse_duration
-from backend.errors import AstraeusError, FieldError, InvalidInput
+from backend.errors import FieldError, InvalidInput
 from backend.machine_identity import service as identity
 from backend.resolvers.context import Info
+from backend.resolvers.mutations import mutate
 from backend.schema.common import UserError
 from backend.schema.machine_identity import (
     JoinToken,
@@ -38,31 +39,32 @@ async def create_join_token(
 ) -> JoinTokenPayload:
     principal = info.context.require_principal()
     try:
-        try:
-            expires_in = parse_duration(expires)
-        except ValueError as error:
-            raise InvalidInput("INVALID_JOIN_TOKEN", [FieldError("expires", str(error))]) from None
+        expires_in = parse_duration(expires)
+    except ValueError as error:
+        refusal = InvalidInput("INVALID_JOIN_TOKEN", [FieldError("expires", str(error))])
+        return _no_join_token(UserError.from_error(refusal))
 
-        async def work(session: AsyncSession) -> tuple[JoinToken, str]:
-            found = await identity.admin_cluster(session, principal, cluster)
-            issued = await identity.issue_join_token(
-                session,
-                info.context.clock,
-                organization_id=found.organization_id,
-                cluster_id=found.id,
-                expires_in=expires_in,
-                uses=uses,
-                name=name,
-            )
-            rows = await identity.list_join_tokens(session, found)
-            made = next(JoinToken.from_model(t) for t in rows if t.id == issued.token_id)
-            return made, issued.secret
+    async def work(session: AsyncSession) -> tuple[JoinToken, str]:
+        found = await identity.admin_cluster(session, principal, cluster)
+        issued = await identity.issue_join_token(
+            session,
+            info.context.clock,
+            organization_id=found.organization_id,
+            cluster_id=found.id,
+            expires_in=expires_in,
+            uses=uses,
+            name=name,
+        )
+        rows = await identity.list_join_tokens(session, found)
+        made = next(JoinToken.from_model(t) for t in rows if t.id == issued.token_id)
+        return made, issued.secret
 
-        # tried again whole if it lost to another transaction (issue 19)
-        token, secret = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return JoinTokenPayload(join_token=None, secret=None, errors=UserError.from_error(error))
-    return JoinTokenPayload(join_token=token, secret=secret, errors=[])
+    return await mutate(
+        info,
+        work,
+        lambda made: JoinTokenPayload(join_token=made[0], secret=made[1], errors=[]),
+        _no_join_token,
+    )
 
 
 async def revoke_join_token(info: Info, id: int, cluster: str = "local") -> JoinTokenPayload:
@@ -73,11 +75,12 @@ async def revoke_join_token(info: Info, id: int, cluster: str = "local") -> Join
         row = await identity.revoke_join_token(session, info.context.clock, found, id)
         return JoinToken.from_model(row)
 
-    try:
-        token = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return JoinTokenPayload(join_token=None, secret=None, errors=UserError.from_error(error))
-    return JoinTokenPayload(join_token=token, secret=None, errors=[])
+    return await mutate(
+        info,
+        work,
+        lambda token: JoinTokenPayload(join_token=token, secret=None, errors=[]),
+        _no_join_token,
+    )
 
 
 async def revoke_machine_credential(
@@ -90,8 +93,13 @@ async def revoke_machine_credential(
         rows, _ = await identity.revoke_credential(session, info.context.clock, found, machine)
         return [MachineCredential.from_model(c) for c in rows]
 
-    try:
-        revoked = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return MachineCredentialPayload(credentials=[], errors=UserError.from_error(error))
-    return MachineCredentialPayload(credentials=revoked, errors=[])
+    return await mutate(
+        info,
+        work,
+        lambda revoked: MachineCredentialPayload(credentials=revoked, errors=[]),
+        lambda errors: MachineCredentialPayload(credentials=[], errors=errors),
+    )
+
+
+def _no_join_token(errors: list[UserError]) -> JoinTokenPayload:
+    return JoinTokenPayload(join_token=None, secret=None, errors=errors)

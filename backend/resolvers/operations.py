@@ -5,12 +5,11 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.alerts import service as alerts
-from backend.errors import AstraeusError
 from backend.machines import service as machines
 from backend.organizations import service as organizations
 from backend.resolvers.context import Info
+from backend.resolvers.mutations import mutate
 from backend.runs import service as runs
-from backend.schema.common import UserError
 from backend.schema.machines import PoolPrice, PoolPricePayload
 from backend.schema.operations import (
     Alert,
@@ -47,11 +46,12 @@ async def set_threshold(info: Info, cluster: str, name: str, value: float) -> Th
         )
         return Threshold(name=row.name, value=row.value, updated_at=row.updated_at)
 
-    try:  # tried again whole if it lost to another transaction (issue 19)
-        threshold = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return ThresholdPayload(threshold=None, errors=UserError.from_error(error))
-    return ThresholdPayload(threshold=threshold, errors=[])
+    return await mutate(
+        info,
+        work,
+        lambda threshold: ThresholdPayload(threshold=threshold, errors=[]),
+        lambda errors: ThresholdPayload(threshold=None, errors=errors),
+    )
 
 
 async def drain_machine(info: Info, cluster: str, machine: str) -> MachinePayload:
@@ -63,11 +63,12 @@ async def drain_machine(info: Info, cluster: str, machine: str) -> MachinePayloa
         )
         return MachineState(name=row.name, state=row.state, reason=row.reason)
 
-    try:
-        state = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return MachinePayload(machine=None, errors=UserError.from_error(error))
-    return MachinePayload(machine=state, errors=[])
+    return await mutate(
+        info,
+        work,
+        lambda state: MachinePayload(machine=state, errors=[]),
+        lambda errors: MachinePayload(machine=None, errors=errors),
+    )
 
 
 async def set_priority_ceiling(
@@ -82,11 +83,12 @@ async def set_priority_ceiling(
         )
         return WorkspaceSettings(name=ws.name, priority_ceiling=ws.priority_ceiling)
 
-    try:
-        found = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return WorkspaceSettingsPayload(workspace=None, errors=UserError.from_error(error))
-    return WorkspaceSettingsPayload(workspace=found, errors=[])
+    return await mutate(
+        info,
+        work,
+        lambda found: WorkspaceSettingsPayload(workspace=found, errors=[]),
+        lambda errors: WorkspaceSettingsPayload(workspace=None, errors=errors),
+    )
 
 
 async def set_preemption_policy(
@@ -101,11 +103,12 @@ async def set_preemption_policy(
         )
         return PreemptionPolicy(cluster=row.name, preempt_over_quota=row.preempt_over_quota)
 
-    try:
-        policy = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return PreemptionPolicyPayload(policy=None, errors=UserError.from_error(error))
-    return PreemptionPolicyPayload(policy=policy, errors=[])
+    return await mutate(
+        info,
+        work,
+        lambda policy: PreemptionPolicyPayload(policy=policy, errors=[]),
+        lambda errors: PreemptionPolicyPayload(policy=None, errors=errors),
+    )
 
 
 async def set_quota(
@@ -119,11 +122,14 @@ async def set_quota(
             session, principal.organization_id, workspace, cluster, gpus
         )
 
-    try:
-        limit = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return QuotaPayload(quota=None, errors=UserError.from_error(error))
-    return QuotaPayload(quota=Quota(workspace=workspace, cluster=cluster, gpus=limit), errors=[])
+    return await mutate(
+        info,
+        work,
+        lambda limit: QuotaPayload(
+            quota=Quota(workspace=workspace, cluster=cluster, gpus=limit), errors=[]
+        ),
+        lambda errors: QuotaPayload(quota=None, errors=errors),
+    )
 
 
 async def quota(info: Info, cluster: str, workspace: str | None = None) -> Quota:
@@ -190,16 +196,17 @@ async def set_pool_price(
             session, principal.organization_id, cluster, pool, price_per_gpu_hour, currency
         )
 
-    try:
-        found = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return PoolPricePayload(price=None, errors=UserError.from_error(error))
-    return PoolPricePayload(
-        price=PoolPrice(
-            cluster=found.cluster,
-            pool=found.pool,
-            price_per_gpu_hour=found.gpu_hour_price,
-            currency=found.currency,
+    return await mutate(
+        info,
+        work,
+        lambda found: PoolPricePayload(
+            price=PoolPrice(
+                cluster=found.cluster,
+                pool=found.pool,
+                price_per_gpu_hour=found.gpu_hour_price,
+                currency=found.currency,
+            ),
+            errors=[],
         ),
-        errors=[],
+        lambda errors: PoolPricePayload(price=None, errors=errors),
     )

@@ -9,10 +9,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from strawberry.scalars import JSON
 
 from backend.accounting import viewers
-from backend.errors import AstraeusError, NotFound
+from backend.errors import NotFound
 from backend.machines import health
 from backend.machines import views as machine_views
 from backend.resolvers.context import Info
+from backend.resolvers.mutations import mutate
 from backend.runs import service as runs
 from backend.schema.common import UserError
 from backend.schema.machines import (
@@ -50,11 +51,7 @@ async def create_run(info: Info, spec: JSON, workspace: str | None = None) -> Cr
             session, info.context.clock, principal, spec, workspace=workspace
         )
 
-    try:  # tried again whole if it lost to another transaction
-        row = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return CreateRunPayload(run=None, errors=UserError.from_error(error))
-    return CreateRunPayload(run=Run.from_model(row), errors=[])
+    return await mutate(info, work, _created, _not_created)
 
 
 async def stop_run(info: Info, name: str, workspace: str | None = None) -> RunPayload:
@@ -71,11 +68,20 @@ async def _change(info: Info, change: Any, name: str, workspace: str | None) -> 
     async def work(session: AsyncSession) -> Any:
         return await change(session, info.context.clock, principal, name, workspace=workspace)
 
-    try:  # tried again whole if it lost to another transaction (a deadlock: issue 19)
-        row = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return RunPayload(run=None, errors=UserError.from_error(error))
-    return RunPayload(run=Run.from_model(row), errors=[])
+    return await mutate(
+        info,
+        work,
+        lambda row: RunPayload(run=Run.from_model(row), errors=[]),
+        lambda errors: RunPayload(run=None, errors=errors),
+    )
+
+
+def _created(row: Any) -> CreateRunPayload:
+    return CreateRunPayload(run=Run.from_model(row), errors=[])
+
+
+def _not_created(errors: list[UserError]) -> CreateRunPayload:
+    return CreateRunPayload(run=None, errors=errors)
 
 
 async def gpus(info: Info, workspace: str | None = None) -> list[Gpu]:
@@ -95,11 +101,7 @@ async def run_again(
             session, info.context.clock, principal, name, new_name, workspace=workspace
         )
 
-    try:  # tried again whole if it lost to another transaction
-        row = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return CreateRunPayload(run=None, errors=UserError.from_error(error))
-    return CreateRunPayload(run=Run.from_model(row), errors=[])
+    return await mutate(info, work, _created, _not_created)
 
 
 async def machines(info: Info) -> list[MachineInfo]:

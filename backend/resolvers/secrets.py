@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.errors import AstraeusError
 from backend.resolvers.context import Info
+from backend.resolvers.mutations import mutate
 from backend.schema.common import UserError
 from backend.schema.secrets import Secret, SecretPayload
 from backend.secrets import service as secrets
@@ -29,10 +29,7 @@ async def set_secret(
         )
         return Secret.from_model(row)
 
-    try:  # tried again whole if it lost to another transaction (issue 19)
-        return SecretPayload(secret=await info.context.db.unit(work), errors=[])
-    except AstraeusError as error:
-        return SecretPayload(secret=None, errors=UserError.from_error(error))
+    return await mutate(info, work, _done, _refused)
 
 
 async def delete_secret(info: Info, name: str, workspace: str | None = None) -> SecretPayload:
@@ -42,7 +39,12 @@ async def delete_secret(info: Info, name: str, workspace: str | None = None) -> 
         row = await secrets.delete_secret(session, principal, name, workspace=workspace)
         return Secret.from_model(row)
 
-    try:
-        return SecretPayload(secret=await info.context.db.unit(work), errors=[])
-    except AstraeusError as error:
-        return SecretPayload(secret=None, errors=UserError.from_error(error))
+    return await mutate(info, work, _done, _refused)
+
+
+def _done(secret: Secret) -> SecretPayload:
+    return SecretPayload(secret=secret, errors=[])
+
+
+def _refused(errors: list[UserError]) -> SecretPayload:
+    return SecretPayload(secret=None, errors=errors)

@@ -6,9 +6,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend import ids
 from backend.access import service as access
-from backend.errors import AstraeusError, NotFound
+from backend.errors import NotFound
 from backend.resolvers.context import Info
-from backend.schema.common import UserError
+from backend.resolvers.mutations import mutate
 from backend.schema.tokens import ApiToken, ApiTokenPayload
 
 
@@ -37,7 +37,9 @@ async def revoke_token(info: Info, token: str) -> ApiTokenPayload:
             raise NotFound("TOKEN_NOT_FOUND", f"No token '{token}'.") from None
         return ApiToken.of(row, codec)
 
-    try:  # tried again whole if it lost to another transaction (issue 19)
-        return ApiTokenPayload(token=await info.context.db.unit(work), errors=[])
-    except AstraeusError as error:
-        return ApiTokenPayload(token=None, errors=UserError.from_error(error))
+    return await mutate(
+        info,
+        work,
+        lambda revoked: ApiTokenPayload(token=revoked, errors=[]),
+        lambda errors: ApiTokenPayload(token=None, errors=errors),
+    )

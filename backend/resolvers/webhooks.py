@@ -10,6 +10,7 @@ from backend import ids
 from backend.errors import AstraeusError, NotFound
 from backend.models import Webhook as WebhookRow
 from backend.resolvers.context import Info
+from backend.resolvers.mutations import mutate
 from backend.schema.common import UserError
 from backend.schema.webhooks import CreateWebhookPayload, Webhook, WebhookPayload
 from backend.webhooks import service as webhooks
@@ -42,6 +43,8 @@ async def create_webhook(
             policy=info.context.webhook_policy,
         )
 
+    # not through mutate: the ids' key is read (made, on a new install) only once a webhook is
+    # made, so a refused one writes nothing
     try:  # tried again whole if it lost to another transaction (issue 19)
         row = await info.context.db.unit(work)
     except AstraeusError as error:
@@ -66,8 +69,9 @@ async def delete_webhook(
             session, info.context.clock, principal, number, workspace=workspace
         )
 
-    try:
-        row = await info.context.db.unit(work)
-    except AstraeusError as error:
-        return WebhookPayload(webhook=None, errors=UserError.from_error(error))
-    return WebhookPayload(webhook=Webhook.from_model(row, codec), errors=[])
+    return await mutate(
+        info,
+        work,
+        lambda row: WebhookPayload(webhook=Webhook.from_model(row, codec), errors=[]),
+        lambda errors: WebhookPayload(webhook=None, errors=errors),
+    )
