@@ -133,6 +133,7 @@ LONGEST = (  # the module times of a fresh clone's `.ci/run` (2026-12-04, 6 lane
     "tests/e2e/test_agent_process.py",  # 123 s
     "tests/slurm/test_submit.py",  # 123 s: DDP gangs as Slurm jobs
     "tests/slurm/test_import.py",  # 118 s: a real Slurm, every wait for sacct
+    "tests/slurm/test_import_data.py",  # ~180 s under -n 2: arrays, `|`, failing commands
     "tests/workloads/test_ddp.py",  # 86 s alone: four gangs at once, one from its checkpoint
     "tests/accounting/test_tick.py",  # 90 s
     "tests/lifecycle/test_scenarios.py",  # 119 s (2026-12-02)
