@@ -22,14 +22,9 @@ from backend.runs.spec import stored_spec
 def failure_json(run: Run, workers: list[Worker], now: datetime) -> dict[str, Any]:
     """Its failure (seed: Debug a failed run): the worker that failed it, the advice, and the
     Restarting in a loop panel's data, as GraphQL's failedWorker, advice and restartLoop."""
-    failed = failures.failed_worker_name(run, workers) if run.state == "Failed" else None
-    worker = next((w for w in workers if w.name == failed), None)
-    exit_code = worker.exit_code if worker is not None else None
-    tail = failures.tail_of(worker.last_failure) if worker is not None else ""
+    worker = failures.failed_worker(run, workers) if run.state == "Failed" else None
     max_restarts = stored_spec(run.spec).max_restarts
-    found = failures.run_advice(
-        run.state, run.cause, run.reason, exit_code, max_restarts=max_restarts, log_tail=tail
-    )
+    found = failures.run_advised(run, worker, max_restarts)
     loop = None
     restarts = failures.restarts_in_row(run.failures_in_row or 0, run.running_since, now)
     if restarts and run.state not in ("Completed", "Failed", "Stopped", "Deleted"):
@@ -43,8 +38,8 @@ def failure_json(run: Run, workers: list[Worker], now: datetime) -> dict[str, An
             "last_failure": snapshot,
         }
     return {
-        "failed_worker": failed if worker is not None else None,
-        "advice": None if found is None else failures.advice_json(*found, exit_code),
+        "failed_worker": worker.name if worker is not None else None,
+        "advice": None if found is None else failures.advice_json(*found),
         "restart_loop": loop,
     }
 

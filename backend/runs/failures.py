@@ -235,6 +235,20 @@ def run_advice(
     return None
 
 
+def run_advised(
+    run: Any, failed: Any | None, max_restarts: int | None
+) -> tuple[Advice, str, int | None] | None:
+    """A run's advice as GraphQL and the REST shim show it (a run row with state, cause and
+    reason; ``failed``, the row of the worker that failed it, if any): the advice, the reason it
+    explains and the exit code of that worker, whose last lines are read too."""
+    exit_code = failed.exit_code if failed is not None else None
+    tail = tail_of(failed.last_failure) if failed is not None else ""
+    found = run_advice(
+        run.state, run.cause, run.reason, exit_code, max_restarts=max_restarts, log_tail=tail
+    )
+    return None if found is None else (*found, exit_code)
+
+
 def restarts_in_row(failures_in_row: int, running_since: datetime | None, now: datetime) -> int:
     """The restarts a run made in a row, as the rules count them: ten minutes of running with
     every worker up resets the count (seed L-69)."""
@@ -270,6 +284,13 @@ def failed_worker_name(run: Any, workers: Sequence[Any]) -> str | None:
     return first_failed(run.cause, run.first_failure, failed, snapshots_of(workers))
 
 
+def failed_worker(run: Any, workers: Sequence[Any]) -> Any | None:
+    """The row of the worker that failed a Failed run (failed_worker_name), if one of
+    ``workers``."""
+    name = failed_worker_name(run, workers)
+    return next((w for w in workers if w.name == name), None)
+
+
 def advice_json(advice: Advice, reason: str, exit_code: int | None) -> dict[str, Any]:
     """The advice as the REST shim writes it (GraphQL's Advice, in snake case)."""
     return {
@@ -281,15 +302,29 @@ def advice_json(advice: Advice, reason: str, exit_code: int | None) -> dict[str,
     }
 
 
-def worker_advice(worker: Any) -> dict[str, Any] | None:
-    """A worker's failure turned into advice (a row with state, reason, exit_code, cause and
-    last_failure): its own end when it failed, else its last failure; None when it never did."""
-    failure = worker_failure(worker.state, worker.reason, worker.exit_code, worker.last_failure)
+def worker_advised(
+    state: str,
+    reason: str,
+    exit_code: int | None,
+    cause: str | None,
+    last_failure: dict[str, Any] | None,
+) -> tuple[Advice, str, int | None] | None:
+    """A worker's failure turned into advice: its own end when it failed, else its last failure;
+    the advice, the reason it explains and the exit code; None when it never failed."""
+    failure = worker_failure(state, reason, exit_code, last_failure)
     if failure is None:
         return None
     reason, exit_code = failure
-    advice = classify(worker.cause, exit_code, log_tail=tail_of(worker.last_failure))
-    return advice_json(advice, reason, exit_code)
+    return classify(cause, exit_code, log_tail=tail_of(last_failure)), reason, exit_code
+
+
+def worker_advice(worker: Any) -> dict[str, Any] | None:
+    """``worker_advised`` of a row (with state, reason, exit_code, cause and last_failure) as the
+    REST shim writes it."""
+    found = worker_advised(
+        worker.state, worker.reason, worker.exit_code, worker.cause, worker.last_failure
+    )
+    return None if found is None else advice_json(*found)
 
 
 def tail_of(last_failure: dict[str, Any] | None) -> str:

@@ -288,8 +288,7 @@ async def worker_shown(session: AsyncSession, workspace_id: int, run_name: str) 
         return None
     workers = (await repository.workers_by_run(session, [run.id])).get(run.id, [])
     if run.state == RunState.FAILED:
-        failed = failures.failed_worker_name(run, workers)
-        found = next((w for w in workers if w.name == failed), None)
+        found: Worker | None = failures.failed_worker(run, workers)
         if found is not None:
             return found
     return workers[0] if workers else None  # by rank

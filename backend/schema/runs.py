@@ -140,16 +140,11 @@ class Worker:
         "failure (a worker restarting in a loop); null when it never failed."
     )
     def advice(self) -> Advice | None:
-        failure = failures.worker_failure(
-            self.state, self.reason, self.exit_code, cast(dict[str, Any] | None, self.last_failure)
+        last_failure = cast(dict[str, Any] | None, self.last_failure)
+        found = failures.worker_advised(
+            self.state, self.reason, self.exit_code, self._cause, last_failure
         )
-        if failure is None:
-            return None
-        reason, exit_code = failure
-        tail = failures.tail_of(cast(dict[str, Any] | None, self.last_failure))
-        return Advice.of(
-            failures.classify(self._cause, exit_code, log_tail=tail), reason, exit_code
-        )
+        return None if found is None else Advice.of(*found)
 
     @strawberry.field(description="Its own state changes with their reasons, newest first.")
     async def history(self, info: Info) -> list[HistoryEntry]:
@@ -294,8 +289,8 @@ class Run:
         if self.state != "Failed":
             return None
         rows = await info.context.loaders.workers_by_run.load(self._number)
-        name = failures.failed_worker_name(self, rows)
-        return next((Worker.from_model(w) for w in rows if w.name == name), None)
+        failed = failures.failed_worker(self, rows)
+        return None if failed is None else Worker.from_model(failed)
 
     @strawberry.field(
         description="Its failure turned into advice (seed: Debug a failed run, step 2): a "
@@ -304,23 +299,13 @@ class Run:
         "runs again; null for the others."
     )
     async def advice(self, info: Info) -> Advice | None:
-        exit_code, tail = None, ""
+        failed = None
         if self.state == "Failed":
             rows = await info.context.loaders.workers_by_run.load(self._number)
-            name = failures.failed_worker_name(self, rows)
-            failed = next((w for w in rows if w.name == name), None)
-            if failed is not None:
-                exit_code, tail = failed.exit_code, failures.tail_of(failed.last_failure)
+            failed = failures.failed_worker(self, rows)
         max_restarts = stored_spec(cast(dict[str, Any], self.spec)).max_restarts
-        found = failures.run_advice(
-            self.state,
-            self._cause,
-            self.reason,
-            exit_code,
-            max_restarts=max_restarts,
-            log_tail=tail,
-        )
-        return None if found is None else Advice.of(found[0], found[1], exit_code)
+        found = failures.run_advised(self, failed, max_restarts)
+        return None if found is None else Advice.of(*found)
 
     @strawberry.field(
         description="The Restarting in a loop panel (seed L-68, L-69): while it restarts after "
