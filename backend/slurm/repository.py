@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.models import (
@@ -18,6 +18,7 @@ from backend.models import (
     Run,
     SlurmAccount,
     SlurmImport,
+    StateTransition,
     Worker,
     Workspace,
 )
@@ -125,6 +126,29 @@ async def asked_to_stop(session: AsyncSession, cluster_id: int) -> list[str]:
         )
     )
     return [r for r in rows if r is not None]
+
+
+async def last_change_at(session: AsyncSession, run_id: int) -> datetime | None:
+    """When the run's history was last written (a stop asked here is written at its time,
+    not Slurm's: the job's end, in whole seconds, may read earlier)."""
+    return await session.scalar(
+        select(func.max(StateTransition.transition_at)).where(StateTransition.run_id == run_id)
+    )
+
+
+async def restate_stop(session: AsyncSession, run_id: int, asked_at: datetime, state: str) -> None:
+    """The run's row of a stop asked here, written in the state the run was known in then,
+    given the state Slurm's job was in at that moment (read later, dated earlier)."""
+    await session.execute(
+        update(StateTransition)
+        .where(
+            StateTransition.run_id == run_id,
+            StateTransition.worker_id.is_(None),
+            StateTransition.transition_at == asked_at,
+            StateTransition.reason.like("Stopping: asked by %"),
+        )
+        .values(state=state)
+    )
 
 
 async def end_watches(session: AsyncSession, worker_ids: Sequence[int], at: datetime) -> None:

@@ -659,11 +659,21 @@ async def _advance(
     if not todo:
         return False
     unwatched: list[int] = []
+    # a stop asked here is written at its own time, within the second its job then ends in
+    asked_at = (
+        await repository.last_change_at(session, run.id) if run.stop_cause == Cause.OWNER else None
+    )
     for change in todo:
         # Slurm's times are whole seconds: a run submitted from here was created within the
         # second before its job's submit time, and its history never goes back.
-        change = dataclasses.replace(change, at=max(change.at, run.state_since))
+        not_before = run.state_since
+        if asked_at is not None and _asked_to_stop(run, change):
+            not_before = max(not_before, asked_at)
+        change = dataclasses.replace(change, at=max(change.at, not_before))
         _count_applied(run, 1)
+        if asked_at is not None and change.at <= asked_at and change.phase != Phase.ENDED.value:
+            # the job was in this state when the stop was asked (its row said the one known)
+            await repository.restate_stop(session, run.id, asked_at, change.state)
         unwatched += _enter(session, ws, run, workers, change, machines, _tasks(run, job, settings))
     await repository.end_watches(session, unwatched, now)
     await session.flush()
@@ -768,7 +778,8 @@ def _enter(
     stalled = run.stop_cause == Cause.STALL
     first = rules.first_failure(list(tasks.ends.values())) if failed and not stalled else None
     run_reason = change.run_reason
-    if ended and change.state == RunState.STOPPED.value and run.stop_cause == "owner":
+    asked = _asked_to_stop(run, change)
+    if asked:
         run_reason = f"Stopped by {run.stop_by}"  # asked here, cancelled in Slurm
     if first is not None:
         run_reason = worker_failed_sentence(
@@ -793,7 +804,9 @@ def _enter(
     ending: dict[int, tuple[str, str]] = {}  # rank -> (state, reason) at the end
     for rank, w in enumerate(workers):
         state, reason = change.state, change.worker_reason
-        if ended and tasks.ends:
+        if asked:
+            state, reason = _stopped_end(tasks.ends.get(rank), run_reason)
+        elif ended and tasks.ends:
             state, reason = _task_end(change, tasks.ends.get(rank), first, workers)
         ending[rank] = (state, reason)
         w.state, w.reason, w.state_since, w.phase = state, reason, change.at, change.phase
@@ -885,6 +898,24 @@ def _watch(
             created_at=at,
         ),
     )
+
+
+def _asked_to_stop(run: Run, change: Change) -> bool:
+    """The job's end is the stop asked here (its owner's, cancelled in Slurm by the import)."""
+    return (
+        change.phase == Phase.ENDED.value
+        and change.state == RunState.STOPPED.value
+        and run.stop_cause == Cause.OWNER
+    )
+
+
+def _stopped_end(end: rules.TaskEnd | None, stopped: str) -> tuple[str, str]:
+    """A submitted run's worker when the stop asked here ended its job: stopped as the run is
+    (as the lifecycle stops an agent's worker: "Stopped by alice"), not failed of the signal
+    scancel ended its task with; one whose task had completed before stays Completed."""
+    if end is not None and end.exit_code == 0 and not end.signal:
+        return RunState.COMPLETED.value, rules.task_end_sentence(end)
+    return RunState.STOPPED.value, stopped
 
 
 def _task_end(

@@ -26,6 +26,7 @@ from tests.support.slurm import (
     hpc,
     import_until,
     ledger,
+    run_history,
     run_of,
     run_of_name,
     sacct,
@@ -210,6 +211,7 @@ async def test_a_submitted_run_stopped_here_is_cancelled_in_slurm(  # issue 25
     await wait_for(slurm, job, "RUNNING")
     # another workspace cannot stop it; its own can, and Slurm cancels it
     stop = "mutation($n: String!) { stopRun(name: $n) { run { state reason } errors { code } } }"
+    clock.moment = datetime.now(UTC)  # asked now: within the second Slurm then ends it in
     theirs = await graphql(client, tenancy.other_token, stop, n="long")
     assert theirs["data"]["stopRun"]["errors"][0]["code"] == "JOB_NOT_FOUND"
     mine = (await graphql(client, tenancy.member_token, stop, n="long"))["data"]["stopRun"]
@@ -220,6 +222,26 @@ async def test_a_submitted_run_stopped_here_is_cancelled_in_slurm(  # issue 25
     await importer.import_cluster(db, clock, cluster_id)
     run = await run_of(db, job)
     assert run.state == "Stopped" and run.reason.startswith("Stopped by ")
+    # a stop from here is a stop (issue 38 F5): each worker Stopped as the run, no failure
+    # (not "Killed by signal 15", the signal scancel ended its task with)
+    (worker,) = await workers_of(db, run)
+    assert (worker.state, worker.reason) == ("Stopped", run.reason)
+    assert (worker.cause, worker.last_failure, run.first_failure) == (None, None, None)
+    # and its history in order: running (Slurm's start), asked to stop (its row, written while
+    # the import had not yet read the job running, says Running), then stopped, never before
+    # it was asked (Slurm's end is in whole seconds)
+    steps = await run_history(db, run)
+    assert [(state, reason) for _, state, reason in steps] == [
+        ("Pending", "Run created"),
+        ("Running", "1 of 1 worker running"),
+        ("Running", "Stopping: asked by alice"),
+        ("Stopped", "Stopped by alice"),
+    ]
+    assert [(state, phase) for _, state, phase, _ in await history(db, worker)] == [
+        ("Pending", "waiting"),
+        ("Running", "running"),
+        ("Stopped", "ended"),
+    ]
     delete = "mutation($n: String!) { deleteRun(name: $n) { run { state } errors { code } } }"
     deleted = (await graphql(client, tenancy.member_token, delete, n="long"))["data"]
     assert (

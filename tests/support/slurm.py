@@ -591,6 +591,17 @@ async def history(db: Database, worker: Worker) -> list[tuple[datetime, str, str
         return [(t.transition_at, t.state, t.phase, t.held_gpus) for t in rows]
 
 
+async def run_history(db: Database, run: Run) -> list[tuple[datetime, str, str]]:
+    """The run's own history (not its workers'), as the API lists it: by time."""
+    async with db.read() as session:
+        rows = await session.scalars(
+            select(StateTransition)
+            .where(StateTransition.run_id == run.id, StateTransition.worker_id.is_(None))
+            .order_by(StateTransition.transition_at, StateTransition.id)
+        )
+        return [(t.transition_at, t.state, t.reason) for t in rows]
+
+
 async def ledger(db: Database, scope: str, scope_id: int) -> dict[tuple[str, bool], float]:
     async with db.read() as session:
         rows = await session.scalars(
