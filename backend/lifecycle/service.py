@@ -338,34 +338,13 @@ async def _guard_ended(session: AsyncSession, gang: Gang) -> None:
 def _add_history(
     batch: Writes, gang: Gang, worker_name: str | None, t: Transition, found: datetime
 ) -> None:
-    batch.transitions.append(
-        {
-            "run_id": gang.run.id,
-            "worker_id": t.worker_id,
-            "transition_at": t.at,
-            "state": t.state,
-            "reason": t.reason,
-            "phase": t.phase,
-            "held_gpus": t.held_gpus,
-            "gpus": t.gpus,
-            "machine_id": t.machine_id,
-        }
+    # a stall is dated from the last progress, found later: both times kept (issue 21)
+    data = events_rules.event_data(t.phase, t.at, found)
+    transition, event = t.rows(
+        gang.run.organization_id, gang.run.workspace_id, gang.run.name, worker_name, data
     )
-    batch.events.append(
-        {
-            "organization_id": gang.run.organization_id,
-            "workspace_id": gang.run.workspace_id,
-            "run_id": gang.run.id,
-            "run_name": gang.run.name,
-            "worker_name": worker_name,
-            "kind": events_rules.kind_of(t.worker_id is not None, t.state),
-            "state": t.state,
-            "reason": t.reason,
-            # a stall is dated from the last progress, found later: both times kept (issue 21)
-            "data": events_rules.event_data(t.phase, t.at, found),
-            "created_at": t.at,
-        }
-    )
+    batch.transitions.append(transition)
+    batch.events.append(event)
 
 
 async def apply(

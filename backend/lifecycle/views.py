@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from backend.events import rules as events_rules
 from backend.lifecycle.sentences import EndCause, stalled_sentence, workers_running
 from backend.lifecycle.states import (
     ENDED_STATES,
@@ -142,6 +143,41 @@ class Transition:
     held_gpus: int = 0
     gpus: int = 0
     machine_id: int | None = None
+
+    def rows(
+        self,
+        organization_id: int,
+        workspace_id: int,
+        run_name: str,
+        worker_name: str | None,
+        data: dict[str, Any],
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Its history row and the event that publishes it to the workspace (as StateTransition
+        and Event take them), the event with ``data``."""
+        transition = {
+            "run_id": self.run_id,
+            "worker_id": self.worker_id,
+            "transition_at": self.at,
+            "state": self.state,
+            "reason": self.reason,
+            "phase": self.phase,
+            "held_gpus": self.held_gpus,
+            "gpus": self.gpus,
+            "machine_id": self.machine_id,
+        }
+        event = {
+            "organization_id": organization_id,
+            "workspace_id": workspace_id,
+            "run_id": self.run_id,
+            "run_name": run_name,
+            "worker_name": worker_name,
+            "kind": events_rules.kind_of(self.worker_id is not None, self.state),
+            "state": self.state,
+            "reason": self.reason,
+            "data": data,
+            "created_at": self.at,
+        }
+        return transition, event
 
 
 @dataclass(frozen=True)

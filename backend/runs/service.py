@@ -17,6 +17,7 @@ from backend.db import after_commit
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import is_straggler
+from backend.lifecycle.views import Transition
 from backend.models import Event, Run, StateTransition, Worker, Workspace
 from backend.organizations import service as organizations
 from backend.runs import failures, repository
@@ -227,34 +228,23 @@ def record_transition(
     phase: str | None = None,
     held: bool = False,
 ) -> None:
-    """Keep a state change in history and publish it as an event of the workspace. A worker
-    ``held`` from here holds its GPUs on its machine."""
-    repository.add(
-        session,
-        StateTransition(
-            run_id=run.id,
-            worker_id=worker.id if worker else None,
-            transition_at=at,
-            state=state,
-            reason=reason,
-            phase=phase,
-            held_gpus=worker.gpus if worker and held else 0,
-            gpus=worker.gpus if worker else 0,
-            machine_id=worker.machine_id if worker and held else None,
-        ),
-        Event(
-            organization_id=workspace.organization_id,
-            workspace_id=workspace.id,
-            run_id=run.id,
-            run_name=run.name,
-            worker_name=worker.name if worker else None,
-            kind="worker.state" if worker else "run.state",
-            state=state,
-            reason=reason,
-            data={},
-            created_at=at,
-        ),
+    """Keep a state change in history and publish it as an event of the workspace (the event's
+    data empty). A worker ``held`` from here holds its GPUs on its machine."""
+    change = Transition(
+        run_id=run.id,
+        worker_id=worker.id if worker else None,
+        at=at,
+        state=state,
+        reason=reason,
+        phase=phase,
+        held_gpus=worker.gpus if worker and held else 0,
+        gpus=worker.gpus if worker else 0,
+        machine_id=worker.machine_id if worker and held else None,
     )
+    transition, event = change.rows(
+        workspace.organization_id, workspace.id, run.name, worker.name if worker else None, {}
+    )
+    repository.add(session, StateTransition(**transition), Event(**event))
 
 
 async def get_run(
