@@ -7,7 +7,7 @@ accounting phase), the workspace event, and the agent commands (an outbox) — o
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -23,7 +23,7 @@ from backend.errors import Conflict, NotFound
 from backend.events import rules as events_rules
 from backend.lifecycle import endings, progress, repository, rules, sentences, starting, states
 from backend.lifecycle.views import Effects, RunPolicy, RunView, Transition, WorkerView
-from backend.models import AgentCommand, Event, Run, StateTransition, WorkerFailure
+from backend.models import AgentCommand, Event, Run, StateTransition, Worker, WorkerFailure
 from backend.runs.rules import Wait
 from backend.runs.spec import RunSpec, stored_spec
 
@@ -499,28 +499,18 @@ async def late_snapshot(
     machine (the worker's placements say which); whether it was."""
     if not log_tail or not attempt:
         return False
-    await session.flush()  # what a report just changed is written first, never read over
-    run_id = await repository.run_of_worker(session, worker_id)
-    if run_id is None:
-        return False
-    await repository.runs_by_id(session, [run_id], lock=True)  # as every change of the gang
-    worker = await repository.worker_by_id(session, worker_id)
-    failure = worker.last_failure if worker is not None else None
-    if (
-        worker is None
-        or not failure
-        or worker.cause != sentences.EndCause.MACHINE_LOST
-        or failure.get("log_tail")
-        or not isinstance(failure.get("failed_at"), str)
-    ):
-        return False
-    placed = await repository.placements(
-        session, worker_id, datetime.fromisoformat(failure["failed_at"])
-    )
-    if len(placed) != attempt or placed[-1] != machine_id:
-        return False
-    worker.last_failure = {**failure, "log_tail": endings.snapshot_output(log_tail)}
-    return True
+
+    async def taken(run: Run, worker: Worker, failure: dict[str, Any]) -> bool:
+        if worker.cause != sentences.EndCause.MACHINE_LOST or not isinstance(
+            failure.get("failed_at"), str
+        ):
+            return False
+        placed = await repository.placements(
+            session, worker_id, datetime.fromisoformat(failure["failed_at"])
+        )
+        return len(placed) == attempt and placed[-1] == machine_id
+
+    return await _fill_snapshot(session, worker_id, log_tail, taken)
 
 
 async def last_machine(session: AsyncSession, worker_id: int) -> int | None:
@@ -537,21 +527,34 @@ async def slurm_snapshot(
     last held its GPUs on this machine; whether it was. Its state and accounting stay."""
     if not log_tail:
         return False
-    await session.flush()
+
+    async def taken(run: Run, worker: Worker, failure: dict[str, Any]) -> bool:
+        if run.external_id is None or worker.state != states.FAILED:
+            return False
+        return await repository.last_machine(session, worker_id) == machine_id
+
+    return await _fill_snapshot(session, worker_id, log_tail, taken)
+
+
+async def _fill_snapshot(
+    session: AsyncSession,
+    worker_id: int,
+    log_tail: str,
+    taken: Callable[[Run, Worker, dict[str, Any]], Awaitable[bool]],
+) -> bool:
+    """A worker's failure snapshot left without lines filled with ``log_tail`` (its last 16
+    KiB), where ``taken`` says these lines are that failure's; whether they were. Its run is
+    locked first, as for every change of the gang."""
+    await session.flush()  # what a report just changed is written first, never read over
     run_id = await repository.run_of_worker(session, worker_id)
     if run_id is None:
         return False
     run = (await repository.runs_by_id(session, [run_id], lock=True))[0]
     worker = await repository.worker_by_id(session, worker_id)
     failure = worker.last_failure if worker is not None else None
-    if (
-        run.external_id is None
-        or worker is None
-        or worker.state != states.FAILED
-        or not failure
-        or failure.get("log_tail")
-        or await repository.last_machine(session, worker_id) != machine_id
-    ):
+    if worker is None or not failure or failure.get("log_tail"):
+        return False
+    if not await taken(run, worker, failure):
         return False
     worker.last_failure = {**failure, "log_tail": endings.snapshot_output(log_tail)}
     return True
