@@ -157,11 +157,21 @@ class SlurmCommands:
     async def accounting(self, since: datetime, until: datetime) -> list[SlurmJob]:
         """Every job allocation active at some time in [since, until] (sacct's window), of
         every user; steps are not read (-X). A job that never started reaches this list
-        seconds after it is submitted, and one cancelled while pending may not be in it at
-        all: ``jobs`` asks for such jobs by id."""
-        return await self._sacct(
-            f"--starttime={since:%Y-%m-%dT%H:%M:%S}", f"--endtime={until:%Y-%m-%dT%H:%M:%S}"
+        seconds after it is submitted, and one cancelled before it was ever eligible (held,
+        before its BeginTime) is never in it: the window lists jobs by when they were eligible.
+        Those are read from a second listing, the window's cancelled jobs (--state=CA selects
+        by the job's start and end: 22.05 dates such a job's both at its cancel); a job the
+        queue showed pending and that is in neither is asked for by id (``jobs``)."""
+        window = (
+            f"--starttime={since:%Y-%m-%dT%H:%M:%S}",
+            f"--endtime={until:%Y-%m-%dT%H:%M:%S}",
         )
+        active = await self._sacct(*window)
+        listed = {j.job_id for j in active}
+        cancelled = await self._sacct(*window, "--state=CANCELLED")
+        # (a job in both is read once: --duplicates gives a requeued job's instances, which
+        # a second copy would read as instances of their own)
+        return active + [j for j in cancelled if j.job_id not in listed]
 
     async def jobs(self, job_ids: Sequence[str]) -> list[SlurmJob]:
         """These jobs as accounting has them (those it has heard of)."""

@@ -265,6 +265,10 @@ def _sacct_job(record: dict[str, Any], exits: dict[tuple[str, str], str]) -> Slu
     tres = record.get("tres") or {}
     requested = tres.get("requested")
     exit_text = exits.get((str(record["job_id"]), _stamp(started)))
+    if not hostnames(_text(record, "nodes")):
+        # never given nodes: a job cancelled while it waited (held, before its BeginTime) is
+        # dated started and ended at its cancel by 22.05 (start = end, elapsed 0): it never ran
+        started = None
     code, sig = _exit_code(record.get("exit_code"), exit_text)
     limit = times.get("limit")
     state = record.get("state") or {}

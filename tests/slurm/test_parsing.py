@@ -258,3 +258,24 @@ def test_ids_that_name_no_job_of_its_own() -> None:  # issue 38 F1
     answered = ["6_1", "6_2", "12", "40+1"]
     asked = ["6", "6_[3-8%1]", "12", "13", "40+1", "6_3"]
     assert parsing.not_jobs(asked, answered) == ["6", "6_[3-8%1]"]
+
+
+def test_a_job_cancelled_before_it_ran_has_no_start() -> None:  # issue 38 F4
+    # 22.05 dates a job cancelled while held (or before its BeginTime) started and ended at
+    # its cancel, on no node: it never ran, and holds nothing
+    held = accounted(
+        12,
+        state={"current": "CANCELLED", "reason": "None"},
+        nodes="None assigned",
+        allocation_nodes=0,
+        time={"submission": S, "start": S + 9, "end": S + 9, "eligible": 0, "limit": None},
+        tres={"allocated": [], "requested": [gres(1)]},
+    )
+    (job,) = parsing.parse_sacct({"meta": META, "errors": [], "jobs": [held]}).found
+    assert (job.state, job.start, job.end, job.nodes) == (
+        "CANCELLED",
+        None,
+        T + timedelta(seconds=9),
+        (),
+    )
+    assert job.gpus == 1

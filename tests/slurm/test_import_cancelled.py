@@ -1,0 +1,91 @@
+"""Jobs cancelled before they ran (issue 38 F4), against a real one-node Slurm
+(tests/support/slurm.py): a job cancelled while held, and one cancelled before its BeginTime,
+submitted and cancelled between two imports, are never in accounting's window (it lists jobs
+by when they were eligible: never, for these) nor seen in the queue. Each is imported Stopped,
+having held nothing, its wait counted from its submission to its cancel as Slurm dates them
+(as for a job the import saw pending), and a later job still imports."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from backend.db import Database
+from backend.slurm import service as importer
+from tests.support import FakeClock, Tenancy
+from tests.support.slurm import (
+    SlurmCluster,
+    history,
+    hpc,
+    import_until,
+    ledger,
+    run_of,
+    tick_after,
+    utc,
+    workers_of,
+)
+from tests.support.slurm import marks as slurm_marks
+
+pytestmark = slurm_marks()
+
+
+def by_id(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
+    """The job as sacct has it when asked by its id (the day's listing never has it)."""
+    line = cluster.run(
+        "sacct", "-X", "-P", "-n", "-j", job_id, "-o", "State,Submit,Start,End,NodeList"
+    ).strip()
+    if not line:
+        return {"state": ""}
+    state, submit, start, end, nodes = line.split("|")
+    return {"state": state, "submit": submit, "start": start, "end": end, "nodes": nodes}
+
+
+async def cancelled_by_id(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
+    deadline = asyncio.get_running_loop().time() + 30
+    while not (found := by_id(cluster, job_id))["state"].startswith("CANCELLED"):
+        assert asyncio.get_running_loop().time() < deadline, found
+        await asyncio.sleep(0.3)
+    return found
+
+
+async def test_jobs_cancelled_while_held_or_before_their_begin_time_are_imported(  # issue 38 F4
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+) -> None:
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(db, clock, slurm, {alpha: "default"})
+    clock.moment = datetime.now(UTC)
+    assert (await importer.import_cluster(db, clock, cluster_id)).error is None
+
+    # submitted and cancelled between two imports: never in the queue an import read
+    job = ("-A", alpha, "--gres=gpu:1", "--wrap", "sleep 30")
+    held = slurm.sbatch("-H", "-J", "held", *job)
+    later = slurm.sbatch("--begin=now+1hour", "-J", "later", *job)
+    await asyncio.sleep(1.1)  # (a wait of a second at least: sacct dates to the second)
+    slurm.run("scancel", held, later)
+    for cancelled in (held, later):
+        found = await cancelled_by_id(slurm, cancelled)
+        assert found["nodes"] == "None assigned", found  # (its start: None, then the cancel)
+    after = slurm.sbatch("-A", alpha, "--gres=gpu:1", "-J", "after", "--wrap", "true")
+    await import_until(db, clock, cluster_id, after, "Completed")
+    clock.moment = datetime.now(UTC)
+    assert (await importer.import_cluster(db, clock, cluster_id)).error is None
+
+    for cancelled in (held, later):
+        run = await run_of(db, cancelled)
+        assert (run.state, run.reason) == ("Stopped", "Stopped: cancelled in Slurm")
+        assert run.started_at is None and run.attempt == 0
+        found = by_id(slurm, cancelled)
+        submit, end = utc(found["submit"]), utc(found["end"])
+        (worker,) = await workers_of(db, run)
+        assert await history(db, worker) == [
+            (submit, "Pending", "waiting", 0),
+            (end, "Stopped", "ended", 0),
+        ]
+        await tick_after(db, clock, end)
+        waited = (end - submit).total_seconds()
+        assert waited >= 1
+        assert await ledger(db, "run", run.id) == {("waiting", False): waited}
