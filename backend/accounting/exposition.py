@@ -44,6 +44,20 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
         "GPUs unhealthy now (an XID, uncorrectable ECC errors, row remapping), by cluster.",
         ("cluster",),
     ),
+    "astraeus_slurm_import_lag_seconds": (
+        "Seconds since the import last read a Slurm-backed cluster's jobs (issue 38): how far "
+        "behind Slurm its runs' states and ledgers may be.",
+        ("cluster",),
+    ),
+    "astraeus_slurm_import_failing": (
+        "1 while a Slurm-backed cluster's last import failed (astraeus cluster status says "
+        "why), else 0.",
+        ("cluster",),
+    ),
+    "astraeus_slurm_records_quarantined": (
+        "Records of Slurm's output the last import could not read and set aside, by cluster.",
+        ("cluster",),
+    ),
     "astraeus_threshold_alerts_firing": (
         "Threshold alerts firing (a cluster's operators only).",
         ("metric",),

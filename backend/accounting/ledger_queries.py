@@ -42,6 +42,7 @@ from backend.models import (
     Pool,
     Redo,
     Run,
+    SlurmImport,
     Worker,
     Workspace,
 )
@@ -605,6 +606,36 @@ async def unhealthy_gpus(session: AsyncSession, organization_id: int) -> list[tu
         .order_by(Cluster.name)
     )
     return [(r[0], int(r[1])) for r in rows]
+
+
+@dataclass(frozen=True)
+class SlurmImportState:
+    """Where a Slurm-backed cluster's import stands, as the exposition shows it."""
+
+    cluster: str
+    last_read: datetime  # the last successful import, else since when it reads
+    failing: bool  # its last try failed
+    quarantined: int
+
+
+async def slurm_imports(session: AsyncSession, organization_id: int) -> list[SlurmImportState]:
+    """The organisation's Slurm-backed clusters' imports, by cluster name."""
+    rows = await session.execute(
+        select(Cluster.name, SlurmImport)
+        .join(SlurmImport, SlurmImport.cluster_id == Cluster.id)
+        .where(Cluster.organization_id == organization_id)
+        .order_by(Cluster.name)
+    )
+    return [
+        SlurmImportState(
+            cluster=name,
+            last_read=state.imported_at or state.since,
+            failing=state.error_at is not None
+            and (state.imported_at is None or state.error_at >= state.imported_at),
+            quarantined=len(state.quarantined or {}),
+        )
+        for name, state in rows
+    ]
 
 
 async def cluster_names(session: AsyncSession, ids: Sequence[int]) -> dict[int, str]:

@@ -74,6 +74,12 @@ async def exposition(
         session, principal.organization_id
     ):
         out.add("astraeus_gpus_unhealthy", {"cluster": cluster}, unhealthy)
+    for state in await ledger_queries.slurm_imports(session, principal.organization_id):
+        of = {"cluster": state.cluster}
+        lag = max(0.0, (now - state.last_read).total_seconds())
+        out.add("astraeus_slurm_import_lag_seconds", of, lag)
+        out.add("astraeus_slurm_import_failing", of, 1 if state.failing else 0)
+        out.add("astraeus_slurm_records_quarantined", of, state.quarantined)
     for metric, firing in (alerts_firing or {}).items():  # a cluster's operators only
         out.add("astraeus_threshold_alerts_firing", {"metric": metric}, firing)
     return out.text()

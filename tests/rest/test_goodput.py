@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
 
 from backend.accounting import counting
+from backend.db import Database
+from backend.models import Cluster, Organization, SlurmImport
 from tests.lifecycle.world import World
 from tests.support import SEED_TIME, FakeClock, Tenancy
 from tests.support.accounting import tick
@@ -283,3 +287,55 @@ async def test_a_figure_is_explained_by_its_worker_intervals(
     assert other.status_code == 404
     missing = await get(client, tenancy.member_token, "/goodput/intervals", by="run")
     assert missing.status_code == 400 and missing.json()["errors"][0]["field"] == "name"
+
+
+async def test_the_exposition_shows_how_far_behind_each_slurm_import_is(
+    client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    # issue 38: a cluster whose import is behind shows how far (a frozen import, a failing
+    # command), and what it set aside; every member of the organisation sees its clusters'
+    now = clock.now()
+    async with db.transaction() as session:
+        org = await session.scalar(select(Organization.id).where(Organization.name == "default"))
+        assert org is not None
+        for name, imported, error_at, quarantined in (
+            ("hpc", now - timedelta(minutes=5), now - timedelta(minutes=1), {"job 7": "no id"}),
+            ("lab", now - timedelta(seconds=20), None, {}),
+            ("new", None, None, {}),
+        ):
+            cluster = Cluster(organization_id=org, name=name, slurm={}, created_at=now)
+            session.add(cluster)
+            await session.flush()
+            session.add(
+                SlurmImport(
+                    cluster_id=cluster.id,
+                    since=now - timedelta(hours=1),
+                    imported_at=imported,
+                    error="squeue failed: slurm_load_jobs error" if error_at else None,
+                    error_at=error_at,
+                    unmapped={},
+                    quarantined=quarantined,
+                )
+            )
+    for token in (tenancy.admin_token, tenancy.other_token):
+        text = (await get(client, token, "/goodput/metrics")).text
+        shown = {
+            (s.name, s.labels["cluster"]): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name.startswith("astraeus_slurm_")
+        }
+        assert shown == {
+            ("astraeus_slurm_import_lag_seconds", "hpc"): 300.0,  # frozen, then failing
+            ("astraeus_slurm_import_lag_seconds", "lab"): 20.0,
+            ("astraeus_slurm_import_lag_seconds", "new"): 3600.0,  # never read: since when
+            ("astraeus_slurm_import_failing", "hpc"): 1.0,
+            ("astraeus_slurm_import_failing", "lab"): 0.0,
+            ("astraeus_slurm_import_failing", "new"): 0.0,
+            ("astraeus_slurm_records_quarantined", "hpc"): 1.0,
+            ("astraeus_slurm_records_quarantined", "lab"): 0.0,
+            ("astraeus_slurm_records_quarantined", "new"): 0.0,
+        }
+    # another organisation's member sees none of them
+    foreign = (await get(client, tenancy.foreign_token, "/goodput/metrics")).text
+    assert "astraeus_slurm" not in foreign
