@@ -7,7 +7,8 @@ archive kept after the end and the progress its output shows all work as for its
 and nothing the job's user controls is read by path again once opened.
 
 The copy keeps each write's time where the source says it (the ``.times`` records beside an
-agent.slurm_task log), else the time it was copied (a look every fraction of a second).
+agent.slurm_task log), else the time of the source's last write (its mtime) when it was copied
+(a look every fraction of a second).
 """
 
 from __future__ import annotations
@@ -56,7 +57,13 @@ class LogCopy:
                 except OSError:
                     self.times_fd = None
         self._read_times()
-        size = os.fstat(self.fd).st_size
+        status = os.fstat(self.fd)
+        size = status.st_size
+        if self.times_fd is None:
+            # no time records (a batch script's output): what is copied now was written by its
+            # last write, the file's mtime, not when it was copied (its first copy, when the
+            # watch begins, may be seconds after a job's last line: a stall is dated from it)
+            self.ms = min(status.st_mtime_ns // 1_000_000, int(time.time() * 1000))
         if size < self.offset:
             self._lost_track(size)
             return 0

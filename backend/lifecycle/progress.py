@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from backend.config import format_duration
-from backend.lifecycle.sentences import CONTAINER_RUNNING
+from backend.lifecycle.sentences import CONTAINER_RUNNING, slurm_running
 from backend.lifecycle.states import RUNNING, Phase
 from backend.lifecycle.views import (
     Effects,
@@ -53,7 +53,9 @@ def worker_progress(
         w.progress_at = at
     if w.stalled_since is not None:
         w.stalled_since = None
-        set_worker(fx, run, w, RUNNING, CONTAINER_RUNNING, Phase.RUNNING, at)
+        # (a Slurm job's worker reads again as it did before it stalled)
+        running = CONTAINER_RUNNING if run.slurm_job is None else slurm_running(run.slurm_job)
+        set_worker(fx, run, w, RUNNING, running, Phase.RUNNING, at)
         if run.state == RUNNING and run.stop_cause is None:
             set_run(fx, run, RUNNING, running_reason(run), at)  # stalled no more (or fewer)
 

@@ -27,6 +27,11 @@ LOST_BEFORE_START = "Lost: its container never started"
 STOPPED_BEFORE_START = "Stopped before it started"
 
 
+def slurm_running(job_id: str) -> str:
+    """A running worker of a Slurm job (Slurm runs it: no container of Astraeus's)."""
+    return f"Running in Slurm job {job_id}"
+
+
 class EndCause(StrEnum):
     """Why a worker's attempt ended, or a run failed, restarts or was preempted: stored beside
     the sentence (workers.cause, runs.cause), which is written from it; failures are

@@ -20,6 +20,7 @@ from backend.lifecycle.sentences import (
     OOM_KILLED,
     exited_with,
     preempted_sentence,
+    slurm_running,
     time_limit_sentence,
     worker_failed_sentence,
     workers_completed,
@@ -256,7 +257,7 @@ def _started(job: SlurmJob, at: datetime, workers: list[str]) -> Change:
         phase=Phase.RUNNING.value,
         held=True,
         run_reason=workers_running(len(workers), len(workers)),
-        worker_reason=f"Running in Slurm job {job.job_id}",
+        worker_reason=slurm_running(job.job_id),
     )
 
 

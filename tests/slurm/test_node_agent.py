@@ -290,23 +290,31 @@ async def test_an_imported_job_whose_output_stops_is_stalled_from_its_last_line(
 ) -> None:
     """Issue 25. The cluster's stall timeout for imported jobs (--stall-timeout): the
     job's output, copied by its node's agent, is its progress; quiet for the timeout, it is
-    stalled from its last line, counted so to its end, and Slurm keeps it running."""
+    stalled from its last line, counted so until it prints again, and Slurm keeps it running.
+    Issue 38 F6: its last line is dated when the job wrote it, not when the agent, whose watch
+    began after it, first copied it; and it resumes reading as a Slurm job's worker reads."""
     cluster = slurm_cgroups
     cluster_id, account = await hpc_of(db, clock, cluster, stall_timeout="5s")
     script = tmp_path / "quiet.sh"
-    script.write_text("#!/bin/bash\nfor i in 1 2 3; do echo step $i; sleep 0.5; done\nsleep 12\n")
+    script.write_text(
+        "#!/bin/bash\nfor i in 1 2 3; do echo step $i; sleep 0.5; done\nsleep 11\n"
+        "echo step 4\nsleep 2\n"
+    )
+    output = tmp_path / "out"
     async with watching_node(db, clock, cluster, cluster_id, tmp_path / "agent"):
         clock.moment = datetime.now(UTC)
-        job = cluster.sbatch(
-            "-A", account, "--gres=gpu:1", "-o", str(tmp_path / "out"), str(script)
-        )
+        job = cluster.sbatch("-A", account, "--gres=gpu:1", "-o", str(output), str(script))
+        # its three lines written before the import places it (and the agent watches it)
+        await _eventually("its third line", _printed(output, "step 3"))
+        await asyncio.sleep(0.5)
+        last_line = datetime.fromtimestamp(output.stat().st_mtime, UTC)
         await import_until(db, clock, cluster_id, job, "Running")
         run = await run_of(db, job)
         (worker,) = await workers_of(db, run)
 
         async def spoke() -> bool:
             (now,) = await workers_of(db, run)
-            return now.progress_at is not None and now.progress_at >= worker.state_since
+            return now.progress_at is not None
 
         await _eventually("its output as progress", spoke)
         await asyncio.sleep(6)  # its output stopped a timeout ago
@@ -316,16 +324,41 @@ async def test_an_imported_job_whose_output_stops_is_stalled_from_its_last_line(
         (stalled,) = await workers_of(db, run)
         assert stalled.stalled_since is not None and stalled.progress_at is not None
         assert stalled.stalled_since == stalled.progress_at  # from its last line
+        # (to the millisecond of the file's last write, not the agent's first copy, seconds on)
+        assert abs((stalled.stalled_since - last_line).total_seconds()) < 0.01
         assert (stalled.state, stalled.reason) == ("Running", "Stalled: no progress for 5s")
+
+        async def resumed() -> bool:
+            (now,) = await workers_of(db, run)
+            return now.stalled_since is None
+
+        await _eventually("its fourth line, stalled no more", resumed)
+        (again,) = await workers_of(db, run)
+        assert (again.state, again.reason) == ("Running", f"Running in Slurm job {job}")
         done = await wait_for(cluster, job, "COMPLETED", within=60)
         await import_until(db, clock, cluster_id, job, "Completed")
 
     start, end = utc(done["start"]), utc(done["end"])
+    steps = [(at, phase) for at, _, phase, _ in await history(db, worker)]
+    (stalled_at,) = [at for at, phase in steps if phase == "stalled"]
+    (resumed_at,) = [at for at, phase in steps if phase == "running" and at > stalled_at]
+    assert stalled_at == stalled.stalled_since
     await tick_after(db, clock, end)
     found = await ledger(db, "run", run.id)
-    assert found.pop(("stalled", True)) == round((end - stalled.stalled_since).total_seconds(), 3)
-    assert found.pop(("idle", True)) == round((stalled.stalled_since - start).total_seconds(), 3)
+    assert found.pop(("stalled", True)) == round((resumed_at - stalled_at).total_seconds(), 3)
+    idle = (stalled_at - start) + (end - resumed_at)
+    assert found.pop(("idle", True)) == round(idle.total_seconds(), 3)
     assert set(found) <= {("waiting", False)}
+
+
+def _printed(path: Path, line: str) -> object:
+    def printed() -> bool:
+        return path.exists() and line in path.read_text()
+
+    async def check() -> bool:
+        return await asyncio.to_thread(printed)
+
+    return check
 
 
 async def test_a_submitted_run_that_stalls_is_queued_again_by_slurm_then_given_up(  # seed G-7
