@@ -396,6 +396,13 @@ def merge(accounted: list[SlurmJob], queued: list[SlurmJob]) -> list[SlurmJob]:
         out[job_id] = replace(current, previous=ran, submit=first_submit)
     for job in queued:
         known = out.get(job.job_id)
+        if known is not None and known.start is None and ended(known) and ended(job):
+            # Never ran: slurmdbd may have heard only of its end (a job cancelled moments after
+            # its submission, before the controller sent its start record: named
+            # "allocation", in no partition, submitted at its cancel, asking for nothing). The
+            # controller keeps the job a while after its end with what it asked for.
+            out[job.job_id] = _asked_as_queued(known, job)
+            continue
         if job.state == "COMPLETING" and known is not None:
             continue  # its processes ending: accounting has how the instance ended
         if job.state in LIVE_STATES and (known is None or not ended(known)):
@@ -403,6 +410,20 @@ def merge(accounted: list[SlurmJob], queued: list[SlurmJob]) -> list[SlurmJob]:
                 job = replace(job, previous=known.previous, submit=min(job.submit, known.submit))
             out[job.job_id] = job
     return sorted(out.values(), key=lambda j: (j.submit, _id_key(j.job_id)))
+
+
+def _asked_as_queued(accounted: SlurmJob, queued: SlurmJob) -> SlurmJob:
+    """A job that ended before it ran, as accounting has its end and the controller what it
+    asked for and when it was submitted."""
+    return replace(
+        accounted,
+        name=queued.name or accounted.name,
+        partition=queued.partition or accounted.partition,
+        submit=min(queued.submit, accounted.submit),
+        node_count=queued.node_count or accounted.node_count,
+        gpus=queued.gpus or accounted.gpus,
+        time_limit=queued.time_limit or accounted.time_limit,
+    )
 
 
 # ---- a run of Astraeus's as a Slurm job ----

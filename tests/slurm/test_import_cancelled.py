@@ -74,13 +74,17 @@ async def test_jobs_cancelled_while_held_or_before_their_begin_time_are_imported
     clock.moment = datetime.now(UTC)
     assert (await importer.import_cluster(db, clock, cluster_id)).error is None
 
-    for cancelled in (held, later):
+    for cancelled, name in ((held, "held"), (later, "later")):
         run = await run_of(db, cancelled)
         assert (run.state, run.reason) == ("Stopped", "Stopped: cancelled in Slurm")
         assert run.started_at is None and run.attempt == 0
         found = by_id(slurm, cancelled)
         submit, end = utc(found["submit"]), utc(found["end"])
         (worker,) = await workers_of(db, run)
+        assert (run.name, worker.gpus) == (
+            f"{name}-{cancelled}",
+            1,
+        )  # as asked (slurmdbd may not have it)
         assert await history(db, worker) == [
             (submit, "Pending", "waiting", 0),
             (end, "Stopped", "ended", 0),
@@ -89,3 +93,32 @@ async def test_jobs_cancelled_while_held_or_before_their_begin_time_are_imported
         waited = (end - submit).total_seconds()
         assert waited >= 1
         assert await ledger(db, "run", run.id) == {("waiting", False): waited}
+
+
+async def test_jobs_cancelled_the_moment_they_are_submitted_ask_what_they_asked(  # issue 38 F4
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+) -> None:
+    """slurmdbd, told of a cancel before the job's start record, often has the job named
+    "allocation", asking for nothing (about one job in two here): each is imported as it was
+    submitted, from the controller's record of it."""
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(db, clock, slurm, {alpha: "default"})
+    clock.moment = datetime.now(UTC)
+    assert (await importer.import_cluster(db, clock, cluster_id)).error is None
+    jobs = []
+    for _ in range(4):
+        held = slurm.sbatch("-H", "-J", "at-once", "-A", alpha, "--gres=gpu:2", "--wrap", "true")
+        slurm.run("scancel", held)
+        jobs.append(held)
+    for cancelled in jobs:
+        await cancelled_by_id(slurm, cancelled)
+    after = slurm.sbatch("-A", alpha, "--gres=gpu:1", "-J", "after", "--wrap", "true")
+    await import_until(db, clock, cluster_id, after, "Completed")
+    for cancelled in jobs:
+        run = await run_of(db, cancelled)
+        (worker,) = await workers_of(db, run)
+        assert (run.name, run.state, worker.gpus) == (f"at-once-{cancelled}", "Stopped", 2)

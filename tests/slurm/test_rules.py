@@ -3,6 +3,7 @@ a pending job's reason in the seed's words (tests/slurm/test_parsing.py: what Sl
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -184,6 +185,30 @@ def test_the_queue_is_newer_than_accounting_but_an_end_is_accountings() -> None:
     ]
     merged = {j.job_id: j.state for j in rules.merge(accounted, queued)}
     assert merged == {"1": "RUNNING", "2": "COMPLETED", "3": "PENDING"}
+
+
+def test_a_job_cancelled_before_it_ran_asks_what_the_controller_says() -> None:  # issue 38 F4
+    """slurmdbd, told of a job's cancel before its start record (the cancel moments after the
+    submission), has it named "allocation", in no partition, submitted at its cancel and
+    asking for nothing; the controller still has the job, and what it asked for."""
+    cancel = T + timedelta(seconds=4)
+    heard_of_its_end = job(
+        job_id="7", name="allocation", partition="", state="CANCELLED", submit=cancel, end=cancel
+    )
+    as_queued = job(job_id="7", state="CANCELLED", gpus=2, node_count=2, start=cancel, end=cancel)
+    (merged,) = rules.merge([heard_of_its_end], [as_queued])
+    assert (merged.name, merged.partition, merged.submit, merged.gpus, merged.node_count) == (
+        "train",
+        "gpu",
+        T,
+        2,
+        2,
+    )
+    assert (merged.state, merged.start, merged.end) == ("CANCELLED", None, cancel)
+    # what accounting has whole is kept: a job that ran is accounting's alone
+    ran = job(job_id="8", state="CANCELLED", start=T, end=cancel, gpus=1, nodes=("vm",))
+    (kept,) = rules.merge([ran], [replace(ran, gpus=4, name="renamed")])
+    assert (kept.gpus, kept.name) == (1, "train")
 
 
 def submission(**fields: object) -> rules.Submission:
