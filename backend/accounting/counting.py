@@ -67,6 +67,13 @@ async def tick(session: AsyncSession, clock: Clock) -> TickResult:
         if counted is not None and since < counted:
             starts[worker_id] = min(since, starts.get(worker_id, since))
             from_history.add(worker_id)
+    # Slurm-backed clusters whose import is behind: their jobs counted no further than its
+    # last read; those that fell behind, read on or caught up, counted again from where they
+    # were counted to.
+    clips, again = await _import_horizons(session, counted, until)
+    for worker_id, since in again.items():
+        starts[worker_id] = min(since, starts.get(worker_id, since))
+        from_history.add(worker_id)
     steady = counted is not None and counted < until and _dialect(session) == "postgresql"
     if counted is not None and counted < until and not steady:
         # Winding down is productive for at most the stop's grace period: counted from the
@@ -108,7 +115,7 @@ async def tick(session: AsyncSession, clock: Clock) -> TickResult:
     if counted is not None and counted < until and not steady:
         for worker_id in await repository.open_intervals(session):
             starts.setdefault(worker_id, counted)  # from its open interval, as above
-    changed, written = await _count(session, starts, from_history, counted, until)
+    changed, written = await _count(session, starts, from_history, counted, until, clips)
     await repository.mark_accounted(session, pending.ids)
     mark.counted_until = until
     return TickResult(counted_from, until, recounted, workers + changed, intervals + written)
@@ -146,7 +153,8 @@ async def count_deleted(
             starts.setdefault(worker_id, counted)
     starts = {w: start for w, start in starts.items() if start < until}
     if starts:
-        await _count(session, starts, from_history, counted, until)
+        clips = await repository.held_clusters(session)
+        await _count(session, starts, from_history, counted, until, clips)
     await repository.mark_accounted(session, pending.ids)
     await repository.recounted(session, late.ids)
     left = await repository.open_intervals(session, worker_ids)
@@ -187,6 +195,35 @@ async def samples_arrived(
         since = {w: at for w, at in since.items() if w in placed}
         await repository.add_recounts(session, since)
     return since
+
+
+async def _import_horizons(
+    session: AsyncSession, counted: datetime | None, until: datetime
+) -> tuple[dict[int, datetime], dict[int, datetime]]:
+    """The clusters whose Slurm jobs are counted to their import's last read this tick (their
+    import is behind), and the workers to count again, each from its moment: those of a
+    cluster that fell behind since the last tick (what was counted past the read is taken
+    back), that read on while behind, or that caught up (counted from where they were held)."""
+    clips: dict[int, datetime] = {}
+    since: dict[int, datetime] = {}
+    for found in await repository.import_horizons(session):
+        clip = rules.import_clip(found.read_at, until)
+        if clip is not None:
+            clips[found.cluster_id] = clip
+        if clip == found.counted_to:
+            continue
+        moment = min(at for at in (clip, found.counted_to) if at is not None)
+        if counted is not None:  # (each counted by the rules this once: not the steady way)
+            since[found.cluster_id] = min(moment, counted)
+        await repository.hold_cluster(session, found.cluster_id, clip)
+        if clip is not None and found.counted_to is None:
+            log.warning(
+                "goodput: cluster %d's Slurm import last read at %s: its jobs are counted "
+                "no further until it reads on",
+                found.cluster_id,
+                clip.isoformat(),
+            )
+    return clips, await repository.workers_since(session, since)
 
 
 def _wind_down(
@@ -256,10 +293,14 @@ async def _count(
     from_history: set[int],
     counted: datetime | None,
     until: datetime,
+    clips: dict[int, datetime],
 ) -> tuple[int, int]:
     """Count the workers of ``starts``, each from its moment, one by one by the pure rules:
     those with transitions not counted yet (from their history; what was counted from their
-    moment on is taken back first), and on SQLite every worker. How many workers and intervals.
+    moment on is taken back first), and on SQLite every worker. A worker of a cluster in
+    ``clips`` (its Slurm import behind) is counted to the cluster's moment only, and left
+    without an open interval: the steady minute does not count it on. How many workers and
+    intervals.
     """
     if not starts:
         return 0, 0
@@ -308,9 +349,10 @@ async def _count(
         def utilisation(minute: datetime, _: datetime, w: int = worker_id) -> float | None:
             return busy.get((w, int(minute.timestamp()) * 1000))
 
+        end = min(until, clips.get(worker.cluster_id, until))
         pieces = [
             _Piece(part, pools.get(part.machine_id) if part.machine_id is not None else None)
-            for part in rules.intervals(changes, start, until, utilisation)
+            for part in rules.intervals(changes, start, end, utilisation)
         ]
         for piece in pieces:
             _add(cells, piece.interval, worker, piece.pool, +1)

@@ -29,12 +29,14 @@ from backend.db import UTCDateTime, insert_many
 from backend.metrics.rules import BY_NAME
 from backend.models import (
     AccountingMark,
+    GoodputHorizon,
     GoodputInterval,
     GoodputOpenInterval,
     GoodputRecount,
     Machine,
     MetricSample,
     Run,
+    SlurmImport,
     StateTransition,
     Worker,
 )
@@ -170,6 +172,56 @@ async def recounted(session: AsyncSession, ids: Sequence[int]) -> None:
     dialect = _dialect(session)
     for chunk in _chunks(ids, 100_000 if dialect == "postgresql" else 500):
         await session.execute(delete(GoodputRecount).where(_in(GoodputRecount.id, chunk, dialect)))
+
+
+@dataclass(frozen=True)
+class ImportHorizon:
+    """A Slurm-backed cluster's import as the tick sees it: when it last read its Slurm (None:
+    never), and how far the tick counted its jobs while it was behind (None: it was not)."""
+
+    cluster_id: int
+    read_at: datetime | None
+    counted_to: datetime | None
+
+
+async def import_horizons(session: AsyncSession) -> list[ImportHorizon]:
+    """Every Slurm-backed cluster's, read as committed: the import's row is not locked (an
+    import writing for a minute never holds the tick up)."""
+    rows = await session.execute(
+        select(SlurmImport.cluster_id, SlurmImport.imported_at, GoodputHorizon.counted_to)
+        .outerjoin(GoodputHorizon, GoodputHorizon.cluster_id == SlurmImport.cluster_id)
+        .order_by(SlurmImport.cluster_id)
+    )
+    return [ImportHorizon(r.cluster_id, r.imported_at, r.counted_to) for r in rows]
+
+
+async def held_clusters(session: AsyncSession) -> dict[int, datetime]:
+    """The clusters whose Slurm jobs the tick counts no further than a moment, with it."""
+    rows = await session.execute(select(GoodputHorizon.cluster_id, GoodputHorizon.counted_to))
+    return {r.cluster_id: r.counted_to for r in rows}
+
+
+async def hold_cluster(session: AsyncSession, cluster_id: int, counted_to: datetime | None) -> None:
+    """The tick counts the cluster's Slurm jobs no further than ``counted_to`` (None: as any
+    worker's). The tick's alone: written under its mark."""
+    await session.execute(delete(GoodputHorizon).where(GoodputHorizon.cluster_id == cluster_id))
+    if counted_to is not None:
+        session.add(GoodputHorizon(cluster_id=cluster_id, counted_to=counted_to))
+    await session.flush()
+
+
+async def workers_since(session: AsyncSession, since: dict[int, datetime]) -> dict[int, datetime]:
+    """The workers of these clusters' runs that had not ended by the cluster's moment (each
+    counted again from it), with the moment."""
+    out: dict[int, datetime] = {}
+    for cluster_id, at in since.items():
+        rows = await session.scalars(
+            select(Worker.id)
+            .join(Run, Run.id == Worker.run_id)
+            .where(Run.cluster_id == cluster_id, Run.ended_at.is_(None) | (Run.ended_at >= at))
+        )
+        out.update({w: at for w in rows})
+    return out
 
 
 async def winding_down(session: AsyncSession) -> list[int]:

@@ -49,6 +49,21 @@ STOP_GRACE = timedelta(seconds=10)
 # is away and sends them when it is back) make it count the minute again, when they arrive
 # within this long after the minute: older ones are stored, not recounted.
 LATE_SAMPLES_WINDOW = timedelta(minutes=10)
+# A Slurm-backed cluster's import is behind when its last read is older than this before what
+# the tick counts (it reads every 30 s by default): its Slurm jobs are then counted no further
+# than that read, the import's horizon, until it reads on (issue 38 F3). Within it they are
+# counted on in their last phase, as any worker; what the import then dates earlier is
+# counted again from its time.
+IMPORT_BEHIND = timedelta(minutes=2)
+
+
+def import_clip(read_at: datetime | None, until: datetime) -> datetime | None:
+    """How far a Slurm-backed cluster's jobs are counted when the tick counts to ``until``
+    and the import last read at ``read_at`` (None: never): its horizon when it is behind,
+    else None (as any worker's)."""
+    if read_at is None or read_at >= until - IMPORT_BEHIND:
+        return None
+    return read_at
 
 
 class Category(StrEnum):
@@ -83,6 +98,8 @@ _BY_PHASE: dict[str, tuple[Category, bool]] = {
     Phase.REQUEUED_STALL: (Category.STALLED, False),
     # Another program held its gang's rendezvous port: nobody's failure, the run's least of all.
     Phase.REQUEUED_RENDEZVOUS: (Category.WAITING, False),
+    # Queued again in Slurm for no cause it names (`scontrol requeue`): asked for, not held.
+    Phase.REQUEUED_ADMIN: (Category.WAITING, False),
 }
 
 

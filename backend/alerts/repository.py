@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.models import Alert, AlertThreshold, Cluster, Gpu, Machine, Run, Worker, Workspace
+from backend.models import (
+    Alert,
+    AlertThreshold,
+    Cluster,
+    Gpu,
+    Machine,
+    Run,
+    SlurmImport,
+    Worker,
+    Workspace,
+)
 
 
 async def clusters(session: AsyncSession) -> list[Cluster]:
@@ -85,3 +96,12 @@ async def unhealthy_gpus(session: AsyncSession, cluster_id: int) -> int:
         .where(Machine.cluster_id == cluster_id, Gpu.health != "ok")
     )
     return int(found or 0)
+
+
+async def slurm_read_at(session: AsyncSession, cluster_id: int) -> datetime | None:
+    """When a Slurm-backed cluster's import last read its Slurm; before it ever did, since when
+    it reads (its first import's time); None: not imported at all."""
+    row = await session.get(SlurmImport, cluster_id)
+    if row is None:
+        return None
+    return row.imported_at or row.since

@@ -4,14 +4,17 @@
 under the day before, fires the goodput_drop alert (at least one GPU-hour held in that hour).
 The thresholds are the cluster's." Threshold alerts fire when a count reaches its threshold:
 workers stalled (in a workspace), runs with a straggler (in a workspace), unhealthy GPUs (on
-the cluster).
+the cluster); and when a Slurm-backed cluster's import is behind by its threshold in seconds
+(issue 38 F3: its jobs are not counted past its last read meanwhile).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from backend.accounting.rules import Ledger
+from backend.config import format_duration
 
 DEFAULTS: dict[str, float] = {
     "goodput_drop.below": 0.50,
@@ -20,8 +23,15 @@ DEFAULTS: dict[str, float] = {
     "workers_stalled": 1,
     "runs_with_straggler": 1,
     "gpu_faults": 1,
+    "slurm_import_lag": 300,  # seconds
 }
-METRICS = ("goodput_drop", "workers_stalled", "runs_with_straggler", "gpu_faults")
+METRICS = (
+    "goodput_drop",
+    "workers_stalled",
+    "runs_with_straggler",
+    "gpu_faults",
+    "slurm_import_lag",
+)
 WHAT = {
     "workers_stalled": "workers stalled",
     "runs_with_straggler": "runs with a straggler",
@@ -96,3 +106,20 @@ def count_alert(
     what = ONE[metric] if count == 1 else WHAT[metric]  # "1 worker stalled" (issue 21)
     reason = f"{count} {what} in {kind} {name} (threshold {threshold:g})"
     return Finding(metric, subject, workspace_id, float(count), threshold, reason)
+
+
+def import_lag(cluster: str, read_at: datetime, now: datetime, threshold: float) -> Finding | None:
+    """A Slurm-backed cluster's import that last read its Slurm ``threshold`` seconds ago or
+    more (at ``read_at``), or None."""
+    lag = now - read_at
+    if threshold <= 0 or lag.total_seconds() < threshold:
+        return None
+    behind = format_duration(timedelta(seconds=int(lag.total_seconds())))
+    reason = (
+        f"The Slurm import of cluster {cluster} is {behind} behind: it last read Slurm at "
+        f"{read_at:%Y-%m-%d %H:%M:%S} UTC, and its jobs are not counted past that "
+        f"(threshold {format_duration(timedelta(seconds=threshold))})"
+    )
+    return Finding(
+        "slurm_import_lag", f"cluster:{cluster}", None, lag.total_seconds(), threshold, reason
+    )

@@ -116,6 +116,13 @@ async def _findings(
     )
     if faults is not None:
         found.append(faults)
+    if cluster.slurm is not None:
+        read_at = await repository.slurm_read_at(session, cluster.id)
+        lag = None
+        if read_at is not None:
+            lag = rules.import_lag(cluster.name, read_at, now, thresholds["slurm_import_lag"])
+        if lag is not None:
+            found.append(lag)
     return found
 
 

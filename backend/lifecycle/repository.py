@@ -18,6 +18,7 @@ from backend.models import (
     Machine,
     Redo,
     Run,
+    SlurmImport,
     StateTransition,
     Worker,
     WorkerSeenLines,
@@ -75,6 +76,12 @@ async def runs_by_id(session: AsyncSession, run_ids: Sequence[int], *, lock: boo
     if lock:
         query = query.with_for_update()
     return list(await session.scalars(query))
+
+
+async def slurm_reads(session: AsyncSession) -> dict[int, datetime | None]:
+    """When each Slurm-backed cluster's import last read its Slurm (None: never)."""
+    rows = await session.execute(select(SlurmImport.cluster_id, SlurmImport.imported_at))
+    return {r.cluster_id: r.imported_at for r in rows}
 
 
 async def live_run_ids(session: AsyncSession) -> list[int]:

@@ -568,9 +568,15 @@ async def check_timers(session: AsyncSession, clock: Clock) -> Effects:
     now = clock.now()
     total = Effects()
     gangs = await load_gangs(session, await repository.live_run_ids(session))
+    reads = await repository.slurm_reads(session) if gangs else {}
     for gang in gangs:
         fx = Effects()
-        rules.check_timers(gang.view, now, fx)
+        at = now
+        if gang.view.slurm_job is not None:
+            # As of what the import has read of Slurm: a job may have ended since, unread (its
+            # output stops with it), and no stall is found past the import's horizon.
+            at = min(now, reads.get(gang.run.cluster_id) or now)
+        rules.check_timers(gang.view, at, fx)
         total.freed |= fx.freed
         await persist(session, gang, fx, now)
     return total

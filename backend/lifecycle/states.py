@@ -25,6 +25,9 @@ class Phase(StrEnum):
     REQUEUED_FAILURE = "requeued:failure"  # waiting to be placed again after a failure
     REQUEUED_PREEMPTION = "requeued:preemption"
     REQUEUED_STALL = "requeued:stall"
+    # waiting to be placed again after Slurm's `scontrol requeue` for no cause it names (an
+    # administrator's or the owner's; off a draining node it is a preemption): no one's loss
+    REQUEUED_ADMIN = "requeued:admin"
     # waiting to be placed again after its gang's MASTER_PORT was found held by another
     # program (issue 37 N3): not the run's failure, held by no one
     REQUEUED_RENDEZVOUS = "requeued:rendezvous"

@@ -8,6 +8,7 @@ from backend.models.failure import GpuFault, WorkerFailure, WorkerSeenLines
 from backend.models.goodput import (
     AccountingMark,
     GoodputDay,
+    GoodputHorizon,
     GoodputHour,
     GoodputInterval,
     GoodputOpenInterval,
@@ -40,6 +41,7 @@ __all__ = [
     "Cluster",
     "Event",
     "GoodputDay",
+    "GoodputHorizon",
     "GoodputHour",
     "GoodputInterval",
     "GoodputOpenInterval",

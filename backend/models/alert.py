@@ -18,7 +18,7 @@ class AlertThreshold(HasId, Base):
 
     cluster_id: Mapped[int] = mapped_column(BigId, ForeignKey("clusters.id", ondelete="CASCADE"))
     # goodput_drop.below, goodput_drop.points, goodput_drop.min_held_gpu_hours,
-    # workers_stalled, runs_with_straggler, gpu_faults
+    # workers_stalled, runs_with_straggler, gpu_faults, slurm_import_lag (seconds)
     name: Mapped[str] = mapped_column(String(64))
     value: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
@@ -36,7 +36,7 @@ class Alert(HasId, Base):
     workspace_id: Mapped[int | None] = mapped_column(
         BigId, ForeignKey("workspaces.id", ondelete="CASCADE")
     )
-    # goodput_drop | workers_stalled | runs_with_straggler | gpu_faults
+    # goodput_drop | workers_stalled | runs_with_straggler | gpu_faults | slurm_import_lag
     metric: Mapped[str] = mapped_column(String(32))
     # What it is about: workspace:<name>, pool:<name>, cluster:<name>.
     subject: Mapped[str] = mapped_column(String(160))

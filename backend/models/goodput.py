@@ -44,6 +44,20 @@ class GoodputRecount(HasId, Base):
     since: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class GoodputHorizon(Base):
+    """A Slurm-backed cluster whose import is behind (its last read older than
+    ``rules.IMPORT_BEHIND`` before what the tick counts): the tick counts the cluster's Slurm
+    jobs no further than ``counted_to``, the import's last read, and counts them again from
+    there when it has read on (issue 38 F3). Written by the tick only; no row: not behind."""
+
+    __tablename__ = "goodput_horizons"
+
+    cluster_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("clusters.id", ondelete="CASCADE"), primary_key=True
+    )
+    counted_to: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class GoodputInterval(HasId, Base):
     """Part of a worker's GPU time in one category: what a ledger figure is made of.
 

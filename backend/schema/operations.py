@@ -14,7 +14,9 @@ from backend.schema.common import UserError
 @strawberry.type(description="A threshold alert firing: what crossed what, and since when.")
 class Alert:
     metric: str = strawberry.field(
-        description="goodput_drop, workers_stalled, runs_with_straggler or gpu_faults."
+        description=(
+            "goodput_drop, workers_stalled, runs_with_straggler, gpu_faults or slurm_import_lag."
+        )
     )
     subject: str = strawberry.field(description="The workspace, pool or cluster it is about.")
     value: float

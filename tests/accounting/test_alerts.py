@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from sqlalchemy import select
 
@@ -50,6 +52,26 @@ async def events(world: World) -> list[tuple[str, str]]:
             select(Event).where(Event.kind.like("alert.%")).order_by(Event.id)
         )
         return [(e.kind, e.reason) for e in rows]
+
+
+def test_a_slurm_import_behind_by_its_threshold_fires() -> None:  # issue 38 F3
+    read = datetime(2026, 12, 4, 12, 0, 3, tzinfo=UTC)
+    threshold = rules.DEFAULTS["slurm_import_lag"]
+    assert threshold == 300
+    assert rules.import_lag("hpc", read, read + timedelta(seconds=299), threshold) is None
+    found = rules.import_lag("hpc", read, read + timedelta(minutes=7, seconds=30), threshold)
+    assert found is not None
+    assert (found.metric, found.subject, found.workspace_id, found.value) == (
+        "slurm_import_lag",
+        "cluster:hpc",
+        None,
+        450.0,
+    )
+    assert found.reason == (
+        "The Slurm import of cluster hpc is 7m30s behind: it last read Slurm at "
+        "2026-12-04 12:00:03 UTC, and its jobs are not counted past that (threshold 5m)"
+    )
+    assert rules.import_lag("hpc", read, read + timedelta(days=1), 0) is None  # turned off
 
 
 async def test_a_workspace_whose_goodput_drops_fires_and_then_resolves(world: World) -> None:

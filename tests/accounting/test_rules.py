@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from backend.accounting import rules
 from backend.accounting.rules import (
     Category,
     Interval,
@@ -189,3 +190,12 @@ def test_counting_in_any_ticks_gives_the_same_ledger(
     if split.goodput is not None:
         assert split.goodput == split.productive / split.allocated
     assert split.lost == split.asked - split.productive
+
+
+def test_a_slurm_import_behind_holds_its_jobs_at_its_last_read() -> None:  # issue 38 F3
+    until = datetime(2026, 12, 4, 12, 10, tzinfo=UTC)
+    behind = until - rules.IMPORT_BEHIND
+    assert rules.import_clip(None, until) is None  # never read: nothing of it to hold
+    assert rules.import_clip(behind, until) is None  # reading as it should
+    late = behind - timedelta(seconds=1)
+    assert rules.import_clip(late, until) == late  # behind: held at its last read

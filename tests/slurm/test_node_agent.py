@@ -319,6 +319,8 @@ async def test_an_imported_job_whose_output_stops_is_stalled_from_its_last_line(
         await _eventually("its output as progress", spoke)
         await asyncio.sleep(6)  # its output stopped a timeout ago
         clock.moment = datetime.now(UTC)
+        # (stalls are found as of the import's last read: issue 38 F3)
+        assert (await importer.import_cluster(db, clock, cluster_id)).error is None
         async with db.transaction() as session:
             await lifecycle.check_timers(session, clock)
         (stalled,) = await workers_of(db, run)
@@ -404,6 +406,7 @@ async def test_a_submitted_run_that_stalls_is_queued_again_by_slurm_then_given_u
             await _eventually("its one line as progress", spoke)
             await asyncio.sleep(6)  # quiet for the stall timeout
             clock.moment = datetime.now(UTC)
+            assert (await importer.import_cluster(db, clock, cluster_id)).error is None
             async with db.transaction() as session:
                 await lifecycle.check_timers(session, clock)
             assert (await run_of(db, job)).reason == said[attempt]
