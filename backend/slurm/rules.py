@@ -67,6 +67,7 @@ class Instance:
     start: datetime
     end: datetime
     state: str
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,10 +189,13 @@ def end_sentence(job: SlurmJob) -> str:
 RESTART_GAP = timedelta(milliseconds=1)
 
 
-def changes(job: SlurmJob, workers: list[str]) -> list[Change]:
+def changes(
+    job: SlurmJob, workers: list[str], draining: frozenset[str] = frozenset()
+) -> list[Change]:
     """The job's life as Astraeus's transitions: submitted (waiting), each instance that ran
-    and was queued again (running, held; then waiting to be placed again), its current one
-    started (running, its GPUs held), ended. A job cancelled before it ran holds nothing."""
+    and was queued again (running, held; then waiting to be placed again, as Slurm says why:
+    ``requeue_change``; ``draining``: the nodes draining now), its current one started
+    (running, its GPUs held), ended. A job cancelled before it ran holds nothing."""
     out = [
         Change(
             at=job.submit,
@@ -223,7 +227,7 @@ def changes(job: SlurmJob, workers: list[str]) -> list[Change]:
 
     for instance in job.previous:
         started(instance.start)
-        then(requeue_change(instance.end, instance.state))
+        then(requeue_change(instance.end, instance.state, _on(instance.nodes, draining)))
     if job.start is not None and job.state != "PENDING":
         started(job.start)
     if ended(job):
@@ -261,14 +265,27 @@ def _started(job: SlurmJob, at: datetime, workers: list[str]) -> Change:
     )
 
 
-def requeue_change(at: datetime, state: str) -> Change:
-    """A running job queued again by Slurm, from the end of the instance that ran."""
+REQUEUED = "Requeued in Slurm (scontrol requeue)"
+
+
+def _on(nodes: tuple[str, ...], draining: frozenset[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(nodes) & draining))
+
+
+def requeue_change(at: datetime, state: str, drained: tuple[str, ...] = ()) -> Change:
+    """A running job queued again, from the end of the instance that ran, counted as Slurm
+    says why (issue 38): its node failed (a failure), higher-priority work preempted it, or it
+    was requeued (`scontrol requeue`, an administrator's or its owner's) off a node that is
+    draining (the seed's preemption: "stopping for higher-priority work or a drain"); else
+    requeued for no cause Slurm names: waiting again, no one's loss."""
     if state in ("NODE_FAIL", "BOOT_FAIL"):
         phase, reason = Phase.REQUEUED_FAILURE, "Machine lost: Slurm found its node failed"
     elif state == "PREEMPTED":
         phase, reason = Phase.REQUEUED_PREEMPTION, preempted_sentence("Slurm")
+    elif drained:
+        phase, reason = Phase.REQUEUED_PREEMPTION, f"{REQUEUED}: node {drained[0]} is draining"
     else:
-        phase, reason = Phase.REQUEUED_PREEMPTION, "Requeued by Slurm"
+        phase, reason = Phase.REQUEUED_ADMIN, REQUEUED
     return Change(
         at=at,
         state=RunState.PENDING.value,
@@ -382,14 +399,14 @@ def merge(accounted: list[SlurmJob], queued: list[SlurmJob]) -> list[SlurmJob]:
         # or started after the others)
         found.sort(key=lambda j: (j.start is None, j.start or j.submit))
         ran = tuple(
-            Instance(j.start, j.end, j.state)
+            Instance(j.start, j.end, j.state, j.nodes)
             for j in found[:-1]
             if j.start is not None and j.end is not None
         )
         current = found[-1]
         if current.state == "REQUEUED" and current.start and current.end:
             # accounting's record of the instance that ran, while the job waits again
-            ran = (*ran, Instance(current.start, current.end, "REQUEUED"))
+            ran = (*ran, Instance(current.start, current.end, "REQUEUED", current.nodes))
             current = replace(current, state="PENDING", start=None, end=None, nodes=())
         # a requeued instance is submitted anew; the job was submitted with the first
         first_submit = min(j.submit for j in found)

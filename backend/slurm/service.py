@@ -628,7 +628,7 @@ async def _create(
     ]
     repository.add(session, *workers)
     await session.flush()
-    every = rules.changes(job, [w.name for w in workers])
+    every = rules.changes(job, [w.name for w in workers], _draining(machines))
     unwatched: list[int] = []
     for change in every:
         unwatched += _enter(session, ws, run, workers, change, machines, _tasks(run, job, settings))
@@ -649,13 +649,15 @@ async def _advance(
     settings: SlurmSettings,
 ) -> bool:
     """Record the job's changes since the run was last written; whether there were any."""
-    every = rules.changes(job, [w.name for w in workers])
+    draining = _draining(machines)
+    every = rules.changes(job, [w.name for w in workers], draining)
     done = _applied(run, len(every))
     todo = every[done:]
     if not todo and run.state == RunState.RUNNING.value and job.state == "PENDING":
         # queued again by Slurm, accounting not yet saying when the instance ended: from now
-        # (the change accounting brings later is this one)
-        todo = [rules.requeue_change(now, "REQUEUED")]
+        # (the change accounting brings later is this one), off the nodes it was on
+        on = {m.name for m in machines.values() if m.id in {w.machine_id for w in workers}}
+        todo = [rules.requeue_change(now, "REQUEUED", tuple(sorted(on & draining)))]
     if not todo:
         return False
     unwatched: list[int] = []
@@ -678,6 +680,11 @@ async def _advance(
     await repository.end_watches(session, unwatched, now)
     await session.flush()
     return True
+
+
+def _draining(machines: dict[str, Machine]) -> frozenset[str]:
+    """The nodes draining (or drained) as the import read them."""
+    return frozenset(name for name, m in machines.items() if m.state == "draining")
 
 
 @dataclass(frozen=True)
@@ -857,7 +864,12 @@ def _enter(
     return placed
 
 
-REQUEUED = (Phase.REQUEUED_PREEMPTION, Phase.REQUEUED_FAILURE, Phase.REQUEUED_STALL)
+REQUEUED = (
+    Phase.REQUEUED_PREEMPTION,
+    Phase.REQUEUED_FAILURE,
+    Phase.REQUEUED_STALL,
+    Phase.REQUEUED_ADMIN,
+)
 
 
 def _as_the_stall_asked(run: Run, change: Change) -> Change:

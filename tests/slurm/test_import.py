@@ -270,16 +270,17 @@ async def test_the_admin_commands_create_map_and_import(  # issue 25
     assert "imported jobs whose output stops for 45m are counted stalled" in status
 
 
-async def test_a_job_slurm_requeues_waits_again_and_runs_again(  # issue 25
+async def test_a_job_slurm_requeues_waits_again_and_runs_again(  # issue 25, issue 38
     db: Database,
     clock: FakeClock,
     tenancy: Tenancy,
     slurm: SlurmCluster,
     slurm_accounts: tuple[str, str],
 ) -> None:
-    """Slurm queues a running job again (scontrol requeue, as a preemption with requeue or a
-    node failure does): the run waits to be placed again (not held, the preemption category),
-    then runs a second attempt; the ledger counts each instance's time where it went."""
+    """Slurm queues a running job again: the run waits to be placed again (not held), then runs
+    another attempt; the ledger counts each instance's time where it went. Counted as Slurm
+    says why (issue 38): an administrator's `scontrol requeue` is no one's loss (waiting, not a
+    preemption); the same off a draining node is the seed's preemption ("a drain")."""
     alpha, _ = slurm_accounts
     cluster_id = await hpc(db, clock, slurm, {alpha: "default"})
     job = slurm.sbatch("-A", alpha, "--gres=gpu:1", "-J", "again", "--wrap", "sleep 300")
@@ -287,42 +288,65 @@ async def test_a_job_slurm_requeues_waits_again_and_runs_again(  # issue 25
     clock.moment = datetime.now(UTC)
     await importer.import_cluster(db, clock, cluster_id)
     assert (await run_of(db, job)).state == "Running"
+    node = slurm.node
 
-    slurm.run("scontrol", "requeue", job)
-    first = await wait_for(slurm, job, "REQUEUED")
-    clock.moment = datetime.now(UTC)
-    await importer.import_cluster(db, clock, cluster_id)
+    async def requeued(drain: bool) -> dict[str, str]:
+        if drain:
+            slurm.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=maint")
+        slurm.run("scontrol", "requeue", job)
+        found = await wait_for(slurm, job, "REQUEUED")
+        clock.moment = datetime.now(UTC)
+        await importer.import_cluster(db, clock, cluster_id)
+        if drain:
+            slurm.run("scontrol", "update", f"nodename={node}", "state=resume")
+        slurm.run("scontrol", "update", f"jobid={job}", "starttime=now")  # not Slurm's 2 min
+        await wait_for(slurm, job, "RUNNING")
+        return found
+
+    first = await requeued(drain=False)
     run = await run_of(db, job)
-    assert (run.state, run.reason) == ("Pending", "Requeued by Slurm")
+    assert (run.state, run.reason) == ("Pending", "Requeued in Slurm (scontrol requeue)")
     (worker,) = await workers_of(db, run)
-    assert (worker.phase, worker.restarts, worker.machine_id) == ("requeued:preemption", 1, None)
+    assert (worker.phase, worker.restarts, worker.machine_id) == ("requeued:admin", 1, None)
+    clock.moment = datetime.now(UTC)
+    await importer.import_cluster(db, clock, cluster_id)
+    assert (await run_of(db, job)).state == "Running"
 
-    slurm.run("scontrol", "update", f"jobid={job}", "starttime=now")  # not Slurm's 2 minutes
-    await wait_for(slurm, job, "RUNNING")
+    second = await requeued(drain=True)
+    run = await run_of(db, job)
+    assert (run.state, run.reason) == (
+        "Pending",
+        f"Requeued in Slurm (scontrol requeue): node {node} is draining",
+    )
     slurm.run("scancel", job)
-    second = await wait_for(slurm, job, "CANCELLED")
+    third = await wait_for(slurm, job, "CANCELLED")
     clock.moment = datetime.now(UTC)
     await importer.import_cluster(db, clock, cluster_id)
     run = await run_of(db, job)
-    assert run.state == "Stopped" and run.attempt == 2
+    assert run.state == "Stopped" and run.attempt == 3
     steps = [(state, phase) for _, state, phase, _ in await history(db, worker)]
     assert steps == [
         ("Pending", "waiting"),
         ("Running", "running"),
-        ("Pending", "requeued:preemption"),
+        ("Pending", "requeued:admin"),
         ("Starting", "restart"),  # placed again by Slurm, running a millisecond after
+        ("Running", "running"),
+        ("Pending", "requeued:preemption"),
+        ("Starting", "restart"),
         ("Running", "running"),
         ("Stopped", "ended"),
     ]
 
-    await tick_after(db, clock, utc(second["end"]))
+    await tick_after(db, clock, utc(third["end"]))
     submit, start1, end1 = (utc(first[k]) for k in ("submit", "start", "end"))
     start2, end2 = utc(second["start"]), utc(second["end"])
+    start3, end3 = utc(third["start"]), utc(third["end"])
     gap = RESTART_GAP.total_seconds()
+    ran = end1 - start1 + end2 - start2 + end3 - start3
     expected = {
-        ("idle", True): (end1 - start1 + end2 - start2).total_seconds() - gap,
-        ("restart", True): gap,
-        ("preemption", False): (start2 - end1).total_seconds(),
-        ("waiting", False): (start1 - submit).total_seconds(),
+        ("idle", True): ran.total_seconds() - 2 * gap,
+        ("restart", True): 2 * gap,
+        ("preemption", False): (start3 - end2).total_seconds(),
+        ("waiting", False): (start1 - submit + start2 - end1).total_seconds(),
     }
     assert await ledger(db, "run", run.id) == {k: v for k, v in expected.items() if v}

@@ -279,19 +279,19 @@ def test_the_first_failure_is_the_earliest_rank_to_fail_of_its_own() -> None:  #
     assert rules.task_end_sentence(only_killed) == "Killed by signal 9"
 
 
-def test_a_requeued_job_runs_waits_again_and_runs_as_astraeus_transitions() -> None:  # issue 25
+def test_a_requeued_job_runs_waits_again_and_runs_as_astraeus_transitions() -> None:  # 25, 38
     at = [T + timedelta(seconds=s) for s in range(0, 100, 10)]
     first = job(job_id="5", state="REQUEUED", start=at[1], end=at[2], nodes=("vm",), gpus=1)
     second = job(job_id="5", state="RUNNING", submit=at[3], start=at[4], nodes=("vm",), gpus=1)
     (merged,) = rules.merge([second, first], [])  # sacct --duplicates, in either order
     assert merged.state == "RUNNING" and merged.previous == (
-        rules.Instance(at[1], at[2], "REQUEUED"),
+        rules.Instance(at[1], at[2], "REQUEUED", ("vm",)),
     )
     steps = [(c.at, c.state, c.phase, c.held) for c in rules.changes(merged, ["w-0"])]
     assert steps == [
         (at[0], "Pending", Phase.WAITING, False),  # submitted with its first instance
         (at[1], "Running", Phase.RUNNING, True),
-        (at[2], "Pending", Phase.REQUEUED_PREEMPTION, False),
+        (at[2], "Pending", Phase.REQUEUED_ADMIN, False),  # `scontrol requeue`: no one's loss
         (at[4], "Starting", Phase.RESTART, True),  # placed again
         (at[4] + rules.RESTART_GAP, "Running", Phase.RUNNING, True),
     ]
@@ -303,8 +303,15 @@ def test_a_requeued_job_runs_waits_again_and_runs_as_astraeus_transitions() -> N
     assert [(c.state, c.phase) for c in rules.changes(waiting[0], ["w-0"])] == [
         ("Pending", Phase.WAITING),
         ("Running", Phase.RUNNING),
-        ("Pending", Phase.REQUEUED_PREEMPTION),
+        ("Pending", Phase.REQUEUED_ADMIN),
     ]
+    # requeued off a node that is draining: the seed's preemption ("a drain")
+    drained = rules.changes(merged, ["w-0"], frozenset({"vm", "other"}))[2]
+    assert (drained.phase, drained.run_reason) == (
+        Phase.REQUEUED_PREEMPTION,
+        "Requeued in Slurm (scontrol requeue): node vm is draining",
+    )
+    assert rules.changes(merged, ["w-0"], frozenset({"other"}))[2].phase == Phase.REQUEUED_ADMIN
     lost = rules.requeue_change(at[2], "NODE_FAIL")
     assert (lost.phase, lost.run_reason) == (
         Phase.REQUEUED_FAILURE,
