@@ -516,3 +516,60 @@ def test_0025_webhooks_that_asked_for_run_state_still_get_deletions(tmp_path: ob
     command.downgrade(config, "0024")
     assert kinds() == [(i, k if i != 6 else ["run.state"]) for i, k in hooks]
     engine.dispose()
+
+
+def test_0036_moves_each_runs_slurm_bookkeeping_out_of_its_specification(
+    tmp_path: object,
+) -> None:
+    """0036 (issue 38): a run's spec["slurm"] (its job, submitted or imported, and how many of
+    its changes were written) becomes its slurm_runs row, and leaves the spec: Run again then
+    submits the spec as a run's. Going down, it comes back."""
+    url = f"sqlite:///{tmp_path}/slurm.db"
+    config = migrations.alembic_config(url)
+    command.upgrade(config, "0035")
+    engine = create_engine(sync_url(url))
+    submitted = {"job_id": "12", "account": "nlp", "submitted": True, "applied": 3}
+    imported = {"job_id": "13", "job_name": "a|b", "account": "nlp", "user": "ana",
+                "partition": "gpu", "priority": 4294901759}  # fmt: skip
+    specs = {
+        1: {"name": "r1", "command": ["python", "train.py"], "slurm": submitted},
+        2: {"name": "r2", "workers": 1, "slurm": imported},  # (before "applied" was kept)
+        3: {"name": "r3", "command": ["true"]},  # an agent's run
+    }
+    with engine.begin() as conn:
+        for id_, spec in specs.items():
+            job = spec.get("slurm", {}).get("job_id")
+            insert_run(conn, id_, "Running", "", spec=json.dumps(spec), external_id=job)
+
+    def rows() -> tuple[list[tuple[object, ...]], dict[int, object]]:
+        with engine.connect() as conn:
+            kept = [
+                tuple(r)
+                for r in conn.execute(
+                    text(
+                        "SELECT run_id, job_id, submitted, job_name, account, user, partition, "
+                        "qos, priority, cancelled_by, applied FROM slurm_runs ORDER BY run_id"
+                    )
+                )
+            ]
+            found = conn.execute(text("SELECT id, spec FROM runs ORDER BY id"))
+            return kept, {id_: json.loads(spec) for id_, spec in found}
+
+    command.upgrade(config, "0036")
+    kept, found = rows()
+    assert kept == [
+        (1, "12", 1, "", "nlp", "", "", "", None, None, 3),
+        (2, "13", 0, "a|b", "nlp", "ana", "gpu", "", 4294901759, None, None),
+    ]
+    assert found == {
+        1: {"name": "r1", "command": ["python", "train.py"]},
+        2: {"name": "r2", "workers": 1},
+        3: specs[3],
+    }
+    command.downgrade(config, "0035")
+    with engine.connect() as conn:
+        back = {i: json.loads(s) for i, s in conn.execute(text("SELECT id, spec FROM runs"))}
+    assert back[3] == specs[3] and back[1]["slurm"]["job_id"] == "12"
+    assert back[1]["slurm"]["submitted"] and back[1]["slurm"]["applied"] == 3
+    assert back[2]["slurm"]["job_name"] == "a|b" and back[2]["slurm"]["priority"] == 4294901759
+    engine.dispose()

@@ -24,7 +24,7 @@ from backend.models.organization import Organization
 from backend.models.rework import Redo
 from backend.models.run import Run
 from backend.models.secret import Secret
-from backend.models.slurm import SlurmAccount, SlurmImport
+from backend.models.slurm import SlurmAccount, SlurmImport, SlurmRun
 from backend.models.user import ApiToken, Membership, User
 from backend.models.webhook import Webhook, WebhookDelivery
 from backend.models.worker import Attempt, Worker
@@ -64,6 +64,7 @@ __all__ = [
     "Secret",
     "SlurmAccount",
     "SlurmImport",
+    "SlurmRun",
     "StateTransition",
     "User",
     "Webhook",

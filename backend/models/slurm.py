@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, String, UniqueConstraint
+from sqlalchemy import BigInteger, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import BigId, PortableJSON
@@ -48,3 +48,30 @@ class SlurmImport(Base):
     # record -> why, of what the last import's commands printed and it could not read (a job,
     # a node: set aside, the others imported; issue 38)
     quarantined: Mapped[dict[str, Any]] = mapped_column(PortableJSON, default=dict)
+
+
+class SlurmRun(Base):
+    """The Slurm job that runs a run, kept apart from the run's specification (the user's,
+    what Run again submits; issue 38): the job's id, whether Astraeus submitted it or imported
+    it, what Slurm says of it (shown wherever the run is), and how far the import has written
+    its life."""
+
+    __tablename__ = "slurm_runs"
+
+    run_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    job_id: Mapped[str] = mapped_column(String(64))
+    # Submitted from Astraeus (its specification is a run's: it can run again); else imported
+    submitted: Mapped[bool]
+    job_name: Mapped[str] = mapped_column(String(256), default="")
+    account: Mapped[str] = mapped_column(String(64), default="")
+    user: Mapped[str] = mapped_column(String(64), default="")
+    partition: Mapped[str] = mapped_column(String(64), default="")
+    qos: Mapped[str] = mapped_column(String(64), default="")
+    priority: Mapped[int | None] = mapped_column(BigInteger)  # Slurm's own
+    # Who cancelled the job, as Slurm's accounting names them (None: not cancelled)
+    cancelled_by: Mapped[str | None] = mapped_column(String(64))
+    # How many of the job's changes (backend/slurm/rules.changes) its run has taken (None: a
+    # run imported before it was kept)
+    applied: Mapped[int | None] = mapped_column(Integer)

@@ -18,7 +18,7 @@ from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import is_straggler
 from backend.lifecycle.views import Transition
-from backend.models import Event, Run, StateTransition, Worker, Workspace
+from backend.models import Event, Run, SlurmRun, StateTransition, Worker, Workspace
 from backend.organizations import service as organizations
 from backend.runs import failures, repository
 from backend.runs.rules import (
@@ -178,8 +178,15 @@ async def run_again(
     *,
     workspace: str | None = None,
 ) -> Run:
-    """A new run from a run's specification under a new name (the console's Run again)."""
+    """A new run from a run's specification under a new name (the console's Run again). A run
+    imported from Slurm has no specification of Astraeus's to run: refused, saying so."""
     run = await get_run(session, principal, name, workspace=workspace)
+    if run.external_id is not None and not await submitted_here(session, run):
+        raise Conflict(
+            "RUN_IMPORTED",
+            f"The run '{run.name}' is Slurm job {run.external_id}, imported: Astraeus has no "
+            "script of it to run again; submit it to Slurm again (sbatch).",
+        )
     spec = dict(run.spec or {})
     spec["name"] = new_name
     return await create_run(session, clock, principal, spec, workspace=workspace)
@@ -388,7 +395,7 @@ async def stop_run(
         await lifecycle.stop_run(session, clock, run, principal.user_name)
         after_commit(session, PASS_JOB)  # its GPUs are free once it has wound down
         return run
-    if not submitted_here(run):
+    if not await submitted_here(session, run):
         raise Conflict(
             "RUN_IMPORTED",
             f"The run '{run.name}' is Slurm job {run.external_id}, imported: it is not stopped "
@@ -405,10 +412,10 @@ async def stop_run(
     return run
 
 
-def submitted_here(run: Run) -> bool:
+async def submitted_here(session: AsyncSession, run: Run) -> bool:
     """A run submitted from Astraeus to a Slurm cluster (not one imported from it)."""
-    slurm = (run.spec or {}).get("slurm")
-    return isinstance(slurm, dict) and bool(slurm.get("submitted"))
+    slurm = await session.get(SlurmRun, run.id)
+    return slurm is not None and slurm.submitted
 
 
 async def delete_run(

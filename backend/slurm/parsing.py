@@ -272,13 +272,14 @@ def _sacct_job(record: dict[str, Any], exits: dict[tuple[str, str], str]) -> Slu
     code, sig = _exit_code(record.get("exit_code"), exit_text)
     limit = times.get("limit")
     state = record.get("state") or {}
+    base = str(state.get("current") or "").split(" ")[0].rstrip("+")
     return SlurmJob(
         job_id=job_id,
         name=_text(record, "name"),
         account=_text(record, "account"),
         partition=_text(record, "partition"),
         user=_text(record, "user"),
-        state=str(state.get("current") or "").split(" ")[0].rstrip("+"),
+        state=base,
         submit=submit,
         start=started,
         end=epoch(times.get("end")),
@@ -292,6 +293,8 @@ def _sacct_job(record: dict[str, Any], exits: dict[tuple[str, str], str]) -> Slu
         signal=sig,
         time_limit=timedelta(minutes=_int(limit)) if limit else None,
         priority=_priority(record.get("priority")),
+        qos=_text(record, "qos"),
+        cancelled_by=(_text(record, "kill_request_user") or None) if base == "CANCELLED" else None,
     )
 
 
@@ -407,6 +410,7 @@ def _queued_job(job: dict[str, Any]) -> SlurmJob | None:
         gpus=tres_gpus(tres) or tres_gpus(_text(job, "tres_req_str")),
         time_limit=timedelta(minutes=limit) if isinstance(limit, int) and limit else None,
         priority=_priority(job.get("priority")),
+        qos=_text(job, "qos"),
         reason=_text(job, "state_reason"),
         gpu_indexes=(
             tuple(gres_indexes(str(d)) for d in job.get("gres_detail") or []) if started else ()

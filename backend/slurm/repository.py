@@ -18,6 +18,7 @@ from backend.models import (
     Run,
     SlurmAccount,
     SlurmImport,
+    SlurmRun,
     StateTransition,
     Worker,
     Workspace,
@@ -85,6 +86,18 @@ async def imported_runs(
         for run in rows:
             assert run.external_id is not None
             out[run.external_id] = run
+    return out
+
+
+async def slurm_runs(session: AsyncSession, run_ids: Sequence[int]) -> dict[int, SlurmRun]:
+    """The Slurm jobs of these runs, by run."""
+    out: dict[int, SlurmRun] = {}
+    ids = list(run_ids)
+    for start in range(0, len(ids), 1000):
+        rows = await session.scalars(
+            select(SlurmRun).where(SlurmRun.run_id.in_(ids[start : start + 1000]))
+        )
+        out.update({r.run_id: r for r in rows})
     return out
 
 

@@ -51,6 +51,8 @@ class SlurmJob:
     signal: int | None = None
     time_limit: timedelta | None = None
     priority: int = 0
+    qos: str = ""
+    cancelled_by: str | None = None  # who cancelled it, as accounting names them
     reason: str = ""  # squeue's, while it is pending
     # Its instances that ran before Slurm queued it again (a preemption with requeue, a node
     # failure, scontrol requeue), oldest first.

@@ -37,6 +37,7 @@ from backend.models import (
     Pool,
     Run,
     SlurmAccount,
+    SlurmRun,
     Worker,
     Workspace,
 )
@@ -363,11 +364,10 @@ async def _submitted(session: AsyncSession, run_id: int, job_id: str, account: s
         return False
     run.external_id = job_id
     run.reason = f"Submitted to Slurm as job {job_id}"
-    run.spec = {
-        **run.spec,
-        # its job's first change (submitted, waiting) is the run's own creation here
-        "slurm": {"job_id": job_id, "account": account, "submitted": True, "applied": 1},
-    }
+    # its job's first change (submitted, waiting) is the run's own creation here
+    repository.add(
+        session, SlurmRun(run_id=run.id, job_id=job_id, submitted=True, account=account, applied=1)
+    )
     return True
 
 
@@ -422,6 +422,7 @@ async def apply(
     )
     known = await repository.imported_runs(session, cluster_id, [j.job_id for j in jobs])
     workers = await repository.workers_of(session, [r.id for r in known.values()])
+    kept = await repository.slurm_runs(session, [r.id for r in known.values()])
     for job in jobs:
         ws = mapped[job.account.lower()]
         run = known.get(job.job_id)
@@ -430,8 +431,14 @@ async def apply(
             known[job.job_id] = run
             workers[run.id] = await _workers_of(session, run)
             result.created += 1
-        elif await _advance(
-            session, ws, run, workers[run.id], job, machines, snapshot.read_at, settings
+            continue
+        slurm = kept.get(run.id)
+        if slurm is None:  # (a run submitted here before its job was kept apart)
+            slurm = SlurmRun(run_id=run.id, job_id=job.job_id, submitted=False, applied=None)
+            repository.add(session, slurm)
+        _describe(slurm, job)
+        if await _advance(
+            session, ws, run, slurm, workers[run.id], job, machines, snapshot.read_at, settings
         ):
             result.changed += 1
     _set_pending_reasons(snapshot.jobs, known)
@@ -554,15 +561,14 @@ def _spec(
         "restart_policy": "never",
         "max_restarts": 0,
         **stalls,
-        "slurm": {
-            "job_id": job.job_id,
-            "job_name": job.name,
-            "account": job.account,
-            "user": job.user,
-            "partition": job.partition,
-            "priority": job.priority,
-        },
     }
+
+
+def _describe(slurm: SlurmRun, job: SlurmJob) -> None:
+    """What Slurm says of the job now, as shown wherever its run is."""
+    slurm.job_name, slurm.account, slurm.user = job.name[:256], job.account, job.user
+    slurm.partition, slurm.qos, slurm.priority = job.partition, job.qos, job.priority or None
+    slurm.cancelled_by = job.cancelled_by
 
 
 async def _free_name(session: AsyncSession, workspace_id: int, wanted: str) -> str:
@@ -629,10 +635,13 @@ async def _create(
     repository.add(session, *workers)
     await session.flush()
     every = rules.changes(job, [w.name for w in workers], _draining(machines))
+    slurm = SlurmRun(run_id=run.id, job_id=job.job_id, submitted=False, applied=len(every))
+    _describe(slurm, job)
+    repository.add(session, slurm)
+    tasks = _tasks(run, slurm, job, settings)
     unwatched: list[int] = []
     for change in every:
-        unwatched += _enter(session, ws, run, workers, change, machines, _tasks(run, job, settings))
-    run.spec = {**run.spec, "slurm": {**run.spec["slurm"], "applied": len(every)}}
+        unwatched += _enter(session, ws, run, workers, change, machines, tasks)
     await repository.end_watches(session, unwatched, job.end or job.submit)
     await session.flush()
     return run
@@ -642,6 +651,7 @@ async def _advance(
     session: AsyncSession,
     ws: Workspace,
     run: Run,
+    slurm: SlurmRun,
     workers: list[Worker],
     job: SlurmJob,
     machines: dict[str, Machine],
@@ -651,7 +661,7 @@ async def _advance(
     """Record the job's changes since the run was last written; whether there were any."""
     draining = _draining(machines)
     every = rules.changes(job, [w.name for w in workers], draining)
-    done = _applied(run, len(every))
+    done = _applied(run, slurm, len(every))
     todo = every[done:]
     if not todo and run.state == RunState.RUNNING.value and job.state == "PENDING":
         # queued again by Slurm, accounting not yet saying when the instance ended: from now
@@ -672,11 +682,12 @@ async def _advance(
         if asked_at is not None and _asked_to_stop(run, change):
             not_before = max(not_before, asked_at)
         change = dataclasses.replace(change, at=max(change.at, not_before))
-        _count_applied(run, 1)
+        slurm.applied = _applied(run, slurm, 0) + 1
         if asked_at is not None and change.at <= asked_at and change.phase != Phase.ENDED.value:
             # the job was in this state when the stop was asked (its row said the one known)
             await repository.restate_stop(session, run.id, asked_at, change.state)
-        unwatched += _enter(session, ws, run, workers, change, machines, _tasks(run, job, settings))
+        tasks = _tasks(run, slurm, job, settings)
+        unwatched += _enter(session, ws, run, workers, change, machines, tasks)
     await repository.end_watches(session, unwatched, now)
     await session.flush()
     return True
@@ -701,12 +712,12 @@ class Tasks:
     state_dir: str | None = None
 
 
-def _tasks(run: Run, job: SlurmJob, settings: SlurmSettings) -> Tasks:
+def _tasks(run: Run, slurm: SlurmRun, job: SlurmJob, settings: SlurmSettings) -> Tasks:
     """An imported job's workers are its nodes; a submitted run's are its tasks, each on the
     node its agent.slurm_task said (else as srun lays tasks out: in blocks)."""
     count = run.worker_count
     live = job.state in rules.LIVE_STATES
-    if not (runs.submitted_here(run) and settings.state_dir):
+    if not (slurm.submitted and settings.state_dir):
         nodes = {r: job.nodes[r] for r in range(min(count, len(job.nodes)))}
         gpus = {r: job.gpu_indexes[r] for r in nodes if r < len(job.gpu_indexes)}
         return Tasks(nodes, {}, job.job_id, live, gpus)
@@ -747,19 +758,11 @@ def watch_payload(run: Run, rank: int, tasks: Tasks) -> dict[str, Any]:
     }
 
 
-def _applied(run: Run, count: int) -> int:
+def _applied(run: Run, slurm: SlurmRun, count: int) -> int:
     """How many of its job's changes (rules.changes) the run has taken."""
-    slurm = (run.spec or {}).get("slurm") or {}
-    applied = slurm.get("applied")
-    if isinstance(applied, int):
-        return applied
+    if slurm.applied is not None:
+        return slurm.applied
     return 1 if run.state == RunState.PENDING.value else count  # (one made before it was kept)
-
-
-def _count_applied(run: Run, more: int) -> None:
-    slurm = dict((run.spec or {}).get("slurm") or {})
-    slurm["applied"] = _applied(run, 0) + more
-    run.spec = {**run.spec, "slurm": slurm}
 
 
 def _enter(

@@ -37,6 +37,7 @@ from tests.support.slurm import (
     ledger,
     run_of,
     slurm_backed,
+    slurm_of,
     tick_after,
     utc,
     wait_for,
@@ -67,6 +68,16 @@ async def test_a_job_submitted_with_plain_sbatch_appears_with_its_ledger(  # iss
     assert run.name == f"train-llama-{job}" and run.state == "Completed"
     assert run.reason == "1 of 1 worker completed"
     assert (run.created_at, run.started_at, run.ended_at) == (submit, start, end)
+    kept = await slurm_of(db, run)  # issue 38: what Slurm says of it, apart from the spec
+    assert (kept.job_id, kept.submitted, kept.job_name, kept.account, kept.user) == (
+        job,
+        False,
+        "train llama",
+        alpha,
+        "root",
+    )
+    assert (kept.partition, kept.qos, kept.cancelled_by) == ("gpu", "normal", None)
+    assert kept.priority is not None and kept.priority > 0 and "slurm" not in run.spec
     (worker,) = await workers_of(db, run)
     assert (worker.name, worker.gpus, worker.state) == (f"{run.name}-0", 2, "Completed")
     assert await history(db, worker) == [

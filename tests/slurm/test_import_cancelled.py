@@ -20,6 +20,7 @@ from tests.support.slurm import (
     import_until,
     ledger,
     run_of,
+    slurm_of,
     tick_after,
     utc,
     workers_of,
@@ -81,10 +82,9 @@ async def test_jobs_cancelled_while_held_or_before_their_begin_time_are_imported
         found = by_id(slurm, cancelled)
         submit, end = utc(found["submit"]), utc(found["end"])
         (worker,) = await workers_of(db, run)
-        assert (run.name, worker.gpus) == (
-            f"{name}-{cancelled}",
-            1,
-        )  # as asked (slurmdbd may not have it)
+        # as asked (slurmdbd may not have it), and who cancelled it (issue 38)
+        assert (run.name, worker.gpus) == (f"{name}-{cancelled}", 1)
+        assert (await slurm_of(db, run)).cancelled_by == "root"
         assert await history(db, worker) == [
             (submit, "Pending", "waiting", 0),
             (end, "Stopped", "ended", 0),

@@ -27,6 +27,7 @@ from tests.support.slurm import (
     hpc,
     run_of,
     sacct,
+    slurm_of,
     tick_after,
     utc,
     wait_for,
@@ -109,7 +110,8 @@ async def test_a_bar_in_a_job_name_or_a_drain_reason_imports(  # issue 38 F2
     done = await wait_for(slurm, job, "COMPLETED")
     assert (await imported(db, clock, cluster_id)).error is None
     run = await run_of(db, job)
-    assert run.name == f"a-b-{job}" and run.spec["slurm"]["job_name"] == "a|b"
+    assert run.name == f"a-b-{job}" and (await slurm_of(db, run)).job_name == "a|b"
+    assert "slurm" not in run.spec  # (the Slurm job is kept apart from the run's spec)
     await tick_after(db, clock, utc(done["end"]))
     await assert_equals_sacct(db, slurm, job, gpus=1)
 

@@ -280,3 +280,55 @@ async def test_a_stalled_runs_job_that_ended_meanwhile_is_not_run_again(  # issu
     assert (await run_of(db, job)).state == "Completed"
     assert slurm.run("squeue", "-h", "-j", job, check=False).strip() == ""  # not queued again
     assert sacct(slurm, job)["state"] == "COMPLETED"
+
+
+AGAIN = """mutation($name: String!, $new: String!) { runAgain(name: $name, newName: $new) {
+  run { name spec } errors { code message } } }"""
+
+
+async def test_run_again_resubmits_a_run_astraeus_submitted_not_one_it_imported(  # issue 38
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    client: httpx.AsyncClient,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    """The Slurm job is kept apart from the run's specification (no "slurm" key in it): Run
+    again of a run Astraeus submitted submits its specification to the same cluster as a new
+    Slurm job; of a job imported from Slurm (no script of Astraeus's), it says so."""
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(
+        db, clock, slurm, {alpha: "default"}, state_dir=str(tmp_path), python=sys.executable
+    )
+    clock.moment = datetime.now(UTC)
+    spec = ddp_spec("once") | {"workers": 1, "command": ["true"]}
+    await submit(client, tenancy.member_token, spec)
+    first = await submitted_job(db, clock, cluster_id, "once")
+    await import_until(db, clock, cluster_id, first, "Completed", within=120)
+
+    again = await graphql(client, tenancy.member_token, AGAIN, name="once", new="twice")
+    created = again["data"]["runAgain"]
+    assert created["errors"] == [] and created["run"]["name"] == "twice"
+    assert "slurm" not in created["run"]["spec"]
+    second = await submitted_job(db, clock, cluster_id, "twice")
+    assert second != first
+    await import_until(db, clock, cluster_id, second, "Completed", within=120)
+    assert (await run_of(db, second)).name == "twice"
+
+    imported = slurm.sbatch("-A", alpha, "--gres=gpu:1", "-J", "outside", "--wrap", "true")
+    await import_until(db, clock, cluster_id, imported, "Completed")
+    name = (await run_of(db, imported)).name
+    refused = await graphql(client, tenancy.member_token, AGAIN, name=name, new="copy")
+    assert refused["data"]["runAgain"]["run"] is None
+    assert refused["data"]["runAgain"]["errors"] == [
+        {
+            "code": "RUN_IMPORTED",
+            "message": f"The run '{name}' is Slurm job {imported}, imported: Astraeus has no "
+            "script of it to run again; submit it to Slurm again (sbatch).",
+        }
+    ]
+    async with db.read() as session:
+        specs = list(await session.scalars(select(Run.spec)))
+    assert len(specs) == 3 and not [s for s in specs if "slurm" in s]

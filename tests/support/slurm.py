@@ -38,7 +38,7 @@ from backend.agents.servicer import AgentService
 from backend.clock import SystemClock
 from backend.db import Database
 from backend.machine_identity import service as identity
-from backend.models import GoodputHour, Run, StateTransition, Worker
+from backend.models import GoodputHour, Run, SlurmRun, StateTransition, Worker
 from backend.organizations import service as organizations
 from backend.slurm import service as importer
 from backend.slurm.commands import SlurmSettings
@@ -419,8 +419,18 @@ async def submitted_job(db: Database, clock: FakeClock, cluster_id: int, name: s
     assert result.error is None, result.error
     run = await run_of_name(db, name)
     assert run.external_id is not None, "not submitted"
-    assert run.spec["slurm"]["job_id"] == run.external_id and run.spec["slurm"]["submitted"]
+    kept = await slurm_of(db, run)
+    assert kept.job_id == run.external_id and kept.submitted
+    assert "slurm" not in run.spec  # the user's specification, as Run again submits it
     return run.external_id
+
+
+async def slurm_of(db: Database, run: Run) -> SlurmRun:
+    """The run's Slurm job as the import keeps it (backend/models/slurm.py)."""
+    async with db.read() as session:
+        found = await session.get(SlurmRun, run.id)
+    assert found is not None, f"run {run.name} has no Slurm job"
+    return found
 
 
 # ---- the agent on the node (astraeus agent --executor slurm) ----
