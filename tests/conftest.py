@@ -57,7 +57,7 @@ pytest_plugins = [
     "tests.support.accounting",  # week
     "tests.support.agents",  # service
     "tests.support.contention",  # losing
-    "tests.support.jobs",  # redis_worker
+    "tests.support.jobs",  # redis_worker; no_job_threads_left, for every test
     "tests.support.lifecycle",  # placed
     "tests.support.processes",  # live
     "tests.support.slurm",  # slurm, slurm_accounts, slurm_cgroups, torch_ok

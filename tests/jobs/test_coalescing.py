@@ -87,10 +87,16 @@ async def drained(broker: Broker) -> None:
 
 @pytest.fixture
 async def workers(broker: Broker) -> AsyncIterator[list[dramatiq.Worker]]:
-    """The production layout: a worker per queue (started by the test when it wants them)."""
+    """The production layout: a worker per queue (started by the test when it wants them).
+
+    Stopped in ``finally``: the ``db`` fixture's teardown closes the loop's async generators,
+    this one with them (it was set up first), and a stop after a bare ``yield`` never ran:
+    every test left its workers' threads running, in the lane's later tests."""
     started: list[dramatiq.Worker] = []
-    yield started
-    await asyncio.to_thread(job_broker.stop_workers, started)
+    try:
+        yield started
+    finally:
+        await asyncio.to_thread(job_broker.stop_workers, started)
 
 
 async def test_a_burst_of_asks_leaves_one_pass_queued_and_places_every_run(

@@ -1,18 +1,40 @@
-"""A Dramatiq worker on Redis for the tests of the jobs through the broker."""
+"""A Dramatiq worker on Redis for the tests of the jobs through the broker, and the check
+that no test leaves a worker's threads running."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 
 import dramatiq
 import pytest
+from dramatiq.asyncio import EventLoopThread
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.worker import ConsumerThread, WorkerThread
 
 from backend.config import Settings
 from backend.jobs import broker as job_broker
 from backend.jobs import runtime
 from tests.support import FakeClock
+
+
+def job_threads() -> set[threading.Thread]:
+    """This process's Dramatiq threads: workers' consumers and worker threads, and the event
+    loop the actors run in."""
+    kinds = (ConsumerThread, WorkerThread, EventLoopThread)
+    return {thread for thread in threading.enumerate() if isinstance(thread, kinds)}
+
+
+@pytest.fixture(autouse=True)
+def no_job_threads_left() -> Iterator[None]:
+    """Every test stops the workers it started. Issue 39: tests/jobs/test_coalescing.py's
+    stopped none, and their threads ran on into the lane's later tests (a property test there
+    was warned of `random` used inside its strategies)."""
+    before = job_threads()
+    yield
+    left = sorted(thread.name for thread in job_threads() - before)
+    assert not left, f"the test left Dramatiq's threads running: {', '.join(left)}"
 
 
 @pytest.fixture
