@@ -18,7 +18,7 @@ export const config: CodegenConfig = {
         avoidOptionals: true,
         enumsAsTypes: true,
         useTypeImports: true,
-        scalars: { DateTime: "string", JSON: "unknown" },
+        scalars: { DateTime: "string", JSON: "unknown", BigInt: "number" },
       },
     },
   },

@@ -18,6 +18,7 @@ from backend.clock import Clock
 from backend.db import Database
 from backend.errors import AstraeusError
 from backend.models import Run, StateTransition, WebhookDelivery, Worker
+from backend.resolvers.slurm_jobs import SlurmJob, slurm_jobs
 from backend.runs import service as runs
 from backend.scheduling import service as scheduling
 from backend.webhooks import service as webhooks
@@ -60,6 +61,8 @@ class Loaders:
     run_rework: DataLoader[tuple[int, datetime, int], rework.RunRework]
     # Why a run waits: each machine of its cluster and why it takes a worker or not.
     pending_reasons: DataLoader[int, list[tuple[str, str]]]
+    # A run's Slurm job (issue 38); None: its cluster is not Slurm's.
+    slurm_job: DataLoader[int, SlurmJob | None]
 
     @classmethod
     def build(cls, db: Database, clock: Clock, principal: Callable[[], Principal]) -> Loaders:
@@ -111,4 +114,5 @@ class Loaders:
             run_ettr=DataLoader(load_fn=run_ettrs),
             run_rework=DataLoader(load_fn=run_reworks),
             pending_reasons=DataLoader(load_fn=pending_reasons),
+            slurm_job=_grouped(db, slurm_jobs, lambda: None),
         )

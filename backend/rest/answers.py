@@ -72,6 +72,25 @@ class RestartLoop(Answer):
     last_failure: dict[str, Any] | None
 
 
+class SlurmJob(Answer):
+    """The Slurm job that runs a run (GraphQL's SlurmJob, in snake case; issue 38)."""
+
+    job_id: str
+    """Slurm's job id (an array task's: <job>_<task>)."""
+    submitted_here: bool
+    """Astraeus submitted it (Run again resubmits it); false: imported from Slurm."""
+    job_name: str
+    account: str
+    user: str
+    """The Slurm user it runs as."""
+    partition: str
+    qos: str
+    priority: int | None
+    """Slurm's own priority (not the run's); null when Slurm did not say."""
+    cancelled_by: str | None
+    """Who cancelled the job, as Slurm's accounting names them; null when nobody."""
+
+
 class Job(Answer):
     """A run as the shim shows it (a job)."""
 
@@ -92,6 +111,8 @@ class Job(Answer):
     """Its failure turned into the seed's advice (a Failed run, one restarting after a failure
     or a stall, a preempted one until it runs again)."""
     restart_loop: RestartLoop | None
+    slurm: SlurmJob | None
+    """The Slurm job that runs it, on a Slurm cluster; null on any other cluster."""
 
 
 class LastFailure(Answer):

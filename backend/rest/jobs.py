@@ -10,6 +10,7 @@ from starlette.routing import Route
 
 from backend.clock import iso_z
 from backend.models import Run, StateTransition, Worker
+from backend.resolvers.slurm_jobs import slurm_jobs
 from backend.rest import answers
 from backend.rest.base import Call, endpoint
 from backend.rest.parameters import JobQuery, RunPath
@@ -74,7 +75,9 @@ async def get_job(call: Call) -> Response:
     creator = None
     if run.created_by_id is not None:
         creator = (await runs.user_names(call.session, [run.created_by_id])).get(run.created_by_id)
+    slurm = (await slurm_jobs(call.session, [run.id])).get(run.id)
     body = job_json(run, workers, history, creator) | failure_json(run, workers, call.clock.now())
+    body["slurm"] = None if slurm is None else slurm.as_json()
     return answers.Job.model_validate(body).response()
 
 

@@ -10,11 +10,12 @@ from strawberry.scalars import JSON
 
 from backend import ids, models
 from backend.lifecycle.progress import is_straggler
+from backend.resolvers import slurm_jobs
 from backend.resolvers.context import Info
 from backend.runs import failures
 from backend.runs.rules import task_counts
 from backend.runs.spec import stored_spec
-from backend.schema.common import UserError
+from backend.schema.common import BigInt, UserError
 from backend.schema.enums import (
     FailureKindValue,
     LifeStateValue,
@@ -206,6 +207,43 @@ class Advice:
         )
 
 
+@strawberry.type(
+    description="The Slurm job that runs a run (issue 38): its id, partition, account, QOS, "
+    "Slurm's own priority and who cancelled it, as Slurm says them."
+)
+class SlurmJob:
+    job_id: str = strawberry.field(description="Slurm's job id (an array task's: <job>_<task>).")
+    submitted_here: bool = strawberry.field(
+        description="Astraeus submitted it (Run again resubmits it); false: imported from Slurm."
+    )
+    job_name: str
+    account: str
+    user: str = strawberry.field(description="The Slurm user it runs as.")
+    partition: str
+    qos: str = strawberry.field(description="Its quality of service.")
+    priority: BigInt | None = strawberry.field(
+        description="Slurm's own priority (not the run's: an unsigned 32-bit number, such as "
+        "4294901759); null when Slurm did not say."
+    )
+    cancelled_by: str | None = strawberry.field(
+        description="Who cancelled the job, as Slurm's accounting names them; null when nobody."
+    )
+
+    @classmethod
+    def of(cls, job: slurm_jobs.SlurmJob) -> SlurmJob:
+        return cls(
+            job_id=job.job_id,
+            submitted_here=job.submitted_here,
+            job_name=job.job_name,
+            account=job.account,
+            user=job.user,
+            partition=job.partition,
+            qos=job.qos,
+            priority=None if job.priority is None else BigInt(job.priority),
+            cancelled_by=job.cancelled_by,
+        )
+
+
 @strawberry.type(description="A job of one or more workers that start together.")
 class Run:
     _number: strawberry.Private[int]
@@ -269,6 +307,13 @@ class Run:
     @strawberry.field(description="The cluster it runs on (a worker's page is under it).")
     async def cluster(self, info: Info) -> str:
         return await info.context.loaders.cluster_name.load(self._cluster_id)
+
+    @strawberry.field(
+        description="The Slurm job that runs it, on a Slurm cluster; null on any other cluster."
+    )
+    async def slurm(self, info: Info) -> SlurmJob | None:
+        job = await info.context.loaders.slurm_job.load(self._number)
+        return None if job is None else SlurmJob.of(job)
 
     @strawberry.field(description="Who submitted it.")
     async def created_by(self, info: Info) -> str | None:

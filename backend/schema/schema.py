@@ -10,6 +10,7 @@ import strawberry
 from graphql import GraphQLError
 from strawberry.extensions import MaskErrors, SchemaExtension
 from strawberry.permission import PermissionExtension
+from strawberry.schema.config import StrawberryConfig
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.types import ExecutionContext
 
@@ -26,6 +27,7 @@ from backend.resolvers import tokens as token_resolvers
 from backend.resolvers import webhooks as webhook_resolvers
 from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
+from backend.schema.common import BIG_INT, BigInt
 from backend.schema.events import Event, EventPage, LogChunk, MetricRange
 from backend.schema.goodput import (
     GoodputCost,
@@ -399,6 +401,7 @@ schema = Schema(
     mutation=Mutation,
     subscription=Subscription,
     execution_context_class=ExecutionPerEvent,
+    config=StrawberryConfig(scalar_map={BigInt: BIG_INT}),
     extensions=[
         lambda: MaskErrors(should_mask_error=_should_mask),
         DatabaseErrors,  # inside MaskErrors: it says these before MaskErrors looks

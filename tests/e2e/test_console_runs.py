@@ -209,6 +209,8 @@ def test_a_failed_run_shows_its_failure_and_advice(
     ettr = page.locator('[data-figure="ettr"]').inner_text()
     assert re.fullmatch(r"ETTR (\d+%|—) \(productive time over its GPUs' wall time .*\)", ettr)
     page.get_by_role("figure", name="broken, hour by hour").wait_for()
+    # issue 38: no Slurm readout for a run of the agent's cluster
+    assert page.get_by_role("region", name="Slurm").count() == 0
     page.screenshot(path=str(screenshots(tmp_path) / "run-failed.png"), full_page=True)
     panel.get_by_role("button", name="Its log").click()
     page.wait_for_url("**/runs/broken?tab=logs&worker=broken-0")

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from backend.db import Database
-from backend.models import Run, Secret, Webhook
+from backend.models import Run, Secret, SlurmRun, Webhook
 from backend.schema.schema import schema
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
@@ -22,8 +22,10 @@ from tests.support.api import graphql
 # webhook.
 QUERIES = {
     "viewer": "{ viewer { workspace } }",
-    "run": '{ run(name: "llama-sft", workspace: "default") { name spec } }',
-    "runs": '{ runs(all: true, workspace: "default") { name } }',
+    # issue 38: with its Slurm job, as private as the run
+    "run": '{ run(name: "llama-sft", workspace: "default") { name spec '
+    "slurm { jobId account partition qos priority cancelledBy } } }",
+    "runs": '{ runs(all: true, workspace: "default") { name slurm { jobId account } } }',
     "gpus": '{ gpus(workspace: "default") { heldBy line } }',
     "events": '{ events(workspace: "default") { events { run reason } } }',
     "metricRange": '{ metricRange(metric: "task_gpu_utilization_ratio", '
@@ -85,7 +87,7 @@ MUTATIONS = {
     # token 1: default's admin's, made first
     "revokeToken": 'mutation { revokeToken(token: "1") { token { user } errors { code } } }',
 }
-SECRETS = ("llama-sft", "gpu-07", "hf-token", "s3cr3t", "team.example")
+SECRETS = ("llama-sft", "gpu-07", "hf-token", "s3cr3t", "team.example", "nlp-private")
 
 
 def test_every_root_field_has_a_case() -> None:
@@ -102,7 +104,8 @@ def _names(root: Any) -> set[str]:
 async def default_workspace(
     client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
 ) -> str:
-    """Alice's workspace: a running run with samples and ledgers, a secret, a webhook."""
+    """Alice's workspace: a running run with samples and ledgers and a Slurm job's row (issue
+    38), a secret, a webhook."""
     world = World(db, clock, tenancy)
     await world.machine("gpu-07")
     await world.submit(workers=1, gpus=2)
@@ -111,6 +114,11 @@ async def default_workspace(
     clock.advance(minutes=2)
     await sample(world, {0: 0.9})
     await tick(world)
+    async with db.transaction() as session:
+        run_id = await session.scalar(select(Run.id).where(Run.name == "llama-sft"))
+        assert run_id is not None
+        job = {"job_id": "4242", "account": "nlp-private", "partition": "gpu", "priority": 9}
+        session.add(SlurmRun(run_id=run_id, submitted=False, cancelled_by="root", **job))
     own = {"Authorization": f"Bearer {tenancy.member_token}"}
     for query in (
         'mutation { setSecret(name: "hf-token", value: "s3cr3t") { errors { code } } }',
@@ -118,6 +126,8 @@ async def default_workspace(
     ):
         answer = (await client.post("/graphql", json={"query": query}, headers=own)).json()
         assert "errors" not in answer, answer
+    seen = await graphql(client, tenancy.member_token, QUERIES["run"])
+    assert seen["data"]["run"]["slurm"]["account"] == "nlp-private"  # what the others must not see
     async with db.read() as session:
         webhook = await session.scalar(select(Webhook.id))
     return str(webhook)

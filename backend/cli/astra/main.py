@@ -36,8 +36,10 @@ EXIT_BROKEN_PIPE = 141  # the reader went away (`| head`): 128 + SIGPIPE, as she
 WORKER_FIELDS = "name rank state reason machine lastPlacement { machine } gpus exitCode restarts"
 # A worker in these has run somewhere (or never will): its machine is where it ran last.
 ENDED = ("Completed", "Failed", "Stopped")
+# A Slurm run's job (issue 38); null on any other cluster
+SLURM_FIELDS = "jobId submittedHere jobName account user partition qos priority cancelledBy"
 RUN_QUERY = f"""query($name: String!) {{
-  run(name: $name) {{ name state reason workers {{ {WORKER_FIELDS} }} }}
+  run(name: $name) {{ name state reason workers {{ {WORKER_FIELDS} }} slurm {{ {SLURM_FIELDS} }} }}
 }}"""
 RUNS_QUERY = """query($all: Boolean!) {
   runs(all: $all) { name state reason createdAt createdBy workers { state gpus } }
@@ -71,12 +73,29 @@ def machine_of(worker: dict[str, Any]) -> str:
 
 
 def format_status(run: dict[str, Any], paint: Paint = PLAIN) -> str:
-    """``llama-sft: Running — 2 of 2 workers running``, then a line per worker (seed L-29)."""
+    """``llama-sft: Running — 2 of 2 workers running``, then a line per worker (seed L-29), then
+    a Slurm run's job (issue 38): a run on another cluster reads as the seed prints it."""
     lines = [f"{run['name']}: {paint.state(run['state'])} — {run['reason']}"]
     for w in run["workers"]:
         state = paint.state(w["state"])
         lines.append(f"  {w['name']}  {state}  {machine_of(w)}  {w['reason']}")
+    if run.get("slurm"):
+        lines.append(format_slurm(run["slurm"]))
     return "\n".join(lines)
+
+
+def format_slurm(job: dict[str, Any]) -> str:
+    """``Slurm:    job 12 · partition gpu · account nlp · QOS normal · priority 4294901759``,
+    then ``· cancelled by root`` when it was (issue 38); what Slurm did not say is left out."""
+    parts = [f"job {job['jobId']}"]
+    for label, key in (("partition", "partition"), ("account", "account"), ("QOS", "qos")):
+        if job[key]:
+            parts.append(f"{label} {job[key]}")
+    if job["priority"] is not None:
+        parts.append(f"priority {job['priority']}")
+    if job["cancelledBy"]:
+        parts.append(f"cancelled by {job['cancelledBy']}")
+    return "Slurm:    " + " · ".join(parts)
 
 
 def format_workers(run: dict[str, Any], paint: Paint = PLAIN) -> str:

@@ -24,11 +24,13 @@ import { Panels } from "./run/Panels";
 import { Readout } from "./run/Readout";
 import { Rework } from "./run/Rework";
 import { RunAgain } from "./run/RunAgain";
+import { SlurmJob } from "./run/SlurmJob";
 import { WorkersTable } from "./run/WorkersTable";
 
 const RUN_QUERY = /* GraphQL */ `query Run($name: String!, $ws: String) {
   run(name: $name, workspace: $ws) {
     name cluster state reason priority createdAt stateSince endedAt createdBy spec
+    slurm { jobId submittedHere jobName account user partition qos priority cancelledBy }
     history { transitionAt state reason }
     pendingReasons { machine reason }
     goodput { ...LedgerFields }
@@ -105,6 +107,7 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
       </header>
       {again && <RunAgain run={run} onClose={() => setAgain(false)} onCreated={(n) => go(runPath(org, workspace, n))} />}
       <Readout run={run} />
+      <SlurmJob job={run.slurm} />
       <Panels run={run} onLog={(w) => open("logs", w)} onMetrics={() => open("metrics")} />
       <section aria-label="Goodput of the run">
         <h2>Goodput</h2>

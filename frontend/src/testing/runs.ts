@@ -54,6 +54,7 @@ export function aRun(overrides: Partial<Run> = {}): Run {
     advice: null,
     restartLoop: null,
     waitAdvice: null,
+    slurm: null,
     workers: [aWorker(), aWorker({ name: "llama-sft-1", rank: 1, machine: "gpu-08", lastPlacement: { machine: "gpu-08", gpuIds: [0, 1] } })],
     ...overrides,
   };
