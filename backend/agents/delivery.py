@@ -153,7 +153,7 @@ def command_message(command: AgentCommand) -> agent_pb2.Command:
 
 
 def watch_message(command: AgentCommand) -> agent_pb2.WatchWorker:
-    """A watch command's stored payload (backend/slurm/service.py) as the typed message."""
+    """A watch command's stored payload (backend/slurm/jobs.py) as the typed message."""
     p = command.payload
     watch = agent_pb2.WatchWorker(
         worker=command.worker_name,

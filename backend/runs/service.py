@@ -17,8 +17,7 @@ from backend.db import after_commit
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import is_straggler
-from backend.lifecycle.views import Transition
-from backend.models import Event, Run, SlurmRun, StateTransition, Worker, Workspace
+from backend.models import Run, SlurmRun, StateTransition, Worker, Workspace
 from backend.organizations import service as organizations
 from backend.runs import failures, repository
 from backend.runs.rules import (
@@ -158,9 +157,9 @@ async def create_run(
     ]
     repository.add(session, *workers)
     await session.flush()
-    record_transition(session, ws, run, None, run.state, run.reason, plan.created_at)
+    lifecycle.record_transition(session, ws, run, None, run.state, run.reason, plan.created_at)
     for worker in workers:
-        record_transition(
+        lifecycle.record_transition(
             session, ws, run, worker, worker.state, worker.reason, plan.created_at, phase="waiting"
         )
     await session.flush()
@@ -221,37 +220,6 @@ def _name_taken(name: str) -> Conflict:
         f"A run named '{name}' already exists in this workspace.",
         [FieldError("name", "is taken by a run of this workspace that has not been deleted")],
     )
-
-
-def record_transition(
-    session: AsyncSession,
-    workspace: Workspace,
-    run: Run,
-    worker: Worker | None,
-    state: str,
-    reason: str,
-    at: datetime,
-    *,
-    phase: str | None = None,
-    held: bool = False,
-) -> None:
-    """Keep a state change in history and publish it as an event of the workspace (the event's
-    data empty). A worker ``held`` from here holds its GPUs on its machine."""
-    change = Transition(
-        run_id=run.id,
-        worker_id=worker.id if worker else None,
-        at=at,
-        state=state,
-        reason=reason,
-        phase=phase,
-        held_gpus=worker.gpus if worker and held else 0,
-        gpus=worker.gpus if worker else 0,
-        machine_id=worker.machine_id if worker and held else None,
-    )
-    transition, event = change.rows(
-        workspace.organization_id, workspace.id, run.name, worker.name if worker else None, {}
-    )
-    repository.add(session, StateTransition(**transition), Event(**event))
 
 
 async def get_run(
@@ -407,7 +375,7 @@ async def stop_run(
         ws = await workspace_for(session, principal, workspace)
         run.stop_cause, run.stop_by = "owner", principal.user_name
         run.reason = f"Stopping: asked by {principal.user_name}"
-        record_transition(session, ws, run, None, run.state, run.reason, clock.now())
+        lifecycle.record_transition(session, ws, run, None, run.state, run.reason, clock.now())
     after_commit(session, SLURM_JOB)  # cancelled in Slurm
     return run
 

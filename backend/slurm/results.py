@@ -15,8 +15,18 @@ from backend.slurm.rules import TaskEnd
 MAX_FILE = 64 * 1024  # a start or end file (an end's snapshot is at most 16 KiB)
 
 
-def run_dir(state_dir: str, run_id: int) -> Path:
-    return Path(state_dir) / f"run-{run_id}"
+def run_dir(state_dir: str, key: str) -> Path:
+    """A submitted run's folder, named by the run's shown id (its number is the install's
+    own: the folder, and the job's comment, are seen by the cluster's other users)."""
+    return Path(state_dir) / f"run-{key}"
+
+
+def found_run_dir(state_dir: str, key: str, run_id: int) -> Path:
+    """The run's folder, or the one a run submitted before folders were named by its shown id
+    has (run-<number>) while its job still runs."""
+    folder = run_dir(state_dir, key)
+    legacy = Path(state_dir) / f"run-{run_id}"
+    return legacy if not folder.exists() and legacy.exists() else folder
 
 
 def prepare(folder: Path) -> None:

@@ -212,7 +212,7 @@ def changes(
     def then(change: Change) -> None:  # never before the change before it
         out.append(replace(change, at=max(change.at, out[-1].at)))
 
-    def started(at: datetime) -> None:
+    def started(at: datetime, until: datetime | None) -> None:
         if len(out) > 1:  # a later attempt: placed again (restart), then running
             then(
                 Change(
@@ -224,14 +224,16 @@ def changes(
                     worker_reason=f"Started again by Slurm (job {job.job_id})",
                 )
             )
-            at += RESTART_GAP
+            # (never past the instance's end: one requeued within the second it started held
+            # its GPUs no longer than Slurm says)
+            at = min(at + RESTART_GAP, until) if until is not None else at + RESTART_GAP
         then(_started(job, at, workers))
 
     for instance in job.previous:
-        started(instance.start)
+        started(instance.start, instance.end)
         then(requeue_change(instance.end, instance.state, _on(instance.nodes, draining)))
     if job.start is not None and job.state != "PENDING":
-        started(job.start)
+        started(job.start, job.end)
     if ended(job):
         state, cause = _ENDED[job.state]
         if state == RunState.COMPLETED:
@@ -413,6 +415,11 @@ def merge(accounted: list[SlurmJob], queued: list[SlurmJob]) -> list[SlurmJob]:
         # a requeued instance is submitted anew; the job was submitted with the first
         first_submit = min(j.submit for j in found)
         out[job_id] = replace(current, previous=ran, submit=first_submit)
+    for job_id, job in list(out.items()):
+        if ended(job) and job.end is None:
+            # accounting has its end but not yet when (slurmdbd, back after being down, gets
+            # the state and the time seconds apart): read again at the next import
+            del out[job_id]
     for job in queued:
         known = out.get(job.job_id)
         if known is not None and known.start is None and ended(known) and ended(job):
@@ -453,7 +460,7 @@ class Submission:
     """What a run asks of Slurm: one job whose tasks are its workers (the gang is Slurm's
     allocation: placed whole or not at all), each run by agent.slurm_task on its node."""
 
-    run_id: int
+    run_key: str  # the run's shown id (backend/ids.py): its number is the install's own
     run: str
     account: str
     partition: str | None
@@ -496,7 +503,7 @@ def batch_script(s: Submission) -> str:
         f"#SBATCH --ntasks={s.workers}",
         f"#SBATCH --cpus-per-task={s.cpus}",
         f"#SBATCH --output={s.run_dir}/slurm-%j.out",
-        f"#SBATCH --comment=astraeus-run-{s.run_id}",
+        f"#SBATCH --comment=astraeus-run-{s.run_key}",
         # a stall's restart queues the job again (scontrol requeue), whatever the cluster's
         # JobRequeue says
         "#SBATCH --requeue",

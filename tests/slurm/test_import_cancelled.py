@@ -15,6 +15,7 @@ from backend.slurm import service as importer
 from tests.support import FakeClock, Tenancy
 from tests.support.slurm import (
     SlurmCluster,
+    assert_equals_sacct,
     history,
     hpc,
     import_until,
@@ -122,3 +123,40 @@ async def test_jobs_cancelled_the_moment_they_are_submitted_ask_what_they_asked(
         run = await run_of(db, cancelled)
         (worker,) = await workers_of(db, run)
         assert (run.name, run.state, worker.gpus) == (f"at-once-{cancelled}", "Stopped", 2)
+
+
+async def test_jobs_that_ran_or_were_cancelled_while_slurmdbd_was_down_are_imported(  # 38
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+) -> None:
+    """slurmdbd down: accounting cannot be read, which is the import's error (never "no
+    jobs"), and nothing is lost: once it is back (slurmctld sends what it kept), a job that ran
+    and one cancelled while held meanwhile are imported, equal to sacct."""
+    alpha, _ = slurm_accounts
+    cluster_id = await hpc(db, clock, slurm, {alpha: "default"})
+    clock.moment = datetime.now(UTC)
+    assert (await importer.import_cluster(db, clock, cluster_id)).error is None
+    slurm.stop_accounting()
+    try:
+        ran = slurm.sbatch("-A", alpha, "--gres=gpu:1", "-J", "ran", "--wrap", "sleep 1")
+        held = slurm.sbatch("-H", "-A", alpha, "--gres=gpu:1", "-J", "held", "--wrap", "true")
+        await asyncio.sleep(1.1)
+        slurm.run("scancel", held)
+        await asyncio.sleep(3)  # (ran has ended: the queue no longer runs it)
+        clock.moment = datetime.now(UTC)
+        failed = await importer.import_cluster(db, clock, cluster_id)
+        assert failed.error is not None and failed.error.startswith("sacct exited with 1"), failed
+    finally:
+        slurm.start_accounting()
+    await import_until(db, clock, cluster_id, ran, "Completed")
+    await import_until(db, clock, cluster_id, held, "Stopped")
+    await tick_after(db, clock, datetime.now(UTC))
+    await assert_equals_sacct(db, slurm, ran, 1)
+    run = await run_of(db, held)
+    found = by_id(slurm, held)
+    submit, end = utc(found["submit"]), utc(found["end"])
+    assert (run.state, run.started_at, run.created_at) == ("Stopped", None, submit)
+    assert await ledger(db, "run", run.id) == {("waiting", False): (end - submit).total_seconds()}

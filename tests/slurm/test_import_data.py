@@ -18,8 +18,9 @@ from backend.db import Database
 from backend.models import Machine, Run
 from backend.organizations import service as organizations
 from backend.slurm import service as importer
+from backend.slurm.jobs import NOT_A_JOB
 from backend.slurm.rules import SlurmJob
-from backend.slurm.service import NOT_A_JOB, ImportResult, Snapshot
+from backend.slurm.service import ImportResult, Snapshot
 from tests.support import FakeClock, Tenancy
 from tests.support.slurm import (
     SlurmCluster,

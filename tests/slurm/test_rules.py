@@ -211,9 +211,38 @@ def test_a_job_cancelled_before_it_ran_asks_what_the_controller_says() -> None: 
     assert (kept.gpus, kept.name) == (1, "train")
 
 
+def test_an_instance_requeued_within_the_second_it_started_holds_nothing_more() -> None:  # 38
+    """Slurm's times are whole seconds: an instance started and requeued within one second
+    (start = end) held its GPUs for no time, its restart's gap included (else the ledger
+    would be a millisecond over sacct)."""
+    at = [T + timedelta(seconds=s) for s in range(0, 100, 10)]
+    first = job(job_id="5", state="REQUEUED", start=at[1], end=at[2], nodes=("vm",), gpus=1)
+    second = job(job_id="5", state="REQUEUED", submit=at[3], start=at[4], end=at[4], gpus=1)
+    third = job(job_id="5", state="RUNNING", submit=at[5], start=at[6], nodes=("vm",), gpus=1)
+    (merged,) = rules.merge([third, second, first], [])
+    steps = [(c.at, c.phase) for c in rules.changes(merged, ["w-0"])]
+    assert steps[3:7] == [
+        (at[4], Phase.RESTART),
+        (at[4], Phase.RUNNING),  # not at[4] + RESTART_GAP: past its end
+        (at[4], Phase.REQUEUED_ADMIN),
+        (at[6], Phase.RESTART),
+    ]
+    assert steps[7] == (at[6] + rules.RESTART_GAP, Phase.RUNNING)
+
+
+def test_a_job_accounting_has_ended_without_its_end_is_read_again_later() -> None:  # 38
+    """slurmdbd, back after being down, has a job COMPLETED with its end Unknown for seconds:
+    it is not written until accounting has when it ended."""
+    unknown = job(job_id="9", state="COMPLETED", start=T, nodes=("vm",), gpus=1)
+    assert rules.merge([unknown], []) == []
+    assert rules.merge([unknown], [replace(unknown, state="COMPLETED")]) == []
+    known = replace(unknown, end=T + timedelta(seconds=2))
+    assert [j.end for j in rules.merge([known], [])] == [known.end]
+
+
 def submission(**fields: object) -> rules.Submission:
     base: dict[str, object] = {
-        "run_id": 7,
+        "run_key": "r7Kq2",
         "run": "ddp",
         "account": "nlp",
         "partition": "gpu",
@@ -241,7 +270,7 @@ def test_a_run_is_one_batch_job_whose_tasks_are_its_workers() -> None:  # issue 
         "#SBATCH --ntasks=2",
         "#SBATCH --cpus-per-task=4",
         "#SBATCH --output=/shared/astraeus/run-7/slurm-%j.out",
-        "#SBATCH --comment=astraeus-run-7",
+        "#SBATCH --comment=astraeus-run-r7Kq2",  # (its shown id: the number is the install's)
         "#SBATCH --requeue",
         "#SBATCH --nice=-20000",
         "#SBATCH --partition=gpu",

@@ -14,11 +14,13 @@ import httpx
 from sqlalchemy import select
 
 from backend.db import Database
+from backend.ids import Kind
 from backend.models import Run
 from backend.organizations import service as organizations
 from backend.slurm import service as importer
 from tests.support import FakeClock, Tenancy
 from tests.support.api import CREATE, graphql
+from tests.support.ids import shown
 from tests.support.slurm import (
     SlurmCluster,
     ddp_spec,
@@ -85,8 +87,12 @@ async def test_a_two_worker_ddp_run_is_one_slurm_job_and_completes(  # issue 25
             ("Completed", "ended", 0),
         ]
         assert [at for at, *_ in await history(db, w)][1:] == [start, end]
-    # Each worker's log is on its node as the agent keeps logs: the DDP ranks met.
-    folder = state / f"run-{run.id}" / "logs"
+    # Each worker's log is on its node as the agent keeps logs: the DDP ranks met. The run's
+    # folder, and its job's comment, name it by its shown id (other Slurm users see both).
+    key = await shown(db, Kind.RUN, run.id)
+    folder = state / f"run-{key}" / "logs"
+    shown_job = slurm.run("scontrol", "show", "job", "-o", job).split()
+    assert f"Comment=astraeus-run-{key}" in shown_job and key != str(run.id)
     for rank in (0, 1):
         log = (folder / f"ddp-{rank}" / "current.log").read_text()
         assert f"rank {rank} of 2: joined at {slurm.node}:" in log

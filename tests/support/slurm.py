@@ -161,6 +161,17 @@ class SlurmCluster:
             [*MARIADB, "-e", f"DROP DATABASE IF EXISTS {self.database}"], check=False, timeout=30
         )
 
+    def stop_accounting(self) -> None:
+        """slurmdbd stops (slurmctld keeps what it would have sent, and sends it once back)."""
+        (dbd,) = [p for p in self._daemons if p.args[0] == "slurmdbd"]  # type: ignore[index]
+        dbd.send_signal(signal.SIGTERM)
+        dbd.wait(timeout=15)
+        self._daemons.remove(dbd)
+
+    def start_accounting(self) -> None:
+        self._daemon("slurmdbd", "-D")
+        self._wait(lambda: self._answers(("sacctmgr", "-n", "list", "cluster")), "slurmdbd")
+
     def account(self, name: str, *users: str) -> None:
         """An account, with the users who may charge it (root always)."""
         self.run("sacctmgr", "-i", "add", "account", name, f"cluster={self.name}")
