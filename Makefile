@@ -110,9 +110,14 @@ schema-check: setup ## fail when schema.graphql is stale
 # in one process (its live server starts once), the longest first, unit and db tests one at a
 # time to whichever process is free. The suite waits on real processes more than it computes,
 # so 2 cores keep more lanes than cores busy. `make test-fast` runs unit and db on SQLite only,
-# with Hypothesis' quick profile, in FAST_LANES.
+# with Hypothesis' quick profile, in FAST_LANES, its longest tests first (tests/conftest.py's
+# LONGEST_FAST) and then one test at a time to whichever lane is free (--maxschedchunk 1:
+# pytest-xdist's default chunks left one lane 12-14 s of queued tests after the others ended).
+# Its tests compute more than they wait, and each lane first imports the backend and collects:
+# 4 lanes began their first tests 23 s in, 3 lanes 11 s in (issue 39, 2026-12-04, beside
+# another engineer's load of 5).
 TEST_LANES ?= 6
-FAST_LANES ?= 4
+FAST_LANES ?= 3
 
 $(WORKLOADS_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,workloads]'
@@ -136,7 +141,7 @@ test: setup workloads services browser slurm nftables ## every check and every t
 
 test-fast: setup ## unit and db tests on SQLite, quick property tests (no processes, no training)
 	ASTRAEUS_TEST_DATABASES=sqlite ASTRAEUS_HYPOTHESIS=quick $(BIN)/pytest -x -q \
-	  -n $(FAST_LANES) -m 'unit or db'
+	  -n $(FAST_LANES) --maxschedchunk 1 -m 'unit or db'
 
 explore: setup services ## property tests only, each with 10 times its examples drawn at random (make test draws the same ones every run): what fails becomes an @example
 	ASTRAEUS_HYPOTHESIS=explore $(BIN)/pytest -q -n $(TEST_LANES) --dist loadgroup -m 'unit or db'
