@@ -35,6 +35,7 @@ BENCHES = (
     "agent_cpu",
     "goodput",
     "console",
+    "slurm_import",
 )
 # Rows run only when asked, by scale: each name, and the module and arguments that print it.
 SCALED = {"1m": {"goodput_1m": ["bench.goodput", "--scale", "1m"]}}
