@@ -30,7 +30,6 @@ from backend.models import (
     StateTransition,
     Worker,
     WorkerFailure,
-    Workspace,
 )
 from backend.runs.rules import Wait
 from backend.runs.spec import RunSpec, stored_spec
@@ -159,40 +158,6 @@ def _run_view(run: Row[Any], workers: list[Row[Any]], spec: RunSpec) -> RunView:
     for name in _RUN_FIELDS:
         setattr(view, name, values[name])
     return view
-
-
-def record_transition(
-    session: AsyncSession,
-    workspace: Workspace,
-    run: Run,
-    worker: Worker | None,
-    state: str,
-    reason: str,
-    at: datetime,
-    *,
-    phase: str | None = None,
-    held: bool = False,
-) -> None:
-    """Keep a state change in history and publish it as an event of the workspace (the event's
-    data empty). A worker ``held`` from here holds its GPUs on its machine. For changes made
-    outside the lifecycle's rules: a run created (runs), asked to stop while Slurm runs it, and
-    what Slurm recorded of a job (backend/slurm/jobs.py): every transition is written here or
-    by ``persist``."""
-    change = Transition(
-        run_id=run.id,
-        worker_id=worker.id if worker else None,
-        at=at,
-        state=state,
-        reason=reason,
-        phase=phase,
-        held_gpus=worker.gpus if worker and held else 0,
-        gpus=worker.gpus if worker else 0,
-        machine_id=worker.machine_id if worker and held else None,
-    )
-    transition, event = change.rows(
-        workspace.organization_id, workspace.id, run.name, worker.name if worker else None, {}
-    )
-    session.add_all([StateTransition(**transition), Event(**event)])
 
 
 async def load_gangs(

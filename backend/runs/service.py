@@ -17,6 +17,7 @@ from backend.db import after_commit
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import is_straggler
+from backend.lifecycle.records import record_transition
 from backend.models import Run, SlurmRun, StateTransition, Worker, Workspace
 from backend.organizations import service as organizations
 from backend.runs import failures, repository
@@ -157,9 +158,9 @@ async def create_run(
     ]
     repository.add(session, *workers)
     await session.flush()
-    lifecycle.record_transition(session, ws, run, None, run.state, run.reason, plan.created_at)
+    record_transition(session, ws, run, None, run.state, run.reason, plan.created_at)
     for worker in workers:
-        lifecycle.record_transition(
+        record_transition(
             session, ws, run, worker, worker.state, worker.reason, plan.created_at, phase="waiting"
         )
     await session.flush()
@@ -375,7 +376,7 @@ async def stop_run(
         ws = await workspace_for(session, principal, workspace)
         run.stop_cause, run.stop_by = "owner", principal.user_name
         run.reason = f"Stopping: asked by {principal.user_name}"
-        lifecycle.record_transition(session, ws, run, None, run.state, run.reason, clock.now())
+        record_transition(session, ws, run, None, run.state, run.reason, clock.now())
     after_commit(session, SLURM_JOB)  # cancelled in Slurm
     return run
 

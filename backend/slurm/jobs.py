@@ -14,11 +14,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.clock import iso_offset
 from backend.errors import Conflict
 from backend.ids import IdCodec, Kind
-from backend.lifecycle import service as lifecycle
-from backend.lifecycle.sentences import EndCause, worker_failed_sentence
+from backend.lifecycle import external
 from backend.lifecycle.states import Cause, Phase
 from backend.models import (
     AgentCommand,
@@ -175,7 +173,7 @@ async def advance(
         # Slurm's times are whole seconds: a run submitted from here was created within the
         # second before its job's submit time, and its history never goes back.
         not_before = run.state_since
-        if asked_at is not None and _asked_to_stop(run, change):
+        if asked_at is not None and external.asked_to_stop(run, change):
             not_before = max(not_before, asked_at)
         change = dataclasses.replace(change, at=max(change.at, not_before))
         slurm.applied = _applied(run, slurm, 0) + 1
@@ -200,7 +198,7 @@ class Tasks:
     so; and what the agents on the nodes are told to watch (``watch_payload``)."""
 
     nodes: dict[int, str]
-    ends: dict[int, rules.TaskEnd]
+    ends: dict[int, external.TaskEnd]
     job_id: str = ""
     live: bool = False  # the job runs now (its workers are watched once placed)
     gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)
@@ -275,127 +273,20 @@ def _enter(
     machines: dict[str, Machine],
     tasks: Tasks,
 ) -> list[int]:
-    """The run and each worker enter the change's state at its time, in history. At a
-    submitted run's end each worker ends as its task said, and a failed run names the worker
-    that failed first (the earliest to exit with an error of its own). A worker placed on a
-    node while its job runs is watched there by the node's agent (a WATCH); the workers whose
-    watches end (the job ended, or was queued again) are returned."""
-    change = _as_the_stall_asked(run, change)
-    running = change.state == RunState.RUNNING.value
-    ended = change.phase == Phase.ENDED.value
-    requeued = change.phase in REQUEUED
-    failed = ended and change.state == RunState.FAILED.value
-    # (a job cancelled because its run stalled failed for that, not for its tasks' ends)
-    stalled = run.stop_cause == Cause.STALL
-    first = rules.first_failure(list(tasks.ends.values())) if failed and not stalled else None
-    run_reason = change.run_reason
-    asked = _asked_to_stop(run, change)
-    if asked:
-        run_reason = f"Stopped by {run.stop_by}"  # asked here, cancelled in Slurm
-    if first is not None:
-        run_reason = worker_failed_sentence(
-            workers[first.rank].name, first.node, rules.task_end_sentence(first)
-        )
-    # placed: its first start, or placed again after a requeue (then running right after)
-    placing = change.phase == Phase.RESTART or (running and run.state != RunState.STARTING.value)
-    run.state, run.reason, run.state_since = change.state, run_reason, change.at
-    run.waits_for = None
-    if placing:
-        run.attempt += 1
-        run.placed_at = change.at
-        run.restart_at = None
-    if running:
-        run.running_since = change.at
-        run.started_at = run.started_at or change.at
-    if ended:
-        run.ended_at, run.running_since, run.cause = change.at, None, change.cause
-    if requeued:
-        run.running_since = run.placed_at = None
-        run.stop_cause = None  # (a stall's restart: asked, and done)
-    ending: dict[int, tuple[str, str]] = {}  # rank -> (state, reason) at the end
-    for rank, w in enumerate(workers):
-        state, reason = change.state, change.worker_reason
-        if asked:
-            state, reason = _stopped_end(tasks.ends.get(rank), run_reason)
-        elif ended and tasks.ends:
-            state, reason = _task_end(change, tasks.ends.get(rank), first, workers)
-        ending[rank] = (state, reason)
-        w.state, w.reason, w.state_since, w.phase = state, reason, change.at, change.phase
-        if placing:
-            node = tasks.nodes.get(rank)
-            w.machine_id = machines[node].id if node in machines else None
-            w.attempt = run.attempt
-            w.gpu_ids = list(tasks.gpus.get(rank, ()))
-            # a new instance: nothing of the last one's progress (nor stall) goes on
-            w.stalled_since = w.progress_at = w.progress_step = None
-            w.stepped_at = w.progress_rate = w.slow_since = None
-            if w.machine_id is not None and tasks.live:
-                _watch(session, run, rank, w, tasks, change.at)
-        if requeued:
-            w.restarts += 1
-        if ended:
-            end = tasks.ends.get(rank)
-            w.exit_code = end.exit_code if end else change.exit_code
-            w.cause = change.cause if state == RunState.FAILED.value else None
-            if state == RunState.FAILED.value and (end is not None or rank == 0):
-                w.last_failure = {
-                    "reason": reason,
-                    "failed_at": iso_offset(end.ended_at if end else change.at),
-                    "exit_code": w.exit_code,
-                    "log_tail": end.log_tail if end else "",
-                }
-    if failed and workers and not stalled:
-        by = workers[first.rank] if first is not None else workers[0]
-        run.first_failure = {
-            "worker": by.name,
-            "machine": first.node if first is not None else tasks.nodes.get(0),
-            "reason": rules.task_end_sentence(first) if first is not None else change.worker_reason,
-            "cause": change.cause,
-            "at": iso_offset(first.ended_at if first is not None else change.at),
-            "peer_lost": first is not None and rules.peer_lost(first),
-        }
-    lifecycle.record_transition(session, ws, run, None, change.state, run_reason, change.at)
-    for rank, w in enumerate(workers):
-        state, reason = ending[rank]
-        lifecycle.record_transition(
-            session, ws, run, w, state, reason, change.at, phase=change.phase, held=change.held
-        )
-    if not (ended or requeued):
-        return []
-    placed = [w.id for w in workers if w.machine_id is not None]
-    for w in workers:
-        w.machine_id = None
-    return placed
+    """The change enters the run by the lifecycle (external.enter), its workers placed on the
+    nodes' machines and, while the job runs, watched there by the nodes' agents (a WATCH)."""
+    placement = external.Placement(
+        nodes=tasks.nodes,
+        machines={r: machines[n].id for r, n in tasks.nodes.items() if n in machines},
+        gpus=tasks.gpus,
+        ends=tasks.ends,
+        live=tasks.live,
+    )
 
+    def watch(rank: int, w: Worker, at: datetime) -> None:
+        _watch(session, run, rank, w, tasks, at)
 
-REQUEUED = (
-    Phase.REQUEUED_PREEMPTION,
-    Phase.REQUEUED_FAILURE,
-    Phase.REQUEUED_STALL,
-    Phase.REQUEUED_ADMIN,
-)
-
-
-def _as_the_stall_asked(run: Run, change: Change) -> Change:
-    """A job the lifecycle asked to restart (or end) because its run stalled: queued again
-    by Slurm it waits as a stall's restart (*stalled*, not held), in the sentence the
-    lifecycle wrote; cancelled, its run fails with it."""
-    if run.stop_cause != Cause.STALL:
-        return change
-    if change.phase in REQUEUED:
-        waiting = f"Waiting to be placed again: {run.reason}"
-        return dataclasses.replace(
-            change,
-            phase=Phase.REQUEUED_STALL.value,
-            run_reason=run.reason,
-            worker_reason=waiting,
-            cause=EndCause.STALLED.value,
-        )
-    if change.phase == Phase.ENDED.value and change.state == RunState.STOPPED.value:
-        return dataclasses.replace(
-            change, state=RunState.FAILED.value, run_reason=run.reason, cause=run.cause
-        )
-    return change
+    return external.enter(session, ws, run, workers, change, placement, watch)
 
 
 def _watch(
@@ -414,40 +305,6 @@ def _watch(
             created_at=at,
         ),
     )
-
-
-def _asked_to_stop(run: Run, change: Change) -> bool:
-    """The job's end is the stop asked here (its owner's, cancelled in Slurm by the import)."""
-    return (
-        change.phase == Phase.ENDED.value
-        and change.state == RunState.STOPPED.value
-        and run.stop_cause == Cause.OWNER
-    )
-
-
-def _stopped_end(end: rules.TaskEnd | None, stopped: str) -> tuple[str, str]:
-    """A submitted run's worker when the stop asked here ended its job: stopped as the run is
-    (as the lifecycle stops an agent's worker: "Stopped by alice"), not failed of the signal
-    scancel ended its task with; one whose task had completed before stays Completed."""
-    if end is not None and end.exit_code == 0 and not end.signal:
-        return RunState.COMPLETED.value, rules.task_end_sentence(end)
-    return RunState.STOPPED.value, stopped
-
-
-def _task_end(
-    change: Change,
-    end: rules.TaskEnd | None,
-    first: rules.TaskEnd | None,
-    workers: list[Worker],
-) -> tuple[str, str]:
-    """A submitted run's worker at its job's end: as its task ended, or stopped with its gang."""
-    if end is not None and end.exit_code == 0:
-        return RunState.COMPLETED.value, rules.task_end_sentence(end)
-    if end is not None and (first is None or end.rank == first.rank or not end.signal):
-        return RunState.FAILED.value, rules.task_end_sentence(end)
-    if first is not None:
-        return RunState.STOPPED.value, f"Stopping: worker {workers[first.rank].name} failed"
-    return change.state, change.worker_reason
 
 
 def set_pending_reasons(jobs: list[SlurmJob], runs_by_job: dict[str, Run]) -> None:

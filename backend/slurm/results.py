@@ -10,7 +10,7 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from backend.slurm.rules import TaskEnd
+from backend.lifecycle.external import TaskEnd
 
 MAX_FILE = 64 * 1024  # a start or end file (an end's snapshot is at most 16 KiB)
 

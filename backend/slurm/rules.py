@@ -15,7 +15,9 @@ import shlex
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from backend.lifecycle.endings import PEER_LOST, PEER_LOST_GRACE
+from backend.lifecycle.external import (  # (the lifecycle's: what Slurm says enters by them)
+    Change,
+)
 from backend.lifecycle.sentences import (
     OOM_KILLED,
     exited_with,
@@ -131,20 +133,6 @@ def worker_gpus(job: SlurmJob) -> list[int]:
     count = max(job.node_count, len(job.nodes), 1)
     base, extra = divmod(job.gpus, count)
     return [base + (1 if rank < extra else 0) for rank in range(count)]
-
-
-@dataclass(frozen=True)
-class Change:
-    """A state a job's run (and each worker) entered, at Slurm's time for it."""
-
-    at: datetime
-    state: str
-    phase: str  # each worker's accounting phase from here
-    held: bool  # each worker holds its GPUs from here
-    run_reason: str
-    worker_reason: str
-    cause: str | None = None
-    exit_code: int | None = None
 
 
 # Slurm's ended states and how Astraeus says them; the run state, its cause (runs.cause:
@@ -534,43 +522,3 @@ def batch_script(s: Submission) -> str:
     # One failed rank ends the job (the gang does not run without it): --kill-on-bad-exit.
     lines.append("exec srun --kill-on-bad-exit=1 " + " ".join(quote(a) for a in task))
     return "\n".join(lines) + "\n"
-
-
-@dataclass(frozen=True)
-class TaskEnd:
-    """How one worker of a submitted run ended, as agent.slurm_task wrote it on its node."""
-
-    rank: int
-    node: str | None
-    ended_at: datetime
-    exit_code: int
-    signal: int | None
-    log_tail: str
-
-
-def task_end_sentence(end: TaskEnd) -> str:
-    if end.signal:
-        return f"Killed by signal {end.signal}"
-    return exited_with(end.exit_code)
-
-
-def peer_lost(end: TaskEnd) -> bool:
-    """It died of another rank's end (its log says the connection to a peer was lost), as the
-    lifecycle reads a worker's snapshot."""
-    return PEER_LOST.search(end.log_tail) is not None
-
-
-def first_failure(ends: list[TaskEnd]) -> TaskEnd | None:
-    """The worker that failed first, as the lifecycle orders a gang's failures: by when each
-    ended, one that died of a lost peer counted PEER_LOST_GRACE later (it often ends before the
-    rank that crashed has finished exiting). A rank Slurm ended because another failed
-    (--kill-on-bad-exit: a signal) is a consequence; it is the first only where no rank exited
-    with a code of its own."""
-    failed = [e for e in ends if e.exit_code != 0]
-    own = [e for e in failed if not e.signal]
-    chosen = own or failed
-
-    def order(e: TaskEnd) -> tuple[datetime, int]:
-        return (e.ended_at + PEER_LOST_GRACE if peer_lost(e) else e.ended_at, e.rank)
-
-    return min(chosen, key=order) if chosen else None

@@ -297,7 +297,7 @@ async def test_an_imported_job_whose_output_stops_is_stalled_from_its_last_line(
     cluster_id, account = await hpc_of(db, clock, cluster, stall_timeout="5s")
     script = tmp_path / "quiet.sh"
     script.write_text(
-        "#!/bin/bash\nfor i in 1 2 3; do echo step $i; sleep 0.5; done\nsleep 11\n"
+        "#!/bin/bash\nfor i in 1 2 3; do echo step $i; sleep 0.5; done\nsleep 20\n"
         "echo step 4\nsleep 2\n"
     )
     output = tmp_path / "out"

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from backend.lifecycle import external
 from backend.lifecycle.states import Phase
 from backend.runs.rules import Wait
 from backend.scheduling.rules import ANOTHER_WORKSPACE
@@ -294,18 +295,18 @@ def test_a_run_is_one_batch_job_whose_tasks_are_its_workers() -> None:  # issue 
 
 
 def test_the_first_failure_is_the_earliest_rank_to_fail_of_its_own() -> None:  # issue 25
-    def end(rank: int, seconds: int, code: int, sig: int | None = None) -> rules.TaskEnd:
-        return rules.TaskEnd(rank, "n1", T + timedelta(seconds=seconds), code, sig, "")
+    def end(rank: int, seconds: int, code: int, sig: int | None = None) -> external.TaskEnd:
+        return external.TaskEnd(rank, "n1", T + timedelta(seconds=seconds), code, sig, "")
 
     # rank 0 was killed by Slurm first (--kill-on-bad-exit races the report): a consequence
     ends = [end(0, 1, 137, 9), end(1, 2, 3), end(2, 3, 1)]
-    first = rules.first_failure(ends)
+    first = external.first_failure(ends)
     assert first is not None and first.rank == 1
-    assert rules.task_end_sentence(first) == "Exited with code 3"
-    assert rules.first_failure([end(0, 1, 0), end(1, 2, 0)]) is None
-    only_killed = rules.first_failure([end(0, 4, 143, 15), end(1, 2, 137, 9)])
+    assert external.task_end_sentence(first) == "Exited with code 3"
+    assert external.first_failure([end(0, 1, 0), end(1, 2, 0)]) is None
+    only_killed = external.first_failure([end(0, 4, 143, 15), end(1, 2, 137, 9)])
     assert only_killed is not None and only_killed.rank == 1
-    assert rules.task_end_sentence(only_killed) == "Killed by signal 9"
+    assert external.task_end_sentence(only_killed) == "Killed by signal 9"
 
 
 def test_a_requeued_job_runs_waits_again_and_runs_as_astraeus_transitions() -> None:  # 25, 38
@@ -353,8 +354,8 @@ def test_a_requeued_job_runs_waits_again_and_runs_as_astraeus_transitions() -> N
 
 def test_a_rank_that_died_of_its_lost_peer_is_not_the_first_failure() -> None:  # issue 25
     # rank 0 hears rank 1's sockets close and aborts before rank 1's process is gone
-    heard = rules.TaskEnd(0, "n1", T, 1, None, "RuntimeError: Connection closed by peer\n")
-    crashed = rules.TaskEnd(1, "n1", T + timedelta(milliseconds=300), 3, None, "giving up\n")
-    first = rules.first_failure([heard, crashed])
+    heard = external.TaskEnd(0, "n1", T, 1, None, "RuntimeError: Connection closed by peer\n")
+    crashed = external.TaskEnd(1, "n1", T + timedelta(milliseconds=300), 3, None, "giving up\n")
+    first = external.first_failure([heard, crashed])
     assert first is not None and first.rank == 1
-    assert rules.peer_lost(heard) and not rules.peer_lost(crashed)
+    assert external.peer_lost(heard) and not external.peer_lost(crashed)
