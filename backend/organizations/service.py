@@ -151,7 +151,7 @@ async def placement_target(
     # A Slurm-backed cluster takes the runs that name it (backend/slurm/ submits them); it is
     # never the cluster a run goes to unnamed.
     every = await repository.list_clusters(session, organization_id)
-    clusters = [c for c in every if not c.slurm]
+    clusters = [c for c in every if c.slurm is None]
     if cluster is None:
         if len(clusters) != 1:
             names = ", ".join(c.name for c in clusters) or "none"

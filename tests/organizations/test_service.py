@@ -56,6 +56,12 @@ async def test_a_run_goes_to_the_only_cluster_or_the_one_it_names(
         org = await organizations.organization_by_name(session, "default")
         cluster, pool = await organizations.placement_target(session, org.id, None, None)
         assert (cluster.name, pool) == ("local", None)
+        # a Slurm-backed cluster is never where an unnamed run goes, even with every Slurm
+        # setting at its default (stored as {}, not SQL's NULL)
+        session.add(Cluster(organization_id=org.id, name="hpc", slurm={}, created_at=clock.now()))
+        await session.flush()
+        cluster, _ = await organizations.placement_target(session, org.id, None, None)
+        assert cluster.name == "local"
         session.add(Cluster(organization_id=org.id, name="west", created_at=clock.now()))
         await session.flush()
         with pytest.raises(InvalidInput) as caught:
