@@ -95,6 +95,7 @@ async def test_admins_read_back_the_clusters_thresholds(
         "workers_stalled": (1.0, None),
         "runs_with_straggler": (1.0, None),
         "gpu_faults": (1.0, None),
+        "slurm_import_lag": (300.0, None),  # seconds (issue 38 F3)
     }
     ok = await graphql(client, tenancy.admin_token, THRESHOLD, n="workers_stalled", v=3)
     assert ok["data"]["setThreshold"]["errors"] == []

@@ -98,7 +98,8 @@ def test_threshold_show_is_the_admins(live: tuple[Server, Tenancy]) -> None:
     lines = shown.stdout.splitlines()
     assert lines[0].split() == ["NAME", "VALUE", "DEFAULT", "SET"]
     assert lines[1].split() == ["goodput_drop.below", "0.5", "0.5", "default"]
-    assert len(lines) == 7
+    assert lines[-1].split() == ["slurm_import_lag", "300", "300", "default"]  # issue 38
+    assert len(lines) == 8
     for token in (t.member_token, t.other_token, t.foreign_token):
         refused = astra(server, token, "threshold", "show")
         assert refused.returncode == EXIT_REFUSED
