@@ -64,11 +64,13 @@ def numbered(first: int, last: int) -> list[str]:
 async def prefix() -> AsyncIterator[str]:
     """Keys and channels of this test only; what is left under it is deleted after."""
     name = f"astraeus-test:{uuid.uuid4().hex}"
-    yield name
-    async with Redis.from_url(REDIS_URL) as redis:
-        keys = [key async for key in redis.scan_iter(match=f"{name}:*")]
-        if keys:
-            await redis.delete(*keys)
+    try:
+        yield name
+    finally:  # (after a bare yield it would not run: the loop's teardown closes this generator)
+        async with Redis.from_url(REDIS_URL) as redis:
+            keys = [key async for key in redis.scan_iter(match=f"{name}:*")]
+            if keys:
+                await redis.delete(*keys)
 
 
 @pytest.fixture
