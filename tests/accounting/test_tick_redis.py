@@ -28,7 +28,8 @@ async def test_an_hour_of_ticks_through_redis_equals_the_pure_computation(
         await sample(world, {0: 0.9 if minute % 7 else 0.0, 1: 0.01})
         for _ in range(3):  # a retried, a duplicated and a concurrent tick every minute
             job_broker.send("accounting.tick")
-        await asyncio.to_thread(redis_worker.join, job_broker.QUEUE, timeout=30_000)
+        # (polled every 10 ms, not join's 100: sixty joins a test)
+        await asyncio.to_thread(redis_worker.join, job_broker.QUEUE, interval=10, timeout=30_000)
     until = counting.minute_floor(clock.now())
     assert await ledger(world) == await expected(world, until)
     assert sum((await ledger(world)).values()) > 2 * 8 * 3500
