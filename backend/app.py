@@ -34,15 +34,15 @@ from strawberry.types.unset import UNSET, UnsetType
 from backend import migrations
 from backend.access import service as access
 from backend.access.watch import watch_of
-from backend.agents import routing
-from backend.agents.routing import LogRouter
-from backend.agents.servicer import AgentService
-from backend.agents.servicer import serve as serve_agents
 from backend.boundary import BodyLimit, SecurityHeaders
 from backend.clock import Clock, SystemClock
 from backend.config import Settings, get_settings
 from backend.db import Database
 from backend.errors import DatabaseUnavailable
+from backend.gateway import routing
+from backend.gateway.routing import LogRouter
+from backend.gateway.servicer import AgentService
+from backend.gateway.servicer import serve as serve_agents
 from backend.jobs import broker as job_broker
 from backend.jobs import runtime
 from backend.resolvers.context import Context, build_context

@@ -33,9 +33,9 @@ from sqlalchemy import func, select
 
 from agent.executor import end_left_workers
 from backend.access import service as access
-from backend.agents.servicer import AgentService, serve
 from backend.clock import SystemClock
 from backend.db import Database
+from backend.gateway.servicer import AgentService, serve
 from backend.machine_identity import service as identity
 from backend.models import Cluster, MetricSample, Run, Worker
 from backend.organizations import service as organizations

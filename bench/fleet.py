@@ -843,7 +843,7 @@ async def hold(
         await asyncio.to_thread(server.stop)
         result["serve_stop_s"] = round(server.stop_s, 1)
         await fleet_closing
-        # what serve said of leases (backend/agents/leases.py, backend/machines/service.py)
+        # what serve said of leases (backend/gateway/leases.py, backend/machines/service.py)
         said = (server.root / "serve.log").read_text(errors="replace")
         result["slow_lease_renewals"] = said.count("to renew")
         result["machines_found_lost"] = said.count("lost: its lease expired")

@@ -36,9 +36,9 @@ from agent.config import AgentConfig
 from agent.connection import Agent
 from agent.gpus import simulated
 from agent.logs import WorkerLog
-from backend.agents.servicer import AgentService, serve
 from backend.clock import SystemClock
 from backend.db import Database
+from backend.gateway.servicer import AgentService, serve
 from backend.logs.service import WorkerRef
 from backend.machine_identity import service as identity
 from backend.models import Cluster

@@ -160,8 +160,8 @@ LONGEST_FAST = (
     "tests/accounting/test_ettr.py",  # 12 s: the seed week by hand 8 s
     "tests/rest/test_goodput_table.py",  # 7 s: a week of llm and sweep-7
     "tests/runs/test_spec.py",  # 2-8 s: a property test of 10 examples
-    "tests/agents/test_many_streams.py",  # 13 s: one poll for every stream 5 s
-    "tests/agents/test_leases.py",  # 12 s: a lease's beats 4 s
+    "tests/gateway/test_many_streams.py",  # 13 s: one poll for every stream 5 s
+    "tests/gateway/test_leases.py",  # 12 s: a lease's beats 4 s
     "tests/test_migrations.py",  # 14 s: down and up again 4 s
 )
 # Fixtures that reach the database (every fixture on one depends on `database_url`).

@@ -153,7 +153,7 @@ async def clear_pending_commands(
 ) -> None:
     """Set aside the workers' commands no machine has carried out yet, but their deletes: a
     deleted run's start that never reached its machine is never sent. The rows are locked first
-    in id order, as every writer of commands takes them (agents.repository.ack_commands): an
+    in id order, as every writer of commands takes them (gateway.repository.ack_commands): an
     UPDATE alone locks them in the order it finds them and can deadlock with an acknowledgement."""
     if not worker_ids:
         return

@@ -40,7 +40,7 @@ class LogText:
 
 
 class LogSource(Protocol):
-    """Whoever can ask a machine for a log: the log router (backend/agents/routing.py), which
+    """Whoever can ask a machine for a log: the log router (backend/gateway/routing.py), which
     takes the request to the API replica holding the machine's stream, this one or another.
     It answers None when no machine answers in time, and raises LogUnavailable when Redis,
     which carries requests between replicas, cannot be reached."""

@@ -270,7 +270,7 @@ async def revoke_credential(
     session: AsyncSession, clock: Clock, cluster: Cluster, machine: str
 ) -> tuple[list[MachineCredential], Effects]:
     """Revoke the machine's credential: it is lost at once (its workers are placed elsewhere,
-    as for a lost lease), and its open stream is closed (backend/agents/delivery.py)."""
+    as for a lost lease), and its open stream is closed (backend/gateway/delivery.py)."""
     live = await repository.live_credentials(session, cluster.id, machine)
     if not live:
         raise NotFound(

@@ -196,7 +196,7 @@ async def expire_leases(session: AsyncSession, clock: Clock, lease: timedelta) -
     """Machines whose agent missed its heartbeats are lost; their workers fail with them.
 
     A lease is what the database says: the replica holding a machine's stream renews it
-    while it hears from the machine (backend/agents/leases.py), so a machine held by a live
+    while it hears from the machine (backend/gateway/leases.py), so a machine held by a live
     stream on any replica is not expired, and one whose replica died is lost a lease later.
 
     Unless the check before this one is more than half a lease ago: then nothing could check

@@ -13,10 +13,10 @@ from strawberry.dataloader import DataLoader
 from backend.access.rules import Principal
 from backend.accounting import rework, run_goodput
 from backend.accounting.rules import Ledger
-from backend.agents import service as agents
 from backend.clock import Clock
 from backend.db import Database
 from backend.errors import AstraeusError
+from backend.gateway import service as agents
 from backend.models import Run, StateTransition, WebhookDelivery, Worker
 from backend.resolvers.slurm_jobs import SlurmJob, slurm_jobs
 from backend.runs import service as runs

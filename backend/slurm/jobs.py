@@ -234,7 +234,7 @@ def _tasks(
 
 
 def watch_payload(run: Run, rank: int, tasks: Tasks) -> dict[str, Any]:
-    """What the agent on a worker's node watches of it (backend/agents/delivery.py turns it
+    """What the agent on a worker's node watches of it (backend/gateway/delivery.py turns it
     into the protocol's WatchWorker): a submitted run's worker is its task (its log and
     progress file in the run's folder, as agent.slurm_task keeps them); an imported job's is
     the job's part on the node, whose output is rank 0's log (its batch script runs there)."""

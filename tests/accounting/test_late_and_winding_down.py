@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from backend.accounting import counting, ledger_queries, repository, rules
 from backend.accounting.rules import Category
-from backend.agents import service as agents
+from backend.gateway import service as agents
 from backend.lifecycle import service as lifecycle
 from backend.metrics.rules import SampleIn
 from backend.models import GoodputRecount, Worker

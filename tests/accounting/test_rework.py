@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from backend.accounting import rework, rules
 from backend.accounting.rules import Period, RedoSpan
-from backend.agents import service as agents
+from backend.gateway import service as agents
 from backend.metrics.rules import SampleIn
 from backend.models import Worker
 from tests.lifecycle.world import World

@@ -204,7 +204,7 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
             await delete_run(db, run.id, worker_ids, recorded, gone)
             gone = None
         if moment in arrivals and (deleted is None or moment < at(deleted)):
-            async with db.transaction() as session:  # as agents.service.metrics stores them
+            async with db.transaction() as session:  # as gateway.service.metrics stores them
                 came = [s for minute in arrivals[moment] for s in samples(minute)]
                 session.add_all(came)
                 await session.flush()

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from backend.agents import service as agents
-from backend.agents.service import WorkerEventInfo
 from backend.db import Database
+from backend.gateway import service as agents
+from backend.gateway.service import WorkerEventInfo
 from backend.lifecycle.sentences import EndCause
 from backend.machines import service as machines
 from backend.models import Machine, StateTransition, Worker

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from backend.agents import service as agents
 from backend.db import Database
+from backend.gateway import service as agents
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import is_straggler
 from backend.lifecycle.sentences import EndCause

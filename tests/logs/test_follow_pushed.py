@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from agent import log_replies, log_watch
-from backend.agents.follow_buffer import LogChunkInfo
-from backend.agents.servicer import AgentService
 from backend.db import Database
+from backend.gateway.follow_buffer import LogChunkInfo
+from backend.gateway.servicer import AgentService
 from backend.runs import service as runs
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy

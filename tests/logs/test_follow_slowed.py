@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.agents.servicer import AgentService
 from backend.db import Database
+from backend.gateway.servicer import AgentService
 from backend.logs import service as logs
 from backend.logs.service import Followed
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy

@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import select
 
 from agent.metrics import NETWORK_METRICS
-from backend.agents.servicer import AgentService
 from backend.db import Database
+from backend.gateway.servicer import AgentService
 from backend.models import Machine
 from tests.support.agents import agent_for, wait_for
 

@@ -5,8 +5,8 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from backend.agents import service as agents
 from backend.db import Database
+from backend.gateway import service as agents
 from backend.lifecycle.sentences import EndCause
 from backend.metrics.rules import SampleIn
 from backend.models import Worker

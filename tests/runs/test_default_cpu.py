@@ -4,7 +4,7 @@ reserved and enforced exactly. The scheduler reserves what the spec says, the ma
 
 from __future__ import annotations
 
-from backend.agents.delivery import start_message
+from backend.gateway.delivery import start_message
 from backend.models import AgentCommand
 from backend.runs.spec import DEFAULT_CPU, parse_spec, stored_footprint, stored_spec
 from backend.scheduling.service import start_payload

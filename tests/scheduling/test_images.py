@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from sqlalchemy import select
 
-from backend.agents.service import GpuInfo
 from backend.db import Database
+from backend.gateway.service import GpuInfo
 from backend.machines import rules as machine_rules
 from backend.machines import service as machines
 from backend.models import Cluster, Machine

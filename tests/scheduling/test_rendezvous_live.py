@@ -16,8 +16,8 @@ from agent.config import AgentConfig
 from agent.connection import Agent
 from agent.gpus import simulated
 from agent.identity import WorkloadUsers
-from backend.agents.servicer import AgentService
 from backend.db import Database
+from backend.gateway.servicer import AgentService
 from backend.logs.service import WorkerRef
 from backend.machine_identity import service as identity
 from backend.models import Cluster, Machine, Run

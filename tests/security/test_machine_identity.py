@@ -6,7 +6,7 @@ Before issue 18 the cluster's machine token was any machine: with it a client re
 `local` and received another workspace's secret values, and registered a fake machine `evil`
 advertising 64 cores and 1 TiB; NaN cores answered the agent with the SQL error's text; a
 100 000-character name, an empty name and 3 000 GPUs were registered. (A start command over
-the stream's limit is played with the real agent in tests/agents/test_agent_in_process.py: the
+the stream's limit is played with the real agent in tests/gateway/test_agent_in_process.py: the
 request body's bound now refuses a 5 MiB spec before it is a run.)
 """
 

@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from backend.accounting import counting
-from backend.agents import service as agents
 from backend.alerts import service as alerts
 from backend.db import Database
+from backend.gateway import service as agents
 from backend.lifecycle import service as lifecycle
 from backend.models import Alert, GoodputHorizon
 from backend.slurm import service as importer

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 from sqlalchemy import select
 
-from backend.agents.servicer import AgentService
 from backend.db import Database
+from backend.gateway.servicer import AgentService
 from backend.lifecycle import service as lifecycle
 from backend.logs.service import WorkerRef
 from backend.metrics.rules import BY_NAME, NO_GPU

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from backend.accounting import counting, ledger_queries, rules
 from backend.accounting.rules import Ledger, PhaseChange
-from backend.agents import service as agents
+from backend.gateway import service as agents
 from backend.metrics.rules import SampleIn
 from backend.models import GoodputHour, MetricSample, StateTransition, Worker
 from tests.lifecycle.world import World

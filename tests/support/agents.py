@@ -16,9 +16,9 @@ from agent.config import AgentConfig
 from agent.connection import Agent
 from agent.gpus import simulated
 from agent.identity import WorkloadUsers
-from backend.agents.servicer import AgentService, serve
 from backend.clock import Clock
 from backend.db import Database
+from backend.gateway.servicer import AgentService, serve
 from backend.logs.service import WorkerRef
 from backend.models import Machine, Worker
 from tests.lifecycle.world import World

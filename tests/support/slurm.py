@@ -34,9 +34,9 @@ from agent.config import AgentConfig
 from agent.connection import Agent
 from agent.gpus import simulated
 from backend.accounting import counting
-from backend.agents.servicer import AgentService
 from backend.clock import SystemClock
 from backend.db import Database
+from backend.gateway.servicer import AgentService
 from backend.machine_identity import service as identity
 from backend.models import GoodputHour, Run, SlurmRun, StateTransition, Worker
 from backend.organizations import service as organizations

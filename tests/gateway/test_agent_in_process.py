@@ -9,9 +9,9 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from backend.agents.follow_buffer import LogChunkInfo
-from backend.agents.servicer import AgentService
 from backend.db import Database
+from backend.gateway.follow_buffer import LogChunkInfo
+from backend.gateway.servicer import AgentService
 from backend.models import AgentCommand
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy

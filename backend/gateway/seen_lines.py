@@ -2,7 +2,7 @@
 follow), kept for a failure snapshot should the machine be lost (issue 36): its agent's own
 copies go with it. At most 50 lines and 16 KiB a worker (seed L-21), in memory while its
 machine's stream is held here; the lease keeper writes what changed every few seconds
-(backend/agents/leases.py), and the lifecycle takes them into the snapshots of a lost
+(backend/gateway/leases.py), and the lifecycle takes them into the snapshots of a lost
 machine's workers. Lines of an archived log (an earlier attempt's) are not its current
 attempt's: they are left out."""
 

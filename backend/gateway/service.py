@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.accounting import counting as accounting
-from backend.agents import repository
-from backend.agents.seen_lines import Seen
 from backend.clock import Clock, SystemClock
+from backend.gateway import repository
+from backend.gateway.seen_lines import Seen
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import worker_progress
 from backend.lifecycle.sentences import EndCause
@@ -181,7 +181,7 @@ async def renew_leases(
 
 
 async def keep_seen_lines(session: AsyncSession, seen: Sequence[Seen]) -> None:
-    """The last lines a replica relayed of each worker (backend/agents/seen_lines.py), kept for
+    """The last lines a replica relayed of each worker (backend/gateway/seen_lines.py), kept for
     the snapshot of a worker whose machine is lost."""
     await lifecycle.keep_seen_lines(
         session, [(s.worker_id, s.machine_id, s.text, s.at) for s in seen]

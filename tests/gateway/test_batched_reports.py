@@ -14,10 +14,10 @@ import pytest
 from astraeus.agent.v1 import agent_pb2
 from sqlalchemy import select, update
 
-from backend.agents import service
-from backend.agents.handlers import MessageHandlers
-from backend.agents.service import ProgressInfo
 from backend.db import Database
+from backend.gateway import service
+from backend.gateway.handlers import MessageHandlers
+from backend.gateway.service import ProgressInfo
 from backend.metrics import service as metrics
 from backend.metrics.rules import SampleIn
 from backend.models import Machine, MetricSample, StateTransition, Worker

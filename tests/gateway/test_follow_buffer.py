@@ -1,9 +1,9 @@
-"""The one buffer of a followed log's chunks (backend/agents/follow_buffer.py): bounded, every
+"""The one buffer of a followed log's chunks (backend/gateway/follow_buffer.py): bounded, every
 line it drops counted, the end always delivered."""
 
 from __future__ import annotations
 
-from backend.agents.follow_buffer import FOLLOW_BUFFER, FollowBuffer, LogChunkInfo
+from backend.gateway.follow_buffer import FOLLOW_BUFFER, FollowBuffer, LogChunkInfo
 
 
 def chunk(text: str, *, ended: bool = False, missed: int = 0) -> LogChunkInfo:

@@ -2,8 +2,8 @@
 
 The agent opens the stream (the server never dials a machine) and says Hello; the server
 answers Welcome. From then on the agent's messages are applied in order and acknowledged by
-id (backend/agents/writer.py), and the machine's unacknowledged commands (the outbox the
-lifecycle writes) are delivered (backend/agents/delivery.py). A second stream from the same
+id (backend/gateway/writer.py), and the machine's unacknowledged commands (the outbox the
+lifecycle writes) are delivered (backend/gateway/delivery.py). A second stream from the same
 machine replaces the first.
 """
 
@@ -21,18 +21,18 @@ from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from backend.access.rules import bearer_secret
-from backend.agents import service
-from backend.agents.delivery import CommandDelivery, command_message
-from backend.agents.follow_buffer import FollowBuffer, LogChunkInfo
-from backend.agents.handlers import MessageHandlers
-from backend.agents.leases import LeaseKeeper, renew_interval
-from backend.agents.seen_lines import SeenLines
-from backend.agents.service import HelloInfo, KnownWorker
-from backend.agents.streams import MachineStream, StreamHook, Streams
-from backend.agents.writer import MessageWriter
 from backend.clock import Clock
 from backend.db import Database, database_away
 from backend.errors import DatabaseUnavailable, Unauthenticated
+from backend.gateway import service
+from backend.gateway.delivery import CommandDelivery, command_message
+from backend.gateway.follow_buffer import FollowBuffer, LogChunkInfo
+from backend.gateway.handlers import MessageHandlers
+from backend.gateway.leases import LeaseKeeper, renew_interval
+from backend.gateway.seen_lines import SeenLines
+from backend.gateway.service import HelloInfo, KnownWorker
+from backend.gateway.streams import MachineStream, StreamHook, Streams
+from backend.gateway.writer import MessageWriter
 from backend.logs.service import LogText, WorkerRef
 from backend.machine_identity import service as identity
 from backend.machine_identity.rules import MachinePrincipal
@@ -319,7 +319,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self, stream: MachineStream, request_iterator: AsyncIterator[agent_pb2.AgentMessage]
     ) -> None:
         """Take the machine's messages as they come: each says the machine is alive (its
-        lease is renewed with the others', backend/agents/leases.py); replies (log lines
+        lease is renewed with the others', backend/gateway/leases.py); replies (log lines
         asked for) are answered at once, database or not; every message goes on to the
         writer."""
         async for message in request_iterator:

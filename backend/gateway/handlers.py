@@ -1,6 +1,6 @@
 """What each kind of message a machine sends writes: its worker events, progress reports,
 GPU faults, command acknowledgements, secret requests and metric samples, each in the
-transaction the writer (backend/agents/writer.py) gives it. Heartbeats and replies write
+transaction the writer (backend/gateway/writer.py) gives it. Heartbeats and replies write
 nothing: they have no handler."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Callable
 from astraeus.agent.v1 import agent_pb2
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.agents import service
-from backend.agents.service import ProgressInfo, WorkerEventInfo, agent_time
-from backend.agents.streams import MESSAGE_LIMIT, Streams, too_large
 from backend.clock import Clock
 from backend.errors import NotFound
+from backend.gateway import service
+from backend.gateway.service import ProgressInfo, WorkerEventInfo, agent_time
+from backend.gateway.streams import MESSAGE_LIMIT, Streams, too_large
 from backend.lifecycle.sentences import EndCause
 from backend.lifecycle.views import Effects
 from backend.machines import rules as machine_rules

@@ -1,7 +1,7 @@
 """Log requests taken, through Redis, to the API replica that holds the machine's stream.
 
 - ``<prefix>:machine:<machine id>`` names the replica holding the machine's stream
-  (backend/agents/claims.py). It is set when the stream opens (the newest stream wins),
+  (backend/gateway/claims.py). It is set when the stream opens (the newest stream wins),
   refreshed while it lives, deleted when it closes; it expires after ``claim_ttl`` seconds, so
   the claims of a replica that died go too.
 - ``<prefix>:replica:<replica id>`` is the channel a replica listens on, for requests
@@ -36,9 +36,9 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from agent.backoff import Backoff
-from backend.agents.claims import CLAIM_TTL, Claims
-from backend.agents.follow_buffer import FOLLOW_BUFFER, FollowBuffer, LogChunkInfo
-from backend.agents.servicer import AgentService
+from backend.gateway.claims import CLAIM_TTL, Claims
+from backend.gateway.follow_buffer import FOLLOW_BUFFER, FollowBuffer, LogChunkInfo
+from backend.gateway.servicer import AgentService
 from backend.logs.service import LogText, LogUnavailable, WorkerRef
 
 log = logging.getLogger(__name__)

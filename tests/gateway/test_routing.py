@@ -24,13 +24,13 @@ from sqlalchemy import select
 from starlette.applications import Starlette
 
 from agent.backoff import Backoff
-from backend.agents import redis_router, routing
-from backend.agents.follow_buffer import LogChunkInfo
-from backend.agents.redis_router import RedisRouter
-from backend.agents.servicer import AgentService, serve
 from backend.app import create_app
 from backend.config import Settings
 from backend.db import Database
+from backend.gateway import redis_router, routing
+from backend.gateway.follow_buffer import LogChunkInfo
+from backend.gateway.redis_router import RedisRouter
+from backend.gateway.servicer import AgentService, serve
 from backend.jobs import broker as job_broker
 from backend.logs.service import LogUnavailable, WorkerRef
 from backend.models import Machine, Worker

@@ -17,9 +17,9 @@ import pytest
 from astraeus.agent.v1 import agent_pb2
 from sqlalchemy import event, select, text
 
-from backend.agents import repository
-from backend.agents.servicer import AgentService, serve
 from backend.db import Database
+from backend.gateway import repository
+from backend.gateway.servicer import AgentService, serve
 from backend.machine_identity import service as identity
 from backend.models import AgentCommand, Cluster
 from tests.lifecycle.world import World

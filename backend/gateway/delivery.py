@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 from astraeus.agent.v1 import agent_pb2
 
-from backend.agents import service
-from backend.agents.streams import MESSAGE_LIMIT, MachineStream, Streams, too_large
 from backend.clock import Clock
 from backend.db import Database, database_away
+from backend.gateway import service
+from backend.gateway.streams import MESSAGE_LIMIT, MachineStream, Streams, too_large
 from backend.machine_identity import service as identity
 from backend.machine_identity.rules import MachinePrincipal
 from backend.models import AgentCommand
@@ -86,7 +86,7 @@ class CommandDelivery:
             except Exception as error:
                 if not database_away(error):
                     log.exception("commands could not be delivered; they are tried again")
-            # not wait_for: see _wait in backend/agents/redis_router.py
+            # not wait_for: see _wait in backend/gateway/redis_router.py
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.poll_interval):
                     await self._wake.wait()

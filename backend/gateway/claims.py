@@ -74,7 +74,7 @@ class Claims:
             except (RedisError, OSError) as error:
                 log.warning("could not record this replica's machines in Redis: %s", error)
                 wait = min(1.0, self.ttl / 3)
-            # not wait_for: see _wait in backend/agents/redis_router.py
+            # not wait_for: see _wait in backend/gateway/redis_router.py
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self.changed.wait()

@@ -1,7 +1,7 @@
 """A followed log's chunks on their way to its reader: bounded, with the lines it drops
 counted. The one buffer of every follow: the servicer's, of the lines this replica's machine
-sends (backend/agents/servicer.py), and the Redis router's, of the lines another replica
-relays (backend/agents/redis_router.py)."""
+sends (backend/gateway/servicer.py), and the Redis router's, of the lines another replica
+relays (backend/gateway/redis_router.py)."""
 
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ from agent.config import AgentConfig
 from agent.connection import Agent as RealAgent
 from agent.gpus import simulated
 from agent.identity import WorkloadUsers
-from backend.agents import streams as agent_streams
-from backend.agents.servicer import AgentService, serve
 from backend.db import Database
+from backend.gateway import streams as agent_streams
+from backend.gateway.servicer import AgentService, serve
 from backend.machine_identity import service as identity
 from backend.machines import service as machines
 from backend.models import Cluster, Machine

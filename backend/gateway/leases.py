@@ -11,7 +11,7 @@ it is read no faster than it is written) counts as heard now: that it is not rea
 server's doing, not the agent's silence.
 
 The same few seconds write the last lines the replica relayed of each worker, where new ones
-came (backend/agents/seen_lines.py), in a transaction after the renewal's.
+came (backend/gateway/seen_lines.py), in a transaction after the renewal's.
 
 Across replicas: each renews only the machines whose stream it holds. A replica that dies
 renews nothing more, and its machines are lost one lease after they were last renewed unless
@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
-from backend.agents import service
-from backend.agents.seen_lines import Seen, SeenLines
 from backend.clock import Clock
 from backend.db import Database, database_away
+from backend.gateway import service
+from backend.gateway.seen_lines import Seen, SeenLines
 
 log = logging.getLogger(__name__)
 

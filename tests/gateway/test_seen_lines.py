@@ -15,10 +15,10 @@ import pytest
 from astraeus.agent.v1 import agent_pb2
 from sqlalchemy import func, select
 
-from backend.agents.seen_lines import SEEN_BYTES, SEEN_WORKERS, SeenLines
-from backend.agents.servicer import AgentService
 from backend.clock import iso_offset
 from backend.db import Database
+from backend.gateway.seen_lines import SEEN_BYTES, SEEN_WORKERS, SeenLines
+from backend.gateway.servicer import AgentService
 from backend.logs.service import WorkerRef
 from backend.machines import service as machines
 from backend.models import Machine, WorkerSeenLines

@@ -3,7 +3,7 @@
 A machine's agent keeps one stream open, to one replica. A log tail or follow asked of any
 replica is answered by that one: directly when it is this process (always so in the embedded
 mode: ``LocalRouter``), otherwise through Redis (``RedisRouter``,
-backend/agents/redis_router.py).
+backend/gateway/redis_router.py).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
-from backend.agents import redis_router
-from backend.agents.follow_buffer import LogChunkInfo
-from backend.agents.servicer import AgentService
 from backend.config import Settings
+from backend.gateway import redis_router
+from backend.gateway.follow_buffer import LogChunkInfo
+from backend.gateway.servicer import AgentService
 from backend.logs.service import LogText, WorkerRef
 
 

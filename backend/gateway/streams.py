@@ -12,7 +12,7 @@ from typing import Any
 
 from astraeus.agent.v1 import agent_pb2
 
-from backend.agents.follow_buffer import FollowBuffer
+from backend.gateway.follow_buffer import FollowBuffer
 from backend.machine_identity.rules import MachinePrincipal
 
 RECEIVED_MAX = 10_000
@@ -44,7 +44,7 @@ class MachineStream:
     last_command_sent: int = 0
     closed: asyncio.Event = field(init=False)
     # Who the stream's token speaks for: its credential is checked with all the replica's
-    # streams' (CommandDelivery, backend/agents/delivery.py).
+    # streams' (CommandDelivery, backend/gateway/delivery.py).
     agent: MachinePrincipal | None = None
     # Why the server ends the stream (its credential was revoked): the agent is told so.
     refusal: str | None = None

@@ -11,8 +11,8 @@ from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.agents import service as agents
 from backend.db import Database
+from backend.gateway import service as agents
 from backend.lifecycle import service as lifecycle
 from backend.machine_identity import service as identity
 from backend.machine_identity.rules import hash_token

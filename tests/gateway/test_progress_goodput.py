@@ -22,8 +22,8 @@ from agent.executor import end_left_workers
 from agent.gpus import simulated
 from agent.identity import WorkloadUsers
 from backend.accounting import counting, run_goodput
-from backend.agents.servicer import AgentService
 from backend.db import Database
+from backend.gateway.servicer import AgentService
 from backend.models import MetricSample, Run, Worker
 from tests.lifecycle.world import World
 from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy

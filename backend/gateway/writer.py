@@ -14,11 +14,11 @@ from astraeus.agent.v1 import agent_pb2
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agent.backoff import Backoff
-from backend.agents import service
-from backend.agents.handlers import Handler, MessageHandlers, samples
-from backend.agents.streams import MachineStream
 from backend.clock import Clock
 from backend.db import Database, database_away
+from backend.gateway import service
+from backend.gateway.handlers import Handler, MessageHandlers, samples
+from backend.gateway.streams import MachineStream
 from backend.lifecycle.views import Effects
 from backend.models import Machine
 

@@ -1,1 +1,0 @@
-"""The server's side of the agent protocol: each machine's stream, its commands and reports."""
