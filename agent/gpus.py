@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from astraeus.agent.v1 import agent_pb2
+
 SIMULATED_MODEL = "Simulated GPU"
 SIMULATED_UUID = "SIM-"
 
@@ -101,17 +103,38 @@ class GpuCounters:
     xid: int | None = None
 
 
-def health_change(before: GpuCounters, now: GpuCounters) -> str | None:
-    """The fault that makes a GPU unhealthy since the last look, in one sentence; None if none."""
+@dataclass(frozen=True)
+class GpuFault:
+    """A fault that makes a GPU unhealthy: its kind, from the NVML reading that showed it (the
+    server classifies by it), and a sentence for people (shown, never read back)."""
+
+    kind: agent_pb2.GpuFaultKind
+    reason: str
+
+    def message(self, index: int) -> agent_pb2.GpuHealth:
+        """The protocol's report of this fault on GPU ``index``."""
+        return agent_pb2.GpuHealth(index=index, healthy=False, kind=self.kind, reason=self.reason)
+
+
+def health_change(before: GpuCounters, now: GpuCounters) -> GpuFault | None:
+    """The fault that makes a GPU unhealthy since the last look; None if none."""
     if now.xid is not None and now.xid in FATAL_XIDS:
-        return f"XID {now.xid}: the GPU reported a fatal error"
+        return GpuFault(
+            agent_pb2.GPU_FAULT_KIND_XID, f"XID {now.xid}: the GPU reported a fatal error"
+        )
     if now.uncorrected_ecc > before.uncorrected_ecc:
         added = now.uncorrected_ecc - before.uncorrected_ecc
-        return f"ECC: {added} uncorrectable memory error(s)"
+        return GpuFault(agent_pb2.GPU_FAULT_KIND_ECC, f"ECC: {added} uncorrectable memory error(s)")
     if now.remap_failed and not before.remap_failed:
-        return "Row remapping failed: the GPU's memory needs service"
+        return GpuFault(
+            agent_pb2.GPU_FAULT_KIND_ROW_REMAP_FAILED,
+            "Row remapping failed: the GPU's memory needs service",
+        )
     if now.remap_pending and not before.remap_pending:
-        return "Row remapping pending: the GPU must be reset"
+        return GpuFault(
+            agent_pb2.GPU_FAULT_KIND_ROW_REMAP_PENDING,
+            "Row remapping pending: the GPU must be reset",
+        )
     return None
 
 
@@ -234,7 +257,7 @@ class NvmlSampler:
             if index is not None:
                 found[index] = int(event.eventData)
 
-    def faults(self) -> dict[int, str]:
+    def faults(self) -> dict[int, GpuFault]:
         """GPUs that became unhealthy since the last look, with the fault."""
         xids = self._pending_xids()
         found = {}

@@ -74,4 +74,4 @@ class Sampling(AgentState):
             self._send(metrics=agent_pb2.MetricBatch(samples=look.samples))
         if self.config.nvml is not None:
             for index, fault in self.config.nvml.faults().items():
-                self._send(gpu_health=agent_pb2.GpuHealth(index=index, healthy=False, reason=fault))
+                self._send(gpu_health=fault.message(index))

@@ -58,7 +58,8 @@ def main() -> int:
     end = time.time() + args.seconds
     while time.time() < end and (load is None or load.poll() is None):
         result["samples"].append({"at": time.time(), "gpu": 0, **sampler.read(0)})
-        result.setdefault("faults", []).append(sampler.faults())
+        faults = {index: fault.__dict__ for index, fault in sampler.faults().items()}
+        result.setdefault("faults", []).append(faults)
         time.sleep(1.0)
     if load is not None:
         load.wait()

@@ -19,6 +19,7 @@ from backend.gateway.streams import MESSAGE_LIMIT, Streams, too_large
 from backend.lifecycle.sentences import EndCause
 from backend.lifecycle.views import Effects
 from backend.machines import rules as machine_rules
+from backend.machines.rules import FaultKind
 from backend.metrics.rules import SampleIn
 from backend.models import Machine
 from backend.parsing import BIGGEST_ID
@@ -48,6 +49,14 @@ _CAUSES = {
     agent_pb2.END_CAUSE_STOPPED_BEFORE_START: EndCause.STOPPED_BEFORE_START,
     agent_pb2.END_CAUSE_UNREADABLE: EndCause.UNREADABLE,
     agent_pb2.END_CAUSE_PORT_TAKEN: EndCause.PORT_TAKEN,
+}
+# A GPU fault's kind, as the agent says: what NVML reported (a kind this server does not know,
+# or none, from an agent before kinds were sent, is another fault; its sentence is never read).
+_FAULT_KINDS = {
+    agent_pb2.GPU_FAULT_KIND_XID: FaultKind.XID,
+    agent_pb2.GPU_FAULT_KIND_ECC: FaultKind.ECC,
+    agent_pb2.GPU_FAULT_KIND_ROW_REMAP_PENDING: FaultKind.REMAP,
+    agent_pb2.GPU_FAULT_KIND_ROW_REMAP_FAILED: FaultKind.REMAP,
 }
 # What a preparing or pulling worker waits for, as the agent says (unspecified: nothing said).
 _WAITS = {
@@ -141,8 +150,11 @@ class MessageHandlers:
         row = await session.get(Machine, machine.id)
         assert row is not None
         reason = h.reason[: machine_rules.MAX_HEALTH_REASON]
+        kind = _FAULT_KINDS.get(h.kind, FaultKind.OTHER)
         try:
-            return await service.gpu_health(session, self.clock, row, h.index, h.healthy, reason)
+            return await service.gpu_health(
+                session, self.clock, row, h.index, h.healthy, reason, kind
+            )
         except NotFound as refused:  # a GPU it never registered: refused, the stream goes on
             log.warning("machine %s: GpuHealth refused: %s", machine.name, refused.message)
             return Effects()

@@ -20,7 +20,7 @@ from backend.lifecycle.states import PLACED_STATES, RUNNING
 from backend.lifecycle.views import Effects, RunPolicy, RunView, WorkerView
 from backend.machine_identity.rules import MachinePrincipal
 from backend.machines import service as machines
-from backend.machines.rules import SLURM
+from backend.machines.rules import SLURM, FaultKind
 from backend.machines.service import GpuInfo
 from backend.metrics import service as metrics_service
 from backend.metrics.rules import SampleIn
@@ -413,12 +413,18 @@ def gpu_utilization_means(samples: list[SampleIn]) -> dict[int, float]:
 
 
 async def gpu_health(
-    session: AsyncSession, clock: Clock, machine: Machine, index: int, healthy: bool, reason: str
+    session: AsyncSession,
+    clock: Clock,
+    machine: Machine,
+    index: int,
+    healthy: bool,
+    reason: str,
+    kind: FaultKind,
 ) -> Effects:
     if healthy:
         await machines.gpu_healthy(session, machine, index)
         return Effects()
-    return await machines.gpu_fault(session, clock, machine, index, reason)
+    return await machines.gpu_fault(session, clock, machine, index, reason, kind=kind)
 
 
 async def commands_to_send(

@@ -7,6 +7,7 @@ import ipaddress
 import math
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from backend.metrics import rules as metric_rules
@@ -248,13 +249,11 @@ def _gpus_problem(gpus: tuple[GpuFacts, ...]) -> str | None:
     return None
 
 
-# A GPU fault's kind, by the first words of the agent's sentence (agent/gpus.py health_change).
-FAULT_KINDS = (("XID", "xid"), ("ECC", "ecc"), ("Row remapping", "remap"))
+class FaultKind(StrEnum):
+    """A GPU fault's kind, as its machine's agent reports it (proto GpuFaultKind, from the NVML
+    reading that showed it); a row remapping pending or failed is one kind here."""
 
-
-def fault_kind(reason: str) -> str:
-    """xid, ecc, remap, or other (an NVML health report in words of its own)."""
-    for start, kind in FAULT_KINDS:
-        if reason.startswith(start):
-            return kind
-    return "other"
+    XID = "xid"
+    ECC = "ecc"
+    REMAP = "remap"
+    OTHER = "other"  # an agent that names no kind (one before kinds were sent)

@@ -286,9 +286,16 @@ async def drain_by_name(
 
 
 async def gpu_fault(
-    session: AsyncSession, clock: Clock, machine: Machine, index: int, reason: str
+    session: AsyncSession,
+    clock: Clock,
+    machine: Machine,
+    index: int,
+    reason: str,
+    *,
+    kind: rules.FaultKind,
 ) -> Effects:
-    """A GPU fault (XID, ECC, NVML health): the GPU is out of placement, its worker fails."""
+    """A GPU fault (an XID, ECC errors, a row remapping): the GPU is out of placement, its
+    worker fails. ``kind`` is what the agent reported; ``reason`` its words, shown as they are."""
     gpus = {g.index: g for g in await repository.gpus_of(session, machine.id)}
     gpu = gpus.get(index)
     if gpu is None:
@@ -301,7 +308,7 @@ async def gpu_fault(
                 machine_id=machine.id,
                 gpu_index=index,
                 at=clock.now(),
-                kind=rules.fault_kind(reason),
+                kind=kind.value,
                 reason=reason[:1000],
             )
         )

@@ -16,7 +16,7 @@ from backend.gateway import service as agents
 from backend.lifecycle import service as lifecycle
 from backend.machine_identity import service as identity
 from backend.machine_identity.rules import hash_token
-from backend.models import AgentCommand, Cluster, Gpu, JoinToken, Machine, Run
+from backend.models import AgentCommand, Cluster, Gpu, GpuFault, JoinToken, Machine, Run
 from backend.secrets import service as secrets
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
@@ -378,6 +378,38 @@ async def test_a_bad_gpu_health_index_is_refused_and_the_stream_goes_on(
         async with db.read() as session:
             health = list(await session.execute(select(Gpu.index, Gpu.health).order_by(Gpu.index)))
         assert [tuple(h) for h in health] == [(0, "ok"), (1, "unhealthy")]
+    finally:
+        await agent.close()
+
+
+async def test_a_gpu_fault_is_kept_by_the_kind_its_agent_sent_never_by_its_words(
+    endpoint: str, machine_token: str, db: Database
+) -> None:
+    agent = Agent(endpoint, machine_token)
+    try:
+        agent.send(hello=hello())
+        await agent.receive("welcome")
+        # an agent before kinds were sent: its sentence says XID, the fault counts as other
+        agent.send(gpu_health=agent_pb2.GpuHealth(index=0, healthy=False, reason="XID 79: old"))
+        remap = agent_pb2.GpuHealth(
+            index=1,
+            healthy=False,
+            kind=agent_pb2.GPU_FAULT_KIND_ROW_REMAP_PENDING,
+            reason="Row remapping pending: the GPU must be reset",
+        )
+        last = agent.send(gpu_health=remap)
+        while (await agent.receive("ack")).ack.up_to < last:
+            pass
+        async with db.read() as session:
+            found = await session.execute(
+                select(GpuFault.gpu_index, GpuFault.kind, GpuFault.reason).order_by(
+                    GpuFault.gpu_index
+                )
+            )
+        assert [tuple(f) for f in found] == [
+            (0, "other", "XID 79: old"),
+            (1, "remap", "Row remapping pending: the GPU must be reset"),
+        ]
     finally:
         await agent.close()
 

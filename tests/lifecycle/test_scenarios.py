@@ -13,6 +13,7 @@ from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import is_straggler
 from backend.lifecycle.sentences import EndCause
 from backend.machines import service as machines
+from backend.machines.rules import FaultKind
 from backend.metrics.rules import SampleIn
 from backend.models import Gpu, Machine
 from backend.runs.rules import Wait, task_counts
@@ -464,7 +465,7 @@ async def test_a_gpu_fault_fails_its_worker_and_keeps_the_gpu_out(world: World) 
         gpu07 = await session.scalar(select(Machine).where(Machine.name == "gpu-07"))
         assert gpu07 is not None
         await machines.gpu_fault(
-            session, world.clock, gpu07, 0, "XID 79: GPU has fallen off the bus"
+            session, world.clock, gpu07, 0, "XID 79: GPU has fallen off the bus", kind=FaultKind.XID
         )
     worker = (await world.workers("llama-sft"))[0]
     assert worker.last_failure["reason"] == (

@@ -7,11 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
+from astraeus.agent.v1 import agent_pb2
 
 from agent import cgroups
 from agent.cgroups import WorkerCgroup
 from agent.executor import ProcessWorker
-from agent.gpus import GpuCounters, health_change
+from agent.gpus import GpuCounters, GpuFault, health_change
 from agent.logs import WorkerLog
 from agent.metrics import ProgressReport, Sampler, read_progress
 from tests.support import WORKLOAD_PYTHON
@@ -102,16 +103,35 @@ def test_a_group_no_process_has_joined_yet_is_not_sampled(tmp_path: Path) -> Non
     assert used == [4448256.0]
 
 
-def test_gpu_faults_are_named_once() -> None:
+def test_gpu_faults_are_named_once_by_the_reading_that_showed_them() -> None:
     healthy = GpuCounters()
-    assert health_change(healthy, GpuCounters(xid=79)) == ("XID 79: the GPU reported a fatal error")
+    assert health_change(healthy, GpuCounters(xid=79)) == GpuFault(
+        agent_pb2.GPU_FAULT_KIND_XID, "XID 79: the GPU reported a fatal error"
+    )
     assert health_change(healthy, GpuCounters(xid=13)) is None  # an application's own error
-    assert health_change(healthy, GpuCounters(uncorrected_ecc=2)) == (
-        "ECC: 2 uncorrectable memory error(s)"
+    assert health_change(healthy, GpuCounters(uncorrected_ecc=2)) == GpuFault(
+        agent_pb2.GPU_FAULT_KIND_ECC, "ECC: 2 uncorrectable memory error(s)"
     )
     assert health_change(GpuCounters(uncorrected_ecc=2), GpuCounters(uncorrected_ecc=2)) is None
-    assert health_change(healthy, GpuCounters(remap_failed=True)) == (
-        "Row remapping failed: the GPU's memory needs service"
+    assert health_change(healthy, GpuCounters(remap_failed=True)) == GpuFault(
+        agent_pb2.GPU_FAULT_KIND_ROW_REMAP_FAILED,
+        "Row remapping failed: the GPU's memory needs service",
+    )
+    assert health_change(healthy, GpuCounters(remap_pending=True)) == GpuFault(
+        agent_pb2.GPU_FAULT_KIND_ROW_REMAP_PENDING, "Row remapping pending: the GPU must be reset"
+    )
+    pending = GpuCounters(remap_pending=True)
+    assert health_change(pending, pending) is None
+
+
+def test_a_gpu_fault_is_sent_with_its_kind_and_its_words() -> None:
+    fault = GpuFault(agent_pb2.GPU_FAULT_KIND_ECC, "ECC: 1 uncorrectable memory error(s)")
+    sent = agent_pb2.GpuHealth.FromString(fault.message(3).SerializeToString())
+    assert (sent.index, sent.healthy, sent.kind, sent.reason) == (
+        3,
+        False,
+        agent_pb2.GPU_FAULT_KIND_ECC,
+        "ECC: 1 uncorrectable memory error(s)",
     )
 
 

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from backend.accounting.rules import Period
 from backend.machines import health
 from backend.machines import service as machines
+from backend.machines.rules import FaultKind
 from backend.models import Machine
 from tests.lifecycle.world import World
 from tests.support import Tenancy
@@ -117,13 +118,10 @@ async def test_a_machine_whose_workers_keep_failing_tops_the_list(
     async with world.db.transaction() as session:
         row = await session.get(Machine, await machine_id(world, "gpu-10"))
         assert row is not None
-        await machines.gpu_fault(
-            session, world.clock, row, 3, "XID 79: the GPU reported a fatal error"
-        )
+        xid = "XID 79: the GPU reported a fatal error"
+        await machines.gpu_fault(session, world.clock, row, 3, xid, kind=FaultKind.XID)
         # the same fault said again is not another
-        await machines.gpu_fault(
-            session, world.clock, row, 3, "XID 79: the GPU reported a fatal error"
-        )
+        await machines.gpu_fault(session, world.clock, row, 3, xid, kind=FaultKind.XID)
     world.clock.advance(minutes=2)
     await tick(world)
 
