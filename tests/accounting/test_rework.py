@@ -206,6 +206,44 @@ async def test_a_run_that_never_restarted_redid_nothing(
     assert ours == {"gpuHours": 0.0, "redos": []}
 
 
+async def test_work_the_failure_undid_stays_productive_in_its_attempt(
+    client: httpx.AsyncClient, world: World, tenancy: Tenancy
+) -> None:
+    # seed G-16: work an attempt did and the code did not keep is not lost here: it was
+    # productive then. Steps 401 to 500 of the first attempt are redone after the failure, yet
+    # the first attempt's 500 steps stay productive, to the second, in the ledger and its
+    # intervals; lost is asked less productive, that time not among it.
+    await training(world)
+    started = world.clock.now()
+    await steps(world, "train-0", 1, 500, checkpoints=200)
+    failed = world.clock.now()
+    await restart_after_failure(world, "train-0")
+    await steps(world, "train-0", 401, 560, checkpoints=200)
+    world.clock.advance(seconds=60)
+    await tick(world)
+
+    found = await get(
+        client,
+        tenancy.member_token,
+        "/goodput/intervals",
+        by="run",
+        name="train",
+        category="productive",
+    )
+    productive = found.json()["intervals"]
+    first = [i for i in productive if datetime.fromisoformat(i["end"]) <= failed]
+    assert datetime.fromisoformat(first[0]["start"]) == started
+    assert sum(i["gpu_hours"] for i in first) == pytest.approx(500 * 10 * GPUS / 3600)
+    report = (await get(client, tenancy.member_token, "/goodput", by="run")).json()
+    [row] = report["ledgers"]
+    assert row["productive_gpu_hours"] == pytest.approx(sum(i["gpu_hours"] for i in productive))
+    assert (
+        row["productive_gpu_hours"] > sum(i["gpu_hours"] for i in first) + row["rework_gpu_hours"]
+    )
+    asked = row["allocated_gpu_hours"] + row["waiting_gpu_hours"]
+    assert row["lost_gpu_hours"] == pytest.approx(asked - row["productive_gpu_hours"])
+
+
 def test_rework_is_inside_the_redo_and_the_period() -> None:
     redo = RedoSpan(T + timedelta(minutes=10), T + timedelta(minutes=20), 500, 400)
     week = Period(T, T + timedelta(days=7))

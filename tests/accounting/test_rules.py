@@ -29,6 +29,8 @@ def at(seconds: float) -> datetime:
 
 def test_each_phase_is_the_seeds_category_held_or_not() -> None:
     # seed G-1 … G-10: the categories' table, row by row
+    # seed G-11: preemption: stopping for it is held, waiting to be placed again is not
+    # seed G-12: waiting for its first placement is not held
     expected = {
         Phase.WAITING: (Category.WAITING, False),
         Phase.STARTING: (Category.STARTING, True),
@@ -52,6 +54,8 @@ def test_each_phase_is_the_seeds_category_held_or_not() -> None:
 
 
 def test_a_run_through_its_life_splits_at_transitions_minutes_and_hours() -> None:
+    # seed G-13: allocated is every category but the wait for placement
+    # seed G-14, G-15: goodput = productive ÷ allocated; lost = asked less productive
     changes = [
         PhaseChange(at(0), Phase.WAITING, 8),
         PhaseChange(at(20), Phase.STARTING, 8, machine_id=7),
@@ -105,6 +109,7 @@ def test_a_stop_recorded_after_the_worker_ended_is_never_counted_open() -> None:
 
 
 def test_nothing_held_has_no_goodput_and_a_run_without_gpus_has_none_at_all() -> None:
+    # seed G-17: only GPU time is counted: a worker without GPUs makes no interval at all
     waiting = intervals([PhaseChange(at(0), Phase.WAITING, 4)], at(0), at(600))
     assert "goodput" not in Ledger.of(waiting).to_json()
     assert intervals([PhaseChange(at(0), Phase.RUNNING, 0)], at(0), at(600)) == []

@@ -114,6 +114,7 @@ async def test_the_points_sum_to_the_report_for_the_same_period_and_scope(
     days: World, first: int, hours: int, step: str
 ) -> None:
     # issue 23: "the series sums equal the report for the same period and scope"
+    # seed G-18: per run, machine, pool and workspace, hour by hour and day by day
     viewer, principal = await viewer_of(days)
     begin = rules.day_floor(days.clock.now()) - 2 * DAY
     period = Period(begin + first * HOUR, begin + (first + hours) * HOUR)

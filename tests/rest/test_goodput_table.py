@@ -44,6 +44,8 @@ async def test_a_week_of_llm_and_sweep_7_has_the_seeds_shape(
     client: httpx.AsyncClient, world: World, tenancy: Tenancy
 ) -> None:
     # seed G-24 (the table's columns and TOTAL row), G-1 … G-15 (each category)
+    # seed G-11 (sweep-7's drain: PREEMPT, exactly its 30 s of 8 GPUs), G-12 (sweep-7's first
+    # wait: WAITING, not in HELD), G-13 (HELD is every held part), G-14 (GOODPUT = USED / HELD)
     await play_seed_week(world)
 
     answer = await client.get(
