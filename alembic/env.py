@@ -6,7 +6,7 @@ from sqlalchemy import create_engine, pool
 
 from alembic import context
 from backend.config import get_settings
-from backend.db import install_sqlite_pragmas, sync_url
+from backend.db.engine import install_sqlite_pragmas, sync_url
 from backend.models import Base
 
 config = context.config

@@ -28,7 +28,7 @@ def current(database_url: str) -> str | None:
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import create_engine
 
-    from backend.db import sync_url
+    from backend.db.engine import sync_url
 
     engine = create_engine(sync_url(database_url))
     with engine.connect() as conn:

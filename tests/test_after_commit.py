@@ -1,5 +1,5 @@
 """Jobs are sent by the transaction that needs them, once it has committed
-(backend.db.after_commit): never before, never for one rolled back, once however often asked,
+(backend.db.commit_jobs): never before, never for one rolled back, once however often asked,
 only for the try of a unit that committed."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend import db as database
-from backend.db import Database, after_commit
+from backend.db import Database
+from backend.db.commit_jobs import after_commit, send_jobs_with
 from backend.organizations import service as organizations
 from backend.scheduling.rules import PASS_JOB
 from tests.support import FakeClock
@@ -24,9 +24,9 @@ pytestmark = pytest.mark.db
 @pytest.fixture
 def sent() -> Iterator[list[str]]:
     jobs: list[str] = []
-    database.send_jobs_with(jobs.append)
+    send_jobs_with(jobs.append)
     yield jobs
-    database.send_jobs_with(None)
+    send_jobs_with(None)
 
 
 async def test_a_job_is_sent_once_its_transaction_commits_and_once_only(

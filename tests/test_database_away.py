@@ -12,7 +12,8 @@ import pytest
 from starlette.applications import Starlette
 
 from backend.app import create_app
-from backend.db import Database, database_away
+from backend.db import Database
+from backend.db.retries import database_away
 from tests.support import server_settings
 
 AWAY = "Astraeus cannot reach its database just now; try again in a moment."

@@ -16,7 +16,8 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import OperationalError
 
 from backend.accounting import counting
-from backend.db import Database, contention, database_away
+from backend.db import Database
+from backend.db.retries import contention, database_away
 from backend.gateway import service as agents
 from backend.models import AgentCommand
 from tests.lifecycle.world import World

@@ -9,7 +9,7 @@ from sqlalchemy import Connection, create_engine, inspect, text
 
 from alembic import command
 from backend import migrations
-from backend.db import sync_url
+from backend.db.engine import sync_url
 from backend.models import Base
 
 

@@ -22,7 +22,8 @@ from backend.access.rules import (
     token_refusal,
 )
 from backend.clock import Clock
-from backend.db import Database, database_away
+from backend.db import Database
+from backend.db.retries import database_away
 from backend.errors import Conflict, NotFound, Unauthenticated
 from backend.models import ApiToken, Membership, User
 

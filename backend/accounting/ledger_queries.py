@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.accounting.repository import _TIME, MARK_ID, _batches, _dialect, _in
 from backend.accounting.rules import CATEGORIES, HOUR
-from backend.db import driver_connection
+from backend.db.engine import driver_connection
 from backend.models import (
     AccountingMark,
     Cluster,

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.accounting.repository import _TIME, UTILIZATION, _chunks, _dialect
 from backend.accounting.rules import CATEGORIES, HOUR, WINDING_DOWN
-from backend.db import driver_connection
+from backend.db.engine import driver_connection
 from backend.models import GoodputDay, GoodputHour, GoodputInterval, GoodputRunTotal, Redo
 from backend.models.goodput import TOTAL_COLUMNS
 

@@ -25,7 +25,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.accounting.rules import WINDING_DOWN, PhaseChange
-from backend.db import UTCDateTime, insert_many
+from backend.db.bulk import insert_many
+from backend.db.types import UTCDateTime
 from backend.metrics.rules import BY_NAME
 from backend.models import (
     AccountingMark,

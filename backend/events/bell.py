@@ -25,7 +25,7 @@ subscriber's events back until it ends. It assumes the sequence hands its ids on
 time (CACHE 1, PostgreSQL's default), and ids taken from it (not given).
 
 On SQLite a write transaction holds the one write lock from its beginning to its commit
-(db.py): ids become visible in order, and the horizon is the largest id."""
+(db/engine.py): ids become visible in order, and the horizon is the largest id."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from astraeus.agent.v1 import agent_pb2
 
 from backend.clock import Clock
-from backend.db import Database, database_away
+from backend.db import Database
+from backend.db.retries import database_away
 from backend.gateway import service
 from backend.gateway.streams import MESSAGE_LIMIT, MachineStream, Streams, too_large
 from backend.machine_identity import service as identity

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from backend.clock import Clock
-from backend.db import Database, database_away
+from backend.db import Database
+from backend.db.retries import database_away
 from backend.gateway import service
 from backend.gateway.seen_lines import Seen, SeenLines
 

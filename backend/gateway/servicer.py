@@ -22,7 +22,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from backend.access.rules import bearer_secret
 from backend.clock import Clock
-from backend.db import Database, database_away
+from backend.db import Database
+from backend.db.retries import database_away
 from backend.errors import DatabaseUnavailable, Unauthenticated
 from backend.gateway import service
 from backend.gateway.delivery import CommandDelivery, command_message

@@ -15,7 +15,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from agent.backoff import Backoff
 from backend.clock import Clock
-from backend.db import Database, database_away
+from backend.db import Database
+from backend.db.retries import database_away
 from backend.gateway import service
 from backend.gateway.handlers import Handler, MessageHandlers, samples
 from backend.gateway.streams import MachineStream

@@ -16,7 +16,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
 
 from backend.config import Settings
-from backend.db import send_jobs_with
+from backend.db.commit_jobs import send_jobs_with
 from backend.jobs.actors import BODIES
 from backend.jobs.coalescing import Coalescer, LocalFlags, RedisFlags
 from backend.jobs.observing import Stats, Timing, depths, exposition, stats_for, warn_if_behind

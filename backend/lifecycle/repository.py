@@ -9,7 +9,8 @@ from typing import Any, cast
 from sqlalchemy import Row, Table, bindparam, delete, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.db import UTCDateTime, update_many
+from backend.db.bulk import update_many
+from backend.db.types import UTCDateTime
 from backend.lifecycle.states import WORKER_ENDED_STATES
 from backend.lifecycle.views import Restarted
 from backend.models import (

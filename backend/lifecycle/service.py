@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend import ids
 from backend.accounting import counting
 from backend.clock import Clock, iso_offset
-from backend.db import insert_many
+from backend.db.bulk import insert_many
 from backend.errors import Conflict, NotFound
 from backend.events import rules as events_rules
 from backend.lifecycle import endings, progress, repository, rules, sentences, starting, states

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.clock import Clock
-from backend.db import after_commit
+from backend.db.commit_jobs import after_commit
 from backend.errors import FieldError, Forbidden, InvalidInput, NotFound, Unauthenticated
 from backend.lifecycle.views import Effects
 from backend.machine_identity import repository

@@ -38,7 +38,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.selectable import CompoundSelect, Subquery
 
-from backend.db import copy_binary, driver_connection
+from backend.db.bulk import copy_binary
+from backend.db.engine import driver_connection
 from backend.metrics.rules import (
     COUNTER_IDS,
     ENDED_SLACK_MS,

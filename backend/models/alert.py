@@ -5,7 +5,7 @@ from datetime import datetime
 from sqlalchemy import Float, ForeignKey, Index, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.db import BigId, UTCDateTime
+from backend.db.types import BigId, UTCDateTime
 from backend.models.base import Base, HasId
 
 

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from backend.db import BigId, UTCDateTime, metadata
+from backend.db.types import BigId, UTCDateTime, metadata
 
 
 class Base(DeclarativeBase):

@@ -5,7 +5,7 @@ from typing import Any
 from sqlalchemy import Boolean, Float, ForeignKey, String, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.db import BigId, PortableJSON
+from backend.db.types import BigId, PortableJSON
 from backend.models.base import Base, HasCreatedAt, HasId
 
 

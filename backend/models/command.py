@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.db import BigId, PortableJSON
+from backend.db.types import BigId, PortableJSON
 from backend.models.base import Base, HasCreatedAt, HasId
 
 

@@ -5,7 +5,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.db import BigId, UTCDateTime
+from backend.db.types import BigId, UTCDateTime
 from backend.models.base import Base, HasId
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.accounting.rules import CATEGORIES
-from backend.db import BigId, UTCDateTime
+from backend.db.types import BigId, UTCDateTime
 from backend.models.base import Base, HasId
 
 

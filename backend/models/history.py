@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, false, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.db import BigId, PortableJSON, UTCDateTime
+from backend.db.types import BigId, PortableJSON, UTCDateTime
 from backend.models.base import Base, HasId
 
 

@@ -5,7 +5,7 @@ from datetime import datetime
 from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, false
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.db import BigId
+from backend.db.types import BigId
 from backend.models.base import Base, HasCreatedAt, HasId
 
 

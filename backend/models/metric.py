@@ -3,7 +3,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, PrimaryKeyConstraint, SmallInteger
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.db import BigId
+from backend.db.types import BigId
 from backend.models.base import Base
 
 

@@ -5,7 +5,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.db import BigId, UTCDateTime
+from backend.db.types import BigId, UTCDateTime
 from backend.models.base import Base, HasCreatedAt, HasId
 from backend.secrets.crypto import EncryptedText
 

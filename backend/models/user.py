@@ -5,7 +5,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.db import BigId
+from backend.db.types import BigId
 from backend.models.base import Base, HasCreatedAt, HasId
 
 

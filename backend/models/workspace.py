@@ -3,7 +3,7 @@ from __future__ import annotations
 from sqlalchemy import ForeignKey, Integer, String, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from backend.db import BigId
+from backend.db.types import BigId
 from backend.models.base import Base, HasCreatedAt, HasId
 
 DEFAULT_PRIORITY_CEILING = 50  # a run's default priority: members may not go above it

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access import service as access
 from backend.access.rules import Principal
 from backend.clock import Clock
-from backend.db import after_commit
+from backend.db.commit_jobs import after_commit
 from backend.errors import Conflict, FieldError, Forbidden, InvalidInput, NotFound
 from backend.models import Cluster, Organization, Pool, Workspace, WorkspaceQuota
 from backend.organizations import repository

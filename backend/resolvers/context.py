@@ -16,7 +16,8 @@ from backend.access import service as access
 from backend.access.rules import Principal, bearer_secret
 from backend.access.service import TokenUses
 from backend.clock import Clock
-from backend.db import Database, database_away
+from backend.db import Database
+from backend.db.retries import database_away
 from backend.errors import DatabaseUnavailable, Unauthenticated
 from backend.logs.service import LogSource
 from backend.resolvers.loaders import Loaders

@@ -15,7 +15,8 @@ from backend.access import service as access
 from backend.access.rules import Principal, bearer_secret
 from backend.boundary import has_control_characters
 from backend.clock import Clock
-from backend.db import Database, contention, database_away
+from backend.db import Database
+from backend.db.retries import contention, database_away
 from backend.errors import (
     AstraeusError,
     ConflictRetry,

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access.rules import Principal
 from backend.accounting import counting
 from backend.clock import Clock
-from backend.db import after_commit
+from backend.db.commit_jobs import after_commit
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import is_straggler

@@ -12,7 +12,7 @@ from sqlalchemy import BigInteger, Result, Row, RowMapping, Table, select, text,
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.db import update_many
+from backend.db.bulk import update_many
 from backend.models import Cluster, Gpu, Machine, Pool, Run, Worker, Workspace, WorkspaceQuota
 from backend.runs.rules import ENDED_RUN_STATES
 from backend.runs.spec import Footprint, stored_footprint

@@ -14,7 +14,7 @@ from strawberry.schema.config import StrawberryConfig
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.types import ExecutionContext
 
-from backend.db import contention, database_away
+from backend.db.retries import contention, database_away
 from backend.errors import ConflictRetry, DatabaseUnavailable
 from backend.resolvers import events as event_resolvers
 from backend.resolvers import goodput as goodput_resolvers

@@ -132,7 +132,7 @@ def _unsettled() -> Any:
 async def lock_claims(session: AsyncSession) -> None:
     """Claims are taken one pass at a time (until the transaction ends), so that no two passes
     both see a workspace under its cap and both send: PostgreSQL's transaction-scoped
-    advisory lock. (SQLite's write transactions begin holding its write lock: backend/db.py.)"""
+    advisory lock. (SQLite's write transactions begin holding its write lock: db/engine.py.)"""
     if session.get_bind().dialect.name == "postgresql":
         await session.execute(select(func.pg_advisory_xact_lock(CLAIM_LOCK)))
 

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import event, text
 
 from backend.config import Settings
-from backend.db import ATTEMPTS
+from backend.db.retries import ATTEMPTS
 from backend.jobs import actors, runtime
 from tests.support import server_settings
 

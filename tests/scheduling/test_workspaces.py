@@ -12,7 +12,8 @@ from sqlalchemy import create_engine, select, text
 
 from alembic import command
 from backend import migrations
-from backend.db import Database, sync_url
+from backend.db import Database
+from backend.db.engine import sync_url
 from backend.errors import FieldError, Forbidden, InvalidInput
 from backend.machines import service as machines
 from backend.models import (
