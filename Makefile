@@ -99,10 +99,10 @@ typecheck: setup ## mypy over backend/ and agent/
 	$(BIN)/mypy
 
 schema: setup ## export the GraphQL SDL to schema.graphql
-	$(BIN)/python -c "from backend.schema.schema import sdl, SDL_PATH; SDL_PATH.write_text(sdl())"
+	$(BIN)/python -c "from backend.resolvers.root import sdl, SDL_PATH; SDL_PATH.write_text(sdl())"
 
 schema-check: setup ## fail when schema.graphql is stale
-	$(BIN)/python -c "from backend.schema.schema import sdl, SDL_PATH; import sys; \
+	$(BIN)/python -c "from backend.resolvers.root import sdl, SDL_PATH; import sys; \
 	sys.exit(0 if SDL_PATH.read_text() == sdl() else 'schema.graphql is stale: run make schema')"
 
 # Test lanes (issue 22; tests/conftest.py marks each test unit, db, e2e or workloads). `make

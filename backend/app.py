@@ -45,8 +45,9 @@ from backend.gateway.servicer import AgentService
 from backend.gateway.servicer import serve as serve_agents
 from backend.jobs import broker as job_broker
 from backend.jobs import runtime
-from backend.resolvers.context import Context, build_context
+from backend.request.context import Context, build_context
 from backend.resolvers.permissions import IsAuthenticated
+from backend.resolvers.root import schema
 from backend.rest import events as rest_events
 from backend.rest import goodput as rest_goodput
 from backend.rest import jobs as rest_jobs
@@ -55,7 +56,6 @@ from backend.rest import openapi as rest_openapi
 from backend.rest import queues as rest_queues
 from backend.rest import tasks as rest_tasks
 from backend.schema.guards import log_errors
-from backend.schema.schema import schema
 from backend.tls import server_tls
 from backend.webhooks import service as webhooks
 

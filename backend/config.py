@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
+from collections.abc import Iterable
 from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
@@ -11,7 +13,28 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from backend.webhooks.addresses import IPNetwork, parse_networks
+# A network a setting names (the webhooks' allow-list, ASTRAEUS_WEBHOOK_ALLOW).
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(value: object) -> tuple[IPNetwork, ...]:
+    """``"10.0.0.0/8, 127.0.0.1"`` (or a list of them) as networks; an address is a /32 or
+    /128. A network with host bits set (``10.1.2.3/8``) is refused: it is likely a typo."""
+    if isinstance(value, str):
+        parts: Iterable[object] = [p for p in value.replace(";", ",").split(",") if p.strip()]
+    elif isinstance(value, list | tuple):
+        parts = value
+    else:
+        raise ValueError("must be a comma-separated list of networks such as 10.0.0.0/8")
+    networks = []
+    for part in parts:
+        text = str(part).strip()
+        try:
+            networks.append(ipaddress.ip_network(text, strict=True))
+        except ValueError as error:
+            raise ValueError(f"{text!r} is not a network such as 10.0.0.0/8: {error}") from None
+    return tuple(networks)
+
 
 _DURATION_PART = re.compile(r"(\d+)(d|h|m|s)")
 _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
@@ -98,7 +121,7 @@ class Settings(BaseSettings):
     db_pool_size: int = 10
     db_echo: bool = False
     # The largest request body the API reads; a larger one is answered 413 before it is read
-    # (a run's spec, the largest request, is bounded well under it in backend/runs/spec.py).
+    # (a run's spec, the largest request, is bounded well under it in backend/spec.py).
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     # A GraphQL request's time budget: past it, it is answered TIME_BUDGET_EXCEEDED.
     graphql_time_budget: Duration = timedelta(seconds=30)

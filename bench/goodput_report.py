@@ -208,8 +208,8 @@ async def page(url: str, ws: int, org: int, period: Period, repeat: int) -> list
     """The console's goodput page by run: its GraphQL queries (the report, and the chart's
     series) through the schema, the answers serialised to JSON as the server sends them."""
     from backend.access.rules import Principal
-    from backend.resolvers.context import Context
-    from backend.schema.schema import schema
+    from backend.request.context import Context
+    from backend.resolvers.root import schema
 
     db = Database.from_url(url, pool_size=1)
     principal = Principal(0, None, "bench", org, "bench", ws, "default", False)

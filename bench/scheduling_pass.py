@@ -24,8 +24,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from backend.db import Database
-from backend.runs.spec import parse_spec
 from backend.scheduling import service as scheduling
+from backend.spec import parse_spec
 from bench.common import Timer, fresh_database, median, save, tenancy
 
 T0 = datetime(2026, 10, 1, tzinfo=UTC)

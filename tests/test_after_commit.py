@@ -14,8 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.db import Database
 from backend.db.commit_jobs import after_commit, send_jobs_with
+from backend.job_names import PASS_JOB
 from backend.organizations import service as organizations
-from backend.scheduling.rules import PASS_JOB
 from tests.support import FakeClock
 
 pytestmark = pytest.mark.db

@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.accounting.repository import _TIME, MARK_ID, _batches, _dialect, _in
 from backend.accounting.rules import CATEGORIES, HOUR
 from backend.db.engine import driver_connection
+from backend.lifecycle.states import ENDED_RUN_STATES
 from backend.models import (
     AccountingMark,
     Cluster,
@@ -47,7 +48,6 @@ from backend.models import (
     Workspace,
 )
 from backend.models.goodput import TOTAL_COLUMNS
-from backend.runs.rules import ENDED_RUN_STATES
 
 
 async def counted_until(session: AsyncSession) -> datetime | None:

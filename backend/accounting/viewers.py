@@ -14,7 +14,6 @@ from backend.access.rules import Principal
 from backend.accounting.rules import SCOPES, Period, parse_period
 from backend.errors import FieldError, Forbidden, InvalidInput, NotFound
 from backend.organizations import service as organizations
-from backend.runs import service as runs
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ async def viewer_for(
 ) -> Viewer:
     """A workspace's token reads its workspace's share (its runs' time on the machines they
     used); an organisation admin names any workspace of the organisation."""
-    ws = await runs.workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     return Viewer([ws.id])
 
 

@@ -13,7 +13,6 @@ from backend.events import repository
 from backend.events.rules import FOUND_AT, MAX_LIMIT, EventView, Listing, shown_kind
 from backend.models import Event, Workspace
 from backend.organizations import service as organizations
-from backend.runs import service as runs
 
 
 async def listing(
@@ -58,12 +57,12 @@ async def workspace_of(
     """The workspace named (by default the caller's own), if the caller may see it; another
     is answered as absent."""
     if organization is None:
-        return await runs.workspace_for(session, principal, workspace)
+        return await organizations.workspace_for(session, principal, workspace)
     org = await organizations.organization_by_name(session, organization)
     if org.id != principal.organization_id:
         raise NotFound("ORGANIZATION_NOT_FOUND", f"No organisation named '{organization}'.")
     if workspace is None:
-        return await runs.workspace_for(session, principal, None)
+        return await organizations.workspace_for(session, principal, None)
     hidden = NotFound("WORKSPACE_NOT_FOUND", f"No workspace named '{workspace}'.")
     try:
         ws = await organizations.workspace_by_name(session, org.id, workspace)

@@ -19,7 +19,7 @@ from backend.gateway.streams import MESSAGE_LIMIT, MachineStream, Streams, too_l
 from backend.machine_identity import service as identity
 from backend.machine_identity.rules import MachinePrincipal
 from backend.models import AgentCommand
-from backend.runs.spec import DEFAULT_CPU
+from backend.spec import DEFAULT_CPU
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from backend.gateway import service
 from backend.gateway.service import ProgressInfo, WorkerEventInfo, agent_time
 from backend.gateway.streams import MESSAGE_LIMIT, Streams, too_large
 from backend.lifecycle.sentences import EndCause
+from backend.lifecycle.states import Wait
 from backend.lifecycle.views import Effects
 from backend.machines import rules as machine_rules
 from backend.machines.rules import FaultKind
 from backend.metrics.rules import SampleIn
 from backend.models import Machine
 from backend.parsing import BIGGEST_ID
-from backend.runs.rules import Wait
 from backend.secrets import service as secrets
 
 log = logging.getLogger(__name__)

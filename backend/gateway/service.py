@@ -16,7 +16,7 @@ from backend.gateway.seen_lines import Seen
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import worker_progress
 from backend.lifecycle.sentences import EndCause
-from backend.lifecycle.states import PLACED_STATES, RUNNING
+from backend.lifecycle.states import PLACED_STATES, RUNNING, Wait
 from backend.lifecycle.views import Effects, RunPolicy, RunView, WorkerView
 from backend.machine_identity.rules import MachinePrincipal
 from backend.machines import service as machines
@@ -25,7 +25,6 @@ from backend.machines.service import GpuInfo
 from backend.metrics import service as metrics_service
 from backend.metrics.rules import SampleIn
 from backend.models import AgentCommand, Machine
-from backend.runs.rules import Wait
 
 # What an agent reports, in the lifecycle's words.
 EVENT_KINDS = {

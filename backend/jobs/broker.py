@@ -17,10 +17,10 @@ from dramatiq.brokers.stub import StubBroker
 
 from backend.config import Settings
 from backend.db.commit_jobs import send_jobs_with
+from backend.job_names import PASS_JOB
 from backend.jobs.actors import BODIES
 from backend.jobs.coalescing import Coalescer, LocalFlags, RedisFlags
 from backend.jobs.observing import Stats, Timing, depths, exposition, stats_for, warn_if_behind
-from backend.scheduling.rules import PASS_JOB
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,12 @@
-"""How a gang stops and ends: a worker's exit (or its machine's loss) and the gang's failure; a
-stop asked by its owner, its time limit, a preemption, a drain or the barrier; then its end, its
-restart after a backoff or its requeue; and its deletion. Pure, as every lifecycle rule
-(lifecycle/rules.py).
+"""How a gang stops and ends: a worker's exit and the gang's failure; a gang asked to stop
+(stop_gang: what asks it is in stops.py); then its end, its restart after a backoff or its
+requeue. Pure, as every lifecycle rule (lifecycle/rules.py).
 
 When one worker fails for good the others are stopped ("the gang does not run without it")."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,7 +29,6 @@ from backend.lifecycle.sentences import (
 from backend.lifecycle.starting import is_current, refresh_run
 from backend.lifecycle.states import (
     COMPLETED,
-    DELETED,
     ENDED_STATES,
     FAILED,
     PENDING,
@@ -87,7 +84,7 @@ _REQUEUED_PHASE = {
 }
 
 
-def _release_room(w: WorkerView) -> None:
+def release_room(w: WorkerView) -> None:
     w.machine_id, w.machine_name, w.gpu_ids, w.ready = None, None, [], False
 
 
@@ -152,11 +149,11 @@ def worker_exited(
                 _record_failure(w, at, EndCause.STALLED, exit_code, fx)
         sentence = _stopped_sentence(cause, run)
         _held_lost(fx, run, w, STOPPED, sentence, at, released_at)
-        _release_room(w)
+        release_room(w)
         phase = _after_stop_phase(run, cause, at)
         set_worker(fx, run, w, STOPPED, sentence, phase, max(at, released_at or at))
     elif exit_code == 0 and run.stop_cause is None:
-        _release_room(w)
+        release_room(w)
         set_worker(fx, run, w, COMPLETED, reason, Phase.ENDED, at)
     else:
         if run.stop_cause is None:
@@ -167,7 +164,7 @@ def worker_exited(
         if not peer_lost:  # one that died of a lost peer failed of another's end, not its machine's
             _record_failure(w, at, end.cause, exit_code, fx)
         _held_lost(fx, run, w, FAILED, reason, at, released_at)
-        _release_room(w)
+        release_room(w)
         _gang_failed(run, w, machine, reason, end.cause, at, peer_lost, fx, released_at)
     _conclude_if_done(run, _settled(run, at), fx)
 
@@ -179,7 +176,7 @@ def _port_taken(run: RunView, w: WorkerView, at: datetime, fx: Effects, end: End
     meanwhile counts as starting it (``_ask_to_stop``), its wait after as waiting."""
     sentence = port_taken_sentence(end.detail, w.machine_name)
     fx.freed = True
-    _release_room(w)
+    release_room(w)
     if end.offered_port:
         run.master_port = end.offered_port
     run.reason, run.cause = sentence, EndCause.PORT_TAKEN
@@ -459,7 +456,7 @@ def _requeue(
     run.restart_at = restart_at
     phase = _REQUEUED_PHASE[cause]
     for w in run.workers:
-        _release_room(w)
+        release_room(w)
         w.stop_cause = None
         w.restart_at = restart_at
         # Counted when decided, as the run's restarts in a row are (its reason's "(1/10)", the
@@ -512,109 +509,3 @@ def stop_gang(
         elif w.alive:
             w.stop_cause = cause  # already stopping: the later, stronger cause decides the end
     _conclude_if_done(run, at, fx)
-
-
-def stop(run: RunView, by: str, at: datetime, fx: Effects) -> None:
-    """Its owner asked: wind down (counted productive), then Stopped."""
-    run.reason, run.cause = f"Stopping: asked by {by}", None
-    stop_gang(run, Cause.OWNER, by, f"Stopping: asked by {by}", at, fx)
-
-
-def time_limit_reached(run: RunView, at: datetime, fx: Effects) -> None:
-    assert run.policy.time_limit is not None
-    sentence = time_limit_sentence(run.policy.time_limit)
-    run.reason, run.cause = f"Stopping: {sentence.lower()}", None
-    stop_gang(
-        run,
-        Cause.TIME_LIMIT,
-        None,
-        f"Stopping: the run {sentence[0].lower()}{sentence[1:]}",
-        at,
-        fx,
-    )
-
-
-def preempt(run: RunView, by_run: str, at: datetime, fx: Effects) -> None:
-    """Stop for higher-priority work; the run is queued again, not failed."""
-    if run.stop_cause is not None:
-        return  # already winding down: its own cause (a failure to count, an owner) decides
-    run.reason, run.cause = preempted_sentence(by_run), EndCause.PREEMPTED
-    stop_gang(run, Cause.PREEMPTION, by_run, preempted_sentence(by_run), at, fx)
-
-
-def drain_preempt(run: RunView, machine: str, at: datetime, fx: Effects) -> None:
-    """A machine of the gang is drained: the run stops and is queued again, like a preemption."""
-    if run.stop_cause is not None:
-        return  # already winding down: its own cause (a failure to count, an owner) decides
-    sentence = drained_sentence(machine)
-    run.reason, run.cause = sentence, EndCause.PREEMPTED
-    stop_gang(run, Cause.DRAIN, machine, sentence, at, fx)
-
-
-def barrier_timed_out(run: RunView, at: datetime, fx: Effects) -> None:
-    total = len(run.workers)
-    ready = sum(1 for w in run.workers if w.ready)
-    sentence = (
-        f"Gang requeued: {ready} of {total} ready after {format_duration(BARRIER_TIMEOUT)} "
-        "at the barrier"
-    )
-    run.reason, run.cause = sentence, None
-    stop_gang(run, Cause.BARRIER, None, f"Stopping: {sentence}", at, fx)
-
-
-def machine_lost(
-    run: RunView,
-    machine_id: int,
-    silent_since: datetime,
-    at: datetime,
-    fx: Effects,
-    log_tails: Mapping[int, str] | None = None,
-) -> None:
-    """Every worker on a lost machine fails with the seed's sentence, when the machine went
-    silent (its last contact, ``silent_since``), not when its lease was found expired (``at``):
-    from then it was lost and still holding its GPUs (failure, held), until now, when they are
-    let go. Each keeps its failure snapshot, with the last lines the server had of it
-    (``log_tails``, by worker id; its agent, if it comes back, sends its own:
-    lifecycle.service.late_snapshot). The gang follows."""
-    lost = [
-        (w, _lost_at(run, w, silent_since, at))
-        for w in run.workers
-        if w.machine_id == machine_id and w.alive
-    ]
-    for w, when in lost:
-        tail = (log_tails or {}).get(w.id, "")
-        worker_exited(run, w, when, fx, End(EndCause.MACHINE_LOST), log_tail=tail, released_at=at)
-
-
-def _lost_at(run: RunView, w: WorkerView, silent_since: datetime, at: datetime) -> datetime:
-    """When a worker on a machine silent since ``silent_since`` was lost: then, or when it was
-    placed there if that was later (its agent never heard of it), never before a state its
-    agent reported, nor after ``at``. A stop the server asked
-    for meanwhile does not count: it never reached the machine."""
-    floor = run.placed_at if w.state == STOPPING else w.since
-    return min(at, max(silent_since, floor or silent_since))
-
-
-def delete(run: RunView, by: str, at: datetime, fx: Effects, *, machines: set[int]) -> None:
-    """Deleted: every worker is removed, with its logs on every machine that ran it."""
-    for w in run.workers:
-        if w.alive:
-            _release_room(w)
-        w.stop_cause = None
-        if w.state not in ENDED_STATES or w.phase != Phase.ENDED:
-            set_worker(
-                fx,
-                run,
-                w,
-                STOPPED if w.state not in ENDED_STATES else w.state,
-                f"Deleted by {by}",
-                Phase.ENDED,
-                at,
-            )
-    for machine_id in sorted(machines):
-        for w in run.workers:
-            fx.commands.append(Command(machine_id, w.id, w.name, "delete", {}))
-    run.ended_at = run.ended_at or at
-    run.restart_at = None
-    set_run(fx, run, DELETED, f"Deleted by {by}", at)
-    fx.freed = True

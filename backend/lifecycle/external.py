@@ -21,9 +21,8 @@ from backend.clock import iso_offset
 from backend.lifecycle.endings import PEER_LOST, PEER_LOST_GRACE
 from backend.lifecycle.records import record_transition
 from backend.lifecycle.sentences import EndCause, exited_with, worker_failed_sentence
-from backend.lifecycle.states import Cause, Phase
+from backend.lifecycle.states import Cause, Phase, RunState
 from backend.models import Run, Worker, Workspace
-from backend.runs.rules import RunState
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.db.bulk import update_many
 from backend.db.types import UTCDateTime
-from backend.lifecycle.states import WORKER_ENDED_STATES
+from backend.lifecycle.states import ENDED_RUN_STATES, WORKER_ENDED_STATES
 from backend.lifecycle.views import Restarted
 from backend.models import (
     AgentCommand,
@@ -25,7 +25,6 @@ from backend.models import (
     WorkerSeenLines,
     Workspace,
 )
-from backend.runs.rules import ENDED_RUN_STATES
 
 # Read as tables, not mapped classes: plain rows, without the ORM's work per row.
 RUNS = cast(Table, Run.__table__)

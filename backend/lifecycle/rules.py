@@ -10,9 +10,10 @@ fails for good the others are stopped ("the gang does not run without it").
 The rules are in pieces, each importing only those below it (pyproject.toml's contracts):
 states.py (states, phases, why a gang stops), sentences.py (the seed's sentences, EndCause),
 views.py (the views, the effects, the recording of a change), starting.py (placing and
-starting a gang), progress.py (pace, stragglers, stalls found), endings.py (exits, stops,
-restarts, requeues, ends, deletion) and, here, the rules that fire with time: the gang
-barrier, the time limit and stalls.
+starting a gang), progress.py (pace, stragglers, stalls found), endings.py (exits, a gang's
+failure, its stop, restarts, requeues, ends), stops.py (what stops a gang from outside: its
+owner, its time limit, a preemption, a drain, the barrier, a lost machine; its deletion) and,
+here, the rules that fire with time: the gang barrier, the time limit and stalls.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ from datetime import datetime
 from backend.config import format_duration
 from backend.lifecycle.endings import (
     BARRIER_TIMEOUT,
-    barrier_timed_out,
     end_run,
     stop_gang,
     stop_running,
-    time_limit_reached,
     will_restart,
 )
 from backend.lifecycle.progress import find_stalls, find_stragglers, mark_stalled, stalled_by
@@ -37,6 +36,7 @@ from backend.lifecycle.sentences import (
     time_limit_sentence,
 )
 from backend.lifecycle.states import FAILED, PREPARING, PULLING, RUNNING, STARTING, Cause
+from backend.lifecycle.stops import barrier_timed_out, time_limit_reached
 from backend.lifecycle.views import Effects, RunView, WorkerView, running_reason, set_run
 
 # When a stall stops its gang, a member quiet for this part of the stall timeout had stopped

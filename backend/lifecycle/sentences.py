@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from backend.config import format_duration
-from backend.runs.rules import Wait
+from backend.lifecycle.states import Wait
 from backend.words import counted
 
 RESTART_BASE = timedelta(seconds=10)

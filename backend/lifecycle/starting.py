@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from backend.lifecycle.sentences import CONTAINER_RUNNING, starting_together
-from backend.lifecycle.states import PREPARING, PULLING, RUNNING, STARTING, Phase
+from backend.lifecycle.states import PREPARING, PULLING, RUNNING, STARTING, Phase, Wait
 from backend.lifecycle.views import (
     Command,
     Effects,
@@ -20,7 +20,6 @@ from backend.lifecycle.views import (
     set_run,
     set_worker,
 )
-from backend.runs.rules import Wait
 
 
 def place(

@@ -6,7 +6,57 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from backend.runs.rules import RunState, WorkerState
+
+class RunState(StrEnum):
+    PENDING = "Pending"
+    PREPARING = "Preparing"
+    PULLING = "Pulling"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    STOPPED = "Stopped"
+    DELETED = "Deleted"
+
+
+class WorkerState(StrEnum):
+    """A worker's states: a run's, but Deleted, and with Stopping while it winds down."""
+
+    PENDING = "Pending"
+    PREPARING = "Preparing"
+    PULLING = "Pulling"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    STOPPING = "Stopping"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    STOPPED = "Stopped"
+
+
+class Wait(StrEnum):
+    """What a run or worker not yet started waits for, stored beside the reason that says it
+    (runs.waits_for, workers.waits_for): the advice of runs/failures.py is chosen by it, never
+    by reading the sentence. A restart's wait and the gang barrier are told by their states."""
+
+    # a pending run, as the scheduler decided
+    MACHINES = "machines"  # No machine fits … / Gang cannot be placed whole …
+    QUEUE = "queue"  # Queued behind … / Next to run … / Waits for namespace quota …
+    PLAN = "plan"  # Cannot plan workers …
+    CONTAINERS = "containers"  # No machine runs containers …
+    # a preparing or pulling worker (and its run, which says its slowest worker's), as its
+    # machine's agent reported it
+    SECRET = "secret"  # waiting for external secret …
+    DRIVE = "drive"  # Waiting for drive … to be filled
+    IMAGE = "image"  # Pulling image …
+
+
+ENDED_RUN_STATES = frozenset(
+    {RunState.COMPLETED, RunState.FAILED, RunState.STOPPED, RunState.DELETED}
+)
+
+
+def is_ended(state: str) -> bool:
+    return state in ENDED_RUN_STATES
 
 
 class Phase(StrEnum):

@@ -14,6 +14,7 @@ from backend.access.rules import Principal
 from backend.errors import AstraeusError, FieldError, InvalidInput, NotFound
 from backend.lifecycle import service as lifecycle
 from backend.logs import repository
+from backend.organizations import service as organizations
 from backend.parsing import BIGGEST_ID, whole_number
 from backend.runs import service as runs
 
@@ -103,7 +104,7 @@ async def locate(
 ) -> tuple[WorkerRef, int]:
     """The worker (a run's name means its first worker; a failed run's, the one that failed it:
     runs.worker_shown) and the machine that keeps its log."""
-    ws = await runs.workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     worker = await repository.worker_in_workspace(session, ws.id, name)
     if worker is None:
         worker = await runs.worker_shown(session, ws.id, name)

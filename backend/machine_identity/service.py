@@ -21,6 +21,7 @@ from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.db.commit_jobs import after_commit
 from backend.errors import FieldError, Forbidden, InvalidInput, NotFound, Unauthenticated
+from backend.job_names import PASS_JOB
 from backend.lifecycle.views import Effects
 from backend.machine_identity import repository
 from backend.machine_identity.rules import (
@@ -46,7 +47,6 @@ from backend.machines import rules as machine_rules
 from backend.machines import service as machines
 from backend.models import Cluster, JoinToken, MachineCredential
 from backend.organizations import service as organizations
-from backend.scheduling.rules import PASS_JOB
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from sqlalchemy import ColumnElement, Table, bindparam, func, or_, select, updat
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.lifecycle.states import ENDED_RUN_STATES
 from backend.machines.rules import SLURM
 from backend.models import (
     Cluster,
@@ -22,7 +23,6 @@ from backend.models import (
     Worker,
     WorkerFailure,
 )
-from backend.runs.rules import ENDED_RUN_STATES
 
 MACHINES = cast(Table, Machine.__table__)
 

@@ -14,13 +14,13 @@ from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.db.commit_jobs import after_commit
 from backend.errors import Conflict, FieldError, NotFound
+from backend.job_names import PASS_JOB
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.sentences import EndCause
 from backend.lifecycle.views import Effects
 from backend.machines import repository, rules
 from backend.models import Gpu, GpuFault, Machine, Worker
 from backend.organizations import service as organizations
-from backend.scheduling.rules import PASS_JOB
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,6 @@ from backend.errors import Forbidden
 from backend.machines import repository, rules
 from backend.metrics import service as metrics
 from backend.organizations import service as organizations
-from backend.runs import service as runs
 
 UTILIZATION = "task_gpu_utilization_ratio"
 # The machines a workspace's members see (GPUs, a run's per-machine reasons): those its runs
@@ -53,7 +52,7 @@ async def gpus(
 ) -> list[GpuView]:
     """Every GPU of the organisation's clusters (where the workspace's runs may go); a run of
     another workspace that holds one is not named. Members see the machines in MEMBERS_SEE."""
-    ws = await runs.workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     clusters = await organizations.clusters(session, ws.organization_id)
     found = await repository.gpus_in_clusters(session, [c.id for c in clusters])
     machine_ids = sorted({m.id for _, m in found})

@@ -13,9 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.errors import NotFound
-from backend.metrics import repository, rules
+from backend.metrics import range_queries, repository, rules
 from backend.metrics.rules import MINUTE_MS, RangeParams, RangeRequest, SampleIn
-from backend.runs import service as runs
+from backend.organizations import service as organizations
 
 __all__ = [
     "Pruned",
@@ -133,14 +133,14 @@ async def range_query(
     workers' ids alone (an index-only scan per series, in the index's order)."""
     raw_from = epoch_ms(now - retention)
     request = rules.parse_range(params, epoch_ms(now), raw_from_ms=raw_from)
-    wanted = runs.workspace_wanted(principal, workspace)
-    found = await repository.range_rows(
+    wanted = organizations.workspace_wanted(principal, workspace)
+    found = await range_queries.range_rows(
         session,
         request,
         wanted if isinstance(wanted, int) else (principal.organization_id, wanted),
         with_minutes=request.start_ms < raw_from,
     )
-    runs.check_visible(principal, workspace, found.workspace)
+    organizations.check_visible(principal, workspace, found.workspace)
     ws_name = principal.workspace_name if isinstance(wanted, int) else wanted
     run, worker = rules.missing_names(request, found.scoped)
     if run is not None:

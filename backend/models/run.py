@@ -69,7 +69,7 @@ class Run(HasId, HasCreatedAt, Base):
     failures_in_row: Mapped[int] = mapped_column(Integer, default=0)
     # Not placed again before this time (the restart backoff).
     restart_at: Mapped[datetime | None]
-    # What it waits for while pending or preparing (runs.rules.Wait), beside the reason that
+    # What it waits for while pending or preparing (lifecycle.states.Wait), beside the reason that
     # says it; null otherwise.
     waits_for: Mapped[str | None] = mapped_column(String(16))
     # Why the gang is being stopped: owner, time_limit, preemption, drain, stall, failure,

@@ -38,7 +38,7 @@ class Worker(HasId, HasCreatedAt, Base):
     last_failure: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
     # At the gang barrier: prepared and pulled, waiting for the others.
     ready: Mapped[bool] = mapped_column(Boolean, default=False)
-    # What it waits for while preparing or pulling (runs.rules.Wait), as its agent reported it.
+    # What it waits for while preparing or pulling (lifecycle.states.Wait), as its agent said.
     waits_for: Mapped[str | None] = mapped_column(String(16))
     # Why it is being stopped, while it still holds its GPUs (see Run.stop_cause).
     stop_cause: Mapped[str | None] = mapped_column(String(16))

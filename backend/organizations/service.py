@@ -14,11 +14,11 @@ from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.db.commit_jobs import after_commit
 from backend.errors import Conflict, FieldError, Forbidden, InvalidInput, NotFound
+from backend.job_names import PASS_JOB
 from backend.models import Cluster, Organization, Pool, Workspace, WorkspaceQuota
 from backend.organizations import repository
-from backend.scheduling.rules import PASS_JOB
 
-# A run's priority is 0 to 100 (backend/runs/spec.py); so is a ceiling on it.
+# A run's priority is 0 to 100 (backend/spec.py); so is a ceiling on it.
 MIN_PRIORITY, MAX_PRIORITY = 0, 100
 
 
@@ -98,6 +98,41 @@ async def find_workspace(
     session: AsyncSession, organization_id: int, name: str
 ) -> Workspace | None:
     return await repository.get_workspace_by_name(session, organization_id, name)
+
+
+async def workspace_for(
+    session: AsyncSession, principal: Principal, name: str | None = None
+) -> Workspace:
+    """The workspace a request acts in: the token's own, or (for an org admin) one it names.
+
+    A workspace the principal may not see is reported as absent, never as forbidden.
+    """
+    wanted = workspace_wanted(principal, name)
+    if isinstance(wanted, int):
+        found = await workspace(session, wanted)
+    else:
+        found = await find_workspace(session, principal.organization_id, wanted)
+    check_visible(principal, name, None if found is None else (found.id, found.organization_id))
+    assert found is not None
+    return found
+
+
+def workspace_wanted(principal: Principal, name: str | None) -> int | str:
+    """Which workspace a request names: the token's own (its id), or another by name. For a
+    caller that finds it in its own statement (``workspace_for``'s rules, then
+    ``check_visible``)."""
+    if name is None or name == principal.workspace_name:
+        if principal.workspace_id is None:
+            raise NotFound("WORKSPACE_NOT_FOUND", "This token acts in no workspace.")
+        return principal.workspace_id
+    return name
+
+
+def check_visible(principal: Principal, name: str | None, found: tuple[int, int] | None) -> None:
+    """The workspace found, (id, organisation), is one the principal may act in: else it is
+    absent (404), the same answer whether it exists elsewhere or nowhere."""
+    if found is None or not principal.can_see_workspace(*found):
+        raise NotFound("WORKSPACE_NOT_FOUND", f"No workspace named '{name}'.")
 
 
 async def clusters(session: AsyncSession, organization_id: int) -> list[Cluster]:

@@ -14,7 +14,7 @@ from backend.events import service as events
 from backend.events.bell import bell_of
 from backend.events.rules import MAX_LIMIT, parse_listing
 from backend.logs import service as logs
-from backend.resolvers.context import Info
+from backend.request.context import Info
 from backend.resolvers.streams import while_token_holds
 from backend.schema.events import Event, EventPage, LogChunk
 

@@ -6,7 +6,7 @@ import dataclasses
 from datetime import datetime
 
 from backend.accounting import costs, explain, reports, series, viewers
-from backend.resolvers.context import Info
+from backend.request.context import Info
 from backend.schema.goodput import (
     CostScope,
     GoodputCost,

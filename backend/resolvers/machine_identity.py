@@ -8,7 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.config import parse_duration
 from backend.errors import FieldError, InvalidInput
 from backend.machine_identity import service as identity
-from backend.resolvers.context import Info
+from backend.request.context import Info
 from backend.resolvers.mutations import mutate
 from backend.schema.common import UserError
 from backend.schema.machine_identity import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from backend.metrics import service as metrics
 from backend.metrics.rules import RangeParams
-from backend.resolvers.context import Info
+from backend.request.context import Info
 from backend.schema.events import MetricRange, MetricSeries
 
 

@@ -9,7 +9,7 @@ from typing import TypeVar
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.errors import AstraeusError
-from backend.resolvers.context import Info
+from backend.request.context import Info
 from backend.schema.common import UserError
 
 T = TypeVar("T")

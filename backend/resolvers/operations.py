@@ -7,7 +7,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.alerts import service as alerts
 from backend.machines import service as machines
 from backend.organizations import service as organizations
-from backend.resolvers.context import Info
+from backend.request.context import Info
 from backend.resolvers.mutations import mutate
 from backend.runs import service as runs
 from backend.schema.machines import PoolPrice, PoolPricePayload

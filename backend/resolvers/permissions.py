@@ -7,7 +7,7 @@ from typing import Any
 from strawberry.permission import BasePermission
 
 from backend.errors import DatabaseUnavailable
-from backend.resolvers.context import Info
+from backend.request.context import Info
 
 
 class IsAuthenticated(BasePermission):

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 from strawberry.scalars import JSON
 
-from backend.accounting import viewers
+from backend.accounting import counting, viewers
 from backend.errors import NotFound
 from backend.machines import health
 from backend.machines import views as machine_views
-from backend.resolvers.context import Info
+from backend.request.context import Info
 from backend.resolvers.mutations import mutate
 from backend.runs import service as runs
 from backend.schema.common import UserError
@@ -59,7 +60,7 @@ async def stop_run(info: Info, name: str, workspace: str | None = None) -> RunPa
 
 
 async def delete_run(info: Info, name: str, workspace: str | None = None) -> RunPayload:
-    return await _change(info, runs.delete_run, name, workspace)
+    return await _change(info, partial(runs.delete_run, ledger=counting), name, workspace)
 
 
 async def _change(info: Info, change: Any, name: str, workspace: str | None) -> RunPayload:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.resolvers.context import Info
+from backend.request.context import Info
 from backend.resolvers.mutations import mutate
 from backend.schema.common import UserError
 from backend.schema.secrets import Secret, SecretPayload

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from backend.access.watch import watch_of
 from backend.errors import Unauthenticated
-from backend.resolvers.context import Info
+from backend.request.context import Info
 
 T = TypeVar("T")
 

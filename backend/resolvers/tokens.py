@@ -7,7 +7,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend import ids
 from backend.access import service as access
 from backend.errors import NotFound
-from backend.resolvers.context import Info
+from backend.request.context import Info
 from backend.resolvers.mutations import mutate
 from backend.schema.tokens import ApiToken, ApiTokenPayload
 

@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend import ids
 from backend.errors import AstraeusError, NotFound
 from backend.models import Webhook as WebhookRow
-from backend.resolvers.context import Info
+from backend.request.context import Info
 from backend.resolvers.mutations import mutate
 from backend.schema.common import UserError
 from backend.schema.webhooks import CreateWebhookPayload, Webhook, WebhookPayload

@@ -10,14 +10,14 @@ from starlette.routing import Route
 
 from backend.clock import iso_z
 from backend.models import Run, StateTransition, Worker
-from backend.resolvers.slurm_jobs import slurm_jobs
+from backend.request.slurm_jobs import slurm_jobs
 from backend.rest import answers
 from backend.rest.base import Call, endpoint
 from backend.rest.parameters import JobQuery, RunPath
 from backend.runs import failures
 from backend.runs import service as runs
 from backend.runs.rules import task_counts
-from backend.runs.spec import stored_spec
+from backend.spec import stored_spec
 
 
 def failure_json(run: Run, workers: list[Worker], now: datetime) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from typing import Any
 
 from backend.lifecycle.endings import RESTART_COUNT_RESET
 from backend.lifecycle.sentences import EndCause
-from backend.runs.rules import RunState, Wait
+from backend.lifecycle.states import RunState, Wait
 
 
 class FailureKind(StrEnum):
@@ -338,7 +338,7 @@ def _moment(at: Any) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-# Debug a run that does not start: It is … / Look at …, by what it waits for (runs.rules.Wait,
+# Debug a run that does not start: It is … / Look at …, by what it waits for (lifecycle.states.Wait,
 # stored beside the reason that says it). A run naming an image where no machine runs
 # containers waits for machines too: each machine's reason says it runs processes, not
 # containers (issue 36: its page had no Why it does not start panel).

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.lifecycle.states import ENDED_RUN_STATES
 from backend.models import (
     AgentCommand,
     Cluster,
@@ -19,7 +20,6 @@ from backend.models import (
     User,
     Worker,
 )
-from backend.runs.rules import ENDED_RUN_STATES
 
 
 async def get_live_run_by_name(session: AsyncSession, workspace_id: int, name: str) -> Run | None:

@@ -11,62 +11,22 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
-from backend.accounting import counting
 from backend.clock import Clock
 from backend.db.commit_jobs import after_commit
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
+from backend.job_names import PASS_JOB, SLURM_JOB
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import is_straggler
 from backend.lifecycle.records import record_transition
+from backend.lifecycle.service import DeletionLedger
+from backend.lifecycle.states import ENDED_RUN_STATES, RunState, WorkerState
 from backend.models import Run, SlurmRun, StateTransition, Worker, Workspace
 from backend.organizations import service as organizations
 from backend.runs import failures, repository
-from backend.runs.rules import (
-    ENDED_RUN_STATES,
-    WORKER_CREATED,
-    RunState,
-    WorkerState,
-    plan_new_run,
-)
-from backend.runs.spec import RunSpec, parse_spec
-from backend.scheduling.rules import PASS_JOB
+from backend.runs.rules import WORKER_CREATED, plan_new_run
+from backend.spec import RunSpec, parse_spec
 
 STRAGGLER_REASON = "Running well behind its gang's median pace"
-
-
-async def workspace_for(
-    session: AsyncSession, principal: Principal, name: str | None = None
-) -> Workspace:
-    """The workspace a request acts in: the token's own, or (for an org admin) one it names.
-
-    A workspace the principal may not see is reported as absent, never as forbidden.
-    """
-    wanted = workspace_wanted(principal, name)
-    if isinstance(wanted, int):
-        found = await organizations.workspace(session, wanted)
-    else:
-        found = await organizations.find_workspace(session, principal.organization_id, wanted)
-    check_visible(principal, name, None if found is None else (found.id, found.organization_id))
-    assert found is not None
-    return found
-
-
-def workspace_wanted(principal: Principal, name: str | None) -> int | str:
-    """Which workspace a request names: the token's own (its id), or another by name. For a
-    caller that finds it in its own statement (``workspace_for``'s rules, then
-    ``check_visible``)."""
-    if name is None or name == principal.workspace_name:
-        if principal.workspace_id is None:
-            raise NotFound("WORKSPACE_NOT_FOUND", "This token acts in no workspace.")
-        return principal.workspace_id
-    return name
-
-
-def check_visible(principal: Principal, name: str | None, found: tuple[int, int] | None) -> None:
-    """The workspace found, (id, organisation), is one the principal may act in: else it is
-    absent (404), the same answer whether it exists elsewhere or nowhere."""
-    if found is None or not principal.can_see_workspace(*found):
-        raise NotFound("WORKSPACE_NOT_FOUND", f"No workspace named '{name}'.")
 
 
 def _check_priority(ws: Workspace, spec: RunSpec) -> None:
@@ -107,7 +67,7 @@ async def create_run(
     A refused specification writes nothing: every check comes before the first insert.
     """
     spec = parse_spec(raw_spec)
-    ws = await workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     cluster, pool = await organizations.placement_target(
         session, ws.organization_id, spec.cluster, spec.pool
     )
@@ -192,9 +152,6 @@ async def run_again(
     return await create_run(session, clock, principal, spec, workspace=workspace)
 
 
-SLURM_JOB = "slurm.import"  # the actor that submits a Slurm cluster's runs and reads its jobs
-
-
 def _check_slurm_spec(spec: RunSpec, cluster: str) -> None:
     """What a run on a Slurm cluster cannot ask for (yet): its workers are Slurm's tasks,
     started by srun on the nodes as processes."""
@@ -227,7 +184,7 @@ async def get_run(
     session: AsyncSession, principal: Principal, name: str, *, workspace: str | None = None
 ) -> Run:
     """A live run of the workspace; a run of another workspace is reported as absent."""
-    ws = await workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     run = await repository.get_live_run_by_name(session, ws.id, name)
     if run is None:
         raise NotFound("JOB_NOT_FOUND", f"No run named '{name}' in workspace '{ws.name}'.")
@@ -238,7 +195,7 @@ async def get_worker(
     session: AsyncSession, principal: Principal, name: str, *, workspace: str | None = None
 ) -> tuple[Run, Worker]:
     """A worker of a live run of the workspace, by its name; another workspace's is absent."""
-    ws = await workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     found = await repository.worker_by_name(session, ws.id, name)
     if found is None:
         raise NotFound("TASK_NOT_FOUND", f"No worker named '{name}' in workspace '{ws.name}'.")
@@ -277,7 +234,7 @@ async def list_runs(
     include_ended: bool = False,
     workspace: str | None = None,
 ) -> list[Run]:
-    ws = await workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     return await repository.list_runs(session, ws.id, include_ended=include_ended)
 
 
@@ -314,7 +271,7 @@ async def needing_attention(
 ) -> list[Attention]:
     """The workspace's workers stalled now, then its stragglers (the goodput page lists them
     first)."""
-    ws = await workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     stalled, slow = [], []
     for w, run in await repository.needing_attention(session, ws.id):
         if w.stalled_since is not None:
@@ -373,7 +330,7 @@ async def stop_run(
     if run.state in ENDED_RUN_STATES:
         raise Conflict("RUN_ENDED", f"The run '{run.name}' has already ended ({run.state}).")
     if run.stop_cause is None:
-        ws = await workspace_for(session, principal, workspace)
+        ws = await organizations.workspace_for(session, principal, workspace)
         run.stop_cause, run.stop_by = "owner", principal.user_name
         run.reason = f"Stopping: asked by {principal.user_name}"
         record_transition(session, ws, run, None, run.state, run.reason, clock.now())
@@ -393,9 +350,12 @@ async def delete_run(
     principal: Principal,
     name: str,
     *,
+    ledger: DeletionLedger,
     workspace: str | None = None,
 ) -> Run:
-    """Delete the run: its workers and their logs go; the run stays listed as Deleted.
+    """Delete the run: its workers and their logs go; the run stays listed as Deleted. Their
+    GPU time up to now is counted first, by the ``ledger`` the caller hands in
+    (backend.accounting.counting: runs never import the accounting that reads them).
 
     The rows it changes are locked first, each kind in id order and in the order every other
     writer takes them (the goodput mark, the run, its workers, the commands naming them): two
@@ -408,8 +368,8 @@ async def delete_run(
             f"The run '{run.name}' is Slurm job {run.external_id}, not ended: stop it first "
             "(its history is Slurm's until it ends).",
         )
-    await counting.hold_mark(session)
+    await ledger.hold_mark(session)
     await repository.lock_for_deletion(session, run.id)
-    await lifecycle.delete_run(session, clock, run, principal.user_name)
+    await lifecycle.delete_run(session, clock, run, principal.user_name, ledger=ledger)
     after_commit(session, PASS_JOB)  # its GPUs are free
     return run

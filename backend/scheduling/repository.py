@@ -13,9 +13,9 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.db.bulk import update_many
+from backend.lifecycle.states import ENDED_RUN_STATES
 from backend.models import Cluster, Gpu, Machine, Pool, Run, Worker, Workspace, WorkspaceQuota
-from backend.runs.rules import ENDED_RUN_STATES
-from backend.runs.spec import Footprint, stored_footprint
+from backend.spec import Footprint, stored_footprint
 
 SCHEDULING_LOCK = 0x5CED  # the advisory lock namespace of scheduling passes
 
@@ -65,7 +65,7 @@ POOLS = cast(Table, Pool.__table__)
 
 
 def _footprint() -> list[Any]:
-    """The columns of a run's stored specification that placement reads (runs.spec
+    """The columns of a run's stored specification that placement reads (backend.spec
     stored_footprint makes its Footprint of them): read in SQL, so a pass neither sends nor
     decodes every specification whole."""
     spec = RUNS.c.spec

@@ -36,8 +36,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from backend.lifecycle.states import Wait
 from backend.lifecycle.views import Placement
-from backend.runs.rules import Wait
 from backend.scheduling.claims import Ahead, Claims
 from backend.scheduling.pending_reasons import short_on
 from backend.scheduling.placement import (
@@ -54,10 +54,6 @@ from backend.scheduling.placement import (
     workers_that_fit,
 )
 from backend.words import counted
-
-# The job that places waiting runs (backend/jobs/actors.py): a service that frees GPUs or
-# queues a run asks for it after its commit (backend.db.after_commit).
-PASS_JOB = "scheduling.pass"
 
 ANOTHER_WORKSPACE = "a run of another workspace"
 

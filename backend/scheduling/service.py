@@ -14,19 +14,19 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.config import get_settings
-from backend.lifecycle import service as lifecycle
-from backend.lifecycle.endings import preempt
+from backend.lifecycle.gangs import Writes, load_gangs, persist
 from backend.lifecycle.sentences import EndCause
 from backend.lifecycle.starting import place
 from backend.lifecycle.states import Cause
+from backend.lifecycle.stops import preempt
 from backend.lifecycle.views import Effects
 from backend.machines.views import MEMBERS_SEE
 from backend.models import Run
-from backend.runs.spec import Footprint, RunSpec, stored_spec
 from backend.scheduling import repository
 from backend.scheduling.pending_reasons import machine_reasons
 from backend.scheduling.placement import Ask, Held, Holder, MachineRoom
 from backend.scheduling.rules import Plan, Quota, master_port, plan
+from backend.spec import Footprint, RunSpec, stored_spec
 
 
 @dataclass
@@ -265,11 +265,11 @@ async def _plan_and_write(
 
 
 async def _preempt(session: AsyncSession, decided: Plan, now: datetime, result: PassResult) -> None:
-    writes = lifecycle.Writes()
-    for gang in await lifecycle.load_gangs(session, sorted(decided.preemptions)):
+    writes = Writes()
+    for gang in await load_gangs(session, sorted(decided.preemptions)):
         fx = Effects()
         preempt(gang.view, decided.preemptions[gang.run.id], now, fx)
-        await lifecycle.persist(session, gang, fx, now, writes)
+        await persist(session, gang, fx, now, writes)
         result.preempted.append(gang.run.name)
     await writes.flush(session)
 
@@ -277,7 +277,7 @@ async def _preempt(session: AsyncSession, decided: Plan, now: datetime, result: 
 async def _place(session: AsyncSession, decided: Plan, now: datetime, result: PassResult) -> None:
     if not decided.placements:
         return
-    gangs = await lifecycle.load_gangs(session, sorted(decided.placements))
+    gangs = await load_gangs(session, sorted(decided.placements))
     in_use = await repository.master_ports_in_use(session)
     heads = [decided.placements[gang.run.id][0].machine_id for gang in gangs]
     placed = {p.machine_id for gang in gangs for p in decided.placements[gang.run.id]}
@@ -293,7 +293,7 @@ async def _place(session: AsyncSession, decided: Plan, now: datetime, result: Pa
         taken_ports[host(machine_id)] |= used
     first, last = get_settings().master_ports
     ports = range(first, last + 1)
-    writes = lifecycle.Writes()
+    writes = Writes()
     for gang, head_id in zip(gangs, heads, strict=True):
         placements = decided.placements[gang.run.id]
         head = taken_ports[host(head_id)]
@@ -310,7 +310,7 @@ async def _place(session: AsyncSession, decided: Plan, now: datetime, result: Pa
             master_addr=addresses.get(head_id),
             gang_addresses=_gang_addresses(placements, addresses),
         )
-        await lifecycle.persist(session, gang, fx, now, writes)
+        await persist(session, gang, fx, now, writes)
         result.placed.append(gang.run.name)
     await writes.flush(session)
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, TypeAlias
 import strawberry
 
 from backend.accounting.rules import Category
+from backend.lifecycle.states import RunState, WorkerState
 from backend.runs.failures import FailureKind
-from backend.runs.rules import RunState, WorkerState
 
 
 def _spelled_as_values(name: str, description: str, *domains: type[StrEnum]) -> type[StrEnum]:

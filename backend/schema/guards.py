@@ -44,7 +44,7 @@ from strawberry.utils.logging import StrawberryLogger
 
 from backend.boundary import has_control_characters
 from backend.errors import AstraeusError
-from backend.resolvers.context import Context
+from backend.request.context import Context
 from backend.schema.expansion import measure
 
 log = logging.getLogger("backend.graphql")
@@ -289,7 +289,7 @@ def _bad_strings(value: Any, path: str) -> Iterator[str]:
 
 
 # A JSON argument (a run's specification) is checked by its own validator, field by field, with
-# the same rule for control characters (backend/runs/spec.py): its refusals name each field among
+# the same rule for control characters (backend/spec.py): its refusals name each field among
 # the spec's other errors, as the seed's `errors { field message }` does, so it is left to it.
 CHECKED_BY_THEIR_RESOLVER = frozenset({"JSON"})
 

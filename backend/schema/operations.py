@@ -7,7 +7,7 @@ from datetime import datetime
 import strawberry
 
 from backend import models
-from backend.resolvers.context import Info
+from backend.request.context import Info
 from backend.schema.common import UserError
 
 

@@ -10,11 +10,10 @@ from strawberry.scalars import JSON
 
 from backend import ids, models
 from backend.lifecycle.progress import is_straggler
-from backend.resolvers import slurm_jobs
-from backend.resolvers.context import Info
+from backend.request import slurm_jobs
+from backend.request.context import Info
 from backend.runs import failures
 from backend.runs.rules import task_counts
-from backend.runs.spec import stored_spec
 from backend.schema.common import BigInt, UserError
 from backend.schema.enums import (
     FailureKindValue,
@@ -23,6 +22,7 @@ from backend.schema.enums import (
     WorkerStateValue,
 )
 from backend.schema.goodput import GoodputLedger, RunRework
+from backend.spec import stored_spec
 
 
 @strawberry.type(description="One state change, with the sentence that explains it.")

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import strawberry
 
 from backend import ids, models
-from backend.resolvers.context import Info
+from backend.request.context import Info
 from backend.schema.common import UserError
 from backend.webhooks import rules
 

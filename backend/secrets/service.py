@@ -16,9 +16,9 @@ from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.errors import FieldError, InvalidInput, NotFound
 from backend.models import Secret
-from backend.runs import service as runs
-from backend.runs.spec import NAME_PATTERN, stored_spec
+from backend.organizations import service as organizations
 from backend.secrets import repository
+from backend.spec import NAME_PATTERN, stored_spec
 
 MAX_VALUE_BYTES = 64 * 1024
 
@@ -56,7 +56,7 @@ async def set_secret(
 ) -> Secret:
     """Set a secret's value, or with no value declare it external (waited for)."""
     _check(name, value)
-    ws = await runs.workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     now = clock.now()
     row = await repository.secret_named(session, ws.id, name)
     if row is None:
@@ -72,14 +72,14 @@ async def set_secret(
 async def list_secrets(
     session: AsyncSession, principal: Principal, *, workspace: str | None = None
 ) -> list[Secret]:
-    ws = await runs.workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     return await repository.secrets_of(session, ws.id)
 
 
 async def delete_secret(
     session: AsyncSession, principal: Principal, name: str, *, workspace: str | None = None
 ) -> Secret:
-    ws = await runs.workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     row = await repository.secret_named(session, ws.id, name)
     if row is None:
         raise NotFound("SECRET_NOT_FOUND", f"No secret named '{name}'.")

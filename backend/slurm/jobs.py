@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.errors import Conflict
 from backend.ids import IdCodec, Kind
 from backend.lifecycle import external
-from backend.lifecycle.states import Cause, Phase
+from backend.lifecycle.states import ENDED_RUN_STATES, Cause, Phase, RunState
 from backend.models import (
     AgentCommand,
     Cluster,
@@ -28,7 +28,6 @@ from backend.models import (
     Workspace,
 )
 from backend.organizations import service as organizations
-from backend.runs.rules import ENDED_RUN_STATES, RunState
 from backend.slurm import repository, results, rules
 from backend.slurm.commands import SlurmSettings
 from backend.slurm.rules import Change, SlurmJob

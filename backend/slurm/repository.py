@@ -9,6 +9,7 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.lifecycle.states import ENDED_RUN_STATES
 from backend.models import (
     AgentCommand,
     Cluster,
@@ -23,7 +24,6 @@ from backend.models import (
     Worker,
     Workspace,
 )
-from backend.runs.rules import ENDED_RUN_STATES
 
 
 def add(session: AsyncSession, *rows: object) -> None:

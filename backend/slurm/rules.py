@@ -28,8 +28,7 @@ from backend.lifecycle.sentences import (
     workers_completed,
     workers_running,
 )
-from backend.lifecycle.states import Phase
-from backend.runs.rules import RunState, Wait
+from backend.lifecycle.states import Phase, RunState, Wait
 from backend.scheduling.rules import seen_from
 
 

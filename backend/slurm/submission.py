@@ -16,15 +16,15 @@ from backend import ids
 from backend.clock import Clock
 from backend.db import Database
 from backend.ids import Kind
+from backend.lifecycle.states import RunState
 from backend.models import (
     Run,
     SlurmRun,
 )
-from backend.runs.rules import RunState
-from backend.runs.spec import stored_spec
 from backend.slurm import repository, results, rules
 from backend.slurm.commands import SlurmCommands, SlurmSettings, SlurmUnavailable
 from backend.slurm.rules import SlurmJob
+from backend.spec import stored_spec
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from backend.config import IPNetwork
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # What a user is told, whatever the reason: nothing about what is (or is not) there.
 REFUSED = "refused: private address"
@@ -33,25 +33,6 @@ class Policy:
     allow: tuple[IPNetwork, ...] = ()
     own_addresses: frozenset[IPAddress] = field(default_factory=frozenset)
     own_ports: frozenset[int] = field(default_factory=frozenset)
-
-
-def parse_networks(value: object) -> tuple[IPNetwork, ...]:
-    """``"10.0.0.0/8, 127.0.0.1"`` (or a list of them) as networks; an address is a /32 or
-    /128. A network with host bits set (``10.1.2.3/8``) is refused: it is likely a typo."""
-    if isinstance(value, str):
-        parts: Iterable[object] = [p for p in value.replace(";", ",").split(",") if p.strip()]
-    elif isinstance(value, list | tuple):
-        parts = value
-    else:
-        raise ValueError("must be a comma-separated list of networks such as 10.0.0.0/8")
-    networks = []
-    for part in parts:
-        text = str(part).strip()
-        try:
-            networks.append(ipaddress.ip_network(text, strict=True))
-        except ValueError as error:
-            raise ValueError(f"{text!r} is not a network such as 10.0.0.0/8: {error}") from None
-    return tuple(networks)
 
 
 def literal(host: str) -> IPAddress | None:

@@ -25,7 +25,7 @@ from backend.errors import InvalidInput, NotFound
 from backend.events import service as events
 from backend.events.rules import Cursor, advance
 from backend.models import Webhook, WebhookDelivery
-from backend.runs import service as runs
+from backend.organizations import service as organizations
 from backend.webhooks import repository, rules, sender
 from backend.webhooks.addresses import Policy
 from backend.webhooks.sender import Outgoing, Sent
@@ -54,7 +54,7 @@ async def create_webhook(
     problems = rules.check(url, wanted, policy)
     if problems:
         raise InvalidInput("INVALID_WEBHOOK", problems)
-    ws = await runs.workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     start = await repository.last_event_id(session, ws.id)
     webhook = Webhook(
         workspace_id=ws.id,
@@ -73,7 +73,7 @@ async def create_webhook(
 async def list_webhooks(
     session: AsyncSession, principal: Principal, *, workspace: str | None = None
 ) -> list[Webhook]:
-    ws = await runs.workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     return await repository.active(session, ws.id)
 
 
@@ -86,7 +86,7 @@ async def delete_webhook(
     workspace: str | None = None,
 ) -> Webhook:
     """Nothing more is handed to it or sent; deliveries not yet made are abandoned."""
-    ws = await runs.workspace_for(session, principal, workspace)
+    ws = await organizations.workspace_for(session, principal, workspace)
     webhook = await repository.get_active(session, ws.id, webhook_id)
     if webhook is None:
         raise NotFound("WEBHOOK_NOT_FOUND", f"No webhook {webhook_id} in workspace '{ws.name}'.")

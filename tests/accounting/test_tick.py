@@ -112,7 +112,9 @@ async def test_a_run_deleted_between_ticks_is_counted_to_its_deletion(
         await tick(world)
     world.clock.advance(seconds=25)
     async with world.db.transaction() as session:
-        await lifecycle.delete_run(session, world.clock, await world.run("llama-sft"), "alice")
+        await lifecycle.delete_run(
+            session, world.clock, await world.run("llama-sft"), "alice", ledger=counting
+        )
     deleted = world.clock.now()
     world.clock.advance(minutes=3)
     await tick(world)
@@ -355,7 +357,7 @@ async def test_a_run_submitted_after_one_was_deleted_starts_a_ledger_of_its_own(
     await tick(world)
     first = await world.run("llama-sft")
     async with world.db.transaction() as session:
-        await lifecycle.delete_run(session, world.clock, first, "alice")
+        await lifecycle.delete_run(session, world.clock, first, "alice", ledger=counting)
     world.clock.advance(minutes=1)
     await tick(world)
     again = await world.submit(gpus=8)

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
+from backend.accounting import counting
 from backend.clock import iso_z
 from backend.db import Database
 from backend.ids import Kind
@@ -48,7 +49,9 @@ async def test_a_deletion_is_a_run_deleted_event(
     await running(world)
     clock.advance(minutes=1)
     async with db.transaction() as session:
-        await lifecycle.delete_run(session, clock, await world.run("llama-sft"), "alice")
+        await lifecycle.delete_run(
+            session, clock, await world.run("llama-sft"), "alice", ledger=counting
+        )
     deleted = await listed(client, tenancy.member_token, kind="run.deleted")
     assert [(e["kind"], e["state"], e["reason"]) for e in deleted] == [
         ("run.deleted", "Deleted", "Deleted by alice")
@@ -74,7 +77,9 @@ async def test_a_deletion_written_before_reads_as_run_deleted(
     world = World(db, clock, tenancy)
     await running(world)
     async with db.transaction() as session:
-        await lifecycle.delete_run(session, clock, await world.run("llama-sft"), "alice")
+        await lifecycle.delete_run(
+            session, clock, await world.run("llama-sft"), "alice", ledger=counting
+        )
         row = await session.scalar(select(Event).where(Event.kind == "run.deleted"))
         assert row is not None
         row.kind = "run.state"  # as a server before issue 21 wrote it

@@ -17,8 +17,8 @@ from sqlalchemy import func, select
 from backend.db import Database
 from backend.ids import Kind
 from backend.models import Event, Workspace
-from backend.resolvers.context import build_context
-from backend.schema.schema import schema
+from backend.request.context import build_context
+from backend.resolvers.root import schema
 from tests.support import SEED_TIME, FakeClock, Tenancy
 from tests.support.api import gql
 from tests.support.ids import opened, shown

@@ -17,6 +17,7 @@ from astraeus.agent.v1 import agent_pb2
 from sqlalchemy import select
 
 from backend.access import service as access
+from backend.accounting import counting
 from backend.db import Database
 from backend.errors import Conflict
 from backend.machine_identity import service as identity
@@ -185,7 +186,7 @@ async def test_a_slurm_nodes_agent_is_sent_what_to_watch_and_changes_no_state(  
         # Deleting its run deletes its log on the node, as any run's.
         async with db.transaction() as session:
             member = await access.authenticate(session, tenancy.member_token)
-            await runs.delete_run(session, clock, member, "train-301")
+            await runs.delete_run(session, clock, member, "train-301", ledger=counting)
         delete = (await agent.receive("command")).command
         assert (delete.kind, delete.worker_id) == (agent_pb2.COMMAND_KIND_DELETE, worker.id)
     finally:

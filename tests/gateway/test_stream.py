@@ -11,6 +11,7 @@ from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backend.accounting import counting
 from backend.db import Database
 from backend.gateway import service as agents
 from backend.lifecycle import service as lifecycle
@@ -482,7 +483,7 @@ async def test_deleting_a_run_clears_its_pending_commands(
     async with db.transaction() as session:
         row = await session.get(Run, run.id)
         assert row is not None
-        await lifecycle.delete_run(session, clock, row, "alice")
+        await lifecycle.delete_run(session, clock, row, "alice", ledger=counting)
     async with db.read() as session:
         pending = await agents.commands_to_send(session, machine, 0)
     assert [c.kind for c in pending] == ["delete"]  # the start never reaches the machine

@@ -12,8 +12,9 @@ import pytest
 from backend.accounting.rules import Category
 from backend.db import Database
 from backend.lifecycle.sentences import EndCause
+from backend.lifecycle.states import RunState, WorkerState
+from backend.resolvers.root import sdl
 from backend.runs.failures import FailureKind
-from backend.runs.rules import RunState, WorkerState
 from backend.schema.enums import (
     CategoryValue,
     FailureKindValue,
@@ -21,7 +22,6 @@ from backend.schema.enums import (
     RunStateValue,
     WorkerStateValue,
 )
-from backend.schema.schema import sdl
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 from tests.support.api import graphql

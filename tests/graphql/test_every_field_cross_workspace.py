@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from backend.db import Database
 from backend.models import Run, Secret, SlurmRun, Webhook
-from backend.schema.schema import schema
+from backend.resolvers.root import schema
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 from tests.support.accounting import sample, tick

@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strawberry.extensions import max_aliases, query_depth_limiter
 
+from backend.resolvers.root import schema
 from backend.schema.expansion import Size, _Counter, measure
-from backend.schema.schema import schema
 
 
 def fan_out(levels: int, leaf: str = "viewer { user }") -> str:

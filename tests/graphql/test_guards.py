@@ -17,8 +17,8 @@ from graphql.language import FragmentDefinitionNode
 from strawberry.schema.schema import validate_document
 
 from backend.cli import astra
+from backend.resolvers.root import schema
 from backend.schema import guards
-from backend.schema.schema import schema
 from tests.support import Tenancy
 
 

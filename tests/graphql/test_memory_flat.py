@@ -7,8 +7,8 @@ from __future__ import annotations
 from graphql import parse
 from graphql.execution.executor import Executor
 
+from backend.resolvers.root import ExecutionPerEvent, schema
 from backend.schema import guards
-from backend.schema.schema import ExecutionPerEvent, schema
 
 SUBSCRIPTION = "subscription { events { id kind run } }"
 

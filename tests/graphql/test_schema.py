@@ -8,7 +8,7 @@ from sqlalchemy import event
 from strawberry.permission import PermissionExtension
 
 from backend.db import Database
-from backend.schema.schema import SDL_PATH, schema, sdl
+from backend.resolvers.root import SDL_PATH, schema, sdl
 from tests.support import Tenancy, row_counts, run_spec
 from tests.support.api import CREATE, RUN_FIELDS, gql
 
@@ -175,7 +175,7 @@ def test_unexpected_errors_are_masked_and_expected_ones_shown() -> None:
     from graphql import GraphQLError
 
     from backend.errors import NotFound
-    from backend.schema.schema import _should_mask
+    from backend.resolvers.root import _should_mask
 
     assert _should_mask(GraphQLError("boom", original_error=RuntimeError("db password=x")))
     assert not _should_mask(GraphQLError("gone", original_error=NotFound("X", "gone")))

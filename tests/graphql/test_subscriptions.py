@@ -7,8 +7,8 @@ from typing import Any
 
 from backend.db import Database
 from backend.ids import Kind
-from backend.resolvers.context import build_context
-from backend.schema.schema import schema
+from backend.request.context import build_context
+from backend.resolvers.root import schema
 from tests.support import FakeClock, Tenancy
 from tests.support.ids import shown
 

@@ -11,12 +11,11 @@ import httpx
 import pytest
 from sqlalchemy import event, select
 
-from backend.config import Settings
+from backend.config import Settings, parse_networks
 from backend.db import Database
 from backend.ids import Kind
 from backend.models import Event, Webhook, Workspace
 from backend.webhooks import service as webhooks
-from backend.webhooks.addresses import parse_networks
 from tests.support import FakeClock, Tenancy, row_counts, server_settings
 from tests.support.api import gql
 from tests.support.ids import opened, shown

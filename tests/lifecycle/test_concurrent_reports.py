@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from backend.accounting import counting
 from backend.lifecycle import repository
 from backend.runs import service as runs
 from tests.lifecycle.world import World
@@ -47,7 +48,7 @@ async def test_a_report_that_races_its_runs_deletion_changes_nothing(
         monkeypatch.setattr(repository, "placed_worker", read)
         principal = await world.principal()
         async with world.db.transaction() as session:
-            await runs.delete_run(session, world.clock, principal, "llama-sft")
+            await runs.delete_run(session, world.clock, principal, "llama-sft", ledger=counting)
         return found
 
     monkeypatch.setattr(repository, "placed_worker", then_delete)

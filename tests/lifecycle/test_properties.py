@@ -27,7 +27,7 @@ from hypothesis.stateful import (
 )
 
 from backend.config import format_duration
-from backend.lifecycle import endings, progress, rules, sentences, starting
+from backend.lifecycle import endings, progress, rules, sentences, starting, stops
 from backend.lifecycle.sentences import (
     End,
     EndCause,
@@ -465,7 +465,7 @@ class Cluster(RuleBasedStateMachine):
                 run,
                 "preempt",
                 {"stopping:preemption"},
-                lambda fx, run=run, by=by: endings.preempt(run, by, self.now, fx),
+                lambda fx, run=run, by=by: stops.preempt(run, by, self.now, fx),
             )
         for run_id in sorted(decided.placements):
             run = self.runs[run_id]
@@ -636,7 +636,7 @@ class Cluster(RuleBasedStateMachine):
                     run,
                     f"stop {run.name}",
                     {"stopping:owner"},
-                    lambda fx: endings.stop(run, "alice", self.now, fx),
+                    lambda fx: stops.stop(run, "alice", self.now, fx),
                 )
             return
         m = self.machines[pick % len(self.machines) + 1]
@@ -649,7 +649,7 @@ class Cluster(RuleBasedStateMachine):
                     run,
                     f"lost {m.name}",
                     {"stopping:failure"},
-                    lambda fx, run=run: endings.machine_lost(run, m.id, self.now, self.now, fx),
+                    lambda fx, run=run: stops.machine_lost(run, m.id, self.now, self.now, fx),
                 )
                 assert not any(w.machine_id == m.id for w in run.workers)
         elif kind == "drain" and m.state == "ready":
@@ -660,7 +660,7 @@ class Cluster(RuleBasedStateMachine):
                         run,
                         f"drain {m.name}",
                         {"stopping:preemption"},
-                        lambda fx, run=run: endings.drain_preempt(run, m.name, self.now, fx),
+                        lambda fx, run=run: stops.drain_preempt(run, m.name, self.now, fx),
                     )
 
     @rule()
@@ -828,7 +828,7 @@ def test_a_drain_while_a_failed_gang_winds_down_does_not_requeue_it() -> None:
     endings.worker_exited(
         run, crashed, T0 + timedelta(seconds=5), fx, End(EndCause.EXITED, 1), attempt=1
     )
-    endings.drain_preempt(run, "gpu-02", T0 + timedelta(seconds=6), fx)
+    stops.drain_preempt(run, "gpu-02", T0 + timedelta(seconds=6), fx)
     assert (survivor.state, survivor.phase) == (STOPPING, "stopping:failure")
     endings.worker_exited(
         run, survivor, T0 + timedelta(seconds=7), fx, End(EndCause.EXITED, 143), attempt=1

@@ -7,16 +7,18 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
+from backend.accounting import counting
 from backend.db import Database
 from backend.gateway import service as agents
 from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import is_straggler
 from backend.lifecycle.sentences import EndCause
+from backend.lifecycle.states import Wait
 from backend.machines import service as machines
 from backend.machines.rules import FaultKind
 from backend.metrics.rules import SampleIn
 from backend.models import Gpu, Machine
-from backend.runs.rules import Wait, task_counts
+from backend.runs.rules import task_counts
 from tests.lifecycle.world import LEASE, World
 from tests.support import SEED_TIME
 from tests.support.lifecycle import running_gang
@@ -579,7 +581,9 @@ async def test_deleting_a_run_removes_its_workers_and_their_logs(world: World) -
     # seed L-23
     await running_gang(world)
     async with world.db.transaction() as session:
-        await lifecycle.delete_run(session, world.clock, await world.run("llama-sft"), "alice")
+        await lifecycle.delete_run(
+            session, world.clock, await world.run("llama-sft"), "alice", ledger=counting
+        )
     assert await world.status("llama-sft") == ("Deleted", "Deleted by alice")
     assert await world.workers("llama-sft") == []
     assert (await world.commands("gpu-08"))[-2:] == [

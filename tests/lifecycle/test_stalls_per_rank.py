@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from backend.accounting import counting, ledger_queries
-from backend.lifecycle.endings import preempt, stop, worker_exited
+from backend.lifecycle.endings import worker_exited
 from backend.lifecycle.progress import worker_progress
 from backend.lifecycle.rules import STALLED_WITH_GANG, check_timers
 from backend.lifecycle.sentences import CONTAINER_RUNNING, End, EndCause
 from backend.lifecycle.states import RUNNING, Cause, Phase
+from backend.lifecycle.stops import preempt, stop
 from backend.lifecycle.views import Effects, RunPolicy, RunView, WorkerView
 from backend.metrics import service as metrics_service
 from backend.metrics.rules import SampleIn

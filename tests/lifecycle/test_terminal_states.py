@@ -11,8 +11,7 @@ from sqlalchemy import select, update
 
 from backend.accounting import counting
 from backend.errors import Conflict
-from backend.lifecycle import service as lifecycle
-from backend.lifecycle.endings import stop
+from backend.lifecycle.gangs import load_gang, persist
 from backend.lifecycle.states import (
     COMPLETED,
     FAILED,
@@ -23,6 +22,7 @@ from backend.lifecycle.states import (
     STOPPING,
     may_follow,
 )
+from backend.lifecycle.stops import stop
 from backend.lifecycle.views import Effects, RunPolicy, RunView, WorkerView, set_worker
 from backend.models import GoodputHour, GoodputInterval, GoodputOpenInterval, Worker
 from tests.lifecycle.world import World
@@ -161,7 +161,7 @@ async def test_the_database_refuses_to_move_a_worker_whose_attempt_ended_meanwhi
     before = await world.phases("llama-sft-0")
     with pytest.raises(Conflict) as refused:
         async with world.db.transaction() as session:
-            gang = await lifecycle.load_gang(session, (await world.run("llama-sft")).id)
+            gang = await load_gang(session, (await world.run("llama-sft")).id)
             await session.execute(
                 update(Worker)
                 .where(Worker.name == "llama-sft-0")
@@ -170,7 +170,7 @@ async def test_the_database_refuses_to_move_a_worker_whose_attempt_ended_meanwhi
             )
             fx = Effects()
             stop(gang.view, "ana", world.clock.now(), fx)
-            await lifecycle.persist(session, gang, fx, world.clock.now())
+            await persist(session, gang, fx, world.clock.now())
     assert refused.value.code == "WORKER_ENDED"
     assert await world.phases("llama-sft-0") == before
     assert [w.state for w in await world.workers("llama-sft")] == [RUNNING, RUNNING]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from backend.access import service as access
+from backend.accounting import counting
 from backend.db import Database
 from backend.metrics import rules
 from backend.metrics.service import SampleIn
@@ -126,5 +127,5 @@ async def test_a_deleted_run_takes_its_samples_with_it(
     await ingest(db, placed.gpu07, series("llama-sft-0", "task_cpu_usage_cores", [1.0, 2.0]))
     async with db.transaction() as session:
         principal = await access.authenticate(session, tenancy.member_token)
-        await runs.delete_run(session, clock, principal, "llama-sft")
+        await runs.delete_run(session, clock, principal, "llama-sft", ledger=counting)
     assert await stored(db) == []

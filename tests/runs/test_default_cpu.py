@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from backend.gateway.delivery import start_message
 from backend.models import AgentCommand
-from backend.runs.spec import DEFAULT_CPU, parse_spec, stored_footprint, stored_spec
 from backend.scheduling.service import start_payload
+from backend.spec import DEFAULT_CPU, parse_spec, stored_footprint, stored_spec
 from tests.lifecycle.world import World
 
 

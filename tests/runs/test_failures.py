@@ -15,6 +15,7 @@ from backend.lifecycle.sentences import (
     preempted_sentence,
     time_limit_sentence,
 )
+from backend.lifecycle.states import Wait
 from backend.runs.failures import (
     FailureKind,
     Waiting,
@@ -26,7 +27,6 @@ from backend.runs.failures import (
     waiting,
     worker_failure,
 )
-from backend.runs.rules import Wait
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.errors import FieldError, InvalidInput
-from backend.runs.spec import parse_spec, stored_spec
+from backend.spec import parse_spec, stored_spec
 from tests.support import run_spec
 
 

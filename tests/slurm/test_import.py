@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import select
 
 from backend.access import service as access
+from backend.accounting import counting
 from backend.db import Database
 from backend.errors import Conflict, NotFound
 from backend.models import Machine
@@ -219,7 +220,7 @@ async def test_an_imported_run_is_slurms_and_is_seen_only_by_its_workspace(  # i
         with pytest.raises(Conflict, match=f"scancel {job}"):
             await runs.stop_run(session, clock, principal, run.name)
         with pytest.raises(Conflict, match="not ended: stop it first"):
-            await runs.delete_run(session, clock, principal, run.name)
+            await runs.delete_run(session, clock, principal, run.name, ledger=counting)
     async with db.transaction() as session:
         other = await access.authenticate(session, tenancy.other_token)
         with pytest.raises(NotFound):

@@ -9,8 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from backend.lifecycle import external
-from backend.lifecycle.states import Phase
-from backend.runs.rules import Wait
+from backend.lifecycle.states import Phase, Wait
 from backend.scheduling.rules import ANOTHER_WORKSPACE
 from backend.slurm import rules
 from backend.slurm.rules import Ahead, SlurmJob

@@ -6,8 +6,9 @@ from ipaddress import IPv4Address, ip_address
 
 import pytest
 
+from backend.config import parse_networks
 from backend.webhooks import addresses
-from backend.webhooks.addresses import Policy, parse_networks
+from backend.webhooks.addresses import Policy
 
 
 @pytest.mark.parametrize(

@@ -21,13 +21,13 @@ import pytest
 from sqlalchemy import select
 
 from backend.access.rules import Principal
-from backend.config import Settings
+from backend.config import Settings, parse_networks
 from backend.db import Database
 from backend.ids import Kind
 from backend.jobs import actors, runtime
 from backend.models import Event, Webhook, WebhookDelivery, Workspace
 from backend.webhooks import service as webhooks
-from backend.webhooks.addresses import Policy, parse_networks
+from backend.webhooks.addresses import Policy
 from tests.lifecycle.world import World
 from tests.support import SEED_TIME, FakeClock, Tenancy, server_settings
 from tests.support.ids import opened

@@ -9,10 +9,11 @@ from datetime import timedelta
 
 import pytest
 
+from backend.config import parse_networks
 from backend.errors import FieldError
 from backend.events.rules import SETTLE, Cursor, EventView, advance
 from backend.webhooks import rules
-from backend.webhooks.addresses import Policy, parse_networks
+from backend.webhooks.addresses import Policy
 from backend.webhooks.rules import DeliveryStatus, Head
 from tests.support import SEED_TIME
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from backend.config import parse_networks
 from backend.webhooks import rules
-from backend.webhooks.addresses import IPAddress, Policy, parse_networks
+from backend.webhooks.addresses import IPAddress, Policy
 from backend.webhooks.sender import Outgoing, sending
 from tests.certificates import Authority
 from tests.support import FakeClock, free_port

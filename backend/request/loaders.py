@@ -18,7 +18,7 @@ from backend.db import Database
 from backend.errors import AstraeusError
 from backend.gateway import service as agents
 from backend.models import Run, StateTransition, WebhookDelivery, Worker
-from backend.resolvers.slurm_jobs import SlurmJob, slurm_jobs
+from backend.request.slurm_jobs import SlurmJob, slurm_jobs
 from backend.runs import service as runs
 from backend.scheduling import service as scheduling
 from backend.webhooks import service as webhooks

@@ -16,6 +16,7 @@ from strawberry.types import ExecutionContext
 
 from backend.db.retries import contention, database_away
 from backend.errors import ConflictRetry, DatabaseUnavailable
+from backend.request.context import Info
 from backend.resolvers import events as event_resolvers
 from backend.resolvers import goodput as goodput_resolvers
 from backend.resolvers import machine_identity as machine_identity_resolvers
@@ -25,7 +26,6 @@ from backend.resolvers import runs as run_resolvers
 from backend.resolvers import secrets as secret_resolvers
 from backend.resolvers import tokens as token_resolvers
 from backend.resolvers import webhooks as webhook_resolvers
-from backend.resolvers.context import Info
 from backend.resolvers.permissions import IsAuthenticated
 from backend.schema.common import BIG_INT, BigInt
 from backend.schema.events import Event, EventPage, LogChunk, MetricRange

@@ -20,7 +20,7 @@ from backend.db import Database
 from backend.db.retries import database_away
 from backend.errors import DatabaseUnavailable, Unauthenticated
 from backend.logs.service import LogSource
-from backend.resolvers.loaders import Loaders
+from backend.request.loaders import Loaders
 from backend.webhooks.addresses import Policy
 
 
