@@ -59,3 +59,16 @@ class AgentConfig:
     def workload_dir(self) -> Path:
         """Where the workers' folders and the drives are (agent/identity.py)."""
         return workload_dir(self.data_dir, self.users)
+
+    @property
+    def log_root(self) -> Path:
+        """The workers' logs (agent/logs.py), the agent's alone."""
+        return self.data_dir / "logs"
+
+    @property
+    def worker_root(self) -> Path:
+        return self.workload_dir / "workers"
+
+    @property
+    def drive_root(self) -> Path:
+        return self.workload_dir / "drives"

@@ -14,20 +14,23 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
-from agent import docker, network, rendezvous
-from agent import engine as engines
+from agent import commands, docker, rendezvous
 from agent.backoff import Backoff
-from agent.commands import CommandHandling
-from agent.log_replies import LogReplies
-from agent.metrics import unmeasured
+from agent.config import AgentConfig
+from agent.log_replies import Followed, LogReplies
+from agent.metrics import SampledWorker, unmeasured
+from agent.outbox import Outbox
+from agent.sampling import Sampling
+from agent.slurm_watch import SlurmWatch
+from agent.state import Background, Outgoing, isolation, private_folders
 from agent.transport import TransportRefused
+from agent.workers import Workers
 
 log = logging.getLogger("astraeus.agent")
 
@@ -51,29 +54,55 @@ CREDENTIAL_FILE = "machine-credential"
 CREDENTIAL_PREFIX = "astm_"  # a machine credential (a join token begins astj_)
 
 
-@dataclass
-class Agent(CommandHandling, LogReplies):
-    """One agent: its stream to the server over its parts (workers, commands, samples, logs)."""
+class Agent:
+    """One agent: its stream to the server, and the parts it hands the server's messages to,
+    each made here with what it needs: its workers, its watch of what Slurm runs, its log
+    replies, its sampling; all saying what they have to through one ``outgoing``."""
 
-    # Waits between reconnects: jittered, over again after a session of a minute or more.
-    reconnects: Backoff = field(
-        default_factory=lambda: Backoff(BACKOFF_START, BACKOFF_CAP, jitter=0.5, reset_after=60)
-    )
-    # Seconds between heartbeats: the setting, or a third of the server's lease if shorter.
-    beat_every: float = 0.0
+    def __init__(self, config: AgentConfig) -> None:
+        private_folders(config.data_dir, config.workload_dir)
+        self.config = config
+        self.outgoing = Outgoing(Outbox(config.data_dir / "outbox"))
+        self.background = Background()
+        self.isolation = isolation(config)
+        self.sampling = Sampling(config, self.outgoing, self._kept)
+        self.logs = LogReplies(config.log_root, self.outgoing, self.background, self._find)
+        self.workers = Workers(
+            config, self.outgoing, self.background, self.sampling, self.logs, self.isolation
+        )
+        self.slurm = SlurmWatch(config, self.outgoing, self.background, self.sampling, self.logs)
+        self.commands = commands.for_executor(
+            config.executor, self.workers.commands(), self.slurm.commands(), self.slurm.ignore
+        )
+        # Waits between reconnects: jittered, over again after a session of a minute or more.
+        self.reconnects = Backoff(BACKOFF_START, BACKOFF_CAP, jitter=0.5, reset_after=60)
+        # Seconds between heartbeats: the setting, or a third of the server's lease if shorter.
+        self.beat_every = 0.0
+        # The server's messages, by kind, to what carries each out.
+        self.handlers: dict[str, Callable[[agent_pb2.ServerMessage], Awaitable[None]]] = {
+            "welcome": self._welcome,
+            "ack": self._ack,
+            "command": self._command,
+            "log_tail": self._log_tail,
+            "log_follow_start": self._log_follow_start,
+            "log_follow_stop": self._log_follow_stop,
+            "secret_values": self._secret_values,
+        }
+
+    def _kept(self) -> Sequence[SampledWorker]:
+        """What is sampled: the workers kept, and those watched."""
+        return [*self.workers.by_id.values(), *self.slurm.watched.values()]
+
+    def _find(self, worker_id: int) -> Followed | None:
+        return self.workers.by_id.get(worker_id) or self.slurm.watched.get(worker_id)
 
     async def run_forever(self) -> None:
         """Connect, and connect again after any loss, backing off with jitter."""
-        self.adopt()
-        if self.config.executor == "docker":
-            # Containers of workers this agent no longer has (deleted while it was away).
-            with contextlib.suppress(Exception):
-                install = self.config.install
-                kept = {f"{install}-{k}" for k in self.workers}
-                await engines.remove_orphans(self._engine(), kept, install)
-        self._start_network()
-        sampling = asyncio.create_task(self._sample_forever())
-        guarding = asyncio.create_task(self._network_forever())
+        self.workers.adopt()
+        await self.workers.remove_orphans()
+        self.workers.start_network()
+        sampling = asyncio.create_task(self.sampling.forever())
+        guarding = asyncio.create_task(self.workers.network_forever())
         try:
             while True:
                 started = time.monotonic()
@@ -87,44 +116,11 @@ class Agent(CommandHandling, LogReplies):
         finally:
             sampling.cancel()
             guarding.cancel()
-            self.network.stop()  # its table goes with it (a restarted agent makes it anew)
+            self.workers.network.stop()  # its table goes with it (a restarted agent makes it anew)
             await docker.removals_done()
-
-    def _start_network(self) -> None:
-        """The workloads' network rules (agent/network.py), made as the agent starts, before its
-        Hello: ``self.network.enforced`` says whether this machine has them."""
-        if self.config.executor != "process" or not self.config.users.switch:
-            self.network.why_not = (
-                f"the {self.config.executor} executor's workloads are not its processes"
-                if self.config.executor != "process"
-                else "workloads run as the agent's own user"
-            )
-            log.warning("network: NOT enforced (%s)", self.network.why_not)
-            return
-        self.network.start()
-
-    async def _network_forever(self) -> None:
-        """The rules brought up to date with the workers taken back and the machine's
-        listeners, every network.REFRESH_SECONDS."""
-        looks = 0
-        while self.network.enforced:
-            self._network_rules()
-            looks += 1
-            if looks % network.SWEEP_EVERY == 0:
-                await asyncio.to_thread(network.sweep)  # agents killed since
-            await asyncio.sleep(network.REFRESH_SECONDS)
 
     def _hello(self) -> agent_pb2.AgentMessage:
         c = self.config
-        known = [
-            agent_pb2.KnownWorker(worker_id=w.worker_id, attempt=w.attempt, ended=w.exited.is_set())
-            for w in self.workers.values()
-        ]
-        known += [
-            agent_pb2.KnownWorker(worker_id=worker_id, attempt=attempt, ended=True)
-            for worker_id, attempt in self.ended.items()
-            if worker_id not in self.workers
-        ]
         return agent_pb2.AgentMessage(
             id=0,
             hello=agent_pb2.Hello(
@@ -148,7 +144,7 @@ class Agent(CommandHandling, LogReplies):
                 agent_version="0.2.0",
                 protocol=PROTOCOL,
                 advertise_address=(c.advertise_address or rendezvous.route_address(c.server)),
-                workers=sorted(known, key=lambda k: k.worker_id),
+                workers=self.workers.known(),
                 isolation=[
                     agent_pb2.Isolation.Value(f"ISOLATION_{part.upper()}")
                     for part in sorted(self.isolation.enforced)
@@ -161,13 +157,14 @@ class Agent(CommandHandling, LogReplies):
         yield self._hello()
         # What the last stream (or agent) did not see acknowledged goes again, in order;
         # passing messages queued meanwhile (heartbeats, replies) are of no use any more.
-        while not self.queue.empty():
-            self.queue.get_nowait()
-        for message in self.outbox.pending():
+        queue, outbox = self.outgoing.queue, self.outgoing.outbox
+        while not queue.empty():
+            queue.get_nowait()
+        for message in outbox.pending():
             yield message
         while True:
-            message = await self.queue.get()
-            if message.WhichOneof("body") in PASSING or message.id in self.outbox:
+            message = await queue.get()
+            if message.WhichOneof("body") in PASSING or message.id in outbox:
                 yield message
 
     async def _session(self) -> None:
@@ -189,8 +186,7 @@ class Agent(CommandHandling, LogReplies):
                 beats.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beats
-                for follow in list(self.follows.values()):
-                    follow.cancel()  # the server that asked is gone with its stream
+                self.logs.stop_all()  # the server that asked is gone with its stream
 
     async def _credential(self, stub: agent_pb2_grpc.AgentStub) -> str:
         """The machine's own credential: kept in the data folder, or got once for the join
@@ -223,42 +219,42 @@ class Agent(CommandHandling, LogReplies):
             every = self.beat_every or self.config.heartbeat_seconds
             await asyncio.sleep(max(0.0, min(last + every - loop.time(), BEAT_LOOK_S)))
             if loop.time() - last >= every:
-                self._send(durable=False, heartbeat=agent_pb2.Heartbeat())
+                self.outgoing.send(durable=False, heartbeat=agent_pb2.Heartbeat())
                 last = loop.time()
 
     async def _handle(self, message: agent_pb2.ServerMessage) -> None:
-        kind = message.WhichOneof("body")
-        if kind == "welcome":
-            log.info("joined as machine %s", message.welcome.machine_id)
-            if message.welcome.lease_seconds:
-                # Back in well within a lease after any outage, the server's included.
-                self.reconnects.cap = min(BACKOFF_CAP, message.welcome.lease_seconds / 4)
-                # Three beats a lease at least, whatever --heartbeat says.
-                self.beat_every = min(
-                    self.config.heartbeat_seconds, message.welcome.lease_seconds / 3
-                )
-        elif kind == "ack":
-            self.outbox.acknowledge(message.ack.up_to)
-            self.ended = {
-                worker_id: attempt
-                for worker_id, attempt in self.ended.items()
-                if any(_ends(m, worker_id) for m in self.outbox.pending())
-            }
-        elif kind == "command":
-            await self._command(message.command)
-            self._send(command_ack=agent_pb2.CommandAck(command_ids=[message.command.command_id]))
-        elif kind == "log_tail":
-            self._keep(asyncio.create_task(self._reply_tail(message.id, message.log_tail)))
-        elif kind == "log_follow_start":
-            self._follow(message.id, message.log_follow_start)
-        elif kind == "secret_values":
-            waiting = self.secret_answers.pop(message.secret_values.worker_id, None)
-            if waiting is not None and not waiting.done():
-                waiting.set_result(message.secret_values)
-        elif kind == "log_follow_stop":
-            follow = self.follows.pop(message.log_follow_stop.follow_id, None)
-            if follow is not None:
-                follow.cancel()
+        handler = self.handlers.get(message.WhichOneof("body") or "")
+        if handler is not None:
+            await handler(message)
+
+    async def _welcome(self, message: agent_pb2.ServerMessage) -> None:
+        log.info("joined as machine %s", message.welcome.machine_id)
+        if message.welcome.lease_seconds:
+            # Back in well within a lease after any outage, the server's included.
+            self.reconnects.cap = min(BACKOFF_CAP, message.welcome.lease_seconds / 4)
+            # Three beats a lease at least, whatever --heartbeat says.
+            self.beat_every = min(self.config.heartbeat_seconds, message.welcome.lease_seconds / 3)
+
+    async def _ack(self, message: agent_pb2.ServerMessage) -> None:
+        self.outgoing.outbox.acknowledge(message.ack.up_to)
+        self.workers.acknowledged(list(self.outgoing.outbox.pending()))
+
+    async def _command(self, message: agent_pb2.ServerMessage) -> None:
+        await self.commands.carry_out(message.command)
+        ack = agent_pb2.CommandAck(command_ids=[message.command.command_id])
+        self.outgoing.send(command_ack=ack)
+
+    async def _log_tail(self, message: agent_pb2.ServerMessage) -> None:
+        self.logs.tail(message.id, message.log_tail)
+
+    async def _log_follow_start(self, message: agent_pb2.ServerMessage) -> None:
+        self.logs.follow(message.id, message.log_follow_start)
+
+    async def _log_follow_stop(self, message: agent_pb2.ServerMessage) -> None:
+        self.logs.stop(message.log_follow_stop.follow_id)
+
+    async def _secret_values(self, message: agent_pb2.ServerMessage) -> None:
+        self.workers.secrets_answered(message.secret_values)
 
 
 async def until_stopped(agent: Agent) -> None:
@@ -283,11 +279,3 @@ def keep_secret(path: Path, secret: str) -> None:
         file.flush()
         os.fsync(file.fileno())
     partial.replace(path)
-
-
-def _ends(message: agent_pb2.AgentMessage, worker_id: int) -> bool:
-    return (
-        message.WhichOneof("body") == "worker_event"
-        and message.worker_event.worker_id == worker_id
-        and message.worker_event.state == agent_pb2.WORKER_STATE_EXITED
-    )

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
 
 from astraeus.agent.v1 import agent_pb2
 
+from agent.log_watch import LogWatch
 from agent.logs import LogFollower, WorkerLog
-from agent.state import AgentState
+from agent.state import Background, Outgoing
 
 # A follow looks at its log this often without being woken (a filesystem without inotify, a
 # watcher that could not start): the longest its lines then wait.
@@ -23,12 +27,64 @@ QUEUE_HIGH_WATER = 256
 QUEUE_RETRY_S = 0.2
 
 
-class LogReplies(AgentState):
-    """The agent's log replies (a part of ``Agent``)."""
+class Followed(Protocol):
+    """A worker whose log is followed: the follow ends as it does."""
+
+    @property
+    def exited(self) -> asyncio.Event: ...
+
+
+class LogReplies:
+    """The agent's log replies, from the logs under ``log_root``; ``find`` gives the worker
+    (its own or watched) of an id, to follow its log until it ends."""
+
+    def __init__(
+        self,
+        log_root: Path,
+        outgoing: Outgoing,
+        background: Background,
+        find: Callable[[int], Followed | None],
+    ) -> None:
+        self.log_root = log_root
+        self.outgoing = outgoing
+        self.background = background
+        self.find = find
+        self.follows: dict[str, asyncio.Task[None]] = {}
+        self.log_watch = LogWatch(log_root)  # wakes follows as their logs are written
+
+    def tail(self, request_id: int, request: agent_pb2.LogTailRequest) -> None:
+        """Answered in a task of its own: the stream's messages go on meanwhile."""
+        self.background.keep(asyncio.create_task(self._reply_tail(request_id, request)))
+
+    def follow(self, request_id: int, request: agent_pb2.LogFollowStart) -> None:
+        follow_id = request.follow_id or str(request_id)
+        task = asyncio.create_task(
+            self._stream_log(request_id, request), name=f"follow:{request.worker_id}"
+        )
+        self.follows[follow_id] = task
+        task.add_done_callback(lambda _: self.follows.pop(follow_id, None))
+
+    def stop(self, follow_id: str) -> None:
+        follow = self.follows.pop(follow_id, None)
+        if follow is not None:
+            follow.cancel()
+
+    def stop_all(self) -> None:
+        """The server that asked is gone with its stream."""
+        for follow in list(self.follows.values()):
+            follow.cancel()
+
+    async def drained(self, worker_id: int, seconds: float) -> None:
+        """The worker's follows read to its log's end (it has ended), for ``seconds`` at most
+        each, before its log is archived."""
+        mine = f"follow:{worker_id}"
+        for follow in [t for t in self.follows.values() if t.get_name() == mine]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(follow), seconds)
 
     def _reply(self, request_id: int, chunk: agent_pb2.LogChunk) -> None:
         # A reply needs no resending: the server waits for it only so long.
-        self._send(durable=False, reply=agent_pb2.Reply(request_id=request_id, log=chunk))
+        self.outgoing.send(durable=False, reply=agent_pb2.Reply(request_id=request_id, log=chunk))
 
     async def _reply_tail(self, request_id: int, request: agent_pb2.LogTailRequest) -> None:
         """The last lines of a worker's log, cut to the bytes asked for (its end). Read in a
@@ -57,7 +113,7 @@ class LogReplies(AgentState):
     async def _stream_log(self, request_id: int, request: agent_pb2.LogFollowStart) -> None:
         """Send the worker's new lines as they are written, until it ends or the server stops."""
         key = request.worker_id
-        worker = self.workers.get(key) or self.watched.get(key)
+        worker = self.find(key)
         wlog = WorkerLog(self.log_root, str(key))
         offset: int | None = None  # where the follower begins: after the tail, else the end
         if request.tail_lines:
@@ -75,7 +131,7 @@ class LogReplies(AgentState):
         missed = 0
         with self.log_watch.following(wlog.folder) as written:
             while not worker.exited.is_set():
-                if self.queue.qsize() >= QUEUE_HIGH_WATER:
+                if self.outgoing.queue.qsize() >= QUEUE_HIGH_WATER:
                     await _until(QUEUE_RETRY_S, worker.exited)
                     continue
                 written.clear()  # a write from now on wakes the wait below

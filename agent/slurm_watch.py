@@ -21,9 +21,13 @@ from astraeus.agent.v1 import agent_pb2
 
 from agent import slurm_node
 from agent.cgroups import Measured
+from agent.commands import Handler
+from agent.config import AgentConfig
+from agent.log_replies import LogReplies
 from agent.logs import WorkerLog
 from agent.sampling import Sampling
-from agent.slurm_node import ProcessSet, TaskPid
+from agent.slurm_node import ProcessSet, SlurmNode, TaskPid
+from agent.state import Background, Outgoing
 from agent.watched import Watch, WatchedWorker
 
 log = logging.getLogger("astraeus.agent")
@@ -36,10 +40,52 @@ UNSEEN_S = 120.0
 FOLLOW_DRAIN_S = 2.0
 
 
-class SlurmWatching(Sampling):
-    """The agent's watched workers (a part of ``Agent``)."""
+class SlurmWatch:
+    """A Slurm node agent's watched workers, by the server's id for each, and the one task that
+    looks at them; the Slurm commands are its own (``commands``)."""
 
-    def _watch_slurm(self, worker_id: int, message: agent_pb2.WatchWorker) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        outgoing: Outgoing,
+        background: Background,
+        sampling: Sampling,
+        logs: LogReplies,
+    ) -> None:
+        self.config = config
+        self.outgoing = outgoing
+        self.background = background
+        self.sampling = sampling
+        self.logs = logs
+        self.slurm = SlurmNode(config.machine, config.slurm_conf, config.slurm_bin)
+        self.watched: dict[int, WatchedWorker] = {}
+        self.watching: asyncio.Task[None] | None = None
+
+    def commands(self) -> dict[agent_pb2.CommandKind.ValueType, Handler]:
+        """The server's commands to a Slurm node's agent (agent/commands.py): Slurm starts and
+        stops its workers, never the agent."""
+        return {
+            agent_pb2.COMMAND_KIND_WATCH: self.watch,
+            agent_pb2.COMMAND_KIND_STOP: self.ended,
+            agent_pb2.COMMAND_KIND_DELETE: self.delete,
+        }
+
+    async def watch(self, command: agent_pb2.Command) -> None:
+        self._watch(command.worker_id, command.watch)
+
+    async def ended(self, command: agent_pb2.Command) -> None:
+        """A STOP: Slurm ended it here (Slurm's to stop, never the agent's)."""
+        self._end_watch(command.worker_id)
+
+    async def delete(self, command: agent_pb2.Command) -> None:
+        """Its run was deleted: its copy of the log goes too."""
+        self._forget_watch(command.worker_id)
+        WorkerLog(self.config.log_root, str(command.worker_id)).delete()
+
+    async def ignore(self, command: agent_pb2.Command) -> None:
+        log.warning("a Slurm node's agent runs no workers: command %s ignored", command.kind)
+
+    def _watch(self, worker_id: int, message: agent_pb2.WatchWorker) -> None:
         watch = Watch.of(message)
         current = self.watched.get(worker_id)
         if current is not None and current.attempt == watch.attempt:
@@ -52,10 +98,10 @@ class SlurmWatching(Sampling):
         log.info("watching worker %s (Slurm job %s)", worker.name, watch.job_id)
         if self.watching is None or self.watching.done():
             self.watching = asyncio.create_task(self._watching())
-            self._keep(self.watching)
+            self.background.keep(self.watching)
 
     def _watched_log(self, worker_id: int) -> WorkerLog:
-        copy = WorkerLog(self.log_root, str(worker_id))
+        copy = WorkerLog(self.config.log_root, str(worker_id))
         copy.begin()  # made again whole from the node's log
         return copy
 
@@ -71,7 +117,7 @@ class SlurmWatching(Sampling):
             self._send_snapshot(worker_id, 0)
 
     def _send_snapshot(self, worker_id: int, attempt: int) -> None:
-        lines = WorkerLog(self.log_root, str(worker_id)).snapshot()
+        lines = WorkerLog(self.config.log_root, str(worker_id)).snapshot()
         if lines:
             event = agent_pb2.WorkerEvent(
                 worker_id=worker_id,
@@ -80,7 +126,7 @@ class SlurmWatching(Sampling):
                 at_ms=int(time.time() * 1000),
                 log_tail=lines,
             )
-            self._send(worker_event=event)
+            self.outgoing.send(worker_event=event)
 
     def _forget_watch(self, worker_id: int) -> None:
         """A deleted run's worker: no more watching, no copy of its log kept."""
@@ -120,7 +166,7 @@ class SlurmWatching(Sampling):
                 worker.cgroup = self._measure(worker, mine)
             if not worker.started:
                 worker.started = True
-                self._keep(asyncio.create_task(self._sample_start(worker)))
+                self.background.keep(asyncio.create_task(self.sampling.start(worker)))
         elif worker.started or time.monotonic() - worker.since > UNSEEN_S:
             worker.ended_here.set()
 
@@ -143,17 +189,9 @@ class SlurmWatching(Sampling):
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(worker.copy.copy)
         worker.exited.set()
-        mine = f"follow:{worker.worker_id}"
-        for follow in [t for t in self.follows.values() if t.get_name() == mine]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(follow), FOLLOW_DRAIN_S)
+        await self.logs.drained(worker.worker_id, FOLLOW_DRAIN_S)
         if worker.started:
-            report = self.sampler.last_report(worker)
-            if report is not None:
-                self._send(progress=report)
-            last = self.sampler.ended(worker, oom_killed=False)
-            if last:
-                self._send(metrics=agent_pb2.MetricBatch(samples=last))
+            self.sampling.last(worker)
         worker.close()
         await asyncio.to_thread(worker.log.archive)
         if self.watched.get(worker.worker_id) is worker:

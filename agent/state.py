@@ -1,13 +1,10 @@
-"""What one agent holds (its workers, its tasks, what waits for the server), and how it says
-something to the server.
+"""What the agent's parts share, each given it when made (agent/connection.py makes them): how
+the agent says something to the server (``Outgoing``), the tasks it keeps running
+(``Background``), and the machine's folders and isolation.
 
 Every message the agent sends waits in its outbox (on disk for what must not be lost) until
 the server acknowledges it, and is sent again after a reconnect or a restart, so neither a
 server restart nor an agent restart loses a state change or a failure snapshot.
-
-The agent's parts are classes over this one, each in a file of its own: sampling
-(agent/sampling.py), log replies (agent/log_replies.py), its workers (agent/workers.py), the
-server's commands (agent/commands.py), and the stream (agent/connection.py: ``Agent``).
 """
 
 from __future__ import annotations
@@ -15,80 +12,28 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from astraeus.agent.v1 import agent_pb2
 
-from agent import docker, rendezvous, sandbox, uid_handover
+from agent import docker, sandbox
 from agent.config import AgentConfig
 from agent.executor import Exit, ProcessWorker
-from agent.log_watch import LogWatch
-from agent.metrics import Sampler
 from agent.outbox import Outbox
-from agent.slurm_node import SlurmNode
-from agent.watched import WatchedWorker
 
 Worker = ProcessWorker | docker.ContainerWorker
 
 
-@dataclass
-class AgentState:
-    """What every part of the agent reads and changes (``Agent``, agent/connection.py)."""
+class Outgoing:
+    """The agent's messages to the server: kept in the outbox until acknowledged (unless
+    passing), and queued for the stream (agent/connection.py) to send."""
 
-    config: AgentConfig
-    # Everything of a worker on this machine is keyed by the server's id for it, never its
-    # name: two workspaces may both run `train` here.
-    workers: dict[int, Worker] = field(default_factory=dict)
-    queue: asyncio.Queue[agent_pb2.AgentMessage] = field(default_factory=asyncio.Queue)
-    running: set[asyncio.Task[Any]] = field(default_factory=set)
-    follows: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    ended: dict[int, int] = field(default_factory=dict)  # reported ends not yet acknowledged
-    preparing: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-    secret_answers: dict[int, asyncio.Future[agent_pb2.SecretValues]] = field(default_factory=dict)
-    # Rank 0's MASTER_PORT: bound from its START until its process starts, claimed machine-wide
-    # until the worker is gone (agent/rendezvous.py).
-    reserved: dict[int, rendezvous.Claim] = field(default_factory=dict)
-    # A Slurm node's agent: the workers Slurm runs here that it watches (agent/slurm_watch.py),
-    # by the server's id, and the one task that looks at them.
-    watched: dict[int, WatchedWorker] = field(default_factory=dict)
-    watching: asyncio.Task[None] | None = None
-    outbox: Outbox = field(init=False)
-    sampler: Sampler = field(init=False)
-    log_watch: LogWatch = field(init=False)  # wakes follows as their logs are written
-    slurm: SlurmNode = field(init=False)  # this node's Slurm, for a Slurm node's agent
-    # What this machine gives its workers (agent/sandbox.py), which workspace last ran under
-    # each user id, and the places a user id may have left files in (agent/uid_handover.py).
-    isolation: sandbox.Isolation = field(init=False)
-    uid_ledger: uid_handover.Ledger = field(init=False)
-    shared_places: list[Path] = field(init=False)
+    def __init__(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+        self.queue: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
 
-    def __post_init__(self) -> None:
-        private_folders(self.config.data_dir, self.config.workload_dir)
-        self.isolation = isolation(self.config)
-        self.uid_ledger = uid_handover.Ledger(self.config.data_dir / uid_handover.LEDGER)
-        self.shared_places = uid_handover.shared_places() if self.config.users.switch else []
-        self.outbox = Outbox(self.config.data_dir / "outbox")
-        self.sampler = Sampler(
-            self.config.nvml, gpu_memory={g.index: g.memory_bytes for g in self.config.gpus}
-        )
-        self.log_watch = LogWatch(self.log_root)
-        self.slurm = SlurmNode(self.config.machine, self.config.slurm_conf, self.config.slurm_bin)
-
-    @property
-    def log_root(self) -> Path:
-        return self.config.data_dir / "logs"
-
-    @property
-    def worker_root(self) -> Path:
-        return self.config.workload_dir / "workers"
-
-    @property
-    def drive_root(self) -> Path:
-        return self.config.workload_dir / "drives"
-
-    def _send(self, durable: bool = True, **body: Any) -> None:
+    def send(self, durable: bool = True, **body: Any) -> None:
         """Queue a message; kept in the outbox until acknowledged unless it is a passing one."""
         message = agent_pb2.AgentMessage(id=self.outbox.next_id(), **body)
         if durable:
@@ -106,37 +51,56 @@ class AgentState:
     ) -> None:
         """A change of ``worker``: its end (``exit``), or while it prepares or pulls what it
         waits for, named (and how far, in ``detail``); the server writes the sentences."""
-        event = agent_pb2.WorkerEvent(
-            worker_id=worker.worker_id,
-            attempt=worker.attempt,
-            state=state,
-            # An end is dated when its process ended (the shim's record), not when seen here.
-            at_ms=exit.at_ms if exit is not None and exit.at_ms else int(time.time() * 1000),
-            detail=detail,
-        )
-        if waits is not None:
-            event.waits_for, event.waits_on = waits
-        if exit is not None:
-            event.cause = agent_pb2.EndCause.Value(f"END_CAUSE_{exit.cause.upper()}")
-            event.detail = exit.detail
-            if exit.signal is not None:
-                event.signal = exit.signal
-            if exit.uid is not None:
-                event.uid, event.blocked_at = exit.uid, exit.blocked_at
-            if exit.offered_port is not None:
-                event.offered_port = exit.offered_port
-            if exit.code is not None:
-                event.exit_code = exit.code
-            if exit.pids_limit is not None:
-                event.pids_limit = exit.pids_limit
-            # A failure's snapshot; and a stop's: the server keeps it when it stopped the
-            # worker for its time limit, a preemption or a stall, or had lost its machine.
-            # None of an attempt that never started: its log holds an earlier one's lines.
-            if (exit.code != 0 or worker.stopping) and worker.started:
-                event.log_tail = worker.log.snapshot()
-        self._send(worker_event=event)
+        self.send(worker_event=worker_event(worker, state, exit, waits=waits, detail=detail))
 
-    def _keep(self, task: asyncio.Task[Any]) -> None:
+
+def worker_event(
+    worker: Worker,
+    state: int,
+    exit: Exit | None = None,
+    *,
+    waits: tuple[agent_pb2.Wait.ValueType, str] | None = None,
+    detail: str = "",
+) -> agent_pb2.WorkerEvent:
+    event = agent_pb2.WorkerEvent(
+        worker_id=worker.worker_id,
+        attempt=worker.attempt,
+        state=state,
+        # An end is dated when its process ended (the shim's record), not when seen here.
+        at_ms=exit.at_ms if exit is not None and exit.at_ms else int(time.time() * 1000),
+        detail=detail,
+    )
+    if waits is not None:
+        event.waits_for, event.waits_on = waits
+    if exit is not None:
+        event.cause = agent_pb2.EndCause.Value(f"END_CAUSE_{exit.cause.upper()}")
+        event.detail = exit.detail
+        if exit.signal is not None:
+            event.signal = exit.signal
+        if exit.uid is not None:
+            event.uid, event.blocked_at = exit.uid, exit.blocked_at
+        if exit.offered_port is not None:
+            event.offered_port = exit.offered_port
+        if exit.code is not None:
+            event.exit_code = exit.code
+        if exit.pids_limit is not None:
+            event.pids_limit = exit.pids_limit
+        # A failure's snapshot; and a stop's: the server keeps it when it stopped the
+        # worker for its time limit, a preemption or a stall, or had lost its machine.
+        # None of an attempt that never started: its log holds an earlier one's lines.
+        if (exit.code != 0 or worker.stopping) and worker.started:
+            event.log_tail = worker.log.snapshot()
+    return event
+
+
+class Background:
+    """The tasks the agent's parts start and nobody awaits, held until they are done (the loop
+    keeps only weak references)."""
+
+    def __init__(self) -> None:
+        self.running: set[asyncio.Task[Any]] = set()
+
+    def keep(self, task: asyncio.Task[Any]) -> None:
         self.running.add(task)
         task.add_done_callback(self.running.discard)
 

@@ -1,6 +1,8 @@
 """The workers this agent keeps: made for its executor (processes or containers), taken back
 after a restart, prepared (credentials, drives, image) up to the gang barrier, their rank 0's
-MASTER_PORT claimed, watched to their end and forgotten once the end is reported.
+MASTER_PORT claimed (agent/master_ports.py), watched to their end and forgotten once the end is
+reported; and the server's commands to them: START (prepare, then wait at the gang barrier),
+RELEASE (the barrier is passed: run), STOP and DELETE.
 
 Workers are kept by shims that outlive the agent; a restarted agent takes them back
 (``adopt``).
@@ -12,28 +14,153 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 from astraeus.agent.v1 import agent_pb2
 
-from agent import docker, prepare, rendezvous, uid_handover
+from agent import docker, network, prepare, sandbox, uid_handover
 from agent import engine as engines
+from agent.commands import Handler
+from agent.config import AgentConfig
 from agent.executor import OOM_KILLED, EndCause, Exit, ProcessWorker
 from agent.identity import local_name, uid_seed
+from agent.log_replies import LogReplies
 from agent.logs import WorkerLog
+from agent.master_ports import MasterPorts
 from agent.network import Network, gang_rendezvous
-from agent.state import AgentState, Worker
+from agent.sampling import Sampling
+from agent.state import Background, Outgoing, Worker
 
 log = logging.getLogger("astraeus.agent")
+FOLLOW_DRAIN_S = 2.0  # an ended worker's follows read to its log's end, this long at most
 
 
-class WorkerKeeping(AgentState):
-    """The agent's workers, from their making to their end (a part of ``Agent``)."""
+class Workers:
+    """The agent's workers, from their making to their end, by the server's id for each
+    (never its name: two workspaces may both run `train` here)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        outgoing: Outgoing,
+        background: Background,
+        sampling: Sampling,
+        logs: LogReplies,
+        isolation: sandbox.Isolation,
+    ) -> None:
+        self.config = config
+        self.outgoing = outgoing
+        self.background = background
+        self.sampling = sampling
+        self.logs = logs
+        # What this machine gives its workers (agent/sandbox.py).
+        self.isolation = isolation
+        self.by_id: dict[int, Worker] = {}
+        self.ended: dict[int, int] = {}  # reported ends not yet acknowledged
+        self.preparing: dict[int, asyncio.Task[None]] = {}
+        self.secret_answers: dict[int, asyncio.Future[agent_pb2.SecretValues]] = {}
+        self.ports = MasterPorts()
+        # Which workspace last ran under each user id, and the places a user id may have left
+        # files in (agent/uid_handover.py).
+        self.uid_ledger = uid_handover.Ledger(config.data_dir / uid_handover.LEDGER)
+        self.shared_places = uid_handover.shared_places() if config.users.switch else []
+        self._resolved: dict[str, str] = {}  # MASTER_ADDR names (and gangs' machines') as addresses
+
+    def commands(self) -> dict[agent_pb2.CommandKind.ValueType, Handler]:
+        """The server's commands this part carries out (agent/commands.py)."""
+        return {
+            agent_pb2.COMMAND_KIND_START: self.start,
+            agent_pb2.COMMAND_KIND_RELEASE: self.release,
+            agent_pb2.COMMAND_KIND_STOP: self.stop,
+            agent_pb2.COMMAND_KIND_DELETE: self.delete,
+        }
+
+    # --- the server's commands ------------------------------------------------------------
+
+    async def start(self, command: agent_pb2.Command) -> None:
+        key = command.worker_id
+        payload = start_payload(command.start)
+        current = self.by_id.get(key)
+        if current is not None and current.attempt == int(payload.get("attempt", 0)):
+            return  # delivered again after a reconnect
+        if current is not None:
+            await current.stop()
+        self.ports.release(key)
+        worker = self._new_worker(key, await self._with_uid(key, payload))
+        worker.keep()
+        self.by_id[key] = worker
+        self._network_rules()
+        taken = self.ports.reserve(worker)
+        if taken is not None:
+            self._ended_before_start(worker, taken)
+            return
+        self._begin(worker)
+
+    async def release(self, command: agent_pb2.Command) -> None:
+        worker = self.by_id.get(command.worker_id)
+        if worker is None or worker.started or worker.exited.is_set():
+            return
+        self._network_rules()
+        self.ports.started(command.worker_id)  # the worker's process binds it now
+        await worker.start()
+        self.outgoing.report(worker, agent_pb2.WORKER_STATE_RUNNING)
+        self._watch(worker)
+        self.background.keep(asyncio.create_task(self.sampling.start(worker)))
+
+    async def stop(self, command: agent_pb2.Command) -> None:
+        worker = self.by_id.get(command.worker_id)
+        if worker is None:
+            return
+        if worker.started:
+            await worker.stop()
+            return
+        preparing = self.preparing.pop(command.worker_id, None)
+        if preparing is not None:
+            preparing.cancel()
+        self._ended_before_start(worker, Exit(None, EndCause.STOPPED_BEFORE_START))
+
+    async def delete(self, command: agent_pb2.Command) -> None:
+        key = command.worker_id
+        preparing = self.preparing.pop(key, None)
+        if preparing is not None:
+            preparing.cancel()
+        worker = self.by_id.pop(key, None)
+        self.ports.release(key)
+        if worker is not None:
+            await worker.stop()
+            worker.release()
+        WorkerLog(self.config.log_root, str(key)).delete()
+
+    # --- what the stream says of them -----------------------------------------------------
+
+    def known(self) -> list[agent_pb2.KnownWorker]:
+        """The workers kept, and those whose end the server has not acknowledged (Hello)."""
+        known = [
+            agent_pb2.KnownWorker(worker_id=w.worker_id, attempt=w.attempt, ended=w.exited.is_set())
+            for w in self.by_id.values()
+        ]
+        known += [
+            agent_pb2.KnownWorker(worker_id=worker_id, attempt=attempt, ended=True)
+            for worker_id, attempt in self.ended.items()
+            if worker_id not in self.by_id
+        ]
+        return sorted(known, key=lambda k: k.worker_id)
+
+    def acknowledged(self, pending: list[agent_pb2.AgentMessage]) -> None:
+        """The ends no message still ``pending`` in the outbox reports are known to the server."""
+        self.ended = {
+            worker_id: attempt
+            for worker_id, attempt in self.ended.items()
+            if any(_ends(m, worker_id) for m in pending)
+        }
+
+    def secrets_answered(self, values: agent_pb2.SecretValues) -> None:
+        waiting = self.secret_answers.pop(values.worker_id, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(values)
 
     # --- executors ------------------------------------------------------------------------
-
     async def _with_uid(self, worker_id: int, payload: dict[str, Any]) -> dict[str, Any]:
         """The start payload with the worker's own user id of the range (identity.py's
         free_uid: the same at every attempt), free among the kept workers and handed over from
@@ -41,7 +168,7 @@ class WorkerKeeping(AgentState):
         (agent/uid_handover.py); an id with something left is passed over for the next."""
         if not self.config.users.switch:
             return payload
-        taken = {int(w.payload["uid"]) for w in self.workers.values() if "uid" in w.payload}
+        taken = {int(w.payload["uid"]) for w in self.by_id.values() if "uid" in w.payload}
         workspace = int(payload.get("workspace_id") or 0)
         while True:
             try:
@@ -58,10 +185,10 @@ class WorkerKeeping(AgentState):
             return {**payload, "uid": uid}
 
     def _new_worker(self, worker_id: int, payload: dict[str, Any]) -> Worker:
-        log_ = WorkerLog(self.log_root, str(worker_id))
-        folder = self.worker_root / local_name(worker_id, payload)
+        log_ = WorkerLog(self.config.log_root, str(worker_id))
+        folder = self.config.worker_root / local_name(worker_id, payload)
         if self.config.executor == "docker":
-            drives = prepare.drive_folder(self.drive_root, payload, "x").parent
+            drives = prepare.drive_folder(self.config.drive_root, payload, "x").parent
             container = docker.ContainerWorker(
                 worker_id, payload, log_, folder, engine=self._engine(), drives=drives
             )
@@ -69,7 +196,7 @@ class WorkerKeeping(AgentState):
             container.pids_limit = self.isolation.pids_max
             return container
         return self._process_worker(
-            ProcessWorker(worker_id, payload, log_, folder, drive_root=self.drive_root)
+            ProcessWorker(worker_id, payload, log_, folder, drive_root=self.config.drive_root)
         )
 
     def _process_worker(self, worker: ProcessWorker) -> ProcessWorker:
@@ -81,15 +208,17 @@ class WorkerKeeping(AgentState):
 
     def _adopt_worker(self, folder: Path) -> Worker | None:
         if docker.is_container_folder(folder):
-            adopted = docker.ContainerWorker.adopt(folder, self.log_root, self._engine())
+            adopted = docker.ContainerWorker.adopt(folder, self.config.log_root, self._engine())
             if adopted is not None:
-                adopted.drives = prepare.drive_folder(self.drive_root, adopted.payload, "x").parent
+                adopted.drives = prepare.drive_folder(
+                    self.config.drive_root, adopted.payload, "x"
+                ).parent
                 adopted.users, adopted.install = self.config.users, self.config.install
                 adopted.pids_limit = self.isolation.pids_max
             return adopted
-        process = ProcessWorker.adopt(folder, self.log_root)
+        process = ProcessWorker.adopt(folder, self.config.log_root)
         if process is not None:
-            process.drive_root = self.drive_root
+            process.drive_root = self.config.drive_root
             self._process_worker(process)
         return process
 
@@ -100,38 +229,67 @@ class WorkerKeeping(AgentState):
 
     def adopt(self) -> None:
         """Take back the workers a previous agent left: running, at the barrier, or ended."""
-        if not self.worker_root.exists():
+        if not self.config.worker_root.exists():
             return
-        for folder in sorted(p for p in self.worker_root.iterdir() if p.is_dir()):
+        for folder in sorted(p for p in self.config.worker_root.iterdir() if p.is_dir()):
             worker = self._adopt_worker(folder)
             if worker is None:
                 continue
-            self.workers[worker.worker_id] = worker
+            self.by_id[worker.worker_id] = worker
             if worker.started:
                 self._watch(worker)
             else:
                 self._begin(worker)  # at the barrier: credentials and drives again
             log.info("took back worker %s (attempt %s)", worker.name, worker.attempt)
 
+    async def remove_orphans(self) -> None:
+        """Containers of workers this agent no longer has (deleted while it was away)."""
+        if self.config.executor != "docker":
+            return
+        with contextlib.suppress(Exception):
+            install = self.config.install
+            kept = {f"{install}-{k}" for k in self.by_id}
+            await engines.remove_orphans(self._engine(), kept, install)
+
     # --- the network: what its workloads reach (agent/network.py) -------------------------
 
     @functools.cached_property
     def network(self) -> Network:
-        """This agent's nftables table (started by ``Agent.run_forever``)."""
+        """This agent's nftables table (started by ``start_network``)."""
         c = self.config
         return Network(c.install, c.users.uids, c.server)
 
-    @functools.cached_property
-    def _resolved(self) -> dict[str, str]:
-        return {}  # MASTER_ADDR names (and the gangs' machines') as addresses
+    def start_network(self) -> None:
+        """The workloads' network rules, made as the agent starts, before its Hello:
+        ``self.network.enforced`` says whether this machine has them."""
+        if self.config.executor != "process" or not self.config.users.switch:
+            self.network.why_not = (
+                f"the {self.config.executor} executor's workloads are not its processes"
+                if self.config.executor != "process"
+                else "workloads run as the agent's own user"
+            )
+            log.warning("network: NOT enforced (%s)", self.network.why_not)
+            return
+        self.network.start()
+
+    async def network_forever(self) -> None:
+        """The rules brought up to date with the workers taken back and the machine's
+        listeners, every network.REFRESH_SECONDS."""
+        looks = 0
+        while self.network.enforced:
+            self._network_rules()
+            looks += 1
+            if looks % network.SWEEP_EVERY == 0:
+                await asyncio.to_thread(network.sweep)  # agents killed since
+            await asyncio.sleep(network.REFRESH_SECONDS)
 
     def _network_rules(self) -> None:
         """The rules as the workers kept now need them, the machine's listeners looked at
-        again (also every network.REFRESH_SECONDS: agent/connection.py)."""
-        self._expire_offers()
+        again (also every network.REFRESH_SECONDS: ``network_forever``)."""
+        self.ports.expire_offers()
         if not self.network.enforced:
             return
-        kept = [(w.payload, self._uid_of(w)) for w in self.workers.values()]
+        kept = [(w.payload, self._uid_of(w)) for w in self.by_id.values()]
         self.network.update(gang_rendezvous(kept, self._resolved))
 
     def _uid_of(self, worker: Worker) -> int | None:
@@ -140,94 +298,15 @@ class WorkerKeeping(AgentState):
             return identity.uid if identity is not None else None
         return None
 
-    # --- rank 0's MASTER_PORT -------------------------------------------------------------
-
-    @functools.cached_property
-    def _offers(self) -> dict[int, tuple[rendezvous.Claim, float]]:
-        """Ports held for gangs whose MASTER_PORT was taken here: by port, with when the
-        hold ends (rendezvous.OFFER_SECONDS after it was offered)."""
-        return {}
-
-    def _reserve_master_port(self, worker: Worker) -> bool:
-        """Rank 0 of a gang holds its MASTER_PORT until it starts. A port another program
-        holds ends the start as PORT_TAKEN (not the run's failure: issue 37 N3), with another
-        port held for the gang's next placement here (offered_port)."""
-        self._network_rules()
-        environment = worker.payload.get("astraeus_environment") or {}
-        if environment.get("RANK") != "0" or int(environment.get("WORLD_SIZE") or 1) < 2:
-            return True
-        port = int(environment.get("MASTER_PORT") or 0)
-        if not port:
-            return True
-        held = self._taken_offer(port) or rendezvous.claim(port)
-        if held is None:
-            log.warning("MASTER_PORT %d of worker %s is held by another program", port, worker.name)
-            self._ended_before_start(worker, self._port_taken(port, None))
-            return False
-        self.reserved[worker.worker_id] = held
-        return True
-
-    def _port_taken(self, port: int, code: int | None) -> Exit:
-        """The end of a rank 0 whose MASTER_PORT another program holds, with a port the kernel
-        picked held for the gang's next placement on this machine."""
-        self._expire_offers()
-        offer = rendezvous.claim_free()
-        offered = None
-        if offer is not None:
-            self._offers[offer.port] = (offer, time.monotonic() + rendezvous.OFFER_SECONDS)
-            offered = offer.port
-        return Exit(code, EndCause.PORT_TAKEN, detail=str(port), offered_port=offered)
-
-    def _expire_offers(self) -> None:
-        """Ports offered that no gang came back for in time are let go."""
-        for stale in [p for p, (_, until) in self._offers.items() if until < time.monotonic()]:
-            self._offers.pop(stale)[0].end()
-
-    def _taken_offer(self, port: int) -> rendezvous.Claim | None:
-        """The port this agent offered, now given to a gang's rank 0 here."""
-        offered = self._offers.pop(port, None)
-        return offered[0] if offered is not None else None
-
-    def _master_port_started(self, worker_id: int) -> None:
-        """Its process binds the port now: the sockets go, the machine-wide claim stays."""
-        self._network_rules()
-        held = self.reserved.get(worker_id)
-        if held is not None:
-            held.started()
-
-    def _release_master_port(self, worker_id: int) -> None:
-        held = self.reserved.pop(worker_id, None)
-        if held is not None:
-            held.end()
-
-    def _rank_0_refused(self, worker: Worker, exit: Exit) -> Exit:
-        """A rank 0 whose process could not listen on its MASTER_PORT, which another user
-        holds (it exited saying the address is in use, while another user listened there):
-        PORT_TAKEN, as when the agent's own bind fails at its start."""
-        environment = worker.payload.get("astraeus_environment") or {}
-        if exit.cause != EndCause.EXITED or not exit.code or environment.get("RANK") != "0":
-            return exit
-        port = int(environment.get("MASTER_PORT") or 0)
-        if not port or int(environment.get("WORLD_SIZE") or 1) < 2:
-            return exit
-        if not rendezvous.in_use_said(worker.log.snapshot()):
-            return exit
-        owners = rendezvous.listening(port)
-        uid = self._uid_of(worker)
-        if not owners or (uid is not None and owners == {uid}):
-            return exit
-        log.warning("MASTER_PORT %d of worker %s was taken by user %s", port, worker.name, owners)
-        return self._port_taken(port, exit.code)
-
     # --- preparing: credentials and drives ------------------------------------------------
 
     def _begin(self, worker: Worker) -> None:
         """Prepare what the worker needs, then wait at the gang barrier (READY)."""
         nothing_to_do = not worker.payload.get("credentials") and not prepare.drives_to_fill(
-            worker.payload, self.drive_root
+            worker.payload, self.config.drive_root
         )
         if nothing_to_do and isinstance(worker, ProcessWorker):
-            self.report(worker, agent_pb2.WORKER_STATE_READY)
+            self.outgoing.report(worker, agent_pb2.WORKER_STATE_READY)
             return
         task = asyncio.create_task(self._prepare(worker))
         self.preparing[worker.worker_id] = task
@@ -240,7 +319,7 @@ class WorkerKeeping(AgentState):
             nonlocal said
             if (wait, name) != said:
                 said = (wait, name)
-                self.report(worker, agent_pb2.WORKER_STATE_PREPARING, waits=said)
+                self.outgoing.report(worker, agent_pb2.WORKER_STATE_PREPARING, waits=said)
 
         credentials = worker.payload.get("credentials") or []
         while credentials:
@@ -251,7 +330,7 @@ class WorkerKeeping(AgentState):
             missing = answer.missing[0] if answer is not None else credentials[0]["secret"]
             preparing(agent_pb2.WAIT_SECRET, missing)
             await asyncio.sleep(self.config.prepare_poll_seconds)
-        for drive, source, folder in prepare.drives_to_fill(worker.payload, self.drive_root):
+        for drive, source, folder in prepare.drives_to_fill(worker.payload, self.config.drive_root):
             preparing(agent_pb2.WAIT_DRIVE, drive)
             problem = await asyncio.to_thread(
                 prepare.fill_drive,
@@ -267,17 +346,19 @@ class WorkerKeeping(AgentState):
             image = (agent_pb2.WAIT_IMAGE, worker.image or "")
 
             async def pulling(done: str) -> None:
-                self.report(worker, agent_pb2.WORKER_STATE_PULLING, waits=image, detail=done)
+                self.outgoing.report(
+                    worker, agent_pb2.WORKER_STATE_PULLING, waits=image, detail=done
+                )
 
             failed = await worker.prepare(pulling)
             if failed is not None:
                 self._ended_before_start(worker, failed)
                 return
-        self.report(worker, agent_pb2.WORKER_STATE_READY)
+        self.outgoing.report(worker, agent_pb2.WORKER_STATE_READY)
 
     def _ended_before_start(self, worker: Worker, exit: Exit) -> None:
         worker.exited.set()
-        self.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
+        self.outgoing.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
         self._forget(worker)
 
     async def _ask_secrets(self, worker: Worker) -> agent_pb2.SecretValues | None:
@@ -286,7 +367,7 @@ class WorkerKeeping(AgentState):
         key = worker.worker_id
         self.secret_answers[key] = answer
         asked = agent_pb2.SecretRequest(worker_id=key, attempt=worker.attempt)
-        self._send(durable=False, secret_request=asked)
+        self.outgoing.send(durable=False, secret_request=asked)
         try:
             return await asyncio.wait_for(answer, self.config.prepare_poll_seconds * 2)
         except TimeoutError:
@@ -298,46 +379,81 @@ class WorkerKeeping(AgentState):
     # --- to the end -----------------------------------------------------------------------
 
     def _watch(self, worker: Worker) -> None:
-        self._keep(asyncio.create_task(self._until_exit(worker)))
+        self.background.keep(asyncio.create_task(self._until_exit(worker)))
 
     async def _until_exit(self, worker: Worker) -> None:
-        exit = self._rank_0_refused(worker, await worker.wait())
+        exit = self.ports.refused(worker, await worker.wait(), self._uid_of(worker))
         # Its follows end with it, a deleted or replaced one's too (they hold the object).
         worker.exited.set()
-        if self.workers.get(worker.worker_id) is not worker:
+        if self.by_id.get(worker.worker_id) is not worker:
             return  # deleted meanwhile
         # Followers read to the end before the log is archived.
         await asyncio.sleep(0)
-        mine = f"follow:{worker.worker_id}"
-        for follow in [t for t in self.follows.values() if t.get_name() == mine]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(follow), 2)
-        # Its last report and samples as it ended (a kill of its main process is seen by no
-        # look), sent before its end.
-        try:
-            report = self.sampler.last_report(worker)
-        except Exception:  # its end is sent whatever its progress file holds
-            log.exception("the last read of %s's progress file failed", worker.worker_id)
-            report = None
-        if report is not None:
-            self._send(progress=report)
-        last = self.sampler.ended(
+        await self.logs.drained(worker.worker_id, FOLLOW_DRAIN_S)
+        self.sampling.last(
             worker,
             oom_killed=exit.cause == OOM_KILLED,
             at_ms=exit.at_ms,
             oom_kill_seen=exit.oom_kill_seen,
         )
-        if last:
-            self._send(metrics=agent_pb2.MetricBatch(samples=last))
-        self.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
+        self.outgoing.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
         await asyncio.to_thread(worker.log.archive)
         self._forget(worker)
 
     def _forget(self, worker: Worker) -> None:
         """The end is in the outbox: the runtime folder may go; Hello names it until acked."""
-        self._release_master_port(worker.worker_id)
+        self.ports.release(worker.worker_id)
         self.ended[worker.worker_id] = worker.attempt
         worker.release()
-        if self.workers.get(worker.worker_id) is worker:
-            del self.workers[worker.worker_id]
+        if self.by_id.get(worker.worker_id) is worker:
+            del self.by_id[worker.worker_id]
         self._network_rules()
+
+
+def _ends(message: agent_pb2.AgentMessage, worker_id: int) -> bool:
+    return (
+        message.WhichOneof("body") == "worker_event"
+        and message.worker_event.worker_id == worker_id
+        and message.worker_event.state == agent_pb2.WORKER_STATE_EXITED
+    )
+
+
+def start_payload(start: agent_pb2.StartWorker) -> dict[str, Any]:
+    """The typed start message as the payload kept in the worker's folder (payload.json)."""
+    payload: dict[str, Any] = {
+        "worker": start.worker,
+        "run": start.run,
+        "rank": start.rank,
+        "attempt": start.attempt,
+        "workspace_id": start.workspace_id,
+        "image": start.image or None,
+        "command": list(start.command),
+        "user": start.user or None,
+        "working_dir": start.working_dir or None,
+        "environment": dict(start.environment),
+        "astraeus_environment": dict(start.astraeus_environment),
+        "mounts": [
+            {
+                "drive": m.drive,
+                "path": m.path,
+                "fill_from": m.fill_from or None,
+                "read_only": m.read_only,
+            }
+            for m in start.mounts
+        ],
+        "credentials": [
+            {"secret": c.secret, "env": c.env or None, "file": c.file or None}
+            for c in start.credentials
+        ],
+        "cpu": start.cpu if start.HasField("cpu") else None,
+        "cpu_request": start.cpu_request if start.HasField("cpu_request") else None,
+        "memory_limit_bytes": (
+            start.memory_limit_bytes if start.HasField("memory_limit_bytes") else None
+        ),
+        "gpu_ids": list(start.gpu_ids),
+        # the gang's machines: only they reach rank 0's MASTER_PORT (agent/network.py)
+        "gang_addresses": list(start.gang_addresses),
+    }
+    if start.worker_key:  # names it on this machine (agent/identity.py local_name)
+        payload["worker_key"] = start.worker_key
+    return payload

@@ -84,7 +84,7 @@ async def test_appended_and_overwritten_progress_give_the_same_goodput(
         )
     )
     # The agent's looks on the server's clock: its events (real time, later) are clamped to it.
-    agent.sampler.clock = lambda: clock.now().timestamp()
+    agent.sampling.sampler.clock = lambda: clock.now().timestamp()
     running = asyncio.create_task(agent.run_forever())
     try:
 
@@ -106,7 +106,7 @@ async def test_appended_and_overwritten_progress_give_the_same_goodput(
         await wait_for("both running", both_running, seconds=60)
         async with db.read() as session:
             ids = dict((await session.execute(select(Worker.name, Worker.id))).all())
-        files = [agent.workers[i].progress_file for i in ids.values()]
+        files = [agent.workers.by_id[i].progress_file for i in ids.values()]
         for _ in range(LOOKS):
             before = [file_state(f) for f in files]
 
@@ -121,7 +121,7 @@ async def test_appended_and_overwritten_progress_give_the_same_goodput(
                     rows = (await session.execute(select(Worker.state, Worker.reason))).all()
                 raise AssertionError(f"{before} {[file_state(f) for f in files]} {rows}") from None
             clock.advance(seconds=5)
-            await agent.sample_once()
+            await agent.sampling.once()
         last_ms = int(clock.now().timestamp() * 1000)
 
         async def all_samples_in() -> bool:

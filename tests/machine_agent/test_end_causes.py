@@ -123,8 +123,8 @@ def test_the_agent_sends_the_cause_and_its_facts_and_no_sentence(
 ) -> None:
     agent = unconnected_agent(tmp_path / "data")
     worker = ProcessWorker(9, {"attempt": 2}, WorkerLog(tmp_path / "logs", "9"), tmp_path / "w")
-    agent.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
-    event = agent.queue.get_nowait().worker_event
+    agent.outgoing.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
+    event = agent.outgoing.queue.get_nowait().worker_event
     assert (event.cause, event.detail, event.reason) == (cause, exit.detail, "")
     assert (event.signal if event.HasField("signal") else None) == exit.signal
     assert (event.exit_code if event.HasField("exit_code") else None) == exit.code

@@ -58,8 +58,8 @@ def test_the_agent_reports_an_exit_at_the_time_the_process_ended(tmp_path: Path)
     shim.record_exit(worker.folder, Exit(1, EndCause.EXITED, at_ms=1_700_000_000_246))
     ended = worker.ended()
     assert ended == Exit(1, EndCause.EXITED) and ended.at_ms == 1_700_000_000_246
-    agent.report(worker, agent_pb2.WORKER_STATE_EXITED, ended)
-    event = agent.queue.get_nowait().worker_event
+    agent.outgoing.report(worker, agent_pb2.WORKER_STATE_EXITED, ended)
+    event = agent.outgoing.queue.get_nowait().worker_event
     assert (event.worker_id, event.attempt, event.exit_code, event.at_ms) == (
         9,
         2,
@@ -68,5 +68,5 @@ def test_the_agent_reports_an_exit_at_the_time_the_process_ended(tmp_path: Path)
     )
     # A state change that is not an end is dated when it is reported.
     before = int(time.time() * 1000)
-    agent.report(worker, agent_pb2.WORKER_STATE_RUNNING)
-    assert agent.queue.get_nowait().worker_event.at_ms >= before
+    agent.outgoing.report(worker, agent_pb2.WORKER_STATE_RUNNING)
+    assert agent.outgoing.queue.get_nowait().worker_event.at_ms >= before

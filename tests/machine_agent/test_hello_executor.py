@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -27,8 +26,9 @@ async def test_the_machine_keeps_its_agents_executor_and_unmeasured_metrics(
     tmp_path: Path,
 ) -> None:
     _, address = service
-    agent = agent_for(address, machine_token, tmp_path)
-    agent.config = replace(agent.config, executor="docker", docker_socket=str(tmp_path / "none"))
+    agent = agent_for(
+        address, machine_token, tmp_path, executor="docker", docker_socket=str(tmp_path / "none")
+    )
     running = asyncio.create_task(agent.run_forever())
     try:
 
@@ -56,8 +56,7 @@ async def test_a_hello_naming_an_unknown_executor_is_refused(
     tmp_path: Path,
 ) -> None:
     _, address = service
-    agent = agent_for(address, machine_token, tmp_path)
-    agent.config = replace(agent.config, executor="podman")
+    agent = agent_for(address, machine_token, tmp_path, executor="podman")
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await asyncio.wait_for(agent._session(), 20)  # run_forever stops on it, saying this
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT

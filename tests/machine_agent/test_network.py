@@ -20,10 +20,9 @@ import pytest
 
 from agent import network, rendezvous
 from agent.executor import EndCause, Exit, ProcessWorker
-from agent.identity import WorkloadUsers
 from agent.logs import WorkerLog
+from agent.master_ports import MasterPorts
 from agent.network import Network, Rendezvous, control_plane, gang_rendezvous, ruleset
-from tests.support.agents import unconnected_agent
 from tests.support.sandboxed import connects_as, process_uids
 
 UIDS = (2000000, 2065535)
@@ -196,9 +195,7 @@ def test_a_rank_0_whose_port_was_stolen_after_its_release_is_port_taken(tmp_path
     # port, another workload took it; rank 0 exited saying so: not the run's failure
     port, squatter = squatted_by(OURS + 100)
     try:
-        agent = unconnected_agent(
-            tmp_path / "data", users=WorkloadUsers(uids=(OURS + 200, OURS + 209))
-        )
+        ports = MasterPorts()  # of an agent whose workloads' user ids are OURS + 200 to 209
         payload = {
             "worker": "ddp-0",
             "workspace_id": 1,
@@ -212,19 +209,19 @@ def test_a_rank_0_whose_port_was_stolen_after_its_release_is_port_taken(tmp_path
             b"local network address. port: %d, useIpv6: false, code: -98, name: EADDRINUSE, "
             b"message: address already in use\n" % port
         )
-        ended = agent._rank_0_refused(worker, Exit(1, EndCause.EXITED))
+        ended = ports.refused(worker, Exit(1, EndCause.EXITED), OURS + 201)
         assert (ended.cause, ended.code, ended.detail) == (EndCause.PORT_TAKEN, 1, str(port))
         assert ended.offered_port is not None and ended.offered_port != port
         assert rendezvous.listening(ended.offered_port) == {os.geteuid()}  # held for it
         # its own failure, with the port its own or free, stays its failure
         os.kill(squatter, signal.SIGKILL)
         os.waitpid(squatter, 0)
-        assert agent._rank_0_refused(worker, Exit(1, EndCause.EXITED)).cause == EndCause.EXITED
+        assert ports.refused(worker, Exit(1, EndCause.EXITED), OURS + 201).cause == EndCause.EXITED
         # a port no gang came back for is let go after its minute
-        held, _ = agent._offers[ended.offered_port]
-        agent._offers[ended.offered_port] = (held, time.monotonic() - 1)
-        agent._expire_offers()
-        assert agent._offers == {} and rendezvous.listening(ended.offered_port) == set()
+        held, _ = ports.offers[ended.offered_port]
+        ports.offers[ended.offered_port] = (held, time.monotonic() - 1)
+        ports.expire_offers()
+        assert ports.offers == {} and rendezvous.listening(ended.offered_port) == set()
     finally:
         with contextlib.suppress(ProcessLookupError, ChildProcessError):
             os.kill(squatter, signal.SIGKILL)

@@ -34,8 +34,8 @@ def test_the_last_lines_go_with_a_failure_and_with_a_stop(
     log.append(b"".join(f"step {i}\n".encode() for i in range(80)))
     worker = ProcessWorker(9, {"attempt": 2}, log, tmp_path / "workers" / "9")
     worker.started, worker.stopping = True, stopping
-    agent.report(worker, agent_pb2.WORKER_STATE_EXITED, Exit(code, EndCause.EXITED))
-    event = agent.queue.get_nowait().worker_event
+    agent.outgoing.report(worker, agent_pb2.WORKER_STATE_EXITED, Exit(code, EndCause.EXITED))
+    event = agent.outgoing.queue.get_nowait().worker_event
     expected = "".join(f"step {i}\n" for i in range(30, 80)) if sent else ""  # the last 50
     assert (event.exit_code, event.log_tail) == (code, expected)
 
@@ -56,8 +56,8 @@ def test_an_attempt_that_never_started_sends_no_earlier_attempts_lines(
     log.append(b"[rank0]: RuntimeError: Connection closed by peer\n")  # attempt 1's end
     worker = ProcessWorker(9, {"attempt": 2}, log, tmp_path / "workers" / "9")
     worker.stopping = stopping  # not started
-    agent.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
-    event = agent.queue.get_nowait().worker_event
+    agent.outgoing.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
+    event = agent.outgoing.queue.get_nowait().worker_event
     assert (event.cause, event.detail, event.log_tail) == (
         agent_pb2.EndCause.Value(f"END_CAUSE_{exit.cause.upper()}"),
         exit.detail,

@@ -161,8 +161,8 @@ def test_the_agent_sends_the_user_and_the_folder_in_the_way(
 ) -> None:
     agent = unconnected_agent(tmp_path / "data")
     worker = ProcessWorker(9, {"attempt": 2}, WorkerLog(tmp_path / "logs", "9"), tmp_path / "w")
-    agent.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
-    event = agent.queue.get_nowait().worker_event
+    agent.outgoing.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
+    event = agent.outgoing.queue.get_nowait().worker_event
     assert event.cause == agent_pb2.EndCause.Value(f"END_CAUSE_{exit.cause.upper()}")
     assert (event.uid if event.HasField("uid") else None, event.blocked_at) == (uid, blocked_at)
     assert (event.detail, event.reason) == (exit.detail, "")

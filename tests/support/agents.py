@@ -74,21 +74,22 @@ async def service(db: Database, clock: FakeClock) -> AsyncIterator[tuple[AgentSe
         yield endpoint
 
 
-def agent_for(address: str, token: str, data_dir: Path) -> Agent:
-    return Agent(
-        AgentConfig(
-            server=address,
-            token=token,
-            machine="gpu-07",
-            data_dir=data_dir,
-            gpus=simulated(2, "gpu-07"),
-            cpu_cores=8,
-            memory_bytes=64 * 2**30,
-            heartbeat_seconds=1,
-            sample_seconds=0.2,
-            users=WorkloadUsers(uids=process_uids()),
-        )
-    )
+def agent_for(address: str, token: str, data_dir: Path, **config: Any) -> Agent:
+    """The real agent of machine gpu-07 (two simulated GPUs, 8 cores, 64 GiB), sampling five
+    times a second; ``config`` changes its settings."""
+    settings: dict[str, Any] = {
+        "server": address,
+        "token": token,
+        "machine": "gpu-07",
+        "data_dir": data_dir,
+        "gpus": simulated(2, "gpu-07"),
+        "cpu_cores": 8,
+        "memory_bytes": 64 * 2**30,
+        "heartbeat_seconds": 1,
+        "sample_seconds": 0.2,
+        "users": WorkloadUsers(uids=process_uids()),
+    }
+    return Agent(AgentConfig(**(settings | config)))
 
 
 async def wait_for(what: str, check: object, seconds: float = 20) -> None:
