@@ -69,6 +69,8 @@ def test_the_snapshot_is_the_last_50_lines_at_most_16_kib(tmp_path: Path) -> Non
 
 
 def test_an_archived_log_keeps_the_last_1000_lines_until_a_new_process(tmp_path: Path) -> None:
+    # seed L-19: the last 1 000 lines kept once the process is gone, served as archived
+    # seed L-20: a new process for the same worker replaces them (live: test_on_the_machine)
     log = WorkerLog(tmp_path, "41")
     log.begin()
     log.append("".join(f"{i}\n" for i in range(1500)).encode())

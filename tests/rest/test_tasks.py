@@ -18,6 +18,7 @@ from tests.support.api import auth
 async def test_a_machine_that_does_not_answer_is_a_400(
     client: httpx.AsyncClient, tenancy: Tenancy, placed: None
 ) -> None:
+    # seed L-17: a machine that does not answer -> 400 TASK_LOG_UNAVAILABLE
     answer = await client.get("/v1/tasks/llama-sft-0/logs", headers=auth(tenancy.member_token))
     assert answer.status_code == 400
     assert answer.json()["code"] == "TASK_LOG_UNAVAILABLE"
