@@ -41,12 +41,11 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from starlette.applications import Starlette
 
-from backend import migrations
+from backend import crypto, migrations
 from backend.app import create_app
 from backend.config import Settings
 from backend.db import Database
 from backend.models import Base
-from backend.secrets import crypto
 from tests import support
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy, make_tenancy, searchable, server_settings

@@ -4,7 +4,7 @@ Revision ID: 0017
 Revises: 0016
 
 Secret values and webhook secrets already stored clear are encrypted here, with the keys the
-server uses (backend/secrets/crypto.py: ASTRAEUS_SECRET_KEY, or the key file, made in the data
+server uses (backend/crypto.py: ASTRAEUS_SECRET_KEY, or the key file, made in the data
 folder if absent). A deployment that upgrades from another machine than its servers must give
 the upgrade the same ASTRAEUS_SECRET_KEY.
 """
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 import backend.db
-from backend.secrets import crypto
+from backend import crypto
 
 revision: str = "0017"
 down_revision: str | None = "0016"

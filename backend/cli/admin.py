@@ -11,12 +11,11 @@ from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend import migrations
+from backend import crypto, migrations
 from backend.cli.transaction import in_transaction
 from backend.clock import SystemClock
 from backend.config import Settings
 from backend.organizations import service as organizations
-from backend.secrets import crypto
 from backend.secrets import service as secrets_service
 from backend.words import counted
 

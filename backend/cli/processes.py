@@ -13,13 +13,12 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backend import migrations
+from backend import crypto, migrations
 from backend.access import redaction
 from backend.cli import demo
 from backend.cli.admin import cmd_bootstrap, token_file
 from backend.cli.local_agent import LocalAgent, local_agent_command, local_agent_dir
 from backend.config import Settings
-from backend.secrets import crypto
 
 if TYPE_CHECKING:
     import uvicorn

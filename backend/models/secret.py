@@ -5,9 +5,9 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
+from backend.crypto import EncryptedText
 from backend.db.types import BigId, UTCDateTime
 from backend.models.base import Base, HasCreatedAt, HasId
-from backend.secrets.crypto import EncryptedText
 
 
 class Secret(HasId, HasCreatedAt, Base):
@@ -25,7 +25,7 @@ class Secret(HasId, HasCreatedAt, Base):
         BigId, ForeignKey("workspaces.id", ondelete="CASCADE"), index=True
     )
     name: Mapped[str] = mapped_column(String(63))
-    # Encrypted at rest (backend/secrets/crypto.py).
+    # Encrypted at rest (backend/crypto.py).
     value: Mapped[str | None] = mapped_column(EncryptedText())
     external: Mapped[bool]
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

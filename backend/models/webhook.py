@@ -5,9 +5,9 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Index, Integer, String, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from backend.crypto import EncryptedText
 from backend.db.types import BigId, PortableJSON, UTCDateTime
 from backend.models.base import Base, HasCreatedAt, HasId
-from backend.secrets.crypto import EncryptedText
 
 
 class Webhook(HasId, HasCreatedAt, Base):
@@ -26,7 +26,7 @@ class Webhook(HasId, HasCreatedAt, Base):
         BigId, ForeignKey("workspaces.id", ondelete="CASCADE"), index=True
     )
     url: Mapped[str] = mapped_column(String(2048))
-    # Encrypted at rest (backend/secrets/crypto.py).
+    # Encrypted at rest (backend/crypto.py).
     secret: Mapped[str] = mapped_column(EncryptedText())
     # Event kind prefixes ("alert" is alert.firing and alert.resolved); empty: every kind.
     kinds: Mapped[list[str]] = mapped_column(PortableJSON, default=list)

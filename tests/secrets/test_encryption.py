@@ -10,11 +10,10 @@ import pytest
 from sqlalchemy import select, text
 
 from alembic import command
-from backend import migrations
+from backend import crypto, migrations
 from backend.access import service as access
 from backend.db import Database
 from backend.models import Secret, Webhook
-from backend.secrets import crypto
 from backend.secrets import service as secrets
 from backend.webhooks import service as webhooks
 from tests.support import FakeClock, Tenancy
