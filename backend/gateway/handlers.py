@@ -105,7 +105,7 @@ class MessageHandlers:
                 else None
             ),
             exit_code=e.exit_code if e.HasField("exit_code") else None,
-            log_tail=e.log_tail[-machine_rules.MAX_LOG_TAIL :],
+            log_tail=e.log_tail,  # cut once, where the snapshot is made (lifecycle)
             cause=_CAUSES.get(e.cause, EndCause.EXITED),
             signal=e.signal if e.HasField("signal") else None,
             detail=e.detail[: machine_rules.MAX_DETAIL],

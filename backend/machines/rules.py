@@ -29,12 +29,12 @@ MAX_VERSION = 64
 MAX_KNOWN_WORKERS = 10_000
 # What a machine says of its workers, kept to what its sentences can hold (a worker's and a
 # run's reason are at most 1 000 characters): the name it waits for (a secret, a drive, an
-# image reference), the engine's words (``detail``), an old agent's sentence (``reason``), and a
-# failure snapshot's tail, which the agent itself keeps to 16 KiB (agent/logs.py SNAPSHOT_BYTES).
+# image reference), the engine's words (``detail``) and an old agent's sentence (``reason``). A
+# failure snapshot's tail is cut where the snapshot is made (backend/lifecycle/endings.py
+# snapshot_output: its last 16 KiB, saying when more came), whoever sent it.
 MAX_WAITS_ON = 400
 MAX_DETAIL = 300
 MAX_WORKER_REASON = 300
-MAX_LOG_TAIL = 16 * 1024
 # The address other machines reach this one at (a gang's MASTER_ADDR): an IP address, or a host
 # name as DNS has them (labels of letters, digits and '-', at most 63 each, 253 in all).
 MAX_ADDRESS = 253

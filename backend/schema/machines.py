@@ -8,6 +8,7 @@ from datetime import datetime
 import strawberry
 
 from backend.machines.health import MachineHealth
+from backend.machines.rules import FaultKind
 from backend.machines.views import GpuView, MachineView, PoolView
 from backend.schema.common import UserError
 
@@ -138,7 +139,7 @@ class MachineHealthRow:
         "machine_lost, stalled, other."
     )
     fault_count: int
-    gpu_faults: list[KindCount] = strawberry.field(description="By kind: xid, ecc, remap, other.")
+    gpu_faults: list[KindCount] = strawberry.field(description=f"By kind: {', '.join(FaultKind)}.")
     last_fault: str | None = strawberry.field(description="The newest GPU fault's sentence.")
     unhealthy_gpus: int = strawberry.field(description="Its GPUs unhealthy now.")
     pool_median_failures: float | None = strawberry.field(
