@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from sqlalchemy import update
 
 from backend.db import Database
 from backend.lifecycle.sentences import EndCause
+from backend.lifecycle.states import Wait
+from backend.models import Machine
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 from tests.support.api import graphql
@@ -101,3 +104,27 @@ async def test_a_run_that_does_not_start_says_where_to_look(
     await world.start("llama-sft-0", "llama-sft-1")
     run = (await graphql(client, tenancy.member_token, query))["data"]["run"]
     assert (run["state"], run["waitAdvice"]) == ("Running", None)
+
+
+async def test_a_run_pulling_its_image_points_at_the_image_and_its_reuse(
+    client: httpx.AsyncClient, world: World, tenancy: Tenancy
+) -> None:
+    # seed L-66: Pulling for a long time -> a large image on a slow link; later runs on that
+    # machine reuse it (the reuse itself is a Docker engine's: test_docker_image_reuse.py)
+    async with world.db.transaction() as session:  # machines whose agents run containers
+        await session.execute(update(Machine).values(executor="docker"))
+    await world.submit(workers=1, gpus=8, image="ghcr.io/acme/train:v9")
+    await world.schedule()
+    pulling = (Wait.IMAGE, "ghcr.io/acme/train:v9")
+    await world.report("llama-sft-0", "Pulling", waits=pulling, detail="2.1 GB of 3.4 GB")
+    query = """{ run(name: "llama-sft") { state waitAdvice { reason kind lookAt open } } }"""
+    run = (await graphql(client, tenancy.member_token, query))["data"]["run"]
+    assert run == {
+        "state": "Pulling",
+        "waitAdvice": {
+            "reason": "Pulling image ghcr.io/acme/train:v9: 2.1 GB of 3.4 GB",
+            "kind": "pulling",
+            "lookAt": "A large image on a slow link. Later runs on that machine reuse it.",
+            "open": "log",
+        },
+    }
