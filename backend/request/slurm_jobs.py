@@ -8,8 +8,7 @@ under issue 38 (its repository is its own): move it there when that settles."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -21,19 +20,24 @@ BATCH = 1000  # run ids in one IN list: well under any driver's parameter limit
 
 @dataclass(frozen=True)
 class SlurmJob:
-    """A run's Slurm job: its id, whether Astraeus submitted it (else it was imported from
-    Slurm), its name, account, user, partition, QOS, Slurm's own priority (None: not known)
-    and who cancelled it (None: nobody)."""
+    """The Slurm job that runs a run (GraphQL's SlurmJob, in snake case; issue 38)."""
 
+    # REST's job ``slurm`` is this class (backend/rest/answers.py Job): its fields and these
+    # docstrings are that answer's schema in the OpenAPI document.
     job_id: str
+    """Slurm's job id (an array task's: <job>_<task>)."""
     submitted_here: bool
+    """Astraeus submitted it (Run again resubmits it); false: imported from Slurm."""
     job_name: str
     account: str
     user: str
+    """The Slurm user it runs as."""
     partition: str
     qos: str
     priority: int | None
+    """Slurm's own priority (not the run's); null when Slurm did not say."""
     cancelled_by: str | None
+    """Who cancelled the job, as Slurm's accounting names them; null when nobody."""
 
     @classmethod
     def of(cls, row: SlurmRun) -> SlurmJob:
@@ -48,10 +52,6 @@ class SlurmJob:
             priority=row.priority,
             cancelled_by=row.cancelled_by,
         )
-
-    def as_json(self) -> dict[str, Any]:
-        """As the REST shim writes it (snake case)."""
-        return asdict(self)
 
 
 async def slurm_jobs(session: AsyncSession, run_ids: Sequence[int]) -> dict[int, SlurmJob]:

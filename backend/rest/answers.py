@@ -10,6 +10,10 @@ from typing import Annotated, Any
 from pydantic import MISSING, BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
+# A job's Slurm job is the one every surface reads (a dataclass: pydantic validates and documents
+# it with its fields' docstrings, and forbids what it does not declare, as an Answer's own).
+from backend.request.slurm_jobs import SlurmJob
+
 Time = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 """An RFC 3339 UTC time, as ``backend.clock.iso_z`` writes it."""
 
@@ -70,25 +74,6 @@ class RestartLoop(Answer):
     restart_at: Time | None
     worker: str | None
     last_failure: dict[str, Any] | None
-
-
-class SlurmJob(Answer):
-    """The Slurm job that runs a run (GraphQL's SlurmJob, in snake case; issue 38)."""
-
-    job_id: str
-    """Slurm's job id (an array task's: <job>_<task>)."""
-    submitted_here: bool
-    """Astraeus submitted it (Run again resubmits it); false: imported from Slurm."""
-    job_name: str
-    account: str
-    user: str
-    """The Slurm user it runs as."""
-    partition: str
-    qos: str
-    priority: int | None
-    """Slurm's own priority (not the run's); null when Slurm did not say."""
-    cancelled_by: str | None
-    """Who cancelled the job, as Slurm's accounting names them; null when nobody."""
 
 
 class Job(Answer):

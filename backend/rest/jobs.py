@@ -77,7 +77,7 @@ async def get_job(call: Call) -> Response:
         creator = (await runs.user_names(call.session, [run.created_by_id])).get(run.created_by_id)
     slurm = (await slurm_jobs(call.session, [run.id])).get(run.id)
     body = job_json(run, workers, history, creator) | failure_json(run, workers, call.clock.now())
-    body["slurm"] = None if slurm is None else slurm.as_json()
+    body["slurm"] = slurm
     return answers.Job.model_validate(body).response()
 
 

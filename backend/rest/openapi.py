@@ -145,17 +145,24 @@ PROMETHEUS = {
 
 class _Components(GenerateJsonSchema):
     """Schemas as components: no titles derived from field names (a model keeps its own), and
-    no ``additionalProperties: false``: the models refuse a field they do not declare when a
-    body is made, but a client should accept a field added later."""
+    no ``additionalProperties: false``: the models (and the dataclasses they hold, such as a
+    job's SlurmJob) refuse a field they do not declare when a body is made, but a client should
+    accept a field added later."""
 
     def field_title_should_be_set(self, schema: Any) -> bool:
         return False
 
     def model_schema(self, schema: Any) -> Any:
-        out = super().model_schema(schema)
-        if out.get("additionalProperties") is False:
-            del out["additionalProperties"]
-        return out
+        return _open(super().model_schema(schema))
+
+    def dataclass_schema(self, schema: Any) -> Any:
+        return _open(super().dataclass_schema(schema))
+
+
+def _open(out: Any) -> Any:
+    if out.get("additionalProperties") is False:
+        del out["additionalProperties"]
+    return out
 
 
 def _answer(description: str, model: type[BaseModel]) -> dict[str, Any]:
