@@ -83,7 +83,8 @@ async def register(
     machine.last_seen_at = now
     machine.lease_expires_at = now + lease
     await session.flush()
-    await _sync_gpus(session, machine, gpus)
+    await repository.delete_rows(session, *await _write_gpus(session, machine, gpus))
+    await session.flush()
     return machine
 
 
@@ -127,20 +128,13 @@ async def _register_node_agent(
     machine.last_seen_at = now
     machine.lease_expires_at = now + lease
     await session.flush()
-    known = {g.index: g for g in await repository.gpus_of(session, machine.id)}
-    for info in gpus:
-        row = known.get(info.index)
-        if row is None:  # the import removes those Slurm does not give the node
-            row = Gpu(machine_id=machine.id, index=info.index)
-            repository.add(session, row)
-        row.uuid, row.model, row.memory_bytes = info.uuid, info.model, info.memory_bytes
-        row.health = "ok" if info.healthy else "unhealthy"
-        row.health_reason = info.health_reason
+    await _write_gpus(session, machine, gpus)  # the import removes those Slurm does not give it
     await session.flush()
     return machine
 
 
-async def _sync_gpus(session: AsyncSession, machine: Machine, gpus: list[GpuInfo]) -> None:
+async def _write_gpus(session: AsyncSession, machine: Machine, gpus: list[GpuInfo]) -> list[Gpu]:
+    """The machine's GPUs as its agent says them; the rows of those it did not list."""
     known = {g.index: g for g in await repository.gpus_of(session, machine.id)}
     for info in gpus:
         row = known.pop(info.index, None)
@@ -150,8 +144,7 @@ async def _sync_gpus(session: AsyncSession, machine: Machine, gpus: list[GpuInfo
         row.uuid, row.model, row.memory_bytes = info.uuid, info.model, info.memory_bytes
         row.health = "ok" if info.healthy else "unhealthy"
         row.health_reason = info.health_reason
-    await repository.delete_rows(session, *known.values())
-    await session.flush()
+    return list(known.values())
 
 
 async def heartbeat(session: AsyncSession, clock: Clock, machine_id: int, lease: timedelta) -> bool:
