@@ -365,7 +365,7 @@ async def test_a_forged_agents_overlong_words_are_cut_to_what_a_reason_holds(
         await agent.close()
 
 
-async def test_a_bad_gpu_health_index_is_refused_and_the_stream_goes_on(
+async def test_gpu_faults_are_kept_by_the_kind_their_agent_sent_a_bad_index_is_refused(
     endpoint: str, machine_token: str, db: Database
 ) -> None:
     agent = Agent(endpoint, machine_token)
@@ -373,23 +373,6 @@ async def test_a_bad_gpu_health_index_is_refused_and_the_stream_goes_on(
         agent.send(hello=hello())
         await agent.receive("welcome")
         agent.send(gpu_health=agent_pb2.GpuHealth(index=4_000_000, healthy=False, reason="x"))
-        last = agent.send(gpu_health=agent_pb2.GpuHealth(index=1, healthy=False, reason="XID 79"))
-        while (await agent.receive("ack")).ack.up_to < last:
-            pass
-        async with db.read() as session:
-            health = list(await session.execute(select(Gpu.index, Gpu.health).order_by(Gpu.index)))
-        assert [tuple(h) for h in health] == [(0, "ok"), (1, "unhealthy")]
-    finally:
-        await agent.close()
-
-
-async def test_a_gpu_fault_is_kept_by_the_kind_its_agent_sent_never_by_its_words(
-    endpoint: str, machine_token: str, db: Database
-) -> None:
-    agent = Agent(endpoint, machine_token)
-    try:
-        agent.send(hello=hello())
-        await agent.receive("welcome")
         # an agent before kinds were sent: its sentence says XID, the fault counts as other
         agent.send(gpu_health=agent_pb2.GpuHealth(index=0, healthy=False, reason="XID 79: old"))
         remap = agent_pb2.GpuHealth(
@@ -402,12 +385,14 @@ async def test_a_gpu_fault_is_kept_by_the_kind_its_agent_sent_never_by_its_words
         while (await agent.receive("ack")).ack.up_to < last:
             pass
         async with db.read() as session:
-            found = await session.execute(
+            health = list(await session.execute(select(Gpu.index, Gpu.health).order_by(Gpu.index)))
+            faults = await session.execute(
                 select(GpuFault.gpu_index, GpuFault.kind, GpuFault.reason).order_by(
                     GpuFault.gpu_index
                 )
             )
-        assert [tuple(f) for f in found] == [
+        assert [tuple(h) for h in health] == [(0, "unhealthy"), (1, "unhealthy")]
+        assert [tuple(f) for f in faults] == [
             (0, "other", "XID 79: old"),
             (1, "remap", "Row remapping pending: the GPU must be reset"),
         ]
