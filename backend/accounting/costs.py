@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.accounting import ledger_queries, rules
+from backend.accounting import interval_queries, ledger_queries, rules
 from backend.accounting.rules import Category, Period
 from backend.accounting.viewers import Viewer
 from backend.clock import iso_z
@@ -79,7 +79,7 @@ async def costs(
     if scope not in COST_SCOPES:
         raise InvalidInput("INVALID_PARAMETER", [FieldError("by", "must be one of workspace, run")])
     prices = await organizations.pool_prices(session, organization_id)
-    pieces = await ledger_queries.priced_pieces(
+    pieces = await interval_queries.priced_pieces(
         session,
         period.start,
         period.end,

@@ -10,7 +10,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
-from backend.accounting import ledger_queries
+from backend.accounting import interval_queries, ledger_queries
 from backend.accounting.rules import Category, Period
 from backend.accounting.viewers import Viewer, scope_of
 from backend.clock import iso_z
@@ -49,7 +49,7 @@ async def explain(
     workspace_ids = viewer.workspace_ids
     if scope == "workspace":
         workspace_ids = [i for i in (workspace_ids or [scope_id]) if i == scope_id]
-    rows = await ledger_queries.intervals_of(
+    rows = await interval_queries.intervals_of(
         session,
         start=period.start,
         end=period.end,

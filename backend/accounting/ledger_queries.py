@@ -1,13 +1,15 @@
-"""All SQL of goodput accounting's reads: the ledgers a report, a week, a run, the Prometheus
-exposition or an alert sums, the names of what they are of, the intervals behind a figure. The
-tick's writes are in backend/accounting/repository.py and ledger_writes.py."""
+"""The SQL of goodput accounting's ledger sums: the hourly and daily cells a report, a week,
+a run, the Prometheus exposition or an alert adds up over a period (the fewest cells that make
+it), each scope's ledger with its name, and the names and ids of what the ledgers are of. The
+intervals behind a figure are read in interval_queries.py, the exposition's other reads in
+prometheus_queries.py, a series' in series_queries.py; the tick's writes in repository.py and
+ledger_writes.py."""
 
 from __future__ import annotations
 
 import functools
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -26,35 +28,20 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.accounting.repository import _TIME, MARK_ID, _batches, _dialect, _in
+from backend.accounting.repository import _TIME, _batches, _dialect, _in
 from backend.accounting.rules import CATEGORIES, HOUR
 from backend.db.engine import driver_connection
-from backend.lifecycle.states import ENDED_RUN_STATES
 from backend.models import (
-    AccountingMark,
     Cluster,
     GoodputDay,
     GoodputHour,
-    GoodputInterval,
-    GoodputOpenInterval,
     GoodputRunTotal,
-    Gpu,
     Machine,
     Pool,
-    Redo,
     Run,
-    SlurmImport,
-    Worker,
     Workspace,
 )
 from backend.models.goodput import TOTAL_COLUMNS
-
-
-async def counted_until(session: AsyncSession) -> datetime | None:
-    """How far the tick has counted (no lock: a read)."""
-    return await session.scalar(
-        select(AccountingMark.counted_until).where(AccountingMark.id == MARK_ID)
-    )
 
 
 async def hour_sums(
@@ -329,364 +316,6 @@ async def scope_names(session: AsyncSession, scope: str, ids: Sequence[int]) -> 
         )
         names.update({r[0]: r[1] for r in rows})
     return names
-
-
-@dataclass(frozen=True)
-class IntervalRow:
-    """A worker interval as the ledgers' explanation lists it (closed, or open to the mark)."""
-
-    worker_id: int
-    worker_name: str
-    run_id: int
-    workspace_id: int
-    cluster_id: int
-    machine_id: int | None
-    pool_id: int | None
-    start_at: datetime
-    end_at: datetime
-    category: str
-    held: bool
-    gpus: int
-
-
-_INTERVAL_COLUMNS = [f.name for f in IntervalRow.__dataclass_fields__.values()]
-
-
-async def intervals_of(
-    session: AsyncSession,
-    *,
-    start: datetime,
-    end: datetime,
-    workspace_ids: Sequence[int] | None,
-    cluster_id: int | None = None,
-    run_id: int | None = None,
-    machine_id: int | None = None,
-    pool_id: int | None = None,
-    category: str | None = None,
-    worker_id: int | None = None,
-    limit: int = 1000,
-) -> list[IntervalRow]:
-    """The worker intervals behind a ledger figure, earliest first: the closed ones and the
-    open ones, which end at the tick's mark."""
-    mark = await session.scalar(
-        select(AccountingMark.counted_until).where(AccountingMark.id == MARK_ID)
-    )
-    closed = select(*(getattr(GoodputInterval, c) for c in _INTERVAL_COLUMNS))
-    parts: list[tuple[Any, Any]] = [(GoodputInterval, closed.where(GoodputInterval.end_at > start))]
-    if mark is not None and mark > start:
-        open_end = bindparam("open_end", mark, type_=GoodputInterval.end_at.type)
-        opened = select(
-            *(
-                open_end.label(c) if c == "end_at" else getattr(GoodputOpenInterval, c)
-                for c in _INTERVAL_COLUMNS
-            )
-        )
-        parts.append((GoodputOpenInterval, opened))
-    queries = []
-    for model, query in parts:
-        query = query.where(model.start_at < end)
-        for column, value in (
-            ("cluster_id", cluster_id),
-            ("run_id", run_id),
-            ("machine_id", machine_id),
-            ("pool_id", pool_id),
-            ("category", category),
-            ("worker_id", worker_id),
-        ):
-            if value is not None:
-                query = query.where(getattr(model, column) == value)
-        if workspace_ids is not None:
-            query = query.where(model.workspace_id.in_(workspace_ids))
-        queries.append(query)
-    both = union_all(*queries).subquery() if len(queries) > 1 else queries[0].subquery()
-    rows = await session.execute(
-        select(both).order_by(both.c.start_at, both.c.worker_id).limit(limit)
-    )
-    return [IntervalRow(*r) for r in rows]
-
-
-async def _closed_and_open(session: AsyncSession, start: datetime) -> list[tuple[Any, Any]]:
-    """The interval tables a read after ``start`` unites, each with its end: the closed
-    intervals' own, and the open ones' the tick's mark (when it is past ``start``)."""
-    mark = await counted_until(session)
-    parts: list[tuple[Any, Any]] = [(GoodputInterval, GoodputInterval.end_at)]
-    if mark is not None and mark > start:
-        parts.append(
-            (GoodputOpenInterval, bindparam("open_end", mark, type_=GoodputInterval.end_at.type))
-        )
-    return parts
-
-
-class RedoPiece(NamedTuple):
-    """A productive interval inside a restart's redo: what rework is made of. ``scope_id`` is
-    the interval's run, machine, pool or workspace."""
-
-    scope_id: int | None
-    run_id: int
-    start_at: datetime
-    end_at: datetime
-    gpus: int
-    redo_id: int
-    restarted_at: datetime
-    until: datetime | None
-    reached_step: int | None
-    checkpoint_step: int | None
-
-
-_SCOPE_COLUMNS = {
-    "run": "run_id",
-    "machine": "machine_id",
-    "pool": "pool_id",
-    "workspace": "workspace_id",
-}
-
-
-async def redo_pieces(
-    session: AsyncSession,
-    scope: str,
-    start: datetime,
-    end: datetime,
-    *,
-    workspace_ids: Sequence[int] | None,
-    cluster_id: int | None = None,
-    run_ids: Sequence[int] | None = None,
-) -> list[RedoPiece]:
-    """The productive intervals (closed, and open to the tick's mark) that overlap a redo of
-    their run within [start, end), each with its redo: one query from the redos, which are
-    few (a restart each), to their runs' intervals by index."""
-    redos = select(Redo).where(
-        Redo.restarted_at < end, or_(Redo.until.is_(None), Redo.until > start)
-    )
-    if workspace_ids is not None:
-        redos = redos.where(Redo.workspace_id.in_(workspace_ids))
-    if run_ids is not None:
-        redos = redos.where(Redo.run_id.in_(run_ids))
-    found = redos.subquery()
-    parts = await _closed_and_open(session, start)
-    queries = []
-    for model, end_at in parts:
-        query = (
-            select(
-                getattr(model, _SCOPE_COLUMNS[scope]),
-                model.run_id,
-                model.start_at,
-                end_at.label("end_at"),
-                model.gpus,
-                found.c.id,
-                found.c.restarted_at,
-                found.c.until,
-                found.c.reached_step,
-                found.c.checkpoint_step,
-            )
-            .select_from(found)
-            .join(model, model.run_id == found.c.run_id)
-            .where(
-                model.category == "productive",
-                model.held,
-                model.start_at < end,
-                or_(found.c.until.is_(None), model.start_at < found.c.until),
-            )
-        )
-        if model is GoodputInterval:
-            query = query.where(model.end_at > start, model.end_at > found.c.restarted_at)
-        if workspace_ids is not None:
-            query = query.where(model.workspace_id.in_(workspace_ids))
-        if cluster_id is not None:
-            query = query.where(model.cluster_id == cluster_id)
-        queries.append(query)
-    both = union_all(*queries) if len(queries) > 1 else queries[0]
-    rows = await session.execute(both)
-    return [RedoPiece(*r) for r in rows]
-
-
-class PricedPiece(NamedTuple):
-    """A held interval on a priced pool: what a cost is made of."""
-
-    run_id: int
-    workspace_id: int
-    pool_id: int
-    category: str
-    start_at: datetime
-    end_at: datetime
-    gpus: int
-
-
-async def priced_pieces(
-    session: AsyncSession,
-    start: datetime,
-    end: datetime,
-    pool_ids: Sequence[int],
-    *,
-    workspace_ids: Sequence[int] | None,
-    cluster_id: int | None = None,
-) -> list[PricedPiece]:
-    """The held intervals (closed, and open to the tick's mark) on these pools overlapping
-    [start, end): the GPU time a price turns into money."""
-    if not pool_ids:
-        return []
-    parts = await _closed_and_open(session, start)
-    queries = []
-    for model, end_at in parts:
-        query = select(
-            model.run_id,
-            model.workspace_id,
-            model.pool_id,
-            model.category,
-            model.start_at,
-            end_at.label("end_at"),
-            model.gpus,
-        ).where(model.held, model.pool_id.in_(pool_ids), model.start_at < end)
-        if model is GoodputInterval:
-            query = query.where(model.end_at > start)
-        if workspace_ids is not None:
-            query = query.where(model.workspace_id.in_(workspace_ids))
-        if cluster_id is not None:
-            query = query.where(model.cluster_id == cluster_id)
-        queries.append(query)
-    rows = await session.execute(union_all(*queries) if len(queries) > 1 else queries[0])
-    return [PricedPiece(*r) for r in rows]
-
-
-async def redos_of(session: AsyncSession, run_ids: Sequence[int]) -> list[Redo]:
-    """Runs' redos, each run's earliest first."""
-    if not run_ids:
-        return []
-    dialect = _dialect(session)
-    out: list[Redo] = []
-    for chunk in _batches(run_ids, dialect):
-        out += await session.scalars(
-            select(Redo)
-            .where(_in(Redo.run_id, chunk, dialect))
-            .order_by(Redo.run_id, Redo.restarted_at, Redo.id)
-        )
-    return out
-
-
-async def workspaces(
-    session: AsyncSession, organization_id: int, ids: Sequence[int] | None
-) -> dict[int, str]:
-    query = select(Workspace.id, Workspace.name).where(Workspace.organization_id == organization_id)
-    if ids is not None:
-        query = query.where(Workspace.id.in_(ids))
-    return {r.id: r.name for r in await session.execute(query)}
-
-
-async def cluster_sums(
-    session: AsyncSession, start: datetime, end: datetime, workspace_ids: Sequence[int]
-) -> list[tuple[int, str, bool, float]]:
-    """(cluster id, category, held, GPU-seconds): the workspaces' time by cluster."""
-    rows = await session.execute(
-        select(
-            GoodputHour.cluster_id,
-            GoodputHour.category,
-            GoodputHour.held,
-            func.sum(GoodputHour.gpu_seconds),
-        )
-        .where(
-            GoodputHour.scope == "workspace",
-            GoodputHour.hour >= start,
-            GoodputHour.hour < end,
-            GoodputHour.workspace_id.in_(workspace_ids),
-        )
-        .group_by(GoodputHour.cluster_id, GoodputHour.category, GoodputHour.held)
-    )
-    return [(r[0], r[1], bool(r[2]), float(r[3])) for r in rows]
-
-
-async def unhealthy_gpus(session: AsyncSession, organization_id: int) -> list[tuple[str, int]]:
-    """(cluster name, its GPUs unhealthy now) of every cluster of the organisation, by name."""
-    unhealthy = func.count(Gpu.id).filter(Gpu.health != "ok")
-    rows = await session.execute(
-        select(Cluster.name, unhealthy)
-        .select_from(Cluster)
-        .outerjoin(Machine, Machine.cluster_id == Cluster.id)
-        .outerjoin(Gpu, Gpu.machine_id == Machine.id)
-        .where(Cluster.organization_id == organization_id)
-        .group_by(Cluster.name)
-        .order_by(Cluster.name)
-    )
-    return [(r[0], int(r[1])) for r in rows]
-
-
-@dataclass(frozen=True)
-class SlurmImportState:
-    """Where a Slurm-backed cluster's import stands, as the exposition shows it."""
-
-    cluster: str
-    last_read: datetime  # the last successful import, else since when it reads
-    failing: bool  # its last try failed
-    quarantined: int
-
-
-async def slurm_imports(session: AsyncSession, organization_id: int) -> list[SlurmImportState]:
-    """The organisation's Slurm-backed clusters' imports, by cluster name."""
-    rows = await session.execute(
-        select(Cluster.name, SlurmImport)
-        .join(SlurmImport, SlurmImport.cluster_id == Cluster.id)
-        .where(Cluster.organization_id == organization_id)
-        .order_by(Cluster.name)
-    )
-    return [
-        SlurmImportState(
-            cluster=name,
-            last_read=state.imported_at or state.since,
-            failing=state.error_at is not None
-            and (state.imported_at is None or state.error_at >= state.imported_at),
-            quarantined=len(state.quarantined or {}),
-        )
-        for name, state in rows
-    ]
-
-
-async def cluster_names(session: AsyncSession, ids: Sequence[int]) -> dict[int, str]:
-    rows = await session.execute(select(Cluster.id, Cluster.name).where(Cluster.id.in_(ids)))
-    return {r.id: r.name for r in rows}
-
-
-async def live_runs(session: AsyncSession, workspace_ids: Sequence[int]) -> list[Run]:
-    """Runs still going (not ended, not deleted) of the workspaces."""
-    return list(
-        await session.scalars(
-            select(Run).where(
-                Run.workspace_id.in_(workspace_ids),
-                Run.state.not_in(ENDED_RUN_STATES),
-                Run.deleted_at.is_(None),
-            )
-        )
-    )
-
-
-async def stalled_workers(session: AsyncSession, workspace_ids: Sequence[int]) -> dict[int, int]:
-    """Workers stalled now, by workspace."""
-    rows = await session.execute(
-        select(Run.workspace_id, func.count())
-        .join(Worker, Worker.run_id == Run.id)
-        .where(
-            Run.workspace_id.in_(workspace_ids),
-            Worker.state == "Running",
-            Worker.stalled_since.is_not(None),
-        )
-        .group_by(Run.workspace_id)
-    )
-    return {r[0]: int(r[1]) for r in rows}
-
-
-async def runs_with_straggler(
-    session: AsyncSession, workspace_ids: Sequence[int], slow_before: datetime
-) -> dict[int, int]:
-    """Runs with a worker slow since ``slow_before`` or earlier (a straggler now), by workspace."""
-    rows = await session.execute(
-        select(Run.workspace_id, func.count(func.distinct(Run.id)))
-        .join(Worker, Worker.run_id == Run.id)
-        .where(
-            Run.workspace_id.in_(workspace_ids),
-            Worker.state == "Running",
-            Worker.slow_since.is_not(None),
-            Worker.slow_since <= slow_before,
-        )
-        .group_by(Run.workspace_id)
-    )
-    return {r[0]: int(r[1]) for r in rows}
 
 
 async def scope_id(

@@ -2,7 +2,8 @@
 in one statement (PostgreSQL), GPU-seconds added to (or taken back from) the hourly and daily
 cells, the runs' running totals kept in line with them, pruning. The tick's mark, the history it
 counts and the workers' intervals are in backend/accounting/repository.py; the reports' reads
-in backend/accounting/ledger_queries.py."""
+in ledger_queries.py (the cells summed), interval_queries.py, prometheus_queries.py and
+series_queries.py."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
-from backend.accounting import ledger_queries, rules
+from backend.accounting import ledger_queries, prometheus_queries, rules
 from backend.accounting.exposition import Exposition
 from backend.accounting.rules import Period, ledgers_by_id
 from backend.lifecycle.progress import STRAGGLER_AFTER
@@ -26,7 +26,7 @@ async def exposition(
 
     A workspace's token: its workspace, its share of the machines, pools and clusters it
     used, its runs still going. An organisation admin's: every workspace of the organisation."""
-    names = await ledger_queries.workspaces(
+    names = await prometheus_queries.workspaces(
         session,
         principal.organization_id,
         None if principal.is_org_admin else [principal.workspace_id or 0],
@@ -40,9 +40,9 @@ async def exposition(
     }
     for window, period in windows.items():
         clusters = ledgers_by_id(
-            await ledger_queries.cluster_sums(session, period.start, period.end, ids)
+            await prometheus_queries.cluster_sums(session, period.start, period.end, ids)
         )
-        cluster_names = await ledger_queries.cluster_names(session, list(clusters))
+        cluster_names = await prometheus_queries.cluster_names(session, list(clusters))
         for cluster_id, ledger in sorted(clusters.items()):
             out.ledger("cluster", cluster_names.get(cluster_id, str(cluster_id)), window, ledger)
         for scope in ("workspace", "machine", "pool"):
@@ -54,7 +54,7 @@ async def exposition(
             scope_names = await ledger_queries.scope_names(session, scope, list(ledgers))
             for scope_id, ledger in sorted(ledgers.items()):
                 out.ledger(scope, scope_names.get(scope_id, str(scope_id)), window, ledger)
-    live = await ledger_queries.live_runs(session, ids)
+    live = await prometheus_queries.live_runs(session, ids)
     if live:
         since = min(rules.hour_floor(r.created_at) for r in live)
         runs_ = ledgers_by_id(
@@ -65,16 +65,16 @@ async def exposition(
         for run in sorted(live, key=lambda r: (names.get(r.workspace_id, ""), r.name)):
             if run.id in runs_:
                 out.run(names.get(run.workspace_id, ""), run.name, runs_[run.id])
-    stalled = await ledger_queries.stalled_workers(session, ids)
-    slow = await ledger_queries.runs_with_straggler(session, ids, now - STRAGGLER_AFTER)
+    stalled = await prometheus_queries.stalled_workers(session, ids)
+    slow = await prometheus_queries.runs_with_straggler(session, ids, now - STRAGGLER_AFTER)
     for workspace_id, workspace in sorted(names.items(), key=lambda kv: kv[1]):
         out.add("astraeus_workers_stalled", {"namespace": workspace}, stalled.get(workspace_id, 0))
         out.add("astraeus_runs_with_straggler", {"namespace": workspace}, slow.get(workspace_id, 0))
-    for cluster, unhealthy in await ledger_queries.unhealthy_gpus(
+    for cluster, unhealthy in await prometheus_queries.unhealthy_gpus(
         session, principal.organization_id
     ):
         out.add("astraeus_gpus_unhealthy", {"cluster": cluster}, unhealthy)
-    for state in await ledger_queries.slurm_imports(session, principal.organization_id):
+    for state in await prometheus_queries.slurm_imports(session, principal.organization_id):
         of = {"cluster": state.cluster}
         lag = max(0.0, (now - state.last_read).total_seconds())
         out.add("astraeus_slurm_import_lag_seconds", of, lag)

@@ -2,7 +2,8 @@
 transitions and recounts it counts, the workers' history and utilisation it reads, their open
 and closed intervals; and the helpers the domain's SQL modules share (id lists, the dialect).
 The cells and runs' running totals the tick writes, and pruning, are in
-backend/accounting/ledger_writes.py; the reports' reads in backend/accounting/ledger_queries.py."""
+backend/accounting/ledger_writes.py; the reports' reads in ledger_queries.py (the cells summed),
+interval_queries.py, prometheus_queries.py and series_queries.py."""
 
 from __future__ import annotations
 
@@ -105,6 +106,13 @@ async def unaccounted_of(session: AsyncSession, worker_ids: Sequence[int]) -> Un
         query = _UNACCOUNTED.where(_in(StateTransition.worker_id, chunk, dialect))
         _gather(found, await session.execute(query))
     return found
+
+
+async def counted_until(session: AsyncSession) -> datetime | None:
+    """How far the tick has counted (no lock: a read)."""
+    return await session.scalar(
+        select(AccountingMark.counted_until).where(AccountingMark.id == MARK_ID)
+    )
 
 
 async def hold_mark(session: AsyncSession) -> datetime | None:

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from backend.accounting import ledger_queries, rules
+from backend.accounting import interval_queries, rules
 from backend.accounting.rules import Period
 from backend.accounting.viewers import Viewer
 from backend.clock import iso_z
@@ -45,7 +45,7 @@ class ScopeRework:
         }
 
 
-def _redo_span(piece: ledger_queries.RedoPiece | Redo) -> rules.RedoSpan:
+def _redo_span(piece: interval_queries.RedoPiece | Redo) -> rules.RedoSpan:
     return rules.RedoSpan(
         piece.restarted_at, piece.until, piece.reached_step, piece.checkpoint_step
     )
@@ -56,7 +56,7 @@ async def scope_rework(
 ) -> tuple[dict[int, ScopeRework], ScopeRework]:
     """Each run's, machine's, pool's or workspace's rework over the period (by id), and the
     viewer's total: the productive time inside its runs' redos."""
-    pieces = await ledger_queries.redo_pieces(
+    pieces = await interval_queries.redo_pieces(
         session,
         scope,
         period.start,
@@ -140,7 +140,7 @@ async def run_reworks(
 ) -> dict[int, RunRework]:
     """Runs' rework since they were submitted (runs by id, submission time and workspace,
     which the caller may see): two queries for them all, none for runs that never restarted."""
-    redos = await ledger_queries.redos_of(session, [run_id for run_id, _, _ in found])
+    redos = await interval_queries.redos_of(session, [run_id for run_id, _, _ in found])
     by_run: dict[int, list[Redo]] = defaultdict(list)
     for r in redos:
         by_run[r.run_id].append(r)
@@ -148,7 +148,7 @@ async def run_reworks(
     by_redo: dict[int, list[float]] = defaultdict(list)
     if restarted:
         since = {run_id: created for run_id, created, _ in restarted}
-        pieces = await ledger_queries.redo_pieces(
+        pieces = await interval_queries.redo_pieces(
             session,
             "run",
             min(since.values()),

@@ -11,7 +11,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
-from backend.accounting import ledger_queries, rules
+from backend.accounting import ledger_queries, repository, rules
 from backend.accounting.rules import Ledger, ledgers_by_id
 from backend.models import Run
 from backend.runs import service as runs
@@ -67,7 +67,7 @@ async def run_ettrs(
     """Runs' ETTR (rules.ettr) from their ledgers, their wall time to their end or to how
     far the tick has counted, whichever is first (the ledger holds nothing later)."""
     ledgers = await run_ledgers(session, [(r.run_id, r.submitted) for r in found], now)
-    mark = await ledger_queries.counted_until(session)
+    mark = await repository.counted_until(session)
     out: dict[int, float | None] = {}
     for r in found:
         until = mark if r.ended is None or mark is None else min(r.ended, mark)

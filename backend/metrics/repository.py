@@ -8,27 +8,13 @@ from collections.abc import Collection, Sequence
 from typing import Literal, overload
 
 import psycopg
-from sqlalchemy import (
-    BigInteger,
-    ColumnElement,
-    Table,
-    case,
-    delete,
-    func,
-    literal_column,
-    select,
-)
+from sqlalchemy import BigInteger, ColumnElement, Table, case, delete, func, literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.db.bulk import copy_binary
 from backend.db.engine import driver_connection
-from backend.metrics.rules import (
-    COUNTER_IDS,
-    MINUTE_MS,
-    ROW_COLUMNS,
-    Row,
-)
+from backend.metrics.rules import COUNTER_IDS, MINUTE_MS, ROW_COLUMNS, Row
 from backend.models import (
     Machine,
     MetricMinute,

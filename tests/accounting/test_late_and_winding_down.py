@@ -9,7 +9,7 @@ from datetime import datetime
 import pytest
 from sqlalchemy import select
 
-from backend.accounting import counting, ledger_queries, repository, rules
+from backend.accounting import counting, interval_queries, repository, rules
 from backend.accounting.rules import Category
 from backend.gateway import service as agents
 from backend.lifecycle import service as lifecycle
@@ -176,11 +176,11 @@ async def test_winding_down_is_productive_for_at_most_the_grace_period(
     assert [o.category for o in opened.values()] == (["idle"] if done_after is None else [])
 
 
-def seconds(i: ledger_queries.IntervalRow) -> float:
+def seconds(i: interval_queries.IntervalRow) -> float:
     return (i.end_at - i.start_at).total_seconds() * i.gpus
 
 
-def after(i: ledger_queries.IntervalRow, moment: datetime) -> float:
+def after(i: interval_queries.IntervalRow, moment: datetime) -> float:
     return (i.end_at - max(i.start_at, moment)).total_seconds() * i.gpus
 
 

@@ -15,7 +15,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, select, update
 
-from backend.accounting import counting, ledger_queries, reports, repository, rules
+from backend.accounting import (
+    counting,
+    interval_queries,
+    ledger_queries,
+    reports,
+    repository,
+    rules,
+)
 from backend.accounting.rules import Category, Interval, Ledger, Period, PhaseChange
 from backend.accounting.viewers import Viewer
 from backend.db import Database
@@ -235,7 +242,7 @@ async def test_any_ticks_over_any_history_write_the_pure_ledgers_and_intervals(
     # The ledgers: the run's cells equal the pure sums, category by category.
     async with db.read() as session:
         cells = await ledger_queries.hour_sums(session, "run", T0 - rules.HOUR, until + rules.HOUR)
-        written = await ledger_queries.intervals_of(
+        written = await interval_queries.intervals_of(
             session,
             start=T0 - rules.HOUR,
             end=until + rules.HOUR,

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from backend.accounting import counting, ledger_queries
+from backend.accounting import counting, interval_queries
 from backend.lifecycle.endings import worker_exited
 from backend.lifecycle.progress import worker_progress
 from backend.lifecycle.rules import STALLED_WITH_GANG, check_timers
@@ -173,7 +173,7 @@ async def sample_busy(world: World) -> None:
 
 async def intervals_by_worker(world: World) -> dict[str, list[tuple[datetime, datetime, str]]]:
     async with world.db.read() as session:
-        rows = await ledger_queries.intervals_of(
+        rows = await interval_queries.intervals_of(
             session,
             start=T0 - timedelta(days=1),
             end=T0 + timedelta(days=1),

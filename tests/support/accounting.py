@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from backend.accounting import counting, ledger_queries, rules
+from backend.accounting import counting, interval_queries, rules
 from backend.accounting.rules import Ledger, PhaseChange
 from backend.gateway import service as agents
 from backend.metrics.rules import SampleIn
@@ -33,10 +33,10 @@ async def ledger(world: World, scope: str = "run") -> dict[tuple[str, bool], flo
     return {k: round(v, 3) for k, v in out.items() if round(v, 3)}
 
 
-async def all_intervals(world: World) -> list[ledger_queries.IntervalRow]:
+async def all_intervals(world: World) -> list[interval_queries.IntervalRow]:
     """Every interval written, closed or open, earliest first."""
     async with world.db.read() as session:
-        return await ledger_queries.intervals_of(
+        return await interval_queries.intervals_of(
             session,
             start=T0 - timedelta(days=1),
             end=T0 + timedelta(days=800),
