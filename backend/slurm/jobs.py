@@ -164,6 +164,7 @@ async def advance(
     if not todo:
         return False
     unwatched: list[int] = []
+    tasks = _tasks(run, slurm, job, settings, codec)  # the same for every change: read once
     # a stop asked here is written at its own time, within the second its job then ends in
     asked_at = (
         await repository.last_change_at(session, run.id) if run.stop_cause == Cause.OWNER else None
@@ -179,7 +180,6 @@ async def advance(
         if asked_at is not None and change.at <= asked_at and change.phase != Phase.ENDED.value:
             # the job was in this state when the stop was asked (its row said the one known)
             await repository.restate_stop(session, run.id, asked_at, change.state)
-        tasks = _tasks(run, slurm, job, settings, codec)
         unwatched += _enter(session, ws, run, workers, change, machines, tasks)
     await repository.end_watches(session, unwatched, now)
     await session.flush()
