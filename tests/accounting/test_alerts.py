@@ -13,6 +13,7 @@ from backend.alerts import service as alerts
 from backend.errors import InvalidInput
 from backend.lifecycle import service as lifecycle
 from backend.machines import service as machines
+from backend.machines.rules import FaultKind
 from backend.models import Event, Machine
 from tests.lifecycle.world import World
 from tests.support import Tenancy
@@ -117,7 +118,7 @@ async def test_a_stalled_worker_and_a_gpu_fault_fire_threshold_alerts(world: Wor
         row = await session.get(Machine, machine)
         assert row is not None
         fault = "XID 79: the GPU reported a fatal error"
-        await machines.gpu_fault(session, world.clock, row, 5, fault)
+        await machines.gpu_fault(session, world.clock, row, 5, fault, kind=FaultKind.XID)
     async with world.db.transaction() as session:
         evaluated = await alerts.evaluate(session, world.clock)
     assert sorted((a.metric, a.subject, a.reason) for a in evaluated.fired) == [

@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from backend.alerts import service as alerts
 from backend.machines import service as machines
+from backend.machines.rules import FaultKind
 from backend.models import Machine
 from tests.accounting.seed_week import minutes
 from tests.lifecycle.world import World
@@ -152,7 +153,9 @@ async def test_threshold_alerts_firing_are_shown_to_the_clusters_operators_only(
     async with world.db.transaction() as session:
         row = await session.scalar(select(Machine).where(Machine.id == machine))
         assert row is not None
-        await machines.gpu_fault(session, world.clock, row, 5, "XID 79: fell off the bus")
+        await machines.gpu_fault(
+            session, world.clock, row, 5, "XID 79: fell off the bus", kind=FaultKind.XID
+        )
     world.clock.advance(minutes=1)
     async with world.db.transaction() as session:
         await alerts.evaluate(session, world.clock)

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from backend.alerts import service as alerts
 from backend.db import Database
 from backend.machines import service as machines
+from backend.machines.rules import FaultKind
 from backend.models import Machine, Run
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
@@ -82,7 +83,9 @@ async def test_thresholds_and_the_alerts_firing(
     async with db.transaction() as session:
         gpu07 = await session.scalar(select(Machine).where(Machine.name == "gpu-07"))
         assert gpu07 is not None
-        await machines.gpu_fault(session, clock, gpu07, 3, "XID 79: the GPU fell off the bus")
+        await machines.gpu_fault(
+            session, clock, gpu07, 3, "XID 79: the GPU fell off the bus", kind=FaultKind.XID
+        )
     async with db.transaction() as session:  # the next evaluation, as the job runs it
         await alerts.evaluate(session, clock)
     query = "{ alertsFiring { metric subject value threshold reason } }"
