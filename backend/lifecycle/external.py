@@ -18,7 +18,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.clock import iso_offset
-from backend.lifecycle.endings import PEER_LOST, PEER_LOST_GRACE
+from backend.lifecycle.endings import PEER_LOST, PEER_LOST_GRACE, snapshot_output
 from backend.lifecycle.records import record_transition
 from backend.lifecycle.sentences import EndCause, exited_with, worker_failed_sentence
 from backend.lifecycle.states import Cause, Phase, RunState
@@ -172,7 +172,7 @@ def enter(
                     "reason": reason,
                     "failed_at": iso_offset(end.ended_at if end else change.at),
                     "exit_code": w.exit_code,
-                    "log_tail": end.log_tail if end else "",
+                    "log_tail": snapshot_output(end.log_tail) if end else "",
                 }
     if failed and workers and not stalled:
         by = workers[first.rank] if first is not None else workers[0]

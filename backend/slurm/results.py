@@ -83,6 +83,6 @@ def ends(folder: Path, workers: int) -> dict[int, TaskEnd]:
             ended_at=ended,
             exit_code=code,
             signal=sig if isinstance(sig, int) and sig else None,
-            log_tail=tail[-16 * 1024 :] if isinstance(tail, str) else "",
+            log_tail=tail if isinstance(tail, str) else "",  # cut as every snapshot is (lifecycle)
         )
     return out
