@@ -21,7 +21,7 @@ reach the engine through two pipes, so lines printed at the same moment on both 
 in either order (as ``docker logs`` shows them).
 
 The pure parts are functions in agent/engine_answers.py, tested without an engine: the create
-body from a start payload (``create_body``), the multiplexed log frames (``FrameReader``), the
+body from a worker's start (``create_body``), the multiplexed log frames (``FrameReader``), the
 container state to an end (``exit_of``), pull progress to a reason (``PullProgress``), stats to
 metrics (``stats_metrics``). The Engine API client is agent/engine.py.
 """
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -74,9 +73,10 @@ from agent.engine_answers import (
     stats_metrics,
     worker_filters,
 )
-from agent.executor import KEPT_ID, LOST, PAYLOAD, STOP_GRACE_SECONDS, EndCause, Exit, kept_id
+from agent.executor import LOST, STOP_GRACE_SECONDS, EndCause, Exit, keep_start, kept_start
 from agent.identity import WorkloadUsers
 from agent.logs import WorkerLog
+from agent.start import StartSpec
 
 log = logging.getLogger("astraeus.agent")
 
@@ -108,13 +108,13 @@ PullReport = Callable[[str], Awaitable[None]]
 
 @dataclass
 class ContainerWorker:
-    """One worker as a container: its start payload, its log, its container once started.
+    """One worker as a container: its start, its log, its container once started.
 
     Known on the machine by the server's id for it (labels, container names, folders): two
     workspaces' workers may share a name."""
 
     worker_id: int
-    payload: dict[str, Any]
+    spec: StartSpec
     log: WorkerLog
     folder: Path
     engine: Engine = field(default_factory=engine_at)
@@ -141,16 +141,24 @@ class ContainerWorker:
 
     @property
     def attempt(self) -> int:
-        return int(self.payload.get("attempt", 0))
+        return self.spec.attempt
 
     @property
     def name(self) -> str:
         """The worker's name, for people (log lines of the agent)."""
-        return str(self.payload.get("worker") or self.worker_id)
+        return self.spec.worker or str(self.worker_id)
 
     @property
     def image(self) -> str | None:
-        return self.payload.get("image") or None
+        return self.spec.image
+
+    @property
+    def gpu_ids(self) -> tuple[int, ...]:
+        return self.spec.gpu_ids
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        return self.spec.memory_limit_bytes
 
     @property
     def run_folder(self) -> Path:
@@ -161,7 +169,7 @@ class ContainerWorker:
         return self.run_folder / PROGRESS
 
     def keep(self) -> None:
-        """Write the start payload down: a worker at the barrier survives the agent too."""
+        """Write the start down: a worker at the barrier survives the agent too."""
         self.folder.mkdir(parents=True, exist_ok=True)
         for stale in (shim.EXIT, CONTAINER, LOGGED_AT):
             (self.folder / stale).unlink(missing_ok=True)
@@ -171,8 +179,7 @@ class ContainerWorker:
         # The container's user may be anyone (an image's own), unless the agent chose it
         # (start: then the folder becomes that user's alone).
         self.run_folder.chmod(0o777)
-        kept = {**self.payload, KEPT_ID: self.worker_id}  # its folder is named by its opaque id
-        shim.write_atomically(self.folder / PAYLOAD, json.dumps(kept), private=True)
+        keep_start(self.folder, self.worker_id, self.spec)
 
     @classmethod
     def adopt(
@@ -183,15 +190,11 @@ class ContainerWorker:
         Its container is found again when it is waited for (``wait``), by the id written
         here or else by its labels; its log is copied on from where the last agent stopped.
         """
-        try:
-            payload = json.loads((folder / PAYLOAD).read_text())
-        except (OSError, ValueError):
-            shutil.rmtree(folder, ignore_errors=True)
+        kept = kept_start(folder)
+        if kept is None:
             return None
-        worker_id = kept_id(folder, payload)
-        if worker_id is None:
-            return None  # not a worker's folder (an agent before ids: left as it is)
-        worker = cls(worker_id, payload, WorkerLog(log_root, str(worker_id)), folder)
+        worker_id, spec = kept
+        worker = cls(worker_id, spec, WorkerLog(log_root, str(worker_id)), folder)
         if engine is not None:
             worker.engine = engine
         worker.container_id = _read_text(folder / CONTAINER)
@@ -199,7 +202,7 @@ class ContainerWorker:
         return worker
 
     def environment(self) -> dict[str, str]:
-        return container_environment(self.payload, self.image_env, self.secrets)
+        return container_environment(self.spec, self.image_env, self.secrets)
 
     # --- before the barrier -------------------------------------------------------------
 
@@ -272,10 +275,10 @@ class ContainerWorker:
     async def _create_and_start(self) -> None:
         for stale in await self.engine.containers(worker_filters(self.key)):
             await self.engine.remove(stale["Id"])  # an earlier attempt, or a half start
-        credentials = self.payload.get("credentials") or []
+        credentials = self.spec.credentials
         user = None
         try:
-            identity = self.users.of_worker(self.payload)
+            identity = self.users.of_worker(self.spec)
         except (LookupError, ValueError) as error:
             raise EngineError(400, str(error.args[0])) from None
         if identity is not None:
@@ -293,7 +296,7 @@ class ContainerWorker:
             )
         body = create_body(
             self.key,
-            self.payload,
+            self.spec,
             run_folder=self.run_folder,
             drives=self.drives or self.folder.parent.parent / "drives",
             image_env=self.image_env,
@@ -479,9 +482,7 @@ class ContainerWorker:
             )
         except (EngineError, httpx.TransportError):
             return {}
-        metrics, self.cpu = stats_metrics(
-            stats or {}, self.cpu, self.payload.get("memory_limit_bytes")
-        )
+        metrics, self.cpu = stats_metrics(stats or {}, self.cpu, self.spec.memory_limit_bytes)
         return metrics
 
 

@@ -1,6 +1,6 @@
 """The Docker executor's translations, as pure functions tested without an engine: the engine's
 API version, image references and pull progress, container states to ends, the multiplexed log
-frames and their timestamps, stats to metrics, the create body from a start payload, the
+frames and their timestamps, stats to metrics, the create body from a worker's start, the
 containers a restarted agent no longer keeps. The container's layout (labels, folders) is here
 too: the worker (agent/docker.py) and the Engine client (agent/engine.py) share it."""
 
@@ -18,6 +18,7 @@ from typing import Any
 from agent import prepare
 from agent.executor import OOM_KILLED, SDK, EndCause, Exit
 from agent.shim import KILLED
+from agent.start import StartSpec
 
 SOCKET = "/var/run/docker.sock"
 MIN_API = (1, 43)
@@ -290,7 +291,7 @@ def _image_variable(image_env: Iterable[str] | None, name: str) -> str | None:
 
 
 def container_environment(
-    payload: dict[str, Any],
+    spec: StartSpec,
     image_env: Iterable[str] | None = None,
     secrets: dict[str, str] | None = None,
 ) -> dict[str, str]:
@@ -303,14 +304,12 @@ def container_environment(
     own or else the image's.
     """
     env: dict[str, str] = {}
-    env.update(payload.get("environment") or {})
+    env.update(spec.environment)
     env.update(
-        prepare.credential_variables(
-            payload.get("credentials") or [], secrets or {}, f"{CONTAINER_RUN}/{SECRETS}"
-        )
+        prepare.credential_variables(spec.credentials, secrets or {}, f"{CONTAINER_RUN}/{SECRETS}")
     )
-    env.update(payload.get("astraeus_environment") or {})
-    gpus = payload.get("gpu_ids") or []
+    env.update(spec.astraeus_environment)
+    gpus = spec.gpu_ids
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
     env["ASTRAEUS_PROGRESS_FILE"] = f"{CONTAINER_RUN}/{PROGRESS}"
@@ -340,7 +339,7 @@ def container_path(path: str) -> str:
 
 def create_body(
     worker: str,
-    payload: dict[str, Any],
+    spec: StartSpec,
     *,
     run_folder: Path,
     drives: Path,
@@ -350,7 +349,7 @@ def create_body(
     user: str | None = None,
     pids_limit: int = 0,
 ) -> dict[str, Any]:
-    """``POST /containers/create``'s body for a worker's start payload. ``user`` (uid:gid) is
+    """``POST /containers/create``'s body for a worker's start. ``user`` (uid:gid) is
     who it runs as where the agent chose (agent/identity.py); else the spec's, or the image's.
     Setuid programs in the image give it nothing (no-new-privileges). Its processes and threads
     are at most ``pids_limit`` (0: no limit), as a process worker's (agent/sandbox.py); its /tmp
@@ -373,27 +372,27 @@ def create_body(
     }
     if pids_limit:
         host["PidsLimit"] = pids_limit
-    for mount in payload.get("mounts") or []:
-        bind = f"{drives / mount['drive']}:{container_path(mount['path'])}"
-        host["Binds"].append(bind + (":ro" if mount.get("read_only") else ""))
-    memory = payload.get("memory_limit_bytes")
+    for mount in spec.mounts:
+        bind = f"{drives / mount.drive}:{container_path(mount.path)}"
+        host["Binds"].append(bind + (":ro" if mount.read_only else ""))
+    memory = spec.memory_limit_bytes
     if memory:
-        host["Memory"] = int(memory)
-        host["MemorySwap"] = int(memory)  # the limit is the limit: no swap beyond it
-    if payload.get("cpu"):
-        host["NanoCpus"] = round(float(payload["cpu"]) * 1e9)
-    if payload.get("cpu_request"):  # its share where cores are contended: 1024 a core
-        host["CpuShares"] = max(2, round(float(payload["cpu_request"]) * 1024))
-    gpus = payload.get("gpu_ids") or []
+        host["Memory"] = memory
+        host["MemorySwap"] = memory  # the limit is the limit: no swap beyond it
+    if spec.cpu:
+        host["NanoCpus"] = round(spec.cpu * 1e9)
+    if spec.cpu_request:  # its share where cores are contended: 1024 a core
+        host["CpuShares"] = max(2, round(spec.cpu_request * 1024))
+    gpus = spec.gpu_ids
     if gpus:
         host["DeviceRequests"] = [
             {"Driver": "nvidia", "DeviceIDs": [str(g) for g in gpus], "Capabilities": [["gpu"]]}
         ]
-    env = container_environment(payload, image_env, secrets)
+    env = container_environment(spec, image_env, secrets)
     body: dict[str, Any] = {
-        "Image": payload.get("image"),
+        "Image": spec.image,
         "Env": [f"{k}={v}" for k, v in env.items()],
-        "Labels": {LABEL_WORKER: worker, LABEL_ATTEMPT: str(int(payload.get("attempt", 0)))},
+        "Labels": {LABEL_WORKER: worker, LABEL_ATTEMPT: str(spec.attempt)},
         "Tty": False,
         "OpenStdin": False,
         "AttachStdin": False,
@@ -401,12 +400,12 @@ def create_body(
         "AttachStderr": False,
         "HostConfig": host,
     }
-    if payload.get("command"):
-        body["Cmd"] = [str(a) for a in payload["command"]]
-    if user or payload.get("user"):
-        body["User"] = user or str(payload["user"])
-    if payload.get("working_dir"):
-        body["WorkingDir"] = str(payload["working_dir"])
+    if spec.command:
+        body["Cmd"] = list(spec.command)
+    if user or spec.user:
+        body["User"] = user or spec.user
+    if spec.working_dir:
+        body["WorkingDir"] = spec.working_dir
     return body
 
 

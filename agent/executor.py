@@ -1,7 +1,7 @@
 """The process executor: each worker a process group of its own on this machine, kept by a shim.
 
 A worker's runtime folder (``<data>/workers/<worker id>/``, the agent's: 0711, its files 0600)
-holds what a restarted agent needs to take it back: the start payload, the shim's pid, the
+holds what a restarted agent needs to take it back: its start (payload.json), the shim's pid, the
 worker's process group, and how it ended. Inside it, ``home/`` is the workload's own (its
 user's alone, 0700): its working folder, progress file, secret files and drive links. The log
 lives apart (``<data>/logs/<worker id>/``, the agent's) and outlives it. The workload runs as
@@ -33,6 +33,7 @@ from agent.identity import (
     workload_dir,
 )
 from agent.logs import WorkerLog
+from agent.start import StartSpec
 
 STOP_GRACE_SECONDS = 10.0
 ADOPTED_POLL_SECONDS = 1.0
@@ -47,6 +48,31 @@ def kept_id(folder: Path, payload: dict[str, Any]) -> int | None:
         return int(folder.name)
     kept = payload.pop(KEPT_ID, None)
     return kept if isinstance(kept, int) and kept > 0 else None
+
+
+def keep_start(folder: Path, worker_id: int, spec: StartSpec) -> None:
+    """The worker's start in its folder's payload.json (its folder is named by its opaque id:
+    the server's id for it goes with it)."""
+    kept = {**spec.to_json(), KEPT_ID: worker_id}
+    shim.write_atomically(folder / PAYLOAD, json.dumps(kept), private=True)
+
+
+def kept_start(folder: Path) -> tuple[int, StartSpec] | None:
+    """The server id and the start of the worker a previous agent kept in ``folder``; None
+    where nothing is left (an unreadable payload.json: the folder goes) or no worker's is (an
+    agent's before ids, or a start this agent cannot read: left as it is)."""
+    try:
+        payload = json.loads((folder / PAYLOAD).read_text())
+    except (OSError, ValueError):
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    worker_id = kept_id(folder, payload)
+    if worker_id is None:
+        return None
+    try:
+        return worker_id, StartSpec.from_json(payload)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 SHIM_PID = "shim.pid"
@@ -80,13 +106,13 @@ def _is_shim(pid: int) -> bool:
 
 @dataclass
 class ProcessWorker:
-    """One worker: its start payload, its log, and its shim once released.
+    """One worker: its start (kept as payload.json), its log, and its shim once released.
 
     Known on the machine by the server's id for it (folders, logs, control groups): two
     workspaces' workers may share a name."""
 
     worker_id: int
-    payload: dict[str, Any]
+    spec: StartSpec
     log: WorkerLog
     folder: Path
     started: bool = False
@@ -107,12 +133,20 @@ class ProcessWorker:
 
     @property
     def attempt(self) -> int:
-        return int(self.payload.get("attempt", 0))
+        return self.spec.attempt
 
     @property
     def name(self) -> str:
         """The worker's name, for people (log lines of the agent)."""
-        return str(self.payload.get("worker") or self.worker_id)
+        return self.spec.worker or str(self.worker_id)
+
+    @property
+    def gpu_ids(self) -> tuple[int, ...]:
+        return self.spec.gpu_ids
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        return self.spec.memory_limit_bytes
 
     @property
     def home(self) -> Path:
@@ -126,32 +160,27 @@ class ProcessWorker:
     @property
     def workspace_gid(self) -> int | None:
         with contextlib.suppress(ValueError):
-            return self.users.workspace_gid(int(self.payload.get("workspace_id") or 0))
+            return self.users.workspace_gid(self.spec.workspace_id)
         return None
 
     def keep(self) -> None:
-        """Write the start payload down: a worker at the barrier survives the agent too."""
+        """Write the start down: a worker at the barrier survives the agent too."""
         self.folder.mkdir(mode=0o711, parents=True, exist_ok=True)
         self.folder.chmod(0o711)  # its user passes through to home/, and sees nothing else
         for stale in (shim.EXIT, shim.WORKER_PID, shim.UNREADABLE, SHIM_PID, LINKS):
             (self.folder / stale).unlink(missing_ok=True)
         for own in (HOME, *sandbox.TMP_FOLDERS):  # an earlier attempt's, its user's
             shutil.rmtree(self.folder / own, ignore_errors=True)
-        kept = {**self.payload, KEPT_ID: self.worker_id}  # its folder is named by its opaque id
-        shim.write_atomically(self.folder / PAYLOAD, json.dumps(kept), private=True)
+        keep_start(self.folder, self.worker_id, self.spec)
 
     @classmethod
     def adopt(cls, folder: Path, log_root: Path) -> ProcessWorker | None:
         """The worker a previous agent left in this folder, or None when nothing is left."""
-        try:
-            payload = json.loads((folder / PAYLOAD).read_text())
-        except (OSError, ValueError):
-            shutil.rmtree(folder, ignore_errors=True)
+        kept = kept_start(folder)
+        if kept is None:
             return None
-        worker_id = kept_id(folder, payload)
-        if worker_id is None:
-            return None  # not a worker's folder (an agent before ids: left as it is)
-        worker = cls(worker_id, payload, WorkerLog(log_root, str(worker_id)), folder)
+        worker_id, start = kept
+        worker = cls(worker_id, start, WorkerLog(log_root, str(worker_id)), folder)
         worker.started = (folder / SHIM_PID).exists()
         spec = folder / shim.SPEC
         if spec.exists():
@@ -167,13 +196,13 @@ class ProcessWorker:
         """A clean environment: a few basics, the spec's variables, the credentials, the
         drives, then Astraeus' own. Nothing of the agent's."""
         env = base_environment(identity, str(self.home))
-        env.update(self.payload.get("environment") or {})
-        credentials = self.payload.get("credentials") or []
+        env.update(self.spec.environment)
+        credentials = self.spec.credentials
         env.update(
             prepare.credential_variables(credentials, self.secrets, str(self.secrets_folder))
         )
         env.update(drives)
-        env.update(self.payload.get("astraeus_environment") or {})
+        env.update(self.spec.astraeus_environment)
         env["ASTRAEUS_PROGRESS_FILE"] = str(self.progress_file)
         # `import astraeus_progress` works in the worker; its own PYTHONPATH comes first.
         sdk = str(self.folder / "sdk")
@@ -201,21 +230,21 @@ class ProcessWorker:
     async def start(self) -> None:
         """Start the shim, which starts the command as the workload's user; the log begins
         anew. A worker that cannot start (its user, a mount) ends with the reason."""
-        command = list(self.payload.get("command") or [])
+        command = list(self.spec.command)
         self.log.begin()
         self.started = True
         try:
-            identity = self.users.of_worker(self.payload)
+            identity = self.users.of_worker(self.spec)
         except (LookupError, ValueError) as error:
             return self._not_started(str(error.args[0]))
         self._make_home(identity)
         owner = (identity.uid, identity.gid) if identity is not None else None
-        credentials = self.payload.get("credentials") or []
+        credentials = self.spec.credentials
         prepare.write_secret_files(credentials, self.secrets, self.secrets_folder, owner=owner)
         exposed = prepare.Exposed()
         if self.drive_root is not None:
             exposed = prepare.expose_drives(
-                self.payload,
+                self.spec,
                 self.drive_root,
                 home=self.home,
                 mount_roots=self.mount_roots,
@@ -228,12 +257,12 @@ class ProcessWorker:
             shim.write_atomically(self.folder / LINKS, json.dumps(links), private=True)
         if not command:
             return shim.record_exit(self.folder, Exit(127, EndCause.NOT_FOUND))
-        self.cgroup = cgroups.create(local_name(self.worker_id, self.payload), self.install)
+        self.cgroup = cgroups.create(local_name(self.worker_id, self.spec), self.install)
         group = None
         if self.cgroup is not None:
-            self.cgroup.limit_memory(self.payload.get("memory_limit_bytes"))
-            self.cgroup.limit_cpu(self.payload.get("cpu"))
-            self.cgroup.share_cpu(self.payload.get("cpu_request"))
+            self.cgroup.limit_memory(self.spec.memory_limit_bytes)
+            self.cgroup.limit_cpu(self.spec.cpu)
+            self.cgroup.share_cpu(self.spec.cpu_request)
             if self.isolation.pids_max:
                 self.cgroup.limit_pids(self.isolation.pids_max)
             group = {
@@ -247,7 +276,7 @@ class ProcessWorker:
             "worker": str(self.worker_id),
             "argv": command,
             "env": self.environment(identity, exposed.variables),
-            "cwd": self.payload.get("working_dir") or str(self.home),
+            "cwd": self.spec.working_dir or str(self.home),
             "log_root": str(self.log.folder.parent),
             "cgroup": group,
             # agent/enter.py: the process joins these groups itself, as root, before its
@@ -284,7 +313,7 @@ class ProcessWorker:
         return sandbox.spec(
             self.isolation,
             self.folder,
-            shm=sandbox.shm_bytes(self.payload.get("memory_limit_bytes"), self.machine_memory),
+            shm=sandbox.shm_bytes(self.spec.memory_limit_bytes, self.machine_memory),
             keep=keep,
             links=list(zip(exposed.links, exposed.folders, strict=True)),
         )

@@ -23,9 +23,12 @@ import stat
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-# The server's opaque id of a worker (issue 37 N8), sent in its start payload as worker_key.
+if TYPE_CHECKING:
+    from agent.start import StartSpec
+
+# The server's opaque id of a worker (issue 37 N8), sent in its start as worker_key.
 WORKER_KEY = re.compile(r"[A-Za-z0-9_-]{22}")
 
 UID_RANGE = (2_000_000, 2_065_535)
@@ -99,11 +102,9 @@ class WorkloadUsers:
         assert uid is not None, "a worker of the range is given its uid when it is kept"
         return Identity(uid, gid, (), f"astraeus-{uid}")
 
-    def of_worker(self, payload: dict[str, Any]) -> Identity | None:
-        """Who the worker of this start payload runs as (``identity``, from its payload)."""
-        return self.identity(
-            payload.get("user"), payload.get("uid"), int(payload.get("workspace_id") or 0)
-        )
+    def of_worker(self, spec: StartSpec) -> Identity | None:
+        """Who the worker of this start runs as (``identity``, from its spec)."""
+        return self.identity(spec.user, spec.uid, spec.workspace_id)
 
 
 def base_environment(identity: Identity | None, home: str) -> dict[str, str]:
@@ -149,22 +150,22 @@ def workload_dir(data_dir: Path, users: WorkloadUsers) -> Path:
     return WORKLOADS_FALLBACK / install
 
 
-def local_name(worker_id: int, payload: dict[str, Any]) -> str:
+def local_name(worker_id: int, spec: StartSpec) -> str:
     """What names the worker on this machine where its workload can see it (its folder, in
     ``HOME`` and the working directory, and its control group, in ``/proc/self/cgroup``): the
     server's opaque id of it, which counts nothing (issue 37 N8: the database's number would
     tell a workload how many workers every workspace started before it); the number where a
     server sends none."""
-    key = payload.get("worker_key")
-    if isinstance(key, str) and WORKER_KEY.fullmatch(key):
+    key = spec.worker_key
+    if key is not None and WORKER_KEY.fullmatch(key):
         return key
     return str(worker_id)
 
 
-def uid_seed(worker_id: int, payload: dict[str, Any]) -> int:
+def uid_seed(worker_id: int, spec: StartSpec) -> int:
     """Where the worker's own user id of the range is: from its opaque id, the same at every
     attempt and on every machine (a user id of the number would tell a workload the number)."""
-    key = local_name(worker_id, payload)
+    key = local_name(worker_id, spec)
     if key.isdigit():
         return worker_id
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")

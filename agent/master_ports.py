@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from agent import rendezvous
 from agent.executor import EndCause, Exit
 from agent.logs import WorkerLog
+from agent.start import StartSpec
 
 log = logging.getLogger("astraeus.agent")
 
 
 class Gang(Protocol):
-    """What a worker says of its gang (its start payload's variables) and its log."""
+    """What a worker says of its gang (its start's variables) and its log."""
 
     @property
     def worker_id(self) -> int: ...
@@ -26,7 +26,7 @@ class Gang(Protocol):
     def name(self) -> str: ...
 
     @property
-    def payload(self) -> Mapping[str, Any]: ...
+    def spec(self) -> StartSpec: ...
 
     @property
     def log(self) -> WorkerLog: ...
@@ -105,7 +105,7 @@ class MasterPorts:
 
 def _master_port(worker: Gang) -> int:
     """Rank 0's MASTER_PORT of a gang of two or more; 0 for any other worker."""
-    environment = worker.payload.get("astraeus_environment") or {}
+    environment = worker.spec.astraeus_environment
     if environment.get("RANK") != "0" or int(environment.get("WORLD_SIZE") or 1) < 2:
         return 0
     return int(environment.get("MASTER_PORT") or 0)

@@ -23,7 +23,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,7 +45,10 @@ class SampledWorker(Protocol):
     exited: asyncio.Event
 
     @property
-    def payload(self) -> dict[str, Any]: ...
+    def gpu_ids(self) -> Sequence[int]: ...
+
+    @property
+    def memory_limit_bytes(self) -> int | None: ...
 
     @property
     def cgroup(self) -> Measured | None: ...
@@ -422,7 +425,7 @@ class Sampler:
         used = group.memory_used()
         if used is not None:
             self._sample(out, worker, "task_memory_used_bytes", at_ms, float(used))
-        limit = worker.payload.get("memory_limit_bytes")
+        limit = worker.memory_limit_bytes
         if limit:
             self._sample(out, worker, "task_memory_limit_bytes", at_ms, float(limit))
         counted = group.oom_kills()
@@ -471,7 +474,7 @@ class Sampler:
         at = int(now * 1000)
         out = Look()
         group = worker.cgroup
-        limit = worker.payload.get("memory_limit_bytes")
+        limit = worker.memory_limit_bytes
         if group is not None:
             cpu = group.cpu_seconds()
             before = (seen.cpu_seconds, seen.cpu_at) if seen else (None, None)
@@ -504,7 +507,7 @@ class Sampler:
     def _gpus(
         self, worker: SampledWorker, seen: WorkerSeen, now: float, at_ms: int, out: Look
     ) -> None:
-        indexes = worker.payload.get("gpu_ids") or []
+        indexes = worker.gpu_ids
         gpus, memory = len(indexes), None
         for position, index in enumerate(indexes):
             if self.nvml is not None:

@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.start import StartSpec
+
 log = logging.getLogger("astraeus.agent")
 
 TABLE_PREFIX = "astraeus_"
@@ -358,23 +360,23 @@ def sweep(nft: str = "nft", owners: Path = OWNERS) -> list[str]:
 
 
 def gang_rendezvous(
-    payloads: Iterable[tuple[dict[str, Any], int | None]], resolve: dict[str, str]
+    starts: Iterable[tuple[StartSpec, int | None]], resolve: dict[str, str]
 ) -> list[Rendezvous]:
-    """The rendezvous of the gangs this agent has workers of, from their start payloads and
-    the user id each runs as (None: unknown). ``resolve``: MASTER_ADDR's addresses (and the
-    gang's machines'), by name, kept between calls (a name is looked up once)."""
-    gangs: dict[tuple[Any, ...], list[tuple[dict[str, Any], int | None]]] = {}
-    for payload, uid in payloads:
-        env = payload.get("astraeus_environment") or {}
+    """The rendezvous of the gangs this agent has workers of, from their starts and the user
+    id each runs as (None: unknown). ``resolve``: MASTER_ADDR's addresses (and the gang's
+    machines'), by name, kept between calls (a name is looked up once)."""
+    gangs: dict[tuple[Any, ...], list[tuple[StartSpec, int | None]]] = {}
+    for spec, uid in starts:
+        env = spec.astraeus_environment
         if int(env.get("WORLD_SIZE") or 1) < 2 or not env.get("MASTER_PORT"):
             continue
-        run = (payload.get("workspace_id"), payload.get("run"), payload.get("attempt"))
-        gangs.setdefault((*run, int(env["MASTER_PORT"])), []).append((payload, uid))
+        run = (spec.workspace_id, spec.run, spec.attempt)
+        gangs.setdefault((*run, int(env["MASTER_PORT"])), []).append((spec, uid))
     found = []
     for key, members in gangs.items():
-        envs = [payload.get("astraeus_environment") or {} for payload, _ in members]
+        envs = [spec.astraeus_environment for spec, _ in members]
         master = str(envs[0].get("MASTER_ADDR") or "")
-        peers = [str(p) for p in members[0][0].get("gang_addresses") or [] if p]
+        peers = [p for p in members[0][0].gang_addresses if p]
         for name in (master, *peers):
             if name not in resolve:
                 resolve[name] = as_address(name) if name else ""

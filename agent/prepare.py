@@ -19,7 +19,8 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from agent.start import Credential, StartSpec
 
 FILLED = ".astraeus-filled"
 # Each level of a copy holds two open folders and two stack frames: deeper trees are refused.
@@ -33,19 +34,18 @@ _SOURCE_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def drive_folder(root: Path, payload: dict[str, Any], drive: str) -> Path:
-    return root / str(payload.get("workspace_id", "0")) / drive
+def drive_folder(root: Path, spec: StartSpec, drive: str) -> Path:
+    return root / str(spec.workspace_id) / drive
 
 
-def drives_to_fill(payload: dict[str, Any], root: Path) -> list[tuple[str, Path, Path]]:
+def drives_to_fill(spec: StartSpec, root: Path) -> list[tuple[str, Path, Path]]:
     """(drive, source, folder) of each mount whose drive is still to be filled."""
     out = []
-    for mount in payload.get("mounts") or []:
-        source = mount.get("fill_from")
-        folder = drive_folder(root, payload, mount["drive"])
+    for mount in spec.mounts:
+        folder = drive_folder(root, spec, mount.drive)
         # lexists: a workload may plant a link as the marker; it is never followed.
-        if source and not os.path.lexists(folder / FILLED):
-            out.append((mount["drive"], Path(source), folder))
+        if mount.fill_from and not os.path.lexists(folder / FILLED):
+            out.append((mount.drive, Path(mount.fill_from), folder))
     return out
 
 
@@ -251,7 +251,7 @@ class _LinkInTheWay(Exception):
 
 
 def expose_drives(
-    payload: dict[str, Any],
+    spec: StartSpec,
     root: Path,
     *,
     home: Path,
@@ -269,20 +269,20 @@ def expose_drives(
     Docker executor bind-mounts the folder at the path.)
     """
     exposed = Exposed()
-    for index, mount in enumerate(payload.get("mounts") or []):
-        folder = drive_folder(root, payload, mount["drive"])
+    for index, mount in enumerate(spec.mounts):
+        folder = drive_folder(root, spec, mount.drive)
         try:
             _make_drive_folder(folder, gid)
-            link = _link(index, str(mount["path"]), folder, home, mount_roots, gid)
+            link = _link(index, mount.path, folder, home, mount_roots, gid)
         except _Refused as refusal:
             problem = str(refusal)
         except OSError as error:
             problem = f"Could not link mounts[{index}].path: {error.strerror or 'failed'}"
         else:
-            exposed.variables[drive_variable(mount["drive"])] = str(folder)
+            exposed.variables[drive_variable(mount.drive)] = str(folder)
             exposed.links.append(link)
             exposed.folders.append(folder)
-            if mount.get("read_only") and folder not in exposed.read_only:
+            if mount.read_only and folder not in exposed.read_only:
                 exposed.read_only.append(folder)
             continue
         remove_links(exposed.links, exposed.folders)
@@ -404,19 +404,17 @@ def _open_child(fd: int, part: str) -> int:
 
 
 def credential_variables(
-    credentials: list[dict[str, Any]], values: dict[str, str], secrets_dir: str
+    credentials: Sequence[Credential], values: dict[str, str], secrets_dir: str
 ) -> dict[str, str]:
     """The credentials given as variables, and where the ones given as files are."""
-    env = {
-        c["env"]: values[c["secret"]] for c in credentials if c.get("env") and c["secret"] in values
-    }
-    if any(c.get("file") for c in credentials):
+    env = {c.env: values[c.secret] for c in credentials if c.env and c.secret in values}
+    if any(c.file for c in credentials):
         env["ASTRAEUS_SECRETS_DIR"] = secrets_dir
     return env
 
 
 def write_secret_files(
-    credentials: list[dict[str, Any]],
+    credentials: Sequence[Credential],
     values: dict[str, str],
     folder: Path,
     mode: int = 0o600,
@@ -431,14 +429,14 @@ def write_secret_files(
     alone. Never written through a link: the folder is made here, before the workload runs."""
     folder.mkdir(mode=0o700 if mode == 0o600 else 0o755, parents=True, exist_ok=True)
     for c in credentials:
-        if c.get("file") and c["secret"] in values:
-            path = folder / c["file"]
+        if c.file and c.secret in values:
+            path = folder / c.file
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
             descriptor = os.open(path, flags, 0o400 if owner else mode)
             with os.fdopen(descriptor, "w") as f:
                 if owner is not None:
                     os.fchown(f.fileno(), *owner)
-                f.write(values[c["secret"]])
+                f.write(values[c.secret])
     if owner is not None:
         os.chown(folder, *owner, follow_symlinks=False)
         folder.chmod(0o500)

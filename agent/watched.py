@@ -12,7 +12,6 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from astraeus.agent.v1 import agent_pb2
 
@@ -78,9 +77,8 @@ class WatchedWorker:
         return self.watch.worker or str(self.worker_id)
 
     @property
-    def payload(self) -> dict[str, Any]:
-        """What the sampler reads of a worker's start payload."""
-        return {"gpu_ids": list(self.watch.gpu_ids), "memory_limit_bytes": self.memory_limit_bytes}
+    def gpu_ids(self) -> tuple[int, ...]:
+        return self.watch.gpu_ids
 
     @property
     def progress_file(self) -> Path | None:

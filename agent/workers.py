@@ -15,7 +15,6 @@ import contextlib
 import functools
 import logging
 from pathlib import Path
-from typing import Any
 
 from astraeus.agent.v1 import agent_pb2
 
@@ -30,6 +29,7 @@ from agent.logs import WorkerLog
 from agent.master_ports import MasterPorts
 from agent.network import Network, gang_rendezvous
 from agent.sampling import Sampling
+from agent.start import StartSpec
 from agent.state import Background, Outgoing, Worker
 
 log = logging.getLogger("astraeus.agent")
@@ -80,14 +80,14 @@ class Workers:
 
     async def start(self, command: agent_pb2.Command) -> None:
         key = command.worker_id
-        payload = start_payload(command.start)
+        spec = StartSpec.of(command.start)
         current = self.by_id.get(key)
-        if current is not None and current.attempt == int(payload.get("attempt", 0)):
+        if current is not None and current.attempt == spec.attempt:
             return  # delivered again after a reconnect
         if current is not None:
             await current.stop()
         self.ports.release(key)
-        worker = self._new_worker(key, await self._with_uid(key, payload))
+        worker = self._new_worker(key, await self._with_uid(key, spec))
         worker.keep()
         self.by_id[key] = worker
         self._network_rules()
@@ -161,20 +161,20 @@ class Workers:
             waiting.set_result(values)
 
     # --- executors ------------------------------------------------------------------------
-    async def _with_uid(self, worker_id: int, payload: dict[str, Any]) -> dict[str, Any]:
-        """The start payload with the worker's own user id of the range (identity.py's
+    async def _with_uid(self, worker_id: int, spec: StartSpec) -> StartSpec:
+        """The start with the worker's own user id of the range (identity.py's
         free_uid: the same at every attempt), free among the kept workers and handed over from
         the workspace that last ran under it only once nothing of that one is left
         (agent/uid_handover.py); an id with something left is passed over for the next."""
         if not self.config.users.switch:
-            return payload
-        taken = {int(w.payload["uid"]) for w in self.by_id.values() if "uid" in w.payload}
-        workspace = int(payload.get("workspace_id") or 0)
+            return spec
+        taken = {w.spec.uid for w in self.by_id.values() if w.spec.uid is not None}
+        workspace = spec.workspace_id
         while True:
             try:
-                uid = self.config.users.free_uid(taken, uid_seed(worker_id, payload))
+                uid = self.config.users.free_uid(taken, uid_seed(worker_id, spec))
             except LookupError:
-                return payload  # none free: start() says so
+                return spec  # none free: start() says so
             if not self.uid_ledger.same_workspace(uid, workspace):
                 left = await asyncio.to_thread(uid_handover.hand_over, uid, self.shared_places)
                 if left:
@@ -182,21 +182,21 @@ class Workers:
                     taken.add(uid)
                     continue
                 self.uid_ledger.record(uid, workspace)
-            return {**payload, "uid": uid}
+            return spec.with_uid(uid)
 
-    def _new_worker(self, worker_id: int, payload: dict[str, Any]) -> Worker:
+    def _new_worker(self, worker_id: int, spec: StartSpec) -> Worker:
         log_ = WorkerLog(self.config.log_root, str(worker_id))
-        folder = self.config.worker_root / local_name(worker_id, payload)
+        folder = self.config.worker_root / local_name(worker_id, spec)
         if self.config.executor == "docker":
-            drives = prepare.drive_folder(self.config.drive_root, payload, "x").parent
+            drives = prepare.drive_folder(self.config.drive_root, spec, "x").parent
             container = docker.ContainerWorker(
-                worker_id, payload, log_, folder, engine=self._engine(), drives=drives
+                worker_id, spec, log_, folder, engine=self._engine(), drives=drives
             )
             container.users, container.install = self.config.users, self.config.install
             container.pids_limit = self.isolation.pids_max
             return container
         return self._process_worker(
-            ProcessWorker(worker_id, payload, log_, folder, drive_root=self.config.drive_root)
+            ProcessWorker(worker_id, spec, log_, folder, drive_root=self.config.drive_root)
         )
 
     def _process_worker(self, worker: ProcessWorker) -> ProcessWorker:
@@ -211,7 +211,7 @@ class Workers:
             adopted = docker.ContainerWorker.adopt(folder, self.config.log_root, self._engine())
             if adopted is not None:
                 adopted.drives = prepare.drive_folder(
-                    self.config.drive_root, adopted.payload, "x"
+                    self.config.drive_root, adopted.spec, "x"
                 ).parent
                 adopted.users, adopted.install = self.config.users, self.config.install
                 adopted.pids_limit = self.isolation.pids_max
@@ -289,12 +289,12 @@ class Workers:
         self.ports.expire_offers()
         if not self.network.enforced:
             return
-        kept = [(w.payload, self._uid_of(w)) for w in self.by_id.values()]
+        kept = [(w.spec, self._uid_of(w)) for w in self.by_id.values()]
         self.network.update(gang_rendezvous(kept, self._resolved))
 
     def _uid_of(self, worker: Worker) -> int | None:
         with contextlib.suppress(LookupError, ValueError, AssertionError):
-            identity = self.config.users.of_worker(worker.payload)
+            identity = self.config.users.of_worker(worker.spec)
             return identity.uid if identity is not None else None
         return None
 
@@ -302,8 +302,8 @@ class Workers:
 
     def _begin(self, worker: Worker) -> None:
         """Prepare what the worker needs, then wait at the gang barrier (READY)."""
-        nothing_to_do = not worker.payload.get("credentials") and not prepare.drives_to_fill(
-            worker.payload, self.config.drive_root
+        nothing_to_do = not worker.spec.credentials and not prepare.drives_to_fill(
+            worker.spec, self.config.drive_root
         )
         if nothing_to_do and isinstance(worker, ProcessWorker):
             self.outgoing.report(worker, agent_pb2.WORKER_STATE_READY)
@@ -321,16 +321,16 @@ class Workers:
                 said = (wait, name)
                 self.outgoing.report(worker, agent_pb2.WORKER_STATE_PREPARING, waits=said)
 
-        credentials = worker.payload.get("credentials") or []
+        credentials = worker.spec.credentials
         while credentials:
             answer = await self._ask_secrets(worker)
             if answer is not None and not answer.missing:
                 worker.secrets = dict(answer.values)
                 break
-            missing = answer.missing[0] if answer is not None else credentials[0]["secret"]
+            missing = answer.missing[0] if answer is not None else credentials[0].secret
             preparing(agent_pb2.WAIT_SECRET, missing)
             await asyncio.sleep(self.config.prepare_poll_seconds)
-        for drive, source, folder in prepare.drives_to_fill(worker.payload, self.config.drive_root):
+        for drive, source, folder in prepare.drives_to_fill(worker.spec, self.config.drive_root):
             preparing(agent_pb2.WAIT_DRIVE, drive)
             problem = await asyncio.to_thread(
                 prepare.fill_drive,
@@ -416,44 +416,3 @@ def _ends(message: agent_pb2.AgentMessage, worker_id: int) -> bool:
         and message.worker_event.worker_id == worker_id
         and message.worker_event.state == agent_pb2.WORKER_STATE_EXITED
     )
-
-
-def start_payload(start: agent_pb2.StartWorker) -> dict[str, Any]:
-    """The typed start message as the payload kept in the worker's folder (payload.json)."""
-    payload: dict[str, Any] = {
-        "worker": start.worker,
-        "run": start.run,
-        "rank": start.rank,
-        "attempt": start.attempt,
-        "workspace_id": start.workspace_id,
-        "image": start.image or None,
-        "command": list(start.command),
-        "user": start.user or None,
-        "working_dir": start.working_dir or None,
-        "environment": dict(start.environment),
-        "astraeus_environment": dict(start.astraeus_environment),
-        "mounts": [
-            {
-                "drive": m.drive,
-                "path": m.path,
-                "fill_from": m.fill_from or None,
-                "read_only": m.read_only,
-            }
-            for m in start.mounts
-        ],
-        "credentials": [
-            {"secret": c.secret, "env": c.env or None, "file": c.file or None}
-            for c in start.credentials
-        ],
-        "cpu": start.cpu if start.HasField("cpu") else None,
-        "cpu_request": start.cpu_request if start.HasField("cpu_request") else None,
-        "memory_limit_bytes": (
-            start.memory_limit_bytes if start.HasField("memory_limit_bytes") else None
-        ),
-        "gpu_ids": list(start.gpu_ids),
-        # the gang's machines: only they reach rank 0's MASTER_PORT (agent/network.py)
-        "gang_addresses": list(start.gang_addresses),
-    }
-    if start.worker_key:  # names it on this machine (agent/identity.py local_name)
-        payload["worker_key"] = start.worker_key
-    return payload

@@ -16,6 +16,7 @@ from agent.engine_answers import create_body
 from agent.executor import ProcessWorker
 from agent.identity import WorkloadUsers
 from agent.logs import WorkerLog
+from agent.start import StartSpec
 
 INSTALL = "astraeus-cpu-share-test"
 
@@ -71,8 +72,8 @@ def test_the_share_follows_the_cores_reserved(group: cgroups.WorkerCgroup) -> No
 def test_a_started_worker_has_its_limit_and_its_share(
     tmp_path: Path, cpu: float | None, reserved: float
 ) -> None:
-    payload = {"attempt": 1, "command": ["sleep", "30"], "cpu": cpu, "cpu_request": reserved}
-    worker = ProcessWorker(41, payload, WorkerLog(tmp_path / "logs", "41"), tmp_path / "w")
+    spec = StartSpec(attempt=1, command=("sleep", "30"), cpu=cpu, cpu_request=reserved)
+    worker = ProcessWorker(41, spec, WorkerLog(tmp_path / "logs", "41"), tmp_path / "w")
     worker.users = WorkloadUsers(switch=False)  # the agent's own user: nothing to allocate
     worker.install = INSTALL
     worker.keep()
@@ -99,6 +100,6 @@ def test_a_started_worker_has_its_limit_and_its_share(
 def test_a_container_gets_its_limit_and_its_share_from_the_engine() -> None:
     # the Docker executor: NanoCpus is the limit, CpuShares the share (1024 a core)
     for cpu, reserved, limit in [(None, 0.1, None), (7.5, 7.5, 7_500_000_000)]:
-        payload = {"image": "busybox:1.36", "cpu": cpu, "cpu_request": reserved}
-        host = create_body("40", payload, run_folder=Path("/r"), drives=Path("/d"))["HostConfig"]
+        spec = StartSpec(image="busybox:1.36", cpu=cpu, cpu_request=reserved)
+        host = create_body("40", spec, run_folder=Path("/r"), drives=Path("/d"))["HostConfig"]
         assert (host.get("NanoCpus"), host["CpuShares"]) == (limit, round(reserved * 1024))

@@ -40,34 +40,38 @@ from agent.engine_answers import (
 )
 from agent.executor import SDK, EndCause, Exit, ProcessWorker
 from agent.logs import WorkerLog
+from agent.start import StartSpec
 
-PAYLOAD: dict[str, Any] = {
-    "worker": "llama-sft-1",
-    "image": "nvcr.io/nvidia/pytorch:24.05-py3",
-    "command": ["torchrun", "train.py", "--steps", "1000"],
-    "user": "1000:1000",
-    "environment": {"WANDB_MODE": "offline"},
-    "mounts": [
-        {"drive": "datasets", "path": "/data", "read_only": True},
-        {"drive": "checkpoints", "path": "/ckpt", "read_only": False},
-    ],
-    "cpu": 7.5,
-    "memory_limit_bytes": 64 * 2**30,
-    "run": "llama-sft",
-    "rank": 1,
-    "attempt": 3,
-    "gpu_ids": [4, 6],
-    "astraeus_environment": {
-        "RANK": "1",
-        "WORLD_SIZE": "2",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "gpu-07",
-        "MASTER_PORT": "29500",
-        "CUDA_VISIBLE_DEVICES": "4,6",
-        "ASTRAEUS_RUN": "llama-sft",
-        "ASTRAEUS_WORKER": "llama-sft-1",
-    },
-}
+# A start as payload.json keeps it (agent/start.py).
+START = StartSpec.from_json(
+    {
+        "worker": "llama-sft-1",
+        "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+        "command": ["torchrun", "train.py", "--steps", "1000"],
+        "user": "1000:1000",
+        "environment": {"WANDB_MODE": "offline"},
+        "mounts": [
+            {"drive": "datasets", "path": "/data", "read_only": True},
+            {"drive": "checkpoints", "path": "/ckpt", "read_only": False},
+        ],
+        "cpu": 7.5,
+        "memory_limit_bytes": 64 * 2**30,
+        "run": "llama-sft",
+        "rank": 1,
+        "attempt": 3,
+        "gpu_ids": [4, 6],
+        "astraeus_environment": {
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "gpu-07",
+            "MASTER_PORT": "29500",
+            "CUDA_VISIBLE_DEVICES": "4,6",
+            "ASTRAEUS_RUN": "llama-sft",
+            "ASTRAEUS_WORKER": "llama-sft-1",
+        },
+    }
+)
 
 
 # --- the create body ---------------------------------------------------------------------
@@ -77,7 +81,7 @@ def test_the_agent_chosen_user_wins_over_the_specs_and_setuid_gives_nothing() ->
     # issue 17: an agent running as root names the container's user (never root)
     body = create_body(
         "default-41",
-        PAYLOAD,
+        START,
         run_folder=Path("/var/lib/astraeus/workers/41/run"),
         drives=Path("/var/lib/astraeus/drives"),
         user="2000001:2100002",
@@ -90,7 +94,7 @@ def test_the_agent_chosen_user_wins_over_the_specs_and_setuid_gives_nothing() ->
 def test_a_start_payload_becomes_the_create_body() -> None:
     body = create_body(
         "41",
-        PAYLOAD,
+        START,
         run_folder=Path("/var/lib/astraeus/workers/41/run"),
         drives=Path("/var/lib/astraeus/drives"),
         image_env=["PATH=/usr/local/bin:/usr/bin", "PYTHONPATH=/opt/lib"],
@@ -150,8 +154,8 @@ def test_a_relative_mount_path_is_under_the_containers_own_folder() -> None:
         {"drive": "out", "path": "./results/", "read_only": False},
         {"drive": "ckpt", "path": "/ckpt"},
     ]
-    payload = {"image": "busybox:1.36", "mounts": mounts}
-    body = create_body("40", payload, run_folder=Path("/r"), drives=Path("/d"))
+    start = StartSpec.from_json({"image": "busybox:1.36", "mounts": mounts})
+    body = create_body("40", start, run_folder=Path("/r"), drives=Path("/d"))
     assert body["HostConfig"]["Binds"][2:] == [
         "/d/data:/astraeus/run/data:ro",
         "/d/out:/astraeus/run/results",
@@ -160,8 +164,8 @@ def test_a_relative_mount_path_is_under_the_containers_own_folder() -> None:
 
 
 def test_a_bare_payload_asks_for_nothing_it_did_not_ask_for() -> None:
-    payload = {"image": "busybox:1.36", "attempt": 1, "astraeus_environment": {"RANK": "0"}}
-    body = create_body("40", payload, run_folder=Path("/r"), drives=Path("/d"))
+    start = StartSpec(image="busybox:1.36", attempt=1, astraeus_environment={"RANK": "0"})
+    body = create_body("40", start, run_folder=Path("/r"), drives=Path("/d"))
     # No command: the image's own; no user, limits or GPUs: the engine's defaults.
     assert "Cmd" not in body and "User" not in body and "WorkingDir" not in body
     host = body["HostConfig"]
@@ -177,15 +181,15 @@ def test_a_bare_payload_asks_for_nothing_it_did_not_ask_for() -> None:
 
 
 def test_the_runs_own_pythonpath_comes_before_the_images_and_the_sdk_last() -> None:
-    payload = {"environment": {"PYTHONPATH": "/work/src"}}
-    env = container_environment(payload, ["PYTHONPATH=/opt/lib"])
+    start = StartSpec(environment={"PYTHONPATH": "/work/src"})
+    env = container_environment(start, ["PYTHONPATH=/opt/lib"])
     assert env["PYTHONPATH"] == "/work/src:/astraeus/sdk"
-    assert container_environment({}, ["PATH=/bin"])["PYTHONPATH"] == "/astraeus/sdk"
+    assert container_environment(StartSpec(), ["PATH=/bin"])["PYTHONPATH"] == "/astraeus/sdk"
 
 
 def test_a_worker_without_gpus_keeps_cuda_visible_devices_empty() -> None:
-    payload = {"gpu_ids": [], "astraeus_environment": {"CUDA_VISIBLE_DEVICES": ""}}
-    assert container_environment(payload)["CUDA_VISIBLE_DEVICES"] == ""
+    start = StartSpec(gpu_ids=(), astraeus_environment={"CUDA_VISIBLE_DEVICES": ""})
+    assert container_environment(start)["CUDA_VISIBLE_DEVICES"] == ""
 
 
 def test_the_container_is_found_again_by_its_labels() -> None:
@@ -557,11 +561,11 @@ def test_api_version_is_ours_where_the_engine_has_it() -> None:
 def make_worker(
     tmp_path: Path, payload: dict[str, Any], worker_id: int = 40, name: str = "w-0"
 ) -> ContainerWorker:
-    """A worker as the agent makes one: known by its id, its name in the payload."""
+    """A worker as the agent makes one: known by its id, its name in its start."""
     key = str(worker_id)
     return ContainerWorker(
         worker_id,
-        {"worker": name, **payload},
+        StartSpec.from_json({"worker": name, **payload}),
         WorkerLog(tmp_path / "logs", key),
         tmp_path / "workers" / key,
     )
@@ -581,7 +585,7 @@ def test_a_kept_worker_is_taken_back_with_its_container(tmp_path: Path) -> None:
     assert (running.worker_id, running.name) == (40, "w-0")
     assert ContainerWorker.adopt(tmp_path / "workers" / "nothing", tmp_path / "logs") is None
     # A restarted agent tells a container's folder from a process's.
-    process = ProcessWorker(42, {"attempt": 1}, worker.log, tmp_path / "workers" / "42")
+    process = ProcessWorker(42, StartSpec(attempt=1), worker.log, tmp_path / "workers" / "42")
     process.keep()
     assert is_container_folder(worker.folder) and not is_container_folder(process.folder)
 

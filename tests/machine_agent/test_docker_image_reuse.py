@@ -11,6 +11,7 @@ import pytest
 from agent import docker
 from agent.docker import ContainerWorker
 from agent.logs import WorkerLog
+from agent.start import StartSpec
 
 IMAGE = "busybox:1.36"
 
@@ -25,10 +26,10 @@ needs_engine = pytest.mark.skipif(
 
 
 def worker(tmp_path: Path, worker_id: int) -> ContainerWorker:
-    payload = {"worker": f"e2e-reuse-{worker_id}", "image": IMAGE, "attempt": 1}
+    start = StartSpec(worker=f"e2e-reuse-{worker_id}", image=IMAGE, attempt=1)
     key = str(worker_id)
     return ContainerWorker(
-        worker_id, payload, WorkerLog(tmp_path / "logs", key), tmp_path / "workers" / key
+        worker_id, start, WorkerLog(tmp_path / "logs", key), tmp_path / "workers" / key
     )
 
 

@@ -6,7 +6,6 @@ tests/logs/test_on_the_machine.py."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,6 +13,7 @@ from agent import docker
 from agent.docker import ContainerWorker
 from agent.executor import EndCause, Exit
 from agent.logs import WorkerLog
+from agent.start import StartSpec
 
 IMAGE = "busybox:1.36"
 
@@ -30,14 +30,11 @@ needs_engine = pytest.mark.skipif(
 def attempt(tmp_path: Path, number: int, script: str) -> ContainerWorker:
     """Worker 9020's attempt ``number``, as the agent makes one for each start command: the
     same worker (its id, its log's folder), a new attempt."""
-    payload: dict[str, Any] = {
-        "worker": "e2e-restart",
-        "image": IMAGE,
-        "attempt": number,
-        "command": ["sh", "-c", script],
-    }
+    start = StartSpec(
+        worker="e2e-restart", image=IMAGE, attempt=number, command=("sh", "-c", script)
+    )
     return ContainerWorker(
-        9020, payload, WorkerLog(tmp_path / "logs", "9020"), tmp_path / "workers" / "9020"
+        9020, start, WorkerLog(tmp_path / "logs", "9020"), tmp_path / "workers" / "9020"
     )
 
 

@@ -16,6 +16,7 @@ from agent import shim
 from agent.executor import EndCause, Exit, ProcessWorker
 from agent.identity import WorkloadUsers
 from agent.logs import WorkerLog
+from agent.start import StartSpec
 from tests.support.agents import unconnected_agent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +98,9 @@ def test_an_exit_a_shim_of_an_agent_before_causes_wrote_is_read_by_its_code(
 
 
 def test_a_worker_without_a_command_ends_not_found_127(tmp_path: Path) -> None:
-    worker = ProcessWorker(9, {"attempt": 1}, WorkerLog(tmp_path / "logs", "9"), tmp_path / "w")
+    worker = ProcessWorker(
+        9, StartSpec(attempt=1), WorkerLog(tmp_path / "logs", "9"), tmp_path / "w"
+    )
     worker.users = WorkloadUsers(switch=False)  # as the agent's user: no uid to allocate
     worker.keep()
     asyncio.run(worker.start())
@@ -122,7 +125,9 @@ def test_the_agent_sends_the_cause_and_its_facts_and_no_sentence(
     tmp_path: Path, exit: Exit, cause: int
 ) -> None:
     agent = unconnected_agent(tmp_path / "data")
-    worker = ProcessWorker(9, {"attempt": 2}, WorkerLog(tmp_path / "logs", "9"), tmp_path / "w")
+    worker = ProcessWorker(
+        9, StartSpec(attempt=2), WorkerLog(tmp_path / "logs", "9"), tmp_path / "w"
+    )
     agent.outgoing.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
     event = agent.outgoing.queue.get_nowait().worker_event
     assert (event.cause, event.detail, event.reason) == (cause, exit.detail, "")

@@ -14,6 +14,7 @@ from astraeus.agent.v1 import agent_pb2
 from agent import shim
 from agent.executor import EndCause, Exit, ProcessWorker
 from agent.logs import WorkerLog
+from agent.start import StartSpec
 from tests.support.agents import unconnected_agent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def test_the_shim_dates_the_end_when_the_process_ended_not_when_its_output_close
 def test_the_agent_reports_an_exit_at_the_time_the_process_ended(tmp_path: Path) -> None:
     agent = unconnected_agent(tmp_path / "data")
     worker = ProcessWorker(
-        9, {"attempt": 2}, WorkerLog(tmp_path / "logs", "9"), tmp_path / "workers" / "9"
+        9, StartSpec(attempt=2), WorkerLog(tmp_path / "logs", "9"), tmp_path / "workers" / "9"
     )
     worker.keep()
     shim.record_exit(worker.folder, Exit(1, EndCause.EXITED, at_ms=1_700_000_000_246))

@@ -15,6 +15,7 @@ from agent.executor import ProcessWorker
 from agent.gpus import GpuCounters, GpuFault, health_change
 from agent.logs import WorkerLog
 from agent.metrics import ProgressReport, Sampler, read_progress
+from agent.start import StartSpec
 from tests.support import WORKLOAD_PYTHON
 from tests.support.processes import Cluster
 
@@ -22,7 +23,7 @@ from tests.support.processes import Cluster
 def worker(tmp_path: Path, **payload: object) -> ProcessWorker:
     w = ProcessWorker(
         41,
-        {"worker": "w-0", "attempt": 1, **payload},
+        StartSpec.from_json({"worker": "w-0", "attempt": 1, **payload}),
         WorkerLog(tmp_path / "logs", "41"),
         tmp_path / "workers" / "41",
     )

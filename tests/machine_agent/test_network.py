@@ -23,6 +23,7 @@ from agent.executor import EndCause, Exit, ProcessWorker
 from agent.logs import WorkerLog
 from agent.master_ports import MasterPorts
 from agent.network import Network, Rendezvous, control_plane, gang_rendezvous, ruleset
+from agent.start import StartSpec
 from tests.support.sandboxed import connects_as, process_uids
 
 UIDS = (2000000, 2065535)
@@ -77,21 +78,21 @@ def test_listeners_of_users_that_run_no_workload_are_the_control_plane(tmp_path:
 
 
 def test_a_gangs_rendezvous_is_read_from_its_workers_starts() -> None:
-    def start(rank: int, attempt: int = 1) -> dict[str, object]:
-        return {
-            "workspace_id": 3,
-            "run": "ddp",
-            "attempt": attempt,
-            "gang_addresses": ["10.0.0.1", "10.0.0.2"],
-            "astraeus_environment": {
+    def start(rank: int, attempt: int = 1) -> StartSpec:
+        return StartSpec(
+            workspace_id=3,
+            run="ddp",
+            attempt=attempt,
+            gang_addresses=("10.0.0.1", "10.0.0.2"),
+            astraeus_environment={
                 "RANK": str(rank),
                 "WORLD_SIZE": "3",
                 "MASTER_ADDR": "10.0.0.1",
                 "MASTER_PORT": "29500",
             },
-        }
+        )
 
-    alone = {"run": "one", "astraeus_environment": {"WORLD_SIZE": "1", "MASTER_PORT": "29501"}}
+    alone = StartSpec(run="one", astraeus_environment={"WORLD_SIZE": "1", "MASTER_PORT": "29501"})
     found = gang_rendezvous([(start(0), 2000001), (start(2), 2000003), (alone, 2000009)], {})
     assert found == [
         Rendezvous(29500, frozenset({2000001, 2000003}), True, "10.0.0.1", ("10.0.0.1", "10.0.0.2"))
@@ -196,13 +197,13 @@ def test_a_rank_0_whose_port_was_stolen_after_its_release_is_port_taken(tmp_path
     port, squatter = squatted_by(OURS + 100)
     try:
         ports = MasterPorts()  # of an agent whose workloads' user ids are OURS + 200 to 209
-        payload = {
-            "worker": "ddp-0",
-            "workspace_id": 1,
-            "uid": OURS + 201,
-            "astraeus_environment": {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": str(port)},
-        }
-        worker = ProcessWorker(7, payload, WorkerLog(tmp_path / "logs", "7"), tmp_path / "7")
+        spec = StartSpec(
+            worker="ddp-0",
+            workspace_id=1,
+            uid=OURS + 201,
+            astraeus_environment={"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": str(port)},
+        )
+        worker = ProcessWorker(7, spec, WorkerLog(tmp_path / "logs", "7"), tmp_path / "7")
         worker.log.begin()
         worker.log.append(
             b"torch.distributed.DistNetworkError: The server socket has failed to listen on any "

@@ -8,20 +8,20 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent import prepare
+from agent.start import Credential, Mount, StartSpec
 
 GID = 4242424  # no such group: ownership by number only
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another group needs root")
 
 
-def payload(tmp_path: Path, path: str | None = None, **mount: object) -> dict[str, object]:
-    return {
-        "workspace_id": 7,
-        "mounts": [{"drive": "training-data", "path": path or str(tmp_path / "mnt"), **mount}],
-    }
+def start(tmp_path: Path, path: str | None = None, **mount: Any) -> StartSpec:
+    drive = Mount("training-data", path or str(tmp_path / "mnt"), **mount)
+    return StartSpec(workspace_id=7, mounts=(drive,))
 
 
 def fill(source: Path, folder: Path, *roots: Path, gid: int | None = None) -> str | None:
@@ -30,7 +30,7 @@ def fill(source: Path, folder: Path, *roots: Path, gid: int | None = None) -> st
 
 def expose(tmp_path: Path, path: str, *roots: Path, gid: int | None = None) -> prepare.Exposed:
     return prepare.expose_drives(
-        payload(tmp_path, path),
+        start(tmp_path, path),
         tmp_path / "drives",
         home=tmp_path / "home",
         mount_roots=list(roots),
@@ -51,7 +51,7 @@ def allowed(tmp_path: Path) -> Path:
 
 def test_a_drive_is_filled_once_from_its_source(tmp_path: Path, allowed: Path) -> None:
     source = allowed / "set"
-    spec = payload(tmp_path, fill_from=str(source))
+    spec = start(tmp_path, fill_from=str(source))
     [(drive, from_, folder)] = prepare.drives_to_fill(spec, tmp_path / "drives")
     assert (drive, from_) == ("training-data", source)
     assert folder == tmp_path / "drives" / "7" / "training-data"
@@ -276,8 +276,7 @@ def test_nothing_already_at_a_mount_path_is_replaced(tmp_path: Path, allowed: Pa
 
 # issue 17
 def test_a_refused_mount_removes_the_links_made_before_it(tmp_path: Path, allowed: Path) -> None:
-    spec = payload(tmp_path, "first")
-    spec["mounts"] = [{"drive": "a", "path": "first"}, {"drive": "b", "path": "/etc/x"}]
+    spec = StartSpec(workspace_id=7, mounts=(Mount("a", "first"), Mount("b", "/etc/x")))
     exposed = prepare.expose_drives(
         spec, tmp_path / "drives", home=tmp_path / "home", mount_roots=[], gid=None
     )
@@ -306,7 +305,7 @@ def test_remove_links_removes_only_its_own_links(tmp_path: Path, allowed: Path) 
 
 
 def test_secret_files_are_readable_by_their_owner_only(tmp_path: Path) -> None:
-    credentials = [{"secret": "hf-token", "file": "token.txt"}, {"secret": "x", "env": "X"}]
+    credentials = [Credential("hf-token", file="token.txt"), Credential("x", env="X")]
     prepare.write_secret_files(credentials, {"hf-token": "hf_abc", "x": "y"}, tmp_path / "s")
     written = tmp_path / "s" / "token.txt"
     assert written.read_text() == "hf_abc"

@@ -18,12 +18,13 @@ from agent.metrics import (
     read_progress,
     read_progress_file,
 )
+from agent.start import StartSpec
 
 
 def worker(tmp_path: Path, **payload: object) -> ProcessWorker:
     w = ProcessWorker(
         41,
-        {"worker": "w-0", "attempt": 1, **payload},
+        StartSpec.from_json({"worker": "w-0", "attempt": 1, **payload}),
         WorkerLog(tmp_path / "logs", "41"),
         tmp_path / "workers" / "41",
     )

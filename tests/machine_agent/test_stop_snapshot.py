@@ -13,6 +13,7 @@ from astraeus.agent.v1 import agent_pb2
 
 from agent.executor import EndCause, Exit, ProcessWorker
 from agent.logs import WorkerLog
+from agent.start import StartSpec
 from tests.support.agents import unconnected_agent
 
 
@@ -32,7 +33,7 @@ def test_the_last_lines_go_with_a_failure_and_with_a_stop(
     log = WorkerLog(tmp_path / "logs", "9")
     log.begin()
     log.append(b"".join(f"step {i}\n".encode() for i in range(80)))
-    worker = ProcessWorker(9, {"attempt": 2}, log, tmp_path / "workers" / "9")
+    worker = ProcessWorker(9, StartSpec(attempt=2), log, tmp_path / "workers" / "9")
     worker.started, worker.stopping = True, stopping
     agent.outgoing.report(worker, agent_pb2.WORKER_STATE_EXITED, Exit(code, EndCause.EXITED))
     event = agent.outgoing.queue.get_nowait().worker_event
@@ -54,7 +55,7 @@ def test_an_attempt_that_never_started_sends_no_earlier_attempts_lines(
     log = WorkerLog(tmp_path / "logs", "9")
     log.begin()
     log.append(b"[rank0]: RuntimeError: Connection closed by peer\n")  # attempt 1's end
-    worker = ProcessWorker(9, {"attempt": 2}, log, tmp_path / "workers" / "9")
+    worker = ProcessWorker(9, StartSpec(attempt=2), log, tmp_path / "workers" / "9")
     worker.stopping = stopping  # not started
     agent.outgoing.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
     event = agent.outgoing.queue.get_nowait().worker_event

@@ -17,6 +17,7 @@ from astraeus.agent.v1 import agent_pb2
 from agent import enter, shim
 from agent.executor import EndCause, Exit, ProcessWorker
 from agent.logs import WorkerLog
+from agent.start import StartSpec
 from tests.support import searchable
 from tests.support.agents import unconnected_agent
 
@@ -160,7 +161,9 @@ def test_the_agent_sends_the_user_and_the_folder_in_the_way(
     tmp_path: Path, exit: Exit, uid: int | None, blocked_at: str
 ) -> None:
     agent = unconnected_agent(tmp_path / "data")
-    worker = ProcessWorker(9, {"attempt": 2}, WorkerLog(tmp_path / "logs", "9"), tmp_path / "w")
+    worker = ProcessWorker(
+        9, StartSpec(attempt=2), WorkerLog(tmp_path / "logs", "9"), tmp_path / "w"
+    )
     agent.outgoing.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
     event = agent.outgoing.queue.get_nowait().worker_event
     assert event.cause == agent_pb2.EndCause.Value(f"END_CAUSE_{exit.cause.upper()}")

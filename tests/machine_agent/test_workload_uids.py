@@ -10,6 +10,7 @@ import hashlib
 import pytest
 
 from agent.identity import NO_FREE_UID, WorkloadUsers, local_name, uid_seed
+from agent.start import StartSpec
 
 USERS = WorkloadUsers(uids=(2_000_000, 2_000_009), switch=True)
 
@@ -36,10 +37,12 @@ KEY = "Z3lS0Nbz6fntndMhehv97A"  # a worker's opaque id, as the server sends it (
 
 def test_a_worker_sent_its_opaque_id_is_named_and_seated_by_it_not_by_its_number() -> None:
     # issue 37 N8: its folder, control group and user id would tell its workload its number
-    assert local_name(41, {"worker_key": KEY}) == KEY
-    seed = uid_seed(41, {"worker_key": KEY})
-    assert seed == uid_seed(99, {"worker_key": KEY})  # the key alone: every attempt, machine
+    keyed = StartSpec(worker_key=KEY)
+    assert local_name(41, keyed) == KEY
+    seed = uid_seed(41, keyed)
+    assert seed == uid_seed(99, keyed)  # the key alone: every attempt, machine
     assert seed == int.from_bytes(hashlib.sha256(KEY.encode()).digest()[:8], "big") != 41
     # a server that sends none (or something else): the number, as before
-    for payload in ({}, {"worker_key": "../../etc"}, {"worker_key": 7}, {"worker_key": "a" * 23}):
-        assert local_name(41, payload) == "41" and uid_seed(41, payload) == 41
+    for kept in ({}, {"worker_key": "../../etc"}, {"worker_key": 7}, {"worker_key": "a" * 23}):
+        spec = StartSpec.from_json(kept)
+        assert local_name(41, spec) == "41" and uid_seed(41, spec) == 41

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from agent.identity import uid_seed
+from agent.start import StartSpec
 from tests.e2e.live import AgentProcess, Api, Server, serving
 from tests.support import WORKLOAD_PYTHON
 from tests.support.hostile_workloads import BOMB
@@ -331,4 +332,4 @@ def test_a_workload_learns_no_worker_number_from_where_it_runs(two_workspaces: M
     # its user id: from its opaque id, modulo the agent's range
     uid = int(next(line.split()[1] for line in said if line.startswith("uid ")))
     low, high = uid_range(two_workspaces.server.env["ASTRAEUS_AGENT_WORKLOAD_UIDS"])
-    assert uid == low + uid_seed(number, {"worker_key": key}) % (high - low + 1)
+    assert uid == low + uid_seed(number, StartSpec(worker_key=key)) % (high - low + 1)
