@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MIB = 1024 * 1024
@@ -93,6 +94,10 @@ class BodyLimit:
         except BodyTooLarge:
             if not answered:
                 await self._too_large(send)
+        except ClientDisconnect:
+            # The client went away before its body was whole (a page left, a tab closed):
+            # no one to answer, and nothing went wrong here (it is not a server error).
+            return
 
     async def _too_large(self, send: Send) -> None:
         message = f"A request body is at most {_size(self.limit)}."

@@ -95,9 +95,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# What the server said while it was measured (its log, kept apart from the figures): an error
+# in it is a finding the benchmark names (SERVER_ERRORS), never lines among its figures.
+SERVER_LOG = Path(tempfile.gettempdir()) / "astraeus-bench-console-server.log"
+SERVER_ERRORS: list[str] = []
+
+
 @contextmanager
 def serving(url: str) -> Iterator[tuple[str, str]]:
-    """`astraeus serve` on the database, with the built console; (its URL, a member's token)."""
+    """`astraeus serve` on the database, with the built console; (its URL, a member's token).
+    Its log goes to SERVER_LOG; each traceback's last line is kept in SERVER_ERRORS."""
     env = {
         **os.environ,
         "ASTRAEUS_DATABASE_URL": url,
@@ -124,7 +131,10 @@ def serving(url: str) -> Iterator[tuple[str, str]]:
         text=True,
         check=True,
     ).stdout.strip()
-    server = subprocess.Popen([str(BIN / "astraeus"), "serve"], env=env)
+    log = SERVER_LOG.open("w")
+    server = subprocess.Popen(
+        [str(BIN / "astraeus"), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     base = f"http://127.0.0.1:{env['ASTRAEUS_PORT']}"
     try:
         deadline = time.monotonic() + 60
@@ -138,6 +148,18 @@ def serving(url: str) -> Iterator[tuple[str, str]]:
     finally:
         server.terminate()
         server.wait(timeout=15)
+        log.close()
+        SERVER_ERRORS.extend(_errors(SERVER_LOG.read_text(errors="replace")))
+
+
+def _errors(log: str) -> list[str]:
+    """The last line of each traceback in a server's log (the exception and its message)."""
+    lines, found = log.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last)"):
+            rest = [x for x in lines[i + 1 :] if x and not x.startswith((" ", "\t"))]
+            found.append(rest[0] if rest else line)
+    return found
 
 
 # The goodput page's own query (frontend/src/pages/Goodput.tsx), as the bare page posts it.
@@ -235,6 +257,11 @@ def main() -> None:
         f"navigation (median of {page['trials']}, a new context each) against a bare page "
         f"with the same query {page['bare_seconds'] * 1000:.0f} ms: {page['ratio']:.2f}x"
     )
+    if SERVER_ERRORS:
+        print(
+            f"server errors while measured: {len(SERVER_ERRORS)} (first: {SERVER_ERRORS[0]}; "
+            f"the log: {SERVER_LOG})"
+        )
 
 
 if __name__ == "__main__":

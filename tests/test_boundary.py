@@ -9,6 +9,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Message
 
 from backend.boundary import BodyLimit, SecurityHeaders, content_security_policy
 
@@ -57,6 +58,38 @@ async def test_a_body_over_the_bound_is_refused_unread_and_one_within_is_read() 
     assert streamed.status_code == 413
     assert bad.status_code == 400
     assert read == [1024]  # the refused bodies never reached the route
+
+
+async def test_a_client_gone_before_its_body_is_whole_is_no_error() -> None:
+    """A browser that leaves a page while a query's body is sent: the route's read ends with
+    ClientDisconnect, which is not a server error (no traceback, no 500)."""
+    read.clear()
+    sent: list[Message] = []
+    body = [
+        {"type": "http.request", "body": b"x" * 10, "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> Message:
+        return body.pop(0)
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/echo",
+        "raw_path": b"/echo",
+        "query_string": b"",
+        "headers": [(b"host", b"astraeus.test")],
+        "scheme": "http",
+        "server": ("astraeus.test", 80),
+        "http_version": "1.1",
+        "root_path": "",
+    }
+    await APP(scope, receive, send)  # raises nothing
+    assert sent == [] and read == []
 
 
 async def test_every_answer_has_the_headers_and_a_route_keeps_its_own_policy() -> None:
