@@ -254,7 +254,7 @@ class Agent:
         self.logs.stop(message.log_follow_stop.follow_id)
 
     async def _secret_values(self, message: agent_pb2.ServerMessage) -> None:
-        self.workers.secrets_answered(message.secret_values)
+        self.workers.preparation.answered(message.secret_values)
 
 
 async def until_stopped(agent: Agent) -> None:

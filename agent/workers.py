@@ -1,5 +1,5 @@
 """The workers this agent keeps: made for its executor (processes or containers), taken back
-after a restart, prepared (credentials, drives, image) up to the gang barrier, their rank 0's
+after a restart, prepared up to the gang barrier (agent/preparation.py), their rank 0's
 MASTER_PORT claimed (agent/master_ports.py), watched to their end and forgotten once the end is
 reported; and the server's commands to them: START (prepare, then wait at the gang barrier),
 RELEASE (the barrier is passed: run), STOP and DELETE.
@@ -28,6 +28,7 @@ from agent.log_replies import LogReplies
 from agent.logs import WorkerLog
 from agent.master_ports import MasterPorts
 from agent.network import Network, gang_rendezvous
+from agent.preparation import Preparation
 from agent.sampling import Sampling
 from agent.start import StartSpec
 from agent.state import Background, Outgoing, Worker
@@ -58,8 +59,7 @@ class Workers:
         self.isolation = isolation
         self.by_id: dict[int, Worker] = {}
         self.ended: dict[int, int] = {}  # reported ends not yet acknowledged
-        self.preparing: dict[int, asyncio.Task[None]] = {}
-        self.secret_answers: dict[int, asyncio.Future[agent_pb2.SecretValues]] = {}
+        self.preparation = Preparation(config, outgoing, self._ended_before_start)
         self.ports = MasterPorts()
         # Which workspace last ran under each user id, and the places a user id may have left
         # files in (agent/uid_handover.py).
@@ -95,7 +95,7 @@ class Workers:
         if taken is not None:
             self._ended_before_start(worker, taken)
             return
-        self._begin(worker)
+        self.preparation.begin(worker)
 
     async def release(self, command: agent_pb2.Command) -> None:
         worker = self.by_id.get(command.worker_id)
@@ -115,16 +115,12 @@ class Workers:
         if worker.started:
             await worker.stop()
             return
-        preparing = self.preparing.pop(command.worker_id, None)
-        if preparing is not None:
-            preparing.cancel()
+        self.preparation.cancel(command.worker_id)
         self._ended_before_start(worker, Exit(None, EndCause.STOPPED_BEFORE_START))
 
     async def delete(self, command: agent_pb2.Command) -> None:
         key = command.worker_id
-        preparing = self.preparing.pop(key, None)
-        if preparing is not None:
-            preparing.cancel()
+        self.preparation.cancel(key)
         worker = self.by_id.pop(key, None)
         self.ports.release(key)
         if worker is not None:
@@ -154,11 +150,6 @@ class Workers:
             for worker_id, attempt in self.ended.items()
             if any(_ends(m, worker_id) for m in pending)
         }
-
-    def secrets_answered(self, values: agent_pb2.SecretValues) -> None:
-        waiting = self.secret_answers.pop(values.worker_id, None)
-        if waiting is not None and not waiting.done():
-            waiting.set_result(values)
 
     # --- executors ------------------------------------------------------------------------
     async def _with_uid(self, worker_id: int, spec: StartSpec) -> StartSpec:
@@ -239,7 +230,7 @@ class Workers:
             if worker.started:
                 self._watch(worker)
             else:
-                self._begin(worker)  # at the barrier: credentials and drives again
+                self.preparation.begin(worker)  # at the barrier: credentials and drives again
             log.info("took back worker %s (attempt %s)", worker.name, worker.attempt)
 
     async def remove_orphans(self) -> None:
@@ -298,83 +289,10 @@ class Workers:
             return identity.uid if identity is not None else None
         return None
 
-    # --- preparing: credentials and drives ------------------------------------------------
-
-    def _begin(self, worker: Worker) -> None:
-        """Prepare what the worker needs, then wait at the gang barrier (READY)."""
-        nothing_to_do = not worker.spec.credentials and not prepare.drives_to_fill(
-            worker.spec, self.config.drive_root
-        )
-        if nothing_to_do and isinstance(worker, ProcessWorker):
-            self.outgoing.report(worker, agent_pb2.WORKER_STATE_READY)
-            return
-        task = asyncio.create_task(self._prepare(worker))
-        self.preparing[worker.worker_id] = task
-        task.add_done_callback(lambda _: self.preparing.pop(worker.worker_id, None))
-
-    async def _prepare(self, worker: Worker) -> None:
-        said: tuple[agent_pb2.Wait.ValueType, str] | None = None
-
-        def preparing(wait: agent_pb2.Wait.ValueType, name: str) -> None:
-            nonlocal said
-            if (wait, name) != said:
-                said = (wait, name)
-                self.outgoing.report(worker, agent_pb2.WORKER_STATE_PREPARING, waits=said)
-
-        credentials = worker.spec.credentials
-        while credentials:
-            answer = await self._ask_secrets(worker)
-            if answer is not None and not answer.missing:
-                worker.secrets = dict(answer.values)
-                break
-            missing = answer.missing[0] if answer is not None else credentials[0].secret
-            preparing(agent_pb2.WAIT_SECRET, missing)
-            await asyncio.sleep(self.config.prepare_poll_seconds)
-        for drive, source, folder in prepare.drives_to_fill(worker.spec, self.config.drive_root):
-            preparing(agent_pb2.WAIT_DRIVE, drive)
-            problem = await asyncio.to_thread(
-                prepare.fill_drive,
-                source,
-                folder,
-                allowed_roots=self.config.fill_roots,
-                gid=worker.workspace_gid if isinstance(worker, ProcessWorker) else None,
-            )
-            if problem is not None:
-                self._ended_before_start(worker, Exit(None, EndCause.NOT_STARTED, detail=problem))
-                return
-        if isinstance(worker, docker.ContainerWorker):
-            image = (agent_pb2.WAIT_IMAGE, worker.image or "")
-
-            async def pulling(done: str) -> None:
-                self.outgoing.report(
-                    worker, agent_pb2.WORKER_STATE_PULLING, waits=image, detail=done
-                )
-
-            failed = await worker.prepare(pulling)
-            if failed is not None:
-                self._ended_before_start(worker, failed)
-                return
-        self.outgoing.report(worker, agent_pb2.WORKER_STATE_READY)
-
     def _ended_before_start(self, worker: Worker, exit: Exit) -> None:
         worker.exited.set()
         self.outgoing.report(worker, agent_pb2.WORKER_STATE_EXITED, exit)
         self._forget(worker)
-
-    async def _ask_secrets(self, worker: Worker) -> agent_pb2.SecretValues | None:
-        """The worker's secret values from the server; None when it does not answer in time."""
-        answer: asyncio.Future[agent_pb2.SecretValues] = asyncio.get_running_loop().create_future()
-        key = worker.worker_id
-        self.secret_answers[key] = answer
-        asked = agent_pb2.SecretRequest(worker_id=key, attempt=worker.attempt)
-        self.outgoing.send(durable=False, secret_request=asked)
-        try:
-            return await asyncio.wait_for(answer, self.config.prepare_poll_seconds * 2)
-        except TimeoutError:
-            return None
-        finally:
-            if self.secret_answers.get(key) is answer:
-                del self.secret_answers[key]
 
     # --- to the end -----------------------------------------------------------------------
 
