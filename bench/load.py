@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -413,6 +413,37 @@ def burst_specs(
     return specs
 
 
+# Ends seen (issue 40): how long after a workload's exit (its agent's time: an ended worker's
+# ``state_since``; a run's ``ended_at``, its last worker's) the worker's ended state, and the
+# run's, can be read.
+# Polled every END_POLL_S, so each figure is late by at most that much.
+END_POLL_S = 0.25
+
+
+def newly_ended(database: str, table: str, seen: set[int]) -> list[tuple[int, datetime]]:
+    ended_at = {"workers": "state_since", "runs": "ended_at"}[table]
+    with psycopg.connect(database) as conn:
+        return conn.execute(
+            f"SELECT id, {ended_at} FROM {table} WHERE {ended_at} IS NOT NULL"
+            " AND state = ANY(%s) AND NOT (id = ANY(%s::bigint[]))",
+            (list(ENDED), sorted(seen)),
+        ).fetchall()
+
+
+async def ends_seen(database: str, late: dict[str, list[float]], stop: asyncio.Event) -> None:
+    """Each worker's and run's end as soon as it can be read, with how late: now - ended_at."""
+    seen: dict[str, set[int]] = {"workers": set(), "runs": set()}
+    while not stop.is_set():
+        for table in ("workers", "runs"):
+            rows = await asyncio.to_thread(newly_ended, database, table, seen[table])
+            now = datetime.now(UTC)
+            for row_id, ended_at in rows:
+                seen[table].add(row_id)
+                at = ended_at if ended_at.tzinfo else ended_at.replace(tzinfo=UTC)
+                late.setdefault(table, []).append(max(0.0, (now - at).total_seconds()))
+        await asyncio.sleep(END_POLL_S)
+
+
 def run_states(database: str) -> dict[str, int]:
     with psycopg.connect(database) as conn:
         return dict(conn.execute("SELECT state, count(*) FROM runs GROUP BY state").fetchall())
@@ -490,6 +521,9 @@ async def load(
                 await asyncio.sleep(5)
 
         sampler = asyncio.create_task(sample())
+        ends_late: dict[str, list[float]] = {}
+        ends_task = asyncio.create_task(ends_seen(t.database, ends_late, stop))
+        background.append(ends_task)
         burst_began = time.monotonic()
         submit_took, submit_errors = await submit(
             t.apis[0], t.admin, burst_specs(runs, seconds, failing, seed), clients
@@ -531,6 +565,8 @@ async def load(
         await asyncio.sleep(after_s)
         stop.set()
         await asyncio.gather(sampler, *background, *followers, return_exceptions=True)
+        if (broken := ends_task.exception()) is not None:
+            raise broken  # a measurement that failed is no figure
         for fleet in fleets:
             await fleet.close()
         settle = await settled(t.database)
@@ -577,6 +613,16 @@ async def load(
             "follow_p99_s": round(percentile(lateness, 99), 3),
             "follow_late_over_5s": sum(x > 5 for x in lateness),
             "follow_outcomes": outcome,
+            "ends_seen": {
+                table: {
+                    "n": len(xs),
+                    "p50_s": round(percentile(xs, 50), 3),
+                    "p95_s": round(percentile(xs, 95), 3),
+                    "p99_s": round(percentile(xs, 99), 3),
+                    "max_s": round(max(xs), 3),
+                }
+                for table, xs in sorted(ends_late.items())
+            },
             "events": {
                 "received": sum(s.get("events", 0) for s in seen),
                 "out_of_order": sum(s.get("out_of_order", 0) for s in seen),
@@ -625,6 +671,13 @@ def summary(r: dict[str, Any]) -> str:
             f"  follows {r['follows']}: {r['follow_lines']} lines, late p50 {r['follow_p50_s']} "
             f"p95 {r['follow_p95_s']} p99 {r['follow_p99_s']} s, over 5 s "
             f"{r['follow_late_over_5s']}, {r['follow_outcomes']}",
+            "  ends seen after the workload's exit (polled every "
+            f"{END_POLL_S} s; target p99 < 5 s): "
+            + "; ".join(
+                f"{table} p50 {v['p50_s']} p95 {v['p95_s']} p99 {v['p99_s']} max {v['max_s']} s "
+                f"(n {v['n']})"
+                for table, v in r["ends_seen"].items()
+            ),
             f"  events ({r['event_subscribers']} subscribers): {r['events']}",
             f"  leases: streams lost {r['streams_lost']}, machines not ready (max) "
             f"{r['machines_not_ready_max']:.0f}, workers lost to leases "
