@@ -20,6 +20,8 @@ from agent.preparation import Preparation
 from agent.start import Credential, Mount, StartSpec
 from agent.state import Outgoing, Worker
 
+pytestmark = pytest.mark.unit  # no server, no process: the fast lane
+
 POLL_S = 0.05
 
 
