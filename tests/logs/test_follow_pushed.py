@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from agent import log_replies, log_watch
+from backend.accounting import counting
 from backend.db import Database
 from backend.gateway.follow_buffer import LogChunkInfo
 from backend.gateway.servicer import AgentService
@@ -146,7 +147,13 @@ async def test_a_follow_of_a_worker_deleted_while_it_runs_ends(
                     # the agent's report of the same workers (a deadlock on PostgreSQL, seen
                     # once in a fresh-clone CI when it was a bare transaction)
                     await db.unit(
-                        partial(runs.delete_run, clock=clock, principal=principal, name="llama-sft")
+                        partial(
+                            runs.delete_run,
+                            clock=clock,
+                            principal=principal,
+                            name="llama-sft",
+                            ledger=counting,
+                        )
                     )
     assert chunks[-1][1].ended
     assert "last" not in "".join(c.text for _, c in chunks)  # killed before its last line
