@@ -142,17 +142,7 @@ def _whole_gang_never_fits(
     """A gang more workers than the machines present could hold even with nothing else on them
     (two workers of 8 GPUs and one 8-GPU machine) can never be placed: it is not waiting for
     room, and it claims none (it held the machines it could use for ever)."""
-    empty = Room(
-        replace(
-            m,
-            free_gpus=list(range(m.healthy_gpus)),
-            cpu_free=m.cpu_total,
-            memory_free=m.memory_total,
-        )
-        for m in present
-        if m.takes(ask)
-    )
-    held = workers_that_fit(empty, ask)
+    held = _workers_on_empty(ask, present)
     if held >= ask.workers:
         return None
     machines = "its machines that run containers" if ask.image else "its machines"
@@ -161,6 +151,25 @@ def _whole_gang_never_fits(
         f"{where}: with nothing else on them, {machines} have room for {held}",
         Wait.PLAN,
     )
+
+
+def _workers_on_empty(ask: Ask, present: list[MachineRoom]) -> int:
+    """How many of the gang's workers the machines would hold with nothing else on them, up to
+    the gang's size: each machine's room taken one worker after another, by the subtractions
+    placement makes (Room.take), so a fractional CPU ask fits as many times as it would there.
+    Machines are independent and the workers alike, so the count is the machines' sum: what
+    placing them one by one on empty copies of the machines finds, without the copies."""
+    held = 0
+    for m in present:
+        if not m.takes(ask):
+            continue
+        gpus, cpu, memory = m.healthy_gpus, m.cpu_total, m.memory_total
+        while held < ask.workers and gpus >= ask.gpus and cpu >= ask.cpu and memory >= ask.memory:
+            gpus, cpu, memory = gpus - ask.gpus, cpu - ask.cpu, memory - ask.memory
+            held += 1
+        if held >= ask.workers:
+            break
+    return held
 
 
 def _quota_wait(ask: Ask, quota: Quota | None, used: int) -> tuple[str, Wait] | None:
