@@ -1,5 +1,5 @@
 """The console in a real headless Chromium (Debian's, driven by Playwright) against a live
-server: the goodput page's figures are the API's (issue 8; seed G-30, G-31).
+server: the goodput page's figures are the API's (issue 8; seed G-19 … G-23).
 
 Screenshots go to a temporary folder, or to $ASTRAEUS_SCREENSHOTS (`make screenshots` sets
 docs/screenshots) at 1280 by 800.
@@ -62,8 +62,9 @@ def near_percent(text: str, ratio: float) -> bool:
 def test_the_goodput_page_shows_the_apis_figures(
     seed_week: tuple[Server, Tenancy], page: Any, tmp_path: Path
 ) -> None:
-    # seed G-30: goodput, GPU time held, productive, not productive (with the biggest loss),
-    # waiting, then a row per run with a bar of where its time went
+    # seed G-19: goodput, GPU time held, productive, not productive (with the biggest loss),
+    # waiting; seed G-20: then a row per run with a bar of where its time went (per machine,
+    # pool and workspace: the test after this one)
     server, tenancy = seed_week
     sign_in(page, server, tenancy.member_token)
     page.locator('tr[data-row="sweep-7"]').wait_for()
@@ -120,6 +121,78 @@ def test_the_goodput_page_shows_the_apis_figures(
 CATEGORY_ORDER = ("productive", "idle", "stalled", "starting", "restart", "failure", "preemption")
 
 
+def bar_of(row: Any) -> list[str]:
+    """The categories of a row's bar, in the order drawn."""
+    return list(row.locator(".segment").evaluate_all("ss => ss.map(s => s.dataset.category)"))
+
+
+def bar_expected(ledger: dict[str, Any]) -> list[str]:
+    """One segment per category with held time in it, in the table's order, waiting last."""
+    held = [c for c in CATEGORY_ORDER if ledger["held_gpu_hours"].get(c, 0) > 0]
+    return held + (["waiting"] if ledger["waiting_gpu_hours"] > 0 else [])
+
+
+@pytest.mark.parametrize(
+    ("by", "names"),
+    [
+        ("MACHINE", ["gpu-07", "gpu-08"]),
+        ("POOL", ["h100"]),
+        ("WORKSPACE", ["default"]),
+    ],
+)
+def test_a_row_per_machine_pool_or_workspace_with_its_bar(
+    seed_week: tuple[Server, Tenancy], page: Any, by: str, names: list[str]
+) -> None:
+    # seed G-20: a row per run, machine, pool or workspace, with a bar of where its time went:
+    # the rows the API has by that scope, each with its figures and its bar's segments
+    server, tenancy = seed_week
+    sign_in(page, server, tenancy.member_token)
+    page.locator('tr[data-row="sweep-7"]').wait_for()
+    page.get_by_label("By").select_option(by)
+    page.locator(f'tr[data-row="{names[0]}"]').wait_for()
+    start = (datetime.now(UTC) - timedelta(days=7)).isoformat()
+    api = HTTP.get(
+        f"{server.url}/v1/goodput",
+        params={"by": by.lower(), "start": start},
+        headers={"Authorization": f"Bearer {tenancy.member_token}"},
+    ).json()
+    assert [r["name"] for r in api["ledgers"]] == names
+    rows = page.locator("tr[data-row]")
+    assert rows.evaluate_all("rs => rs.map(r => r.dataset.row)") == names
+    _, *printed = as_printed([api["total"], *api["ledgers"]])
+    for ledger, figures in zip(api["ledgers"], printed, strict=True):
+        row = page.locator(f'tr[data-row="{ledger["name"]}"]')
+        assert row.locator('[data-figure="held"]').inner_text() == figures["HELD"]
+        assert row.locator('[data-figure="used"]').inner_text() == figures["USED"]
+        assert bar_of(row) == bar_expected(ledger)
+        assert len(bar_of(row)) >= 2  # productive and at least one loss
+
+
+def test_a_runs_page_shows_its_own_goodput_and_bar(
+    seed_week: tuple[Server, Tenancy], page: Any, tmp_path: Path
+) -> None:
+    # seed G-23: a run's page shows its own goodput and bar under Goodput: llm's, as
+    # GET /runs/llm/goodput has it
+    server, tenancy = seed_week
+    own = HTTP.get(
+        f"{server.url}/v1/runs/llm/goodput",
+        headers={"Authorization": f"Bearer {tenancy.member_token}"},
+    ).json()
+    sign_in(page, server, tenancy.member_token)
+    page.goto(f"{server.url}/o/default/w/default/runs/llm")
+    section = page.get_by_role("region", name="Goodput of the run")
+    section.get_by_role("heading", name="Goodput", exact=True).wait_for()
+    [printed] = as_printed([own])
+    summary = section.locator(".summary")
+    assert near_percent(summary.locator('[data-figure="goodput"]').inner_text(), own["goodput"])
+    assert summary.locator('[data-figure="held"]').inner_text() == f"{printed['HELD']} GPU-h"
+    productive = summary.locator('[data-figure="productive"]').inner_text()
+    assert productive == f"{printed['USED']} GPU-h"
+    assert bar_of(section) == bar_expected(own)
+    assert {"productive", "stalled", "failure"} <= set(bar_of(section))  # llm's week
+    page.screenshot(path=str(screenshots(tmp_path) / "run-goodput.png"), full_page=True)
+
+
 def test_a_segment_opens_the_intervals_behind_it(
     seed_week: tuple[Server, Tenancy], page: Any, tmp_path: Path
 ) -> None:
@@ -146,7 +219,7 @@ def test_a_segment_opens_the_intervals_behind_it(
 
 
 def test_by_week_shows_the_last_eight_weeks(seed_week: tuple[Server, Tenancy], page: Any) -> None:
-    # seed G-30: By week (8) shows the last eight weeks
+    # seed G-21: By week (8) shows the last eight weeks
     server, tenancy = seed_week
     sign_in(page, server, tenancy.member_token)
     page.get_by_role("tab", name="By week (8)").click()
