@@ -65,7 +65,8 @@ async def test_the_ratios_and_hours_of_each_scope_in_the_hour_and_the_day(
 ) -> None:
     # seed G-36: astraeus_goodput_ratio{scope,name,window}: scope cluster, workspace, machine
     # or pool; window hour (the current UTC hour: 02:00 on, train's busy half hour alone) or
-    # day (the last 24 hours: both runs' time). G-37: astraeus_goodput_gpu_hours by category.
+    # day (the last 24 hours: both runs' time).
+    # seed G-37: astraeus_goodput_gpu_hours{scope,name,window,category}, the same windows
     await an_idle_hour_then_a_busy_half_hour(world)
     got = await scrape(client, tenancy.member_token)
     day_held = 4 * 57 / 60 + 4 * 30 / 60 + 2 * 10 / 60
@@ -102,8 +103,8 @@ async def test_a_runs_own_gauges_since_it_was_submitted_while_it_goes_on(
     client: httpx.AsyncClient, world: World, tenancy: Tenancy
 ) -> None:
     # seed G-38: astraeus_run_goodput_gpu_hours{namespace,run,category}, a run's since it was
-    # submitted, for runs still going (done completed: it has none); G-39:
-    # astraeus_run_goodput_ratio{namespace,run}
+    # submitted, for runs still going (done completed: it has none)
+    # seed G-39: astraeus_run_goodput_ratio{namespace,run}, the same period's
     await an_idle_hour_then_a_busy_half_hour(world)
     got = await scrape(client, tenancy.member_token)
     runs = {labels for name, labels in got if name.startswith("astraeus_run_")}
