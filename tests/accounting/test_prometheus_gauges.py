@@ -60,7 +60,7 @@ async def an_idle_hour_then_a_busy_half_hour(world: World) -> None:
     assert world.clock.now().strftime("%H:%M") == "02:30"
 
 
-async def test_the_ratios_and_hours_of_each_scope_in_the_hour_and_the_day(
+async def test_the_gauges_of_each_scope_and_run_in_the_hour_and_the_day(
     client: httpx.AsyncClient, world: World, tenancy: Tenancy
 ) -> None:
     # seed G-36: astraeus_goodput_ratio{scope,name,window}: scope cluster, workspace, machine
@@ -97,29 +97,22 @@ async def test_the_ratios_and_hours_of_each_scope_in_the_hour_and_the_day(
         expected[("day", "productive")] = day_productive
         expected[("day", "idle")] = 4 * 57 / 60
         assert hours == pytest.approx(expected), scope
-
-
-async def test_a_runs_own_gauges_since_it_was_submitted_while_it_goes_on(
-    client: httpx.AsyncClient, world: World, tenancy: Tenancy
-) -> None:
     # seed G-38: astraeus_run_goodput_gpu_hours{namespace,run,category}, a run's since it was
     # submitted, for runs still going (done completed: it has none)
     # seed G-39: astraeus_run_goodput_ratio{namespace,run}, the same period's
-    await an_idle_hour_then_a_busy_half_hour(world)
-    got = await scrape(client, tenancy.member_token)
     runs = {labels for name, labels in got if name.startswith("astraeus_run_")}
     assert {dict(labels)["run"] for labels in runs} == {"train"}
-    hours = {
+    run_hours = {
         c: got[of("astraeus_run_goodput_gpu_hours", namespace="default", run="train", category=c)]
         for c in (*CATEGORIES, "waiting")
     }
-    assert hours == pytest.approx(
-        dict.fromkeys(hours, 0.0) | {"productive": 4 * 30 / 60, "idle": 4 * 57 / 60}
+    assert run_hours == pytest.approx(
+        dict.fromkeys(run_hours, 0.0) | {"productive": 4 * 30 / 60, "idle": 4 * 57 / 60}
     )
-    ratio = got[of("astraeus_run_goodput_ratio", namespace="default", run="train")]
-    assert ratio == pytest.approx(30 / 87)
+    run_ratio = got[of("astraeus_run_goodput_ratio", namespace="default", run="train")]
+    assert run_ratio == pytest.approx(30 / 87)
     own = (await get(client, tenancy.member_token, "/runs/train/goodput")).json()
-    assert ratio == pytest.approx(own["goodput"])
+    assert run_ratio == pytest.approx(own["goodput"])
 
 
 async def test_workers_stalled_now_by_namespace(
