@@ -47,7 +47,8 @@ async def run_id_of(world: World, name: str) -> int:
 async def test_the_ledgers_equal_the_pure_computation_however_often_the_tick_runs(
     world: World, tick_every: int | None
 ) -> None:
-    # DESIGN §4 invariants 1 and 2; seed G-1 (productive: GPUs busy, 5% or more), G-2 (idle)
+    # DESIGN §4 invariants 1 and 2; seed G-1: each worker, each tick, in one category
+    # seed G-2 (weighted by its GPUs), G-3 (productive: GPUs busy, 5% or more), G-5 (idle)
     await a_busy_and_an_idle_rank(world)
     elapsed = 0
     for _ in range(60):  # ten minutes in steps of 10 s, sampled each step
@@ -156,7 +157,7 @@ async def test_workers_deleted_without_their_time_counted_end_at_the_mark(world:
 
 
 async def test_a_stall_found_later_moves_time_already_counted_into_stalled(world: World) -> None:
-    # DESIGN §4 invariant 3; seed G-3: stalled from when it stopped making progress
+    # DESIGN §4 invariant 3; seed G-6: stalled from when it stopped making progress
     await world.machine("gpu-07")
     await world.submit(workers=1, gpus=4, stall_timeout="5m", on_stall="keep")
     await world.schedule()

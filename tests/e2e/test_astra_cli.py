@@ -132,7 +132,7 @@ def test_no_token_anywhere_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_the_goodput_table(live: tuple[Server, str]) -> None:
-    # seed G-22 … G-26: the GPU-hours table, by run over 7 days, by week, one run's own
+    # seed G-24 … G-26: the GPU-hours table, by run over 7 days, by week, one run's own
     submitted = astra(
         live, "submit", "-", stdin=json.dumps({"name": "llm", "gpus": 1, "command": ["true"]})
     )

@@ -213,7 +213,7 @@ def test_a_worker_past_its_memory_limit_is_oom_killed(live: tuple[Server, str]) 
 
 
 # Issue 4's acceptance, one row a workload: its state, reason, exit code, failure snapshot and
-# the log through the seed's own line (seed L-12, L-14, L-47, L-51, L-52).
+# the log through the seed's own line (seed L-12, L-14, L-21, L-51, L-52).
 NOISY_FAILURE = (
     "import sys\n"
     "for i in range(120):\n"

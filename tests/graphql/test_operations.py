@@ -100,7 +100,7 @@ async def test_thresholds_and_the_alerts_firing(
 async def test_workers_stalled_and_stragglers_now(
     client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
 ) -> None:
-    # seed goodput.txt: "Workers stalled and stragglers now … are listed first"
+    # seed G-22: "Workers stalled and stragglers now … are listed first": the attention list
     world = World(db, clock, tenancy)
     await running_gang(world, workers=3, gpus=2)
     await world.submit(name="quiet", workers=1, gpus=1, stall_timeout="5m", on_stall="keep")

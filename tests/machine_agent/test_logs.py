@@ -59,7 +59,7 @@ def test_a_follower_that_falls_behind_skips_ahead_and_counts_what_it_missed(
 
 
 def test_the_snapshot_is_the_last_50_lines_at_most_16_kib(tmp_path: Path) -> None:
-    # seed L-47: the last 50 lines of output (at most 16 KiB)
+    # seed L-21: the failure snapshot's last 50 lines of output (at most 16 KiB)
     log = WorkerLog(tmp_path, "41")
     log.begin()
     log.append("".join(f"line {i}\n" for i in range(200)).encode())

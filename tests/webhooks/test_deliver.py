@@ -132,6 +132,7 @@ def signed(secret: str, body: bytes, at: datetime) -> str:
 async def test_events_are_posted_signed_with_their_id(
     db: Database, clock: FakeClock, tenancy: Tenancy, receiver: Receiver, deliver: Deliver
 ) -> None:
+    # seed L-47: events can be streamed to your own systems: posted to a receiver's URL
     world = World(db, clock, tenancy)
     await world.submit(name="before")  # before the webhook: not sent
     webhook = await subscribe(db, clock, tenancy, receiver.url)
