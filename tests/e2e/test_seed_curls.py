@@ -73,7 +73,7 @@ def curl(live: tuple[Server, str], line: str) -> str:
 
 
 def test_a_workers_log(live: tuple[Server, str]) -> None:
-    # seed L-13: the last 200 lines, as text
+    # seed L-12: the last 200 lines, as text (`jq -r .logs`)
     out = curl(
         live,
         'curl -sS "$API/tasks/llama-sft-1/logs?tail=200" -H "Authorization: Bearer $ASTRA_TOKEN"'

@@ -73,9 +73,12 @@ async def machine(address: str, token: str, data_dir: Path) -> AsyncIterator[Non
             await running
 
 
-async def logs(client: httpx.AsyncClient, tenancy: Tenancy, tail: int) -> httpx.Response:
+async def logs(client: httpx.AsyncClient, tenancy: Tenancy, tail: int | None) -> httpx.Response:
+    """`GET /v1/tasks/llama-sft-0/logs`, with ``tail`` or without (its default)."""
     return await client.get(
-        "/v1/tasks/llama-sft-0/logs", params={"tail": tail}, headers=auth(tenancy.member_token)
+        "/v1/tasks/llama-sft-0/logs",
+        params={} if tail is None else {"tail": tail},
+        headers=auth(tenancy.member_token),
     )
 
 
@@ -128,7 +131,7 @@ async def test_a_log_is_its_stdout_and_stderr_kept_on_the_machine_and_asked_of_i
 
             async def printed() -> bool:
                 answer = await logs(client, tenancy, 3)
-                return answer.status_code == 200 and "out 1499" in answer.json()["logs"]
+                return answer.status_code == 200 and "err 1499" in answer.json()["logs"]
 
             await wait_for("its lines", printed)
             answer = (await logs(client, tenancy, 3)).json()
@@ -142,17 +145,19 @@ async def test_a_log_is_its_stdout_and_stderr_kept_on_the_machine_and_asked_of_i
                 if p.is_file() and b"err 1499" in p.read_bytes()
             ]
             assert kept, "the log is on the machine's disk"
-            end.touch()
-            await state_is(db, "Completed")
-            archived = (await logs(client, tenancy, 10_000)).json()
-            lines = archived["logs"].splitlines()
-            assert archived["archived"] is True and len(lines) == 1000
-            assert lines[-2:] == ["out 1499", "err 1499"]
             written = []
             for i in range(1500):
                 written.append(f"out {i}")
                 if i % 100 == 99:
                     written.append(f"err {i}")
+            # seed L-13: without `tail`, its last 1 000 lines
+            default = (await logs(client, tenancy, None)).json()["logs"]
+            assert default.splitlines() == written[-1000:]
+            end.touch()
+            await state_is(db, "Completed")
+            archived = (await logs(client, tenancy, 10_000)).json()
+            lines = archived["logs"].splitlines()
+            assert archived["archived"] is True and len(lines) == 1000
             assert lines == written[-1000:]
         # seed L-17: its machine is away (does not answer): 400; and nobody else holds its log
         away = await logs(client, tenancy, 3)

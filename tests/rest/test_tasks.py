@@ -35,6 +35,7 @@ async def test_a_machine_that_does_not_answer_is_a_400(
 async def test_tail_is_from_1_to_10000(
     client: httpx.AsyncClient, tenancy: Tenancy, placed: None, tail: str, reason: str
 ) -> None:
+    # seed L-13: `tail` at most 10 000 (its default, 1 000: tests/logs/test_on_the_machine.py)
     answer = await client.get(
         "/v1/tasks/llama-sft-0/logs", params={"tail": tail}, headers=auth(tenancy.member_token)
     )
