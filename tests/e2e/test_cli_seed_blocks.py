@@ -117,7 +117,7 @@ def test_goodput_by_week_and_pool(seed_week: tuple[Server, Tenancy]) -> None:
     assert printed.stdout.count("GPU-hours") == 1
 
 
-# -- status, workers, gpus and logs -f (seed L-8, L-29, L-30, L-39) --------------------------
+# -- status, workers, gpus and logs -f (seed L-11, L-29, L-30, L-39) --------------------------
 
 # Each rank prints the seed's two lines, then steps with its GPUs busy (97% and 96%) until
 # told to finish.
@@ -231,7 +231,7 @@ def test_gpus_holds_the_seeds_lines(llama_sft: tuple[Server, str, Path]) -> None
 
 
 def test_logs_follow_is_the_seeds_block(llama_sft: tuple[Server, str, Path]) -> None:
-    # seed L-8: `astra astraeus logs llama-sft-1 -f`, until the worker ends
+    # seed L-11: `astra astraeus logs llama-sft-1 -f`, until the worker ends
     server, token, go = llama_sft
     until(lambda: astra(server, token, "status", "llama-sft"), lambda out: "Running —" in out)
     env = {**server.env_for(token), "HOME": str(server.log.parent)}

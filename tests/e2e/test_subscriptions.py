@@ -153,7 +153,7 @@ def test_astra_logs_follows_a_worker_to_its_end(live: tuple[Server, str]) -> Non
             timeout=60,
         )
         lines = done.stdout.splitlines()
-        # the log, a blank line, then how it ended (seed L-8); a failure's end goes to stderr
+        # the log, a blank line, then how it ended (seed L-11); a failure's end goes to stderr
         printed = lines[:-2] if code == 0 else lines[:-1]
         assert lines[len(printed)] == ""
         assert [line.split(" at ")[0] for line in printed] == [f"line {i}" for i in range(8)]
