@@ -363,14 +363,6 @@ def test_a_two_worker_runs_page_its_readout_its_log_and_its_charts(
     page.screenshot(path=str(screenshots(tmp_path) / "run-pair-metrics.png"), full_page=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "console bug (frontend/src/logs/LogView.tsx): picking another worker in `Log ·` disposes "
-        "of the old follow, whose completion then turns Follow off: the new worker's log stays "
-        "empty until Follow is checked again"
-    ),
-)
 def test_the_log_selector_shows_the_worker_picked(pair: tuple[Server, str], page: Any) -> None:
     # seed L-4: the `Log ·` selector picks another worker of the run, whose log is then shown
     # and followed

@@ -50,12 +50,16 @@ export function LogView({
     if (!follow) return;
     setStatus("Following");
     let first = true;
+    // Another worker picked (or Follow unticked) ends this follow: graphql-ws then completes
+    // it, which must not untick Follow for the next one (it did: the log stayed empty).
+    let disposed = false;
     const stop = subscribe<Chunk>(
       FOLLOW,
       // the last 5 000 lines, then each new one as it is written (one stream: none twice)
       { w: worker, tail: KEEP },
       {
         next: (chunk) => {
+          if (disposed) return;
           setLines((kept) => {
             const base = first ? [] : kept;
             if (first) partial.current = "";
@@ -69,13 +73,19 @@ export function LogView({
         },
         // not followable (its machine is away, or it never started): what the machine kept
         error: (message) => {
+          if (disposed) return;
           setStatus(message);
           void tail(worker).then((found) => found !== null && setLines(found));
         },
-        complete: () => setFollow(false),
+        complete: () => {
+          if (!disposed) setFollow(false);
+        },
       },
     );
-    return stop;
+    return () => {
+      disposed = true;
+      stop();
+    };
   }, [worker, follow]);
 
   const visible = useMemo(() => shown(lines, find, errorsOnly), [lines, find, errorsOnly]);
