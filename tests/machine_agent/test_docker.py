@@ -147,7 +147,7 @@ def test_a_start_payload_becomes_the_create_body() -> None:
     }
 
 
-# issue 36: one rule for mount paths, as the server checks them (backend/runs/spec.py)
+# issue 36: one rule for mount paths, as the server checks them (backend/spec.py)
 def test_a_relative_mount_path_is_under_the_containers_own_folder() -> None:
     mounts = [
         {"drive": "data", "path": "data", "read_only": True},
