@@ -14,9 +14,10 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from backend.accounting import counting
-from backend.clock import SystemClock
+from backend.clock import Clock
 from backend.db import Database
 from tests.e2e.live import Server
+from tests.support import FakeClock
 from tests.support.http import HTTP
 
 if TYPE_CHECKING:
@@ -146,26 +147,41 @@ def _counted(api: Api, run: str, ended: dict[str, datetime]) -> Intervals | None
     return intervals if done else None
 
 
-async def _tick(url: str) -> None:
+async def _tick(url: str, clock: Clock) -> None:
     db = Database.from_url(url)
     try:
         async with db.transaction() as session:
-            await counting.tick(session, SystemClock())
+            await counting.tick(session, clock)
     finally:
         await db.dispose()
 
 
-# The agent sends its samples every 5 s, written in batches: a minute is counted from here
-# this long after it is over, so that its last samples are in.
+# The agent sends its samples every 5 s, written in batches: what a worker did is all on the
+# server this long after its end.
 SAMPLES_IN_S = 10
+
+
+def tick_after(url: str, latest: datetime) -> None:
+    """One tick on the server's database that counts the minute of ``latest`` (the latest end
+    of the runs read) whole, as the server's own would once that minute is over: once the
+    ended workers' last samples are in, with a clock at that minute's end (or now, if later).
+    Every second of an ended worker is on the server by then, so it counts what a tick at the
+    minute's end would; the wall clock's wait for that end (30 s on average, up to 60) was no
+    part of what is checked (issue 39). A worker still running there is counted to that
+    minute's end too, before its last samples come (and again when they do, as late ones):
+    read so only where what is checked has ended."""
+    while datetime.now(UTC) < latest + timedelta(seconds=SAMPLES_IN_S):
+        time.sleep(0.5)
+    over = counting.minute_floor(latest) + timedelta(minutes=1)
+    asyncio.run(_tick(url, FakeClock(max(over, datetime.now(UTC)))))
 
 
 def counted(
     api: Api, runs: Iterable[str], seconds: float = 200
 ) -> dict[str, tuple[History, Intervals]]:
-    """Each ended run's workers' histories and its intervals, counted to the end: once the
-    minute of the latest end is over, one tick runs from here on the server's own database
-    (the server's comes every minute from its start: up to a minute later)."""
+    """Each ended run's workers' histories and its intervals, counted to the end: one tick
+    runs from here on the server's own database (`tick_after`; the server's comes every
+    minute from its start: up to a minute later)."""
     runs = list(runs)
     histories = {run: api.graphql(HISTORIES, run=run)["run"] for run in runs}
     ends = {
@@ -173,10 +189,7 @@ def counted(
         for run, h in histories.items()
     }
     latest = max(end for worker_ends in ends.values() for end in worker_ends.values())
-    due = counting.minute_floor(latest) + timedelta(minutes=1, seconds=SAMPLES_IN_S)
-    while datetime.now(UTC) < due:
-        time.sleep(0.5)
-    asyncio.run(_tick(f"sqlite:///{api.server.data_dir / 'astraeus.db'}"))
+    tick_after(f"sqlite:///{api.server.data_dir / 'astraeus.db'}", latest)
     deadline = time.monotonic() + seconds
     found: dict[str, Intervals] = {}
     while len(found) < len(runs) and time.monotonic() < deadline:

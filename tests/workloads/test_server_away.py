@@ -6,8 +6,9 @@ follows the workload's progress reports. While the server is away the agent keep
 (agent/outbox.py) and sends them when it is back; the server's tick may count the minutes away
 before they come (as idle: nothing sampled), and counts them again when they do
 (accounting.counting.samples_arrived, within rules.LATE_SAMPLES_WINDOW). Real time: the server
-has no fake clock. The last tick runs from here, on the server's own database, once its minute
-is over, rather than waiting up to a minute more for the server's."""
+has no fake clock. The last tick runs from here, on the server's own database, as the server's
+would once the run's last minute is over (tests/workloads/ledger.py's `tick_after`), rather
+than waiting up to a minute more for the server's."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ import pytest
 from sqlalchemy import select
 
 from backend.accounting import counting
-from backend.clock import SystemClock
 from backend.db import Database
 from backend.models import StateTransition, Worker
 from tests.support import WORKLOAD_PYTHON
 from tests.support.processes import Cluster
+from tests.workloads.ledger import tick_after
 
 AWAY_S = 70  # longer than a minute: at least one whole minute without the server
 STEPS = (
@@ -64,13 +65,10 @@ def at(iso: str) -> datetime:
     return datetime.fromisoformat(iso.replace("Z", "+00:00"))
 
 
-async def tick_and_read(url: str, run: str) -> list[tuple[datetime, str | None]]:
-    """One tick on the server's database, once the run's last minute is over; the run's
-    worker's phase changes (its history) as recorded."""
+async def phases_of(url: str, run: str) -> list[tuple[datetime, str | None]]:
+    """The run's worker's phase changes (its history) as recorded."""
     db = Database.from_url(url)
     try:
-        async with db.transaction() as session:
-            await counting.tick(session, SystemClock())
         async with db.read() as session:
             rows = await session.execute(
                 select(StateTransition.transition_at, StateTransition.phase)
@@ -104,11 +102,9 @@ def test_minutes_while_the_server_is_away_are_counted_as_the_samples_say(
     except AssertionError as error:
         raise AssertionError(f"{error}: {cluster.get('/jobs/stepper')}\n{tails(cluster)}") from None
     ended = at(cluster.get("/jobs/stepper")["ended_at"])
-    # The last tick counts the run's end once its minute is over.
-    while counting.minute_floor(datetime.now(ended.tzinfo)) <= ended:
-        time.sleep(1)
     url = f"sqlite:///{cluster.server.data_dir / 'astraeus.db'}"
-    history = asyncio.run(tick_and_read(url, "stepper"))
+    tick_after(url, ended)  # the last tick counts the run's last minute whole
+    history = asyncio.run(phases_of(url, "stepper"))
 
     phases = [p for _, p in history if p is not None]
     assert [p for n, p in enumerate(phases) if n == 0 or phases[n - 1] != p] == [
