@@ -210,17 +210,19 @@ class Agent:
         return str(reply.credential)
 
     async def _heartbeats(self) -> None:
-        """A beat every interval, on a timer of its own whatever else the agent does (the
-        server takes any message as a sign of life; a beat says so when nothing else goes).
-        The interval is looked at every second: the Welcome may shorten it."""
-        loop = asyncio.get_running_loop()
-        last = loop.time()
+        """A beat after every interval in which nothing else went, on a timer of its own
+        whatever else the agent does: the server takes any message as a sign of life, so a
+        machine whose workers report every few seconds sends no beats (issue 40: a fifth of a
+        busy fleet's messages). The interval is looked at every second: the Welcome may shorten
+        it."""
+        last = time.monotonic()
         while True:
             every = self.beat_every or self.config.heartbeat_seconds
-            await asyncio.sleep(max(0.0, min(last + every - loop.time(), BEAT_LOOK_S)))
-            if loop.time() - last >= every:
+            heard = max(last, self.outgoing.sent_at)
+            await asyncio.sleep(max(0.0, min(heard + every - time.monotonic(), BEAT_LOOK_S)))
+            if time.monotonic() - max(last, self.outgoing.sent_at) >= every:
                 self.outgoing.send(durable=False, heartbeat=agent_pb2.Heartbeat())
-                last = loop.time()
+                last = time.monotonic()
 
     async def _handle(self, message: agent_pb2.ServerMessage) -> None:
         handler = self.handlers.get(message.WhichOneof("body") or "")

@@ -32,6 +32,9 @@ class Outgoing:
     def __init__(self, outbox: Outbox) -> None:
         self.outbox = outbox
         self.queue: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
+        # When a message was last queued (time.monotonic()): the server takes any message as
+        # a sign of life, so a heartbeat is due only after an interval with none.
+        self.sent_at = 0.0
 
     def send(self, durable: bool = True, **body: Any) -> None:
         """Queue a message; kept in the outbox until acknowledged unless it is a passing one."""
@@ -39,6 +42,7 @@ class Outgoing:
         if durable:
             self.outbox.put(message)
         self.queue.put_nowait(message)
+        self.sent_at = time.monotonic()
 
     def report(
         self,

@@ -4,15 +4,16 @@ few hundred kB.
 
 Each machine is what the real agent (agent/connection.py) is to the server: its own gRPC
 channel and ``Connect`` stream, its own credential (a ``Join`` per machine with one join token
-of many uses), a heartbeat every 10 s, its GPUs in the Hello, and workers that run: a START is
-acknowledged and answered READY, a RELEASE RUNNING, and the worker exits after the seconds its
-environment asks (``SIM_SECONDS``, default 60) with the code it asks (``SIM_EXIT``, default 0),
-or when stopped. While it runs it writes a log line every ``SIM_LINE_SECONDS`` (1 s), each
-carrying the time it was written, so a follower can tell how late a line came; every 5 s (the
-agent's sample period) a Progress and a MetricBatch of the real agent's metrics (CPU, memory,
-OOM kills, each GPU's utilisation). Log tails and follows are answered from the lines kept.
-Unlike the real agent it keeps no outbox: after a lost stream it says hello again with its
-workers and goes on, without resending what was not acknowledged.
+of many uses), a heartbeat after 10 s without another message, its GPUs in the Hello, and
+workers that run: a START is acknowledged and answered READY, a RELEASE RUNNING, and the
+worker exits after the seconds its environment asks (``SIM_SECONDS``, default 60) with the
+code it asks (``SIM_EXIT``, default 0), or when stopped. While it runs it writes a log line
+every ``SIM_LINE_SECONDS`` (1 s), each carrying the time it was written, so a follower can
+tell how late a line came; every 5 s (the agent's sample period) a Progress and a MetricBatch
+of the real agent's metrics (CPU, memory, OOM kills, each GPU's utilisation). Log tails and
+follows are answered from the lines kept. Unlike the real agent it keeps no outbox: after a
+lost stream it says hello again with its workers and goes on, without resending what was not
+acknowledged.
 
 ``python -m bench.fleet --machines 100 --seconds 120`` starts ``astraeus serve`` (embedded
 broker: its jobs, ticks and passes in the same process) on a fresh PostgreSQL database, joins
@@ -106,6 +107,7 @@ class SimMachine:
         self.queue: asyncio.Queue[agent_pb2.AgentMessage | None] = asyncio.Queue()
         self.welcomed = asyncio.Event()
         self.machine_id = 0
+        self.sent_at = 0.0  # when a message was last queued (time.monotonic())
 
     @property
     def counters(self) -> Counters:
@@ -115,6 +117,7 @@ class SimMachine:
         self.ids += 1
         self.queue.put_nowait(agent_pb2.AgentMessage(id=self.ids, **body))
         self.counters.sent += 1
+        self.sent_at = time.monotonic()
 
     def hello(self) -> agent_pb2.AgentMessage:
         return agent_pb2.AgentMessage(
@@ -209,7 +212,10 @@ class SimMachine:
             await asyncio.sleep(seconds)
 
     def heartbeat(self) -> None:
-        self.send(heartbeat=agent_pb2.Heartbeat())
+        """As the agent beats (agent/connection.py): only after an interval in which nothing
+        else went (its timer looks every second; this one every interval, less a second)."""
+        if time.monotonic() - self.sent_at >= HEARTBEAT_S - 1:
+            self.send(heartbeat=agent_pb2.Heartbeat())
 
     def sample(self) -> None:
         """What agent/metrics.py's Sampler sends for the running workers every 5 s."""

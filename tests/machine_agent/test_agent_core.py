@@ -3,6 +3,8 @@ kind, to the part that carries each out; what it says back read from its queue."
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 
 from astraeus.agent.v1 import agent_pb2
@@ -63,3 +65,24 @@ async def test_a_message_of_no_kind_is_ignored(tmp_path: Path) -> None:
     agent = unconnected_agent(tmp_path / "data")
     await agent._handle(agent_pb2.ServerMessage(id=5))  # a body of a later server's protocol
     assert said(agent) == [] and agent.beat_every == 0.0
+
+
+async def test_a_beat_goes_only_after_an_interval_in_which_nothing_else_went(
+    tmp_path: Path,
+) -> None:
+    """Any message tells the server the machine lives (issue 40: a busy fleet's beats were a
+    fifth of its messages): reports every 0.3 s leave no beat due; then silence brings one."""
+    agent = unconnected_agent(tmp_path / "data", heartbeat_seconds=1)
+    beats = asyncio.create_task(agent._heartbeats())
+    try:
+        for _ in range(8):  # 2.4 s of reports, over two intervals
+            agent.outgoing.send(progress=agent_pb2.Progress(worker_id=7, attempt=1, at_ms=1))
+            await asyncio.sleep(0.3)
+        kinds = [m.WhichOneof("body") for m in said(agent)]
+        assert kinds == ["progress"] * 8
+        await asyncio.sleep(1.5)  # silent for over an interval
+        assert [m.WhichOneof("body") for m in said(agent)] == ["heartbeat"]
+    finally:
+        beats.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beats
