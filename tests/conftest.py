@@ -125,15 +125,16 @@ PROCESS_FIXTURES = {"live", "cluster", "browser", "page", "api"}
 # after issue 39's shorter waits (2026-12-04, 23:00 UTC, others' load 2 to 7): most of these
 # modules wait far more than they compute (CPU-seconds of pytest and the processes it waited
 # for, its servers and agents, if not every workload's: test_ddp_stalls 62 in 306 s,
-# test_topology 89 in 496 s, test_up_crash 8 in 94 s).
+# test_topology 77 in 410 s, test_up_crash 8 in 94 s; tests/slurm/test_node_agent.py 25 in
+# 208 s, as in CI).
 LONGEST = (  # the module times of a fresh clone's `.ci/run` (2026-12-04, 6 lanes, at 15bec02)
     # 472 s; 306 s: one fixture, the four runs to their ends. Two stall timeouts of 90 s (the
     # floor: 1.5 times a start of 12 s, as here, is less), three starts, a minute's alignment.
     "tests/workloads/test_ddp_stalls.py",
-    # 431 s; 497 s (two of its tests failing in Follow.close, before issue 39's change too):
-    # minutes of ticks (steady's 1.5 minutes: 136 s), a lease's outage (84 s), teardown 46 s
+    # 431 s; 407 s: whole minutes of ticks (steady's 1.5 minutes: 131 s; the agent away across
+    # a minute's end and 1.5 minutes more: 99 s), a lease's outage (74 s), Redis away (63 s)
     "tests/e2e/test_topology.py",
-    "tests/slurm/test_node_agent.py",  # 206 s: a Slurm in cgroups, its node's agent
+    "tests/slurm/test_node_agent.py",  # 206 s; 205 s: a Slurm in cgroups, its node's agent
     "tests/accounting/test_tick_properties.py",  # 179 s: an example run 94 s, one 77 s
     "tests/e2e/test_up_crash.py",  # 171 s; 92 s: `up` killed, a whole minute away (60-120 s)
     "tests/workloads/test_server_away.py",  # 161 s; 116 s: the server away 70 s
