@@ -128,8 +128,9 @@ PROCESS_FIXTURES = {"live", "cluster", "browser", "page", "api"}
 # test_topology 77 in 410 s, test_up_crash 8 in 94 s; tests/slurm/test_node_agent.py 25 in
 # 208 s, as in CI).
 LONGEST = (  # the module times of a fresh clone's `.ci/run` (2026-12-04, 6 lanes, at 15bec02)
-    # 472 s; 306 s: one fixture, the four runs to their ends. Two stall timeouts of 90 s (the
-    # floor: 1.5 times a start of 12 s, as here, is less), three starts, a minute's alignment.
+    # 472 s; 306 s and 265 s: one fixture, the four runs to their ends. Two stall timeouts of
+    # 90 s (the floor: 1.5 times a start of 12 s, as here, is less), three starts, and the
+    # progress runs' wait for a minute's start (35 s and 3 s of those two runs).
     "tests/workloads/test_ddp_stalls.py",
     # 431 s; 407 s: whole minutes of ticks (steady's 1.5 minutes: 131 s; the agent away across
     # a minute's end and 1.5 minutes more: 99 s), a lease's outage (74 s), Redis away (63 s)

@@ -66,6 +66,11 @@ RUNS = HANGS + PROGRESS
 # Four gangs of two ranks on the local machine's two cores and eight simulated GPUs at once.
 CPU = 0.25
 STEP_LINE = re.compile(r"^rank (\d+) step (\d+) loss \S+ at (\d+\.\d+)$", re.MULTILINE)
+# How often the runs are looked at: five requests a look, which cost the server 0.09 of a core
+# every half second (issue 39, measured on a live `up`); what a look finds has seconds to be
+# found in (a restart's wait of BACKOFF_S is the shortest), and stalls, stops and ends are
+# dated by the server, not by when they were seen.
+LOOK_EVERY_S = 1.0
 
 RUN = """query($run: String!) { run(name: $run) {
   state reason advice { kind reason }
@@ -195,7 +200,7 @@ def seen(api: Api, workloads: Workloads) -> dict[str, Any]:
             )
             out["hangs"] = datetime.now(UTC)
         if "hangs" not in out:
-            time.sleep(0.5)
+            time.sleep(LOOK_EVERY_S)
             continue
         keep = api.graphql(RUN, run="hang-keep")["run"]
         if "stopped" not in out and all(stalls(w) for w in keep["workers"]):
@@ -210,7 +215,7 @@ def seen(api: Api, workloads: Workloads) -> dict[str, Any]:
         if all((job if run == "hang-restart" else api.job(run))["status"] in ENDED for run in RUNS):
             out["ended"] = {run: api.job(run) for run in RUNS}
             return out
-        time.sleep(0.5)
+        time.sleep(LOOK_EVERY_S)
     raise AssertionError(f"not all ended: {[api.job(r) for r in RUNS]}, {out}")
 
 
