@@ -39,7 +39,10 @@ BACKOFF_CAP = 30.0
 BEAT_LOOK_S = 1.0  # how often the heartbeat timer looks whether a beat is due
 # Messages that are not kept for resending: of no use on a later stream.
 PASSING = {"reply", "heartbeat", "secret_request"}
-PROTOCOL = 3  # workers named by id, ends reported as causes (proto Hello.protocol)
+# Workers named by id, ends reported as causes, a sample period's reports as one Report to a
+# server that takes it (proto Hello.protocol, Welcome.protocol).
+PROTOCOL = 4
+REPORTS_FROM = 4  # the server's revision that takes a Report
 # Answers to Connect that another try would get again: the agent stops, saying why.
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
@@ -231,6 +234,8 @@ class Agent:
 
     async def _welcome(self, message: agent_pb2.ServerMessage) -> None:
         log.info("joined as machine %s", message.welcome.machine_id)
+        # A server older than 4 would drop a Report: its reports go apart, as it knows them.
+        self.outgoing.takes_reports = message.welcome.protocol >= REPORTS_FROM
         if message.welcome.lease_seconds:
             # Back in well within a lease after any outage, the server's included.
             self.reconnects.cap = min(BACKOFF_CAP, message.welcome.lease_seconds / 4)

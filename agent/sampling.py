@@ -100,16 +100,10 @@ class Sampling:
         except Exception:  # its end is sent whatever its progress file holds
             log.exception("the last read of %s's progress file failed", worker.worker_id)
             report = None
-        if report is not None:
-            self.outgoing.send(progress=report)
         last = self.sampler.ended(
             worker, oom_killed=oom_killed, at_ms=at_ms, oom_kill_seen=oom_kill_seen
         )
-        if last:
-            self.outgoing.send(metrics=agent_pb2.MetricBatch(samples=last))
+        self.outgoing.reports([report] if report is not None else [], last or [])
 
     def _send(self, progress: list[agent_pb2.Progress], samples: list[agent_pb2.Sample]) -> None:
-        for report in progress:
-            self.outgoing.send(progress=report)
-        if samples:
-            self.outgoing.send(metrics=agent_pb2.MetricBatch(samples=samples))
+        self.outgoing.reports(progress, samples)

@@ -35,6 +35,9 @@ class Outgoing:
         # When a message was last queued (time.monotonic()): the server takes any message as
         # a sign of life, so a heartbeat is due only after an interval with none.
         self.sent_at = 0.0
+        # The server takes a Report (its Welcome said protocol 4 or more): a sample period's
+        # progress and samples go as one message, not one a worker and one for the samples.
+        self.takes_reports = False
 
     def send(self, durable: bool = True, **body: Any) -> None:
         """Queue a message; kept in the outbox until acknowledged unless it is a passing one."""
@@ -43,6 +46,20 @@ class Outgoing:
             self.outbox.put(message)
         self.queue.put_nowait(message)
         self.sent_at = time.monotonic()
+
+    def reports(self, progress: list[agent_pb2.Progress], samples: list[agent_pb2.Sample]) -> None:
+        """A sample period's progress reports and samples: one Report to a server that takes
+        it, else each report and the samples' batch apart (nothing, when there are none)."""
+        if not progress and not samples:
+            return
+        if self.takes_reports:
+            batch = agent_pb2.MetricBatch(samples=samples)
+            self.send(report=agent_pb2.Report(progress=progress, metrics=batch))
+            return
+        for one in progress:
+            self.send(progress=one)
+        if samples:
+            self.send(metrics=agent_pb2.MetricBatch(samples=samples))
 
     def report(
         self,

@@ -9,11 +9,11 @@ workers that run: a START is acknowledged and answered READY, a RELEASE RUNNING,
 worker exits after the seconds its environment asks (``SIM_SECONDS``, default 60) with the
 code it asks (``SIM_EXIT``, default 0), or when stopped. While it runs it writes a log line
 every ``SIM_LINE_SECONDS`` (1 s), each carrying the time it was written, so a follower can
-tell how late a line came; every 5 s (the agent's sample period) a Progress and a MetricBatch
-of the real agent's metrics (CPU, memory, OOM kills, each GPU's utilisation). Log tails and
-follows are answered from the lines kept. Unlike the real agent it keeps no outbox: after a
-lost stream it says hello again with its workers and goes on, without resending what was not
-acknowledged.
+tell how late a line came; every 5 s (the agent's sample period) a Report: each worker's
+Progress and a MetricBatch of the real agent's metrics (CPU, memory, OOM kills, each GPU's
+utilisation), apart to a server older than protocol 4. Log tails and follows are answered
+from the lines kept. Unlike the real agent it keeps no outbox: after a lost stream it says
+hello again with its workers and goes on, without resending what was not acknowledged.
 
 ``python -m bench.fleet --machines 100 --seconds 120`` starts ``astraeus serve`` (embedded
 broker: its jobs, ticks and passes in the same process) on a fresh PostgreSQL database, joins
@@ -53,7 +53,7 @@ HEARTBEAT_S = 10.0  # agent/config.py AgentConfig.heartbeat_seconds
 SAMPLE_S = 5.0  # AgentConfig.sample_seconds
 LINE_S = 1.0
 KEPT_LINES = 2000
-PROTOCOL = 3  # ends reported as causes (issue 22)
+PROTOCOL = 4  # ends reported as causes (issue 22); a Report a period (issue 40)
 STAMP = re.compile(r"@(\d+\.\d+)$")
 STEP = re.compile(r"^step (\d+) of ")
 
@@ -108,6 +108,7 @@ class SimMachine:
         self.welcomed = asyncio.Event()
         self.machine_id = 0
         self.sent_at = 0.0  # when a message was last queued (time.monotonic())
+        self.takes_reports = False  # the server's Welcome said protocol 4: a Report a period
 
     @property
     def counters(self) -> Counters:
@@ -221,11 +222,12 @@ class SimMachine:
         """What agent/metrics.py's Sampler sends for the running workers every 5 s."""
         at_ms = int(time.time() * 1000)
         samples: list[agent_pb2.Sample] = []
+        progress: list[agent_pb2.Progress] = []
         for w in self.workers.values():
             if not w.started or w.ended:
                 continue
-            self.send(
-                progress=agent_pb2.Progress(
+            progress.append(
+                agent_pb2.Progress(
                     worker_id=w.worker_id, attempt=w.attempt, step=w.written, at_ms=at_ms
                 )
             )
@@ -254,6 +256,12 @@ class SimMachine:
                         value=0.6 + 0.4 * random.random(),
                     )
                 )
+        if self.takes_reports and (progress or samples):  # as agent/state.py Outgoing.reports
+            batch = agent_pb2.MetricBatch(samples=samples)
+            self.send(report=agent_pb2.Report(progress=progress, metrics=batch))
+            return
+        for one in progress:
+            self.send(progress=one)
         if samples:
             self.send(metrics=agent_pb2.MetricBatch(samples=samples))
 
@@ -283,6 +291,7 @@ class SimMachine:
         kind = message.WhichOneof("body")
         if kind == "welcome":
             self.machine_id = message.welcome.machine_id
+            self.takes_reports = message.welcome.protocol >= 4
             if not self.welcomed.is_set():
                 self.counters.welcomed += 1
             self.welcomed.set()

@@ -186,7 +186,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         log.info("machine %s connected", machine.name)
         stream.send(
             welcome=agent_pb2.Welcome(
-                machine_id=machine.id, lease_seconds=int(self.lease.total_seconds())
+                machine_id=machine.id,
+                lease_seconds=int(self.lease.total_seconds()),
+                protocol=SERVER_PROTOCOL,
             )
         )
         stream.send(ack=agent_pb2.Ack(up_to=first.id))
@@ -376,6 +378,9 @@ BUSY = "The server is busy (no database connection free in time): try again shor
 # The protocol revision agents must speak: 2 names workers by id (issue 17); 3 reports how a
 # worker ended as a typed cause, not a sentence (issue 22).
 PROTOCOL = 3
+# The revision the server speaks, told in the Welcome: 4 takes a Report (a sample period's
+# progress and samples in one message, issue 40); an agent sends one only to such a server.
+SERVER_PROTOCOL = 4
 OLD_AGENT = (
     "This agent speaks an older protocol (it names workers by name, or says how they ended in "
     "sentences): upgrade it to the server's version."

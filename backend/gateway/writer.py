@@ -64,19 +64,39 @@ def _group(
     machine sending more than its writer's round trips allowed (a busy server) fell minutes
     behind, its workers' ends queued behind its progress. Batched messages are each written
     as many times as asked (written again they change nothing), so a group is tried again
-    whole. Returns the group, and the message taken that ends it (written next), if any."""
-    group = [first]
-    if not _groups(first, handlers):
+    whole. A Report counts as its parts (``parts``), all in one group: it is acknowledged
+    once all are written. Returns the group, and the message taken that ends it (written
+    next), if any."""
+    group = parts(first)
+    if not all(_groups(m, handlers) for m in group):
         return group, None
-    samples = first.WhichOneof("body") == "metrics"
+    samples = any(m.WhichOneof("body") == "metrics" for m in group)
     while len(group) < GROUP_MAX and not waiting.empty():
         message = waiting.get_nowait()
-        is_samples = message.WhichOneof("body") == "metrics"
-        if not _groups(message, handlers) or (samples and is_samples):
+        more = parts(message)
+        more_samples = any(m.WhichOneof("body") == "metrics" for m in more)
+        if (
+            not all(_groups(m, handlers) for m in more)
+            or (samples and more_samples)
+            or len(group) + len(more) > GROUP_MAX
+        ):
             return group, message
-        samples |= is_samples
-        group.append(message)
+        samples |= more_samples
+        group.extend(more)
     return group, None
+
+
+def parts(message: agent_pb2.AgentMessage) -> list[agent_pb2.AgentMessage]:
+    """A Report as the messages an agent of protocol 3 sends for it, each with the report's
+    id: each worker's Progress, then the MetricBatch (issue 40: one message a period for a
+    machine, written as before). An empty one is a heartbeat. Any other message is itself."""
+    if message.WhichOneof("body") != "report":
+        return [message]
+    report = message.report
+    out = [agent_pb2.AgentMessage(id=message.id, progress=p) for p in report.progress]
+    if report.metrics.samples:
+        out.append(agent_pb2.AgentMessage(id=message.id, metrics=report.metrics))
+    return out or [agent_pb2.AgentMessage(id=message.id, heartbeat=agent_pb2.Heartbeat())]
 
 
 def _groups(message: agent_pb2.AgentMessage, handlers: MessageHandlers) -> bool:

@@ -17,7 +17,17 @@ from backend.gateway import service as agents
 from backend.lifecycle import service as lifecycle
 from backend.machine_identity import service as identity
 from backend.machine_identity.rules import hash_token
-from backend.models import AgentCommand, Cluster, Gpu, GpuFault, JoinToken, Machine, Run
+from backend.models import (
+    AgentCommand,
+    Cluster,
+    Gpu,
+    GpuFault,
+    JoinToken,
+    Machine,
+    MetricSample,
+    Run,
+    Worker,
+)
 from backend.secrets import service as secrets
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
@@ -508,5 +518,67 @@ async def test_secret_values_over_the_stream_limit_fail_the_worker_instead_of_th
         last = agent.send(heartbeat=agent_pb2.Heartbeat())  # the stream goes on
         while (await agent.receive("ack")).ack.up_to < last:
             pass
+    finally:
+        await agent.close()
+
+
+async def test_a_report_is_written_as_its_progress_and_samples_sent_apart(
+    endpoint: str, machine_token: str, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    """Protocol 4 (issue 40): the Welcome says the server takes a Report, and a sample
+    period's progress and samples in one message are written as the same messages sent apart,
+    then acknowledged by the report's id."""
+    agent = Agent(endpoint, machine_token)
+    try:
+        agent.send(hello=hello())
+        assert (await agent.receive("welcome")).welcome.protocol == 4
+        world = World(db, clock, tenancy)
+        await world.submit(workers=1, gpus=2)
+        await world.schedule()
+        start = await agent.receive("command")
+        worker_id = start.command.worker_id
+        agent.send(command_ack=agent_pb2.CommandAck(command_ids=[start.command.command_id]))
+        for state in (agent_pb2.WORKER_STATE_READY, agent_pb2.WORKER_STATE_RUNNING):
+            agent.send(
+                worker_event=agent_pb2.WorkerEvent(worker_id=worker_id, attempt=1, state=state)
+            )
+        await agent.receive("command")  # the release
+        at_ms = int(clock.now().timestamp() * 1000)
+        samples = [
+            agent_pb2.Sample(
+                worker_id=worker_id,
+                attempt=1,
+                metric="task_gpu_utilization_ratio",
+                gpu=gpu,
+                at_ms=at_ms,
+                value=0.75,
+            )
+            for gpu in (0, 1)
+        ] + [
+            agent_pb2.Sample(
+                worker_id=worker_id,
+                attempt=1,
+                metric="task_cpu_usage_cores",
+                at_ms=at_ms,
+                value=1.5,
+            )
+        ]
+        progress = agent_pb2.Progress(worker_id=worker_id, attempt=1, step=42, at_ms=at_ms)
+        sent = agent.send(
+            report=agent_pb2.Report(
+                progress=[progress], metrics=agent_pb2.MetricBatch(samples=samples)
+            )
+        )
+        while (await agent.receive("ack")).ack.up_to < sent:
+            pass
+        async with db.read() as session:
+            worker = await session.get(Worker, worker_id)
+            stored = list(
+                await session.scalars(
+                    select(MetricSample.value).where(MetricSample.worker_id == worker_id)
+                )
+            )
+        assert worker is not None and worker.progress_step == 42
+        assert sorted(stored) == [0.75, 0.75, 1.5]  # both GPUs' utilisation, the cores
     finally:
         await agent.close()

@@ -86,3 +86,23 @@ async def test_a_beat_goes_only_after_an_interval_in_which_nothing_else_went(
         beats.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beats
+
+
+async def test_a_periods_reports_go_as_one_report_to_a_server_that_takes_it(
+    tmp_path: Path,
+) -> None:
+    """Protocol 4 (issue 40): a Welcome of protocol 4 or more takes a Report, a period's
+    progress and samples in one message; an older server's, each apart, as it knows them."""
+    agent = unconnected_agent(tmp_path / "data")
+    progress = [agent_pb2.Progress(worker_id=w, attempt=1, step=3) for w in (7, 8)]
+    samples = [agent_pb2.Sample(worker_id=7, metric="task_cpu_usage_cores", value=1.0)]
+    await agent._handle(agent_pb2.ServerMessage(welcome=agent_pb2.Welcome(lease_seconds=60)))
+    agent.outgoing.reports(progress, samples)
+    assert [m.WhichOneof("body") for m in said(agent)] == ["progress", "progress", "metrics"]
+    welcome = agent_pb2.Welcome(lease_seconds=60, protocol=4)
+    await agent._handle(agent_pb2.ServerMessage(welcome=welcome))
+    agent.outgoing.reports(progress, samples)
+    agent.outgoing.reports([], [])  # nothing to say: nothing sent
+    (one,) = said(agent)
+    assert list(one.report.progress) == progress and list(one.report.metrics.samples) == samples
+    assert one.id in agent.outgoing.outbox  # kept until the server has it, as the others
