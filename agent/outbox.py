@@ -4,9 +4,10 @@ nor a restart of the agent loses any of it.
 
 State changes, failure snapshots, command acknowledgements and GPU faults are on disk (synced)
 before they are sent. While the server is away the agent keeps measuring, and keeps what it
-measured, bounded: the metric batches of the last ``KEEP_SECONDS`` (an hour), at most
-``MAX_BATCHES`` of them (an hour at one batch every five seconds), and every progress report (a
-step, or new output) of the last hour, at most ``MAX_PROGRESS`` per worker. Past a bound the
+measured, bounded: the metric batches and reports (a sample period's progress and samples in
+one message, protocol 4) of the last ``KEEP_SECONDS`` (an hour), at most ``MAX_BATCHES`` of
+them (an hour at one every five seconds), and every progress report sent apart (a step, or new
+output) of the last hour, at most ``MAX_PROGRESS`` per worker. Past a bound the
 oldest go first, and the agent says how many went. They are written as they are taken, not
 synced: an agent killed or started again (or `astraeus up`'s, replaced by the next `up` after a
 crash of the first) loses none; a crash of the machine itself, which ends its workers too, may
@@ -37,7 +38,8 @@ MAX_BATCHES = 720
 MAX_PROGRESS = 720  # per worker: an hour of looks at one every five seconds
 KEEP_SECONDS = 3600.0
 DURABLE = {"worker_event", "command_ack", "gpu_health"}
-MEASURED = {"metrics", "progress"}  # on disk too, not synced
+MEASURED = {"metrics", "progress", "report"}  # on disk too, not synced
+PERIODS = {"metrics", "report"}  # one a sample period: bounded together (MAX_BATCHES)
 
 
 class Outbox:
@@ -64,7 +66,7 @@ class Outbox:
     def put(self, message: agent_pb2.AgentMessage) -> None:
         """Keep the message until acknowledged, on disk."""
         kind = message.WhichOneof("body")
-        if kind == "metrics":
+        if kind in PERIODS:
             self._bound_batches(MAX_BATCHES - 1)
         elif kind == "progress":
             self._bound_progress(message.progress.worker_id, MAX_PROGRESS - 1)
@@ -98,7 +100,7 @@ class Outbox:
             self._bound_progress(worker_id, MAX_PROGRESS)
 
     def _bound_batches(self, keep: int) -> None:
-        batches = [i for i, m in self.messages.items() if m.WhichOneof("body") == "metrics"]
+        batches = [i for i, m in self.messages.items() if m.WhichOneof("body") in PERIODS]
         for message_id in batches[: max(len(batches) - keep, 0)]:
             self._drop(message_id)
 
@@ -126,9 +128,9 @@ class Outbox:
     def _drop(self, message_id: int) -> None:
         message = self.messages.pop(message_id)
         self._path(message_id).unlink(missing_ok=True)
-        if message.WhichOneof("body") == "metrics":
+        if message.WhichOneof("body") in PERIODS:
             self.dropped_batches += 1
-            dropped, what = self.dropped_batches, "metric batches"
+            dropped, what = self.dropped_batches, "metric batches and reports"
         else:
             self.dropped_progress += 1
             dropped, what = self.dropped_progress, "progress reports"
@@ -148,11 +150,15 @@ class Outbox:
 
 
 def _taken_ms(message: agent_pb2.AgentMessage) -> int | None:
-    """When a sample batch or a progress report was taken (Unix ms); None for what is kept
-    whatever its age (state changes, acknowledgements, GPU faults)."""
+    """When a sample batch, a progress report or a report of both was taken (Unix ms); None
+    for what is kept whatever its age (state changes, acknowledgements, GPU faults)."""
     kind = message.WhichOneof("body")
     if kind == "metrics" and message.metrics.samples:
         return max(s.at_ms for s in message.metrics.samples)
     if kind == "progress":
         return message.progress.at_ms or None
+    if kind == "report":
+        report = message.report
+        taken = [s.at_ms for s in report.metrics.samples] + [p.at_ms for p in report.progress]
+        return max(taken, default=0) or None
     return None

@@ -141,9 +141,8 @@ def test_a_crash_of_up_loses_no_minute_of_what_its_workload_did(
     assert instance.holder(agent_dir) == first
     # What it measured meanwhile waits on disk, for whichever agent sends it.
     kept = [agent_pb2.AgentMessage.FromString(p.read_bytes()) for p in outbox(agent_dir)]
-    assert any(
-        s.at_ms > away_from * 1000 for m in kept if m.HasField("metrics") for s in m.metrics.samples
-    ), kept
+    samples = [s for m in kept for s in (*m.metrics.samples, *m.report.metrics.samples)]
+    assert any(s.at_ms > away_from * 1000 for s in samples), kept  # as batches or in reports
 
     server.log = tmp_path / "up-again.log"  # the first agent still writes to the first one
     away_to = time.time()

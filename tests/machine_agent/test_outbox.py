@@ -173,3 +173,38 @@ def test_what_a_restarted_agent_finds_on_disk_is_bounded_as_what_it_keeps(
     assert (again.dropped_batches, again.dropped_progress) == (2, 1)
     assert stale.id not in again
     assert len(list(tmp_path.glob("*.pb"))) == 6
+
+
+def report(box: Outbox, at_s: float) -> agent_pb2.AgentMessage:
+    """A sample period's Report (protocol 4): a worker's progress and its samples."""
+    at_ms = int(at_s * 1000)
+    sample = agent_pb2.Sample(worker_id=41, metric="task_cpu_usage_cores", at_ms=at_ms, value=1)
+    message = agent_pb2.AgentMessage(
+        id=box.next_id(),
+        report=agent_pb2.Report(
+            progress=[agent_pb2.Progress(worker_id=41, step=1, at_ms=at_ms)],
+            metrics=agent_pb2.MetricBatch(samples=[sample]),
+        ),
+    )
+    box.put(message)
+    return message
+
+
+def test_reports_are_kept_on_disk_and_bounded_as_the_batches_they_replace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40: a Report holds what a metric batch and the progress reports held, so it is
+    kept as they are while the server is away: on disk (a restarted agent finds it), at most
+    MAX_BATCHES of them and of batches together, none older than KEEP_SECONDS."""
+    monkeypatch.setattr(outbox_module, "MAX_BATCHES", 3)
+    box = Outbox(tmp_path)
+    now = time.time()
+    stale = report(box, now - outbox_module.KEEP_SECONDS - 10)
+    kept = [report(box, now - 20), batch(box, now - 15), report(box, now - 10)]
+    assert [m.id for m in box.pending()] == [m.id for m in kept]  # the stale one went by age
+    assert stale.id not in box and box.dropped_batches == 1
+    newest = report(box, now - 5)  # a fourth: the oldest of the three goes
+    assert [m.id for m in box.pending()] == [kept[1].id, kept[2].id, newest.id]
+    again = Outbox(tmp_path)  # the agent started again: what it finds on disk
+    assert [m.id for m in again.pending()] == [kept[1].id, kept[2].id, newest.id]
+    assert again.pending()[2].report == newest.report
