@@ -48,18 +48,9 @@ class Outgoing:
         self.sent_at = time.monotonic()
 
     def reports(self, progress: list[agent_pb2.Progress], samples: list[agent_pb2.Sample]) -> None:
-        """A sample period's progress reports and samples: one Report to a server that takes
-        it, else each report and the samples' batch apart (nothing, when there are none)."""
-        if not progress and not samples:
-            return
-        if self.takes_reports:
-            batch = agent_pb2.MetricBatch(samples=samples)
-            self.send(report=agent_pb2.Report(progress=progress, metrics=batch))
-            return
-        for one in progress:
-            self.send(progress=one)
-        if samples:
-            self.send(metrics=agent_pb2.MetricBatch(samples=samples))
+        """A sample period's progress reports and samples (``period_bodies``)."""
+        for body in period_bodies(progress, samples, reports=self.takes_reports):
+            self.send(**body)
 
     def report(
         self,
@@ -73,6 +64,23 @@ class Outgoing:
         """A change of ``worker``: its end (``exit``), or while it prepares or pulls what it
         waits for, named (and how far, in ``detail``); the server writes the sentences."""
         self.send(worker_event=worker_event(worker, state, exit, waits=waits, detail=detail))
+
+
+def period_bodies(
+    progress: list[agent_pb2.Progress], samples: list[agent_pb2.Sample], *, reports: bool
+) -> list[dict[str, Any]]:
+    """The messages' bodies of a sample period: one Report to a server that takes it
+    (``reports``: its Welcome said protocol 4), else each progress report and the samples'
+    batch apart; none when there is nothing to say."""
+    if not progress and not samples:
+        return []
+    if reports:
+        batch = agent_pb2.MetricBatch(samples=samples)
+        return [{"report": agent_pb2.Report(progress=progress, metrics=batch)}]
+    bodies: list[dict[str, Any]] = [{"progress": one} for one in progress]
+    if samples:
+        bodies.append({"metrics": agent_pb2.MetricBatch(samples=samples)})
+    return bodies
 
 
 def worker_event(

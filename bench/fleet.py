@@ -46,6 +46,7 @@ import httpx
 import psycopg
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
+from agent.state import period_bodies
 from bench.common import OUT, fresh_database, save
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
@@ -256,14 +257,8 @@ class SimMachine:
                         value=0.6 + 0.4 * random.random(),
                     )
                 )
-        if self.takes_reports and (progress or samples):  # as agent/state.py Outgoing.reports
-            batch = agent_pb2.MetricBatch(samples=samples)
-            self.send(report=agent_pb2.Report(progress=progress, metrics=batch))
-            return
-        for one in progress:
-            self.send(progress=one)
-        if samples:
-            self.send(metrics=agent_pb2.MetricBatch(samples=samples))
+        for body in period_bodies(progress, samples, reports=self.takes_reports):
+            self.send(**body)  # as the agent sends them (agent/state.py)
 
     def report(
         self,
