@@ -5,9 +5,9 @@ lines are kept as the archived log, served until a new process of the same worke
 them. Logs are never sent anywhere unless asked.
 
 Beside each log, ``.times`` says when its output arrived: one fixed-size record (byte offset,
-Unix milliseconds) per write in a new millisecond, so the time of any line is found by a binary
-search, and a tail can show each line with its time (``docker logs -t`` style) without the text
-carrying it.
+Unix milliseconds) per write in a new millisecond, written before the write's text, so the time
+of any line is found by a binary search, and a tail can show each line with its time (``docker
+logs -t`` style) without the text carrying it.
 
 Every read is bounded, so that one workload cannot stall the machine: a line is cut at 64 KiB
 with a marker as it is written; a tail reads at most 1 MiB from the file's end, backwards a
@@ -63,14 +63,16 @@ class WorkerLog:
         data = self.line.cut(data)
         if not data:
             return
+        ms = at_ms if at_ms is not None else int(time.time() * 1000)
         with self.current.open("ab") as f:
             offset = f.tell()
+            if ms != self.last_ms:  # writes in one millisecond share its record
+                # the time before the text: a reader in another process (the agent's sampler,
+                # a follow) that sees the text finds its time, never the write before's
+                with _times(self.current).open("ab") as times:
+                    times.write(TIME.pack(offset, ms))
+                self.last_ms = ms
             f.write(data)
-        ms = at_ms if at_ms is not None else int(time.time() * 1000)
-        if ms != self.last_ms:  # writes in one millisecond share its record
-            with _times(self.current).open("ab") as f:
-                f.write(TIME.pack(offset, ms))
-            self.last_ms = ms
         if offset + len(data) > MAX_LOG_BYTES:
             self._cut_back()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from pathlib import Path
 
@@ -259,3 +260,33 @@ def test_a_follower_brings_a_long_line_cut_with_its_marker(tmp_path: Path) -> No
     assert follower.read() == (f"{cut}\nnext\n", 0)
     log.append(b"last, without its newline")
     assert follower.rest() == "last, without its newline\n"
+
+
+def _write_numbered(root: Path, count: int) -> None:
+    log = WorkerLog(root, "w")
+    for i in range(1, count + 1):
+        log.append(b"line\n", at_ms=i)  # write i, dated i
+
+
+def test_a_reader_that_sees_a_write_finds_its_time(tmp_path: Path) -> None:
+    """The sampler reads a log's size, then its last write's time, while the shim writes in
+    another process: a write's time is recorded before its text, so a size that shows a write
+    never comes with an older time (the CI found a Slurm job's last line dated when the agent
+    next looked, 1.8 s after it was written: its text was seen before its time record)."""
+    log = WorkerLog(tmp_path, "w")
+    log.begin()
+    writer = multiprocessing.get_context("spawn").Process(
+        target=_write_numbered, args=(tmp_path, 3000)
+    )
+    writer.start()
+    looks = 0
+    try:
+        while writer.is_alive() or looks == 0:
+            size = log.size()
+            written = log.last_written_ms()
+            if size:
+                assert written is not None and written >= size // len(b"line\n"), (size, written)
+            looks += 1
+    finally:
+        writer.join(30)
+    assert log.size() == 3000 * len(b"line\n") and log.last_written_ms() == 3000
