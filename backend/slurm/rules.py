@@ -375,6 +375,24 @@ def machine_state(node: SlurmNode) -> tuple[str, str]:
     return "ready", f"Slurm: {node.state}"
 
 
+def without_stubs(accounted: list[SlurmJob]) -> list[SlurmJob]:
+    """Accounting's records less those of jobs slurmdbd has only heard began: a job's start
+    reaches it before the job's own record, and it lists the job meanwhile named "allocation",
+    in no partition, asking for nothing; an array's last task, whose id is the array's, under
+    the array's id with no task ("34" for "34_3"). Such a record is read at the next import,
+    once the job's record has come (a job still queued is read from the queue meanwhile).
+
+    Every job Slurm accepts is in a partition. Kept of those in none: a job cancelled before it
+    ran, which slurmdbd may only ever hear of by its end (``merge`` takes what it asked from
+    the controller), unless its id is an array's."""
+    arrays = {j.job_id.split("_", 1)[0] for j in accounted if "_" in j.job_id}
+    return [
+        j
+        for j in accounted
+        if j.partition or (ended(j) and j.start is None and j.job_id not in arrays)
+    ]
+
+
 def merge(accounted: list[SlurmJob], queued: list[SlurmJob]) -> list[SlurmJob]:
     """One record per job: the live queue's for a job still in it (slurmctld's view is newer
     than accounting's, and only it has a pending job's reason), else accounting's. A job that

@@ -224,14 +224,14 @@ async def read(
     ``tracked``: the jobs whose runs are live here, asked for by id when the queue no longer
     has them and accounting's window does not list them (a job cancelled while pending)."""
     queued = await commands.queue()
-    accounted = await commands.accounting(since, now + timedelta(minutes=1))
+    accounted = rules.without_stubs(await commands.accounting(since, now + timedelta(minutes=1)))
     seen = {j.job_id for j in accounted} | {
         j.job_id for j in queued if j.state in rules.LIVE_STATES
     }
     missing = [job_id for job_id in tracked if job_id not in seen]
     not_jobs: list[str] = []
     if missing:
-        answered = await commands.jobs(missing)
+        answered = rules.without_stubs(await commands.jobs(missing))
         accounted += answered
         not_jobs = parsing.not_jobs(missing, [j.job_id for j in answered])
     found_nodes = await commands.nodes()

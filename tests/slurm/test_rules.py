@@ -11,7 +11,7 @@ import pytest
 from backend.lifecycle import external
 from backend.lifecycle.states import Phase, Wait
 from backend.scheduling.rules import ANOTHER_WORKSPACE
-from backend.slurm import rules
+from backend.slurm import parsing, rules
 from backend.slurm.rules import Ahead, SlurmJob
 
 T = datetime(2026, 12, 3, 11, 0, 0, tzinfo=UTC)
@@ -209,6 +209,62 @@ def test_a_job_cancelled_before_it_ran_asks_what_the_controller_says() -> None: 
     ran = job(job_id="8", state="CANCELLED", start=T, end=cancel, gpus=1, nodes=("vm",))
     (kept,) = rules.merge([ran], [replace(ran, gpus=4, name="renamed")])
     assert (kept.gpus, kept.name) == (1, "train")
+
+
+# What sacct --json --jobs=16 printed of array 16 ("--array=1-3%1") as its last task, 16_3,
+# began (cut): slurmdbd had the task's start, not yet its record; the task's id is the array's.
+LAST_TASK_BEGUN = {
+    "account": "alpha",
+    "allocation_nodes": 0,
+    "array": {
+        "job_id": 0,
+        "limits": {"max": {"running": {"tasks": 0}}},
+        "task": None,
+        "task_id": None,
+    },
+    "het": {"job_id": 0, "job_offset": None},
+    "job_id": 16,
+    "name": "allocation",
+    "nodes": "vm",
+    "partition": "",
+    "priority": 0,
+    "state": {"current": "PENDING", "reason": "None"},
+    "exit_code": {"status": "SUCCESS", "return_code": 0},
+    "time": {
+        "elapsed": 0,
+        "eligible": 0,
+        "end": 0,
+        "start": 1796434583,
+        "submission": 1796434578,
+        "limit": 0,
+    },
+    "tres": {"allocated": [], "requested": []},
+    "user": "root",
+}
+
+
+def test_a_job_slurmdbd_only_heard_began_is_read_once_its_record_comes() -> None:  # issue 38
+    """slurmdbd hears a job began before it has the job's record: sacct lists it meanwhile
+    named "allocation", in no partition, asking for nothing, an array's last task under the
+    array's id (the CI's import made a run made of array 34's pending tasks, "34", Completed
+    from it). Left for the next import: a job still queued is the queue's meanwhile; one
+    cancelled before it ran is kept (slurmdbd may only ever hear of its end)."""
+    read = parsing.parse_sacct({"errors": [], "jobs": [LAST_TASK_BEGUN]})
+    (stub,) = read.found
+    assert (stub.job_id, stub.partition, stub.start is not None) == ("16", "", True)
+    tasks = [job(job_id=f"16_{k}", state="COMPLETED", start=T, end=T) for k in (1, 2)]
+    assert rules.without_stubs([*tasks, stub]) == tasks
+    assert rules.without_stubs([replace(stub, state="COMPLETED", end=T)]) == []
+    # a plain job's: the queue's record of it stands
+    began = replace(stub, job_id="17")
+    running = job(job_id="17", state="RUNNING", start=T, nodes=("vm",), gpus=2)
+    (merged,) = rules.merge(rules.without_stubs([began]), [running])
+    assert (merged.name, merged.partition, merged.gpus) == ("train", "gpu", 2)
+    # a job cancelled before it ran: kept, unless its id is an array's
+    cancelled = job(job_id="18", name="allocation", partition="", state="CANCELLED", end=T)
+    assert rules.without_stubs([cancelled]) == [cancelled]
+    array_task = job(job_id="18_1", state="CANCELLED", end=T)
+    assert rules.without_stubs([cancelled, array_task]) == [array_task]
 
 
 def test_an_instance_requeued_within_the_second_it_started_holds_nothing_more() -> None:  # 38
