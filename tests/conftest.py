@@ -49,7 +49,7 @@ from backend.models import Base
 from tests import support
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy, make_tenancy, searchable, server_settings
-from tests.support.cpu import CpuWatch
+from tests.support.cpu import CpuWatch, process_cpu_seconds
 from tests.support.sandboxed import move_temp_out_of_tmp
 
 # Fixtures of tests/support that test modules in more than one folder use (issue 22: no test
@@ -325,9 +325,30 @@ MODULES_SHOWN = 25
 CPU_WATCH = CpuWatch()
 
 
+# And the CPU time each module cost: the lane's own process and the processes it started and
+# waited for (servers, agents, workloads, Chromium), phase by phase (tests/support/cpu.py). The
+# cores are `make test`'s limit; a module's CPU seconds, not its wall time, are what it takes
+# from the others. Daemons not started by a test (PostgreSQL, Redis, Slurm's) are not counted.
+MODULE_CPU: dict[str, float] = {}
+CPU_PROPERTY = "cpu_s"
+_LANE_CPU = [process_cpu_seconds()]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    now = process_cpu_seconds()
+    report.user_properties.append((CPU_PROPERTY, now - _LANE_CPU[0]))
+    _LANE_CPU[0] = now
+    return report
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     module = report.nodeid.split("::")[0]
     MODULE_SECONDS[module] = MODULE_SECONDS.get(module, 0.0) + report.duration
+    for name, value in report.user_properties:
+        if name == CPU_PROPERTY:
+            MODULE_CPU[module] = MODULE_CPU.get(module, 0.0) + float(value)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -338,6 +359,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     ranked = sorted(MODULE_SECONDS.items(), key=lambda m: -m[1])[:MODULES_SHOWN]
     for module, seconds in ranked:
         terminalreporter.write_line(f"{seconds:8.1f} s  {module}")
+    if MODULE_CPU:
+        cpu_total = sum(MODULE_CPU.values())
+        terminalreporter.section(
+            f"the {MODULES_SHOWN} modules that cost the most CPU (of {cpu_total:.0f} CPU-s in all)"
+        )
+        costly = sorted(MODULE_CPU.items(), key=lambda m: -m[1])[:MODULES_SHOWN]
+        for module, seconds in costly:
+            terminalreporter.write_line(f"{seconds:8.1f} CPU-s  {module}")
     cpu = CPU_WATCH.summary()
     if cpu is not None:
         terminalreporter.write_line(cpu)

@@ -9,6 +9,7 @@ that runs the session (pytest-xdist's controller), whatever else runs on the mac
 from __future__ import annotations
 
 import os
+import resource
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,13 @@ def cpu_ticks() -> tuple[int, int] | None:
     # user nice system idle iowait irq softirq steal
     ticks = [int(value) for value in first[1:9]]
     return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def process_cpu_seconds() -> float:
+    """The CPU time (user and system) of this process and of the children it has waited for."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 @dataclass
