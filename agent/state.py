@@ -66,17 +66,27 @@ class Outgoing:
         self.send(worker_event=worker_event(worker, state, exit, waits=waits, detail=detail))
 
 
+# A Report's progress entries, at most (the server refuses a report of more: backend/gateway/
+# writer.py MAX_REPORT_PROGRESS): a machine of more workers sends its period in several.
+REPORT_PROGRESS = 1024
+
+
 def period_bodies(
     progress: list[agent_pb2.Progress], samples: list[agent_pb2.Sample], *, reports: bool
 ) -> list[dict[str, Any]]:
     """The messages' bodies of a sample period: one Report to a server that takes it
-    (``reports``: its Welcome said protocol 4), else each progress report and the samples'
-    batch apart; none when there is nothing to say."""
+    (``reports``: its Welcome said protocol 4; more than one for more than REPORT_PROGRESS
+    workers' progress), else each progress report and the samples' batch apart; none when
+    there is nothing to say."""
     if not progress and not samples:
         return []
     if reports:
         batch = agent_pb2.MetricBatch(samples=samples)
-        return [{"report": agent_pb2.Report(progress=progress, metrics=batch)}]
+        first = agent_pb2.Report(progress=progress[:REPORT_PROGRESS], metrics=batch)
+        rest = range(REPORT_PROGRESS, len(progress), REPORT_PROGRESS)
+        return [{"report": first}] + [
+            {"report": agent_pb2.Report(progress=progress[i : i + REPORT_PROGRESS])} for i in rest
+        ]
     bodies: list[dict[str, Any]] = [{"progress": one} for one in progress]
     if samples:
         bodies.append({"metrics": agent_pb2.MetricBatch(samples=samples)})

@@ -33,7 +33,7 @@ from backend.gateway.leases import LeaseKeeper, renew_interval
 from backend.gateway.seen_lines import SeenLines
 from backend.gateway.service import HelloInfo, KnownWorker
 from backend.gateway.streams import MachineStream, StreamHook, Streams
-from backend.gateway.writer import MessageWriter
+from backend.gateway.writer import MessageWriter, report_refusal
 from backend.logs.service import LogText, WorkerRef
 from backend.machine_identity import service as identity
 from backend.machine_identity.rules import MachinePrincipal
@@ -329,6 +329,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             self.leases.note(stream.machine_id)
             if message.WhichOneof("body") == "reply":
                 _answered(stream, message.reply)
+            refusal = report_refusal(message)
+            if refusal is not None:
+                log.warning("machine %s: %s", stream.machine_id, refusal)
+                message = agent_pb2.AgentMessage(id=message.id, heartbeat=agent_pb2.Heartbeat())
             await stream.received.put(message)
 
     @property

@@ -86,6 +86,28 @@ def _group(
     return group, None
 
 
+# A Report's progress entries, at most: one a worker, and an agent with more workers sends
+# its period's progress in several reports (agent/state.py REPORT_PROGRESS, equal). Each entry
+# locks and moves its worker's row in the group's transaction: a forged agent's 4 MiB of them
+# (about 200 000) would hold one transaction, and the writers, for as long.
+MAX_REPORT_PROGRESS = 1024
+
+
+def report_refusal(message: agent_pb2.AgentMessage) -> str | None:
+    """Why a message is refused before it is queued to be written, if it is: a Report of more
+    progress entries than a report holds. A refusal is cheap: the message is taken as a sign
+    of life, acknowledged, and nothing of it written."""
+    if message.WhichOneof("body") != "report":
+        return None
+    count = len(message.report.progress)
+    if count <= MAX_REPORT_PROGRESS:
+        return None
+    return (
+        f"a Report of {count} progress entries refused (at most {MAX_REPORT_PROGRESS} a "
+        "report, one a worker): nothing of it written"
+    )
+
+
 def parts(message: agent_pb2.AgentMessage) -> list[agent_pb2.AgentMessage]:
     """A Report as the messages an agent of protocol 3 sends for it, each with the report's
     id: each worker's Progress, then the MetricBatch (issue 40: one message a period for a

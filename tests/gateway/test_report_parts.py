@@ -8,9 +8,10 @@ import asyncio
 
 from astraeus.agent.v1 import agent_pb2
 
+from agent.state import REPORT_PROGRESS, period_bodies
 from backend.gateway.handlers import MessageHandlers
 from backend.gateway.streams import Streams
-from backend.gateway.writer import GROUP_MAX, _group, parts
+from backend.gateway.writer import GROUP_MAX, MAX_REPORT_PROGRESS, _group, parts, report_refusal
 from tests.support import FakeClock
 
 HANDLERS = MessageHandlers(FakeClock(), Streams())
@@ -59,3 +60,25 @@ def test_a_report_is_never_split_between_groups() -> None:
     event = agent_pb2.AgentMessage(id=9, worker_event=agent_pb2.WorkerEvent(worker_id=1))
     group, carried = _group(report(1, 1), waiting(event), HANDLERS)
     assert kinds(group) == [(1, "progress"), (1, "metrics")] and carried is event
+
+
+def test_a_report_of_more_progress_than_a_report_holds_is_refused() -> None:
+    """A forged agent's Report of 4 MiB of progress entries (about 200 000) would hold the
+    writers' transaction as long: one of more than a report holds is refused, cheaply, and
+    says the bound. The agent never sends one: a period of more workers is several reports."""
+    assert report_refusal(report(1, MAX_REPORT_PROGRESS)) is None
+    assert report_refusal(agent_pb2.AgentMessage(id=2, heartbeat=agent_pb2.Heartbeat())) is None
+    refusal = report_refusal(report(3, MAX_REPORT_PROGRESS + 1))
+    assert refusal == (
+        "a Report of 1025 progress entries refused (at most 1024 a report, one a worker): "
+        "nothing of it written"
+    )
+    assert REPORT_PROGRESS == MAX_REPORT_PROGRESS
+    progress = [agent_pb2.Progress(worker_id=w, attempt=1) for w in range(1, 2501)]
+    sample = agent_pb2.Sample(worker_id=1, metric="task_cpu_usage_cores")
+    bodies = period_bodies(progress, [sample], reports=True)
+    sent = [body["report"] for body in bodies]
+    assert [len(r.progress) for r in sent] == [1024, 1024, 452]
+    assert [len(r.metrics.samples) for r in sent] == [1, 0, 0]
+    assert [p.worker_id for r in sent for p in r.progress] == list(range(1, 2501))
+    assert all(report_refusal(agent_pb2.AgentMessage(report=r)) is None for r in sent)

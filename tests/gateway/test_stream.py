@@ -582,3 +582,45 @@ async def test_a_report_is_written_as_its_progress_and_samples_sent_apart(
         assert sorted(stored) == [0.75, 0.75, 1.5]  # both GPUs' utilisation, the cores
     finally:
         await agent.close()
+
+
+async def test_a_forged_agents_report_of_200_000_progress_entries_is_refused(
+    endpoint: str,
+    machine_token: str,
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 40: a Report's progress is one entry a worker; a forged agent's 4 MiB message of
+    200 000 would hold the writers' transaction for as long. It is refused, said in the log
+    with the bound, acknowledged; nothing of it is written, and the stream goes on."""
+    agent = Agent(endpoint, machine_token)
+    try:
+        world = World(db, clock, tenancy)
+        start = await one_worker_started(agent, world)
+        worker_id = start.command.worker_id
+        agent.send(command_ack=agent_pb2.CommandAck(command_ids=[start.command.command_id]))
+        for state in (agent_pb2.WORKER_STATE_READY, agent_pb2.WORKER_STATE_RUNNING):
+            agent.send(
+                worker_event=agent_pb2.WorkerEvent(worker_id=worker_id, attempt=1, state=state)
+            )
+        await agent.receive("command")  # the release
+        at_ms = int(clock.now().timestamp() * 1000)
+        flood = [
+            agent_pb2.Progress(worker_id=worker_id, attempt=1, step=step, at_ms=at_ms)
+            for step in range(1, 200_001)
+        ]
+        assert agent_pb2.Report(progress=flood).ByteSize() < 4 * 2**20
+        sent = agent.send(report=agent_pb2.Report(progress=flood))
+        while (await agent.receive("ack")).ack.up_to < sent:
+            pass
+        assert (await world.workers("llama-sft"))[0].progress_step is None
+        assert "a Report of 200000 progress entries refused (at most 1024" in caplog.text
+        one = agent_pb2.Progress(worker_id=worker_id, attempt=1, step=7, at_ms=at_ms)
+        sent = agent.send(report=agent_pb2.Report(progress=[one]))
+        while (await agent.receive("ack")).ack.up_to < sent:
+            pass
+        assert (await world.workers("llama-sft"))[0].progress_step == 7
+    finally:
+        await agent.close()
