@@ -171,30 +171,52 @@ SETTLE = timedelta(seconds=5)
 async def samples_arrived(
     session: AsyncSession, clock: Clock, machine_id: int, earliest: dict[int, datetime]
 ) -> dict[int, datetime]:
-    """A machine's GPU utilisation samples, just stored, the earliest of each worker: those of
-    a minute the tick has counted already (the agent kept them while the server was away)
-    make it count the worker again from that minute, if it ended at most
-    ``rules.LATE_SAMPLES_WINDOW`` ago (older ones are kept, and not counted again). Returns the
-    recounts asked for.
+    """One machine's ``machines_samples_arrived``."""
+    return await machines_samples_arrived(session, clock, {machine_id: earliest})
+
+
+async def machines_samples_arrived(
+    session: AsyncSession, clock: Clock, earliest: dict[int, dict[int, datetime]]
+) -> dict[int, datetime]:
+    """Machines' GPU utilisation samples, just stored, the earliest of each worker, by
+    machine: those of a minute the tick has counted already (the agent kept them while the
+    server was away) make it count the worker again from that minute, if it ended at most
+    ``rules.LATE_SAMPLES_WINDOW`` ago (older ones are kept, and not counted again); a worker's
+    counts only from the machine it is placed on. Returns the recounts asked for.
 
     Read after the samples are written, with the tick's mark held shared: a tick under way is
     waited for and its mark read (it could not see these samples); a tick that starts later
-    waits for this transaction, and sees them."""
+    waits for this transaction, and sees them. The mark is read once for many machines' (a
+    batch of the agent stream's writers, issue 40)."""
     now = clock.now()
-    maybe = {w: at for w, at in earliest.items() if at < minute_floor(now + SETTLE)}
+    settled = minute_floor(now + SETTLE)
+    maybe = {
+        machine: found
+        for machine, workers in earliest.items()
+        if (found := {w: at for w, at in workers.items() if at < settled})
+    }
     if not maybe:
         return {}
     counted = await repository.share_mark(session)
     if counted is None:
         return {}
     oldest = minute_floor(now) - rules.LATE_SAMPLES_WINDOW
-    since = {w: max(minute_floor(at), oldest) for w, at in maybe.items()}
-    since = {w: at for w, at in since.items() if at < counted}
-    if since:
-        placed = await repository.placed_on(session, machine_id, list(since))
-        since = {w: at for w, at in since.items() if w in placed}
-        await repository.add_recounts(session, since)
-    return since
+    asked: dict[int, dict[int, datetime]] = {}
+    for machine, workers in maybe.items():
+        since = {w: max(minute_floor(at), oldest) for w, at in workers.items()}
+        if since := {w: at for w, at in since.items() if at < counted}:
+            asked[machine] = since
+    if not asked:
+        return {}
+    placed = await repository.placed_on(session, {m: list(since) for m, since in asked.items()})
+    recounts = {
+        w: at
+        for machine, since in asked.items()
+        for w, at in since.items()
+        if (w, machine) in placed
+    }
+    await repository.add_recounts(session, recounts)
+    return recounts
 
 
 async def _import_horizons(

@@ -146,12 +146,15 @@ async def share_mark(session: AsyncSession) -> datetime | None:
     return await session.scalar(query)
 
 
-async def placed_on(session: AsyncSession, machine_id: int, worker_ids: Sequence[int]) -> set[int]:
-    """Those of the workers placed on the machine now."""
-    rows = await session.scalars(
-        select(Worker.id).where(Worker.machine_id == machine_id, Worker.id.in_(list(worker_ids)))
+async def placed_on(session: AsyncSession, workers: dict[int, list[int]]) -> set[tuple[int, int]]:
+    """Of the workers asked for by machine, (worker, machine) of those placed on it now."""
+    ids = [w for worker_ids in workers.values() for w in worker_ids]
+    rows = await session.execute(
+        select(Worker.id, Worker.machine_id).where(
+            Worker.machine_id.in_(list(workers)), Worker.id.in_(ids)
+        )
     )
-    return set(rows)
+    return {(w, m) for w, m in rows if m is not None and w in workers.get(m, ())}
 
 
 async def add_recounts(session: AsyncSession, since: dict[int, datetime]) -> None:

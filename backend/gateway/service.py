@@ -334,9 +334,11 @@ async def reports(
     left.utilization = {key: mean for key, mean in means.items() if key[1] not in rows}
     stored = await metrics_service.ingest_many(session, metrics)
     await repository.record_gpu_utilizations(session, held)
-    for machine_id, samples in metrics:
-        if stored.get(machine_id):
-            await _samples_arrived(session, clock, machine_id, samples)
+    await accounting.machines_samples_arrived(
+        session,
+        clock,
+        {m: _earliest_gpu_samples(samples) for m, samples in metrics if stored.get(m)},
+    )
     return left
 
 
@@ -385,19 +387,20 @@ async def metrics(
     stored = await metrics_service.ingest(session, machine_id, samples)
     await repository.record_gpu_utilization(session, machine_id, gpu_utilization_means(samples))
     if stored:
-        await _samples_arrived(session, clock or SystemClock(), machine_id, samples)
+        await accounting.samples_arrived(
+            session, clock or SystemClock(), machine_id, _earliest_gpu_samples(samples)
+        )
     return stored
 
 
-async def _samples_arrived(
-    session: AsyncSession, clock: Clock, machine_id: int, samples: Sequence[SampleIn]
-) -> None:
+def _earliest_gpu_samples(samples: Sequence[SampleIn]) -> dict[int, datetime]:
+    """Each worker's earliest GPU utilisation sample (what the tick counts by), by id."""
     earliest: dict[int, datetime] = {}
     for s in samples:
         if s.metric == "task_gpu_utilization_ratio":
             at = datetime.fromtimestamp(s.at_ms / 1000, UTC)
             earliest[s.worker_id] = min(at, earliest.get(s.worker_id, at))
-    await accounting.samples_arrived(session, clock, machine_id, earliest)
+    return earliest
 
 
 def gpu_utilization_means(samples: list[SampleIn]) -> dict[int, float]:

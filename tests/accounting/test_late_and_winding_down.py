@@ -24,6 +24,7 @@ from tests.support.accounting import (
     sample,
     tick,
 )
+from tests.support.stream import statements
 
 PRODUCTIVE = (Category.PRODUCTIVE.value, True)
 IDLE = (Category.IDLE.value, True)
@@ -188,3 +189,43 @@ def test_the_grace_is_the_agents() -> None:
     from agent.executor import STOP_GRACE_SECONDS
 
     assert rules.STOP_GRACE.total_seconds() == STOP_GRACE_SECONDS
+
+
+async def test_kept_samples_of_many_machines_in_one_batch_ask_each_its_recount(
+    world: World,
+) -> None:
+    """The stream's writers write many machines' samples in one batch (issue 40): the tick's
+    mark is read once for them all, each worker's kept samples ask its recount, and a worker's
+    samples sent by a machine it is not placed on ask none."""
+    await a_busy_and_an_idle_rank(world)
+    world.clock.advance(minutes=1)
+    await sample(world, {0: 0.9, 1: 0.01})
+    await tick(world)
+    kept = await server_away(world, 3)
+    await tick(world)
+    async with world.db.read() as session:
+        workers = list(await session.scalars(select(Worker).order_by(Worker.rank)))
+
+    def samples(w: Worker, moments: list[tuple[datetime, dict[int, float]]]) -> list[SampleIn]:
+        return [
+            SampleIn(w.id, "task_gpu_utilization_ratio", 0, int(at.timestamp() * 1000), 0.5)
+            for at, _ in moments
+        ]
+
+    first, second = workers
+    assert first.machine_id is not None and second.machine_id is not None
+    batches = [
+        # rank 1's first minute sent by rank 0's machine: not its own, no recount from it
+        (first.machine_id, samples(first, kept) + samples(second, kept)),
+        (second.machine_id, samples(second, kept[6:])),  # its own, its second minute only
+    ]
+    with statements(world.db) as seen:
+        async with world.db.transaction() as session:
+            await agents.reports(session, world.clock, [], batches)
+    assert sum("accounting_mark" in s for s in seen) == 1
+    async with world.db.read() as session:
+        asked = sorted(
+            await session.execute(select(GoodputRecount.worker_id, GoodputRecount.since))
+        )
+    minute = counting.minute_floor
+    assert asked == [(first.id, minute(kept[0][0])), (second.id, minute(kept[6][0]))]
