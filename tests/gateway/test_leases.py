@@ -24,8 +24,8 @@ from backend.gateway import streams as agent_streams
 from backend.gateway.servicer import AgentService, serve
 from backend.machine_identity import service as identity
 from backend.machines import service as machines
-from backend.models import Cluster, Machine
-from tests.support import FakeClock, Tenancy
+from backend.models import Machine
+from tests.support import FakeClock, Tenancy, local_cluster
 from tests.support.agents import stop_serving
 from tests.support.sandboxed import process_uids
 from tests.support.stream import Agent, _port, hello
@@ -35,7 +35,7 @@ LEASE = timedelta(seconds=60)
 
 async def _credential(db: Database, clock: FakeClock, name: str) -> str:
     async with db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         assert cluster is not None
         joining = await identity.issue_join_token(
             session, clock, organization_id=cluster.organization_id, cluster_id=cluster.id

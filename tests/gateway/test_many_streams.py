@@ -21,9 +21,9 @@ from backend.db import Database
 from backend.gateway import repository
 from backend.gateway.servicer import AgentService, serve
 from backend.machine_identity import service as identity
-from backend.models import AgentCommand, Cluster
+from backend.models import AgentCommand
 from tests.lifecycle.world import World
-from tests.support import FakeClock, Tenancy
+from tests.support import FakeClock, Tenancy, local_cluster
 from tests.support.stream import Agent, _port, hello, statements
 
 POLL = 0.05
@@ -48,7 +48,7 @@ async def endpoint(service: AgentService) -> AsyncIterator[str]:
 async def credentials(db: Database, clock: FakeClock, machines: list[str]) -> dict[str, str]:
     """Each machine's own credential, joined with one join token of as many uses."""
     async with db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         assert cluster is not None
         joining = await identity.issue_join_token(
             session,
@@ -105,7 +105,7 @@ async def test_a_revoked_credential_closes_its_stream_alone_within_seconds(
     agents = await connected(endpoint, await credentials(db, clock, machines))
     try:
         async with db.transaction() as session:
-            cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+            cluster = await session.scalar(local_cluster())
             assert cluster is not None
             await identity.revoke_credential(session, clock, cluster, "gpu-03")
         began = time.monotonic()

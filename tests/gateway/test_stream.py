@@ -30,7 +30,7 @@ from backend.models import (
 )
 from backend.secrets import service as secrets
 from tests.lifecycle.world import World
-from tests.support import FakeClock, Tenancy
+from tests.support import FakeClock, Tenancy, local_cluster
 from tests.support.agents import agent_endpoint
 from tests.support.stream import Agent, hello, one_worker_started
 
@@ -230,7 +230,7 @@ async def test_a_name_that_is_empty_too_long_or_not_a_host_name_is_refused(
     endpoint: str, db: Database, clock: FakeClock, tenancy: Tenancy
 ) -> None:
     async with db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         assert cluster is not None
         legacy = await access_legacy_token(session, clock, cluster)
     for name, problem in [
@@ -280,7 +280,7 @@ async def test_a_credential_registers_only_its_own_machine(
     )
     # A cluster machine token from before credentials cannot pose as a machine that has one.
     async with db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         assert cluster is not None
         legacy = await access_legacy_token(session, clock, cluster)
     agent = Agent(endpoint, legacy)
@@ -297,7 +297,7 @@ async def test_a_join_token_joins_once_and_never_connects(
     endpoint: str, db: Database, clock: FakeClock, tenancy: Tenancy
 ) -> None:
     async with db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         assert cluster is not None
         token = (
             await identity.issue_join_token(
@@ -417,7 +417,7 @@ async def test_a_revoked_credential_closes_the_stream_and_the_machine_is_lost(
     agent.send(hello=hello())
     await agent.receive("welcome")
     async with db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         assert cluster is not None
         await identity.revoke_credential(session, clock, cluster, "gpu-07")
     with pytest.raises(grpc.aio.AioRpcError) as caught:

@@ -9,9 +9,9 @@ from sqlalchemy import func, select
 
 from backend.db import Database
 from backend.machine_identity import service as identity
-from backend.models import Cluster, JoinToken, Machine, MachineCredential
+from backend.models import JoinToken, Machine, MachineCredential
 from tests.lifecycle.world import World
-from tests.support import FakeClock, Tenancy
+from tests.support import FakeClock, Tenancy, local_cluster
 from tests.support.api import graphql
 
 CREATE = """mutation($e: String!, $u: Int!) { createJoinToken(expires: $e, uses: $u, name: "rack-4")
@@ -78,7 +78,7 @@ async def test_members_neither_make_join_tokens_nor_see_or_revoke_credentials(
     client: httpx.AsyncClient, db: Database, clock: FakeClock, tenancy: Tenancy
 ) -> None:
     async with db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         assert cluster is not None
         issued = await identity.issue_join_token(
             session, clock, organization_id=cluster.organization_id, cluster_id=cluster.id

@@ -20,7 +20,7 @@ from backend.metrics.rules import SampleIn
 from backend.models import Gpu, Machine
 from backend.runs.rules import task_counts
 from tests.lifecycle.world import LEASE, World
-from tests.support import SEED_TIME
+from tests.support import SEED_TIME, local_cluster
 from tests.support.lifecycle import running_gang
 
 T0 = SEED_TIME
@@ -378,10 +378,10 @@ async def test_pending_reasons_say_why_a_run_does_not_start(world: World) -> Non
 
 async def test_a_namespace_quota_holds_a_run_back(world: World, db: Database) -> None:
     # seed L-62: "Waits for namespace quota: …"
-    from backend.models import Cluster, Workspace, WorkspaceQuota
+    from backend.models import Workspace, WorkspaceQuota
 
     async with db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         ws = await session.scalar(select(Workspace).where(Workspace.name == "default"))
         assert cluster and ws
         session.add(WorkspaceQuota(workspace_id=ws.id, cluster_id=cluster.id, gpus=8))

@@ -14,11 +14,11 @@ from backend.db import Database
 from backend.lifecycle import service as lifecycle
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
-from backend.models import AgentCommand, Cluster, Machine, Run, StateTransition, Worker
+from backend.models import AgentCommand, Machine, Run, StateTransition, Worker
 from backend.runs import service as runs
 from backend.scheduling import service as scheduling
 from backend.scheduling.service import PassResult
-from tests.support import FakeClock, Tenancy, run_spec
+from tests.support import FakeClock, Tenancy, local_cluster, run_spec
 
 GIB = 2**30
 LEASE = timedelta(seconds=60)
@@ -43,7 +43,7 @@ class World:
         pool: str | None = None,
     ) -> int:
         async with self.db.transaction() as session:
-            cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+            cluster = await session.scalar(local_cluster())
             assert cluster is not None
             row = await machines.register(
                 session,

@@ -17,13 +17,14 @@ from backend.machines import service as machines
 from backend.models import Cluster, JoinToken, Machine, MachineCredential
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
+from tests.support import local_cluster as local_cluster_query
 
 LEASE = timedelta(seconds=60)
 
 
 async def local_cluster(db: Database) -> Cluster:
     async with db.read() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster_query())
     assert cluster is not None
     return cluster
 

@@ -7,14 +7,12 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import select
 
 from backend.db import Database
 from backend.machines import rules
 from backend.machines import service as machines
-from backend.models import Cluster
 from tests.lifecycle.world import LEASE
-from tests.support import FakeClock, Tenancy
+from tests.support import FakeClock, Tenancy, local_cluster
 
 
 @pytest.mark.parametrize(
@@ -61,7 +59,7 @@ def test_a_hello_with_a_bad_address_is_refused_and_none_is_no_problem() -> None:
 
 async def register(db: Database, clock: FakeClock, name: str, address: str | None) -> None:
     async with db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         assert cluster is not None
         await machines.register(
             session,

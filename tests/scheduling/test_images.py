@@ -11,11 +11,12 @@ from backend.db import Database
 from backend.gateway.service import GpuInfo
 from backend.machines import rules as machine_rules
 from backend.machines import service as machines
-from backend.models import Cluster, Machine
+from backend.models import Machine
 from backend.scheduling import service as scheduling
 from backend.scheduling.pending_reasons import machine_reasons
 from backend.scheduling.rules import NO_CONTAINERS, plan
 from tests.lifecycle.world import LEASE, World
+from tests.support import local_cluster
 from tests.support.scheduling import CLUSTER, NOW, ask, machine
 
 SENTENCE = (
@@ -86,7 +87,7 @@ def test_a_hello_naming_an_unknown_executor_or_metric_is_refused_naming_the_fiel
 
 async def register(world: World, name: str, executor: str | None) -> None:
     async with world.db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         assert cluster is not None
         await machines.register(
             session,

@@ -16,9 +16,10 @@ from backend.config import Settings
 from backend.lifecycle.sentences import EndCause
 from backend.machines import service as machines
 from backend.machines.service import GpuInfo
-from backend.models import AgentCommand, Cluster, Machine, StateTransition, Worker
+from backend.models import AgentCommand, Machine, StateTransition, Worker
 from backend.scheduling.rules import MASTER_PORTS, master_port
 from tests.lifecycle.world import GIB, LEASE, World
+from tests.support import local_cluster
 
 
 def test_the_first_free_port_counting_from_the_one_after_the_last_attempts() -> None:
@@ -33,7 +34,7 @@ def test_the_first_free_port_counting_from_the_one_after_the_last_attempts() -> 
 
 async def machine(world: World, name: str, address: str | None, gpus: int = 8) -> int:
     async with world.db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         assert cluster is not None
         row = await machines.register(
             session,

@@ -20,9 +20,9 @@ from backend.db import Database
 from backend.gateway.servicer import AgentService
 from backend.logs.service import WorkerRef
 from backend.machine_identity import service as identity
-from backend.models import Cluster, Machine, Run
+from backend.models import Machine, Run
 from tests.lifecycle.world import World
-from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy
+from tests.support import WORKLOAD_PYTHON, FakeClock, Tenancy, local_cluster
 from tests.support.agents import agent_endpoint
 from tests.support.sandboxed import process_uids
 
@@ -37,7 +37,7 @@ async def endpoint(db: Database, clock: FakeClock) -> AsyncIterator[tuple[AgentS
 
 async def credential(db: Database, clock: FakeClock) -> str:
     async with db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         assert cluster is not None
         joining = await identity.issue_join_token(
             session, clock, organization_id=cluster.organization_id, cluster_id=cluster.id

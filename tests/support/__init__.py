@@ -11,13 +11,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access import service as access
 from backend.config import Settings
 from backend.db import Database
-from backend.models import Base
+from backend.models import Base, Cluster, Organization
 from backend.organizations import service as organizations
 from tests.support.sandboxed import TEMP_ROOT
 
@@ -25,6 +25,18 @@ SEED_TIME = datetime(2026, 10, 1, 1, 2, 11, 402117, tzinfo=UTC)
 
 
 TOPS = (Path("/tmp"), TEMP_ROOT, Path("/"))  # where searchable() stops
+
+
+def local_cluster() -> Select[tuple[Cluster]]:
+    """The query of the default organisation's cluster "local". Every organisation has one of
+    that name: by name alone, which of them comes first is the table's order on disk (after
+    rows were deleted, the other organisation's, and a test's machines joined a cluster its
+    runs are not in)."""
+    return (
+        select(Cluster)
+        .join(Organization, Organization.id == Cluster.organization_id)
+        .where(Cluster.name == "local", Organization.name == "default")
+    )
 
 
 def searchable(folder: Path) -> Path:

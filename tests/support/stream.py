@@ -11,13 +11,12 @@ from typing import Any
 import grpc
 import pytest
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
-from sqlalchemy import event, select
+from sqlalchemy import event
 
 from backend.db import Database
 from backend.machine_identity import service as identity
-from backend.models import Cluster
 from tests.lifecycle.world import World
-from tests.support import FakeClock, Tenancy
+from tests.support import FakeClock, Tenancy, local_cluster
 
 
 def _port() -> int:
@@ -30,7 +29,7 @@ def _port() -> int:
 async def machine_token(db: Database, clock: FakeClock, tenancy: Tenancy) -> str:
     """Machine gpu-07's own credential, as its agent gets it for a join token."""
     async with db.transaction() as session:
-        cluster = await session.scalar(select(Cluster).where(Cluster.name == "local"))
+        cluster = await session.scalar(local_cluster())
         assert cluster is not None
         joining = await identity.issue_join_token(
             session, clock, organization_id=cluster.organization_id, cluster_id=cluster.id
