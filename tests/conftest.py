@@ -495,14 +495,28 @@ def database_url(request: pytest.FixtureRequest, databases: Databases) -> Iterat
 INSTALL_TABLES = {"install_keys"}
 
 
+# After a PostgreSQL test its tables are locked and their rows deleted, and its sequences begin
+# again where TRUNCATE ... RESTART IDENTITY would: a TRUNCATE of every table took 132 ms here (a
+# new file for each of 41 tables), the lock and DELETEs 5 ms, after each of a thousand tests.
+_RESTART_SEQUENCES = text(
+    "SELECT setval(format('%I.%I', schemaname, sequencename)::regclass, start_value, false) "
+    "FROM pg_sequences WHERE schemaname = current_schema() "
+    "AND NOT sequencename LIKE ANY (:kept)"
+)
+
+
 async def _empty_all_tables(db: Database) -> None:
     tables = [t.name for t in reversed(Base.metadata.sorted_tables) if t.name not in INSTALL_TABLES]
     async with db.transaction() as session:
         if db.engine.dialect.name == "postgresql":
-            await session.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
-        else:
-            for table in tables:
-                await session.execute(text(f"DELETE FROM {table}"))
+            # as TRUNCATE does, wait for what the test left writing (a transaction under way
+            # whose rows a DELETE would not see), and keep it from writing meanwhile
+            await session.execute(text(f"LOCK TABLE {', '.join(tables)} IN ACCESS EXCLUSIVE MODE"))
+        for table in tables:  # (those referring to others first)
+            await session.execute(text(f"DELETE FROM {table}"))
+        if db.engine.dialect.name == "postgresql":
+            kept = [f"{table}\\_%" for table in INSTALL_TABLES]
+            await session.execute(_RESTART_SEQUENCES, {"kept": kept})
 
 
 def _sqlite_threads() -> list[threading.Thread]:
