@@ -57,6 +57,18 @@ async def server_away(world: World, minutes: int) -> list[tuple[datetime, dict[i
     return kept
 
 
+async def counted_then_away(world: World, minutes: int) -> list[tuple[datetime, dict[int, float]]]:
+    """A busy and an idle rank, a minute sampled and counted, then the server away for
+    ``minutes`` (what the agent kept meanwhile), and a tick once it is back."""
+    await a_busy_and_an_idle_rank(world)
+    world.clock.advance(minutes=1)
+    await sample(world, {0: 0.9, 1: 0.01})
+    await tick(world)
+    kept = await server_away(world, minutes)
+    await tick(world)
+    return kept
+
+
 async def test_samples_kept_while_the_server_was_away_are_counted_again(world: World) -> None:
     # seed G-3 (productive: running, its GPUs busy), G-5 (idle); DESIGN §4 invariants 1 and 3
     await a_busy_and_an_idle_rank(world)
@@ -90,12 +102,7 @@ async def test_samples_kept_while_the_server_was_away_are_counted_again(world: W
 async def test_samples_later_than_the_window_are_kept_and_not_counted_again(
     world: World,
 ) -> None:
-    await a_busy_and_an_idle_rank(world)
-    world.clock.advance(minutes=1)
-    await sample(world, {0: 0.9, 1: 0.01})
-    await tick(world)
-    kept = await server_away(world, 15)
-    await tick(world)
+    kept = await counted_then_away(world, 15)
     before = await ledger(world)
     await deliver(world, kept)
     await tick(world)  # the same minute: only what came late is counted again
@@ -197,12 +204,7 @@ async def test_kept_samples_of_many_machines_in_one_batch_ask_each_its_recount(
     """The stream's writers write many machines' samples in one batch (issue 40): the tick's
     mark is read once for them all, each worker's kept samples ask its recount, and a worker's
     samples sent by a machine it is not placed on ask none."""
-    await a_busy_and_an_idle_rank(world)
-    world.clock.advance(minutes=1)
-    await sample(world, {0: 0.9, 1: 0.01})
-    await tick(world)
-    kept = await server_away(world, 3)
-    await tick(world)
+    kept = await counted_then_away(world, 3)
     async with world.db.read() as session:
         workers = list(await session.scalars(select(Worker).order_by(Worker.rank)))
 

@@ -32,7 +32,7 @@ from backend.secrets import service as secrets
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy, local_cluster
 from tests.support.agents import agent_endpoint
-from tests.support.stream import Agent, hello, one_worker_started
+from tests.support.stream import Agent, hello, one_worker_started, running_from
 
 
 @pytest.fixture
@@ -535,14 +535,7 @@ async def test_a_report_is_written_as_its_progress_and_samples_sent_apart(
         world = World(db, clock, tenancy)
         await world.submit(workers=1, gpus=2)
         await world.schedule()
-        start = await agent.receive("command")
-        worker_id = start.command.worker_id
-        agent.send(command_ack=agent_pb2.CommandAck(command_ids=[start.command.command_id]))
-        for state in (agent_pb2.WORKER_STATE_READY, agent_pb2.WORKER_STATE_RUNNING):
-            agent.send(
-                worker_event=agent_pb2.WorkerEvent(worker_id=worker_id, attempt=1, state=state)
-            )
-        await agent.receive("command")  # the release
+        worker_id = await running_from(agent, await agent.receive("command"))
         at_ms = int(clock.now().timestamp() * 1000)
         samples = [
             agent_pb2.Sample(
@@ -598,14 +591,7 @@ async def test_a_forged_agents_report_of_200_000_progress_entries_is_refused(
     agent = Agent(endpoint, machine_token)
     try:
         world = World(db, clock, tenancy)
-        start = await one_worker_started(agent, world)
-        worker_id = start.command.worker_id
-        agent.send(command_ack=agent_pb2.CommandAck(command_ids=[start.command.command_id]))
-        for state in (agent_pb2.WORKER_STATE_READY, agent_pb2.WORKER_STATE_RUNNING):
-            agent.send(
-                worker_event=agent_pb2.WorkerEvent(worker_id=worker_id, attempt=1, state=state)
-            )
-        await agent.receive("command")  # the release
+        worker_id = await running_from(agent, await one_worker_started(agent, world))
         at_ms = int(clock.now().timestamp() * 1000)
         flood = [
             agent_pb2.Progress(worker_id=worker_id, attempt=1, step=step, at_ms=at_ms)

@@ -80,6 +80,17 @@ async def one_worker_started(agent: Agent, world: World) -> agent_pb2.ServerMess
     return await agent.receive("command")
 
 
+async def running_from(agent: Agent, start: agent_pb2.ServerMessage) -> int:
+    """The worker of a start command acknowledged, ready and running, as its agent says; its
+    id, once its gang's release has come."""
+    worker_id = start.command.worker_id
+    agent.send(command_ack=agent_pb2.CommandAck(command_ids=[start.command.command_id]))
+    for state in (agent_pb2.WORKER_STATE_READY, agent_pb2.WORKER_STATE_RUNNING):
+        agent.send(worker_event=agent_pb2.WorkerEvent(worker_id=worker_id, attempt=1, state=state))
+    await agent.receive("command")  # the release
+    return int(worker_id)
+
+
 def hello(machine: str = "gpu-07", gpus: int = 2) -> agent_pb2.Hello:
     return agent_pb2.Hello(
         machine=machine,
