@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -75,10 +76,27 @@ def marks() -> list[pytest.MarkDecorator]:
     ]
 
 
+PORTS_FROM = 10_000
+_PICK = random.SystemRandom()  # (not the tests' seeded random: lanes would pick alike)
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now, below the kernel's range for outgoing connections' ports. One the
+    kernel handed out as free was taken by an outgoing connection before slurmd bound it (the
+    CI: "Unable to bind listen port (43429): Address already in use")."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32_768
+    for _ in range(1000):
+        port = _PICK.randrange(PORTS_FROM, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port from {PORTS_FROM} to {low}")
 
 
 class SlurmCluster:
