@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import shutil
 import signal
 import socket
@@ -43,7 +42,7 @@ from backend.models import GoodputHour, Run, SlurmRun, StateTransition, Worker
 from backend.organizations import service as organizations
 from backend.slurm import service as importer
 from backend.slurm.commands import SlurmSettings
-from tests.support import FakeClock
+from tests.support import FakeClock, free_port
 from tests.support.agents import agent_endpoint
 from tests.support.api import CREATE, graphql
 
@@ -74,29 +73,6 @@ def marks() -> list[pytest.MarkDecorator]:
             reason=f"needs Slurm here (make slurm): {', '.join(lacks)}",
         ),
     ]
-
-
-PORTS_FROM = 10_000
-_PICK = random.SystemRandom()  # (not the tests' seeded random: lanes would pick alike)
-
-
-def _free_port() -> int:
-    """A port free now, below the kernel's range for outgoing connections' ports. One the
-    kernel handed out as free was taken by an outgoing connection before slurmd bound it (the
-    CI: "Unable to bind listen port (43429): Address already in use")."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32_768
-    for _ in range(1000):
-        port = _PICK.randrange(PORTS_FROM, low)
-        with socket.socket() as s:
-            try:
-                s.bind(("", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port from {PORTS_FROM} to {low}")
 
 
 class SlurmCluster:
@@ -238,7 +214,9 @@ class SlurmCluster:
 
     def _configure(self) -> None:
         root, sock = self.root, self.munge_socket
-        ctld, slurmd, dbd = _free_port(), _free_port(), _free_port()
+        # (ports of this lane's own, below the kernel's range for outgoing connections: one it
+        # handed out as free was taken by a connection before slurmd bound it, in the CI)
+        ctld, slurmd, dbd = free_port(), free_port(), free_port()
         self.conf.write_text(
             "\n".join(
                 [
