@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -16,13 +15,14 @@ from sqlalchemy import event
 from backend.db import Database
 from backend.machine_identity import service as identity
 from tests.lifecycle.world import World
-from tests.support import FakeClock, Tenancy, local_cluster
+from tests.support import FakeClock, Tenancy, free_port, local_cluster
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for a test's agent endpoint: this lane's own, below the kernel's range for
+    outgoing connections (one handed out from that range as free can be taken by a connection
+    before the endpoint binds it, as a Slurm daemon's was in the CI)."""
+    return free_port()
 
 
 @pytest.fixture
