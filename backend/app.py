@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import gc
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -243,16 +241,6 @@ async def _agent_endpoint(
             await server.stop(grace=2)
 
 
-@functools.cache
-def freeze_what_started() -> None:
-    """Once a process: what the server loaded to start (modules, the schema, the pools) lives
-    as long as it does, so it leaves the garbage collector's care (gc.freeze, after a
-    collection). A full collection then walks only what requests made: without this, one
-    falls inside a 7-day report over 10 000 runs about every other time and adds 40-100 ms."""
-    gc.collect()
-    gc.freeze()
-
-
 @asynccontextmanager
 async def _token_uses(db: Database) -> AsyncIterator[access.TokenUses]:
     """When tokens were last used, written once a minute and once more as the server stops."""
@@ -297,7 +285,7 @@ def create_app(
             )
             await stack.enter_async_context(_jobs(settings))
             app.state.token_uses = await stack.enter_async_context(_token_uses(app.state.db))
-            freeze_what_started()
+            runtime.freeze_what_started()
             try:
                 yield
             finally:

@@ -26,8 +26,8 @@ import psycopg
 from backend.accounting import ledger_queries, ledger_writes, reports
 from backend.accounting.rules import Category, Period
 from backend.accounting.viewers import Viewer
-from backend.app import freeze_what_started
 from backend.db import Database
+from backend.jobs.runtime import freeze_what_started
 from backend.models.goodput import TOTAL_COLUMNS
 from bench.common import Timer, median, tenancy
 from bench.goodput_data import (

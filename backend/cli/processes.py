@@ -147,6 +147,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     broker = job_broker.install(settings)
     runtime.configure(settings)
     workers = job_broker.start_workers(broker, threads=args.threads)
+    runtime.freeze_what_started()
     print(
         f"astraeus worker: {job_broker.CLOCK_THREADS} threads for the tick and leases, "
         f"{job_broker.SCHEDULING_THREADS} for scheduling passes, {args.threads} for webhooks "

@@ -1,6 +1,10 @@
-"""What actors run with in a worker process: one database handle, the system clock."""
+"""What actors run with in a worker process: one database handle, the system clock; and what a
+serving process does once it has started (``freeze_what_started``)."""
 
 from __future__ import annotations
+
+import functools
+import gc
 
 from backend.clock import Clock, SystemClock
 from backend.config import Settings, get_settings
@@ -37,3 +41,14 @@ def clock() -> Clock:
 
 def settings() -> Settings:
     return _settings or get_settings()
+
+
+@functools.cache
+def freeze_what_started() -> None:
+    """Once a process: what it loaded to start (modules, the schema, the pools) lives as long
+    as it does, so it leaves the garbage collector's care (gc.freeze, after a collection). A
+    full collection then walks only what requests and jobs made: without this, one falls inside
+    a 7-day report over 10 000 runs about every other time and adds 40-100 ms, and a first
+    scheduling pass over 10 000 runs walks the modules' objects three times (issue 40)."""
+    gc.collect()
+    gc.freeze()
