@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import aiosqlite
 import psycopg
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
-from sqlalchemy.pool import NullPool
 
 
 def sync_url(url: str) -> str:
@@ -81,10 +81,13 @@ def _checked_in(_dbapi_connection: Any, record: Any) -> None:
     record.info["idle_since"] = time.monotonic()
 
 
-def _left_dirty(dbapi_connection: Any) -> bool:
-    """Whether psycopg says the connection is not as the pool should have it: idle, outside
-    any transaction, not read only (read locally: no round trip)."""
+def left_dirty(dbapi_connection: Any) -> bool:
+    """Whether the driver says the connection is not as the pool should have it: idle, outside
+    any transaction, not read only (read locally: no round trip). On SQLite a connection left
+    in a transaction would hold the file's write lock while it waits in the pool."""
     driver = getattr(dbapi_connection, "driver_connection", None)
+    if isinstance(driver, aiosqlite.Connection):
+        return driver.in_transaction
     if not isinstance(driver, psycopg.AsyncConnection | psycopg.Connection):
         return False
     idle = driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
@@ -93,12 +96,15 @@ def _left_dirty(dbapi_connection: Any) -> bool:
 
 def install_pings(engine: Engine) -> None:
     dialect = engine.dialect
+    sqlite = dialect.name == "sqlite"
 
     def ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-        if _left_dirty(dbapi_connection):
+        if left_dirty(dbapi_connection):
             # returned mid-transaction or still read only (its work was cancelled before it
             # was reset, as a request cut at its time budget is): never handed out again
             raise DisconnectionError("a pooled connection was returned in a transaction")
+        if sqlite:
+            return  # a file's connection has no server or network to drop it
         since = record.info.get("idle_since")
         if since is not None and time.monotonic() - since < PING_AFTER_S:
             return
@@ -116,12 +122,13 @@ def install_pings(engine: Engine) -> None:
 
 
 def create_engine_for(url: str, *, pool_size: int = 10, echo: bool = False) -> AsyncEngine:
-    target = async_url(url)
-    if make_url(target).get_backend_name() == "sqlite":
-        engine = create_async_engine(target, echo=echo, poolclass=NullPool)
-    else:
-        engine = create_async_engine(target, echo=echo, pool_size=pool_size, max_overflow=pool_size)
-        install_pings(engine.sync_engine)
+    """The server's engine: its connections pooled, on SQLite too (a connection opened for
+    each transaction cost 1.7 ms of CPU more than the transaction's own 1.1 ms: the file
+    opened, its schema read, a thread started)."""
+    engine = create_async_engine(
+        async_url(url), echo=echo, pool_size=pool_size, max_overflow=pool_size
+    )
+    install_pings(engine.sync_engine)
     install_sqlite_pragmas(engine.sync_engine)
     install_sqlite_transactions(engine.sync_engine)
     return engine
