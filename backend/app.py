@@ -36,8 +36,10 @@ from backend.boundary import BodyLimit, SecurityHeaders
 from backend.clock import Clock, SystemClock
 from backend.config import Settings, get_settings
 from backend.db import Database
+from backend.db.notices import Notices
 from backend.errors import DatabaseUnavailable
 from backend.gateway import routing
+from backend.gateway.delivery import POLL_EMBEDDED_S, POLL_S
 from backend.gateway.routing import LogRouter
 from backend.gateway.servicer import AgentService
 from backend.gateway.servicer import serve as serve_agents
@@ -223,14 +225,19 @@ async def _agent_endpoint(
         yield None
         return
     router = routing.for_settings(settings)
+    # other processes' commits of commands and revocations, heard (PostgreSQL)
+    notices = Notices(settings.resolved_database_url)
     service = AgentService(
         db,
         clock,
         lease=settings.lease_time,
+        # every job that writes commands runs in this process, or none does
+        poll_interval=POLL_EMBEDDED_S if settings.broker == "embedded" else POLL_S,
         on_freed=job_broker.nudge_scheduler,
         on_stream=router.stream_changed,
+        notices=notices,
     )
-    async with router.serving(service):
+    async with notices.listening(), router.serving(service):
         tls = server_tls(settings)  # plaintext off loopback is refused here too
         credentials = tls.grpc_credentials() if tls else None
         server = await serve_agents(service, f"{settings.host}:{settings.agent_port}", credentials)

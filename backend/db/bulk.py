@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
+from backend.db.commit_signals import rows_added
 from backend.db.engine import driver_connection
 
 
@@ -49,6 +50,7 @@ async def insert_many(session: AsyncSession, model: type[Any], rows: list[dict[s
     if not rows:
         return
     table = model.__table__
+    rows_added(session, table.name)
     if session.get_bind().dialect.name != "postgresql":
         await session.execute(table.insert(), rows)
         return

@@ -13,6 +13,8 @@ from astraeus.agent.v1 import agent_pb2
 
 from backend.clock import Clock
 from backend.db import Database
+from backend.db.commit_signals import on_rows_committed
+from backend.db.notices import Notices
 from backend.db.retries import database_away
 from backend.gateway import service
 from backend.gateway.streams import MESSAGE_LIMIT, MachineStream, Streams, too_large
@@ -33,6 +35,20 @@ _COMMANDS = {
 # How often the streams' credentials are checked (all of a replica's in one query): a revoked
 # one's stream ends within this and a poll interval.
 REVOCATION_CHECK_S = 2.0
+# How often the delivery looks for new commands. A commit in this process that adds commands
+# wakes it at once (backend/db/commit_signals.py); the poll finds those other processes wrote:
+# the scheduler's and workers' in production (every POLL_S), only an admin command's (`astraeus
+# cluster import`) where every job runs in the server's process (POLL_EMBEDDED_S: an idle
+# `astraeus up` made 120 of its ~220 transactions a minute polling every 0.5 s).
+POLL_S = 0.5
+POLL_EMBEDDED_S = 2.0
+# On PostgreSQL, while the replica hears other processes' commits (backend/db/notices.py): a
+# commit anywhere that adds commands, or revokes a machine's credential or join token, wakes
+# the loop, and the polls are a net only (issue 40: two queries a second per replica in
+# production, whatever the load; the fleet's serve, polling every 2 s, showed no difference).
+POLL_NOTIFIED_S = 10.0
+REVOCATION_NOTIFIED_S = 30.0
+_CREDENTIALS = ("machine_credentials", "join_tokens")
 
 
 class CommandDelivery:
@@ -47,14 +63,23 @@ class CommandDelivery:
         *,
         poll_interval: float,
         on_freed: Callable[[], None],
+        notices: Notices | None = None,
     ) -> None:
         self.db = db
         self.clock = clock
         self.streams = streams
         self.poll_interval = poll_interval
         self.on_freed = on_freed
+        self.notices = notices
         self._delivery: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._revoked = False  # a credential was revoked somewhere: check at once
+
+    def _intervals(self) -> tuple[float, float]:
+        """(poll, credential check) intervals: long while other processes' commits are heard."""
+        if self.notices is not None and self.notices.connected:
+            return max(self.poll_interval, POLL_NOTIFIED_S), REVOCATION_NOTIFIED_S
+        return self.poll_interval, REVOCATION_CHECK_S
 
     def soon(self) -> None:
         """Look for commands now (a stream opened): the delivery loop runs while this
@@ -74,23 +99,43 @@ class CommandDelivery:
         machines' new unacknowledged commands (sent in order on each machine's stream; none
         while the database is away), and every REVOCATION_CHECK_S one for whether their
         credentials still hold (a stream whose credential was revoked ends, saying why). A
-        stream opening wakes it at once."""
+        stream opening, or a commit in this process that adds commands, wakes it at once."""
         loop = asyncio.get_running_loop()
-        checked = -REVOCATION_CHECK_S
-        while self.streams.by_machine:
-            self._wake.clear()
-            check = loop.time() - checked >= REVOCATION_CHECK_S
-            try:
-                await self._deliver_once(check)
-                if check:
-                    checked = loop.time()
-            except Exception as error:
-                if not database_away(error):
-                    log.exception("commands could not be delivered; they are tried again")
-            # not wait_for: see _wait in backend/gateway/redis_router.py
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.poll_interval):
-                    await self._wake.wait()
+        checked = -REVOCATION_NOTIFIED_S
+
+        def committed() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._wake.set)
+
+        def revoked() -> None:
+            self._revoked = True
+            committed()
+
+        forgets = [
+            on_rows_committed(AgentCommand.__tablename__, committed),
+            *(on_rows_committed(table, revoked) for table in _CREDENTIALS),
+        ]
+        try:
+            while self.streams.by_machine:
+                self._wake.clear()
+                poll, revocation = self._intervals()
+                check = self._revoked or loop.time() - checked >= revocation
+                self._revoked = False
+                try:
+                    await self._deliver_once(check)
+                    if check:
+                        checked = loop.time()
+                except Exception as error:
+                    self._revoked |= check
+                    if not database_away(error):
+                        log.exception("commands could not be delivered; they are tried again")
+                # not wait_for: see _wait in backend/gateway/redis_router.py
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(poll):
+                        await self._wake.wait()
+        finally:
+            for forget in forgets:
+                forget()
 
     async def _deliver_once(self, check_credentials: bool) -> None:
         streams = [s for s in self.streams.by_machine.values() if not s.closed.is_set()]

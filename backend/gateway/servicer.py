@@ -23,10 +23,11 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from backend.access.rules import bearer_secret
 from backend.clock import Clock
 from backend.db import Database
+from backend.db.notices import Notices
 from backend.db.retries import database_away
 from backend.errors import DatabaseUnavailable, Unauthenticated
 from backend.gateway import service
-from backend.gateway.delivery import CommandDelivery, command_message
+from backend.gateway.delivery import POLL_S, CommandDelivery, command_message
 from backend.gateway.follow_buffer import FollowBuffer, LogChunkInfo
 from backend.gateway.handlers import MessageHandlers
 from backend.gateway.leases import LeaseKeeper, renew_interval
@@ -102,10 +103,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         clock: Clock,
         *,
         lease: timedelta,
-        poll_interval: float = 0.5,
+        poll_interval: float = POLL_S,
         on_freed: Callable[[], None] = lambda: None,
         on_stream: StreamHook | None = None,
         renew_interval_s: float | None = None,
+        notices: Notices | None = None,
     ) -> None:
         self.db = db
         self.clock = clock
@@ -115,7 +117,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         # One loop for all this replica's streams: their new commands and whether their
         # credentials still hold, a query or two per poll however many streams there are.
         self.delivery = CommandDelivery(
-            db, clock, self.streams, poll_interval=poll_interval, on_freed=on_freed
+            db, clock, self.streams, poll_interval=poll_interval, on_freed=on_freed, notices=notices
         )
         # The machines' messages, written by a few writers for all the streams.
         self.writer = MessageWriter(db, clock, MessageHandlers(clock, self.streams), on_freed)

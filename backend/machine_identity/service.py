@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.access.rules import Principal
 from backend.clock import Clock
 from backend.db.commit_jobs import after_commit
+from backend.db.commit_signals import rows_changed
 from backend.errors import FieldError, Forbidden, InvalidInput, NotFound, Unauthenticated
 from backend.job_names import PASS_JOB
 from backend.lifecycle.views import Effects
@@ -262,6 +263,7 @@ async def revoke_join_token(
         )
     if token.revoked_at is None:
         token.revoked_at = clock.now()
+        rows_changed(session, JoinToken.__tablename__)  # its streams close: every replica's
     await session.flush()
     return token
 
@@ -280,6 +282,7 @@ async def revoke_credential(
     now = clock.now()
     for credential in live:
         credential.revoked_at = now
+    rows_changed(session, MachineCredential.__tablename__)  # its stream closes, on any replica
     await session.flush()
     fx = await machines.lose(session, clock, cluster.id, machine, "Machine lost: " + REVOKED)
     after_commit(session, PASS_JOB)  # its workers wait to be placed again elsewhere
@@ -297,6 +300,7 @@ async def rejoin_token(
         legacy = await repository.legacy_token_by_hash(session, hash_token(old_secret))
         if legacy is not None:
             legacy.revoked_at = clock.now()
+            rows_changed(session, JoinToken.__tablename__)
     if await repository.live_credentials(session, cluster.id, machine):
         await revoke_credential(session, clock, cluster, machine)
     return await issue_join_token(
