@@ -209,6 +209,7 @@ PROGRESS_COLUMNS = (
     Worker.reason,
     Worker.phase,
     Worker.stop_cause,
+    Worker.state_since,
     Worker.stalled_since,
     Worker.progress_at,
     Worker.progress_step,

@@ -358,6 +358,7 @@ def _progress_view(row: Any) -> WorkerView:
         phase=row.phase,
         machine_id=row.machine_id,
         stop_cause=row.stop_cause,
+        since=row.state_since,
         stalled_since=row.stalled_since,
         attempt=row.attempt,
         progress_at=row.progress_at,

@@ -83,6 +83,18 @@ class Gang:
     spec: RunSpec
     view: RunView
 
+    def not_before_its_history(self, now: datetime) -> datetime:
+        """When a change read at ``now`` happens to the gang: ``now``, but never before the
+        gang's last recorded change. A writer reads its clock before it locks what it changes;
+        another writer that read its clock a moment later (another process, maybe another
+        host) may have changed the gang and committed in between. Dated at ``now``, the change
+        would come before what it follows: a worker placed before its run existed, a stop
+        before the start it stops, and the ledgers counting that time twice or not at all
+        (the production topology under load: 24 ms of GPU time over its held time,
+        2026-12-05)."""
+        recorded = [self.run.state_since, *(w.since for w in self.view.workers)]
+        return max([now, *(at for at in recorded if at is not None)])
+
 
 def policy_of(spec: RunSpec) -> RunPolicy:
     return RunPolicy(
@@ -350,11 +362,16 @@ def _add_history(
 
 
 async def apply(
-    session: AsyncSession, run_id: int, at: datetime, rule: Callable[[RunView, Effects], None]
-) -> tuple[Gang, Effects]:
-    """Load one gang, let a rule change it, persist the result."""
+    session: AsyncSession,
+    run_id: int,
+    now: datetime,
+    rule: Callable[[RunView, Effects, datetime], None],
+) -> tuple[Gang, Effects, datetime]:
+    """Load one gang, let a rule change it at ``now`` (never before the gang's last recorded
+    change: ``Gang.not_before_its_history``), persist the result. Returns the time it used."""
     gang = await load_gang(session, run_id)
+    at = gang.not_before_its_history(now)
     fx = Effects()
-    rule(gang.view, fx)
+    rule(gang.view, fx, at)
     await persist(session, gang, fx, at)
-    return gang, fx
+    return gang, fx, at

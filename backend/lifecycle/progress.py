@@ -40,7 +40,13 @@ def worker_progress(
     A worker whose workload reports its steps (this attempt) makes progress by its steps
     alone: a gang that only prints while it waits (rendezvous retries, NCCL warnings) is
     found stalled all the same. The step and checkpoint of a worker being stopped (its last
-    report, read as it ended) still count for its run's rework."""
+    report, read as it ended) still count for its run's rework.
+
+    Progress is never dated before the worker's current state began: what a report's time
+    says happened before it (a Slurm job queued again writes on in the same output file, and
+    the agent dates the earlier instance's lines copied for the new one by the file's last
+    write) is news of now, not of then; a stall found from it would be dated before the
+    instance it stops, its ledger recounting time the instance never held."""
     if step is not None and w.alive:
         _redo(w, step, checkpoint_step, at, fx)
     if w.state != RUNNING or w.stop_cause:
@@ -48,7 +54,8 @@ def worker_progress(
     if step is None and w.progress_step is not None:
         return  # it reports its steps: output alone (a retry warning a second) is no progress
     if step is not None:
-        _measure_pace(w, step, at)
+        _measure_pace(w, step, at)  # its own times, in its own order (its clock may be behind)
+    at = max(at, w.since or at)
     if w.progress_at is None or at > w.progress_at:
         w.progress_at = at
     if w.stalled_since is not None:

@@ -50,8 +50,9 @@ class DeletionLedger(Protocol):
 async def stop_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> Effects:
     if run.state in states.ENDED_STATES:
         raise Conflict("RUN_ENDED", f"The run '{run.name}' has already ended ({run.state}).")
-    now = clock.now()
-    _, fx = await apply(session, run.id, now, lambda view, fx: stops.stop(view, by, now, fx))
+    _, fx, _ = await apply(
+        session, run.id, clock.now(), lambda view, fx, at: stops.stop(view, by, at, fx)
+    )
     return fx
 
 
@@ -62,14 +63,15 @@ async def delete_run(
     their GPU time up to now is counted into the goodput ledgers."""
     counted = await ledger.hold_mark(session)  # before now is read
     machines = await repository.machines_that_ran(session, run.id)
-    now = clock.now()
-    gang, fx = await apply(
-        session, run.id, now, lambda view, fx: stops.delete(view, by, now, fx, machines=machines)
-    )
-    await repository.update_runs(session, {run.id: {"deleted_at": now}})
+
+    def rule(view: RunView, fx: Effects, at: datetime) -> None:
+        stops.delete(view, by, at, fx, machines=machines)
+
+    gang, fx, at = await apply(session, run.id, clock.now(), rule)
+    await repository.update_runs(session, {run.id: {"deleted_at": at}})
     await session.flush()
-    await ledger.count_deleted(session, [w.id for w in gang.workers], now, counted)
-    await repository.clear_pending_commands(session, [w.id for w in gang.workers], now)
+    await ledger.count_deleted(session, [w.id for w in gang.workers], at, counted)
+    await repository.clear_pending_commands(session, [w.id for w in gang.workers], at)
     await repository.delete_workers(session, run.id)
     return fx
 
@@ -117,7 +119,7 @@ async def report(
         return Effects()
     worker_name = worker.name
 
-    def rule(view: RunView, fx: Effects) -> None:
+    def rule(view: RunView, fx: Effects, _: datetime) -> None:
         # Again under the run's lock: the worker was read before it, and may have been deleted
         # or moved on since (a report that raced its run's deletion failed the machine's stream).
         w = next((w for w in view.workers if w.name == worker_name), None)
@@ -166,7 +168,7 @@ async def report(
         else:
             raise ValueError(f"unknown worker report: {kind}")
 
-    _, fx = await apply(session, worker.run_id, clock.now(), rule)
+    _, fx, _ = await apply(session, worker.run_id, clock.now(), rule)
     if kind == "exited":  # its end came with its own last lines, if any
         await repository.forget_seen_lines(session, worker_id=worker_id)
     return fx
@@ -318,8 +320,9 @@ async def machine_drained(
     total = Effects()
     for gang in await load_gangs(session, await repository.run_ids_on_machine(session, machine_id)):
         fx = Effects()
+        at = gang.not_before_its_history(now)
         if not gang.view.ended and gang.view.placed:
-            stops.drain_preempt(gang.view, machine_name, now, fx)
+            stops.drain_preempt(gang.view, machine_name, at, fx)
         total.freed |= fx.freed
-        await persist(session, gang, fx, now)
+        await persist(session, gang, fx, at)
     return total

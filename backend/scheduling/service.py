@@ -268,8 +268,9 @@ async def _preempt(session: AsyncSession, decided: Plan, now: datetime, result: 
     writes = Writes()
     for gang in await load_gangs(session, sorted(decided.preemptions)):
         fx = Effects()
-        preempt(gang.view, decided.preemptions[gang.run.id], now, fx)
-        await persist(session, gang, fx, now, writes)
+        at = gang.not_before_its_history(now)
+        preempt(gang.view, decided.preemptions[gang.run.id], at, fx)
+        await persist(session, gang, fx, at, writes)
         result.preempted.append(gang.run.name)
     await writes.flush(session)
 
@@ -300,17 +301,18 @@ async def _place(session: AsyncSession, decided: Plan, now: datetime, result: Pa
         port = offered_port(gang.run, head, ports) or master_port(head, gang.run.master_port, ports)
         head.add(port)
         fx = Effects()
+        at = gang.not_before_its_history(now)
         place(
             gang.view,
             placements,
-            now,
+            at,
             fx,
             master_port=port,
             start_payload=start_payload(gang.spec, gang.run.workspace_id),
             master_addr=addresses.get(head_id),
             gang_addresses=_gang_addresses(placements, addresses),
         )
-        await persist(session, gang, fx, now, writes)
+        await persist(session, gang, fx, at, writes)
         result.placed.append(gang.run.name)
     await writes.flush(session)
 

@@ -631,7 +631,7 @@ def conserved(t: Topology) -> None:
     counted = _counted(t.database_url)
     assert counted is not None
     expected = 2 * (counted["mark"] - counted["created"]).total_seconds()
-    assert counted["run_seconds"] == pytest.approx(expected, abs=1e-6)
+    assert counted["run_seconds"] == pytest.approx(expected, abs=1e-6), _evidence(t.database_url)
     assert counted["workspace_seconds"] == pytest.approx(expected, abs=1e-6)
 
 
@@ -845,6 +845,30 @@ def _message(actor: str) -> Any:
     from backend.jobs.broker import QUEUE
 
     return Message(queue_name=QUEUE, actor_name=actor, args=(), kwargs={}, options={})
+
+
+def _evidence(url: str) -> str:
+    """What a failed conservation check needs to be explained (2026-12-05: steady counted 24 ms
+    of GPU time over its two GPUs' held time once, in one fresh-clone CI of 8 lanes, and the
+    database went with the topology): steady's history, its intervals and open interval, the
+    recounts asked for, and the mark."""
+    with psycopg.connect(url) as conn:
+        tables = {
+            "transitions": "SELECT t.worker_id, t.transition_at, t.state, t.phase, t.gpus, "
+            "t.held_gpus, t.accounted FROM state_transitions t JOIN runs r ON r.id = t.run_id "
+            "WHERE r.name = 'steady' ORDER BY t.transition_at, t.id",
+            "intervals": "SELECT i.start_at, i.end_at, i.category, i.held, i.gpus "
+            "FROM goodput_intervals i JOIN runs r ON r.id = i.run_id WHERE r.name = 'steady' "
+            "ORDER BY i.start_at, i.id",
+            "open": "SELECT o.start_at, o.phase, o.category, o.gpus FROM goodput_open_intervals "
+            "o JOIN runs r ON r.id = o.run_id WHERE r.name = 'steady'",
+            "recounts": "SELECT * FROM goodput_recounts",
+            "mark": "SELECT counted_until FROM accounting_marks",
+        }
+        return "\n".join(
+            f"{name}: {conn.execute(query).fetchall()}"  # type: ignore[arg-type]
+            for name, query in tables.items()
+        )
 
 
 def _counted(url: str) -> dict[str, Any] | None:

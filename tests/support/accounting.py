@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from backend.accounting import counting, interval_queries, rules
 from backend.accounting.rules import Ledger, PhaseChange
@@ -22,6 +22,28 @@ T0 = SEED_TIME
 async def tick(world: World) -> counting.TickResult:
     async with world.db.transaction() as session:
         return await counting.tick(session, world.clock)
+
+
+async def counted_until(world: World) -> datetime:
+    """The goodput mark: every second before it is counted."""
+    async with world.db.read() as session:
+        mark = await session.scalar(text("SELECT counted_until FROM accounting_marks"))
+    assert mark is not None
+    found = mark if isinstance(mark, datetime) else datetime.fromisoformat(mark)
+    return found if found.tzinfo is not None else found.replace(tzinfo=UTC)  # SQLite's
+
+
+async def run_gpu_seconds(world: World, run_id: int) -> float:
+    """Every GPU-second the run's ledger holds, all categories together."""
+    async with world.db.read() as session:
+        total = await session.scalar(
+            text(
+                "SELECT coalesce(sum(gpu_seconds), 0) FROM goodput_hours "
+                "WHERE scope = 'run' AND scope_id = :id"
+            ),
+            {"id": run_id},
+        )
+    return float(total or 0)
 
 
 async def ledger(world: World, scope: str = "run") -> dict[tuple[str, bool], float]:
