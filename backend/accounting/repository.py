@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import (
     BigInteger,
+    DateTime,
     any_,
     bindparam,
     delete,
@@ -300,7 +301,34 @@ async def closed_intervals_after(
 
 
 async def cut_intervals(session: AsyncSession, moments: dict[int, datetime]) -> None:
-    """Forget each worker's closed intervals from its moment on (they are counted again)."""
+    """Forget each worker's closed intervals from its moment on (they are counted again).
+
+    On PostgreSQL in two statements for every worker: two a worker were 3 100 round trips for
+    1 550 workers counted again at 5 000 machines, 1.7 s of a 2.5 s tick, and 16 s where the
+    tick ran in serve's own process, each round trip waiting for the interpreter (issue 40)."""
+    if not moments:
+        return
+    if _dialect(session) == "postgresql":
+        cuts = select(
+            func.unnest(bindparam("ids", list(moments), type_=ARRAY(BigInteger))).label("id"),
+            func.unnest(
+                bindparam("ats", list(moments.values()), type_=ARRAY(DateTime(timezone=True)))
+            ).label("at"),
+        ).subquery("cuts")
+        of_worker = GoodputInterval.worker_id == cuts.c.id
+        fetch = {"synchronize_session": "fetch"}  # the session's own rows follow
+        await session.execute(
+            delete(GoodputInterval)
+            .where(of_worker, GoodputInterval.start_at >= cuts.c.at)
+            .execution_options(**fetch)
+        )
+        await session.execute(
+            update(GoodputInterval)
+            .where(of_worker, GoodputInterval.end_at > cuts.c.at)
+            .values(end_at=cuts.c.at)
+            .execution_options(**fetch)
+        )
+        return
     for worker_id, moment in moments.items():
         mine = GoodputInterval.worker_id == worker_id
         await session.execute(

@@ -40,3 +40,20 @@ def test_stopped_workers_leave_none_of_their_threads(broker: Broker) -> None:
     assert len(started) == 3 * 2 + 2 + 1 + 2 + 1
     job_broker.stop_workers(workers)
     assert not [thread.name for thread in started if thread.is_alive()]
+
+
+@pytest.mark.parametrize(
+    ("now", "wait"),
+    [
+        (1_800_000_000.0, 15.0),  # on a minute: its 15th second
+        (1_800_000_014.5, 0.5),
+        (1_800_000_015.0, 60.0),  # sent now: the next minute's
+        (1_800_000_016.0, 59.0),
+        (1_800_000_059.9, 15.1),
+    ],
+)
+def test_the_tick_is_sent_past_each_minute_of_the_wall_clock(now: float, wait: float) -> None:
+    # issue 40: whenever the scheduler started, the tick comes 15 s past a minute, when that
+    # minute's samples are in (1 800 000 000 is a whole minute of the epoch)
+    assert job_broker.TICK_PAST_MINUTE_S == 15.0
+    assert job_broker.until_past_minute(now, job_broker.TICK_PAST_MINUTE_S) == pytest.approx(wait)
