@@ -554,6 +554,22 @@ async def slurm_backed(
         return created.id
 
 
+# the states in which a job has ended (sacct's JOB STATE CODES)
+ENDED_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
+
+
 def sacct(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
     """The job as accounting lists it (as the import reads it: in the list of the day's jobs,
     which has a job seconds after `sacct -j` has it); empty until then."""
@@ -569,10 +585,15 @@ def sacct(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
 async def wait_for(
     cluster: SlurmCluster, job_id: str, *states: str, within: float = 60
 ) -> dict[str, str]:
+    """The job once accounting lists it in one of `states`; in an ended state, once it also
+    has the end's time (slurmdbd may record the state a moment before it: "FAILED" with End
+    "Unknown" was seen in the CI, and the import waits for the time too)."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         found = sacct(cluster, job_id)
-        if found["state"] in states:
+        if found["state"] in states and (
+            found["state"] not in ENDED_STATES or found["end"] not in ("", "Unknown")
+        ):
             return found
         await asyncio.sleep(0.3)
     raise AssertionError(f"job {job_id} not {states} after {within}s: {sacct(cluster, job_id)}")
