@@ -115,8 +115,13 @@ schema-check: setup ## fail when schema.graphql is stale
 # pytest-xdist's default chunks left one lane 12-14 s of queued tests after the others ended).
 # Its tests compute more than they wait, and each lane first imports the backend and collects:
 # 4 lanes began their first tests 23 s in, 3 lanes 11 s in (issue 39, 2026-12-04, beside
-# another engineer's load of 5).
-TEST_LANES ?= 6
+# another engineer's load of 5). `make test` in 8 lanes, not 6: its longest modules mostly wait
+# (a stall timeout, minutes of ticks, a server away, Slurm's daemons) and start first; with 6
+# lanes the cores idled up to 40% of the run's third to seventh minutes (the summary's "cpu by
+# minute"), and 8 fill them (2026-12-05: make test 714 s, cores 94% busy). Its heavier load
+# found a real ledger bug on its second run (a pass dated before the run it placed:
+# tests/scheduling/test_pass_time.py), fixed.
+TEST_LANES ?= 8
 FAST_LANES ?= 3
 
 $(WORKLOADS_STAMP): $(STAMP)

@@ -119,47 +119,52 @@ PROCESS_STARTERS = {
 }
 PROCESS_FIXTURES = {"live", "cluster", "browser", "page", "api"}
 # The modules that take longest in `make test` (minutes of live servers, training, property
-# tests of many examples), longest first, as a CI run on 2 cores measured them (issue 22: the
-# summary's "longest modules"): started first, so that none of them begins near the end of the
-# run. The second figure, where there is one, is the module alone on this shared 2-core machine
-# after issue 39's shorter waits (2026-12-04, 23:00 UTC, others' load 2 to 7): most of these
-# modules wait far more than they compute (CPU-seconds of pytest and the processes it waited
-# for, its servers and agents, if not every workload's: test_ddp_stalls 62 in 306 s,
-# test_topology 77 in 410 s, test_up_crash 8 in 94 s; tests/slurm/test_node_agent.py 25 in
-# 208 s, as in CI).
-LONGEST = (  # the module times of a fresh clone's `.ci/run` (2026-12-04, 6 lanes, at 15bec02)
-    # 472 s; 306 s and 265 s: one fixture, the four runs to their ends. Two stall timeouts of
+# tests of many examples), started first, so that none of them begins near the end of the run
+# (issue 22: the summary's "longest modules"), in an order that mixes those that mostly wait
+# with those that mostly compute (issue 39). Most of the longest wait far more than they
+# compute (a stall timeout, a minute's tick, a server away, Slurm's daemons): begun together,
+# five of the six lanes waited at once, and the cores were 80%, 62% and 52% busy in the run's
+# third to fifth minutes (the summary's "cpu by minute") while the rest of the run was
+# CPU-bound. Each entry: its wall seconds and CPU-seconds (the lane's process and the processes
+# it waited for) in a fresh clone's `.ci/run` on 2 cores, 6 lanes (2026-12-05, at ba530b6);
+# "wait" where it mostly waits, "CPU" where it mostly computes. The gangs' PyTorch imports
+# take every core a minute or two: the modules that train start apart.
+LONGEST = (
+    # 340 s, 55 CPU-s, wait: one fixture, four DDP gangs to their ends; two stall timeouts of
     # 90 s (the floor: 1.5 times a start of 12 s, as here, is less), three starts, and the
-    # progress runs' wait for a minute's start (35 s and 3 s of those two runs).
+    # progress runs' wait for a minute's start
     "tests/workloads/test_ddp_stalls.py",
-    # 431 s; 375 s: whole minutes of ticks (steady's 1.5 minutes, the quick tests' seconds
-    # among them: 88 s; the agent away across a minute's end and 1.5 minutes more: 99-120 s),
-    # a lease's outage (74 s), Redis away (55-63 s)
+    # 446 s, 97 CPU-s: whole minutes of ticks (steady's 1.5 minutes; the agent away across a
+    # minute's end and 1.5 minutes more), a lease's outage (74 s), Redis away (60 s)
     "tests/e2e/test_topology.py",
-    "tests/slurm/test_node_agent.py",  # 206 s; 205 s: a Slurm in cgroups, its node's agent
-    "tests/accounting/test_tick_properties.py",  # 179 s: an example run 94 s, one 77 s
-    "tests/e2e/test_up_crash.py",  # 171 s; 92 s: `up` killed, a whole minute away (60-120 s)
-    "tests/workloads/test_server_away.py",  # 161 s; 116 s: the server away 70 s
-    "tests/workloads/test_queue.py",  # 158 s; 81 s: an empty pool, a restart's wait, DDP gangs
-    "tests/workloads/test_network.py",  # 177 s; 110 s: a gang scanned, the range squatted (N3)
-    "tests/e2e/test_agent_process.py",  # 123 s
-    "tests/slurm/test_submit.py",  # 123 s: DDP gangs as Slurm jobs
-    "tests/slurm/test_import.py",  # 118 s: a real Slurm, every wait for sacct
-    "tests/slurm/test_import_data.py",  # ~180 s under -n 2: arrays, `|`, failing commands
-    "tests/workloads/test_ddp.py",  # 86 s alone; 72 s: four gangs at once, one from its checkpoint
-    "tests/accounting/test_tick.py",  # 90 s
-    "tests/lifecycle/test_scenarios.py",  # 119 s (2026-12-02)
-    "tests/e2e/test_seed_walk.py",  # 99 s (2026-12-02)
-    "tests/graphql/test_fuzz.py",  # 94 s (2026-12-02)
-    "tests/lifecycle/test_terminal_properties.py",  # 88 s (2026-12-02)
-    "tests/e2e/test_console_runs.py",  # 77 s
-    "tests/e2e/test_cli_seed_blocks.py",  # 81 s (2026-12-02)
-    "tests/rest/test_openapi.py",  # 80 s (2026-12-02)
-    "tests/workloads/test_child_oom.py",  # 68 s; 40 s: two ranks each losing a child to OOM
+    "tests/accounting/test_tick_properties.py",  # 116 s, 36 CPU-s and PostgreSQL's: CPU
+    "tests/slurm/test_node_agent.py",  # 228 s, 27 CPU-s, wait: a Slurm in cgroups, its agent
+    "tests/e2e/test_up_crash.py",  # 142 s, wait: `up` killed, a whole minute away
+    "tests/lifecycle/test_scenarios.py",  # CPU
+    "tests/e2e/test_agent_process.py",  # 108 s, 31 CPU-s
+    "tests/graphql/test_fuzz.py",  # 54 s, 12 CPU-s: CPU
+    "tests/workloads/test_server_away.py",  # 119 s, wait: the server away 70 s
+    "tests/e2e/test_seed_walk.py",  # 24 CPU-s: CPU
+    # 74 s, 39 CPU-s: four gangs at once. Not at the start: begun beside test_ddp_stalls's
+    # and test_queue's gangs, their sixteen ranks' imports of PyTorch took every core for two
+    # minutes, and each fixture's set-up twice as long (148 s, 145 s), before the waits began
+    "tests/workloads/test_ddp.py",
+    "tests/lifecycle/test_terminal_properties.py",  # CPU
+    "tests/slurm/test_import.py",  # 126 s, wait: a real Slurm, every wait for sacct
+    "tests/workloads/test_network.py",  # 90 s, 29 CPU-s: a gang scanned, the range squatted
+    "tests/e2e/test_console_runs.py",  # 84 s, 21 CPU-s
+    "tests/e2e/test_cli_seed_blocks.py",  # 16 CPU-s
+    "tests/workloads/test_queue.py",  # 86 s, 25 CPU-s, DDP too: an empty pool, a restart's wait
+    "tests/rest/test_openapi.py",  # 53 s, 12 CPU-s: CPU
+    "tests/slurm/test_submit.py",  # 126 s, wait: DDP gangs as Slurm jobs
+    "tests/slurm/test_import_data.py",  # 121 s, wait: arrays, `|`, failing commands
+    "tests/accounting/test_tick.py",  # 12 CPU-s
+    "tests/slurm/test_import_cancelled.py",  # 87 s, wait
+    "tests/workloads/test_child_oom.py",  # 60 s: two ranks each losing a child to OOM
     "tests/webhooks/test_deliver.py",  # 65 s
-    "tests/security/test_hostile_requests.py",  # 65 s: every parameter, every root field
-    "tests/security/test_machine_identity.py",  # 61 s
-    "tests/e2e/test_lost_machine_live.py",  # 59 s; 29 s: an agent killed -9 with two ranks on it
+    "tests/security/test_hostile_requests.py",  # 17 CPU-s: every parameter, every root field
+    "tests/security/test_machine_identity.py",  # 58 s, 21 CPU-s
+    "tests/e2e/test_lost_machine_live.py",  # an agent killed -9 with two ranks on it
 )
 # The unit and db modules holding `make test-fast`'s longest tests, started first among their
 # lane's (after LONGEST's) so that none begins near the end of that run: the hour of ticks
@@ -367,6 +372,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         costly = sorted(MODULE_CPU.items(), key=lambda m: -m[1])[:MODULES_SHOWN]
         for module, seconds in costly:
             terminalreporter.write_line(f"{seconds:8.1f} CPU-s  {module}")
+        folders: dict[str, float] = {}
+        for module, seconds in MODULE_CPU.items():
+            folder = module.rsplit("/", 1)[0]
+            folders[folder] = folders.get(folder, 0.0) + seconds
+        terminalreporter.write_line(
+            "CPU-s by folder: "
+            + ", ".join(f"{f} {s:.0f}" for f, s in sorted(folders.items(), key=lambda f: -f[1]))
+        )
     cpu = CPU_WATCH.summary()
     if cpu is not None:
         terminalreporter.write_line(cpu)

@@ -148,7 +148,7 @@ def test_a_row_per_machine_pool_or_workspace_with_its_bar(
     server, tenancy = seed_week
     sign_in(page, server, tenancy.member_token)
     page.locator('tr[data-row="sweep-7"]').wait_for()
-    page.get_by_label("By").select_option(by)
+    page.get_by_label("By", exact=True).select_option(by)
     page.locator(f'tr[data-row="{names[0]}"]').wait_for()
     start = (datetime.now(UTC) - timedelta(days=7)).isoformat()
     api = HTTP.get(

@@ -180,7 +180,7 @@ def test_following_a_running_workers_log(
         timeout=45_000
     )
     # seed L-52: the charts show the run's life so far, not a fixed hour
-    assert page.get_by_label("Range").evaluate("s => s.selectedOptions[0].text") == (
+    assert page.get_by_label("Range", exact=True).evaluate("s => s.selectedOptions[0].text") == (
         "Its life so far"
     )
     page.screenshot(path=str(shots / "run-metrics.png"), full_page=True)
@@ -552,7 +552,10 @@ def test_an_oom_kill_opens_the_memory_chart_with_its_limit(
     assert "OOMKilled" in panel.locator(".sentence").inner_text()
     panel.get_by_role("button", name="Memory chart").click()
     page.wait_for_url("**/runs/hog?tab=metrics**")
-    assert page.get_by_label("Range").evaluate("s => s.selectedOptions[0].text") == "Its life"
+    assert (
+        page.get_by_label("Range", exact=True).evaluate("s => s.selectedOptions[0].text")
+        == "Its life"
+    )
     memory = page.locator('figure[data-metric="task_memory_used_bytes"]')
     memory.locator(".u-wrap").wait_for(timeout=30_000)
     labels = memory.locator(".u-legend .u-label").all_inner_texts()

@@ -67,7 +67,10 @@ def done() -> Iterator[Path]:
 
 
 def agents_on(data_dir: Path) -> set[int]:
-    """Every live `astraeus agent` process of this data folder on the machine."""
+    """Every live `astraeus agent` process of this data folder on the machine. A child the
+    agent forked to run a program shows the agent's command line until it runs the program
+    (in one CI run a pid next to the agent's was seen so): it is the agent's own work, not a
+    second agent, and is left out."""
     found = set()
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         with contextlib.suppress(OSError):
@@ -76,7 +79,12 @@ def agents_on(data_dir: Path) -> set[int]:
                 pid = int(cmdline.parent.name)
                 if alive(pid):
                     found.add(pid)
-    return found
+    agents = set()
+    for pid in found:
+        with contextlib.suppress(OSError):  # (gone meanwhile: not an agent now)
+            if parent(pid) not in found:
+                agents.add(pid)
+    return agents
 
 
 def busy(api: Api, since: float, until: float) -> list[tuple[float, float]]:

@@ -73,5 +73,15 @@ class CpuWatch:
         load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
         return (
             f"cpu: {os.cpu_count()} cores {busy:.0%} busy over the run; {saturated:.0%} of its "
-            f"{SAMPLE_S:g} s samples {SATURATED:.0%} busy or more; load average now {load}"
+            f"{SAMPLE_S:g} s samples {SATURATED:.0%} busy or more; load average now {load}\n"
+            f"cpu by minute (% busy): {' '.join(str(m) for m in self.by_minute())}"
         )
+
+    def by_minute(self) -> list[int]:
+        """How busy the cores were in each minute of the run, in percent: where they idled
+        (the first lanes' start, the last modules' tail) is where the run can still shrink."""
+        per = max(1, round(60 / SAMPLE_S))
+        return [
+            round(100 * sum(chunk) / len(chunk))
+            for chunk in (self.samples[i : i + per] for i in range(0, len(self.samples), per))
+        ]

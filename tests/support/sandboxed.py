@@ -14,10 +14,12 @@ servers' master port ranges are (tests/e2e/live.py).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import random
 import shutil
+import signal
 import socket
 import tempfile
 import weakref
@@ -96,6 +98,17 @@ def process_uids() -> tuple[int, int]:
     if not _MINE:
         _MINE.append(uid_range(workload_uids()))
     return _MINE[0]
+
+
+def end_workloads(uids: str) -> None:
+    """Kill every process of a user of ``uids`` (an agent's range, ``FIRST-LAST``): the
+    workloads of an agent that is gone for good (an agent that stops leaves them running, for
+    the next one to take up), so that none runs on after its test."""
+    first, last = uid_range(uids)
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            if first <= os.stat(f"/proc/{pid}").st_uid <= last:
+                os.kill(int(pid), signal.SIGKILL)
 
 
 def connects_as(uid: int, port: int, host: str = "127.0.0.1") -> bool:
