@@ -16,7 +16,9 @@ from the lines kept. Unlike the real agent it keeps no outbox: after a lost stre
 hello again with its workers and goes on, without resending what was not acknowledged.
 
 ``python -m bench.fleet --machines 100 --seconds 120`` starts ``astraeus serve`` (embedded
-broker: its jobs, ticks and passes in the same process) on a fresh PostgreSQL database, joins
+broker: its jobs, ticks and passes in the same process; with ``--jobs-apart`` they run in
+``astraeus worker`` and ``astraeus scheduler`` over a Redis of their own, as in production) on
+a fresh PostgreSQL database, joins
 the fleet, fills it with runs, follows some logs and reports what broke first: leases lost, the
 tick's delay (the accounting mark behind now), follows' lateness, the server's CPU and RSS.
 """
@@ -48,6 +50,8 @@ from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
 from agent.state import period_bodies
 from bench.common import OUT, fresh_database, save
+from bench.fleet_floor import bare_server
+from tests.e2e.services import PrivateRedis
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 HEARTBEAT_S = 10.0  # agent/config.py AgentConfig.heartbeat_seconds
@@ -530,7 +534,9 @@ class Server:
     """`astraeus serve` with the embedded broker (its jobs and passes in the process) on a
     database of its own; the admin token from `astraeus bootstrap`."""
 
-    def __init__(self, database_url: str, root: Path, **settings: str) -> None:
+    def __init__(
+        self, database_url: str, root: Path, jobs_apart: bool = False, **settings: str
+    ) -> None:
         self.port, self.agent_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.root = root
@@ -547,6 +553,12 @@ class Server:
         }
         self.admin = ""
         self.process: subprocess.Popen[bytes] | None = None
+        # With jobs apart, production's topology: the jobs (the tick, the passes, the lease
+        # checks) in `astraeus worker` and `astraeus scheduler` through a Redis of their own
+        self.redis = PrivateRedis(root) if jobs_apart else None
+        self.jobs: list[subprocess.Popen[bytes]] = []
+        if self.redis is not None:
+            self.env.update(ASTRAEUS_BROKER="redis", ASTRAEUS_REDIS_URL=self.redis.url)
         self.profile: Path | None = None  # cProfile's output, when serve runs under it
         self.stop_s = float("nan")  # how long serve took to stop on SIGTERM
 
@@ -556,6 +568,8 @@ class Server:
         ).stdout
 
     def start(self) -> None:
+        if self.redis is not None:
+            self.redis.start()
         found = re.search(r"token:\s+(astx_\S+)", self.cli("bootstrap"))
         assert found, "bootstrap printed no token"
         self.admin = found.group(1)
@@ -572,9 +586,25 @@ class Server:
             assert self.process.poll() is None, (self.root / "serve.log").read_text()[-2000:]
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    self._start_jobs()
                     return
             time.sleep(0.2)
         raise AssertionError("astraeus serve never answered")
+
+    def _start_jobs(self) -> None:
+        if self.redis is None:
+            return
+        for args in (["worker", "--threads", "2"], ["scheduler"]):
+            log = (self.root / f"{args[0]}.log").open("ab")
+            self.jobs.append(
+                subprocess.Popen(
+                    [ASTRAEUS, *args], env=self.env, stdout=log, stderr=subprocess.STDOUT
+                )
+            )
+
+    def jobs_cpu_s(self) -> float:
+        """The CPU seconds of the worker and the scheduler so far (0 when embedded)."""
+        return sum(tree_figures(p.pid)[0] for p in self.jobs if p.poll() is None)
 
     def join_token(self, uses: int) -> str:
         return self.cli("agent-token", "create", "--uses", str(uses), "--expires", "2h").strip()
@@ -593,12 +623,25 @@ class Server:
                 self.process.kill()
                 self.process.wait()
             self.stop_s = time.monotonic() - began
+        for job in self.jobs:
+            if job.poll() is None:
+                job.send_signal(signal.SIGTERM)
+        for job in self.jobs:
+            try:
+                job.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                job.wait()
+        if self.redis is not None:
+            self.redis.stop()
 
 
 @contextlib.contextmanager
-def serving(profile: Path | None = None, **settings: str) -> Iterator[tuple[Server, str]]:
+def serving(
+    profile: Path | None = None, jobs_apart: bool = False, **settings: str
+) -> Iterator[tuple[Server, str]]:
     with fresh_database() as url, tempfile.TemporaryDirectory(prefix="fleet-") as root:
-        server = Server(url, Path(root), **settings)
+        server = Server(url, Path(root), jobs_apart, **settings)
         server.profile = profile
         try:
             server.start()
@@ -730,12 +773,14 @@ async def hold(
     gpus: int = 8,
     workers_per_run: int = 4,
     profile: Path | None = None,
+    jobs_apart: bool = False,
 ) -> dict[str, Any]:
     """One server against ``machines`` simulated machines for ``seconds`` once they are full;
-    ``profile``: serve runs under cProfile, its statistics written there when it stops."""
+    ``profile``: serve runs under cProfile, its statistics written there when it stops;
+    ``jobs_apart``: the jobs in a worker and a scheduler of their own (production's topology)."""
     began = time.monotonic()
     load_before = round(os.getloadavg()[0], 2)
-    with serving(profile) as (server, database):
+    with serving(profile, jobs_apart) as (server, database):
         assert server.process is not None
         pid = server.process.pid
         cpu0, rss0 = tree_figures(pid)
@@ -780,6 +825,7 @@ async def hold(
         timeline: list[dict[str, float]] = []
         actors_a = actor_times(server.url, server.admin)
         cpu_a, _ = tree_figures(pid)
+        jobs_a = server.jobs_cpu_s()
         own_a = time.process_time()
         sent_a = fleet.counters.sent
         hold_began = time.monotonic()
@@ -797,6 +843,7 @@ async def hold(
                 }
             )
         cpu_b, rss_end = tree_figures(pid)
+        jobs_b = server.jobs_cpu_s()
         actors_b = actor_times(server.url, server.admin)
         own_b = time.process_time()
         sent_b = fleet.counters.sent
@@ -831,6 +878,8 @@ async def hold(
             # less bound to how much of the shared cores it was given than its CPU share
             "hold_messages_per_s": round((sent_b - sent_a) / held, 1),
             "server_cpu_ms_per_message": round(1000 * (cpu_b - cpu_a) / max(1, sent_b - sent_a), 2),
+            "jobs_apart": jobs_apart,
+            "jobs_cpu_pct_of_core": round(100 * (jobs_b - jobs_a) / held, 1),
             "server_rss_mb_start": round(rss0 / 2**20, 1),
             "fleet_cpu_pct_of_core": round(100 * (own_b - own_a) / held, 1),
             "server_rss_mb_end": round(rss_end / 2**20, 1),
@@ -858,6 +907,35 @@ async def hold(
         result["slow_lease_renewals"] = said.count("to renew")
         result["machines_found_lost"] = said.count("lost: its lease expired")
     return result
+
+
+async def floor(machines: int, seconds: float, gpus: int = 8) -> dict[str, Any]:
+    """The same fleet against the bare server (bench/fleet_floor.py): its CPU over a hold of
+    the same length once every machine runs its worker, per message the machines sent."""
+    port = free_port()
+    with bare_server(port) as process:
+        fleet = Fleet(f"127.0.0.1:{port}", "bare", machines, gpus)
+        await fleet.start()
+        await fleet.all_connected(120 + machines / 5)
+        for _ in range(120):  # every worker running, as serve's fill waits for
+            if fleet.counters.running >= machines:
+                break
+            await asyncio.sleep(1)
+        cpu_a, _ = process_figures(process.pid)
+        sent_a, began = fleet.counters.sent, time.monotonic()
+        await asyncio.sleep(seconds)
+        cpu_b, rss = process_figures(process.pid)
+        sent_b, held = fleet.counters.sent, time.monotonic() - began
+        await fleet.close()
+    return {
+        "bare_connected": fleet.connected(),
+        "bare_workers_running": fleet.counters.running,
+        "bare_cpu_pct_of_core": round(100 * (cpu_b - cpu_a) / held, 1),
+        "bare_messages_per_s": round((sent_b - sent_a) / held, 1),
+        "bare_cpu_ms_per_message": round(1000 * (cpu_b - cpu_a) / max(1, sent_b - sent_a), 3),
+        "bare_rss_mb": round(rss / 2**20, 1),
+        "bare_streams_lost": fleet.counters.streams_lost,
+    }
 
 
 def profile_top(path: Path, lines: int = 25) -> str:
@@ -890,6 +968,20 @@ def summary(r: dict[str, Any]) -> str:
         f"{r.get('machines_found_lost')}; load average {r.get('load1_before')} before, "
         f"{r.get('load1_during_hold')} during the hold; jobs' mean run time (s) "
         f"{r.get('job_seconds_during_hold')}"
+        + (
+            f"; the jobs apart (worker and scheduler): {r['jobs_cpu_pct_of_core']}% of a core"
+            if r.get("jobs_apart")
+            else "; the jobs in serve (embedded broker)"
+        )
+        + (
+            f"; the bare server (reads and acknowledges, no database): "
+            f"{r['bare_cpu_pct_of_core']}% of a core at {r['bare_messages_per_s']} messages/s, "
+            f"{r['bare_cpu_ms_per_message']} ms CPU each ({r['bare_workers_running']} workers "
+            f"running); serve {r['server_cpu_ms_per_message'] / r['bare_cpu_ms_per_message']:.1f}x"
+            " the bare server's CPU per message"
+            if r.get("bare_cpu_ms_per_message")
+            else ""
+        )
     )
 
 
@@ -902,11 +994,31 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="run serve under cProfile; print its top lines"
     )
+    parser.add_argument(
+        "--no-floor", action="store_true", help="skip the bare server's run (the baseline)"
+    )
+    parser.add_argument(
+        "--jobs-apart",
+        action="store_true",
+        help="the jobs (tick, passes, lease checks) in `astraeus worker` and `astraeus "
+        "scheduler` over a Redis of their own, as in production, not in serve",
+    )
     args = parser.parse_args()
     for n in args.machines:
         profile = Path(tempfile.mkdtemp(prefix="fleet-profile-")) / "serve.prof"
         profiled = profile if args.profile else None
-        result = asyncio.run(hold(n, args.seconds, args.follows, args.gpus, profile=profiled))
+        result = asyncio.run(
+            hold(
+                n,
+                args.seconds,
+                args.follows,
+                args.gpus,
+                profile=profiled,
+                jobs_apart=args.jobs_apart,
+            )
+        )
+        if not args.no_floor:  # the baseline, in the same invocation
+            result.update(asyncio.run(floor(n, args.seconds, args.gpus)))
         if args.profile and profile.exists():
             top = profile_top(profile)
             kept = save(f"fleet_{n}_profile", {"profile": top.splitlines()})
