@@ -28,11 +28,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import ErrorDetails
 from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
 from backend.config import format_duration, parse_duration
 from backend.errors import FieldError, InvalidInput
+from backend.spec_errors import CONTROL, Refusals, field_errors
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -71,10 +71,10 @@ RESERVED_ENVIRONMENT = SET_BY_ASTRAEUS | DEVICE_SELECTION
 # secrets folder...), listed or not.
 RESERVED_PREFIX = "ASTRAEUS_"
 
-# Control characters (C0, DEL and C1) are refused in every string of a specification. Command
-# arguments and variable values are free text that may span lines (a `python3 -c` script): they
-# keep tab, newline and carriage return, and refuse NUL, the rest of C0 and DEL.
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Control characters (C0, DEL and C1: spec_errors.CONTROL) are refused in every string of a
+# specification. Command arguments and variable values are free text that may span lines (a
+# `python3 -c` script): they keep tab, newline and carriage return, and refuse NUL, the rest of
+# C0 and DEL.
 CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 MAX_WORKERS = 4096
@@ -96,7 +96,6 @@ MAX_MOUNTS = 64
 MAX_CREDENTIALS = 32
 MAX_PATH_CHARACTERS = 4096  # PATH_MAX
 MAX_NAME_CHARACTERS = 128  # a variable's, cluster's or pool's name
-MAX_SHOWN_KEY = 64  # characters of a refused key shown in a field's path
 
 
 def format_size(size: int, *, bound: bool = False) -> str:
@@ -190,14 +189,6 @@ MountPath = Annotated[Line, _characters("a path", MAX_PATH_CHARACTERS)]
 Name = Annotated[Line, _characters("a name", MAX_NAME_CHARACTERS)]
 
 
-class _Refusals(ValueError):
-    """Several fields refused together by a check across fields, each with its own path."""
-
-    def __init__(self, fields: list[FieldError]) -> None:
-        super().__init__("; ".join(str(f) for f in fields))
-        self.fields = fields
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
 
@@ -285,6 +276,38 @@ def _canonical_duration(value: Any, *, positive: bool) -> str | None:
     return format_duration(parsed)
 
 
+# An idle policy's bounds: measured minute by minute, from one minute to a week.
+IDLE_FOR_LEAST = timedelta(minutes=1)
+IDLE_FOR_MOST = timedelta(days=7)
+
+
+class IdlePolicy(_Strict):
+    """``idle: {gpu_utilization_below: 5, for: "30m", action: "stop"}``: when every GPU of the
+    run stays under the utilization (percent, each whole minute's mean) for the whole window,
+    the run is stopped, or its owner told (``notify``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+
+    gpu_utilization_below: float = Field(default=5.0, gt=0, le=100)
+    for_: str = Field(alias="for")
+    action: Literal["stop", "notify"] = "stop"
+
+    @field_validator("for_", mode="before")
+    @classmethod
+    def _window(cls, value: Any) -> str | None:
+        canonical = _canonical_duration(value, positive=True)
+        window = parse_duration(canonical or "0s")
+        if window % timedelta(minutes=1):
+            raise ValueError("must be whole minutes: utilization is measured minute by minute")
+        if not IDLE_FOR_LEAST <= window <= IDLE_FOR_MOST:
+            raise ValueError("must be from 1m to 7d")
+        return canonical
+
+    @property
+    def window(self) -> timedelta:
+        return parse_duration(self.for_)
+
+
 # What a worker whose specification names no ``cpu`` reserves on its machine: a tenth of a core,
 # a Kubernetes LimitRange's usual default request (100m), so that many such workers share a
 # small machine (issue 36: the default of 1 core fitted one 2-rank run on a 2-core laptop). It
@@ -322,6 +345,7 @@ class RunSpec(_Strict):
     time_limit: str | None = None
     stall_timeout: str | None = None
     on_stall: Literal["restart", "keep"] = "restart"
+    idle: IdlePolicy | None = None
 
     @field_validator("time_limit", "stall_timeout", mode="before")
     @classmethod
@@ -363,10 +387,14 @@ class RunSpec(_Strict):
         paths = [mount_key(m.path) for m in self.mounts]
         if len(paths) != len(set(paths)):
             problems.append(FieldError("mounts", "two mounts share a path"))
+        if self.idle is not None and self.gpus == 0:
+            problems.append(
+                FieldError("idle", "the run asks for no GPUs: an idle policy measures its GPUs")
+            )
         problems.extend(self._read_only_drives())
         problems.extend(self._totals())
         if problems:
-            raise _Refusals(problems)
+            raise Refusals(problems)
         return self
 
     def _read_only_drives(self) -> list[FieldError]:
@@ -433,75 +461,9 @@ class RunSpec(_Strict):
         )
 
     def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
-
-
-def _escaped(match: re.Match[str]) -> str:
-    return f"\\u{ord(match[0]):04x}"
-
-
-def _path(loc: tuple[int | str, ...]) -> str:
-    """``mounts[0].path``; a key of the input is shown with its control characters escaped."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in {"[key]"}:
-            continue
-        else:
-            if len(part) > MAX_SHOWN_KEY:  # a refused key may be huge: show its start
-                part = f"{part[:MAX_SHOWN_KEY]}…"
-            part = CONTROL.sub(_escaped, part)
-            out += f".{part}" if out else part
-    return out or "spec"
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
-
-
-_MESSAGES = {
-    "missing": lambda ctx: "is required",
-    "extra_forbidden": lambda ctx: "is not a field of a run specification",
-    "greater_than_equal": lambda ctx: f"must be at least {_number(ctx['ge'])}",
-    "greater_than": lambda ctx: f"must be more than {_number(ctx['gt'])}",
-    "less_than_equal": lambda ctx: f"must be at most {_number(ctx['le'])}",
-    "int_type": lambda ctx: "must be a whole number",
-    "int_parsing": lambda ctx: "must be a whole number",
-    "int_from_float": lambda ctx: "must be a whole number",
-    "float_type": lambda ctx: "must be a number",
-    "float_parsing": lambda ctx: "must be a number",
-    "string_type": lambda ctx: "must be a string",
-    "bool_type": lambda ctx: "must be true or false",
-    "bool_parsing": lambda ctx: "must be true or false",
-    "list_type": lambda ctx: "must be a list",
-    "dict_type": lambda ctx: "must be an object",
-    "model_type": lambda ctx: "must be an object",
-    "literal_error": lambda ctx: f"must be one of {ctx['expected']}",
-    "string_pattern_mismatch": lambda ctx: (
-        "must be lowercase letters, digits and '-', starting and ending with a letter or "
-        "digit, at most 63 characters"
-    ),
-    "string_too_short": lambda ctx: "must not be empty",
-    "string_too_long": lambda ctx: f"must be at most {ctx['max_length']} characters",
-    "too_long": lambda ctx: (
-        f"must have at most {ctx['max_length']} items"
-        + (f" (this one has {ctx['actual_length']})" if ctx.get("actual_length") else "")
-    ),
-}
-
-
-def _field_errors(error: ErrorDetails) -> list[FieldError]:
-    path = _path(tuple(error["loc"]))
-    kind = error["type"]
-    ctx = error.get("ctx", {})
-    if kind == "value_error":
-        cause = ctx.get("error")
-        if isinstance(cause, _Refusals):
-            return list(cause.fields)
-        return [FieldError(path, str(cause if cause is not None else error["msg"]))]
-    describe = _MESSAGES.get(kind)
-    return [FieldError(path, describe(ctx) if describe else error["msg"])]
+        """As stored and as Run again opens it; ``idle`` only where the run has a policy (a
+        specification written before policies existed reads the same)."""
+        return self.model_dump(mode="json", exclude={"idle"} if self.idle is None else None)
 
 
 def memory_limit(memory_bytes: int | None, per_gpu_bytes: int | None, gpus: int) -> int | None:
@@ -552,12 +514,17 @@ def stored_spec(data: Mapping[str, Any]) -> RunSpec:
 
 _M = TypeVar("_M", bound=_Strict)
 # The parts of a specification that are models of their own.
-_PARTS: dict[str, type[_Strict]] = {"per_gpu": PerGpu, "mounts": Mount, "credentials": Credential}
+_PARTS: dict[str, type[_Strict]] = {
+    "per_gpu": PerGpu,
+    "mounts": Mount,
+    "credentials": Credential,
+    "idle": IdlePolicy,
+}
 
 
 def _construct(model: type[_M], data: Mapping[str, Any]) -> _M:
-    fields = model.model_fields  # a property of pydantic's: 0.8 us a look, once here
-    known = {k: v for k, v in data.items() if k in fields}
+    fields = _names(model)
+    known = {fields[k]: v for k, v in data.items() if k in fields}
     for key, part in _PARTS.items():
         value = known.get(key)
         if isinstance(value, list):
@@ -568,6 +535,13 @@ def _construct(model: type[_M], data: Mapping[str, Any]) -> _M:
         if key not in known:
             known[key] = factory() if factory is not None else default
     return model.model_construct(**known)
+
+
+@functools.cache
+def _names(model: type[_Strict]) -> dict[str, str]:
+    """Each field's key as stored (its alias where it has one: IdlePolicy's ``for``) and its
+    name. Read once: pydantic's model_fields is a property, 0.8 us a look."""
+    return {(field.alias or name): name for name, field in model.model_fields.items()}
 
 
 @functools.cache
@@ -591,5 +565,5 @@ def parse_spec(data: Any) -> RunSpec:
     except ValidationError as exc:
         fields: list[FieldError] = []
         for error in exc.errors(include_url=False):
-            fields.extend(_field_errors(error))
+            fields.extend(field_errors(error))
         raise InvalidInput("INVALID_SPEC", fields) from None

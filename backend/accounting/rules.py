@@ -90,6 +90,8 @@ _BY_PHASE: dict[str, tuple[Category, bool]] = {
     Phase.STALLED: (Category.STALLED, True),
     Phase.STOPPING_OWNER: (Category.PRODUCTIVE, True),
     Phase.STOPPING_TIME_LIMIT: (Category.PRODUCTIVE, True),
+    # Its idle policy stopped it: its GPUs were idle, and idle they wind down.
+    Phase.STOPPING_IDLE: (Category.IDLE, True),
     Phase.STOPPING_PREEMPTION: (Category.PREEMPTION, True),
     Phase.STOPPING_STALL: (Category.STALLED, True),
     Phase.STOPPING_FAILURE: (Category.FAILURE, True),

@@ -10,6 +10,7 @@ from backend.accounting import counting, retention
 from backend.alerts import service as alerts
 from backend.clock import Clock
 from backend.db import Database
+from backend.idle import service as idle
 from backend.jobs import runtime
 from backend.lifecycle import service as lifecycle
 from backend.machines import service as machines
@@ -91,6 +92,11 @@ async def accounting_tick() -> None:
         evaluated = await alerts.evaluate(session, clock)
     for alert in evaluated.fired:
         log.warning("alert firing: %s", alert.reason)
+    # Then the idle policies, on the samples in by now (15 s past the minute): their own
+    # transaction too, each run's stop under its gang's lock.
+    checked = await db.unit(lambda session: idle.check(session, clock))
+    for name in checked.stopped:
+        log.info("idle policy: stopped %s", name)
 
 
 async def accounting_prune() -> None:

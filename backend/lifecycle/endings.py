@@ -19,6 +19,7 @@ from backend.lifecycle.sentences import (
     budget_exhausted_sentence,
     drained_sentence,
     end_sentence,
+    idle_sentence,
     port_taken_sentence,
     preempted_sentence,
     restart_backoff,
@@ -67,6 +68,7 @@ SNAPSHOT_CUT = "[earlier output cut: a failure snapshot keeps the last 16 KiB]\n
 _STOPPING_PHASE = {
     Cause.OWNER: Phase.STOPPING_OWNER,
     Cause.TIME_LIMIT: Phase.STOPPING_TIME_LIMIT,
+    Cause.IDLE: Phase.STOPPING_IDLE,
     Cause.PREEMPTION: Phase.STOPPING_PREEMPTION,
     Cause.DRAIN: Phase.STOPPING_PREEMPTION,
     Cause.STALL: Phase.STOPPING_STALL,
@@ -341,6 +343,8 @@ def _ask_to_stop(
 
 
 def _stopped_sentence(cause: Cause, run: RunView) -> str:
+    if cause == Cause.IDLE:
+        return idle_stopped_sentence(run)
     return {
         Cause.OWNER: f"Stopped by {run.stop_by}",
         Cause.TIME_LIMIT: "Stopped at its time limit",
@@ -353,10 +357,21 @@ def _stopped_sentence(cause: Cause, run: RunView) -> str:
     }[cause]
 
 
+# The stops that end the run whatever came before: none after them decides otherwise.
+ENDING_CAUSES = frozenset({Cause.OWNER, Cause.TIME_LIMIT, Cause.IDLE})
+
+
+def idle_stopped_sentence(run: RunView) -> str:
+    """``Stopped — idle: GPU utilization under 5% for 30 min`` (issue 41)."""
+    rule = run.policy.idle
+    assert rule is not None, "only a run with an idle policy is stopped by it"
+    return f"Stopped — {idle_sentence(rule.below, rule.window)}"
+
+
 def will_restart(run: RunView, cause: Cause, at: datetime) -> bool:
     if cause in (Cause.PREEMPTION, Cause.DRAIN, Cause.BARRIER, Cause.RENDEZVOUS):
         return True
-    if cause in (Cause.OWNER, Cause.TIME_LIMIT):
+    if cause in ENDING_CAUSES:
         return False
     if run.policy.restart_policy == "never":
         return False
@@ -400,6 +415,8 @@ def _conclude_if_done(run: RunView, at: datetime, fx: Effects) -> None:
         assert run.policy.time_limit is not None
         sentence = time_limit_sentence(run.policy.time_limit)
         end_run(run, FAILED, sentence, at, fx, EndCause.TIME_LIMIT)
+    elif cause == Cause.IDLE:
+        end_run(run, STOPPED, idle_stopped_sentence(run), at, fx, EndCause.IDLE)
     elif cause in (Cause.PREEMPTION, Cause.DRAIN, Cause.BARRIER, Cause.RENDEZVOUS):
         _requeue(run, cause, run.reason, None, at, fx, run.cause)
     else:
@@ -495,7 +512,7 @@ def stop_gang(
     run: RunView, cause: Cause, by: str | None, worker_reason: str, at: datetime, fx: Effects
 ) -> None:
     """Ask every placed worker to wind down; the gang ends or requeues once all are gone."""
-    if run.ended or run.stop_cause in (Cause.OWNER, Cause.TIME_LIMIT):
+    if run.ended or run.stop_cause in ENDING_CAUSES:
         return
     if run.stop_cause is None:
         find_stalls(run, at, fx)  # stalled before the stop, not yet found: from their progress

@@ -20,7 +20,14 @@ from backend.db.bulk import insert_many
 from backend.errors import Conflict, NotFound
 from backend.events import rules as events_rules
 from backend.lifecycle import repository, states
-from backend.lifecycle.views import Effects, RunPolicy, RunView, Transition, WorkerView
+from backend.lifecycle.views import (
+    Effects,
+    IdleRule,
+    RunPolicy,
+    RunView,
+    Transition,
+    WorkerView,
+)
 from backend.models import (
     AgentCommand,
     Event,
@@ -103,6 +110,9 @@ def policy_of(spec: RunSpec) -> RunPolicy:
         time_limit=spec.time_limit_delta,
         stall_timeout=spec.stall_timeout_delta,
         on_stall=spec.on_stall,
+        idle=IdleRule(spec.idle.gpu_utilization_below / 100, spec.idle.window, spec.idle.action)
+        if spec.idle is not None
+        else None,
     )
 
 

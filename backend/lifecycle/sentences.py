@@ -56,6 +56,7 @@ class EndCause(StrEnum):
     UNDELIVERABLE = "undeliverable"
     STALLED = "stalled"
     TIME_LIMIT = "time_limit"
+    IDLE = "idle"  # stopped by its idle policy (issue 41)
     PREEMPTED = "preempted"
     RETRY_BUDGET = "retry_budget"
 
@@ -195,6 +196,23 @@ def drained_sentence(machine: str) -> str:
 
 def time_limit_sentence(limit: timedelta) -> str:
     return f"Exceeded its time limit of {format_duration(limit)}"
+
+
+def idle_sentence(below: float, window: timedelta) -> str:
+    """``idle: GPU utilization under 5% for 30 min``: an idle policy's finding (``below`` a
+    ratio)."""
+    percent = below * 100
+    shown = f"{percent:.0f}" if percent == round(percent) else f"{percent:g}"
+    return f"idle: GPU utilization under {shown}% for {minutes_shown(window)}"
+
+
+def minutes_shown(window: timedelta) -> str:
+    """``30 min``, ``2 h``, ``1 h 30 min``, ``2 d 3 h``: a whole-minute window as people say it."""
+    minutes = int(window.total_seconds()) // 60
+    days, rest = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(rest, 60)
+    parts = [f"{n} {unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "min")) if n]
+    return " ".join(parts) or "0 min"
 
 
 def budget_exhausted_sentence(max_restarts: int) -> str:

@@ -56,6 +56,26 @@ async def stop_run(session: AsyncSession, clock: Clock, run: Run, by: str) -> Ef
     return fx
 
 
+async def idle_stop(
+    session: AsyncSession, clock: Clock, run_id: int, idle_since: datetime
+) -> tuple[Effects, datetime, int] | None:
+    """Its idle policy found its GPUs idle since ``idle_since``: wind the gang down and end it
+    Stopped. Under the gang's lock it must still be running whole since then, and not winding
+    down for another cause; None where it is not. Else what it did, when, and the GPUs it held.
+    """
+    acted: list[int] = []
+
+    def rule(view: RunView, fx: Effects, at: datetime) -> None:
+        running = view.state == states.RUNNING and view.stop_cause is None
+        if not running or view.running_since is None or view.running_since > idle_since:
+            return
+        acted.append(sum(w.held_gpus for w in view.workers))
+        stops.idle_reached(view, at, fx)
+
+    _, fx, at = await apply(session, run_id, clock.now(), rule)
+    return (fx, at, acted[0]) if acted else None
+
+
 async def delete_run(
     session: AsyncSession, clock: Clock, run: Run, by: str, *, ledger: DeletionLedger
 ) -> Effects:

@@ -69,6 +69,7 @@ class Phase(StrEnum):
     STALLED = "stalled"  # running while stalled, from its last progress
     STOPPING_OWNER = "stopping:owner"  # winding down when its owner asked
     STOPPING_TIME_LIMIT = "stopping:time_limit"  # winding down at its time limit
+    STOPPING_IDLE = "stopping:idle"  # winding down after its idle policy stopped it: still idle
     STOPPING_PREEMPTION = "stopping:preemption"
     STOPPING_STALL = "stopping:stall"
     STOPPING_FAILURE = "stopping:failure"  # torn down with its gang after a failure
@@ -92,6 +93,7 @@ HELD_PHASES = frozenset(
         Phase.STALLED,
         Phase.STOPPING_OWNER,
         Phase.STOPPING_TIME_LIMIT,
+        Phase.STOPPING_IDLE,
         Phase.STOPPING_PREEMPTION,
         Phase.STOPPING_STALL,
         Phase.STOPPING_FAILURE,
@@ -110,6 +112,7 @@ class Cause(StrEnum):
     FAILURE = "failure"
     BARRIER = "barrier"
     RENDEZVOUS = "rendezvous"  # its MASTER_PORT was another program's (issue 37 N3)
+    IDLE = "idle"  # its idle policy: its GPUs under the utilization for the window (issue 41)
 
 
 # The states, by their names in runs/rules.py (a run's are a worker's but Stopping, plus Deleted).

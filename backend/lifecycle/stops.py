@@ -14,6 +14,7 @@ from backend.lifecycle.sentences import (
     End,
     EndCause,
     drained_sentence,
+    idle_sentence,
     preempted_sentence,
     time_limit_sentence,
 )
@@ -39,6 +40,17 @@ def time_limit_reached(run: RunView, at: datetime, fx: Effects) -> None:
         at,
         fx,
     )
+
+
+def idle_reached(run: RunView, at: datetime, fx: Effects) -> None:
+    """Its idle policy found every GPU under its utilization for the window: wind down (its
+    GPUs still idle), then Stopped, not restarted."""
+    rule = run.policy.idle
+    if rule is None or run.ended or run.stop_cause is not None:
+        return
+    sentence = f"Stopping — {idle_sentence(rule.below, rule.window)}"
+    run.reason, run.cause = sentence, None
+    stop_gang(run, Cause.IDLE, None, sentence, at, fx)
 
 
 def preempt(run: RunView, by_run: str, at: datetime, fx: Effects) -> None:

@@ -77,6 +77,16 @@ class WorkerView:
         return self.gpus if self.phase in HELD_PHASES else 0
 
 
+@dataclass(frozen=True)
+class IdleRule:
+    """A run's idle policy: every GPU's utilization under ``below`` (0 to 1), each whole
+    minute's mean, for ``window``; then ``action``: "stop" or "notify"."""
+
+    below: float
+    window: timedelta
+    action: str = "stop"
+
+
 @dataclass
 class RunPolicy:
     """What the specification says about how the run starts, fails and ends."""
@@ -86,6 +96,7 @@ class RunPolicy:
     time_limit: timedelta | None = None
     stall_timeout: timedelta | None = None
     on_stall: str = "restart"
+    idle: IdleRule | None = None
 
 
 @dataclass

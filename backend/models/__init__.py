@@ -16,6 +16,7 @@ from backend.models.goodput import (
     GoodputRunTotal,
 )
 from backend.models.history import Event, StateTransition
+from backend.models.idle import IdleAction
 from backend.models.install import InstallKey
 from backend.models.machine import Gpu, LeaseCheck, Machine
 from backend.models.machine_credential import JoinToken, MachineCredential
@@ -49,6 +50,7 @@ __all__ = [
     "GoodputRunTotal",
     "Gpu",
     "GpuFault",
+    "IdleAction",
     "InstallKey",
     "JoinToken",
     "LeaseCheck",

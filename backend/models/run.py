@@ -86,3 +86,9 @@ class Run(HasId, HasCreatedAt, Base):
     first_failure: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
     # Its id in the scheduler that runs it, when that is not Astraeus (a Slurm job id).
     external_id: Mapped[str | None] = mapped_column(String(64))
+    # Its idle policy (spec.RunSpec.idle, as stored), where it has one: the runs the idle
+    # check looks at, found without reading every specification (issue 41).
+    idle_policy: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
+    # When its idle policy last told its workspace it was idle ("notify"); cleared once it is
+    # found busy again, so that each idle spell is told once.
+    idle_notified_at: Mapped[datetime | None]

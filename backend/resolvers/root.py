@@ -19,6 +19,7 @@ from backend.errors import ConflictRetry, DatabaseUnavailable
 from backend.request.context import Info
 from backend.resolvers import events as event_resolvers
 from backend.resolvers import goodput as goodput_resolvers
+from backend.resolvers import idle as idle_resolvers
 from backend.resolvers import machine_identity as machine_identity_resolvers
 from backend.resolvers import metrics as metric_resolvers
 from backend.resolvers import operations as operation_resolvers
@@ -37,6 +38,7 @@ from backend.schema.goodput import (
     GoodputWeek,
 )
 from backend.schema.guards import bounds, expected, log_errors
+from backend.schema.idle import IdleReport
 from backend.schema.machine_identity import (
     JoinToken,
     JoinTokenPayload,
@@ -162,6 +164,13 @@ class Query:
     alerts_firing: list[Alert] = strawberry.field(
         resolver=operation_resolvers.alerts_firing,
         description="Threshold alerts firing: the workspace's; all the organisation's for admins.",
+    )
+    idle_report: IdleReport = strawberry.field(
+        resolver=idle_resolvers.idle_report,
+        description=(
+            "What the workspace's idle policies did over the last days (7; 1 to 400): the "
+            "GPU-hours their stops gave back and each stop and notice (issue 41)."
+        ),
     )
     secrets: list[Secret] = strawberry.field(
         resolver=secret_resolvers.list_secrets,

@@ -93,6 +93,8 @@ async def create_run(
         state_since=plan.created_at,
         created_at=plan.created_at,
     )
+    if spec.idle is not None:  # (set only then: a JSON column's None would be JSON null)
+        run.idle_policy = stored_spec["idle"]
     repository.add(session, run)
     try:
         await session.flush()
@@ -163,6 +165,8 @@ def _check_slurm_spec(spec: RunSpec, cluster: str) -> None:
             ("mounts", bool(spec.mounts)),
             ("credentials", bool(spec.credentials)),
             ("user", spec.user is not None),
+            # Slurm's jobs are stopped by Slurm (scancel); the idle check looks at Astraeus's
+            ("idle", spec.idle is not None),
         )
         if given
     ]

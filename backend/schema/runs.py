@@ -22,6 +22,7 @@ from backend.schema.enums import (
     WorkerStateValue,
 )
 from backend.schema.goodput import GoodputLedger, RunRework
+from backend.schema.idle import IdlePolicy
 from backend.spec import stored_spec
 
 
@@ -295,6 +296,14 @@ class Run:
     @strawberry.field(description="Opaque, the same every time: it counts nothing (issue 37 N8).")
     async def id(self, info: Info) -> strawberry.ID:
         return strawberry.ID((await ids.codec(info.context.db)).show(ids.Kind.RUN, self._number))
+
+    @strawberry.field(
+        description='Its idle policy (spec "idle"), if it has one: stopped, or its workspace '
+        "told, when every GPU stays under the utilization for the window (issue 41)."
+    )
+    def idle_policy(self) -> IdlePolicy | None:
+        policy = stored_spec(cast(dict[str, Any], self.spec)).idle
+        return IdlePolicy.from_spec(policy) if policy is not None else None
 
     @property
     def cause(self) -> str | None:

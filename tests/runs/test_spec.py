@@ -578,3 +578,61 @@ def test_a_five_mib_value_is_refused_quickly() -> None:
     began = time.monotonic()
     refused(run_spec(environment={"BIG": "x" * 5 * MIB}, command=["python", "y" * 5 * MIB]))
     assert time.monotonic() - began < 1.0
+
+
+def test_an_idle_policy_is_kept_with_its_window_as_written_and_its_defaults() -> None:
+    # issue 41: idle: {gpu_utilization_below: 5, for: "30m", action: "stop" | "notify"}
+    spec = parse_spec(run_spec(idle={"for": 1800}))
+    assert spec.to_json()["idle"] == {"gpu_utilization_below": 5.0, "for": "30m", "action": "stop"}
+    assert spec.idle is not None and spec.idle.window == timedelta(minutes=30)
+    again = stored_spec(spec.to_json())
+    assert again.idle == spec.idle
+    told = parse_spec(
+        run_spec(idle={"gpu_utilization_below": 12.5, "for": "2h", "action": "notify"})
+    )
+    assert told.to_json()["idle"] == {
+        "gpu_utilization_below": 12.5,
+        "for": "2h",
+        "action": "notify",
+    }
+    assert parse_spec(run_spec()).idle is None
+
+
+@pytest.mark.parametrize(
+    ("idle", "field", "reason"),
+    [
+        (
+            {"for": "90s"},
+            "idle.for",
+            "must be whole minutes: utilization is measured minute by minute",
+        ),
+        ({"for": "0s"}, "idle.for", "must be longer than 0s"),
+        ({"for": "8d"}, "idle.for", "must be from 1m to 7d"),
+        ({"for": "soon"}, "idle.for", None),
+        ({}, "idle.for", "is required"),
+        (
+            {"for": "5m", "gpu_utilization_below": 0},
+            "idle.gpu_utilization_below",
+            "must be more than 0",
+        ),
+        (
+            {"for": "5m", "gpu_utilization_below": 101},
+            "idle.gpu_utilization_below",
+            "must be at most 100",
+        ),
+        ({"for": "5m", "action": "kill"}, "idle.action", "must be one of 'stop' or 'notify'"),
+        ({"window": "5m", "for": "5m"}, "idle.window", "is not a field of a run specification"),
+        ("30m", "idle", "must be an object"),
+    ],
+)
+def test_a_bad_idle_policy_names_its_field(idle: Any, field: str, reason: str | None) -> None:
+    fields = refused(run_spec(idle=idle))
+    assert [f.field for f in fields] == [field]
+    if reason is not None:
+        assert fields[0].reason == reason
+
+
+def test_an_idle_policy_needs_gpus_to_measure() -> None:
+    assert refused(run_spec(gpus=0, idle={"for": "30m"})) == [
+        FieldError("idle", "the run asks for no GPUs: an idle policy measures its GPUs")
+    ]

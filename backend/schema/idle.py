@@ -1,0 +1,54 @@
+"""GraphQL types of idle policies (issue 41): a run's policy, and what a workspace's policies
+did."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import strawberry
+
+from backend.spec import IdlePolicy as SpecIdlePolicy
+
+
+@strawberry.type(
+    description='A run\'s idle policy (spec "idle"): when every GPU of the run stays under the '
+    "utilization, each whole minute, for the window, the run is stopped (or its workspace told)."
+)
+class IdlePolicy:
+    gpu_utilization_below: float = strawberry.field(description="Percent, each minute's mean.")
+    window: str = strawberry.field(description='The spec\'s "for": 30m, 2h…')
+    action: str = strawberry.field(description="stop or notify.")
+
+    @classmethod
+    def from_spec(cls, policy: SpecIdlePolicy) -> IdlePolicy:
+        return cls(
+            gpu_utilization_below=policy.gpu_utilization_below,
+            window=policy.for_,
+            action=policy.action,
+        )
+
+
+@strawberry.type(description="One thing a run's idle policy did.")
+class IdleAction:
+    run: str
+    action: str = strawberry.field(description="stop or notify.")
+    at: datetime
+    idle_since: datetime = strawberry.field(description="The window's start: idle since then.")
+    gpus: int = strawberry.field(description="The GPUs the run held (a notice gives none back).")
+    reason: str
+    gpu_hours_given_back: float = strawberry.field(
+        description="Its GPUs from its stop to now (or its time limit), within the period."
+    )
+
+
+@strawberry.type(
+    description="What the workspace's idle policies did over the last days: the GPU-hours "
+    "their stops gave back, the idle GPU-hours the stopped runs had held over their windows, "
+    "and each stop and notice, newest first."
+)
+class IdleReport:
+    since: datetime
+    gpu_hours_given_back: float
+    idle_gpu_hours_found: float
+    runs_stopped: int
+    actions: list[IdleAction]
