@@ -144,6 +144,7 @@ LONGEST = (
     "tests/e2e/test_agent_process.py",  # 108 s, 31 CPU-s
     "tests/graphql/test_fuzz.py",  # 54 s, 12 CPU-s: CPU
     "tests/workloads/test_server_away.py",  # 119 s, wait: the server away 70 s
+    "tests/e2e/test_idle_live.py",  # 185 s, wait: idle policies' windows of whole minutes
     "tests/e2e/test_seed_walk.py",  # 24 CPU-s: CPU
     # 74 s, 39 CPU-s: four gangs at once. Not at the start: begun beside test_ddp_stalls's
     # and test_queue's gangs, their sixteen ranks' imports of PyTorch took every core for two

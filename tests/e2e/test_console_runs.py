@@ -3,8 +3,9 @@ agent and real runs (issue 8): a followed log shows a new line within 2 s, Findâ
 filter, Download saves <worker>.log, a failed run shows its failure panel and the seed's advice
 (a run at its time limit too, with its last lines: issue 20), Its log opens that worker's log;
 the Workers tab says where each worker is or ran, an image run on process agents says why it
-does not start, an ended worker's network chart why it has no samples (issue 36); screenshots
-of each tab and of a worker's page."""
+does not start, an ended worker's network chart why it has no samples (issue 36); a run's idle
+policy in its readout and the goodput page's Idle GPUs given back (issue 41); screenshots of
+each tab and of a worker's page."""
 
 from __future__ import annotations
 
@@ -726,6 +727,34 @@ def test_an_image_run_where_no_machine_runs_containers_says_why_it_does_not_star
         assert row.locator('[data-figure="gpus"]').inner_text() == "1 asked"
     finally:
         gql(server, token, 'mutation { stopRun(name: "boxed") { errors { message } } }')
+
+
+def test_an_idle_policy_shows_on_its_runs_page_and_the_goodput_page_says_none_stopped(
+    live: tuple[Server, str], page: Any
+) -> None:
+    # issue 41: the run's readout says its idle policy (the utilization's default, 5%); the
+    # goodput page's Idle GPUs given back says no policy stopped a run (none here does in 30m)
+    server, token = live
+    spec = {
+        "name": "idler",
+        "gpus": 1,
+        "idle": {"for": "30m"},
+        "command": ["python3", "-c", ENDLESS],
+    }
+    create(server, token, spec)
+    try:
+        sign_in(page, server, token)
+        section = page.get_by_role("region", name="Idle GPUs given back")
+        assert section.locator("p.empty").inner_text() == (
+            "No idle policy stopped a run in the last 7 days: a run's spec may say idle: "
+            '{gpu_utilization_below: 5, for: "30m"} to be stopped when every GPU it holds stays '
+            "under 5% for 30 minutes."
+        )
+        page.goto(f"{server.url}/o/default/w/default/runs/idler")
+        policy = page.get_by_label("Readout").locator('[data-figure="idle-policy"]')
+        assert policy.inner_text() == "Stop when every GPU stays under 5% for 30m"
+    finally:
+        gql(server, token, 'mutation { stopRun(name: "idler") { errors { message } } }')
 
 
 def test_run_again_opens_the_spec_under_a_new_name(live: tuple[Server, str], page: Any) -> None:

@@ -4,6 +4,7 @@
 // a bar of where its time went. By week (8) shows the last eight weeks. A bar's segment opens
 // the worker intervals behind it. Over time (issue 23): the workspace's, or a row's, GPU time
 // hour by hour in a stacked chart with its goodput; a click on an hour opens its intervals.
+// Idle GPUs given back (issue 41): what the idle policies stopped over the last 7 days.
 import { useEffect, useState } from "react";
 
 import { STYLE } from "../categories";
@@ -24,6 +25,7 @@ import { Link } from "../nav";
 import { runPath } from "../routes";
 import { useQuery } from "../useQuery";
 import { CostView } from "./CostView";
+import { IdleGivenBack } from "./IdleGivenBack";
 import { Head } from "../components/Table";
 
 export type Scope = GoodputScope;
@@ -157,6 +159,7 @@ export function Goodput({ org, workspace }: { org: string; workspace: string }) 
         />
       )}
       {!weekly && page.data && (by === "RUN" || by === "WORKSPACE") && <CostView by={by} start={start} workspace={workspace} />}
+      {!weekly && page.data && <IdleGivenBack org={org} workspace={workspace} />}
       {weekly && weeks.error && <p className="error" role="alert">{weeks.error}</p>}
       {weekly && weeks.loading && !weeks.data && <p className="muted">Loading…</p>}
       {weekly &&

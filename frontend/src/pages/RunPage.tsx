@@ -41,6 +41,7 @@ const RUN_QUERY = /* GraphQL */ `query Run($name: String!, $ws: String) {
     restartLoop { restarts maxRestarts restartAt worker { ...WorkerFields } }
     waitAdvice { reason exitCode kind lookAt open }
     workers { ...WorkerFields }
+    idlePolicy { gpuUtilizationBelow window action }
   }
 }`;
 const RUN = RUN_QUERY + WORKER_FIELDS + LEDGER_FIELDS;

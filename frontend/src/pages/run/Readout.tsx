@@ -1,9 +1,18 @@
 // The run's readout (seed: Workers running of total, GPUs, Machines, Time left or Runtime, Using
-// now, Priority with how it starts and fails).
+// now, Priority with how it starts and fails; its idle policy where it has one, issue 41).
 import { formatDuration, parseDuration } from "../../durations";
 import { memory as bytesOf } from "../../format";
 import { useRest } from "../../useQuery";
 import { specOf, type Run } from "./model";
+
+type IdlePolicy = NonNullable<Run["idlePolicy"]>;
+
+// A run's idle policy as a sentence: "Stop when every GPU stays under 5% for 30m" (notify: "Tell
+// the workspace when …"), its utilization as the spec gives it and its window as written.
+export function idlePolicyText(policy: IdlePolicy): string {
+  const what = policy.action === "notify" ? "Tell the workspace" : "Stop";
+  return `${what} when every GPU stays under ${policy.gpuUtilizationBelow}% for ${policy.window}`;
+}
 
 interface TaskMetrics {
   tasks: { name: string; metrics: Record<string, number | Record<string, number>> }[];
@@ -15,7 +24,7 @@ function values(metric: number | Record<string, number> | undefined): number[] {
 }
 
 // Workers running of total, GPUs, Machines, Time left or Runtime, Using now (GPU %, cores,
-// memory), Priority with how it starts and fails.
+// memory), Priority with how it starts and fails, and Idle policy where it has one.
 export function Readout({ run }: { run: Run }) {
   // its workers' latest samples, every 15 s while it runs
   const now = useRest<TaskMetrics>(`/tasks?job=${encodeURIComponent(run.name)}`, run.state === "Running", 15_000).data;
@@ -79,6 +88,12 @@ export function Readout({ run }: { run: Run }) {
           </span>
         </dd>
       </div>
+      {run.idlePolicy && (
+        <div className="readout-wide">
+          <dt>Idle policy</dt>
+          <dd data-figure="idle-policy">{idlePolicyText(run.idlePolicy)}</dd>
+        </div>
+      )}
     </dl>
   );
 }
