@@ -556,6 +556,19 @@ def _defaults(model: type[_Strict]) -> dict[str, tuple[Any, Any]]:
     }
 
 
+def parse_idle_policy(data: Any) -> IdlePolicy:
+    """A pool's default idle policy as an admin gives it (issue 41), checked as a run's
+    ``idle`` is, or InvalidInput naming every bad field (``idle.for``)."""
+    try:
+        return IdlePolicy.model_validate(data)
+    except ValidationError as exc:
+        fields: list[FieldError] = []
+        for error in exc.errors(include_url=False):
+            error["loc"] = ("idle", *error["loc"])
+            fields.extend(field_errors(error))
+        raise InvalidInput("INVALID_IDLE_POLICY", fields) from None
+
+
 def parse_spec(data: Any) -> RunSpec:
     """A validated specification, or InvalidInput naming every bad field."""
     if not isinstance(data, dict):

@@ -1,5 +1,5 @@
 """Idle policies (issue 41): each run's policy out of its specification, when its workspace was
-last told it idles, and what the policies did (idle_actions)
+last told it idles, a pool's default policy, and what the policies did (idle_actions)
 
 Revision ID: 0037
 Revises: 0036
@@ -28,6 +28,8 @@ def upgrade() -> None:
         batch_op.add_column(
             sa.Column("idle_notified_at", backend.db.UTCDateTime(timezone=True), nullable=True)
         )
+    with op.batch_alter_table("pools", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("idle_policy", _JSON, nullable=True))
     op.create_table(
         "idle_actions",
         sa.Column("id", BIG_ID, autoincrement=True, nullable=False),
@@ -51,6 +53,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_idle_actions_workspace_id_at", table_name="idle_actions")
     op.drop_table("idle_actions")
+    with op.batch_alter_table("pools", schema=None) as batch_op:
+        batch_op.drop_column("idle_policy")
     with op.batch_alter_table("runs", schema=None) as batch_op:
         batch_op.drop_column("idle_notified_at")
         batch_op.drop_column("idle_policy")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
 from sqlalchemy import ColumnElement, Table, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -231,14 +231,15 @@ async def machines_in_clusters(
 
 async def pool_names(
     session: AsyncSession, cluster_ids: Sequence[int]
-) -> list[tuple[str, str, float | None, str | None]]:
-    """(cluster, pool, price per GPU-hour, currency) of the clusters' pools, machines or not."""
+) -> list[tuple[str, str, float | None, str | None, dict[str, Any] | None]]:
+    """(cluster, pool, price per GPU-hour, currency, default idle policy) of the clusters'
+    pools, machines or not."""
     rows = await session.execute(
-        select(Cluster.name, Pool.name, Pool.gpu_hour_price, Pool.currency)
+        select(Cluster.name, Pool.name, Pool.gpu_hour_price, Pool.currency, Pool.idle_policy)
         .join(Cluster, Cluster.id == Pool.cluster_id)
         .where(Pool.cluster_id.in_(cluster_ids))
     )
-    return [(r[0], r[1], r[2], r[3]) for r in rows]
+    return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
 
 async def failure_counts(

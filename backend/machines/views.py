@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -144,6 +145,8 @@ class PoolView:
     # What a GPU-hour here costs (issue 23), in currency; None: no price.
     gpu_hour_price: float | None = None
     currency: str | None = None
+    # The idle policy a run submitted to it without its own takes (issue 41); None: none.
+    idle_policy: dict[str, Any] | None = None
 
 
 async def pools(session: AsyncSession, principal: Principal) -> list[PoolView]:
@@ -154,12 +157,14 @@ async def pools(session: AsyncSession, principal: Principal) -> list[PoolView]:
         if m.pool is not None:
             found.setdefault((m.cluster, m.pool), []).append(m)
     prices: dict[tuple[str, str], tuple[float | None, str | None]] = {}
-    for cluster, name, price, currency in await repository.pool_names(
+    idle: dict[tuple[str, str], dict[str, Any] | None] = {}
+    for cluster, name, price, currency, policy in await repository.pool_names(
         session,
         [c.id for c in await organizations.clusters(session, principal.organization_id)],
     ):
         found.setdefault((cluster, name), [])
         prices[(cluster, name)] = (price, currency)
+        idle[(cluster, name)] = policy
     return [
         PoolView(
             name=name,
@@ -169,6 +174,7 @@ async def pools(session: AsyncSession, principal: Principal) -> list[PoolView]:
             unhealthy_gpus=sum(m.unhealthy_gpus for m in members),
             gpu_hour_price=prices.get((cluster, name), (None, None))[0],
             currency=prices.get((cluster, name), (None, None))[1],
+            idle_policy=idle.get((cluster, name)),
         )
         for (cluster, name), members in sorted(found.items())
     ]

@@ -42,3 +42,6 @@ class Pool(HasId, HasCreatedAt, Base):
     # ``currency`` (ISO 4217); None: no price, its GPU time has no cost.
     gpu_hour_price: Mapped[float | None] = mapped_column(Float)
     currency: Mapped[str | None] = mapped_column(String(3))
+    # The idle policy a run submitted to this pool without one of its own takes (issue 41), as
+    # its organisation's admins set it (spec.IdlePolicy's JSON); None: none.
+    idle_policy: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)

@@ -17,6 +17,7 @@ from backend.errors import Conflict, FieldError, Forbidden, InvalidInput, NotFou
 from backend.job_names import PASS_JOB
 from backend.models import Cluster, Organization, Pool, Workspace, WorkspaceQuota
 from backend.organizations import repository
+from backend.spec import parse_idle_policy
 
 # A run's priority is 0 to 100 (backend/spec.py); so is a ceiling on it.
 MIN_PRIORITY, MAX_PRIORITY = 0, 100
@@ -372,3 +373,35 @@ async def pool_prices(session: AsyncSession, organization_id: int) -> dict[int, 
         for p, _ in await repository.priced_pools(session, organization_id)
         if p.gpu_hour_price is not None and p.currency is not None
     }
+
+
+@dataclass(frozen=True)
+class PoolIdlePolicy:
+    cluster: str
+    pool: str
+    idle_policy: dict[str, Any] | None
+
+
+async def set_pool_idle_policy(
+    session: AsyncSession,
+    organization_id: int,
+    cluster: str,
+    pool: str,
+    policy: Any,
+) -> PoolIdlePolicy:
+    """The idle policy a run submitted to the pool without its own takes (issue 41), checked as
+    a run's is; None: none. Runs submitted before keep what they were given (a default applies
+    at submission, as a Kubernetes LimitRange's)."""
+    stored = None if policy is None else parse_idle_policy(policy).model_dump(mode="json")
+    found = await cluster_by_name(session, organization_id, cluster)
+    row = await repository.get_pool_by_name(session, found.id, pool)
+    if row is None:
+        raise NotFound("POOL_NOT_FOUND", f"No pool named '{pool}' in the cluster '{cluster}'.")
+    if stored is not None and found.slurm is not None:
+        raise InvalidInput(
+            "INVALID_IDLE_POLICY",
+            [FieldError("idle", f"is not supported on cluster '{cluster}', which Slurm runs")],
+        )
+    row.idle_policy = stored
+    await session.flush()
+    return PoolIdlePolicy(found.name, row.name, stored)

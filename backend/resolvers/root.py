@@ -38,7 +38,7 @@ from backend.schema.goodput import (
     GoodputWeek,
 )
 from backend.schema.guards import bounds, expected, log_errors
-from backend.schema.idle import IdleReport
+from backend.schema.idle import IdleReport, PoolIdlePolicyPayload
 from backend.schema.machine_identity import (
     JoinToken,
     JoinTokenPayload,
@@ -289,6 +289,14 @@ class Mutation:
             "Organisation admins: what a GPU-hour of a pool's machines costs, in a currency "
             "(ISO 4217, USD by default; one for the organisation), which turns GPU-hours into "
             "money on goodputCost (null or left out: no price)."
+        ),
+    )
+    set_pool_idle_policy: PoolIdlePolicyPayload = strawberry.mutation(
+        resolver=idle_resolvers.set_pool_idle_policy,
+        description=(
+            "Organisation admins: the idle policy a run submitted to the pool without its own "
+            'takes, as a run\'s "idle" ({gpu_utilization_below, for, action}); null or left '
+            "out: none. Applied at submission (issue 41)."
         ),
     )
     set_preemption_policy: PreemptionPolicyPayload = strawberry.mutation(

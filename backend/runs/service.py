@@ -79,6 +79,10 @@ async def create_run(
     await _check_credentials(session, ws.id, spec)
     plan = plan_new_run(spec, clock.now())
     stored_spec = spec.to_json() | {"cluster": cluster.name, "pool": pool.name if pool else None}
+    if spec.idle is None and pool is not None and pool.idle_policy and spec.gpus:
+        # the pool's default, at submission (a run of a Slurm cluster's pool has none: refused
+        # where it is set); kept in its specification, which Run again copies
+        stored_spec["idle"] = dict(pool.idle_policy)
     run = Run(
         workspace_id=ws.id,
         cluster_id=cluster.id,
@@ -93,7 +97,7 @@ async def create_run(
         state_since=plan.created_at,
         created_at=plan.created_at,
     )
-    if spec.idle is not None:  # (set only then: a JSON column's None would be JSON null)
+    if "idle" in stored_spec:  # (set only then: a JSON column's None would be JSON null)
         run.idle_policy = stored_spec["idle"]
     repository.add(session, run)
     try:

@@ -4,9 +4,11 @@ did."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import strawberry
 
+from backend.schema.common import UserError
 from backend.spec import IdlePolicy as SpecIdlePolicy
 
 
@@ -26,6 +28,30 @@ class IdlePolicy:
             window=policy.for_,
             action=policy.action,
         )
+
+    @classmethod
+    def stored(cls, data: dict[str, Any] | None) -> IdlePolicy | None:
+        """From its JSON as stored (a pool's default)."""
+        if data is None:
+            return None
+        return cls(
+            gpu_utilization_below=float(data["gpu_utilization_below"]),
+            window=str(data["for"]),
+            action=str(data["action"]),
+        )
+
+
+@strawberry.type(description="A pool's default idle policy, as its organisation's admins set it.")
+class PoolIdlePolicy:
+    cluster: str
+    pool: str
+    idle_policy: IdlePolicy | None = strawberry.field(description="Null: none.")
+
+
+@strawberry.type
+class PoolIdlePolicyPayload:
+    pool: PoolIdlePolicy | None
+    errors: list[UserError]
 
 
 @strawberry.type(description="One thing a run's idle policy did.")

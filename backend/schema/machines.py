@@ -11,6 +11,7 @@ from backend.machines.health import MachineHealth
 from backend.machines.rules import FaultKind
 from backend.machines.views import GpuView, MachineView, PoolView
 from backend.schema.common import UserError
+from backend.schema.idle import IdlePolicy
 
 
 @strawberry.type(
@@ -93,6 +94,10 @@ class PoolInfo:
         description="What a GPU-hour of its machines costs (setPoolPrice); null: no price."
     )
     currency: str | None = strawberry.field(description="ISO 4217, with its price.")
+    idle_policy: IdlePolicy | None = strawberry.field(
+        description="The idle policy a run submitted to it without its own takes "
+        "(setPoolIdlePolicy); null: none."
+    )
 
     @classmethod
     def of(cls, view: PoolView) -> PoolInfo:
@@ -104,6 +109,7 @@ class PoolInfo:
             unhealthy_gpus=view.unhealthy_gpus,
             price_per_gpu_hour=view.gpu_hour_price,
             currency=view.currency,
+            idle_policy=IdlePolicy.stored(view.idle_policy),
         )
 
 

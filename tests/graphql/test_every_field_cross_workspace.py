@@ -70,6 +70,8 @@ MUTATIONS = {
     "{ quota { gpus } errors { code } } }",
     "setPoolPrice": 'mutation { setPoolPrice(cluster: "local", pool: "h100", '
     "pricePerGpuHour: 99) { price { pool } errors { code } } }",
+    "setPoolIdlePolicy": 'mutation { setPoolIdlePolicy(cluster: "local", pool: "h100", '
+    'idle: {for: "1m"}) { pool { pool } errors { code } } }',
     "setPreemptionPolicy": 'mutation { setPreemptionPolicy(cluster: "local", '
     "preemptOverQuota: true) { policy { cluster } errors { code } } }",
     "setSecret": 'mutation { setSecret(name: "hf-token", value: "stolen", workspace: "default") '
