@@ -156,6 +156,8 @@ LONGEST = (
     "tests/e2e/test_console_runs.py",  # 84 s, 21 CPU-s
     "tests/e2e/test_cli_seed_blocks.py",  # 16 CPU-s
     "tests/workloads/test_queue.py",  # 86 s, 25 CPU-s, DDP too: an empty pool, a restart's wait
+    # 155 s, DDP: a run killed three times, its restarts' waits (10, 20, 40 s), a tick
+    "tests/workloads/test_checkpoint_advice_live.py",
     "tests/rest/test_openapi.py",  # 53 s, 12 CPU-s: CPU
     "tests/slurm/test_submit.py",  # 126 s, wait: DDP gangs as Slurm jobs
     "tests/slurm/test_import_data.py",  # 121 s, wait: arrays, `|`, failing commands

@@ -315,6 +315,9 @@ async def reports(
             left.progress.append(index)
             continue
         w = changed.get(row.id) or _progress_view(row)
+        if p.checkpoint_step is not None and p.checkpoint_step != w.checkpoint_step:
+            left.progress.append(index)  # a new checkpoint: the whole path records it
+            continue
         if w.redo_until is not None and p.step is not None and p.step >= w.redo_until:
             left.progress.append(index)  # its run redoes work no more: a change of its run's
             continue
@@ -322,6 +325,7 @@ async def reports(
         worker_progress(_ALONE, w, p.at, fx, step=p.step, checkpoint_step=p.checkpoint_step)
         assert not fx.transitions and not fx.commands, "a running worker's progress only"
         assert not fx.restarts and not fx.caught_up, "a running worker's progress only"
+        assert not fx.checkpoints, "a new checkpoint goes the whole path"
         changed[row.id] = w
     await repository.write_progress(
         session,

@@ -317,6 +317,7 @@ async def persist(
         await repository.restarted(session, gang.run.workspace_id, restart)
     if fx.caught_up:
         await repository.caught_up(session, gang.run.id, min(fx.caught_up))
+    repository.add_checkpoints(session, gang.run.id, fx.checkpoints)
     batch.failures.extend(
         {
             "machine_id": f.machine_id,
@@ -335,6 +336,7 @@ async def persist(
     fx.restarts.clear()
     fx.caught_up.clear()
     fx.failures.clear()
+    fx.checkpoints.clear()
     if writes is None:
         await batch.flush(session)
 

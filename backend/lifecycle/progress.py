@@ -12,6 +12,7 @@ from backend.config import format_duration
 from backend.lifecycle.sentences import CONTAINER_RUNNING, slurm_running
 from backend.lifecycle.states import RUNNING, Phase
 from backend.lifecycle.views import (
+    CheckpointSeen,
     Effects,
     RunView,
     WorkerView,
@@ -47,14 +48,20 @@ def worker_progress(
     the agent dates the earlier instance's lines copied for the new one by the file's last
     write) is news of now, not of then; a stall found from it would be dated before the
     instance it stops, its ledger recounting time the instance never held."""
+    checkpointed = False
     if step is not None and w.alive:
+        if checkpoint_step is not None and checkpoint_step != w.checkpoint_step:
+            fx.checkpoints.append(CheckpointSeen(w.id, checkpoint_step, at, _pause(w, step, at)))
+            checkpointed = True
         _redo(w, step, checkpoint_step, at, fx)
     if w.state != RUNNING or w.stop_cause:
         return
     if step is None and w.progress_step is not None:
         return  # it reports its steps: output alone (a retry warning a second) is no progress
     if step is not None:
-        _measure_pace(w, step, at)  # its own times, in its own order (its clock may be behind)
+        # its own times, in its own order (its clock may be behind); a checkpoint's pause is not
+        # its pace (it is what the checkpoint cost, measured against that pace)
+        _measure_pace(w, step, at, counted=not checkpointed)
     at = max(at, w.since or at)
     if w.progress_at is None or at > w.progress_at:
         w.progress_at = at
@@ -67,9 +74,20 @@ def worker_progress(
             set_run(fx, run, RUNNING, running_reason(run), at)  # stalled no more (or fewer)
 
 
-def _measure_pace(w: WorkerView, step: int, at: datetime) -> None:
+def _pause(w: WorkerView, step: int, at: datetime) -> float | None:
+    """What a checkpoint reported with ``step`` at ``at`` cost: the time since the worker's
+    previous step report less what the steps between took at its pace (its workload writes
+    its progress a step at a time, dated when written: the pause is the checkpoint's). None
+    where its pace is not known yet, or the report is not after the previous."""
+    before, then, rate = w.progress_step, w.stepped_at, w.progress_rate
+    if before is None or then is None or not rate or at <= then or step < before:
+        return None
+    return max((at - then).total_seconds() - (step - before) / rate, 0.0)
+
+
+def _measure_pace(w: WorkerView, step: int, at: datetime, *, counted: bool = True) -> None:
     previous_step, previous_at = w.progress_step, w.stepped_at
-    if previous_step is not None and previous_at is not None and at > previous_at:
+    if counted and previous_step is not None and previous_at is not None and at > previous_at:
         pace = max(step - previous_step, 0) / (at - previous_at).total_seconds()
         w.progress_rate = pace if w.progress_rate is None else (w.progress_rate + pace) / 2
     if previous_at is None or at > previous_at:

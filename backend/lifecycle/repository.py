@@ -12,9 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from backend.db.bulk import update_many
 from backend.db.types import UTCDateTime
 from backend.lifecycle.states import ENDED_RUN_STATES, WORKER_ENDED_STATES
-from backend.lifecycle.views import Restarted
+from backend.lifecycle.views import CheckpointSeen, Restarted
 from backend.models import (
     AgentCommand,
+    Checkpoint,
     Event,
     Machine,
     Redo,
@@ -235,6 +236,14 @@ async def restarted(session: AsyncSession, workspace_id: int, restart: Restarted
         )
     )
     await session.flush()
+
+
+def add_checkpoints(session: AsyncSession, run_id: int, seen: Sequence[CheckpointSeen]) -> None:
+    """The checkpoints its workers reported (the checkpoint advice reads them)."""
+    session.add_all(
+        Checkpoint(run_id=run_id, worker_id=c.worker_id, step=c.step, at=c.at, cost_s=c.cost_s)
+        for c in seen
+    )
 
 
 async def caught_up(session: AsyncSession, run_id: int, at: datetime) -> None:

@@ -204,6 +204,17 @@ class Command:
 
 
 @dataclass(frozen=True)
+class CheckpointSeen:
+    """A worker's progress named a new checkpoint at ``at``; ``cost_s`` the pause in its steps
+    around it (None: its pace not known yet)."""
+
+    worker_id: int
+    step: int
+    at: datetime
+    cost_s: float | None
+
+
+@dataclass(frozen=True)
 class Restarted:
     """A run placed again after its gang ended: from here it redoes the steps since its last
     checkpoint, up to the highest it had reached (either None: not reported)."""
@@ -235,6 +246,8 @@ class Effects:
     restarts: list[Restarted] = field(default_factory=list)
     caught_up: list[datetime] = field(default_factory=list)
     failures: list[Failed] = field(default_factory=list)
+    # Checkpoints the workers reported, each with its cost where it could be measured.
+    checkpoints: list[CheckpointSeen] = field(default_factory=list)
     # Runs that gave room back: the scheduler should look again.
     freed: bool = False
 

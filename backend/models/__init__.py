@@ -2,6 +2,7 @@
 
 from backend.models.alert import Alert, AlertThreshold
 from backend.models.base import Base
+from backend.models.checkpoint import Checkpoint
 from backend.models.cluster import Cluster, Pool
 from backend.models.command import AgentCommand
 from backend.models.failure import GpuFault, WorkerFailure, WorkerSeenLines
@@ -39,6 +40,7 @@ __all__ = [
     "ApiToken",
     "Attempt",
     "Base",
+    "Checkpoint",
     "Cluster",
     "Event",
     "GoodputDay",

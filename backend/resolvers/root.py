@@ -17,6 +17,7 @@ from strawberry.types import ExecutionContext
 from backend.db.retries import contention, database_away
 from backend.errors import ConflictRetry, DatabaseUnavailable
 from backend.request.context import Info
+from backend.resolvers import checkpoints as checkpoint_resolvers
 from backend.resolvers import events as event_resolvers
 from backend.resolvers import goodput as goodput_resolvers
 from backend.resolvers import idle as idle_resolvers
@@ -28,6 +29,7 @@ from backend.resolvers import secrets as secret_resolvers
 from backend.resolvers import tokens as token_resolvers
 from backend.resolvers import webhooks as webhook_resolvers
 from backend.resolvers.permissions import IsAuthenticated
+from backend.schema.checkpoints import CheckpointAdvice
 from backend.schema.common import BIG_INT, BigInt
 from backend.schema.events import Event, EventPage, LogChunk, MetricRange
 from backend.schema.goodput import (
@@ -164,6 +166,14 @@ class Query:
     alerts_firing: list[Alert] = strawberry.field(
         resolver=operation_resolvers.alerts_firing,
         description="Threshold alerts firing: the workspace's; all the organisation's for admins.",
+    )
+    checkpoint_advice: CheckpointAdvice = strawberry.field(
+        resolver=checkpoint_resolvers.checkpoint_advice_of,
+        description=(
+            "How often a run should checkpoint (issue 41): its checkpoints' measured cost and "
+            "interval, its machines' mean time between failures, the Young-Daly interval and "
+            "the GPU-hours a week it would save; or why it cannot be estimated."
+        ),
     )
     idle_report: IdleReport = strawberry.field(
         resolver=idle_resolvers.idle_report,

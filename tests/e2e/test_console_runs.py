@@ -729,7 +729,7 @@ def test_an_image_run_where_no_machine_runs_containers_says_why_it_does_not_star
         gql(server, token, 'mutation { stopRun(name: "boxed") { errors { message } } }')
 
 
-def test_an_idle_policy_shows_on_its_runs_page_and_the_goodput_page_says_none_stopped(
+def test_an_idle_policy_and_the_checkpoint_advice_show_on_its_runs_page(
     live: tuple[Server, str], page: Any
 ) -> None:
     # issue 41: the run's readout says its idle policy (the utilization's default, 5%); the
@@ -753,6 +753,12 @@ def test_an_idle_policy_shows_on_its_runs_page_and_the_goodput_page_says_none_st
         page.goto(f"{server.url}/o/default/w/default/runs/idler")
         policy = page.get_by_label("Readout").locator('[data-figure="idle-policy"]')
         assert policy.inner_text() == "Stop when every GPU stays under 5% for 30m"
+        # its checkpoint advice: it reported none (issue 41)
+        advice = page.get_by_label("How often to checkpoint")
+        assert advice.locator('[data-figure="checkpoint-sentence"]').inner_text() == (
+            "No checkpoints measured yet: its workload reports checkpoint_step in its progress "
+            "file at each checkpoint, a step at a time (two at least)"
+        )
     finally:
         gql(server, token, 'mutation { stopRun(name: "idler") { errors { message } } }')
 

@@ -35,6 +35,7 @@ QUERIES = {
     "attention": '{ attention(workspace: "default") { run worker } }',
     "alertsFiring": "{ alertsFiring { subject reason } }",
     "secrets": '{ secrets(workspace: "default") { name } }',
+    "checkpointAdvice": '{ checkpointAdvice(run: "llama-sft", workspace: "default") { sentence } }',
     "idleReport": '{ idleReport(workspace: "default") { runsStopped actions { run } } }',
     "goodput": '{ goodput(by: RUN, workspace: "default") { rows { name } } }',
     "goodputWeekly": '{ goodputWeekly(workspace: "default") { report { rows { name } } } }',

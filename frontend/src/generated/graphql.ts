@@ -251,6 +251,14 @@ export type WorkerPageQueryVariables = Exact<{
 
 export type WorkerPageQuery = { run: { name: string, spec: unknown, workers: Array<{ name: string, rank: number, state: WorkerState, reason: string, stateSince: string, gpus: number, gpuIds: Array<number>, restarts: number, restartAt: string | null, exitCode: number | null, lastFailure: unknown, machine: string | null, straggler: boolean, started: { image: string | null, command: Array<string> | null, user: string | null, gpuIds: Array<number>, restartPolicy: string, timeLimit: string | null, rank: number, environment: unknown, mounts: unknown }, history: Array<{ transitionAt: string, state: LifeState, reason: string }>, lastPlacement: { machine: string, gpuIds: Array<number> } | null, advice: { reason: string, exitCode: number | null, kind: FailureKind, lookAt: string, open: string } | null }> } | null };
 
+export type CheckpointAdviceQueryVariables = Exact<{
+  run: string;
+  ws: string | null | undefined;
+}>;
+
+
+export type CheckpointAdviceQuery = { checkpointAdvice: { run: string, gpus: number, checkpoints: number, costSeconds: number | null, intervalSeconds: number | null, scope: string, failures: number, gpuHours: number, mtbfSeconds: number | null, optimalIntervalSeconds: number | null, gpuHoursSavedPerWeek: number | null, sentence: string, failuresByCause: Array<{ cause: string, count: number }> } };
+
 export type CreateRunMutationVariables = Exact<{
   spec: unknown;
 }>;

@@ -2,7 +2,8 @@
 // when; the readout; the panel of what it does now (run/Panels: why it failed, preempted,
 // restarting in a loop, why it does not start); its goodput and bar; Run again; tabs Workers,
 // Logs, Metrics and History. Its parts are in run/. Its goodput over time (issue 23): hour by hour since it was submitted (the last
-// 7 days at most), a click on an hour opening its intervals.
+// 7 days at most), a click on an hour opening its intervals. How often to checkpoint (issue 41):
+// its own query, under its rework, its sentence also a line of the Restarting in a loop panel.
 import { useState } from "react";
 
 import { GoodputOverTime } from "../components/GoodputOverTime";
@@ -19,6 +20,7 @@ import { useQuery } from "../useQuery";
 import { EventLog } from "./EventsPage";
 import { Intervals, Summary, type Picked } from "./Goodput";
 import { Metrics } from "./LazyMetrics";
+import { CheckpointAdvicePanel, useCheckpointAdvice } from "./run/CheckpointAdvice";
 import { WORKER_FIELDS } from "./run/model";
 import { Panels } from "./run/Panels";
 import { Readout } from "./run/Readout";
@@ -66,6 +68,8 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
   const [again, setAgain] = useState(false);
   const [hour, setHour] = useState<Picked | null>(null);
   const run = found.data?.run;
+  // the panel under its rework asks the same: one request
+  const checkpoint = useCheckpointAdvice(name, workspace, Boolean(run)).data?.checkpointAdvice ?? null;
   if (found.error) {
     return (
       <main className="page">
@@ -109,7 +113,7 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
       {again && <RunAgain run={run} onClose={() => setAgain(false)} onCreated={(n) => go(runPath(org, workspace, n))} />}
       <Readout run={run} />
       <SlurmJob job={run.slurm} />
-      <Panels run={run} onLog={(w) => open("logs", w)} onMetrics={() => open("metrics")} />
+      <Panels run={run} checkpoint={checkpoint} onLog={(w) => open("logs", w)} onMetrics={() => open("metrics")} />
       <section aria-label="Goodput of the run">
         <h2>Goodput</h2>
         <Summary total={run.goodput} decimals={decimals} />
@@ -117,6 +121,7 @@ export function RunPage(props: { org: string; workspace: string; run: string; ta
           ETTR {percent(run.ettr)} <span>(productive time over its GPUs' wall time since it was submitted)</span>
         </p>
         <Rework rework={run.rework} productive={run.goodput.productiveGpuHours} decimals={decimals} />
+        <CheckpointAdvicePanel run={name} workspace={workspace} />
         <StackedBar
           ledger={run.goodput}
           name={run.name}

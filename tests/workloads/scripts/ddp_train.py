@@ -4,12 +4,15 @@ from the environment (init_method env://), as torchrun and Astraeus both set the
 
     python ddp_train.py [--steps N] [--sleep SECONDS] [--exit-at STEP --exit-rank RANK]
                         [--hang-at STEP --hang-rank RANK] [--overwrite-progress]
-                        [--checkpoint PATH --checkpoint-every N [--fail-at STEP]]
+                        [--checkpoint PATH --checkpoint-every N [--fail-at STEP]
+                         [--checkpoint-mb MB]]
                         [--oom-child-at STEP]
 
 Each step's line ends with the time it was logged (seconds since the epoch). With
 --checkpoint, rank 0 saves the model, the optimizer and the step every N steps (written aside,
-then renamed) and reports it in its progress line ({"step": …, "checkpoint_step": …}); a start
+then renamed; --checkpoint-mb adds that many MB of weights, as a larger model's, so that it
+takes a while to write) and reports it in its progress line ({"step": …, "checkpoint_step": …});
+a start
 that finds the file resumes after its step, rank 0's state broadcast to the others by DDP.
 With --oom-child-at, each rank starts a helper process there that grows until the kernel kills
 it for memory (its worker's memory limit) and goes on training without it (a data loader's
@@ -54,6 +57,7 @@ def main() -> None:
     parser.add_argument("--hang-rank", type=int, default=1)
     parser.add_argument("--checkpoint", help="where rank 0 saves its checkpoint and resumes from")
     parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--checkpoint-mb", type=int, default=0, help="more weights to save")
     parser.add_argument(
         "--fail-at",
         type=int,
@@ -117,9 +121,16 @@ def main() -> None:
         if args.checkpoint and rank == 0 and (step + 1) % args.checkpoint_every == 0:
             aside = args.checkpoint + ".part"
             torch.save(
-                {"model": network.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                {
+                    "model": network.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step,
+                    "more": torch.randn(args.checkpoint_mb * 2**18, generator=generator),
+                },
                 aside,
             )
+            with open(aside, "rb+") as written:
+                os.fsync(written.fileno())  # on the disk, as a checkpoint must be
             os.replace(aside, args.checkpoint)
             saved = step
             print(f"rank {rank}: checkpoint at step {step}", flush=True)

@@ -2,8 +2,10 @@
 // Debug a run that does not start): Why it failed; Preempted ("Not a failure: it is queued
 // again", seed L-57); Restarting in a loop (seed L-68), only for a run restarting after
 // failures or stalls, never beside the Preempted panel (issue 36: both showed, with different
-// counts); and Why it does not start, from the API's waitAdvice.
+// counts); and Why it does not start, from the API's waitAdvice. The loop panel takes the run's
+// checkpoint advice (issue 41) where the run page has it.
 import { Sentences } from "../../components/Table";
+import type { Advice } from "./CheckpointAdvice";
 import { FailurePanel } from "./FailurePanel";
 import type { Run } from "./model";
 import { RestartLoopPanel } from "./RestartLoopPanel";
@@ -13,7 +15,12 @@ export interface PanelActions {
   onMetrics: () => void;
 }
 
-export function Panels({ run, onLog, onMetrics }: { run: Run } & PanelActions) {
+export function Panels({
+  run,
+  checkpoint = null,
+  onLog,
+  onMetrics,
+}: { run: Run; checkpoint?: Advice | null } & PanelActions) {
   const failed = run.state === "Failed";
   const preempted = !failed && run.advice?.kind === "preempted";
   // a preempted run waits to be placed again, not for a restart after a failure
@@ -33,7 +40,7 @@ export function Panels({ run, onLog, onMetrics }: { run: Run } & PanelActions) {
           </p>
         </section>
       )}
-      {loop && <RestartLoopPanel loop={loop} onLog={onLog} onMetrics={onMetrics} />}
+      {loop && <RestartLoopPanel loop={loop} checkpoint={checkpoint} onLog={onLog} onMetrics={onMetrics} />}
       {waits && <WhyItWaits run={run} advice={waits} />}
     </>
   );

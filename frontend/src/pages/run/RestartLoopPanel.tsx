@@ -1,16 +1,21 @@
 import { plural, when } from "../../format";
 import { visible } from "../../logs/lines";
+import { hasFigures, type Advice } from "./CheckpointAdvice";
 import { lastFailureOf, type RestartLoop } from "./model";
 
 // A run restarting after failures or stalls in a row (seed: Restarting in a loop): its restarts,
 // when the next attempt is, and the last failure's advice and output. How many restarts in a
-// row it makes before it gives up is its own max_restarts (the seed's 10 is the default).
+// row it makes before it gives up is its own max_restarts (the seed's 10 is the default). Each
+// restart redoes the steps since its last checkpoint: where the checkpoint advice (issue 41)
+// gives an interval, its sentence is one more line of the advice.
 export function RestartLoopPanel({
   loop,
+  checkpoint = null,
   onLog,
   onMetrics,
 }: {
   loop: RestartLoop;
+  checkpoint?: Advice | null;
   onLog: (worker: string) => void;
   onMetrics: () => void;
 }) {
@@ -30,6 +35,11 @@ export function RestartLoopPanel({
         Each failure doubles the wait, up to 5 minutes; after {loop.maxRestarts} {plural(loop.maxRestarts, "restart")} in
         a row it gives up; 10 minutes running resets the count.
       </p>
+      {hasFigures(checkpoint) && (
+        <p>
+          <strong>How often to checkpoint:</strong> <span data-figure="loop-checkpoint">{checkpoint.sentence}</span>
+        </p>
+      )}
       {w && failure && (
         <div>
           <p>
