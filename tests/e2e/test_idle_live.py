@@ -7,6 +7,7 @@ nothing."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from tests.e2e.live import Server, running
 from tests.support import WORKLOAD_PYTHON
 from tests.support.http import HTTP
-from tests.support.processes import submit
+from tests.support.processes import ASTRA, submit
 
 NOTEBOOK = "import time; print('kernel ready', flush=True); time.sleep(900)"
 # A trainer that reports a step a second (its simulated GPUs busy while it steps).
@@ -110,6 +111,25 @@ def test_an_idle_run_is_stopped_a_busy_one_runs_on_and_a_notice_is_given_once(
         ("notebook", "stop", 2, STOPPED),
         ("watched", "notify", 0, TOLD),
     ]
+    # the CLI's describe: its state, its policy, and its checkpoint advice (it reported none)
+    server, token = live
+    described = subprocess.run(
+        [ASTRA, "astraeus", "describe", "notebook"],
+        env=server.env_for(token),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert described == [
+        f"notebook: Stopped — {STOPPED}",
+        "Idle policy: stop it when every GPU stays under 5% for 1m",
+        "How often to checkpoint: No checkpoints measured yet: its workload reports "
+        "checkpoint_step in its progress file at each checkpoint, a step at a time (two at least)",
+    ]
+    unknown = subprocess.run(
+        [ASTRA, "astraeus", "describe", "nobody"], env=server.env_for(token), capture_output=True
+    )
+    assert unknown.returncode == 4
     for name in ("trainer", "watched"):
         stopped = graphql(
             live, "mutation($n: String!) { stopRun(name: $n) { errors { message } } }", n=name

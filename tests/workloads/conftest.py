@@ -109,3 +109,13 @@ def workloads() -> Iterator[Workloads]:
         yield Workloads(venv / "bin", scripts)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def shared_folder() -> Iterator[Path]:
+    """A folder every workload user may write (shared storage, as a cluster's scratch file
+    system): where a run keeps its checkpoint between attempts."""
+    folder = Path(tempfile.mkdtemp(prefix="astraeus-checkpoints-"))
+    folder.chmod(0o1777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

@@ -10,11 +10,8 @@ GPU-hours a week it would save."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +24,6 @@ RUN = "ckpt"
 ADVICE = """query($n: String!) { checkpointAdvice(run: $n) { checkpoints costSeconds
   intervalSeconds scope failures failuresByCause { cause count } gpuHours mtbfSeconds
   optimalIntervalSeconds gpuHoursSavedPerWeek sentence } }"""
-
-
-@pytest.fixture(scope="module")
-def shared_folder() -> Iterator[Path]:
-    """Where the run keeps its checkpoint between attempts (a cluster's scratch file system)."""
-    folder = Path(tempfile.mkdtemp(prefix="astraeus-checkpoints-"))
-    folder.chmod(0o1777)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def rank_process(worker: str) -> int | None:

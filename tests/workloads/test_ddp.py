@@ -18,10 +18,7 @@ against the workers' histories (seed goodput: categories as its table says).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +43,6 @@ TORCHRUN = (
 )
 RUNS = ("ddp", "ddp-crash", "ddp-torchrun", "ddp-resume")
 RESUME = ["--steps", "40", "--sleep", "0.25", "--fail-at", "25"]
-
-
-@pytest.fixture(scope="module")
-def shared_folder() -> Iterator[Path]:
-    """A folder every workload user may write (shared storage, as a cluster's scratch file
-    system): where a run keeps its checkpoint between attempts."""
-    folder = Path(tempfile.mkdtemp(prefix="astraeus-checkpoints-"))
-    folder.chmod(0o1777)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

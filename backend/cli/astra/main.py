@@ -49,6 +49,13 @@ CREATE_RUN = """mutation($spec: JSON!) {
 }"""
 
 
+# What `describe` adds to a run's state: its idle policy and its checkpoint advice (issue 41).
+DESCRIBE_QUERY = """query($name: String!) {
+  run(name: $name) { name state reason idlePolicy { gpuUtilizationBelow window action } }
+  checkpointAdvice(run: $name) { checkpoints costSeconds intervalSeconds failures scope
+    optimalIntervalSeconds gpuHoursSavedPerWeek sentence } }"""
+
+
 def _load_run(api: Api, name: str) -> dict[str, Any]:
     run = api.graphql(RUN_QUERY, name=name)["run"]
     if run is None:
@@ -130,6 +137,30 @@ def format_runs(runs: list[dict[str, Any]], paint: Paint = PLAIN) -> str:
 def cmd_status(api: Api, args: argparse.Namespace) -> str:
     run = _load_run(api, args.run)
     return as_json(run) if args.json else format_status(run, args.paint)
+
+
+def cmd_describe(api: Api, args: argparse.Namespace) -> str:
+    _load_run(api, args.run)  # a run of another workspace, or none: not found, exit 4
+    found = api.graphql(DESCRIBE_QUERY, name=args.run)
+    return as_json(found) if args.json else format_describe(found, args.paint)
+
+
+def format_describe(found: dict[str, Any], paint: Any) -> str:
+    """``<run>: <State> — <reason>``, its idle policy, and how often it should checkpoint."""
+    run, advice = found["run"], found["checkpointAdvice"]
+    policy = run["idlePolicy"]
+    idle = "none"
+    if policy is not None:
+        what = "stop it" if policy["action"] == "stop" else "tell the workspace"
+        below = f"{policy['gpuUtilizationBelow']:g}"
+        idle = f"{what} when every GPU stays under {below}% for {policy['window']}"
+    return "\n".join(
+        [
+            f"{run['name']}: {paint.state(run['state'])} — {run['reason']}",
+            f"Idle policy: {idle}",
+            f"How often to checkpoint: {advice['sentence']}",
+        ]
+    )
 
 
 def cmd_workers(api: Api, args: argparse.Namespace) -> str:
@@ -464,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     command("status", cmd_status, "a run's state and reason, a line per worker").add_argument("run")
+    command(
+        "describe", cmd_describe, "a run's state, idle policy and how often it should checkpoint"
+    ).add_argument("run")
     command("workers", cmd_workers, "a run's workers: rank, state, machine, reason").add_argument(
         "run"
     )
