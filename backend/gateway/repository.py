@@ -200,6 +200,7 @@ async def record_gpu_utilization(
 # What a progress report reads of its worker, and may change.
 PROGRESS_COLUMNS = (
     Worker.id,
+    Worker.run_id,
     Worker.machine_id,
     Worker.attempt,
     Worker.rank,

@@ -17,7 +17,7 @@ from backend.lifecycle import service as lifecycle
 from backend.lifecycle.progress import worker_progress
 from backend.lifecycle.sentences import EndCause
 from backend.lifecycle.states import PLACED_STATES, RUNNING, Wait
-from backend.lifecycle.views import Effects, RunPolicy, RunView, WorkerView
+from backend.lifecycle.views import CheckpointSeen, Effects, RunPolicy, RunView, WorkerView
 from backend.machine_identity.rules import MachinePrincipal
 from backend.machines import service as machines
 from backend.machines.rules import SLURM, FaultKind
@@ -300,6 +300,7 @@ async def reports(
         session, {p.worker_id for p in progress} | {w for _, w in means}
     )
     changed: dict[int, WorkerView] = {}
+    checkpoints: list[tuple[int, CheckpointSeen]] = []  # (run, checkpoint) its reports named
     for index, p in enumerate(progress):
         row = rows.get(p.worker_id)
         if row is None:  # held by another transaction (or gone): the whole path decides
@@ -315,9 +316,6 @@ async def reports(
             left.progress.append(index)
             continue
         w = changed.get(row.id) or _progress_view(row)
-        if p.checkpoint_step is not None and p.checkpoint_step != w.checkpoint_step:
-            left.progress.append(index)  # a new checkpoint: the whole path records it
-            continue
         if w.redo_until is not None and p.step is not None and p.step >= w.redo_until:
             left.progress.append(index)  # its run redoes work no more: a change of its run's
             continue
@@ -325,7 +323,7 @@ async def reports(
         worker_progress(_ALONE, w, p.at, fx, step=p.step, checkpoint_step=p.checkpoint_step)
         assert not fx.transitions and not fx.commands, "a running worker's progress only"
         assert not fx.restarts and not fx.caught_up, "a running worker's progress only"
-        assert not fx.checkpoints, "a new checkpoint goes the whole path"
+        checkpoints.extend((row.run_id, c) for c in fx.checkpoints)
         changed[row.id] = w
     await repository.write_progress(
         session,
@@ -334,6 +332,7 @@ async def reports(
             for w in changed.values()
         ],
     )
+    lifecycle.keep_checkpoints(session, checkpoints)
     held = {key: mean for key, mean in means.items() if key[1] in rows}
     left.utilization = {key: mean for key, mean in means.items() if key[1] not in rows}
     stored = await metrics_service.ingest_many(session, metrics)

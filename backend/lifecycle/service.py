@@ -24,7 +24,7 @@ from backend.lifecycle import (
 )
 from backend.lifecycle.gangs import Gang, apply, load_gangs, persist
 from backend.lifecycle.states import Wait
-from backend.lifecycle.views import Effects, RunView
+from backend.lifecycle.views import CheckpointSeen, Effects, RunView
 from backend.models import (
     Run,
     Worker,
@@ -319,6 +319,13 @@ def _of_attempt(gang: Gang, seen: dict[int, tuple[str, datetime]]) -> dict[int, 
         for w in gang.view.workers
         if w.id in seen and (placed is None or seen[w.id][1] >= placed)
     }
+
+
+def keep_checkpoints(session: AsyncSession, seen: Sequence[tuple[int, CheckpointSeen]]) -> None:
+    """The checkpoints the writers' batches found in running workers' progress, (run, checkpoint)
+    each: kept as a gang's own change keeps them (gangs.persist)."""
+    for run_id, checkpoint in seen:
+        repository.add_checkpoints(session, run_id, [checkpoint])
 
 
 async def keep_seen_lines(session: AsyncSession, seen: Sequence[repository.SeenRow]) -> None:

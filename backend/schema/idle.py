@@ -9,7 +9,6 @@ from typing import Any
 import strawberry
 
 from backend.schema.common import UserError
-from backend.spec import IdlePolicy as SpecIdlePolicy
 
 
 @strawberry.type(
@@ -20,14 +19,6 @@ class IdlePolicy:
     gpu_utilization_below: float = strawberry.field(description="Percent, each minute's mean.")
     window: str = strawberry.field(description='The spec\'s "for": 30m, 2h…')
     action: str = strawberry.field(description="stop or notify.")
-
-    @classmethod
-    def from_spec(cls, policy: SpecIdlePolicy) -> IdlePolicy:
-        return cls(
-            gpu_utilization_below=policy.gpu_utilization_below,
-            window=policy.for_,
-            action=policy.action,
-        )
 
     @classmethod
     def stored(cls, data: dict[str, Any] | None) -> IdlePolicy | None:

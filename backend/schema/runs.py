@@ -302,8 +302,7 @@ class Run:
         "told, when every GPU stays under the utilization for the window (issue 41)."
     )
     def idle_policy(self) -> IdlePolicy | None:
-        policy = stored_spec(cast(dict[str, Any], self.spec)).idle
-        return IdlePolicy.from_spec(policy) if policy is not None else None
+        return IdlePolicy.stored(cast(dict[str, Any], self.spec).get("idle"))
 
     @property
     def cause(self) -> str | None:

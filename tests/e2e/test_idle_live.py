@@ -16,8 +16,8 @@ import pytest
 
 from tests.e2e.live import Server, running
 from tests.support import WORKLOAD_PYTHON
-from tests.support.http import HTTP
 from tests.support.processes import ASTRA, submit
+from tests.workloads.ledger import Api
 
 NOTEBOOK = "import time; print('kernel ready', flush=True); time.sleep(900)"
 # A trainer that reports a step a second (its simulated GPUs busy while it steps).
@@ -40,24 +40,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str
         yield live
 
 
-def graphql(
-    live: tuple[Server, str], query: str, token: str | None = None, **variables: Any
-) -> Any:
-    server, admin = live
-    answer = HTTP.post(
-        f"{server.url}/graphql",
-        headers={"Authorization": f"Bearer {token or admin}"},
-        json={"query": query, "variables": variables},
-        timeout=30,
-    ).json()
-    assert "errors" not in answer, answer
-    return answer["data"]
-
-
 def run(live: tuple[Server, str], name: str) -> dict[str, Any]:
     return dict(
-        graphql(
-            live,
+        Api(*live).graphql(
             "query($n: String!) { run(name: $n) { state reason idlePolicy "
             "{ gpuUtilizationBelow window action } } }",
             n=name,
@@ -89,7 +74,7 @@ def test_an_idle_run_is_stopped_a_busy_one_runs_on_and_a_notice_is_given_once(
     assert not run(live, "trainer")["reason"].startswith("Stopping")
 
     def notices() -> list[tuple[str, str]]:
-        page = graphql(live, '{ events(kind: "run.idle") { events { run reason } } }')
+        page = Api(*live).graphql('{ events(kind: "run.idle") { events { run reason } } }')
         return [(e["run"], e["reason"]) for e in page["events"]["events"]]
 
     while notices() != [("watched", TOLD)]:
@@ -99,8 +84,7 @@ def test_an_idle_run_is_stopped_a_busy_one_runs_on_and_a_notice_is_given_once(
     assert notices() == [("watched", TOLD)]
     assert run(live, "watched")["state"] == "Running"
 
-    report = graphql(
-        live,
+    report = Api(*live).graphql(
         "{ idleReport { runsStopped gpuHoursGivenBack idleGpuHoursFound "
         "actions { run action gpus reason gpuHoursGivenBack } } }",
     )["idleReport"]
@@ -131,7 +115,7 @@ def test_an_idle_run_is_stopped_a_busy_one_runs_on_and_a_notice_is_given_once(
     )
     assert unknown.returncode == 4
     for name in ("trainer", "watched"):
-        stopped = graphql(
-            live, "mutation($n: String!) { stopRun(name: $n) { errors { message } } }", n=name
+        stopped = Api(*live).graphql(
+            "mutation($n: String!) { stopRun(name: $n) { errors { message } } }", n=name
         )
         assert stopped["stopRun"]["errors"] == []

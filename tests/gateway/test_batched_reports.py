@@ -20,7 +20,7 @@ from backend.gateway.handlers import MessageHandlers
 from backend.gateway.service import ProgressInfo
 from backend.metrics import service as metrics
 from backend.metrics.rules import SampleIn
-from backend.models import Machine, MetricSample, StateTransition, Worker
+from backend.models import Checkpoint, Machine, MetricSample, StateTransition, Worker
 from tests.lifecycle.world import World
 from tests.support import FakeClock, Tenancy
 from tests.support.stream import statements
@@ -235,3 +235,27 @@ def test_a_forged_agents_step_past_the_columns_range_is_no_step() -> None:
     )
     found = handlers.progress_info(machine, kept)
     assert (found.step, found.checkpoint_step) == (2**63 - 1, 400)
+
+
+async def test_a_checkpoint_in_a_batch_is_kept_there_with_its_cost(world: World) -> None:
+    # issue 41: a running worker's new checkpoint is written with the batch (not left to the
+    # lifecycle's whole path: a workload that names a new one in every report would send each
+    # of its reports there), its cost the pause in its steps: 25 s for 10 steps at 1 a second
+    (w,) = await running(world, "ckpt", 1)
+    assert w.machine_id is not None
+    start = world.clock.now()
+    reports = [
+        ProgressInfo(w.machine_id, w.id, w.attempt, 0, start + timedelta(seconds=1)),
+        ProgressInfo(w.machine_id, w.id, w.attempt, 10, start + timedelta(seconds=11)),
+        ProgressInfo(w.machine_id, w.id, w.attempt, 20, start + timedelta(seconds=36), 20),
+        ProgressInfo(w.machine_id, w.id, w.attempt, 25, start + timedelta(seconds=41), 20),
+    ]
+    assert (await batched(world, reports)).progress == []
+    async with world.db.read() as session:
+        kept = [
+            (c.run_id, c.worker_id, c.step, c.at, c.cost_s)
+            for c in await session.scalars(select(Checkpoint))
+        ]
+        (row,) = await session.scalars(select(Worker).where(Worker.id == w.id))
+    assert kept == [(w.run_id, w.id, 20, start + timedelta(seconds=36), 15.0)]
+    assert (row.checkpoint_step, row.progress_rate) == (20, 1.0)  # the pause is not its pace
