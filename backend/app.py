@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,6 +36,7 @@ from backend.access import service as access
 from backend.access.watch import watch_of
 from backend.boundary import BodyLimit, SecurityHeaders
 from backend.clock import Clock, SystemClock
+from backend.code.rules import upload_limit
 from backend.config import Settings, get_settings
 from backend.db import Database
 from backend.db.notices import Notices
@@ -48,6 +51,7 @@ from backend.jobs import runtime
 from backend.request.context import Context, build_context
 from backend.resolvers.permissions import IsAuthenticated
 from backend.resolvers.root import schema
+from backend.rest import code as rest_code
 from backend.rest import events as rest_events
 from backend.rest import goodput as rest_goodput
 from backend.rest import jobs as rest_jobs
@@ -165,6 +169,8 @@ REST at <code>/v1</code>. The console has not been built here; <code>make up</co
 
 
 API_PREFIXES = ("/v1/", "/api/v1/", "/graphql")
+# Where a run's code is uploaded, under either prefix of the REST shim.
+CODE_PATH = re.compile(r"^(?:/api)?/v1/code/[^/]+$")
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -283,6 +289,7 @@ def create_app(
         app.state.clock = clock or SystemClock()
         app.state.settings = settings
         app.state.gates = {}  # each workspace's gate on its GraphQL sessions
+        app.state.code_uploads = Counter()  # each workspace's code uploads under way
         app.state.checking_gates = {}  # each workspace's on the threads checking documents
         async with contextlib.AsyncExitStack() as stack:
             # The agent endpoint first: it gives machines a lease to reconnect before the
@@ -310,6 +317,7 @@ def create_app(
         *rest_goodput.routes,
         *rest_events.routes,
         *rest_openapi.routes,
+        *rest_code.routes,
     ]
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
@@ -326,6 +334,11 @@ def create_app(
         exception_handlers={HTTPException: http_error},
         middleware=[
             Middleware(SecurityHeaders),
-            Middleware(BodyLimit, limit=settings.max_body_bytes),
+            Middleware(
+                BodyLimit,
+                limit=settings.max_body_bytes,
+                # a run's code (--workdir) is uploaded as one body
+                larger=((CODE_PATH, upload_limit(settings.code_limit_bytes)),),
+            ),
         ],
     )

@@ -58,19 +58,28 @@ class BodyLimit:
     closes the connection after the answer), else counted as the chunks stream and cut at the
     limit. Four 100 MB bodies raised the server's memory by 600 MB when GraphQL read them."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(
+        self, app: ASGIApp, limit: int, larger: tuple[tuple[re.Pattern[str], int], ...] = ()
+    ) -> None:
+        # ``larger``: paths (a pattern of the request's path) whose bodies may be larger, as a
+        # run's code is (backend/rest/code.py), and their own limit
+        self.app, self.default, self.larger = app, limit, larger
+
+    def _limit(self, scope: Scope) -> int:
+        path = str(scope.get("path", ""))
+        return next((limit for p, limit in self.larger if p.match(path)), self.default)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self._limit(scope)
         declared = _declared_length(scope)
         if declared is not None and declared < 0:
             await _refuse(send, 400, "INVALID_CONTENT_LENGTH", "Content-Length must be a number.")
             return
-        if declared is not None and declared > self.limit:
-            await self._too_large(send)
+        if declared is not None and declared > limit:
+            await self._too_large(send, limit)
             return
         seen = 0
         answered = False
@@ -80,7 +89,7 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
+                if seen > limit:
                     raise BodyTooLarge()
             return message
 
@@ -93,14 +102,14 @@ class BodyLimit:
             await self.app(scope, counted, watched)
         except BodyTooLarge:
             if not answered:
-                await self._too_large(send)
+                await self._too_large(send, limit)
         except ClientDisconnect:
             # The client went away before its body was whole (a page left, a tab closed):
             # no one to answer, and nothing went wrong here (it is not a server error).
             return
 
-    async def _too_large(self, send: Send) -> None:
-        message = f"A request body is at most {_size(self.limit)}."
+    async def _too_large(self, send: Send, limit: int) -> None:
+        message = f"A request body is at most {_size(limit)}."
         await _refuse(send, 413, "PAYLOAD_TOO_LARGE", message)
 
 

@@ -123,6 +123,11 @@ class Settings(BaseSettings):
     # The largest request body the API reads; a larger one is answered 413 before it is read
     # (a run's spec, the largest request, is bounded well under it in backend/spec.py).
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # A run's code (`astra astraeus submit --workdir`, issue 41): the most bytes its files may be
+    # unpacked; an upload is at most a little more (backend/code/rules.upload_limit).
+    code_limit_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
+    # An uploaded archive no live run ships with goes this long after its last upload or use.
+    code_retention: Duration = timedelta(days=30)
     # A GraphQL request's time budget: past it, it is answered TIME_BUDGET_EXCEEDED.
     graphql_time_budget: Duration = timedelta(seconds=30)
     # Database sessions one workspace's GraphQL requests hold at once, all of them together,

@@ -346,11 +346,24 @@ class RunSpec(_Strict):
     stall_timeout: str | None = None
     on_stall: Literal["restart", "keep"] = "restart"
     idle: IdlePolicy | None = None
+    # The code it ships with: an archive uploaded to its workspace (issue 41, --workdir),
+    # unpacked into each worker's own folder before its command, which starts there.
+    code: str | None = None
 
     @field_validator("time_limit", "stall_timeout", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> str | None:
         return _canonical_duration(value, positive=True)
+
+    @field_validator("code")
+    @classmethod
+    def _code(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", value):
+            raise ValueError(
+                "must be sha256: and 64 hexadecimal digits: the SHA-256 of the run's code as "
+                "uploaded (astra astraeus submit --workdir)"
+            )
+        return value
 
     @field_validator("command")
     @classmethod
@@ -461,9 +474,10 @@ class RunSpec(_Strict):
         )
 
     def to_json(self) -> dict[str, Any]:
-        """As stored and as Run again opens it; ``idle`` only where the run has a policy (a
-        specification written before policies existed reads the same)."""
-        return self.model_dump(mode="json", exclude={"idle"} if self.idle is None else None)
+        """As stored and as Run again opens it; ``idle`` and ``code`` only where the run has them
+        (a specification written before they existed reads the same)."""
+        absent = {name for name in ("idle", "code") if getattr(self, name) is None}
+        return self.model_dump(mode="json", exclude=absent or None)
 
 
 def memory_limit(memory_bytes: int | None, per_gpu_bytes: int | None, gpus: int) -> int | None:

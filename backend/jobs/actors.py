@@ -9,6 +9,7 @@ import time
 from backend.accounting import counting, retention
 from backend.alerts import service as alerts
 from backend.clock import Clock
+from backend.code import service as code
 from backend.db import Database
 from backend.idle import service as idle
 from backend.jobs import runtime
@@ -110,6 +111,17 @@ async def accounting_prune() -> None:
         )
 
 
+async def code_prune() -> None:
+    """Runs' code archives past their retention (code_retention since their last upload or
+    use) deleted, unless a live run ships with them (issue 41)."""
+    db, clock = runtime.database(), runtime.clock()
+    kept_for = runtime.settings().code_retention
+    async with db.transaction() as session:
+        deleted = await code.prune(session, clock, kept_for)
+    if deleted:
+        log.info("code: %d archives past their retention deleted", deleted)
+
+
 async def webhooks_deliver() -> None:
     """New events handed to each webhook's deliveries, then the due ones sent.
 
@@ -193,6 +205,7 @@ BODIES = {
     "metrics.prune": metrics_prune,
     "accounting.tick": accounting_tick,
     "accounting.prune": accounting_prune,
+    "code.prune": code_prune,
     "webhooks.deliver": webhooks_deliver,
     "webhooks.prune": webhooks_prune,
     "slurm.import": slurm_import,

@@ -265,6 +265,7 @@ async def periodic(settings: Settings) -> None:
         every(PRUNE_INTERVAL_S, "metrics.prune"),
         every_minute(TICK_PAST_MINUTE_S, "accounting.tick"),
         every(PRUNE_INTERVAL_S, "accounting.prune"),
+        every(PRUNE_INTERVAL_S, "code.prune"),
         every(WEBHOOKS_INTERVAL_S, "webhooks.deliver"),
         every(PRUNE_INTERVAL_S, "webhooks.prune"),
         watch(WATCH_INTERVAL_S),

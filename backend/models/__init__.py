@@ -4,6 +4,7 @@ from backend.models.alert import Alert, AlertThreshold
 from backend.models.base import Base
 from backend.models.checkpoint import Checkpoint
 from backend.models.cluster import Cluster, Pool
+from backend.models.code import CodeArchive, CodeChunk
 from backend.models.command import AgentCommand
 from backend.models.failure import GpuFault, WorkerFailure, WorkerSeenLines
 from backend.models.goodput import (
@@ -42,6 +43,8 @@ __all__ = [
     "Base",
     "Checkpoint",
     "Cluster",
+    "CodeArchive",
+    "CodeChunk",
     "Event",
     "GoodputDay",
     "GoodputHorizon",

@@ -92,3 +92,6 @@ class Run(HasId, HasCreatedAt, Base):
     # When its idle policy last told its workspace it was idle ("notify"); cleared once it is
     # found busy again, so that each idle spell is told once.
     idle_notified_at: Mapped[datetime | None]
+    # The code it ships with (spec ``code``, a CodeArchive of its workspace), where it has
+    # some; None too once the archive has passed its retention (the spec still names it).
+    code_id: Mapped[int | None] = mapped_column(BigId, index=True)

@@ -14,10 +14,11 @@ from backend.access.rules import Principal
 from backend.accounting import rework, run_goodput
 from backend.accounting.rules import Ledger
 from backend.clock import Clock
+from backend.code import service as code
 from backend.db import Database
 from backend.errors import AstraeusError
 from backend.gateway import service as agents
-from backend.models import Run, StateTransition, WebhookDelivery, Worker
+from backend.models import CodeArchive, Run, StateTransition, WebhookDelivery, Worker
 from backend.request.slurm_jobs import SlurmJob, slurm_jobs
 from backend.runs import service as runs
 from backend.scheduling import service as scheduling
@@ -63,6 +64,8 @@ class Loaders:
     pending_reasons: DataLoader[int, list[tuple[str, str]]]
     # A run's Slurm job (issue 38); None: its cluster is not Slurm's.
     slurm_job: DataLoader[int, SlurmJob | None]
+    # A run's code archive, by its id (runs.code_id); None: no longer stored.
+    code_archive: DataLoader[int, CodeArchive | None]
 
     @classmethod
     def build(cls, db: Database, clock: Clock, principal: Callable[[], Principal]) -> Loaders:
@@ -115,4 +118,5 @@ class Loaders:
             run_rework=DataLoader(load_fn=run_reworks),
             pending_reasons=DataLoader(load_fn=pending_reasons),
             slurm_job=_grouped(db, slurm_jobs, lambda: None),
+            code_archive=_grouped(db, code.archives_by_id, lambda: None),
         )

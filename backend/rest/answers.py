@@ -76,6 +76,32 @@ class RestartLoop(Answer):
     last_failure: dict[str, Any] | None
 
 
+class RunCode(Answer):
+    """A run's code: its digest, and its size while it is stored."""
+
+    digest: str
+    size: int | None
+    """Its files' bytes, unpacked; null once it is no longer stored (past its retention)."""
+    files: int | None
+    stored: bool
+
+
+class Code(Answer):
+    """A run's code as uploaded (issue 41): a gzip'd tar named by its SHA-256, stored once per
+    workspace."""
+
+    digest: str
+    """sha256: and the archive's 64 hexadecimal digits."""
+    size: int
+    """Its files' bytes, unpacked."""
+    files: int
+    archive_bytes: int
+    """The archive's own bytes (gzip'd)."""
+    uploaded_at: Time
+    stored: bool
+    """True when this upload stored it; false when the workspace had it already."""
+
+
 class Job(Answer):
     """A run as the shim shows it (a job)."""
 
@@ -96,6 +122,8 @@ class Job(Answer):
     """Its failure turned into the seed's advice (a Failed run, one restarting after a failure
     or a stall, a preempted one until it runs again)."""
     restart_loop: RestartLoop | None
+    code: RunCode | None
+    """The code it ships with (spec "code", issue 41); null: none."""
     slurm: SlurmJob | None
     """The Slurm job that runs it, on a Slurm cluster; null on any other cluster."""
 

@@ -84,24 +84,31 @@ def endpoint(
             request.app.state.token_uses.note(principal, clock.now())
             return await handler(Call(request, principal, session, clock))
 
-        try:
+        async def run() -> Response:
             if write:  # tried again whole if it lost to another transaction (db.unit)
                 return await db.unit(work)
             async with db.read() as session:
                 return await work(session)
-        except AstraeusError as error:
-            return error_response(error)
-        except Exception as error:
-            if contention(error):  # a read that lost to a writer (SQLite's locked file)
-                log.warning("gave way to others: %s %s", request.method, request.url.path)
-                return error_response(ConflictRetry())
-            if database_away(error):
-                log.warning("the database is away: %s %s", request.method, request.url.path)
-                return error_response(DatabaseUnavailable())
-            log.exception("unexpected error in %s %s", request.method, request.url.path)
-            internal = answers.Error(
-                code="INTERNAL", message="Unexpected error; it has been logged."
-            )
-            return internal.response(500)
+
+        return await guarded(request, run)
 
     return route
+
+
+async def guarded(request: Request, run: Callable[[], Awaitable[Response]]) -> Response:
+    """A route's answer, its expected errors as JSON: a refusal, the database away or busy,
+    else a 500 whose cause stays in the server's log."""
+    try:
+        return await run()
+    except AstraeusError as error:
+        return error_response(error)
+    except Exception as error:
+        if contention(error):  # a read that lost to a writer (SQLite's locked file)
+            log.warning("gave way to others: %s %s", request.method, request.url.path)
+            return error_response(ConflictRetry())
+        if database_away(error):
+            log.warning("the database is away: %s %s", request.method, request.url.path)
+            return error_response(DatabaseUnavailable())
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        internal = answers.Error(code="INTERNAL", message="Unexpected error; it has been logged.")
+        return internal.response(500)

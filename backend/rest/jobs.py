@@ -9,6 +9,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from backend.clock import iso_z
+from backend.code import service as code
 from backend.models import Run, StateTransition, Worker
 from backend.request.slurm_jobs import slurm_jobs
 from backend.rest import answers
@@ -66,6 +67,16 @@ def job_json(
     }
 
 
+async def _code(call: Call, run: Run) -> dict[str, Any] | None:
+    digest = run.spec.get("code")
+    if not digest:
+        return None
+    found = await code.archives_by_id(call.session, [run.code_id] if run.code_id else [])
+    row = found.get(run.code_id) if run.code_id else None
+    size, files = (row.size, row.files) if row is not None else (None, None)
+    return {"digest": digest, "size": size, "files": files, "stored": row is not None}
+
+
 async def get_job(call: Call) -> Response:
     name = RunPath.of(call.request).run
     workspace = JobQuery.of(call.request).workspace
@@ -78,6 +89,7 @@ async def get_job(call: Call) -> Response:
     slurm = (await slurm_jobs(call.session, [run.id])).get(run.id)
     body = job_json(run, workers, history, creator) | failure_json(run, workers, call.clock.now())
     body["slurm"] = slurm
+    body["code"] = await _code(call, run)
     return answers.Job.model_validate(body).response()
 
 

@@ -115,6 +115,12 @@ OPERATIONS: dict[str, Operation] = {
         "The ledgers and their total.",
         (p.ClusterPath, p.ClusterGoodputQuery),
     ),
+    "/code/{digest}": Operation(
+        "A run's code as uploaded to the workspace (issue 41): its size and files.",
+        answers.Code,
+        "The archive (stored false: this call stored nothing).",
+        (p.CodePath, p.JobQuery),
+    ),
     "/orgs/{org}/workspaces/{workspace}/events": Operation(
         "The workspace's events, newest first (seed L-46).",
         answers.Events,
@@ -141,6 +147,36 @@ PROMETHEUS = {
         }
     }
 }
+
+
+def _upload() -> dict[str, Any]:
+    """PUT /code/{digest}: the archive as the body (astra astraeus submit --workdir uploads it)."""
+    said = {
+        "400": "INVALID_DIGEST, DIGEST_MISMATCH (the body's SHA-256 is another) or "
+        "INVALID_ARCHIVE (not a gzip'd tar of files, folders and links inside it).",
+        "401": ERRORS["401"],
+        "404": ERRORS["404"],
+        "413": "PAYLOAD_TOO_LARGE: over the server's limit for a run's code.",
+        "429": "TOO_MANY_UPLOADS: the workspace is uploading others.",
+    }
+    return {
+        "summary": "Upload a run's code: a gzip'd tar named by its SHA-256, stored once per "
+        "workspace (issue 41).",
+        "parameters": [x for group in (p.CodePath, p.JobQuery) for x in group.openapi()],
+        "requestBody": {
+            "required": True,
+            # (the server reads the bytes whatever the type says)
+            "content": {
+                kind: {"schema": {"type": "string", "format": "binary"}}
+                for kind in ("application/gzip", "application/octet-stream")
+            },
+        },
+        "responses": {
+            "200": _answer("The workspace had it already: nothing more stored.", answers.Code),
+            "201": _answer("Stored.", answers.Code),
+            **{status: _answer(text, answers.Error) for status, text in said.items()},
+        },
+    }
 
 
 class _Components(GenerateJsonSchema):
@@ -206,7 +242,9 @@ def document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": schemas["$defs"],
         },
-        "paths": {path: _operation(o) for path, o in OPERATIONS.items()} | PROMETHEUS,
+        "paths": {path: _operation(o) for path, o in OPERATIONS.items()}
+        | PROMETHEUS
+        | {"/code/{digest}": _operation(OPERATIONS["/code/{digest}"]) | {"put": _upload()}},
     }
 
 

@@ -106,6 +106,11 @@ class ClusterPath(PathParameters):
     """The cluster."""
 
 
+class CodePath(PathParameters):
+    digest: Annotated[str, Doc({"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"})]
+    """The archive's SHA-256: sha256: and 64 hexadecimal digits."""
+
+
 class WorkspacePath(PathParameters):
     org: Name
     """The organisation."""

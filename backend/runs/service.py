@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.access.rules import Principal
 from backend.clock import Clock
+from backend.code import service as code
 from backend.db.commit_jobs import after_commit
 from backend.errors import Conflict, FieldError, InvalidInput, NotFound
 from backend.job_names import PASS_JOB, SLURM_JOB
@@ -77,6 +78,9 @@ async def create_run(
         raise _name_taken(spec.name)
     _check_priority(ws, spec)
     await _check_credentials(session, ws.id, spec)
+    archive = None
+    if spec.code is not None:  # the workspace's own upload, or refused naming the field
+        archive = await code.for_submission(session, clock, ws.id, spec.code)
     plan = plan_new_run(spec, clock.now())
     stored_spec = spec.to_json() | {"cluster": cluster.name, "pool": pool.name if pool else None}
     if spec.idle is None and pool is not None and pool.idle_policy and spec.gpus:
@@ -99,6 +103,8 @@ async def create_run(
     )
     if "idle" in stored_spec:  # (set only then: a JSON column's None would be JSON null)
         run.idle_policy = stored_spec["idle"]
+    if archive is not None:
+        run.code_id = archive.id
     repository.add(session, run)
     try:
         await session.flush()

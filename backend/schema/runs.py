@@ -245,6 +245,22 @@ class SlurmJob:
         )
 
 
+@strawberry.type(
+    description="The code a run ships with (issue 41, --workdir): a gzip'd tar of its "
+    "workspace, named by its SHA-256, unpacked where each worker's command starts."
+)
+class RunCode:
+    digest: str = strawberry.field(description="sha256: and 64 hexadecimal digits.")
+    size: BigInt | None = strawberry.field(
+        description="Its files' bytes, unpacked; null once it is no longer stored."
+    )
+    files: int | None
+    archive_bytes: BigInt | None = strawberry.field(description="The archive's own bytes.")
+    stored: bool = strawberry.field(
+        description="False once it passed its retention: Run again needs it uploaded again."
+    )
+
+
 @strawberry.type(description="A job of one or more workers that start together.")
 class Run:
     _number: strawberry.Private[int]
@@ -267,6 +283,7 @@ class Run:
     _stopping: strawberry.Private[bool] = False
     _gpus: strawberry.Private[int] = 0  # its gang's: workers times GPUs each
     _workspace_id: strawberry.Private[int] = 0
+    _code_id: strawberry.Private[int | None] = None
 
     @classmethod
     def from_model(cls, row: models.Run) -> Run:
@@ -291,6 +308,7 @@ class Run:
             _waits_for=row.waits_for,
             _stopping=row.stop_cause is not None,
             _workspace_id=row.workspace_id,
+            _code_id=row.code_id,
         )
 
     @strawberry.field(description="Opaque, the same every time: it counts nothing (issue 37 N8).")
@@ -303,6 +321,21 @@ class Run:
     )
     def idle_policy(self) -> IdlePolicy | None:
         return IdlePolicy.stored(cast(dict[str, Any], self.spec).get("idle"))
+
+    @strawberry.field(description='The code it ships with (spec "code"); null: none.')
+    async def code(self, info: Info) -> RunCode | None:
+        digest = cast(dict[str, Any], self.spec).get("code")
+        if not digest:
+            return None
+        row = None
+        if self._code_id is not None:
+            row = await info.context.loaders.code_archive.load(self._code_id)
+        if row is None:
+            return RunCode(digest=digest, size=None, files=None, archive_bytes=None, stored=False)
+        size, archive_bytes = BigInt(row.size), BigInt(row.archive_bytes)
+        return RunCode(
+            digest=digest, size=size, files=row.files, archive_bytes=archive_bytes, stored=True
+        )
 
     @property
     def cause(self) -> str | None:

@@ -149,6 +149,7 @@ async def test_the_periodic_jobs_include_pruning(settings: Settings) -> None:
         job_broker.SCHEDULING: ["scheduling.pass"],
         job_broker.HOUSEKEEPING: [
             "accounting.prune",
+            "code.prune",
             "metrics.prune",
             "slurm.import",  # one query, nothing more, without a Slurm-backed cluster
             "webhooks.deliver",
