@@ -13,6 +13,10 @@ from agent.gpus import GpuDevice, NvmlSampler
 from agent.identity import WorkloadUsers, workload_dir
 from agent.transport import Transport
 
+# The machine's own credential, from the join token, in its data folder (0600).
+CREDENTIAL_FILE = "machine-credential"
+CREDENTIAL_PREFIX = "astm_"  # a machine credential (a join token begins astj_)
+
 
 @dataclass
 class AgentConfig:
@@ -72,3 +76,17 @@ class AgentConfig:
     @property
     def drive_root(self) -> Path:
         return self.workload_dir / "drives"
+
+    @property
+    def code_root(self) -> Path:
+        """Runs' code archives fetched from the server, by digest (agent/code.py), the
+        agent's alone."""
+        return self.data_dir / "code"
+
+    def kept_credential(self) -> str | None:
+        """The machine's own credential: kept in the data folder, or given by hand as the
+        token; None before the agent has joined."""
+        path = self.data_dir / CREDENTIAL_FILE
+        if path.exists():
+            return path.read_text().strip()
+        return self.token if self.token.startswith(CREDENTIAL_PREFIX) else None

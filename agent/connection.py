@@ -22,7 +22,7 @@ from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
 
 from agent import commands, docker, rendezvous
 from agent.backoff import Backoff
-from agent.config import AgentConfig
+from agent.config import CREDENTIAL_FILE, AgentConfig
 from agent.log_replies import Followed, LogReplies
 from agent.metrics import SampledWorker, unmeasured
 from agent.outbox import Outbox
@@ -52,9 +52,6 @@ REFUSALS = (
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.INVALID_ARGUMENT,
 )
-# The machine's own credential, from the join token, in its data folder (0600).
-CREDENTIAL_FILE = "machine-credential"
-CREDENTIAL_PREFIX = "astm_"  # a machine credential (a join token begins astj_)
 
 
 class Agent:
@@ -194,11 +191,10 @@ class Agent:
     async def _credential(self, stub: agent_pb2_grpc.AgentStub) -> str:
         """The machine's own credential: kept in the data folder, or got once for the join
         token (a cluster machine token made before credentials joins as one too)."""
+        kept = self.config.kept_credential()
+        if kept is not None:
+            return kept  # joined before, or the machine's credential itself, given by hand
         path = self.config.data_dir / CREDENTIAL_FILE
-        if path.exists():
-            return path.read_text().strip()
-        if self.config.token.startswith(CREDENTIAL_PREFIX):
-            return self.config.token  # the machine's credential itself, given by hand
         if not self.config.token:
             raise SystemExit(
                 f"astraeus agent: {path} is missing and no join token was given (--token, "

@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from agent import cgroups, prepare, shim
+from agent import cgroups, code, prepare, shim
 from agent.engine import (
     LONG,
     Engine,
@@ -174,6 +174,7 @@ class ContainerWorker:
         for stale in (shim.EXIT, CONTAINER, LOGGED_AT):
             (self.folder / stale).unlink(missing_ok=True)
         shutil.rmtree(self.run_folder, ignore_errors=True)
+        shutil.rmtree(self.folder / code.FOLDER, ignore_errors=True)  # an earlier attempt's
         self.folder.chmod(0o711)
         self.run_folder.mkdir()
         # The container's user may be anyone (an image's own), unless the agent chose it
@@ -281,6 +282,12 @@ class ContainerWorker:
             identity = self.users.of_worker(self.spec)
         except (LookupError, ValueError) as error:
             raise EngineError(400, str(error.args[0])) from None
+        if self.spec.code:  # unpacked while it prepared (agent/code.py)
+            staged = self.folder / code.FOLDER
+            if not staged.is_dir():
+                raise EngineError(400, "its code was not unpacked on this machine")
+            owner = (identity.uid, identity.gid) if identity is not None else None
+            await asyncio.to_thread(code.hand_over, staged, self.run_folder / code.FOLDER, owner)
         if identity is not None:
             # As for a process: a user of its own, never root; its run folder its alone.
             user = f"{identity.uid}:{identity.gid}"

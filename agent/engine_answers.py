@@ -406,6 +406,8 @@ def create_body(
         body["User"] = user or spec.user
     if spec.working_dir:
         body["WorkingDir"] = spec.working_dir
+    elif spec.code:  # its run's code, unpacked in its run folder (agent/code.py)
+        body["WorkingDir"] = f"{CONTAINER_RUN}/code"
     return body
 
 

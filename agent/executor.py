@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import cgroups, network, prepare, sandbox, shim
+from agent import cgroups, code, network, prepare, sandbox, shim
 from agent.identity import (
     Identity,
     WorkloadUsers,
@@ -158,6 +158,11 @@ class ProcessWorker:
         return self.home / PROGRESS
 
     @property
+    def code_dir(self) -> Path:
+        """Its run's code (issue 41), where its command starts."""
+        return self.home / code.FOLDER
+
+    @property
     def workspace_gid(self) -> int | None:
         with contextlib.suppress(ValueError):
             return self.users.workspace_gid(self.spec.workspace_id)
@@ -169,7 +174,7 @@ class ProcessWorker:
         self.folder.chmod(0o711)  # its user passes through to home/, and sees nothing else
         for stale in (shim.EXIT, shim.WORKER_PID, shim.UNREADABLE, SHIM_PID, LINKS):
             (self.folder / stale).unlink(missing_ok=True)
-        for own in (HOME, *sandbox.TMP_FOLDERS):  # an earlier attempt's, its user's
+        for own in (HOME, *sandbox.TMP_FOLDERS, code.FOLDER):  # an earlier attempt's
             shutil.rmtree(self.folder / own, ignore_errors=True)
         keep_start(self.folder, self.worker_id, self.spec)
 
@@ -239,6 +244,11 @@ class ProcessWorker:
             return self._not_started(str(error.args[0]))
         self._make_home(identity)
         owner = (identity.uid, identity.gid) if identity is not None else None
+        if self.spec.code:  # unpacked while it prepared (agent/code.py): now its user's
+            staged = self.folder / code.FOLDER
+            if not staged.is_dir():
+                return self._not_started("its code was not unpacked on this machine")
+            await asyncio.to_thread(code.hand_over, staged, self.code_dir, owner)
         credentials = self.spec.credentials
         prepare.write_secret_files(credentials, self.secrets, self.secrets_folder, owner=owner)
         exposed = prepare.Exposed()
@@ -276,7 +286,7 @@ class ProcessWorker:
             "worker": str(self.worker_id),
             "argv": command,
             "env": self.environment(identity, exposed.variables),
-            "cwd": self.spec.working_dir or str(self.home),
+            "cwd": self.spec.working_dir or str(self.code_dir if self.spec.code else self.home),
             "log_root": str(self.log.folder.parent),
             "cgroup": group,
             # agent/enter.py: the process joins these groups itself, as root, before its

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from agent import instance, uid_handover
-from agent.config import AgentConfig
-from agent.connection import CREDENTIAL_FILE, Agent, until_stopped
+from agent.config import CREDENTIAL_FILE, AgentConfig
+from agent.connection import Agent, until_stopped
 from agent.gpus import SIMULATED_MODEL, NvmlSampler, discover
 from agent.identity import GID_BASE, WorkloadUsers
 from agent.sandbox import PIDS_MAX

@@ -6,14 +6,18 @@ sentence); what cannot be had ends it before its start."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from astraeus.agent.v1 import agent_pb2
 
-from agent import docker, prepare
+from agent import code, docker, prepare
 from agent.config import AgentConfig
 from agent.executor import EndCause, Exit, ProcessWorker
 from agent.state import Outgoing, Worker
+
+# A fetch's progress is told at most this often.
+CODE_REPORT_S = 5.0
 
 
 class Preparation:
@@ -28,6 +32,7 @@ class Preparation:
         self.ended = ended
         self.preparing: dict[int, asyncio.Task[None]] = {}
         self.secret_answers: dict[int, asyncio.Future[agent_pb2.SecretValues]] = {}
+        self.code = code.CodeCache(config)
 
     def cancel(self, worker_id: int) -> None:
         """Its preparation stops (a STOP or a DELETE before its start)."""
@@ -43,8 +48,10 @@ class Preparation:
 
     def begin(self, worker: Worker) -> None:
         """Prepare what the worker needs, then wait at the gang barrier (READY)."""
-        nothing_to_do = not worker.spec.credentials and not prepare.drives_to_fill(
-            worker.spec, self.config.drive_root
+        nothing_to_do = (
+            not worker.spec.credentials
+            and not worker.spec.code
+            and not prepare.drives_to_fill(worker.spec, self.config.drive_root)
         )
         if nothing_to_do and isinstance(worker, ProcessWorker):
             self.outgoing.report(worker, agent_pb2.WORKER_STATE_READY)
@@ -83,6 +90,8 @@ class Preparation:
             if problem is not None:
                 self.ended(worker, Exit(None, EndCause.NOT_STARTED, detail=problem))
                 return
+        if worker.spec.code and not await self._unpack_code(worker, worker.spec.code):
+            return
         if isinstance(worker, docker.ContainerWorker):
             image = (agent_pb2.WAIT_IMAGE, worker.image or "")
 
@@ -96,6 +105,32 @@ class Preparation:
                 self.ended(worker, failed)
                 return
         self.outgoing.report(worker, agent_pb2.WORKER_STATE_READY)
+
+    async def _unpack_code(self, worker: Worker, digest: str) -> bool:
+        """Its run's code fetched (or found in the cache) and unpacked into its runtime folder,
+        reported Preparing ("Fetching its code sha256:…: 3.0 MiB of 12.0 MiB") while it comes;
+        False when it cannot be had: the worker has ended."""
+        name = f"{digest[: len(code.PREFIX) + 12]}…"
+        told = 0.0
+
+        def progress(done: int, total: int) -> None:
+            nonlocal told
+            if done and time.monotonic() - told < CODE_REPORT_S and done < total:
+                return
+            told = time.monotonic()
+            detail = f"{code.mib(done)} of {code.mib(total)}" if total else ""
+            waits = (agent_pb2.WAIT_CODE, name)
+            self.outgoing.report(
+                worker, agent_pb2.WORKER_STATE_PREPARING, waits=waits, detail=detail
+            )
+
+        try:
+            archive = await self.code.archive(worker.worker_id, worker.attempt, digest, progress)
+            await asyncio.to_thread(code.unpack, archive, worker.folder / code.FOLDER)
+        except code.CodeRefused as refused:
+            self.ended(worker, Exit(None, EndCause.NOT_STARTED, detail=str(refused)))
+            return False
+        return True
 
     async def _ask_secrets(self, worker: Worker) -> agent_pb2.SecretValues | None:
         """The worker's secret values from the server; None when it does not answer in time."""

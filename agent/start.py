@@ -62,6 +62,8 @@ class StartSpec:
     gang_addresses: tuple[str, ...] = ()
     # Names it on this machine (agent/identity.py local_name); None where a server sends none.
     worker_key: str | None = None
+    # The code its run ships with (sha256:…, issue 41): fetched and unpacked while it prepares.
+    code: str | None = None
     uid: int | None = None
 
     @classmethod
@@ -92,6 +94,7 @@ class StartSpec:
             gpu_ids=tuple(start.gpu_ids),
             gang_addresses=tuple(start.gang_addresses),
             worker_key=start.worker_key or None,
+            code=start.code or None,
         )
 
     def with_uid(self, uid: int) -> StartSpec:
@@ -121,6 +124,8 @@ class StartSpec:
         }
         if self.worker_key:
             kept["worker_key"] = self.worker_key
+        if self.code:
+            kept["code"] = self.code
         if self.uid is not None:
             kept["uid"] = self.uid
         return kept
@@ -164,6 +169,7 @@ class StartSpec:
             gpu_ids=tuple(int(g) for g in kept.get("gpu_ids") or ()),
             gang_addresses=tuple(str(a) for a in kept.get("gang_addresses") or ()),
             worker_key=_text(kept.get("worker_key")),
+            code=_text(kept.get("code")),
             uid=int(kept["uid"]) if kept.get("uid") is not None else None,
         )
 

@@ -49,7 +49,7 @@ def local_agent_command(settings: Settings) -> list[str] | None:
             flush=True,
         )
         return None
-    from agent.connection import CREDENTIAL_FILE
+    from agent.config import CREDENTIAL_FILE
 
     # The local machine joins once with a join token; its agent keeps its own credential.
     token = settings.data_dir / "agent-token"

@@ -252,6 +252,7 @@ def start_message(command: AgentCommand) -> agent_pb2.StartWorker:
         gpu_ids=[int(i) for i in p.get("gpu_ids") or []],
         gang_addresses=[str(a) for a in p.get("gang_addresses") or []],
         worker_key=str(p.get("worker_key") or ""),
+        code=str(p.get("code") or ""),
     )
     if p.get("cpu") is not None:
         start.cpu = float(p["cpu"])

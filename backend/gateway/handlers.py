@@ -63,6 +63,7 @@ _WAITS = {
     agent_pb2.WAIT_SECRET: Wait.SECRET,
     agent_pb2.WAIT_DRIVE: Wait.DRIVE,
     agent_pb2.WAIT_IMAGE: Wait.IMAGE,
+    agent_pb2.WAIT_CODE: Wait.CODE,
 }
 
 # A message's handler: (session, machine, message), what it did to the lifecycle.

@@ -22,6 +22,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from backend.access.rules import bearer_secret
 from backend.clock import Clock
+from backend.code import service as code
 from backend.db import Database
 from backend.db.notices import Notices
 from backend.db.retries import database_away
@@ -309,6 +310,43 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         log.info("machine %s joined with a join token", request.machine)
         return agent_pb2.JoinReply(credential=issued.secret, machine=request.machine)
 
+    async def FetchCode(
+        self, request: agent_pb2.CodeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[agent_pb2.CodeChunk]:
+        """A run's code, a chunk a message, to the machine of one of its workers (issue 41):
+        the machine named in the request, if the credential may speak for it (as at a Hello),
+        holding the worker at this attempt, whose run ships with this digest. Anything else is
+        NOT_FOUND, the same answer whether the code exists elsewhere or nowhere."""
+        agent = await self._authenticate(context)
+        try:
+            async with self.db.read() as session:
+                archive = None
+                refusal = await identity.registration_refusal(session, agent, request.machine)
+                machine_id = await machines.machine_id(session, agent.cluster_id, request.machine)
+                if refusal is None and machine_id is not None:
+                    archive = await code.for_machine(
+                        session, machine_id, request.worker_id, request.attempt, request.digest
+                    )
+                found = None if archive is None else (archive.id, archive.chunks)
+                total = 0 if archive is None else archive.archive_bytes
+        except Exception as error:
+            await _unavailable_if_away(context, error)
+            raise
+        if found is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, NO_CODE)
+        assert found is not None
+        archive_id, chunks = found
+        for seq in range(chunks):  # a short read a chunk: a slow machine holds no connection
+            try:
+                async with self.db.read() as session:
+                    data = await code.chunk(session, archive_id, seq)
+            except Exception as error:
+                await _unavailable_if_away(context, error)
+                raise
+            if data is None:  # pruned meanwhile
+                await context.abort(grpc.StatusCode.NOT_FOUND, NO_CODE)
+            yield agent_pb2.CodeChunk(data=data, archive_bytes=total)
+
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> MachinePrincipal:
         try:
             async with self.db.read() as session:
@@ -377,6 +415,7 @@ def _bearer(context: grpc.aio.ServicerContext) -> str | None:
     return bearer_secret(str(metadata.get("authorization", "")))
 
 
+NO_CODE = "No such code for a worker of this machine at this attempt."
 REGISTRATION_FAILED = "The server could not register this machine; its log says why."
 BUSY = "The server is busy (no database connection free in time): try again shortly."
 

@@ -135,6 +135,8 @@ def waiting_sentence(wait: Wait, name: str, done: str = "") -> str:
         return f"Waiting for drive {name} to be filled"
     if wait == Wait.IMAGE:
         return f"Pulling image {name}: {done}" if done else f"Pulling image {name}"
+    if wait == Wait.CODE:
+        return f"Fetching its code {name}: {done}" if done else f"Fetching its code {name}"
     raise ValueError(f"a worker's agent does not report waiting for {wait}")
 
 

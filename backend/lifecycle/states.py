@@ -48,6 +48,7 @@ class Wait(StrEnum):
     SECRET = "secret"  # waiting for external secret …
     DRIVE = "drive"  # Waiting for drive … to be filled
     IMAGE = "image"  # Pulling image …
+    CODE = "code"  # Fetching its code … (issue 41, --workdir)
 
 
 ENDED_RUN_STATES = frozenset(

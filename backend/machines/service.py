@@ -255,6 +255,12 @@ async def drain(session: AsyncSession, clock: Clock, machine: Machine) -> Effect
     return await lifecycle.machine_drained(session, clock, machine.id, machine.name)
 
 
+async def machine_id(session: AsyncSession, cluster_id: int, name: str) -> int | None:
+    """The id of the cluster's machine of this name; None where it has none."""
+    machine = await repository.get_machine(session, cluster_id, name)
+    return None if machine is None else machine.id
+
+
 async def drain_by_name(
     session: AsyncSession, clock: Clock, principal: Principal, cluster: str, name: str
 ) -> tuple[Machine, Effects]:

@@ -365,6 +365,12 @@ WAIT_ADVICE: dict[str, Advice] = {
         "The drive: open it to see whether it is reachable or still copying.",
         "drive",
     ),
+    Wait.CODE: Advice(
+        FailureKind.PULLING,
+        "Its code (--workdir) on a slow link from the server: leave out what the run does not "
+        "need in .astraeusignore. Later runs of the same code on that machine reuse it.",
+        "log",
+    ),
 }
 PULLING = Advice(
     FailureKind.PULLING,

@@ -348,6 +348,8 @@ def start_payload(spec: RunSpec, workspace_id: int) -> dict[str, Any]:
         "workspace_id": workspace_id,
         "cpu": spec.cpu,
         "memory_limit_bytes": spec.memory_limit_bytes,
+        # its digest: the machine fetches the archive while the worker prepares (issue 41)
+        "code": spec.code,
     }
 
 

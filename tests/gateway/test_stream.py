@@ -610,3 +610,29 @@ async def test_a_forged_agents_report_of_200_000_progress_entries_is_refused(
         assert (await world.workers("llama-sft"))[0].progress_step == 7
     finally:
         await agent.close()
+
+
+async def test_a_worker_fetching_its_code_says_so_and_how_far(  # issue 41
+    endpoint: str, machine_token: str, db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    agent = Agent(endpoint, machine_token)
+    try:
+        world = World(db, clock, tenancy)
+        start = await one_worker_started(agent, world)
+        last = agent.send(
+            worker_event=agent_pb2.WorkerEvent(
+                worker_id=start.command.worker_id,
+                attempt=1,
+                state=agent_pb2.WORKER_STATE_PREPARING,
+                waits_for=agent_pb2.WAIT_CODE,
+                waits_on="sha256:6921375a022f…",
+                detail="3.0 MiB of 12.0 MiB",
+            )
+        )
+        while (await agent.receive("ack")).ack.up_to < last:
+            pass
+        worker = (await world.workers("llama-sft"))[0]
+        assert (worker.state, worker.waits_for) == ("Preparing", "code")
+        assert worker.reason == "Fetching its code sha256:6921375a022f…: 3.0 MiB of 12.0 MiB"
+    finally:
+        await agent.close()

@@ -9,6 +9,7 @@ only where a Docker engine's socket exists (skipped on machines without one).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import struct
 from pathlib import Path
@@ -788,3 +789,18 @@ async def test_a_container_that_ended_while_the_agent_was_away_keeps_its_log_and
     assert await taken.wait() == Exit(4, EndCause.EXITED)
     assert taken.log.tail(10) == ("a\nb\n", False)
     await release(taken)
+
+
+def test_a_container_of_a_run_with_code_starts_in_its_copy_in_the_run_folder() -> None:
+    # issue 41: the code unpacked while it prepared is in its run folder (agent/code.py)
+    shipped = dataclasses.replace(START, code="sha256:" + "a" * 64)
+    body = create_body("w", shipped, run_folder=Path("/r"), drives=Path("/d"))
+    assert body["WorkingDir"] == "/astraeus/run/code"
+    assert "/r:/astraeus/run" in body["HostConfig"]["Binds"]
+    chosen = dataclasses.replace(shipped, working_dir="/src")
+    assert (
+        create_body("w", chosen, run_folder=Path("/r"), drives=Path("/d"))["WorkingDir"] == "/src"
+    )
+    assert "WorkingDir" not in create_body("w", START, run_folder=Path("/r"), drives=Path("/d"))
+    # kept in payload.json: a restarted agent starts it with its code too
+    assert StartSpec.from_json(shipped.to_json()).code == shipped.code

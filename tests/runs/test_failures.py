@@ -14,6 +14,7 @@ from backend.lifecycle.sentences import (
     end_sentence,
     preempted_sentence,
     time_limit_sentence,
+    waiting_sentence,
 )
 from backend.lifecycle.states import Wait
 from backend.runs.failures import (
@@ -143,6 +144,7 @@ LOOP_LOOK_AT = (
 )
 MACHINES_LOOK_AT = "The per-machine reasons: Read a pending reason."
 QUEUE_LOOK_AT = "The queue, not the machines: Priorities."
+CODE = "sha256:6921375a022f…"
 CREDENTIAL_LOOK_AT = (
     "The credential has not reached the machine: open the credential to see whether the "
     "machine could fetch it."
@@ -218,6 +220,15 @@ def pending(reason: str, wait: Wait) -> Waiting:
             [],
             FailureKind.PULLING,
             "A large image on a slow link. Later runs on that machine reuse it.",
+        ),
+        (  # issue 41: its code, fetched from the server while it prepares
+            Waiting(
+                "Preparing", waiting_sentence(Wait.CODE, CODE, "3.0 MiB of 12.0 MiB"), Wait.CODE
+            ),
+            [],
+            FailureKind.PULLING,
+            "Its code (--workdir) on a slow link from the server: leave out what the run does "
+            "not need in .astraeusignore. Later runs of the same code on that machine reuse it.",
         ),
         (
             Waiting("Starting", "Starting together: 1 of 2 ready", None),

@@ -49,6 +49,8 @@ UNREACHABLE_CODES = frozenset({"DATABASE_UNAVAILABLE", "TASK_LOG_UNAVAILABLE", "
 # random time up to the first wait, doubled at each try; then astra says so.
 CONFLICT_TRIES = 4
 CONFLICT_FIRST_WAIT_S = 0.25
+# An upload (a run's code, up to the server's limit) may take this long on a slow link.
+UPLOAD_S = 600.0
 
 
 def _conflict(body: dict[str, Any]) -> str | None:
@@ -92,13 +94,18 @@ class Target:
         return self.api.rstrip("/").removesuffix("/v1") + "/graphql"
 
 
+def cli_config() -> dict[str, Any]:
+    """The config file's settings; none without one."""
+    if CONFIG_PATH.is_file():
+        return dict(json.loads(CONFIG_PATH.read_text()))
+    return {}
+
+
 def resolve_target(env: dict[str, str] | None = None) -> Target:
     """The API and token: $ASTRALYX_API/$API and $ASTRALYX_TOKEN/$ASTRA_TOKEN, then the config
     file, then the embedded server's own admin token on this machine."""
     env = dict(os.environ if env is None else env)
-    config: dict[str, str] = {}
-    if CONFIG_PATH.is_file():
-        config = json.loads(CONFIG_PATH.read_text())
+    config = cli_config()
     api = env.get("ASTRALYX_API") or env.get("API") or config.get("api") or EMBEDDED_API
     token = env.get("ASTRALYX_TOKEN") or env.get("ASTRA_TOKEN") or config.get("token")
     if not token:
@@ -189,19 +196,39 @@ class Api:
             self.wait_before(attempt)
         if answer.status_code == 200:
             return self.answer(dict(answer.json()))
+        raise _refusal(answer)
+
+    def put(self, path: str, content: bytes, content_type: str) -> dict[str, Any]:
+        """A REST upload (a run's code): its JSON answer, or a CliError as ``get``'s."""
+        url = f"{self.target.api}{path}"
         try:
-            body = answer.json()
-            message, code = body.get("message") or answer.text, str(body.get("code") or "")
-        except ValueError:
-            message, code = answer.text[:200], ""
-        exit_code = {401: EXIT_USAGE, 404: EXIT_NOT_FOUND}.get(answer.status_code, exit_for(code))
-        if answer.status_code >= 500:
-            exit_code = EXIT_UNREACHABLE
-        raise CliError(f"astra: {message}", exit_code)
+            answer = self.http.put(
+                url, content=content, headers={"Content-Type": content_type}, timeout=UPLOAD_S
+            )
+        except httpx.TransportError as exc:
+            raise CliError(
+                f"astra: cannot reach Astraeus at {url}: {exc}", EXIT_UNREACHABLE
+            ) from None
+        if answer.status_code in (200, 201):
+            return self.answer(dict(answer.json()))
+        raise _refusal(answer)
 
     @property
     def websocket_url(self) -> str:
         return self.target.graphql_url.replace("http", "ws", 1)
+
+
+def _refusal(answer: httpx.Response) -> CliError:
+    """A REST answer other than success, as astra says it, with the exit code of its status."""
+    try:
+        body = answer.json()
+        message, code = body.get("message") or answer.text, str(body.get("code") or "")
+    except ValueError:
+        message, code = answer.text[:200], ""
+    exit_code = {401: EXIT_USAGE, 404: EXIT_NOT_FOUND}.get(answer.status_code, exit_for(code))
+    if answer.status_code >= 500:
+        exit_code = EXIT_UNREACHABLE
+    return CliError(f"astra: {message}", exit_code)
 
 
 def _rest_code(answer: httpx.Response) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from backend.cli.astra import goodput as goodput_table
 from backend.cli.astra import machines as machines_table
 from backend.cli.astra import quota as quota_cli
+from backend.cli.astra import workdir
 from backend.cli.astra.client import (
     EXIT_FAILED,
     EXIT_NOT_FOUND,
@@ -189,6 +190,8 @@ def cmd_submit(api: Api, args: argparse.Namespace) -> str:
         raise CliError(message, EXIT_USAGE) from None
     if args.name:
         spec["name"] = args.name
+    if args.workdir is not None:  # shipped first: the spec names it (issue 41)
+        print(workdir.attach(api, spec, Path(args.workdir)), file=sys.stderr)
     payload = api.graphql(CREATE_RUN, spec=spec)["createRun"]
     if payload["errors"]:
         lines = [f"  {e['field'] or 'spec'}: {e['message']}" for e in payload["errors"]]
@@ -545,6 +548,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit = command("submit", cmd_submit, "submit a run from its JSON specification")
     submit.add_argument("spec", help="a JSON file, or - for standard input")
     submit.add_argument("--name", help="submit under this name instead of the file's")
+    submit.add_argument(
+        "--workdir",
+        metavar="FOLDER",
+        help="ship this folder with the run (as git would commit it: .gitignore and "
+        ".astraeusignore apply); each worker's command starts in its copy",
+    )
     quota_cli.add_commands(command)
     return parser
 

@@ -20,10 +20,15 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pathspec
 
+from backend.cli.astra.client import EXIT_NOT_FOUND, EXIT_USAGE, Api, CliError, cli_config
+
 DEFAULT_LIMIT = 100 * 2**20
+# The limit as a setting, in MiB: this variable, else the config file's "workdir_limit_mib".
+LIMIT_VARIABLE = "ASTRA_WORKDIR_LIMIT_MIB"
 GITIGNORE = ".gitignore"
 ASTRAEUSIGNORE = ".astraeusignore"
 BIGGEST_SHOWN = 5
@@ -143,3 +148,47 @@ def _ignored(rules: Rules, own: pathspec.GitIgnoreSpec | None, name: str) -> boo
         if found is not None:
             verdict = found
     return verdict
+
+
+def limit_from(env: dict[str, str], config: dict[str, object]) -> int:
+    """The most bytes a --workdir may send: the setting (MiB), else 100 MiB."""
+    given = env.get(LIMIT_VARIABLE) or config.get("workdir_limit_mib")
+    if given is None or given == "":
+        return DEFAULT_LIMIT
+    try:
+        found = float(str(given))
+    except ValueError:
+        found = 0.0
+    if not found > 0:
+        raise WorkdirRefused(f"{LIMIT_VARIABLE}: must be a number of MiB over 0, not {given!r}")
+    return int(found * 2**20)
+
+
+def ship(api: Api, folder: Path, limit: int) -> tuple[str, str]:
+    """The folder packed and uploaded to the workspace unless it has it already (the same
+    content is one copy): its digest, and a line that says what was sent."""
+    packed = pack(folder, limit)
+    digest = f"sha256:{packed.digest}"
+    try:
+        api.get(f"/code/{digest}")
+        done = "already stored"
+    except CliError as missing:
+        if missing.exit_code != EXIT_NOT_FOUND:
+            raise
+        api.put(f"/code/{digest}", packed.archive, "application/gzip")
+        done = "uploaded"
+    files = f"{packed.files} file" + ("" if packed.files == 1 else "s")
+    return digest, f"astra: code {digest} ({files}, {mib(packed.size)}) {done}"
+
+
+def attach(api: Api, spec: Any, folder: Path) -> str:
+    """`astra astraeus submit --workdir FOLDER`: the folder shipped and named in the spec's
+    ``code``; the line that says what was sent. Refused as a usage error, nothing sent."""
+    if not isinstance(spec, dict):
+        raise CliError("astra: the specification must be a JSON object", EXIT_USAGE)
+    try:
+        limit = limit_from(dict(os.environ), cli_config())
+        spec["code"], said = ship(api, folder, limit)
+    except WorkdirRefused as refused:
+        raise CliError(f"astra: {refused}", EXIT_USAGE) from None
+    return said
