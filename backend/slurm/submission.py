@@ -9,11 +9,13 @@ import functools
 import logging
 import math
 from collections.abc import Awaitable
+from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend import ids
 from backend.clock import Clock
+from backend.code import service as code
 from backend.db import Database
 from backend.ids import Kind
 from backend.lifecycle.states import RunState
@@ -27,6 +29,8 @@ from backend.slurm.rules import SlurmJob
 from backend.spec import stored_spec
 
 log = logging.getLogger(__name__)
+
+CODE_FOLDER = "code"  # in the run's folder: its code, unpacked (issue 41)
 
 
 def no_account_reason(workspace: str, cluster: str) -> str:
@@ -75,9 +79,17 @@ async def submit_pending(
         key = codec.show(Kind.RUN, run.id)
         folder = results.run_dir(settings.state_dir, key)
         results.prepare(folder)
+        workdir = folder
+        if stored_spec(run.spec).code:  # its code, where its tasks start (issue 41)
+            workdir = folder / CODE_FOLDER
+            problem = await _code_placed(db, run, workdir)
+            if problem is not None:
+                refused = f"Not submitted to Slurm: {problem}"
+                await db.unit(functools.partial(_set_reason, run_id=run.id, reason=refused))
+                continue
         script = rules.batch_script(_submission(run, key, account, settings, str(folder)))
         try:
-            job_id = await commands.submit(script, str(folder))
+            job_id = await commands.submit(script, str(workdir))
         except SlurmUnavailable as e:
             # Slurm refused this run (its account, partition, a limit) or did not answer: the
             # run says so and is submitted again next time; the others go on
@@ -92,6 +104,14 @@ async def submit_pending(
         else:
             await commands.cancel(job_id)
     return submitted
+
+
+async def _code_placed(db: Database, run: Run, into: Path) -> str | None:
+    """The run's code unpacked into its folder, which the cluster's nodes read (as they read
+    its logs there); why not, or None. Every rank starts in it (sbatch --chdir)."""
+    if run.code_id is None:
+        return "its code is no longer stored: submit it again with --workdir"
+    return await code.unpack_into(db, run.code_id, into)
 
 
 async def _cancel_asked(db: Database, cluster_id: int) -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import select
 
+from backend.cli.astra.workdir import pack
 from backend.db import Database
 from backend.ids import Kind
 from backend.models import Run
@@ -338,3 +339,54 @@ async def test_run_again_resubmits_a_run_astraeus_submitted_not_one_it_imported(
     async with db.read() as session:
         specs = list(await session.scalars(select(Run.spec)))
     assert len(specs) == 3 and not [s for s in specs if "slurm" in s]
+
+
+async def test_a_run_with_its_code_starts_each_task_in_it_on_the_node(  # issue 41
+    db: Database,
+    clock: FakeClock,
+    tenancy: Tenancy,
+    client: httpx.AsyncClient,
+    slurm: SlurmCluster,
+    slurm_accounts: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    """`--workdir` on a Slurm cluster: the archive is checked against its digest and unpacked
+    into the run's folder, which the nodes read as they read its logs; every task starts there
+    (sbatch --chdir), running a train.py no node had."""
+    alpha, _ = slurm_accounts
+    state = tmp_path / "state"
+    cluster_id = await hpc(
+        db, clock, slurm, {alpha: "default"}, state_dir=str(state), python=sys.executable
+    )
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(
+        "import os, pathlib\n"
+        "print('rank', os.environ['RANK'], 'in', pathlib.Path.cwd().name, "
+        "open('lr.txt').read().strip(), flush=True)\n"
+    )
+    (project / "lr.txt").write_text("0.001\n")
+    packed = pack(project)
+    digest = f"sha256:{packed.digest}"
+    headers = {"Authorization": f"Bearer {tenancy.member_token}"}
+    stored = await client.put(f"/v1/code/{digest}", content=packed.archive, headers=headers)
+    assert stored.status_code == 201, stored.text
+    clock.moment = datetime.now(UTC)
+    spec = {
+        "name": "shipped",
+        "cluster": "hpc",
+        "workers": 2,
+        "command": [sys.executable, "train.py"],
+        "code": digest,
+    }
+    await submit(client, tenancy.member_token, spec)
+    job = await submitted_job(db, clock, cluster_id, "shipped")
+    await wait_for(slurm, job, "COMPLETED", within=120)
+    clock.moment = datetime.now(UTC)
+    await importer.import_cluster(db, clock, cluster_id)
+    run = await run_of(db, job)
+    assert run.state == "Completed", run.reason
+    key = await shown(db, Kind.RUN, run.id)
+    for rank in (0, 1):
+        log = (state / f"run-{key}" / "logs" / f"shipped-{rank}" / "current.log").read_text()
+        assert f"rank {rank} in code 0.001" in log
