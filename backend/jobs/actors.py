@@ -101,14 +101,18 @@ async def accounting_tick() -> None:
 
 
 async def accounting_prune() -> None:
-    """Goodput hours and intervals past 400 days deleted (the ledgers' retention)."""
+    """Goodput hours and intervals past 400 days deleted (the ledgers' retention), and the
+    checkpoints reported over 30 days ago (the checkpoint advice's)."""
     db, clock = runtime.database(), runtime.clock()
     async with db.transaction() as session:
         hours, intervals = await retention.prune(session, clock)
+        checkpoints = await lifecycle.prune_checkpoints(session, clock)
     if hours or intervals:
         log.info(
             "goodput: %d ledger hours and %d intervals past 400 days deleted", hours, intervals
         )
+    if checkpoints:
+        log.info("checkpoints: %d reported over 30 days ago deleted", checkpoints)
 
 
 async def code_prune() -> None:

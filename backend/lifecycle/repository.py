@@ -246,6 +246,12 @@ def add_checkpoints(session: AsyncSession, run_id: int, seen: Sequence[Checkpoin
     )
 
 
+async def prune_checkpoints(session: AsyncSession, before: datetime) -> int:
+    """The checkpoints reported before ``before`` deleted: how many."""
+    found = await session.execute(delete(Checkpoint).where(Checkpoint.at < before))
+    return int(getattr(found, "rowcount", 0) or 0)
+
+
 async def caught_up(session: AsyncSession, run_id: int, at: datetime) -> None:
     """A worker of the run reached its run's highest step again: its open redo ends there."""
     await session.execute(

@@ -5,7 +5,7 @@ time does; each loads its gang, applies a rule and persists what the rule decide
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -326,6 +326,16 @@ def keep_checkpoints(session: AsyncSession, seen: Sequence[tuple[int, Checkpoint
     each: kept as a gang's own change keeps them (gangs.persist)."""
     for run_id, checkpoint in seen:
         repository.add_checkpoints(session, run_id, [checkpoint])
+
+
+# The checkpoints kept: the advice measures a run's cost and interval over its last 30 days, as
+# it measures its machines' failures (backend/accounting/checkpoint_advice.py).
+CHECKPOINTS_KEPT = timedelta(days=30)
+
+
+async def prune_checkpoints(session: AsyncSession, clock: Clock) -> int:
+    """Checkpoints reported over CHECKPOINTS_KEPT ago deleted: how many."""
+    return await repository.prune_checkpoints(session, clock.now() - CHECKPOINTS_KEPT)
 
 
 async def keep_seen_lines(session: AsyncSession, seen: Sequence[repository.SeenRow]) -> None:

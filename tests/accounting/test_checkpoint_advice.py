@@ -12,6 +12,7 @@ import pytest
 from backend.accounting import checkpoint_advice, young_daly
 from backend.accounting.checkpoint_advice import CheckpointAdvice
 from backend.errors import NotFound
+from backend.lifecycle import service as lifecycle
 from tests.lifecycle.world import World
 from tests.support import FakeClock
 from tests.support.accounting import tick
@@ -107,6 +108,20 @@ async def test_the_advice_from_its_checkpoints_and_its_pools_failures(
         f"{shown(found.interval_s)} (each checkpoint costs {shown(found.cost_s)}, and a run of 2 "
         f"GPUs on pool h100 is interrupted every {shown(found.mtbf_s)} on average): about "
     ) or found.sentence.startswith(f"Checkpointing every {shown(found.interval_s)} is about")
+
+
+async def test_checkpoints_are_kept_30_days(world: World, clock: FakeClock) -> None:
+    await world.machine("gpu-07", gpus=8)
+    await world.submit(name="train", workers=1, gpus=2)
+    assert (await world.schedule()).placed == ["train"]
+    await world.start("train-0")
+    await trains(world, clock, 600)
+    assert (await advice(world)).checkpoints == 5
+    clock.advance(days=30, seconds=1)
+    await trains(world, clock, 240, first=600)  # two more, now
+    async with world.db.transaction() as session:
+        assert await lifecycle.prune_checkpoints(session, clock) == 5
+    assert (await advice(world)).checkpoints == 2
 
 
 async def test_another_workspaces_run_has_no_advice_for_it(world: World) -> None:
