@@ -44,6 +44,7 @@ const RUN_QUERY = /* GraphQL */ `query Run($name: String!, $ws: String) {
     waitAdvice { reason exitCode kind lookAt open }
     workers { ...WorkerFields }
     idlePolicy { gpuUtilizationBelow window action }
+    code { digest size files stored }
   }
 }`;
 const RUN = RUN_QUERY + WORKER_FIELDS + LEDGER_FIELDS;

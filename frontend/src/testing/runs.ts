@@ -56,6 +56,7 @@ export function aRun(overrides: Partial<Run> = {}): Run {
     waitAdvice: null,
     slurm: null,
     idlePolicy: null,
+    code: null,
     workers: [aWorker(), aWorker({ name: "llama-sft-1", rank: 1, machine: "gpu-08", lastPlacement: { machine: "gpu-08", gpuIds: [0, 1] } })],
     ...overrides,
   };

@@ -3,7 +3,7 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 
 import { renderWithData } from "../../testing/render";
 import { aRun } from "../../testing/runs";
-import { Readout } from "./Readout";
+import { codeText, Readout } from "./Readout";
 
 afterEach(() => {
   cleanup();
@@ -41,5 +41,27 @@ describe("the readout's idle policy (issue 41)", () => {
     const { labels, policy } = readout(aRun());
     expect(labels).not.toContain("Idle policy");
     expect(policy).toBeNull();
+  });
+});
+
+describe("the readout's code (issue 41)", () => {
+  const digest = `sha256:${"6921375a022f".padEnd(64, "0")}`;
+
+  it("shows the digest it ships with, its files and size, the whole digest on hover", () => {
+    vi.stubGlobal("fetch", vi.fn(async () => new Response(JSON.stringify({ tasks: [] }), { status: 200 })));
+    renderWithData(<Readout run={aRun({ code: { digest, size: 12_288, files: 6, stored: true } })} />);
+    const item = screen.getByLabelText("Readout").querySelector('[data-figure="code"]');
+    expect(item?.textContent).toBe("sha256:6921375a022f… · 6 files, 12.0 KiB");
+    expect(item?.getAttribute("title")).toBe(digest);
+  });
+
+  it("says when its code is no longer stored, and has no Code item without code", () => {
+    expect(codeText({ digest, size: null, files: null, stored: false })).toBe(
+      "sha256:6921375a022f… · no longer stored: submit it again with --workdir",
+    );
+    expect(codeText({ digest, size: 3 * 2 ** 30, files: 1, stored: true })).toBe(
+      "sha256:6921375a022f… · 1 file, 3 GiB",
+    );
+    expect(readout(aRun()).labels).not.toContain("Code");
   });
 });

@@ -1,11 +1,23 @@
 // The run's readout (seed: Workers running of total, GPUs, Machines, Time left or Runtime, Using
-// now, Priority with how it starts and fails; its idle policy where it has one, issue 41).
+// now, Priority with how it starts and fails; its code and its idle policy where it has them,
+// issue 41).
 import { formatDuration, parseDuration } from "../../durations";
 import { memory as bytesOf } from "../../format";
 import { useRest } from "../../useQuery";
 import { specOf, type Run } from "./model";
 
 type IdlePolicy = NonNullable<Run["idlePolicy"]>;
+type Code = NonNullable<Run["code"]>;
+
+// The code a run ships with (--workdir): "sha256:6921375a022f… · 6 files, 12.0 KiB", or, past
+// its retention, that it is no longer stored.
+export function codeText(code: Code): string {
+  const digest = `${code.digest.slice(0, 19)}…`;
+  if (!code.stored || code.size === null) return `${digest} · no longer stored: submit it again with --workdir`;
+  const files = code.files === 1 ? "1 file" : `${code.files} files`;
+  const size = code.size < 2 ** 20 ? `${(code.size / 1024).toFixed(1)} KiB` : bytesOf(code.size);
+  return `${digest} · ${files}, ${size}`;
+}
 
 // A run's idle policy as a sentence: "Stop when every GPU stays under 5% for 30m" (notify: "Tell
 // the workspace when …"), its utilization as the spec gives it and its window as written.
@@ -88,6 +100,14 @@ export function Readout({ run }: { run: Run }) {
           </span>
         </dd>
       </div>
+      {run.code && (
+        <div className="readout-wide">
+          <dt>Code</dt>
+          <dd data-figure="code" title={run.code.digest}>
+            {codeText(run.code)}
+          </dd>
+        </div>
+      )}
       {run.idlePolicy && (
         <div className="readout-wide">
           <dt>Idle policy</dt>
