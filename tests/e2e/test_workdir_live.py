@@ -112,7 +112,7 @@ def test_a_folder_holding_train_py_runs_on_a_machine_that_never_had_it(
     assert sent.stdout.startswith("shipped: Pending")
     said = sent.stderr.strip()
     assert said.startswith("astra: code sha256:") and said.endswith(" uploaded"), said
-    assert "(6 files, 0.0 MiB)" in said  # the code, its config and both ignore files
+    assert "(6 files, 0.5 KiB)" in said  # the code, its config and both ignore files
 
     run = ended(alice, "shipped")
     assert run["state"] == "Completed", run

@@ -65,6 +65,8 @@ def pack(folder: Path, limit: int = DEFAULT_LIMIT) -> Packed:
     total = sum(sizes.values())
     if total > limit:
         biggest = sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:BIGGEST_SHOWN]
+        # those that matter: a file of under a hundredth of the whole is not what to leave out
+        biggest = biggest[:1] + [(n, size) for n, size in biggest[1:] if size * 100 >= total]
         shown = ", ".join(f"{name} ({mib(size)})" for name, size in biggest)
         raise WorkdirRefused(
             f"--workdir {folder}: {mib(total)} to send, over the limit of {mib(limit)}: its "
@@ -178,7 +180,8 @@ def ship(api: Api, folder: Path, limit: int) -> tuple[str, str]:
         api.put(f"/code/{digest}", packed.archive, "application/gzip")
         done = "uploaded"
     files = f"{packed.files} file" + ("" if packed.files == 1 else "s")
-    return digest, f"astra: code {digest} ({files}, {mib(packed.size)}) {done}"
+    size = f"{packed.size / 1024:.1f} KiB" if packed.size < 2**20 else mib(packed.size)
+    return digest, f"astra: code {digest} ({files}, {size}) {done}"
 
 
 def attach(api: Api, spec: Any, folder: Path) -> str:
