@@ -22,6 +22,7 @@ import os
 import shutil
 import tarfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -79,9 +80,24 @@ class CodeCache:
         self.root = config.code_root
         self.limit = limit
         self.fetching: dict[str, asyncio.Task[Path]] = {}
+        # Archives being unpacked now, by digest: never evicted meanwhile.
+        self.unpacking: Counter[str] = Counter()
 
     def path(self, hex_digest: str) -> Path:
         return self.root / f"{hex_digest}.tar.gz"
+
+    async def unpack(
+        self, worker_id: int, attempt: int, digest: str, into: Path, progress: Progress
+    ) -> None:
+        """The worker's code, from the cache or fetched for it now, unpacked into ``into``."""
+        archive = await self.archive(worker_id, attempt, digest, progress)
+        self.unpacking[archive.name] += 1
+        try:
+            await asyncio.to_thread(unpack, archive, into)
+        finally:
+            self.unpacking[archive.name] -= 1
+            if not self.unpacking[archive.name]:
+                del self.unpacking[archive.name]
 
     async def archive(self, worker_id: int, attempt: int, digest: str, progress: Progress) -> Path:
         """The archive on this machine: kept already, or fetched for this worker now."""
@@ -172,7 +188,7 @@ class CodeCache:
         for _, size, path in sorted(kept):
             if total <= self.limit:
                 break
-            if path != keep:
+            if path != keep and path.name not in self.unpacking:
                 path.unlink(missing_ok=True)
                 total -= size
 

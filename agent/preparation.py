@@ -125,8 +125,8 @@ class Preparation:
             )
 
         try:
-            archive = await self.code.archive(worker.worker_id, worker.attempt, digest, progress)
-            await asyncio.to_thread(code.unpack, archive, worker.folder / code.FOLDER)
+            into = worker.folder / code.FOLDER
+            await self.code.unpack(worker.worker_id, worker.attempt, digest, into, progress)
         except code.CodeRefused as refused:
             self.ended(worker, Exit(None, EndCause.NOT_STARTED, detail=str(refused)))
             return False

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import delete, exists, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from backend.lifecycle.states import ENDED_RUN_STATES
@@ -26,8 +26,14 @@ async def archives(session: AsyncSession, ids: Sequence[int]) -> dict[int, CodeA
     return {row.id: row for row in rows}
 
 
-def add(session: AsyncSession, row: CodeArchive | CodeChunk) -> None:
+def add(session: AsyncSession, row: CodeArchive) -> None:
     session.add(row)
+
+
+async def add_chunk(session: AsyncSession, archive_id: int, seq: int, data: bytes) -> None:
+    """One chunk, written at once and not kept in the session (an archive's chunks together
+    are as large as it)."""
+    await session.execute(insert(CodeChunk).values(archive_id=archive_id, seq=seq, data=data))
 
 
 async def touch(session: AsyncSession, archive_id: int, at: datetime) -> None:

@@ -29,7 +29,7 @@ from backend.code.rules import (
 )
 from backend.db import Database
 from backend.errors import FieldError, InvalidInput, NotFound
-from backend.models import CodeArchive, CodeChunk
+from backend.models import CodeArchive
 from backend.organizations import service as organizations
 
 # An archive read back is kept in memory up to this size, on disk beyond.
@@ -98,9 +98,8 @@ async def store(
     await session.flush()
     body.seek(0)
     seq = 0
-    while piece := body.read(CHUNK_BYTES):
-        repository.add(session, CodeChunk(archive_id=row.id, seq=seq, data=piece))
-        await session.flush()  # a chunk at a time: the whole is never in memory
+    while piece := body.read(CHUNK_BYTES):  # a chunk at a time: never the whole in memory
+        await repository.add_chunk(session, row.id, seq, piece)
         seq += 1
     return Stored(row, created=True)
 

@@ -154,11 +154,11 @@ def test_the_same_folder_twice_is_stored_once_and_run_again_keeps_it(
         ).fetchone()
     assert rows == (1,)
     # Run again: the stored spec names the code, and a run of it ships it again
-    spec = alice.run("twice-a")["spec"] | {"name": "twice-again"}
-    created = alice.graphql(
-        "mutation($s: JSON!) { createRun(spec: $s) { errors { field message } } }", s=spec
+    again = alice.graphql(
+        'mutation { runAgain(name: "twice-a", newName: "twice-again") { errors { message } } }'
     )
-    assert created["createRun"]["errors"] == []
+    assert again["runAgain"]["errors"] == []
+    assert alice.run("twice-again")["code"]["digest"] == digest
     for name in ("twice-a", "twice-b", "twice-again"):
         assert ended(alice, name)["state"] == "Completed"
 

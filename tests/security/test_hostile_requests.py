@@ -27,6 +27,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from backend.cli.astra.workdir import pack
 from tests.e2e.browser import CHROMIUM, DIST, NEEDS_CHROMIUM, sign_in
 from tests.e2e.live import Server, serving
 from tests.support.http import HTTP
@@ -66,6 +67,7 @@ class Cluster:
     server: Server
     admin: str  # default's organisation admin
     bob: str  # a member of team-b
+    code: str = ""  # the digest of a run's code default uploaded (issue 41)
 
     def get(self, path: str, token: str, **params: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"}
@@ -106,6 +108,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         found = Cluster(server, admin, bob)
         submit(found, admin, A_RUN, "default")
         submit(found, bob, B_RUN, "team-b")
+        (root / "project").mkdir()
+        (root / "project" / "train.py").write_text("print('default')\n")
+        packed = pack(root / "project")
+        found.code = f"sha256:{packed.digest}"
+        stored = HTTP.put(
+            f"{server.url}/v1/code/{found.code}",
+            content=packed.archive,
+            headers={"Authorization": f"Bearer {admin}"},
+            timeout=60,
+        )
+        assert stored.status_code == 201, stored.text
         yield found
 
 
@@ -504,9 +517,11 @@ def test_team_b_reaches_nothing_of_default_by_its_ids(cluster: Cluster) -> None:
         ("/goodput/series", {"workspace": "default"}),
         ("/metrics/range", {"metric": "task_cpu_usage_cores", "workspace": "default"}),
         ("/organizations/default/clusters/local/goodput", {}),
+        (f"/code/{cluster.code}", {}),
+        (f"/code/{cluster.code}", {"workspace": "default"}),
     ]
     covered = {re.sub(r"\{[^}]+\}", "*", p) for p, _ in rest_operations(cluster)}
-    asked = {re.sub(rf"{A_RUN}(-0)?|default|local", "*", p) for p, _ in asks}
+    asked = {re.sub(rf"{A_RUN}(-0)?|default|local|sha256:[0-9a-f]{{64}}", "*", p) for p, _ in asks}
     assert covered - asked <= {"/goodput/metrics"}  # no ids: the caller's own workspace
     for path, params in asks:
         answer = cluster.get(path, cluster.bob, **params)
