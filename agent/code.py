@@ -24,14 +24,12 @@ import tarfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 import grpc
 from astraeus.agent.v1 import agent_pb2, agent_pb2_grpc
-
-if TYPE_CHECKING:  # (agent.config imports the executors, which import this)
-    from agent.config import AgentConfig
 
 log = logging.getLogger("astraeus.agent")
 
@@ -71,13 +69,26 @@ def mib(size: int) -> str:
     return f"{size / MIB:.1f} MiB"
 
 
-class CodeCache:
-    """The archives this machine has fetched, by digest, and the fetches under way (one a
-    digest, whichever workers wait for it)."""
+@dataclass(frozen=True)
+class Server:
+    """Where archives come from: a channel to the server, the machine's credential, its name."""
 
-    def __init__(self, config: AgentConfig, limit: int = CACHE_BYTES) -> None:
-        self.config = config
-        self.root = config.code_root
+    channel: Callable[[], grpc.aio.Channel]
+    credential: Callable[[], str | None]
+    machine: str
+
+
+class CodeCache:
+    """The archives this machine has fetched into ``root``, by digest, and the fetches under
+    way (one a digest, whichever workers wait for it); a failed fetch is tried again every
+    ``retry_s``."""
+
+    def __init__(
+        self, root: Path, server: Server, retry_s: float = 2.0, limit: int = CACHE_BYTES
+    ) -> None:
+        self.root = root
+        self.server = server
+        self.retry_s = retry_s
         self.limit = limit
         self.fetching: dict[str, asyncio.Task[Path]] = {}
         # Archives being unpacked now, by digest: never evicted meanwhile.
@@ -141,23 +152,23 @@ class CodeCache:
             else:
                 self._evict(keep=path)
                 return path
-            await asyncio.sleep(self.config.prepare_poll_seconds)
+            await asyncio.sleep(self.retry_s)
 
     async def _fetch_once(
         self, worker_id: int, attempt: int, hex_digest: str, progress: Progress
     ) -> Path:
-        credential = self.config.kept_credential() or ""
+        credential = self.server.credential() or ""
         request = agent_pb2.CodeRequest(
             worker_id=worker_id,
             attempt=attempt,
             digest=PREFIX + hex_digest,
-            machine=self.config.machine,
+            machine=self.server.machine,
         )
         partial = self.root / f".{hex_digest}.{os.getpid()}.partial"
         digest = hashlib.sha256()
         received = 0
         try:
-            async with self.config.transport.channel(self.config.server) as channel:
+            async with self.server.channel() as channel:
                 call = agent_pb2_grpc.AgentStub(channel).FetchCode(
                     request, metadata=(("authorization", f"Bearer {credential}"),)
                 )

@@ -32,7 +32,12 @@ class Preparation:
         self.ended = ended
         self.preparing: dict[int, asyncio.Task[None]] = {}
         self.secret_answers: dict[int, asyncio.Future[agent_pb2.SecretValues]] = {}
-        self.code = code.CodeCache(config)
+        server = code.Server(
+            lambda: config.transport.channel(config.server),
+            config.kept_credential,
+            config.machine,
+        )
+        self.code = code.CodeCache(config.code_root, server, config.prepare_poll_seconds)
 
     def cancel(self, worker_id: int) -> None:
         """Its preparation stops (a STOP or a DELETE before its start)."""

@@ -41,6 +41,13 @@ def config(tmp_path: Path, server: str = "127.0.0.1:1") -> AgentConfig:
     )
 
 
+def cache_server(found: AgentConfig) -> code.Server:
+    """The server as the agent's preparation reaches it (agent/preparation.py)."""
+    return code.Server(
+        lambda: found.transport.channel(found.server), found.kept_credential, found.machine
+    )
+
+
 def crafted(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> Path:
     buffer = io.BytesIO()
     with (
@@ -121,7 +128,7 @@ def test_code_is_unpacked_and_handed_to_the_workloads_user_without_following_lin
 
 
 def test_the_cache_keeps_to_its_size_the_least_recently_used_going_first(tmp_path: Path) -> None:
-    cache = code.CodeCache(config(tmp_path), limit=250)
+    cache = code.CodeCache(tmp_path / "code", cache_server(config(tmp_path)), limit=250)
     cache.root.mkdir(parents=True)
     for age, name in enumerate(("c" * 64, "b" * 64, "a" * 64)):  # c the oldest
         path = cache.path(name)
@@ -156,7 +163,8 @@ async def fetched(tmp_path: Path, answer: Posing, digest: str) -> tuple[Path | s
     await server.start()
     told: list[Any] = []
     try:
-        cache = code.CodeCache(config(tmp_path, f"127.0.0.1:{port}"))
+        found = config(tmp_path, f"127.0.0.1:{port}")
+        cache = code.CodeCache(found.code_root, cache_server(found), 0.05)
         try:
             return await cache.archive(7, 1, digest, lambda *a: told.append(a)), told
         except code.CodeRefused as refused:
