@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from backend.access import service as access
 from backend.access.rules import Principal, bearer_secret
-from backend.boundary import has_control_characters
+from backend.boundary import BodyTooLarge, has_control_characters
 from backend.clock import Clock
 from backend.db import Database
 from backend.db.retries import contention, database_away
@@ -102,6 +102,8 @@ async def guarded(request: Request, run: Callable[[], Awaitable[Response]]) -> R
         return await run()
     except AstraeusError as error:
         return error_response(error)
+    except BodyTooLarge:
+        raise  # the body limit's own answer, 413 (backend/boundary.py)
     except Exception as error:
         if contention(error):  # a read that lost to a writer (SQLite's locked file)
             log.warning("gave way to others: %s %s", request.method, request.url.path)

@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import io
 import tarfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -143,6 +144,13 @@ async def test_a_bad_upload_is_refused_naming_why_and_writes_nothing(
         f"/v1/code/sha256:{hashlib.sha256(big).hexdigest()}", content=big, headers=headers
     )
     assert (large.status_code, large.json()["code"]) == (413, "PAYLOAD_TOO_LARGE")
+
+    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: cut as it streams
+        for _ in range(3):
+            yield b"\0" * 2**20
+
+    streamed = await client.put(f"/v1/code/{other}", content=chunked(), headers=headers)
+    assert (streamed.status_code, streamed.json()["code"]) == (413, "PAYLOAD_TOO_LARGE")
     assert await stored(db) == (0, 0)
 
 
