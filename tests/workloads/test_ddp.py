@@ -9,6 +9,8 @@ counts them all:
 - rank 1 ends at step 5: the run's reason names rank 1's worker, its last_failure holds its last
   lines, rank 0's log holds gloo's error (its peer closed the connection);
 - each worker runs `torchrun --nnodes=$WORLD_SIZE --node_rank=$RANK …`: it completes;
+- the same script as a user's project's train.py, shipped with `astra astraeus submit --workdir .`
+  (issue 41), runs from each rank's own copy and completes;
 - a run that checkpoints every 10 steps (rank 0, on a drive) loses rank 1 at step 25, restarts,
   resumes after its checkpoint at step 19 and completes: steps 20 to 24 were done twice, and
   the productive time from the restart until step 24 again is its rework (issue 23).
@@ -18,6 +20,8 @@ against the workers' histories (seed goodput: categories as its table says).
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -41,12 +45,38 @@ TORCHRUN = (
     "torchrun --nnodes=$WORLD_SIZE --node_rank=$RANK --master_addr=$MASTER_ADDR "
     "--master_port=$MASTER_PORT --nproc_per_node=1 {script} --steps 20 --sleep 0.25"
 )
-RUNS = ("ddp", "ddp-crash", "ddp-torchrun", "ddp-resume")
+RUNS = ("ddp", "ddp-crash", "ddp-torchrun", "ddp-resume", "ddp-workdir")
 RESUME = ["--steps", "40", "--sleep", "0.25", "--fail-at", "25"]
 
 
+def workdir_submit(api: Api, workloads: Workloads, root: Path) -> subprocess.CompletedProcess[str]:
+    """The user's project, with their DDP script as train.py and what git leaves out (their
+    checkpoints), shipped with the run (issue 41: `astra astraeus submit --workdir .`); the
+    machine never had it."""
+    project = root / "llm"
+    project.mkdir()
+    shutil.copyfile(workloads.scripts / "ddp_train.py", project / "train.py")
+    (project / "checkpoints").mkdir()
+    (project / "checkpoints" / "old.pt").write_bytes(b"\0" * 2**20)
+    (project / ".gitignore").write_text("checkpoints/\n")
+    command = ["python", "train.py", "--steps", "20", "--sleep", "0.25"]
+    (root / "spec.json").write_text(json.dumps(spec("ddp-workdir", workloads, command)))
+    return subprocess.run(
+        [ASTRA, "astraeus", "submit", str(root / "spec.json"), "--workdir", "."],
+        cwd=project,
+        env=api.server.env_for(api.headers["Authorization"].removeprefix("Bearer ")),
+        capture_output=True,
+        text=True,
+    )
+
+
 @pytest.fixture(scope="module")
-def jobs(api: Api, workloads: Workloads, shared_folder: Path) -> dict[str, dict[str, Any]]:
+def jobs(
+    api: Api,
+    workloads: Workloads,
+    shared_folder: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, dict[str, Any]]:
     script = str(workloads.scripts / "ddp_train.py")
     api.submit(spec("ddp", workloads, ["python", script, "--steps", "20", "--sleep", "0.25"]))
     api.submit(
@@ -65,6 +95,8 @@ def jobs(api: Api, workloads: Workloads, shared_folder: Path) -> dict[str, dict[
             restart_policy="on_failure",
         )
     )
+    shipped = workdir_submit(api, workloads, tmp_path_factory.mktemp("project"))
+    assert shipped.returncode == 0, shipped.stderr
     # The local machine's two cores take one gang at a time (a worker asks for a core), and a
     # rank imports torch in 2 s on an idle core: a minute each when the cores are shared.
     return wait_ended(api, RUNS, 600)
@@ -80,6 +112,18 @@ def test_a_healthy_two_rank_ddp_run_completes_with_both_ranks_logs(
         assert f"rank {rank} of 2: joined at 127.0.0.1:" in "\n".join(lines)
         steps = [line for line in lines if line.startswith(f"rank {rank} step ")]
         assert [s.split()[3] for s in steps] == [str(i) for i in range(20)]
+        assert lines[-1] == f"rank {rank}: done"
+
+
+def test_a_ddp_script_shipped_with_workdir_runs_from_each_ranks_own_copy(
+    api: Api, jobs: dict[str, dict[str, Any]]
+) -> None:
+    job = jobs["ddp-workdir"]
+    assert (job["status"], job["reason"]) == ("Completed", "2 of 2 workers completed")
+    assert job["code"]["files"] == 2 and job["code"]["stored"]  # train.py, .gitignore
+    for rank in (0, 1):
+        lines = api.log(f"ddp-workdir-{rank}").splitlines()
+        assert f"rank {rank} of 2: joined at 127.0.0.1:" in "\n".join(lines)
         assert lines[-1] == f"rank {rank}: done"
 
 
