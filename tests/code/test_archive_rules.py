@@ -4,7 +4,6 @@ out of it, devices, hard links — and what is too much."""
 
 from __future__ import annotations
 
-import gzip
 import io
 import tarfile
 from pathlib import Path
@@ -14,28 +13,11 @@ import pytest
 from backend.cli.astra.workdir import pack
 from backend.code import rules
 from backend.code.rules import ArchiveRefused, check_archive, hex_of, upload_limit
+from tests.support.archives import crafted, entry
 
 
 def archive(*entries: tarfile.TarInfo, data: bytes = b"print('hi')\n") -> io.BytesIO:
-    buffer = io.BytesIO()
-    with (
-        gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped,
-        tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
-    ):
-        for entry in entries:
-            if entry.isfile():
-                entry.size = len(data)
-                tar.addfile(entry, io.BytesIO(data))
-            else:
-                tar.addfile(entry)
-    buffer.seek(0)
-    return buffer
-
-
-def entry(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = kind, link
-    return info
+    return io.BytesIO(crafted(*entries, data=data))
 
 
 def test_a_packed_folder_is_read_through_with_its_files_and_size(tmp_path: Path) -> None:

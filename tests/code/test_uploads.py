@@ -6,10 +6,7 @@ and goes past its retention unless a live run ships with it."""
 from __future__ import annotations
 
 import asyncio
-import gzip
 import hashlib
-import io
-import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from backend.db import Database
 from backend.models import CodeArchive, CodeChunk, Run
 from tests.support import FakeClock, Tenancy, server_settings
 from tests.support.api import CREATE, graphql
+from tests.support.archives import crafted, entry
 
 RUN_CODE = (
     """query($n: String!) { run(name: $n) { code { digest size files archiveBytes stored } } }"""
@@ -122,17 +120,9 @@ async def test_a_bad_upload_is_refused_naming_why_and_writes_nothing(
         }
     ]
     # a crafted archive: a name that leaves its folder
-    buffer = io.BytesIO()
-    with (
-        gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped,
-        tarfile.open(fileobj=zipped, mode="w") as tar,
-    ):
-        evil = tarfile.TarInfo("../../etc/cron.d/evil")
-        evil.size = 3
-        tar.addfile(evil, io.BytesIO(b"x\n\n"))
-    crafted = buffer.getvalue()
-    named = f"sha256:{hashlib.sha256(crafted).hexdigest()}"
-    refused = await client.put(f"/v1/code/{named}", content=crafted, headers=headers)
+    evil = crafted(entry("../../etc/cron.d/evil"))
+    named = f"sha256:{hashlib.sha256(evil).hexdigest()}"
+    refused = await client.put(f"/v1/code/{named}", content=evil, headers=headers)
     assert (refused.status_code, refused.json()["code"]) == (400, "INVALID_ARCHIVE")
     assert refused.json()["errors"][0]["reason"] == (
         "the entry '../../etc/cron.d/evil' would be unpacked outside its folder: a run's code "

@@ -7,9 +7,7 @@ within its size, the least recently used going first."""
 from __future__ import annotations
 
 import asyncio
-import gzip
 import hashlib
-import io
 import os
 import tarfile
 from collections.abc import AsyncIterator
@@ -25,6 +23,7 @@ from agent.config import AgentConfig
 from agent.gpus import simulated
 from agent.identity import WorkloadUsers
 from backend.cli.astra.workdir import pack
+from tests.support.archives import crafted, entry
 
 
 def config(tmp_path: Path, server: str = "127.0.0.1:1") -> AgentConfig:
@@ -48,24 +47,10 @@ def cache_server(found: AgentConfig) -> code.Server:
     )
 
 
-def crafted(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> Path:
-    buffer = io.BytesIO()
-    with (
-        gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped,
-        tarfile.open(fileobj=zipped, mode="w") as tar,
-    ):
-        ok = tarfile.TarInfo("train.py")
-        ok.size = 3
-        tar.addfile(ok, io.BytesIO(b"x=1"))
-        evil = tarfile.TarInfo(name)
-        evil.type, evil.linkname = kind, link
-        evil.size = 0
-        tar.addfile(evil, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
-    path = (
-        Path(os.environ.get("TMPDIR", "/tmp"))
-        / f"crafted-{hashlib.sha1(name.encode()).hexdigest()}"
-    )
-    path.write_bytes(buffer.getvalue())
+def archive(folder: Path, name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> Path:
+    """A train.py, and beside it one crafted entry."""
+    path = folder / "crafted.tar.gz"
+    path.write_bytes(crafted(entry("train.py"), entry(name, kind, link)))
     return path
 
 
@@ -84,16 +69,16 @@ def test_an_archive_that_would_leave_its_folder_is_not_unpacked(
     into = tmp_path / "worker" / "code"
     into.parent.mkdir()
     with pytest.raises(code.CodeRefused, match="its code could not be unpacked"):
-        code.unpack(crafted(name, kind, link), into)
+        code.unpack(archive(tmp_path, name, kind, link), into)
     assert not into.exists()
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["worker"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["crafted.tar.gz", "worker"]
 
 
 def test_an_absolute_name_is_unpacked_inside_its_folder(tmp_path: Path) -> None:
     into = tmp_path / "worker" / "code"
     into.parent.mkdir()
     absolute = f"{tmp_path}/absolute.py"
-    code.unpack(crafted(absolute), into)
+    code.unpack(archive(tmp_path, absolute), into)
     assert (into / absolute.lstrip("/")).is_file()  # its leading / stripped
     assert not Path(absolute).exists()
 
