@@ -30,7 +30,9 @@ def services() -> dict[str, dict]:  # type: ignore[type-arg]
 
 def test_every_setting_in_the_compose_file_is_a_real_setting() -> None:
     fields = {f"ASTRAEUS_{name.upper()}" for name in Settings.model_fields}
-    agent_reads = set(re.findall(r'"(ASTRAEUS_AGENT_\w+)"', (ROOT / "agent/main.py").read_text()))
+    agent_reads = set(
+        re.findall(r'"(ASTRAEUS_AGENT_\w+)"', (ROOT / "agent/arguments.py").read_text())
+    )
     for name, service in services().items():
         known = agent_reads if name == "agent" else fields
         for variable in service.get("environment", {}):

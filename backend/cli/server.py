@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=_later("processes", "cmd_worker"))
 
     agent = sub.add_parser("agent", help="join a cluster and run the workers placed here")
-    from agent.main import add_arguments
+    from agent.arguments import add_arguments
 
     add_arguments(agent)
     agent.set_defaults(func=_later("agent_process", "cmd_agent"))
