@@ -135,9 +135,14 @@ checks: lint typecheck schema-check console-test ## the static checks: ruff, imp
 # The checks run beside the tests (they compute while the tests mostly wait on processes), their
 # output kept and printed after; either failing fails `make test`. They are started as `make`,
 # not `$(MAKE)`: a recipe line naming $(MAKE) runs even under `make -n`, and with it the suite.
+# Before the lanes start, one collection alone compiles the backend and writes pytest's rewritten
+# test modules to __pycache__, which every lane then reads: on a fresh clone the 8 lanes, begun
+# together, each compiled and rewrote all 546 modules themselves, 12 CPU-s a lane where a lane
+# that finds them written takes 4 (issue 39).
 test: setup workloads services browser slurm nftables ## every check and every test, SQLite and PostgreSQL, and the console's
 	@started=$$(date +%s); log=$$(mktemp); \
 	  make --no-print-directory checks > $$log 2>&1 & checks=$$!; \
+	  $(BIN)/pytest --collect-only -q > /dev/null 2>&1; \
 	  ASTRAEUS_HYPOTHESIS=thorough $(BIN)/pytest -n $(TEST_LANES) --dist loadgroup \
 	    --no-loadscope-reorder --durations=30; tests=$$?; \
 	  wait $$checks; passed=$$?; cat $$log; rm -f $$log; \
