@@ -118,10 +118,13 @@ schema-check: setup ## fail when schema.graphql is stale
 # another engineer's load of 5). `make test` in 8 lanes, not 6: its longest modules mostly wait
 # (a stall timeout, minutes of ticks, a server away, Slurm's daemons) and start first; with 6
 # lanes the cores idled up to 40% of the run's third to seventh minutes (the summary's "cpu by
-# minute"), and 8 fill them (2026-12-05: make test 714 s, cores 94% busy). Its heavier load
+# minute"), and 8 filled them (2026-12-05: make test 714 s, cores 94% busy). Its heavier load
 # found a real ledger bug on its second run (a pass dated before the run it placed:
-# tests/scheduling/test_pass_time.py), fixed.
-TEST_LANES ?= 8
+# tests/scheduling/test_pass_time.py), fixed. 10, not 8, since the suite grew by the idle,
+# checkpoint and workdir live modules, which wait minutes too: with 8 the cores were 81, 66, 68
+# and 83% busy in minutes 3, 4, 6 and 7, with 10 they were 93-96% (a fresh clone's make test
+# 787 s with 8 lanes, 648 s with 10 and the lanes reading one collection's compiled modules).
+TEST_LANES ?= 10
 FAST_LANES ?= 3
 
 $(WORKLOADS_STAMP): $(STAMP)
@@ -136,7 +139,7 @@ checks: lint typecheck schema-check console-test ## the static checks: ruff, imp
 # output kept and printed after; either failing fails `make test`. They are started as `make`,
 # not `$(MAKE)`: a recipe line naming $(MAKE) runs even under `make -n`, and with it the suite.
 # Before the lanes start, one collection alone compiles the backend and writes pytest's rewritten
-# test modules to __pycache__, which every lane then reads: on a fresh clone the 8 lanes, begun
+# test modules to __pycache__, which every lane then reads: on a fresh clone the lanes, begun
 # together, each compiled and rewrote all 546 modules themselves, 12 CPU-s a lane where a lane
 # that finds them written takes 4 (issue 39).
 test: setup workloads services browser slurm nftables ## every check and every test, SQLite and PostgreSQL, and the console's
