@@ -63,6 +63,7 @@ class Bell:
         self._rung = asyncio.Event()
         self._rings = 0
         self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()  # the running look's: set, it ends after its read
         self._reading = asyncio.Lock()
         self._sequence: int | None = None
         # each look's last id and the transactions that held the sequence then, not settled
@@ -70,14 +71,25 @@ class Bell:
 
     @contextlib.asynccontextmanager
     async def listening(self) -> AsyncIterator[None]:
-        """While a subscriber is inside, the bell looks; it stops when none is."""
+        """While a subscriber is inside, the bell looks; it stops when none is. The last to
+        leave waits for the look's read under way, if one is: no read outlives every
+        subscriber. (One that did ran on after its subscriber had gone, into a test's teardown,
+        and the event loop's end cancelled it holding its connection: SQLAlchemy's warning of
+        a "non-checked-in connection", reported against the next test.)"""
         self.waiting += 1
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._look())
+        if self._task is None or self._task.done() or self._stop.is_set():
+            self._stop = asyncio.Event()
+            self._task = asyncio.create_task(self._look(self._stop))
         try:
             yield
         finally:
             self.waiting -= 1
+            if not self.waiting:
+                task, self._task = self._task, None
+                self._stop.set()
+                assert task is not None  # made as the first came in
+                # (a subscriber arriving meanwhile starts a look of its own)
+                await asyncio.wait({task})
 
     @property
     def rings(self) -> int:
@@ -99,13 +111,15 @@ class Bell:
             async with asyncio.timeout(self.idle_seconds):
                 await self._rung.wait()
 
-    async def _look(self) -> None:
-        while self.waiting:
+    async def _look(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
             try:
                 await self._advance()
             except Exception as error:  # the database away: the horizon stays where it was
                 log.warning("the events bell could not read the events: %s", error)
-            await asyncio.sleep(self.look_seconds)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.look_seconds):
+                    await stop.wait()
 
     async def _advance(self) -> None:
         async with self._reading:

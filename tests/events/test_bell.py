@@ -123,3 +123,31 @@ async def test_a_subscriber_waits_not_for_a_ring_that_came_after_its_read(
 
         await wait_for("the bell to ring", rang, 5)  # meanwhile
         await asyncio.wait_for(bell.wait(rings), timeout=0.1)  # at once
+
+
+async def test_no_look_outlives_the_last_subscriber(
+    db: Database, clock: FakeClock, tenancy: Tenancy
+) -> None:
+    """A subscriber that goes at once, before the bell's first look has read: the look ends
+    with it, its read done and its connection back in the pool, and a later subscriber's
+    bell looks again. (A look left running read on after every subscriber had gone, into the
+    test's teardown, and the event loop's end cancelled it holding its connection.)"""
+    bell = Bell(db, look_seconds=0.2, idle_seconds=30.0)
+
+    def looking() -> list[asyncio.Task[object]]:
+        return [t for t in asyncio.all_tasks() if "Bell._look" in repr(t.get_coro())]
+
+    async with bell.listening():
+        assert bell.looks == 0 and len(looking()) == 1
+    assert not looking()
+    assert db.engine.pool.checkedout() == 0
+    looks = bell.looks
+    await asyncio.sleep(0.5)  # two looks' time: none without a subscriber
+    assert bell.looks == looks
+
+    async def looked_again() -> bool:
+        return bell.looks > looks + 1
+
+    async with bell.listening():
+        await wait_for("the next subscriber's looks", looked_again, 5)
+    assert not looking()

@@ -22,6 +22,7 @@ from backend.resolvers.root import schema
 from tests.support import SEED_TIME, FakeClock, Tenancy
 from tests.support.api import gql
 from tests.support.ids import opened, shown
+from tests.support.subscriptions import leave
 
 WRITERS = 6
 EACH = 5  # events per writer
@@ -78,7 +79,7 @@ async def collect(results: AsyncGenerator[Any, None], count: int) -> list[int]:
         got.append(opened(Kind.EVENT, result.data["events"]["id"]))
         if len(got) == count:
             break
-    await results.aclose()
+    await leave(results)
     return got
 
 

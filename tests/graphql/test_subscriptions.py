@@ -11,6 +11,7 @@ from backend.request.context import build_context
 from backend.resolvers.root import schema
 from tests.support import FakeClock, Tenancy
 from tests.support.ids import shown
+from tests.support.subscriptions import leave
 
 
 async def first(db: Database, clock: FakeClock, token: str | None, query: str) -> Any:
@@ -21,7 +22,7 @@ async def first(db: Database, clock: FakeClock, token: str | None, query: str) -
     if not hasattr(results, "__aiter__"):
         return results  # refused before it began
     async for result in results:
-        await results.aclose()
+        await leave(results)
         return result
     return None
 
