@@ -16,7 +16,6 @@ from typing import Any
 from backend.cli.astra import goodput as goodput_table
 from backend.cli.astra import machines as machines_table
 from backend.cli.astra import quota as quota_cli
-from backend.cli.astra import workdir
 from backend.cli.astra.client import (
     EXIT_FAILED,
     EXIT_NOT_FOUND,
@@ -28,7 +27,6 @@ from backend.cli.astra.client import (
     resolve_target,
 )
 from backend.cli.astra.style import PLAIN, Paint, wanted
-from backend.cli.astra.subscribe import subscribe
 from backend.cli.astra.terminal import as_json
 
 EXIT_INTERRUPTED = 130  # Ctrl-C while following, as shells report it
@@ -191,6 +189,8 @@ def cmd_submit(api: Api, args: argparse.Namespace) -> str:
     if args.name:
         spec["name"] = args.name
     if args.workdir is not None:  # shipped first: the spec names it (issue 41)
+        from backend.cli.astra import workdir  # (pathspec: only the commands that pack load it)
+
         print(workdir.attach(api, spec, Path(args.workdir)), file=sys.stderr)
     payload = api.graphql(CREATE_RUN, spec=spec)["createRun"]
     if payload["errors"]:
@@ -368,6 +368,8 @@ def cmd_logs(api: Api, args: argparse.Namespace) -> str:
     tail = FOLLOW_TAIL if args.tail is None else args.tail
     open_line = False  # the last text written ended inside a line
     slowed_told = -SLOWED_NOTICE_EVERY_S  # when the reader was last told the server is behind
+    from backend.cli.astra.subscribe import subscribe  # (websockets: only the followers load it)
+
     for chunk in subscribe(api, FOLLOW, "followLog", w=worker["name"], tail=tail):
         if args.json:
             print(as_json(chunk, indent=None), flush=True)
@@ -457,6 +459,8 @@ def cmd_events(api: Api, args: argparse.Namespace) -> str:
         for event in events:
             print(format_event(event, args.paint), flush=True)
     after = events[-1]["id"] if events else None
+    from backend.cli.astra.subscribe import subscribe  # (websockets: only the followers load it)
+
     for event in subscribe(
         api, FOLLOW_EVENTS, "events", name=args.run, kind=args.kind, after=after
     ):
