@@ -72,12 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--slurm-conf",
-        default=os.environ.get("ASTRAEUS_AGENT_SLURM_CONF") or None,
+        default=_text("ASTRAEUS_AGENT_SLURM_CONF"),
         help="with --executor slurm: the slurm.conf Slurm's commands read (default: Slurm's own)",
     )
     parser.add_argument(
         "--slurm-bin",
-        default=os.environ.get("ASTRAEUS_AGENT_SLURM_BIN") or None,
+        default=_text("ASTRAEUS_AGENT_SLURM_BIN"),
         help="with --executor slurm: the folder of scontrol (default: the PATH)",
     )
     parser.add_argument(
@@ -160,7 +160,7 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tls-server-name",
-        default=os.environ.get("ASTRAEUS_AGENT_TLS_SERVER_NAME") or None,
+        default=_text("ASTRAEUS_AGENT_TLS_SERVER_NAME"),
         help="the name the server's certificate carries, when --server names it otherwise",
     )
     parser.add_argument(
@@ -172,8 +172,12 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _text(variable: str) -> str | None:
+    return os.environ.get(variable) or None
+
+
 def _path(variable: str) -> Path | None:
-    value = os.environ.get(variable)
+    value = _text(variable)
     return Path(value) if value else None
 
 
